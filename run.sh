@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The project's commands. Each sets up a project-local virtual environment (.venv, reused
+# while pyproject.toml and this script are unchanged) and then:
+#   ./run.sh lab         opens the notebooks in JupyterLab
+#   ./run.sh notebooks   executes every notebook headless and writes HTML to build/html/
+#   ./run.sh test        runs the whole test suite, notebooks included (nbval)
+# TORCH_SPEC picks the torch build (default torch==2.13.0, the CPU build of these machines);
+# on a GPU machine set it to the CUDA build you want, e.g. TORCH_SPEC=torch.
+set -euo pipefail
+cd "$(dirname "$0")"
+VENV=${REPLAYLAB_VENV:-.venv}
+TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+MAMBA_SSM=mamba-ssm==2.3.2.post1
+PY=$VENV/bin/python
+
+quiet_pip() {  # pip, without the local index's "location is ignored" noise
+  "$PY" -m pip --disable-pip-version-check "$@" 2> >(grep -v "is ignored: it is neither a file" >&2)
+}
+
+setup() {
+  [ -x "$PY" ] || python3 -m venv "$VENV"
+  local key stamp=$VENV/.replaylab-setup
+  key=$(cat pyproject.toml run.sh | sha256sum | cut -c1-16)-$TORCH_SPEC
+  [ "$(cat "$stamp" 2>/dev/null)" = "$key" ] && return 0
+  echo "setting up $VENV (a few minutes the first time)..."
+  quiet_pip install -q -U pip setuptools wheel
+  quiet_pip install -q "$TORCH_SPEC"
+  quiet_pip install -q -e ".[notebooks,test]"
+  # mamba-ssm is the test oracle: source only; its PyTorch references need no CUDA build
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
+    quiet_pip install -q --no-build-isolation --no-deps "$MAMBA_SSM"
+  echo "$key" >"$stamp"
+}
+
+cmd=${1:-help}
+[ $# -gt 0 ] && shift
+case "$cmd" in
+  lab)
+    setup
+    exec "$VENV/bin/jupyter" lab notebooks/ "$@" ;;
+  notebooks)
+    setup
+    mkdir -p build/html
+    "$VENV/bin/jupyter" nbconvert --to html --execute --output-dir build/html \
+      --ExecutePreprocessor.store_widget_state=False --ExecutePreprocessor.timeout=600 \
+      notebooks/[0-9]*.ipynb "$@"
+    echo "HTML written to build/html/" ;;
+  test)
+    setup
+    exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider "$@" ;;
+  *)
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    [ "$cmd" = help ] || exit 2 ;;
+esac

@@ -1,0 +1,88 @@
+"""The project's set-up: environment.yml agrees with pyproject, kernels ship as
+replaylab.kernels, the interpreter is on without a GPU, and the notebook helpers work."""
+
+import os
+import pathlib
+import re
+import tomllib
+
+import torch
+import yaml
+
+import replaylab
+from replaylab import exercises
+from replaylab.scan import ssd_scan, ssd_step
+from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence, snapshot_in_kv_tokens
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_environment_yml_agrees_with_pyproject_and_run_sh():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    editable = next(p for p in pip if p.startswith("-e"))
+    extras = set(re.search(r"\[(.*)\]", editable).group(1).split(","))
+    assert extras == set(project["project"]["optional-dependencies"])
+    torch_pin = next(p for p in pip if p.startswith("torch"))
+    assert f"TORCH_SPEC=${{TORCH_SPEC:-{torch_pin}}}" in (ROOT / "run.sh").read_text()
+    python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
+    assert project["project"]["requires-python"] == ">=3.10" and python >= "python=3.10"
+
+
+def test_kernels_ship_inside_the_package():
+    import replaylab.kernels
+    assert pathlib.Path(replaylab.kernels.__file__).parent == ROOT / "kernels"
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert tool["package-dir"]["replaylab.kernels"] == "kernels"
+    assert "kernels" not in tool["packages"]
+
+
+def test_triton_interpreter_is_on_without_a_gpu():
+    if not torch.cuda.is_available():
+        assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_published_shape_memory_by_hand():
+    nemo = PUBLISHED_SHAPES["Nemotron-H 8B"]
+    m = memory_per_sequence(nemo, 1000)
+    assert m["ssm_state"] == 24 * 128 * 64 * 128 * 4  # 96 MiB of fp32 state
+    assert m["kv"] == 1000 * 4 * 2 * 8 * 128 * 2
+    assert m["conv_state"] == 24 * (128 * 64 + 2 * 8 * 128) * 3 * 2
+    jamba = PUBLISHED_SHAPES["Jamba v0.1"]
+    assert memory_per_sequence(jamba, 1)["ssm_state"] == 28 * 8192 * 16 * 4
+    assert 6000 < snapshot_in_kv_tokens(nemo) < 6500
+
+
+def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
+    nemo = PUBLISHED_SHAPES["Nemotron-H 8B"]
+    assert exercises.check_conv_state_bytes(nemo.n_ssm * nemo.conv_channels * 3 * 2)
+    assert not exercises.check_conv_state_bytes(123)
+    assert not exercises.check_conv_state_bytes(None)
+    assert exercises.check_kv_truncate(lambda k, p: k[:, :, :p])
+    assert not exercises.check_kv_truncate(lambda k, p: k[:, :, :p - 1])
+    assert exercises.check_ssd_step(lambda s, x, dt, A, B, C, D: ssd_step(s, x, dt, A, B, C, D))
+    assert not exercises.check_ssd_step(lambda s, x, dt, A, B, C, D: ssd_step(s, x, dt, A, B, C))
+    assert exercises.check_resume(lambda s, x, dt, A, B, C: ssd_scan(x, dt, A, B, C, initial_state=s).y)
+    assert not exercises.check_resume(lambda s, x, dt, A, B, C: ssd_scan(x, dt, A, B, C).y)
+    assert "not yet" in capsys.readouterr().out
+
+
+def test_memory_figure_has_a_kv_and_a_state_line_per_model():
+    from replaylab.plotting import memory_vs_context_figure
+    fig = memory_vs_context_figure([1024, 4096])
+    assert len(fig.data) == 2 * len(PUBLISHED_SHAPES)
+    kv = fig.data[0].y
+    assert kv[1] == 4 * kv[0]  # KV grows linearly with the context
+    assert fig.data[1].y[0] == fig.data[1].y[1]  # the state does not
+
+
+def test_version():
+    assert replaylab.__version__ == "0.1.0"
+
+
+def test_readme_library_example_runs():
+    text = (ROOT / "README.md").read_text()
+    example = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
+    assert len(example.strip().splitlines()) <= 22
+    exec(compile(example, "README.md", "exec"), {})
