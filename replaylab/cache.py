@@ -1,0 +1,180 @@
+"""A hybrid cache: a KV cache per attention layer and an SSM part under a strategy, behind one
+API that a branching decoder uses without knowing the strategy.
+
+    handle = cache.snapshot()        remember the current position
+    cache.restore(handle)            go back to it (or ``restore(position)``)
+    cache.truncate_to(position)      drop a suffix (rejected drafts)
+    cache.fork(n)                    each branch becomes n branches sharing the prefix
+    cache.reorder(indices)           branch i continues old branch indices[i] (beam search)
+    cache.nbytes()                   bytes held, by component
+
+The model advances the cache as it processes tokens (``HybridLM.forward``). Restores under the
+recompute strategy (and replay restores before its checkpoint) re-run the model; the time they
+take is added to ``cache.stats``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from replaylab.kv import LayerKV
+from replaylab.strategies import STORES
+
+__all__ = ["Handle", "HybridCache", "CacheStats"]
+
+_cache_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Handle:
+    """What ``snapshot()`` returns: a position in one cache, valid while its branches exist."""
+    cache_id: int
+    position: int
+    layout: int
+    id: int
+
+
+@dataclass
+class CacheStats:
+    restores: int = 0
+    restore_seconds: float = 0.0
+    recomputed_tokens: int = 0
+    peak_bytes: int = 0
+
+
+class HybridCache:
+    """Cache of a ``HybridLM`` for ``batch`` branches under ``strategy`` ("snapshot",
+    "recompute" or "replay"); ``interval`` is the checkpoint interval (recompute) or the log
+    length L (replay)."""
+
+    def __init__(self, model, batch=1, strategy="replay", *, interval=16, dtype=None):
+        if strategy not in STORES:
+            raise ValueError(f"strategy: expected one of {sorted(STORES)}, got {strategy!r}")
+        cfg = model.cfg
+        param = next(model.parameters())
+        self.model, self.batch, self.strategy = model, batch, strategy
+        self.dtype, self.device = dtype or param.dtype, param.device
+        self.id, self.layout, self._handles = next(_cache_ids), 0, itertools.count()
+        self.kv = {l: LayerKV(batch, cfg.kv_heads, cfg.head_dim, dtype=self.dtype,
+                              device=self.device) for l in cfg.attn_layers}
+        mixers = {l: model.model.layers[l].mixer for l in cfg.ssm_layers}
+        self.ssm = STORES[strategy](mixers, batch, self.dtype, self.device, interval=interval)
+        self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
+        self.live_handles: set[int] = set()
+        self.stats = CacheStats()
+        self._pending = None
+
+    @property
+    def position(self) -> int:
+        return self.tokens.shape[1]
+
+    # --- called by the model -------------------------------------------------------------
+    def begin(self, input_ids):
+        self._pending = input_ids
+
+    def kv_append(self, layer, k, v):
+        self.kv[layer].append(k, v)
+        return self.kv[layer].keys_values()
+
+    def ssm_read(self, layer):
+        return self.ssm.read(layer)
+
+    def ssm_wants_states(self, layer):
+        return self.ssm.wants_states(layer)
+
+    def ssm_write(self, layer, **inputs):
+        self.ssm.write(layer, self.position, **inputs)
+
+    def end(self):
+        self.tokens = torch.cat([self.tokens, self._pending.to(self.device)], dim=1)
+        self._pending = None
+        self.ssm.after_advance(self.position)
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.total_bytes())
+
+    # --- the branching API ---------------------------------------------------------------
+    def snapshot(self) -> Handle:
+        handle = Handle(self.id, self.position, self.layout, next(self._handles))
+        self.ssm.snapshot(handle.id, handle.position)
+        self.live_handles.add(handle.id)
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.total_bytes())
+        return handle
+
+    def release(self, handle: Handle):
+        """Forget a handle: the memory kept for it may be freed."""
+        self.live_handles.discard(handle.id)
+        self.ssm.release(handle.id)
+
+    def restore(self, target):
+        """Go back to a ``Handle`` or to a position ``0 <= p <= position``."""
+        if isinstance(target, Handle):
+            if target.cache_id != self.id:
+                raise ValueError(f"handle: taken from cache {target.cache_id}, not this cache "
+                                 f"({self.id})")
+            if target.layout != self.layout or target.id not in self.live_handles:
+                raise ValueError(f"handle: position {target.position} was released or its "
+                                 f"branches were forked/reordered since (layout {target.layout}, "
+                                 f"now {self.layout})")
+            self._rollback(target.position, target.id)
+        else:
+            self._rollback(int(target), None)
+
+    def truncate_to(self, position):
+        """Keep positions ``[0, position)``: the state becomes that after token position-1."""
+        self._rollback(int(position), None)
+
+    def _rollback(self, position, handle_id):
+        if not 0 <= position <= self.position:
+            raise ValueError(f"position: expected 0 <= position <= {self.position}, got {position}")
+        if not self.ssm.can_restore(position, handle_id):
+            raise ValueError(f"position {position}: no state kept for it under the "
+                             f"{self.strategy} strategy (snapshot it first, or it was evicted)")
+        t0 = time.perf_counter()
+        start = self.ssm.rollback(position, handle_id)
+        tokens = self.tokens
+        redo_from = position if start is None else start
+        for kv in self.kv.values():
+            kv.truncate_to(redo_from)
+        self.tokens = tokens[:, :redo_from]
+        if start is not None:
+            with torch.no_grad():
+                self.model(tokens[:, start:position], self)
+            self.stats.recomputed_tokens += position - start
+        self.stats.restores += 1
+        self.stats.restore_seconds += time.perf_counter() - t0
+
+    def fork(self, n):
+        """Each branch becomes ``n`` consecutive branches sharing everything so far."""
+        if n < 1:
+            raise ValueError(f"n: expected n >= 1, got {n}")
+        self._select(torch.arange(self.batch, device=self.device).repeat_interleave(n))
+
+    def reorder(self, indices):
+        """Branch i continues old branch ``indices[i]``; the batch may shrink or grow."""
+        indices = torch.as_tensor(indices, dtype=torch.long, device=self.device)
+        if indices.dim() != 1 or not indices.numel() or int(indices.min()) < 0 \
+                or int(indices.max()) >= self.batch:
+            raise ValueError(f"indices: expected a non-empty 1-d list of values in "
+                             f"[0, {self.batch}), got {indices.tolist()}")
+        self._select(indices)
+
+    def _select(self, indices):
+        for kv in self.kv.values():
+            kv.reorder(indices)
+        self.ssm.select(indices)
+        self.tokens = self.tokens[indices]
+        self.batch = int(indices.numel())
+        self.layout += 1
+        self.live_handles.clear()
+
+    # --- memory --------------------------------------------------------------------------
+    def nbytes(self) -> dict:
+        """Bytes held by component: kv, conv_state, ssm_state, and snapshots / checkpoints /
+        logs as the strategy keeps them."""
+        return {"kv": sum(kv.nbytes() for kv in self.kv.values()), **self.ssm.nbytes()}
+
+    def total_bytes(self) -> int:
+        return sum(self.nbytes().values())

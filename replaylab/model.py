@@ -1,0 +1,290 @@
+"""A hybrid causal LM that mirrors transformers' NemotronH: a stack of pre-norm residual blocks,
+each holding one mixer: Mamba-2 ("M"), attention ("*") or MLP ("-").
+
+Glossary (code name -> meaning, shape):
+    pattern        one character per block, e.g. "M-M*-M-" (NemotronH's hybrid_override_pattern)
+    hidden         d_model; hidden states (batch, T, d_model)
+    H, P, N, G     Mamba-2 heads, head width, state size, groups (state (batch, H, P, N))
+    conv_dim       channels through the causal conv: H*P + 2*G*N (x, B and C)
+    xBC            conv input, the "raw conv inputs" a replay log keeps (batch, T, conv_dim)
+    scan inputs    x (batch, T, H, P), dt (batch, T, H) raw, B and C (batch, T, G, N), after conv
+
+Parameter names equal NemotronH's, so its state dict loads as it is. Every mixer reads and
+writes its memory only through the cache it is given (``replaylab.cache.HybridCache``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from replaylab.scan import ssd_scan
+
+__all__ = ["HybridConfig", "HybridLM", "load_transformers_nemotron_h"]
+
+
+@dataclass
+class HybridConfig:
+    vocab_size: int = 128
+    hidden_size: int = 64
+    pattern: str = "M-M*-M-"
+    ssm_heads: int = 4
+    ssm_head_dim: int = 16
+    d_state: int = 16
+    n_groups: int = 2
+    d_conv: int = 4
+    attn_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    eps: float = 1e-5
+    time_step_min: float = 0.001
+    use_conv_bias: bool = True
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self):
+        bad = set(self.pattern) - set("M*-")
+        if bad:
+            raise ValueError(f"pattern: expected characters M (Mamba-2), * (attention), - (MLP), "
+                             f"got {sorted(bad)} in {self.pattern!r}")
+        if self.ssm_heads % self.n_groups or self.attn_heads % self.kv_heads:
+            raise ValueError(f"n_groups={self.n_groups} must divide ssm_heads={self.ssm_heads} and "
+                             f"kv_heads={self.kv_heads} must divide attn_heads={self.attn_heads}")
+
+    @property
+    def conv_dim(self):
+        return self.ssm_heads * self.ssm_head_dim + 2 * self.n_groups * self.d_state
+
+    @property
+    def ssm_layers(self):
+        return [i for i, c in enumerate(self.pattern) if c == "M"]
+
+    @property
+    def attn_layers(self):
+        return [i for i, c in enumerate(self.pattern) if c == "*"]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size, eps):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.ones(size)), eps
+
+    def forward(self, h):
+        h32 = h.float()
+        h32 = h32 * torch.rsqrt(h32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * h32).to(h.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """y * silu(gate), then RMS-normalised within each of G groups (norm after gate)."""
+
+    def __init__(self, size, groups, eps):
+        super().__init__()
+        self.weight, self.groups, self.eps = nn.Parameter(torch.ones(size)), groups, eps
+
+    def forward(self, y, gate):
+        y32 = (y.float() * F.silu(gate.float())).unflatten(-1, (self.groups, -1))
+        y32 = y32 * torch.rsqrt(y32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y32.flatten(-2).to(y.dtype)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        inner = cfg.ssm_heads * cfg.ssm_head_dim
+        self.in_proj = nn.Linear(cfg.hidden_size, inner + cfg.conv_dim + cfg.ssm_heads, bias=False)
+        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.d_conv, groups=cfg.conv_dim,
+                                bias=cfg.use_conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(cfg.ssm_heads))
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, cfg.ssm_heads + 1, dtype=torch.float32)))
+        self.D = nn.Parameter(torch.ones(cfg.ssm_heads))
+        self.norm = GatedRMSNorm(inner, cfg.n_groups, cfg.eps)
+        self.out_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
+
+    def split_scan_inputs(self, conv_out):
+        """(batch, T, conv_dim) after conv -> x (batch,T,H,P), B, C (batch,T,G,N)."""
+        c = self.cfg
+        x, B, C = conv_out.split([c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state,
+                                  c.n_groups * c.d_state], dim=-1)
+        return (x.unflatten(-1, (c.ssm_heads, c.ssm_head_dim)),
+                B.unflatten(-1, (c.n_groups, c.d_state)), C.unflatten(-1, (c.n_groups, c.d_state)))
+
+    def scan(self, x, dt, B, C, initial_state, return_states=False):
+        """The layer's SSD scan from ``initial_state``; also the replay fold (outputs unused)."""
+        A = -torch.exp(self.A_log.float())
+        return ssd_scan(x, dt, A, B, C, self.D, dt_bias=self.dt_bias, dt_softplus=True,
+                        dt_limit=(self.cfg.time_step_min, math.inf), initial_state=initial_state,
+                        return_states=return_states)
+
+    def conv(self, xBC, window):
+        """Causal depthwise conv over ``window`` (batch, d_conv-1, conv_dim) + xBC (batch,T,conv_dim)."""
+        full = torch.cat([window.to(xBC.dtype), xBC], dim=1).transpose(1, 2)
+        return F.silu(F.conv1d(full, self.conv1d.weight, self.conv1d.bias,
+                               groups=self.cfg.conv_dim)).transpose(1, 2)
+
+    def forward(self, h, cache):
+        c = self.cfg
+        inner = c.ssm_heads * c.ssm_head_dim
+        gate, xBC, dt = self.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
+        state, window = cache.ssm_read(self.layer)
+        x, B, C = self.split_scan_inputs(self.conv(xBC, window))
+        res = self.scan(x, dt, B, C, state, return_states=cache.ssm_wants_states(self.layer))
+        cache.ssm_write(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C, result=res)
+        return self.out_proj(self.norm(res.y.flatten(-2), gate))
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.cfg, self.layer = cfg, layer
+        self.q_proj = nn.Linear(cfg.hidden_size, cfg.attn_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.attn_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, h, cache):
+        c = self.cfg
+        batch, T, _ = h.shape
+        q = self.q_proj(h).view(batch, T, c.attn_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
+        keys, values = cache.kv_append(self.layer, k, v)
+        rep = c.attn_heads // c.kv_heads
+        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+        scores = (q @ keys.transpose(2, 3)) * c.head_dim ** -0.5
+        total = keys.shape[2]
+        causal = torch.ones(T, total, dtype=torch.bool, device=h.device).tril(total - T)
+        scores = scores.masked_fill(~causal, float("-inf"))
+        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+        return self.o_proj(out.transpose(1, 2).reshape(batch, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: HybridConfig, layer: int):
+        super().__init__()
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, h, cache):
+        return self.down_proj(F.relu(self.up_proj(h)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
+        self.mixer = {"M": Mamba2Mixer, "*": Attention, "-": MLP}[cfg.pattern[layer]](cfg, layer)
+
+    def forward(self, h, cache):
+        return h + self.mixer(self.norm(h), cache)
+
+
+class _Backbone(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg, i) for i in range(len(cfg.pattern)))
+        self.norm_f = RMSNorm(cfg.hidden_size, cfg.eps)
+
+
+class HybridLM(nn.Module):
+    """The hybrid LM. ``forward(input_ids (batch, T), cache) -> logits (batch, T, vocab)``
+    processes T new tokens after what the cache holds, and advances the cache by T."""
+
+    def __init__(self, cfg: HybridConfig, seed: int | None = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.model = _Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if seed is not None:
+            self.init_weights(seed)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self, seed):
+        """Deterministic random weights (std 0.02 for matrices, the norms and SSM scalars as
+        NemotronH initialises them)."""
+        g = torch.Generator().manual_seed(seed)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.02 * (4 if "conv1d" in name else 1))
+            elif "dt_bias" in name:
+                p.copy_(torch.rand(p.shape, generator=g) - 0.5)
+            elif "conv1d.bias" in name:
+                p.zero_()
+
+    def forward(self, input_ids, cache):
+        if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch:
+            raise ValueError(f"input_ids: expected shape (batch={cache.batch}, T), got "
+                             f"{tuple(input_ids.shape)}")
+        cache.begin(input_ids)
+        h = self.model.embeddings(input_ids)
+        for block in self.model.layers:
+            h = block(h, cache)
+        cache.end()
+        return self.lm_head(self.model.norm_f(h))
+
+    def save(self, folder):
+        """Write ``config.json`` and ``model.safetensors`` to ``folder``."""
+        from safetensors.torch import save_file
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.json").write_text(json.dumps(asdict(self.cfg), indent=1))
+        save_file({k: v.contiguous() for k, v in self.state_dict().items()},
+                  str(folder / "model.safetensors"))
+
+    @classmethod
+    def load(cls, folder):
+        from safetensors.torch import load_file
+        folder = Path(folder)
+        model = cls(HybridConfig(**json.loads((folder / "config.json").read_text())), seed=None)
+        model.load_state_dict(load_file(str(folder / "model.safetensors")))
+        return model
+
+
+def config_from_nemotron_h(hf_config) -> HybridConfig:
+    """A HybridConfig from a transformers NemotronHConfig (Mamba-2, attention, MLP blocks)."""
+    kinds = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
+    unsupported = set(hf_config.layers_block_type) - set(kinds)
+    if unsupported:
+        raise ValueError(f"layers_block_type: replaylab supports {sorted(kinds)}, got "
+                         f"{sorted(unsupported)}")
+    if hf_config.mlp_hidden_act != "relu2" or hf_config.mamba_hidden_act != "silu":
+        raise ValueError(f"activations: expected relu2 MLP and silu Mamba, got "
+                         f"{hf_config.mlp_hidden_act!r} and {hf_config.mamba_hidden_act!r}")
+    return HybridConfig(
+        vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+        pattern="".join(kinds[k] for k in hf_config.layers_block_type),
+        ssm_heads=hf_config.mamba_num_heads, ssm_head_dim=hf_config.mamba_head_dim,
+        d_state=hf_config.ssm_state_size, n_groups=hf_config.n_groups, d_conv=hf_config.conv_kernel,
+        attn_heads=hf_config.num_attention_heads, kv_heads=hf_config.num_key_value_heads,
+        head_dim=hf_config.head_dim, intermediate_size=hf_config.intermediate_size,
+        eps=hf_config.layer_norm_epsilon, time_step_min=hf_config.time_step_min,
+        use_conv_bias=hf_config.use_conv_bias, tie_word_embeddings=hf_config.tie_word_embeddings)
+
+
+def load_transformers_nemotron_h(source) -> HybridLM:
+    """A HybridLM with the weights of a transformers NemotronH model (an instance, or a folder
+    written by ``save_pretrained``)."""
+    if isinstance(source, (str, Path)):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        hf_config = AutoConfig.from_pretrained(source)
+        if hf_config.model_type != "nemotron_h":
+            raise ValueError(f"{source}: expected a NemotronH checkpoint, got model_type "
+                             f"{hf_config.model_type!r}")
+        source = AutoModelForCausalLM.from_pretrained(source)
+    cfg = config_from_nemotron_h(source.config)
+    model = HybridLM(cfg, seed=None)
+    state = source.state_dict()
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]:
+        raise ValueError(f"weights: missing {missing}, unexpected {unexpected}")
+    return model.to(next(source.parameters()).dtype)

@@ -1,0 +1,276 @@
+"""The SSM part of a hybrid cache under three interchangeable strategies.
+
+Each store keeps, for every Mamba-2 layer of a batch of branches, what it needs to produce the
+state ``h: (batch, H, P, N)`` and the conv window ``w: (batch, d_conv - 1, conv_dim)`` (the last
+conv inputs) at the current position, and to go back to an earlier position ``p``:
+
+    SnapshotStore   the current h, w, plus a full copy at every position that may be restored
+                    (every snapshot handle, and every token since the latest snapshot)
+    RecomputeStore  the current h, w, plus copies every ``interval`` tokens (checkpoints);
+                    going back re-runs the whole model from the last checkpoint <= p
+    ReplayStore     one checkpoint h_c, w_c per layer plus a log of the layer's inputs since it
+                    (xBC, and the scan inputs x, dt, B, C); h at c + j is fold(h_c, log[:j]);
+                    going back inside the log is a cursor move; conv windows come from the log
+
+Stores never see the model's weights except through ``fold``, the layer's own scan. A store's
+``rollback(p)`` returns the checkpoint position the cache must recompute from, or None.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SnapshotStore", "RecomputeStore", "ReplayStore", "STORES"]
+
+
+def _window_after(window, xBC):
+    """Conv window after appending xBC (batch, T, conv_dim) to window (batch, d_conv-1, conv_dim)."""
+    keep = window.shape[1]
+    return torch.cat([window, xBC.to(window.dtype)], dim=1)[:, -keep:] if keep else window
+
+
+def _nbytes(*tensors):
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class _CurrentStateStore:
+    """Shared by snapshot and recompute: holds h, w at the current position per layer."""
+
+    def __init__(self, mixers, batch, dtype, device):
+        self.mixers = mixers
+        self.h, self.w = {}, {}
+        for layer, mixer in mixers.items():
+            c = mixer.cfg
+            self.h[layer] = torch.zeros(batch, c.ssm_heads, c.ssm_head_dim, c.d_state,
+                                        device=device)
+            self.w[layer] = torch.zeros(batch, c.d_conv - 1, c.conv_dim, dtype=dtype,
+                                        device=device)
+
+    def read(self, layer):
+        return self.h[layer], self.w[layer]
+
+    def _copy(self, layers=None):
+        return {l: (self.h[l].clone(), self.w[l].clone()) for l in (layers or self.h)}
+
+    def _load(self, copy):
+        for l, (h, w) in copy.items():
+            self.h[l], self.w[l] = h.clone(), w.clone()
+
+    def _gather(self, indices):
+        for l in self.h:
+            self.h[l], self.w[l] = self.h[l][indices], self.w[l][indices]
+
+    def current_bytes(self):
+        return {"ssm_state": _nbytes(*self.h.values()), "conv_state": _nbytes(*self.w.values())}
+
+
+class SnapshotStore(_CurrentStateStore):
+    name = "snapshot"
+
+    def __init__(self, mixers, batch, dtype, device, **_):
+        super().__init__(mixers, batch, dtype, device)
+        self.handles = {}     # handle id -> (position, {layer: (h, w)})
+        self.per_token = {}   # position -> {layer: (h, w)} since the latest snapshot
+        self.tracking_from = None
+
+    def wants_states(self, layer):
+        return self.tracking_from is not None
+
+    def write(self, layer, position, xBC, x, dt, B, C, result):
+        windows = _window_after(self.w[layer], xBC)
+        if self.tracking_from is not None:
+            full = torch.cat([self.w[layer], xBC.to(self.w[layer].dtype)], dim=1)
+            keep = self.w[layer].shape[1]
+            for j in range(xBC.shape[1]):
+                w_j = full[:, j + 1:j + 1 + keep]
+                self.per_token.setdefault(position + j + 1, {})[layer] = (result.states[:, j].clone(),
+                                                                          w_j.clone())
+        self.h[layer], self.w[layer] = result.state, windows
+
+    def after_advance(self, position):
+        pass
+
+    def snapshot(self, handle, position):
+        self.handles[handle] = (position, self._copy())
+        self.per_token = {}
+        self.tracking_from = position
+
+    def release(self, handle):
+        self.handles.pop(handle, None)
+        if not self.handles:
+            self.per_token, self.tracking_from = {}, None
+
+    def can_restore(self, position, handle=None):
+        return (handle in self.handles) or position in self.per_token
+
+    def rollback(self, position, handle=None):
+        if handle in self.handles:
+            self._load(self.handles[handle][1])
+        elif position in self.per_token:
+            self._load(self.per_token[position])
+        else:
+            raise LookupError(position)
+        self.per_token = {p: s for p, s in self.per_token.items() if p <= position}
+        return None
+
+    def select(self, indices):
+        self._gather(indices)
+        self.handles, self.per_token, self.tracking_from = {}, {}, None
+
+    def nbytes(self):
+        snaps = sum(_nbytes(h, w) for _, copy in self.handles.values() for h, w in copy.values())
+        snaps += sum(_nbytes(h, w) for copy in self.per_token.values() for h, w in copy.values())
+        return {**self.current_bytes(), "snapshots": snaps}
+
+
+class RecomputeStore(_CurrentStateStore):
+    name = "recompute"
+
+    def __init__(self, mixers, batch, dtype, device, interval=16, **_):
+        super().__init__(mixers, batch, dtype, device)
+        if interval < 1:
+            raise ValueError(f"interval: expected >= 1, got {interval}")
+        self.interval = interval
+        self.checkpoints = {0: self._copy()}  # position -> {layer: (h, w)}
+
+    def wants_states(self, layer):
+        return True
+
+    def write(self, layer, position, xBC, x, dt, B, C, result):
+        T = xBC.shape[1]
+        full = torch.cat([self.w[layer], xBC.to(self.w[layer].dtype)], dim=1)
+        keep = self.w[layer].shape[1]
+        for j in range(T):
+            p = position + j + 1
+            if p % self.interval == 0:
+                self.checkpoints.setdefault(p, {})[layer] = (result.states[:, j].clone(),
+                                                             full[:, j + 1:j + 1 + keep].clone())
+        self.h[layer], self.w[layer] = result.state, _window_after(self.w[layer], xBC)
+
+    def after_advance(self, position):
+        pass
+
+    def snapshot(self, handle, position):
+        pass  # a handle is only a position: restore recomputes
+
+    def release(self, handle):
+        pass
+
+    def can_restore(self, position, handle=None):
+        return True
+
+    def rollback(self, position, handle=None):
+        start = max(p for p in self.checkpoints if p <= position)
+        self._load(self.checkpoints[start])
+        for p in [p for p in self.checkpoints if p > start]:
+            del self.checkpoints[p]
+        return start if start < position else None
+
+    def select(self, indices):
+        self._gather(indices)
+        for copy in self.checkpoints.values():
+            for l, (h, w) in copy.items():
+                copy[l] = (h[indices], w[indices])
+
+    def nbytes(self):
+        ck = sum(_nbytes(h, w) for copy in self.checkpoints.values() for h, w in copy.values())
+        return {**self.current_bytes(), "checkpoints": ck}
+
+
+class ReplayStore:
+    name = "replay"
+
+    def __init__(self, mixers, batch, dtype, device, interval=16, **_):
+        if interval < 1:
+            raise ValueError(f"interval: expected >= 1, got {interval}")
+        self.mixers, self.L = mixers, interval
+        self.start = 0                      # checkpoint position c
+        self.ckpt, self.rows, self.log = {}, None, {}
+        for layer, mixer in mixers.items():
+            c = mixer.cfg
+            self.ckpt[layer] = (torch.zeros(batch, c.ssm_heads, c.ssm_head_dim, c.d_state,
+                                            device=device),
+                                torch.zeros(batch, c.d_conv - 1, c.conv_dim, dtype=dtype,
+                                            device=device))
+            self.log[layer] = None
+        self.rows = torch.arange(batch, device=device)  # branch -> checkpoint row (shared)
+        self.pin = None  # position the log must keep (the latest snapshot handle)
+
+    def log_length(self):
+        first = next(iter(self.log.values()), None)
+        return 0 if first is None else first["xBC"].shape[1]
+
+    def wants_states(self, layer):
+        return False
+
+    def _fold(self, layer, upto):
+        """(h, w) at checkpoint + upto: fold the first ``upto`` logged tokens into h_c."""
+        h, w = (t[self.rows] for t in self.ckpt[layer])
+        log = self.log[layer]
+        if log is None or upto == 0:
+            return h, w
+        res = self.mixers[layer].scan(log["x"][:, :upto], log["dt"][:, :upto],
+                                      log["B"][:, :upto], log["C"][:, :upto], h)
+        return res.state, _window_after(w, log["xBC"][:, :upto])
+
+    def read(self, layer):
+        return self._fold(layer, self.log_length())
+
+    def write(self, layer, position, xBC, x, dt, B, C, result):
+        new = dict(xBC=xBC, x=x, dt=dt, B=B, C=C)
+        old = self.log[layer]
+        self.log[layer] = new if old is None else {k: torch.cat([old[k], v], 1) for k, v in new.items()}
+
+    def after_advance(self, position):
+        n = self.log_length()
+        if n < self.L:
+            return
+        upto = n if self.pin is None or self.pin <= self.start else min(n, self.pin - self.start)
+        if upto:
+            self._advance_checkpoint(upto)
+
+    def _advance_checkpoint(self, upto):
+        for layer in self.ckpt:
+            self.ckpt[layer] = self._fold(layer, upto)
+            self.log[layer] = {k: v[:, upto:] for k, v in self.log[layer].items()}
+        self.rows = torch.arange(self.rows.numel(), device=self.rows.device)
+        self.start += upto
+
+    def snapshot(self, handle, position):
+        self.pin = position
+
+    def release(self, handle):
+        pass
+
+    def can_restore(self, position, handle=None):
+        return True
+
+    def rollback(self, position, handle=None):
+        if position >= self.start:
+            for layer, log in self.log.items():
+                if log is not None:
+                    self.log[layer] = {k: v[:, :position - self.start] for k, v in log.items()}
+            return None
+        # before the checkpoint: nothing kept covers it; rebuild from the start of the sequence
+        for layer in self.ckpt:
+            h, w = self.ckpt[layer]
+            self.ckpt[layer] = (torch.zeros_like(h), torch.zeros_like(w))
+            self.log[layer] = None
+        self.start, self.pin = 0, None
+        return 0
+
+    def select(self, indices):
+        self.rows = self.rows[indices]
+        for layer, log in self.log.items():
+            if log is not None:
+                self.log[layer] = {k: v[indices] for k, v in log.items()}
+
+    def nbytes(self):
+        live = torch.unique(self.rows).numel()
+        ck = sum(_nbytes(h[:1]) * live for h, _ in self.ckpt.values())
+        conv = sum(_nbytes(w[:1]) * live for _, w in self.ckpt.values())
+        logs = sum(_nbytes(*log.values()) for log in self.log.values() if log is not None)
+        return {"ssm_state": ck, "conv_state": conv, "logs": logs}
+
+
+STORES = {s.name: s for s in (SnapshotStore, RecomputeStore, ReplayStore)}

@@ -1,0 +1,77 @@
+"""The hybrid model mirrors transformers' NemotronH: same weights, same logits; decoding token
+by token through the cache equals one forward; save/load round-trips."""
+
+import pytest
+import torch
+
+from replaylab import assert_close
+from replaylab.cache import HybridCache
+from replaylab.model import HybridConfig, HybridLM, load_transformers_nemotron_h
+
+
+def tiny_nemotron_h(pattern="M-M*-M", seed=0):
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    torch.manual_seed(seed)
+    cfg = NemotronHConfig(vocab_size=97, hidden_size=32, num_hidden_layers=len(pattern),
+                          hybrid_override_pattern=pattern, mamba_num_heads=6, mamba_head_dim=8,
+                          ssm_state_size=16, n_groups=3, num_attention_heads=4,
+                          num_key_value_heads=2, head_dim=8, intermediate_size=48, chunk_size=16)
+    model = NemotronHForCausalLM(cfg).eval()
+    with torch.no_grad():  # move the SSM scalars off their initial values so they matter
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_bias", "A_log", "D", "conv1d.bias")) or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+@pytest.mark.parametrize("pattern", ["M-M*-M", "*M-MM-*"])
+def test_logits_equal_transformers_nemotron_h(pattern):
+    hf = tiny_nemotron_h(pattern)
+    ours = load_transformers_nemotron_h(hf).eval()
+    ids = torch.randint(0, 97, (3, 37))
+    with torch.no_grad():
+        ref = hf(ids, use_cache=False).logits
+        got = ours(ids, HybridCache(ours, 3))
+    err = assert_close(got, ref, atol=1e-4, rtol=1e-4, name="logits")
+    assert err < 1e-4
+
+
+def test_checkpoint_folder_round_trip(tmp_path):
+    hf = tiny_nemotron_h()
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_transformers_nemotron_h(tmp_path / "hf").eval()
+    ours.save(tmp_path / "ours")
+    again = HybridLM.load(tmp_path / "ours").eval()
+    ids = torch.randint(0, 97, (1, 12))
+    with torch.no_grad():
+        assert torch.equal(ours(ids, HybridCache(ours)), again(ids, HybridCache(again)))
+        assert_close(ours(ids, HybridCache(ours)), hf(ids, use_cache=False).logits, atol=1e-4)
+
+
+def test_a_folder_that_is_not_nemotron_h_is_refused(tmp_path):
+    from transformers import LlamaConfig
+    LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=16).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="expected a NemotronH checkpoint, got model_type 'llama'"):
+        load_transformers_nemotron_h(tmp_path)
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
+def test_decoding_token_by_token_equals_one_forward(strategy):
+    model = HybridLM(HybridConfig(pattern="M*M-M", ssm_heads=3, n_groups=3), seed=1).eval()
+    ids = torch.randint(0, 128, (3, 23))
+    with torch.no_grad():
+        ref = model(ids, HybridCache(model, 3, strategy))
+        cache = HybridCache(model, 3, strategy, interval=5)
+        outs = [model(ids[:, :9], cache)] + [model(ids[:, t:t + 1], cache) for t in range(9, 23)]
+    assert_close(torch.cat(outs, 1), ref, atol=1e-5, name="logits")
+
+
+def test_bad_config_and_input():
+    with pytest.raises(ValueError, match=r"pattern: expected characters .* got \['x'\]"):
+        HybridConfig(pattern="M-x")
+    model = HybridLM(HybridConfig())
+    with pytest.raises(ValueError, match=r"input_ids: expected shape \(batch=2, T\), got \(3, 4\)"):
+        model(torch.zeros(3, 4, dtype=torch.long), HybridCache(model, 2))
+    with pytest.raises(ValueError, match=r"strategy: expected one of"):
+        HybridCache(model, 1, "magic")
