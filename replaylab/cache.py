@@ -129,6 +129,8 @@ class HybridCache:
     def _rollback(self, position, handle_id):
         if not 0 <= position <= self.position:
             raise ValueError(f"position: expected 0 <= position <= {self.position}, got {position}")
+        if position == self.position and handle_id is None:
+            return  # nothing to drop
         if not self.ssm.can_restore(position, handle_id):
             raise ValueError(f"position {position}: no state kept for it under the "
                              f"{self.strategy} strategy (snapshot it first, or it was evicted)")

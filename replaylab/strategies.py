@@ -217,7 +217,7 @@ class ReplayStore:
         return self._fold(layer, self.log_length())
 
     def write(self, layer, position, xBC, x, dt, B, C, result):
-        new = dict(xBC=xBC, x=x, dt=dt, B=B, C=C)
+        new = {k: v.clone() for k, v in dict(xBC=xBC, x=x, dt=dt, B=B, C=C).items()}  # own memory
         old = self.log[layer]
         self.log[layer] = new if old is None else {k: torch.cat([old[k], v], 1) for k, v in new.items()}
 
@@ -225,7 +225,8 @@ class ReplayStore:
         n = self.log_length()
         if n < self.L:
             return
-        upto = n if self.pin is None or self.pin <= self.start else min(n, self.pin - self.start)
+        pinned = self.pin is not None and self.pin >= self.start  # keep the log from the pin on
+        upto = min(n, self.pin - self.start) if pinned else n
         if upto:
             self._advance_checkpoint(upto)
 

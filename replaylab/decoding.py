@@ -1,0 +1,224 @@
+"""Decoding workloads written only against the cache API: greedy, speculative decoding (draft
+model, prompt lookup, or a synthetic drafter with a set acceptance rate), beam search and
+best-of-n. Each returns a ``DecodeResult`` with what the run cost.
+
+Glossary: k draft length; a accepted drafts in one round; prompt (batch, T) token ids.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from replaylab.cache import HybridCache
+
+__all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
+           "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter"]
+
+
+@dataclass
+class DecodeResult:
+    tokens: torch.Tensor            # (batch, n_new) generated ids
+    strategy: str
+    proposed: int = 0               # drafts proposed (speculative)
+    accepted: int = 0               # drafts accepted
+    restores: int = 0
+    restore_seconds: float = 0.0    # rollback cost
+    recomputed_tokens: int = 0
+    peak_bytes: int = 0
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def acceptance_rate(self):
+        return self.accepted / self.proposed if self.proposed else float("nan")
+
+
+def _finish(result, cache, t0):
+    s = cache.stats
+    result.restores, result.restore_seconds = s.restores, s.restore_seconds
+    result.recomputed_tokens, result.peak_bytes = s.recomputed_tokens, s.peak_bytes
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _check_prompt(prompt):
+    if prompt.dim() != 2 or prompt.shape[1] < 1:
+        raise ValueError(f"prompt: expected token ids of shape (batch, T>=1), got {tuple(prompt.shape)}")
+
+
+@torch.no_grad()
+def greedy(model, prompt, n_new, strategy="replay", interval=16, progress=False) -> DecodeResult:
+    """Greedy decoding of ``n_new`` tokens after ``prompt`` (batch, T)."""
+    _check_prompt(prompt)
+    t0 = time.perf_counter()
+    cache = HybridCache(model, prompt.shape[0], strategy, interval=interval)
+    logits = model(prompt, cache)
+    out = []
+    for _ in tqdm(range(n_new), disable=not progress, desc=f"greedy ({strategy})"):
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+        out.append(tok)
+        if len(out) < n_new:
+            logits = model(tok, cache)
+    return _finish(DecodeResult(torch.cat(out, 1), strategy), cache, t0)
+
+
+class SyntheticDrafter:
+    """Proposes the target's own greedy continuation, each draft right with probability
+    ``acceptance`` (a wrong one is the right id + 1): a drafter with a set acceptance rate."""
+
+    def __init__(self, reference, acceptance, seed=0):
+        if not 0 <= acceptance <= 1:
+            raise ValueError(f"acceptance: expected 0 <= acceptance <= 1, got {acceptance}")
+        self.reference, self.acceptance = reference.flatten(), acceptance
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def propose(self, context, k, vocab_size):
+        pos = context.numel()
+        true = self.reference[pos:pos + k]
+        true = torch.cat([true, true.new_zeros(k - true.numel())])
+        right = torch.rand(k, generator=self.generator) < self.acceptance
+        return torch.where(right, true, (true + 1) % vocab_size)
+
+
+class PromptLookupDrafter:
+    """Proposes the k tokens that followed the latest earlier occurrence of the context's
+    last n-gram (n from ``max_ngram`` down to 1); repeats the last token when none is found."""
+
+    def __init__(self, max_ngram=3):
+        self.max_ngram = max_ngram
+
+    def propose(self, context, k, vocab_size):
+        seq = context.flatten().tolist()
+        for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
+            tail = seq[-n:]
+            for start in range(len(seq) - n - 1, -1, -1):
+                if seq[start:start + n] == tail:
+                    follow = seq[start + n:start + n + k]
+                    follow += [follow[-1]] * (k - len(follow))
+                    return torch.tensor(follow)
+        return torch.tensor([seq[-1]] * k)
+
+
+class ModelDrafter:
+    """A smaller hybrid as draft model, decoding greedily with its own cache."""
+
+    def __init__(self, draft_model, strategy="replay", interval=16):
+        self.model, self.strategy, self.interval = draft_model, strategy, interval
+        self.cache = None
+
+    def propose(self, context, k, vocab_size):
+        if self.model.cfg.vocab_size != vocab_size:
+            raise ValueError(f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "
+                             f"expected the target's {vocab_size}")
+        context = context.reshape(1, -1)
+        if self.cache is None:
+            self.cache = HybridCache(self.model, 1, self.strategy, interval=self.interval)
+        # keep what the draft cache shares with the context, feed the rest
+        held = self.cache.tokens[0]
+        same = 0
+        limit = min(held.numel(), context.shape[1] - 1)
+        while same < limit and held[same] == context[0, same]:
+            same += 1
+        if same < self.cache.position:
+            self.cache.truncate_to(same)
+        logits = self.model(context[:, same:], self.cache)
+        drafts = []
+        for i in range(k):
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            drafts.append(tok)
+            if i < k - 1:
+                logits = self.model(tok, self.cache)
+        return torch.cat(drafts, 1)[0]
+
+
+@torch.no_grad()
+def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=16,
+                progress=False) -> DecodeResult:
+    """Greedy speculative decoding of one sequence: per round, snapshot, verify the pending token
+    and k drafts in one forward, keep the agreeing prefix, roll back the rest. Its tokens equal
+    ``greedy``'s."""
+    _check_prompt(prompt)
+    if prompt.shape[0] != 1:
+        raise ValueError(f"prompt: speculative decoding takes one sequence, got batch {prompt.shape[0]}")
+    if k < 1:
+        raise ValueError(f"k: expected k >= 1, got {k}")
+    t0 = time.perf_counter()
+    vocab = model.cfg.vocab_size
+    cache = HybridCache(model, 1, strategy, interval=interval)
+    pending = model(prompt, cache)[:, -1].argmax(-1, keepdim=True)  # next token, not yet fed
+    out, result = [pending], DecodeResult(None, strategy)
+    bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({strategy})")
+    while len(out) < n_new:
+        context = torch.cat([prompt, torch.cat(out, 1)], 1)
+        drafts = drafter.propose(context, k, vocab).reshape(1, k).to(prompt.device)
+        handle = cache.snapshot()
+        start = cache.position
+        pred = model(torch.cat([pending, drafts], 1), cache)[0].argmax(-1)  # (k+1,)
+        agree = (drafts[0] == pred[:k]).long()
+        a = int(agree.cumprod(0).sum())
+        result.proposed += k
+        result.accepted += a
+        if a < k:  # keep the pending token and the accepted drafts, drop the rejected ones
+            cache.truncate_to(start + 1 + a)
+        cache.release(handle)
+        new = torch.cat([drafts[:, :a], pred[a].view(1, 1)], 1)
+        out.extend(new.split(1, 1))
+        bar.update(new.shape[1])
+        pending = pred[a].view(1, 1)
+    bar.close()
+    result.tokens = torch.cat(out, 1)[:, :n_new]
+    return _finish(result, cache, t0)
+
+
+@torch.no_grad()
+def beam_search(model, prompt, n_new, width=4, strategy="replay", interval=16) -> DecodeResult:
+    """Beam search over summed log-probabilities; returns the best beam (1, n_new)."""
+    _check_prompt(prompt)
+    if prompt.shape[0] != 1:
+        raise ValueError(f"prompt: beam search takes one sequence, got batch {prompt.shape[0]}")
+    t0 = time.perf_counter()
+    cache = HybridCache(model, 1, strategy, interval=interval)
+    logp = torch.log_softmax(model(prompt, cache)[:, -1].float(), -1)
+    scores, first = logp[0].topk(width)
+    cache.fork(width)
+    beams = first.view(width, 1)
+    for _ in range(n_new - 1):
+        logp = torch.log_softmax(model(beams[:, -1:], cache)[:, -1].float(), -1)
+        total = (scores[:, None] + logp).flatten()
+        scores, flat = total.topk(width)
+        parent, tok = flat // logp.shape[1], flat % logp.shape[1]
+        cache.reorder(parent)
+        beams = torch.cat([beams[parent], tok[:, None]], 1)
+    result = DecodeResult(beams[:1], strategy, extra={"beams": beams, "scores": scores})
+    return _finish(result, cache, t0)
+
+
+@torch.no_grad()
+def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, strategy="replay",
+              interval=16) -> DecodeResult:
+    """Sample n continuations of one prompt (the prompt's state shared by all), return the one
+    with the highest mean log-probability."""
+    _check_prompt(prompt)
+    t0 = time.perf_counter()
+    g = torch.Generator(device=prompt.device).manual_seed(seed)
+    cache = HybridCache(model, 1, strategy, interval=interval)
+    logits = model(prompt, cache)[:, -1]
+    cache.fork(n)
+    logits = logits.expand(n, -1)
+    samples, logps = [], torch.zeros(n)
+    for i in range(n_new):
+        probs = torch.softmax(logits.float() / temperature, -1)
+        tok = torch.multinomial(probs, 1, generator=g)
+        logps += torch.log(probs.gather(1, tok))[:, 0]
+        samples.append(tok)
+        if i < n_new - 1:
+            logits = model(tok, cache)[:, -1]
+    samples = torch.cat(samples, 1)
+    best = int((logps / n_new).argmax())
+    result = DecodeResult(samples[best:best + 1], strategy, extra={"samples": samples,
+                                                                   "mean_logp": logps / n_new})
+    return _finish(result, cache, t0)

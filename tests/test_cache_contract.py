@@ -1,0 +1,152 @@
+"""The cache contract: after any sequence of advance / snapshot / restore / truncate / fork /
+reorder, the SSM state, conv window and KV equal (a) what the cache held when it first reached
+that position (bitwise for snapshot and replay: the same operations in the same order; within
+1e-5 for recompute and for a replay restore before its checkpoint, which fall back to re-running
+the model with tokens batched differently) and (b) a fresh prefill of the
+same tokens (within 1e-5). Workloads give the same tokens under every strategy."""
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from replaylab import assert_close
+from replaylab.cache import HybridCache
+from replaylab.decoding import (ModelDrafter, PromptLookupDrafter, SyntheticDrafter, beam_search,
+                                best_of_n, greedy, speculative)
+from replaylab.model import HybridConfig, HybridLM
+
+STRATEGIES = ["snapshot", "recompute", "replay"]
+MODEL = HybridLM(HybridConfig(vocab_size=50, hidden_size=32, pattern="M*M-", ssm_heads=3,
+                              ssm_head_dim=8, d_state=8, n_groups=3, attn_heads=2, kv_heads=1,
+                              head_dim=16, intermediate_size=64), seed=2).eval()
+
+
+def held(cache):
+    """Everything the cache would hand the model next: SSM (h, w) per layer and KV."""
+    out = {}
+    for layer in MODEL.cfg.ssm_layers:
+        h, w = cache.ssm_read(layer)
+        out[f"h{layer}"], out[f"w{layer}"] = h.clone(), w.clone()
+    for layer, kv in cache.kv.items():
+        out[f"k{layer}"], out[f"v{layer}"] = (t.clone() for t in kv.keys_values())
+    return out
+
+
+def compare(got, want, exact):
+    for name in want:
+        if exact:
+            assert torch.equal(got[name], want[name]), name
+        else:
+            assert_close(got[name], want[name], atol=1e-5, rtol=1e-5, name=name)
+
+
+ops = st.lists(st.tuples(st.sampled_from(["advance", "advance", "snapshot", "restore", "truncate",
+                                          "fork", "reorder"]), st.integers(0, 1000)),
+               min_size=2, max_size=12)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=ops)
+def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, program):
+    torch.manual_seed(0)
+    cache = HybridCache(MODEL, 1, strategy, interval=3)
+    history = {0: held(cache)}  # position -> what was held on first reaching it
+    handles = []
+    with torch.no_grad():
+        MODEL(torch.randint(0, 50, (1, 4)), cache)
+        history = {cache.position: held(cache)}
+        floor = cache.position  # positions below were never recorded
+        for op, arg in program:
+            if op == "advance":
+                for _ in range(arg % 3 + 1):
+                    MODEL(torch.randint(0, 50, (cache.batch, 1 + arg % 2)), cache)
+                    history[cache.position] = held(cache)
+            elif op == "snapshot":
+                handles.append(cache.snapshot())
+            elif op == "restore" and handles:
+                h = handles[arg % len(handles)]
+                if h.layout == cache.layout and h.position <= cache.position:
+                    cache.restore(h)
+            elif op == "truncate":
+                p = floor + arg % (cache.position - floor + 1)
+                if strategy != "snapshot" or p == cache.position or cache.ssm.can_restore(p):
+                    cache.truncate_to(p)
+            elif op == "fork" and cache.batch <= 2:
+                cache.fork(2)
+                idx = torch.arange(cache.batch // 2).repeat_interleave(2)
+                history = {p: {n: t[idx] for n, t in s.items()} for p, s in history.items()}
+                handles = []
+            elif op == "reorder":
+                idx = torch.randint(0, cache.batch, (cache.batch,))
+                cache.reorder(idx)
+                history = {p: {n: t[idx] for n, t in s.items()} for p, s in history.items()}
+                handles = []
+            history = {p: s for p, s in history.items() if p <= cache.position}
+            if cache.position in history:
+                # bitwise unless some restore re-ran the model (recompute, or replay falling
+                # back to it for a position before its checkpoint)
+                exact = strategy != "recompute" and cache.stats.recomputed_tokens == 0
+                compare(held(cache), history[cache.position], exact=exact)
+        fresh = HybridCache(MODEL, cache.batch, strategy)
+        MODEL(cache.tokens, fresh)
+        compare(held(cache), held(fresh), exact=False)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bad_restores_raise_and_leave_the_cache_unchanged(strategy):
+    cache = HybridCache(MODEL, 1, strategy, interval=4)
+    other = HybridCache(MODEL, 1, strategy)
+    with torch.no_grad():
+        MODEL(torch.randint(0, 50, (1, 6)), cache)
+        handle = cache.snapshot()
+        MODEL(torch.randint(0, 50, (1, 3)), cache)
+    before, tokens = held(cache), cache.tokens.clone()
+    bad = [(9 + 1, r"expected 0 <= position <= 9, got 10"), (-1, r"got -1"),
+           (other.snapshot(), r"taken from cache \d+, not this cache")]
+    for target, message in bad:
+        with pytest.raises(ValueError, match=message):
+            cache.restore(target)
+        compare(held(cache), before, exact=True)
+        assert torch.equal(cache.tokens, tokens)
+    cache.release(handle)
+    with pytest.raises(ValueError, match=r"position 6 was released"):
+        cache.restore(handle)
+    if strategy == "snapshot":  # only snapshotted positions can be restored
+        with pytest.raises(ValueError, match=r"position 2: no state kept for it under the snapshot"):
+            cache.truncate_to(2)
+    compare(held(cache), before, exact=True)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_workloads_give_identical_tokens_under_every_strategy(strategy):
+    prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9, 3, 7]])
+    ref = greedy(MODEL, prompt, 20, "snapshot")
+    assert torch.equal(greedy(MODEL, prompt, 20, strategy, interval=5).tokens, ref.tokens)
+    full = torch.cat([prompt, ref.tokens], 1)
+    for drafter in [SyntheticDrafter(full, 0.5, seed=1), SyntheticDrafter(full, 0.9, seed=1),
+                    PromptLookupDrafter(),
+                    ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval())]:
+        run = speculative(MODEL, prompt, 20, drafter, k=4, strategy=strategy, interval=5)
+        assert torch.equal(run.tokens, ref.tokens), type(drafter).__name__
+    beams = {s: beam_search(MODEL, prompt, 8, 3, s).extra["beams"] for s in STRATEGIES}
+    assert all(torch.equal(beams[strategy], b) for b in beams.values())
+    samples = {s: best_of_n(MODEL, prompt, 8, 4, seed=3, strategy=s).extra["samples"]
+               for s in STRATEGIES}
+    assert all(torch.equal(samples[strategy], b) for b in samples.values())
+
+
+def test_draft_model_with_another_vocabulary_is_refused():
+    drafter = ModelDrafter(HybridLM(HybridConfig(vocab_size=60, pattern="M-")))
+    with pytest.raises(ValueError, match=r"vocabulary of 60 tokens, expected the target's 50"):
+        speculative(MODEL, torch.tensor([[1, 2, 3]]), 5, drafter)
+
+
+def test_replay_holds_less_than_snapshot_when_speculating_on_a_wide_state():
+    wide = HybridLM(HybridConfig(pattern="M*M-", ssm_heads=8, ssm_head_dim=16, d_state=64,
+                                 n_groups=1), seed=0).eval()
+    prompt = torch.randint(0, 128, (1, 8))
+    ref = torch.cat([prompt, greedy(wide, prompt, 12).tokens], 1)
+    peak = {s: speculative(wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4, strategy=s,
+                           interval=8).peak_bytes for s in STRATEGIES}
+    assert peak["replay"] < peak["snapshot"]
