@@ -131,7 +131,8 @@ class RecomputeStore(_CurrentStateStore):
         if interval < 1:
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.interval = interval
-        self.checkpoints = {0: self._copy()}  # position -> {layer: (h, w)}
+        self.checkpoints = {0: None}  # position -> {layer: (h, w)}; None: the zero state
+        self.pin = 0                  # latest snapshot position: older checkpoints are pruned
 
     def wants_states(self, layer):
         return True
@@ -151,7 +152,11 @@ class RecomputeStore(_CurrentStateStore):
         pass
 
     def snapshot(self, handle, position):
-        pass  # a handle is only a position: restore recomputes
+        # a handle is only a position; keep the latest checkpoint at or before it (and the
+        # zero state at 0), drop older ones: earlier targets recompute from the start
+        self.pin = position
+        base = max(p for p in self.checkpoints if p <= position)
+        self.checkpoints = {p: c for p, c in self.checkpoints.items() if p == 0 or p >= base}
 
     def release(self, handle):
         pass
@@ -161,7 +166,11 @@ class RecomputeStore(_CurrentStateStore):
 
     def rollback(self, position, handle=None):
         start = max(p for p in self.checkpoints if p <= position)
-        self._load(self.checkpoints[start])
+        if self.checkpoints[start] is None:
+            for l in self.h:
+                self.h[l], self.w[l] = torch.zeros_like(self.h[l]), torch.zeros_like(self.w[l])
+        else:
+            self._load(self.checkpoints[start])
         for p in [p for p in self.checkpoints if p > start]:
             del self.checkpoints[p]
         return start if start < position else None
@@ -169,11 +178,11 @@ class RecomputeStore(_CurrentStateStore):
     def select(self, indices):
         self._gather(indices)
         for copy in self.checkpoints.values():
-            for l, (h, w) in copy.items():
+            for l, (h, w) in (copy or {}).items():
                 copy[l] = (h[indices], w[indices])
 
     def nbytes(self):
-        ck = sum(_nbytes(h, w) for copy in self.checkpoints.values() for h, w in copy.values())
+        ck = sum(_nbytes(h, w) for copy in self.checkpoints.values() for h, w in (copy or {}).values())
         return {**self.current_bytes(), "checkpoints": ck}
 
 
