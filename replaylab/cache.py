@@ -23,6 +23,7 @@ import torch
 
 from replaylab.kv import LayerKV
 from replaylab.strategies import STORES
+from replaylab.validation import branch_indices, fork_indices
 
 __all__ = ["Handle", "HybridCache", "CacheStats"]
 
@@ -150,18 +151,11 @@ class HybridCache:
 
     def fork(self, n):
         """Each branch becomes ``n`` consecutive branches sharing everything so far."""
-        if n < 1:
-            raise ValueError(f"n: expected n >= 1, got {n}")
-        self._select(torch.arange(self.batch, device=self.device).repeat_interleave(n))
+        self._select(fork_indices(n, self.batch, self.device))
 
     def reorder(self, indices):
         """Branch i continues old branch ``indices[i]``; the batch may shrink or grow."""
-        indices = torch.as_tensor(indices, dtype=torch.long, device=self.device)
-        if indices.dim() != 1 or not indices.numel() or int(indices.min()) < 0 \
-                or int(indices.max()) >= self.batch:
-            raise ValueError(f"indices: expected a non-empty 1-d list of values in "
-                             f"[0, {self.batch}), got {indices.tolist()}")
-        self._select(indices)
+        self._select(branch_indices(indices, self.batch, self.device))
 
     def _select(self, indices):
         for kv in self.kv.values():

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from replaylab.validation import check_tensor
+from replaylab.validation import branch_indices, check_tensor, fork_indices
 
 __all__ = ["LayerKV"]
 
@@ -106,18 +106,11 @@ class LayerKV:
 
     def fork(self, n):
         """Each branch becomes n consecutive branches sharing all positions so far (no copy)."""
-        if n < 1:
-            raise ValueError(f"n: expected n >= 1, got {n}")
-        self._select(torch.arange(self.batch, device=self.device).repeat_interleave(n))
+        self._select(fork_indices(n, self.batch, self.device))
 
     def reorder(self, indices):
         """Branch i now continues old branch ``indices[i]`` (beam search); batch may change."""
-        indices = torch.as_tensor(indices, dtype=torch.long, device=self.device)
-        if indices.dim() != 1 or (indices.numel() and not
-                                  (0 <= int(indices.min()) and int(indices.max()) < self.batch)):
-            raise ValueError(f"indices: expected a 1-d list of values in [0, {self.batch}), "
-                             f"got {indices.tolist()}")
-        self._select(indices)
+        self._select(branch_indices(indices, self.batch, self.device))
 
     def _select(self, indices):
         if self.open.length:

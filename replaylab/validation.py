@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["check_tensor", "check_same_device", "check_finite"]
+__all__ = ["check_tensor", "check_same_device", "check_finite", "branch_indices", "fork_indices"]
 
 
 def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
@@ -50,3 +50,20 @@ def check_finite(**tensors):
             bad = int((~torch.isfinite(t)).sum())
             raise ValueError(f"{name}: {bad} of {t.numel()} values are NaN or inf; "
                              f"expected finite values")
+
+
+def branch_indices(indices, batch, device):
+    """``indices`` as a 1-d long tensor of branch numbers in ``[0, batch)`` (for reorder)."""
+    indices = torch.as_tensor(indices, dtype=torch.long, device=device)
+    if indices.dim() != 1 or not indices.numel() or int(indices.min()) < 0 \
+            or int(indices.max()) >= batch:
+        raise ValueError(f"indices: expected a non-empty 1-d list of values in [0, {batch}), "
+                         f"got {indices.tolist()}")
+    return indices
+
+
+def fork_indices(n, batch, device):
+    """Indices that turn each of ``batch`` branches into ``n`` consecutive ones."""
+    if n < 1:
+        raise ValueError(f"n: expected n >= 1, got {n}")
+    return torch.arange(batch, device=device).repeat_interleave(n)
