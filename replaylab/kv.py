@@ -122,9 +122,9 @@ class LayerKV:
                 seg.k, seg.v = seg.k[live], seg.v[live]
                 seg.rows = torch.searchsorted(live, seg.rows)
         self.batch = int(indices.numel())
-        self.open = self._new_open(self.length_after_frozen(), self.batch)
+        self.open = self._new_open(self._frozen_end(), self.batch)
 
-    def length_after_frozen(self):
+    def _frozen_end(self):
         return self.frozen[-1].end if self.frozen else self.open.start
 
     def nbytes(self) -> int:

@@ -29,6 +29,20 @@ def _window_after(window, xBC):
     return torch.cat([window, xBC.to(window.dtype)], dim=1)[:, -keep:] if keep else window
 
 
+def _windows_per_token(window, xBC):
+    """The conv window after each of the T new tokens: (batch, T, d_conv-1, conv_dim)."""
+    keep = window.shape[1]
+    full = torch.cat([window, xBC.to(window.dtype)], dim=1)
+    return full.unfold(1, keep, 1)[:, 1:].transpose(2, 3) if keep else full[:, :0, None]
+
+
+def _zero_state(mixer, batch, dtype, device):
+    """The state before the first token: h (batch, H, P, N) fp32 zeros, w (batch, d_conv-1, conv_dim)."""
+    c = mixer.cfg
+    return (torch.zeros(batch, c.ssm_heads, c.ssm_head_dim, c.d_state, device=device),
+            torch.zeros(batch, c.d_conv - 1, c.conv_dim, dtype=dtype, device=device))
+
+
 def _nbytes(*tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -37,14 +51,9 @@ class _CurrentStateStore:
     """Shared by snapshot and recompute: holds h, w at the current position per layer."""
 
     def __init__(self, mixers, batch, dtype, device):
-        self.mixers = mixers
         self.h, self.w = {}, {}
         for layer, mixer in mixers.items():
-            c = mixer.cfg
-            self.h[layer] = torch.zeros(batch, c.ssm_heads, c.ssm_head_dim, c.d_state,
-                                        device=device)
-            self.w[layer] = torch.zeros(batch, c.d_conv - 1, c.conv_dim, dtype=dtype,
-                                        device=device)
+            self.h[layer], self.w[layer] = _zero_state(mixer, batch, dtype, device)
 
     def read(self, layer):
         return self.h[layer], self.w[layer]
@@ -77,15 +86,12 @@ class SnapshotStore(_CurrentStateStore):
         return self.tracking_from is not None
 
     def write(self, layer, position, xBC, x, dt, B, C, result):
-        windows = _window_after(self.w[layer], xBC)
         if self.tracking_from is not None:
-            full = torch.cat([self.w[layer], xBC.to(self.w[layer].dtype)], dim=1)
-            keep = self.w[layer].shape[1]
+            windows = _windows_per_token(self.w[layer], xBC)
             for j in range(xBC.shape[1]):
-                w_j = full[:, j + 1:j + 1 + keep]
-                self.per_token.setdefault(position + j + 1, {})[layer] = (result.states[:, j].clone(),
-                                                                          w_j.clone())
-        self.h[layer], self.w[layer] = result.state, windows
+                self.per_token.setdefault(position + j + 1, {})[layer] = (
+                    result.states[:, j].clone(), windows[:, j].clone())
+        self.h[layer], self.w[layer] = result.state, _window_after(self.w[layer], xBC)
 
     def after_advance(self, position):
         pass
@@ -132,20 +138,17 @@ class RecomputeStore(_CurrentStateStore):
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.interval = interval
         self.checkpoints = {0: None}  # position -> {layer: (h, w)}; None: the zero state
-        self.pin = 0                  # latest snapshot position: older checkpoints are pruned
 
     def wants_states(self, layer):
         return True
 
     def write(self, layer, position, xBC, x, dt, B, C, result):
-        T = xBC.shape[1]
-        full = torch.cat([self.w[layer], xBC.to(self.w[layer].dtype)], dim=1)
-        keep = self.w[layer].shape[1]
-        for j in range(T):
+        windows = _windows_per_token(self.w[layer], xBC)
+        for j in range(xBC.shape[1]):
             p = position + j + 1
             if p % self.interval == 0:
                 self.checkpoints.setdefault(p, {})[layer] = (result.states[:, j].clone(),
-                                                             full[:, j + 1:j + 1 + keep].clone())
+                                                             windows[:, j].clone())
         self.h[layer], self.w[layer] = result.state, _window_after(self.w[layer], xBC)
 
     def after_advance(self, position):
@@ -154,7 +157,6 @@ class RecomputeStore(_CurrentStateStore):
     def snapshot(self, handle, position):
         # a handle is only a position; keep the latest checkpoint at or before it (and the
         # zero state at 0), drop older ones: earlier targets recompute from the start
-        self.pin = position
         base = max(p for p in self.checkpoints if p <= position)
         self.checkpoints = {p: c for p, c in self.checkpoints.items() if p == 0 or p >= base}
 
@@ -194,14 +196,8 @@ class ReplayStore:
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.mixers, self.L = mixers, interval
         self.start = 0                      # checkpoint position c
-        self.ckpt, self.rows, self.log = {}, None, {}
-        for layer, mixer in mixers.items():
-            c = mixer.cfg
-            self.ckpt[layer] = (torch.zeros(batch, c.ssm_heads, c.ssm_head_dim, c.d_state,
-                                            device=device),
-                                torch.zeros(batch, c.d_conv - 1, c.conv_dim, dtype=dtype,
-                                            device=device))
-            self.log[layer] = None
+        self.ckpt = {l: _zero_state(m, batch, dtype, device) for l, m in mixers.items()}
+        self.log = {l: None for l in mixers}
         self.rows = torch.arange(batch, device=device)  # branch -> checkpoint row (shared)
         self.pin = None  # position the log must keep (the latest snapshot handle)
 
