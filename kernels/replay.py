@@ -1,0 +1,267 @@
+"""Triton kernels for the replay path (Mamba-2 form), each beside a PyTorch reference with the
+same signature: ``replay_step`` / ``replay_step_ref`` and ``fold`` / ``fold_ref``.
+
+Glossary (code name -> paper symbol, shape):
+    states     S_c     (slots, H, P, N) fp32   checkpoint states, one slot per checkpoint
+    slots              (batch,) int32           the slot each sequence reads; forked branches
+                                                may share one slot (ragged batches)
+    log_x      x_s     (batch, Lmax, H, P)      logged scan inputs since the checkpoint
+    log_dt     dt_s    (batch, Lmax, H)         raw dt (before bias / softplus / limits)
+    log_B/C    B_s,C_s (batch, Lmax, G, N)
+    log_len            (batch,) int32           valid log entries per sequence
+    x, dt, B, C        (batch, T, ...)          the T new tokens (T = 1 decode, k + 1 verify)
+
+With Δ processed as the layer does and a_s = exp(Δ_s A), the state after j logged tokens is
+    S_{c+j} = (Π_{s<=j} a_s) S_c + Σ_{s<=j} (Π_{s<u<=j} a_u) Δ_s x_s B_s^T,
+so a new token's output needs one *read* of S_c and the log:
+    y_t = e^{cum_t} (S_c C_t) + Σ_{s<=t} e^{cum_t - cum_s} Δ_s (B_s · C_t) x_s + D x_t,
+with cum the running sum of Δ A over log and new tokens. ``replay_step`` computes that without
+writing any state and appends the new inputs to the log; ``fold`` writes S_{c+j} to a slot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from replaylab.scan import ssd_scan
+
+__all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref"]
+
+
+@triton.jit
+def _delta(dt, bias, lo, hi, SOFTPLUS: tl.constexpr):
+    """Δ from raw dt, fp32: + bias, softplus, clamp to [lo, hi]."""
+    d = dt + bias
+    if SOFTPLUS:
+        d = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
+    return tl.minimum(tl.maximum(d, lo), hi)
+
+
+@triton.jit
+def _replay_step_kernel(
+    states, slots,                      # (S, H, P, N) fp32 checkpoints; (batch,) slot per sequence
+    log_x, log_dt, log_B, log_C,        # logs (batch, Lmax, ...); appended to when APPEND
+    log_len,                            # (batch,) valid entries per sequence
+    x, dt, B, C,                        # new tokens (batch, T, ...)
+    A, D, dt_bias,                      # (H,) per-head parameters (fp32)
+    y,                                  # (batch, T, H, P) output
+    dt_lo, dt_hi,                       # dt limits
+    Lmax, H, P, N, G,                   # sizes
+    T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, APPEND: tl.constexpr,
+):
+    b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g = h // (H // G)
+    slot = tl.load(slots + b).to(tl.int64)
+    L = tl.load(log_len + b)
+    a_h = tl.load(A + h).to(tl.float32)
+    bias = tl.load(dt_bias + h).to(tl.float32)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_t = tl.arange(0, BLOCK_T)
+    mp, mn, mt = offs_p < P, offs_n < N, offs_t < T
+    # the one read of the checkpoint state
+    S = tl.load(states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
+                mask=mp[:, None] & mn[None, :], other=0.0)
+    # total decay of the log
+    total = 0.0
+    for l0 in range(0, L, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        ml = offs_l < L
+        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
+    # the new tokens as one block
+    dn = tl.load(dt + (b * T + offs_t) * H + h, mask=mt, other=0.0).to(tl.float32)
+    delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+    cum_n = tl.cumsum(delta_n * a_h, axis=0)
+    Bn = tl.load(B + ((b * T + offs_t[:, None]) * G + g) * N + offs_n[None, :],
+                 mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
+    xn = tl.load(x + ((b * T + offs_t[:, None]) * H + h) * P + offs_p[None, :],
+                 mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    for t in tl.static_range(T):
+        C_t = tl.load(C + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+        cum_t = tl.sum(tl.where(offs_t == t, cum_n, 0.0))
+        out = tl.exp(total + cum_t) * tl.sum(S * C_t[None, :], axis=1)
+        run = 0.0
+        for l0 in range(0, L, BLOCK_L):
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            ml = offs_l < L
+            dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+            delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+            cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
+            run += tl.sum(delta_l * a_h)
+            Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+                         mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
+            w = tl.exp(total - cum_l + cum_t) * delta_l * tl.sum(Bl * C_t[None, :], axis=1)
+            xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+                         mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
+            out += tl.sum(tl.where(ml, w, 0.0)[:, None] * xl, axis=0)
+        causal = mt & (offs_t <= t)
+        decay = tl.exp(tl.where(causal, cum_t - cum_n, -float("inf")))
+        w = decay * delta_n * tl.sum(Bn * C_t[None, :], axis=1)
+        out += tl.sum(w[:, None] * xn, axis=0)
+        x_t = tl.load(x + ((b * T + t) * H + h) * P + offs_p, mask=mp, other=0.0).to(tl.float32)
+        if HAS_D:
+            out += tl.load(D + h).to(tl.float32) * x_t
+        tl.store(y + ((b * T + t) * H + h) * P + offs_p, out.to(y.dtype.element_ty), mask=mp)
+        if APPEND:
+            row = b * Lmax + L + t
+            tl.store(log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=mp)
+            one = tl.arange(0, 1)
+            first = (one + pid_p) == 0          # one program per head writes dt
+            tl.store(log_dt + row * H + h + one, tl.load(dt + (b * T + t) * H + h + one),
+                     mask=first)
+            owner = (offs_n * 0 + pid_p + h % (H // G)) == 0   # one per group writes B and C
+            B_t = tl.load(B + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0)
+            tl.store(log_B + (row * G + g) * N + offs_n, B_t, mask=mn & owner)
+            tl.store(log_C + (row * G + g) * N + offs_n,
+                     C_t.to(log_C.dtype.element_ty), mask=mn & owner)
+
+
+@triton.jit
+def _fold_kernel(
+    states, src_slots, out, dst_slots,  # read states[src_slots[b]], write out[dst_slots[b]] (fp32)
+    log_x, log_dt, log_B,               # logs (batch, Lmax, ...)
+    fold_len,                           # (batch,) entries to fold per sequence
+    A, dt_bias,                         # (H,)
+    dt_lo, dt_hi, Lmax, H, P, N, G,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+):
+    b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g = h // (H // G)
+    src = tl.load(src_slots + b).to(tl.int64)
+    dst = tl.load(dst_slots + b).to(tl.int64)
+    J = tl.load(fold_len + b)
+    a_h = tl.load(A + h).to(tl.float32)
+    bias = tl.load(dt_bias + h).to(tl.float32)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mp, mn = offs_p < P, offs_n < N
+    tile = offs_p[:, None] * N + offs_n[None, :]
+    mask = mp[:, None] & mn[None, :]
+    S = tl.load(states + (src * H + h) * P * N + tile, mask=mask, other=0.0)
+    for l0 in range(0, J, BLOCK_L):      # a block of tokens: S <- e^{sum} S + X^T diag(w) B
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        ml = offs_l < J
+        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        delta = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+        cum = tl.cumsum(delta * a_h, axis=0)
+        block_total = tl.sum(delta * a_h)
+        w = tl.where(ml, tl.exp(block_total - cum) * delta, 0.0)
+        xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+                     mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
+        Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+                     mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
+        S = tl.exp(block_total) * S + tl.dot(tl.trans(xl * w[:, None]), Bl, input_precision="ieee")
+    tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
+
+
+def _blocks(P, N):
+    return min(64, triton.next_power_of_2(P)), triton.next_power_of_2(N)
+
+
+def _check(states, slots, log_x, log_dt, log_B, log_len):
+    if states.dtype != torch.float32:
+        raise ValueError(f"states: expected float32 checkpoint states, got {states.dtype}")
+    batch = log_x.shape[0]
+    for name, t in (("slots", slots), ("log_len", log_len)):
+        if t.shape != (batch,) or t.dtype != torch.int32:
+            raise ValueError(f"{name}: expected int32 of shape ({batch},), got {t.dtype} "
+                             f"{tuple(t.shape)}")
+    if int(slots.min()) < 0 or int(slots.max()) >= states.shape[0]:
+        raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got "
+                         f"{slots.tolist()}")
+
+
+def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
+                dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True, out=None):
+    """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
+    (into ``out`` when given).
+
+    With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
+    (the caller keeps room: ``log_len + T <= Lmax``).
+    """
+    _check(states, slots, log_x, log_dt, log_B, log_len)
+    batch, T, H, P = x.shape
+    Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
+    if append and int(log_len.max()) + T > Lmax:
+        raise ValueError(f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
+                         f"got max log_len {int(log_len.max())}")
+    y = torch.empty_like(x) if out is None else out
+    BLOCK_P, BLOCK_N = _blocks(P, N)
+    bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
+    grid = (batch, H, triton.cdiv(P, BLOCK_P))
+    _replay_step_kernel[grid](
+        states, slots, log_x, log_dt, log_B, log_C, log_len, x.contiguous(), dt.contiguous(),
+        B.contiguous(), C.contiguous(), A, D if D is not None else A, bias, y,
+        float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
+        T=T, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16,
+        BLOCK_T=max(2, triton.next_power_of_2(T)), SOFTPLUS=dt_softplus, HAS_D=D is not None,
+        APPEND=append)
+    if append:
+        log_len += T
+    return y
+
+
+def fold(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
+         dt_softplus=True, dt_limit=(0.0, math.inf)):
+    """Write S_{c+j} = fold(S_c, log[:j]) to ``out[dst_slots[b]]`` (``out`` may be ``states``;
+    then no slot may be both read and written), S_c = ``states[src_slots[b]]``, j = ``fold_len[b]``.
+    Returns ``out``."""
+    _check(states, src_slots, log_x, log_dt, log_B, fold_len)
+    _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
+    if int(fold_len.max()) > log_x.shape[1] or int(fold_len.min()) < 0:
+        raise ValueError(f"fold_len: expected values in [0, {log_x.shape[1]}], got {fold_len.tolist()}")
+    batch, Lmax, H, P = log_x.shape
+    G, N = log_B.shape[2], log_B.shape[3]
+    BLOCK_P, BLOCK_N = _blocks(P, N)
+    bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
+    grid = (batch, H, triton.cdiv(P, BLOCK_P))
+    _fold_kernel[grid](states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, bias,
+                       float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
+                       BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16, SOFTPLUS=dt_softplus)
+    return out
+
+
+def replay_step_ref(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
+                    dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True,
+                    out=None):
+    """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
+    the new tokens from the folded state (float32)."""
+    batch, T = x.shape[:2]
+    ys = []
+    for b in range(batch):
+        n = int(log_len[b])
+        state = ssd_scan(log_x[b:b + 1, :n], log_dt[b:b + 1, :n], A, log_B[b:b + 1, :n],
+                         log_C[b:b + 1, :n], dt_bias=dt_bias, dt_softplus=dt_softplus,
+                         dt_limit=dt_limit, initial_state=states[int(slots[b])][None]).state
+        ys.append(ssd_scan(x[b:b + 1], dt[b:b + 1], A, B[b:b + 1], C[b:b + 1], D,
+                           dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
+                           initial_state=state).y)
+        if append:
+            for log, new in ((log_x, x), (log_dt, dt), (log_B, B), (log_C, C)):
+                log[b, n:n + T] = new[b]
+    if append:
+        log_len += T
+    y = torch.cat(ys)
+    return y if out is None else out.copy_(y)
+
+
+def fold_ref(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
+             dt_softplus=True, dt_limit=(0.0, math.inf)):
+    """PyTorch reference of ``fold`` (the reference scan over the first j log entries)."""
+    folded = []
+    for b in range(log_x.shape[0]):
+        j = int(fold_len[b])
+        folded.append(ssd_scan(log_x[b:b + 1, :j], log_dt[b:b + 1, :j], A, log_B[b:b + 1, :j],
+                               log_B[b:b + 1, :j], dt_bias=dt_bias, dt_softplus=dt_softplus,
+                               dt_limit=dt_limit,
+                               initial_state=states[int(src_slots[b])][None]).state[0])
+    for b, s in enumerate(folded):   # write after all reads: a dst may be another's src
+        out[int(dst_slots[b])] = s
+    return out
