@@ -82,6 +82,8 @@ def _replay_step_kernel(
                  mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
     xn = tl.load(x + ((b * T + offs_t[:, None]) * H + h) * P + offs_p[None, :],
                  mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    # names assigned inside the dynamic log loop below must keep one shape across the unrolled
+    # token loop (Triton carries them from one loop to the next)
     for t in tl.static_range(T):
         C_t = tl.load(C + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0).to(tl.float32)
         cum_t = tl.sum(tl.where(offs_t == t, cum_n, 0.0))
@@ -102,8 +104,8 @@ def _replay_step_kernel(
             out += tl.sum(tl.where(ml, w, 0.0)[:, None] * xl, axis=0)
         causal = mt & (offs_t <= t)
         decay = tl.exp(tl.where(causal, cum_t - cum_n, -float("inf")))
-        w = decay * delta_n * tl.sum(Bn * C_t[None, :], axis=1)
-        out += tl.sum(w[:, None] * xn, axis=0)
+        w_new = decay * delta_n * tl.sum(Bn * C_t[None, :], axis=1)  # own name: see below
+        out += tl.sum(w_new[:, None] * xn, axis=0)
         x_t = tl.load(x + ((b * T + t) * H + h) * P + offs_p, mask=mp, other=0.0).to(tl.float32)
         if HAS_D:
             out += tl.load(D + h).to(tl.float32) * x_t
@@ -161,8 +163,15 @@ def _fold_kernel(
     tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
 
 
-def _blocks(P, N):
-    return min(64, triton.next_power_of_2(P)), triton.next_power_of_2(N)
+# (BLOCK_P, num_warps) per kernel on a GPU, chosen by ``python -m replaylab.bench sweep`` on an
+# H200 for the 8B-class layer (P=64, N=128); the interpreter ignores num_warps
+LAUNCH = {"replay_step": (64, 2), "fold": (32, 2)}
+
+
+def _blocks(P, N, kernel, block_p=None, num_warps=None):
+    default_p, default_w = LAUNCH[kernel]
+    block_p = min(block_p or default_p, triton.next_power_of_2(P))
+    return block_p, triton.next_power_of_2(N), num_warps or default_w
 
 
 def _check(states, slots, log_x, log_dt, log_B, log_len):
@@ -179,21 +188,24 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
 
 
 def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
-                dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True, out=None):
+                dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True, out=None,
+                check=True, block_p=None, num_warps=None):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
-    (into ``out`` when given).
+    (into ``out`` when given). ``check=False`` skips the input checks, which read values back
+    from the device (needed inside a CUDA graph capture).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
     (the caller keeps room: ``log_len + T <= Lmax``).
     """
-    _check(states, slots, log_x, log_dt, log_B, log_len)
     batch, T, H, P = x.shape
     Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
-    if append and int(log_len.max()) + T > Lmax:
+    if check:
+        _check(states, slots, log_x, log_dt, log_B, log_len)
+    if check and append and int(log_len.max()) + T > Lmax:
         raise ValueError(f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
                          f"got max log_len {int(log_len.max())}")
     y = torch.empty_like(x) if out is None else out
-    BLOCK_P, BLOCK_N = _blocks(P, N)
+    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
     _replay_step_kernel[grid](
@@ -202,35 +214,37 @@ def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C
         float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
         T=T, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16,
         BLOCK_T=max(2, triton.next_power_of_2(T)), SOFTPLUS=dt_softplus, HAS_D=D is not None,
-        APPEND=append)
+        APPEND=append, num_warps=warps)
     if append:
         log_len += T
     return y
 
 
 def fold(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
-         dt_softplus=True, dt_limit=(0.0, math.inf)):
+         dt_softplus=True, dt_limit=(0.0, math.inf), check=True, block_p=None, num_warps=None):
     """Write S_{c+j} = fold(S_c, log[:j]) to ``out[dst_slots[b]]`` (``out`` may be ``states``;
     then no slot may be both read and written), S_c = ``states[src_slots[b]]``, j = ``fold_len[b]``.
-    Returns ``out``."""
-    _check(states, src_slots, log_x, log_dt, log_B, fold_len)
-    _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
-    if int(fold_len.max()) > log_x.shape[1] or int(fold_len.min()) < 0:
+    Returns ``out``. ``check=False`` skips the checks (see ``replay_step``)."""
+    if check:
+        _check(states, src_slots, log_x, log_dt, log_B, fold_len)
+        _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
+    if check and (int(fold_len.max()) > log_x.shape[1] or int(fold_len.min()) < 0):
         raise ValueError(f"fold_len: expected values in [0, {log_x.shape[1]}], got {fold_len.tolist()}")
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
-    BLOCK_P, BLOCK_N = _blocks(P, N)
+    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
     _fold_kernel[grid](states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, bias,
                        float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
-                       BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16, SOFTPLUS=dt_softplus)
+                       BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16, SOFTPLUS=dt_softplus,
+                       num_warps=warps)
     return out
 
 
 def replay_step_ref(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
                     dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True,
-                    out=None):
+                    out=None, check=True, block_p=None, num_warps=None):
     """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
     the new tokens from the folded state (float32)."""
     batch, T = x.shape[:2]
@@ -253,7 +267,7 @@ def replay_step_ref(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, 
 
 
 def fold_ref(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
-             dt_softplus=True, dt_limit=(0.0, math.inf)):
+             dt_softplus=True, dt_limit=(0.0, math.inf), check=True, block_p=None, num_warps=None):
     """PyTorch reference of ``fold`` (the reference scan over the first j log entries)."""
     folded = []
     for b in range(log_x.shape[0]):
