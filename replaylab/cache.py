@@ -50,9 +50,11 @@ class CacheStats:
 class HybridCache:
     """Cache of a ``HybridLM`` for ``batch`` branches under ``strategy`` ("snapshot",
     "recompute" or "replay"); ``interval`` is the checkpoint interval (recompute) or the log
-    length L (replay)."""
+    length L (replay). ``use_kernels``: replay folds with the Triton kernel (default: on a GPU;
+    ``True`` on CPU runs it through Triton's interpreter)."""
 
-    def __init__(self, model, batch=1, strategy="replay", *, interval=16, dtype=None):
+    def __init__(self, model, batch=1, strategy="replay", *, interval=16, dtype=None,
+                 use_kernels=None):
         if strategy not in STORES:
             raise ValueError(f"strategy: expected one of {sorted(STORES)}, got {strategy!r}")
         cfg = model.cfg
@@ -63,7 +65,8 @@ class HybridCache:
         self.kv = {l: LayerKV(batch, cfg.kv_heads, cfg.head_dim, dtype=self.dtype,
                               device=self.device) for l in cfg.attn_layers}
         mixers = {l: model.model.layers[l].mixer for l in cfg.ssm_layers}
-        self.ssm = STORES[strategy](mixers, batch, self.dtype, self.device, interval=interval)
+        self.ssm = STORES[strategy](mixers, batch, self.dtype, self.device, interval=interval,
+                                    use_kernels=use_kernels)
         self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         self.live_handles: set[int] = set()
         self.stats = CacheStats()

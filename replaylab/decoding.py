@@ -51,11 +51,13 @@ def _check_prompt(prompt):
 
 
 @torch.no_grad()
-def greedy(model, prompt, n_new, strategy="replay", interval=16, progress=False) -> DecodeResult:
+def greedy(model, prompt, n_new, strategy="replay", interval=16, progress=False,
+           use_kernels=None) -> DecodeResult:
     """Greedy decoding of ``n_new`` tokens after ``prompt`` (batch, T)."""
     _check_prompt(prompt)
     t0 = time.perf_counter()
-    cache = HybridCache(model, prompt.shape[0], strategy, interval=interval)
+    cache = HybridCache(model, prompt.shape[0], strategy, interval=interval,
+                        use_kernels=use_kernels)
     logits = model(prompt, cache)
     out = []
     for _ in tqdm(range(n_new), disable=not progress, desc=f"greedy ({strategy})"):
@@ -137,7 +139,7 @@ class ModelDrafter:
 
 @torch.no_grad()
 def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=16,
-                progress=False) -> DecodeResult:
+                progress=False, use_kernels=None) -> DecodeResult:
     """Greedy speculative decoding of one sequence: per round, snapshot, verify the pending token
     and k drafts in one forward, keep the agreeing prefix, roll back the rest. Its tokens equal
     ``greedy``'s."""
@@ -148,7 +150,7 @@ def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=
         raise ValueError(f"k: expected k >= 1, got {k}")
     t0 = time.perf_counter()
     vocab = model.cfg.vocab_size
-    cache = HybridCache(model, 1, strategy, interval=interval)
+    cache = HybridCache(model, 1, strategy, interval=interval, use_kernels=use_kernels)
     pending = model(prompt, cache)[:, -1].argmax(-1, keepdim=True)  # next token, not yet fed
     out, result = [pending], DecodeResult(None, strategy)
     bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({strategy})")

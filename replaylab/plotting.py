@@ -7,7 +7,8 @@ import plotly.io as pio
 
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
 
-__all__ = ["use_notebook_renderer", "memory_vs_context_figure"]
+__all__ = ["use_notebook_renderer", "memory_vs_context_figure", "load_bench",
+           "kernel_time_vs_batch_figure", "kernel_bandwidth_figure", "fold_vs_copy_figure"]
 
 MIB = 2**20
 
@@ -32,4 +33,73 @@ def memory_vs_context_figure(context_lens, shapes=None) -> go.Figure:
     fig.update_layout(xaxis_title="context length (tokens)", yaxis_title="MiB per sequence",
                       xaxis_type="log", yaxis_type="log", height=450,
                       title="KV grows with the context; the recurrent state does not")
+    return fig
+
+
+def load_bench(path="data/bench_kernels.json"):
+    """The committed GPU kernel benchmark: rows plus provenance (device, versions, date, command)."""
+    import json
+    from pathlib import Path
+    path = Path(path)
+    if not path.is_absolute() and not path.exists():
+        path = Path(__file__).resolve().parents[1] / path
+    return json.loads(path.read_text())
+
+
+PROVIDER_NAMES = {"replay_step": "replaylab replay_step", "ssu": "mamba-ssm selective_state_update",
+                  "chunk_scan": "mamba-ssm mamba_chunk_scan_combined",
+                  "fla_chunk": "fla chunk_simple_gla", "fla_recurrent": "fla fused_recurrent_simple_gla",
+                  "fold": "replaylab fold", "copy": "snapshot restore (device copy)"}
+
+
+def _rows(bench, **match):
+    return [r for r in bench["rows"] if "us" in r and all(r[k] == v for k, v in match.items())]
+
+
+def kernel_time_vs_batch_figure(bench, T=1, log_len=16) -> go.Figure:
+    """Microseconds per call against batch, every provider, for one (T, log length)."""
+    fig = go.Figure()
+    for provider in ("replay_step", "ssu", "chunk_scan", "fla_chunk", "fla_recurrent"):
+        rows = sorted(_rows(bench, provider=provider, T=T, log_len=log_len)
+                      or _rows(bench, provider=provider, T=T), key=lambda r: r["batch"])
+        if provider == "ssu":  # timed once per (batch, T): it does not read a log
+            rows = sorted({r["batch"]: r for r in rows}.values(), key=lambda r: r["batch"])
+        fig.add_scatter(x=[r["batch"] for r in rows], y=[r["us"] for r in rows],
+                        name=PROVIDER_NAMES[provider], mode="lines+markers")
+    what = "decode step" if T == 1 else f"verify {T} tokens"
+    fig.update_layout(title=f"{what}, log length {log_len}: time per call ({bench['device']})",
+                      xaxis_title="batch", yaxis_title="µs (median, CUDA graphs)",
+                      xaxis_type="log", yaxis_type="log", height=420)
+    return fig
+
+
+def kernel_bandwidth_figure(bench, T=1) -> go.Figure:
+    """Fraction of the device-copy bandwidth on the bytes each provider must move."""
+    fig = go.Figure()
+    for L in sorted({r["log_len"] for r in _rows(bench, provider="replay_step", T=T)}):
+        rows = sorted(_rows(bench, provider="replay_step", T=T, log_len=L), key=lambda r: r["batch"])
+        fig.add_scatter(x=[r["batch"] for r in rows], y=[r["frac_copy_bw"] for r in rows],
+                        name=f"replay_step, log {L}", mode="lines+markers")
+    rows = sorted({r["batch"]: r for r in _rows(bench, provider="ssu", T=T)}.values(),
+                  key=lambda r: r["batch"])
+    fig.add_scatter(x=[r["batch"] for r in rows], y=[r["frac_copy_bw"] for r in rows],
+                    name="selective_state_update", mode="lines+markers", line=dict(dash="dash"))
+    fig.update_layout(title="achieved bandwidth / device-copy bandwidth", xaxis_type="log",
+                      xaxis_title="batch", yaxis_title="fraction", height=380)
+    return fig
+
+
+def fold_vs_copy_figure(bench) -> go.Figure:
+    """Fold (restore by replaying L logged tokens) against restoring a snapshot by copy."""
+    fig = go.Figure()
+    for L in sorted({r["log_len"] for r in _rows(bench, provider="fold")}):
+        rows = sorted(_rows(bench, provider="fold", log_len=L), key=lambda r: r["batch"])
+        fig.add_scatter(x=[r["batch"] for r in rows], y=[r["us"] for r in rows],
+                        name=f"fold {L} tokens", mode="lines+markers")
+    rows = sorted({r["batch"]: r for r in _rows(bench, provider="copy")}.values(),
+                  key=lambda r: r["batch"])
+    fig.add_scatter(x=[r["batch"] for r in rows], y=[r["us"] for r in rows],
+                    name="snapshot copy", mode="lines+markers", line=dict(dash="dash", width=3))
+    fig.update_layout(title="restore: fold vs snapshot copy", xaxis_type="log", yaxis_type="log",
+                      xaxis_title="batch", yaxis_title="µs", height=380)
     return fig

@@ -191,10 +191,12 @@ class RecomputeStore(_CurrentStateStore):
 class ReplayStore:
     name = "replay"
 
-    def __init__(self, mixers, batch, dtype, device, interval=16, **_):
+    def __init__(self, mixers, batch, dtype, device, interval=16, use_kernels=None, **_):
         if interval < 1:
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.mixers, self.L = mixers, interval
+        # the Triton fold on a GPU; on CPU only when asked (it runs through the interpreter)
+        self.use_kernels = torch.device(device).type == "cuda" if use_kernels is None else use_kernels
         self.start = 0                      # checkpoint position c
         self.ckpt = {l: _zero_state(m, batch, dtype, device) for l, m in mixers.items()}
         self.log = {l: None for l in mixers}
@@ -214,12 +216,29 @@ class ReplayStore:
         log = self.log[layer]
         if log is None or upto == 0:
             return h, w
-        res = self.mixers[layer].scan(log["x"][:, :upto], log["dt"][:, :upto],
-                                      log["B"][:, :upto], log["C"][:, :upto], h)
-        return res.state, _window_after(w, log["xBC"][:, :upto])
+        if self.use_kernels:
+            state = self._fold_kernel(layer, upto)
+        else:
+            state = self.mixers[layer].scan(log["x"][:, :upto], log["dt"][:, :upto],
+                                            log["B"][:, :upto], log["C"][:, :upto], h).state
+        return state, _window_after(w, log["xBC"][:, :upto])
+
+    def _fold_kernel(self, layer, upto):
+        from replaylab.kernels.replay import fold
+        mixer, log = self.mixers[layer], self.log[layer]
+        states = self.ckpt[layer][0]
+        batch = self.rows.numel()
+        out = torch.empty((batch,) + states.shape[1:], device=states.device)
+        return fold(states, self.rows.to(torch.int32), out,
+                    torch.arange(batch, dtype=torch.int32, device=states.device),
+                    log["x"].contiguous(), log["dt"].contiguous(), log["B"].contiguous(),
+                    torch.full((batch,), upto, dtype=torch.int32, device=states.device),
+                    -torch.exp(mixer.A_log.detach().float()), mixer.dt_bias.detach().float(),
+                    True, (mixer.cfg.time_step_min, float("inf")))
 
     def read(self, layer):
-        return self._fold(layer, self.log_length())
+        log = self.log[layer]  # this layer's own log: during a forward, lower layers are ahead
+        return self._fold(layer, 0 if log is None else log["xBC"].shape[1])
 
     def write(self, layer, position, xBC, x, dt, B, C, result):
         new = {k: v.clone() for k, v in dict(xBC=xBC, x=x, dt=dt, B=B, C=C).items()}  # own memory

@@ -150,3 +150,19 @@ def test_replay_holds_less_than_snapshot_when_speculating_on_a_wide_state():
     peak = {s: speculative(wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4, strategy=s,
                            interval=8).peak_bytes for s in STRATEGIES}
     assert peak["replay"] < peak["snapshot"]
+
+
+def test_replay_with_the_triton_fold_gives_the_same_tokens_and_states():
+    prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9]])
+    ref = greedy(MODEL, prompt, 10, "replay", interval=4)
+    full = torch.cat([prompt, ref.tokens], 1)
+    cache_ref = HybridCache(MODEL, 1, "replay", interval=4)
+    cache_tri = HybridCache(MODEL, 1, "replay", interval=4, use_kernels=True)
+    with torch.no_grad():
+        for c in (cache_ref, cache_tri):
+            MODEL(full[:, :9], c)
+            c.truncate_to(7)
+    compare(held(cache_tri), held(cache_ref), exact=False)
+    run = speculative(MODEL, prompt, 10, SyntheticDrafter(full, 0.5), k=3, strategy="replay",
+                      interval=4, use_kernels=True)
+    assert torch.equal(run.tokens, ref.tokens)

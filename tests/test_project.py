@@ -86,3 +86,16 @@ def test_readme_library_example_runs():
     example = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
     assert len(example.strip().splitlines()) <= 22
     exec(compile(example, "README.md", "exec"), {})
+
+
+def test_committed_kernel_benchmark_has_provenance_and_plots():
+    from replaylab.plotting import (fold_vs_copy_figure, kernel_bandwidth_figure,
+                                    kernel_time_vs_batch_figure, load_bench)
+    bench = load_bench()
+    assert "H200" in bench["device"] and bench["date"] and bench["command"].startswith("python -m")
+    assert bench["versions"]["mamba_ssm"] == "2.3.2.post1" and not bench["peer_errors"]
+    fig = kernel_time_vs_batch_figure(bench, T=1, log_len=16)
+    ours = fig.data[0]
+    assert list(ours.x) == [1, 8, 32, 64, 128] and all(y > 0 for y in ours.y)
+    assert len(kernel_bandwidth_figure(bench).data) == 5
+    assert len(fold_vs_copy_figure(bench).data) == 5
