@@ -45,18 +45,46 @@ class CacheStats:
     restore_seconds: float = 0.0
     recomputed_tokens: int = 0
     peak_bytes: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    fallback_restores: int = 0      # restores of an evicted copy, rebuilt by re-running the model
+    over_budget: int = 0            # times nothing evictable was left while over the budget
+
+
+EVICTION_POLICIES = ("lru", "cost")
+
+
+def choose_victim(items, policy):
+    """The key to evict from ``items`` [(key, position, bytes, last_used)]: least recently used
+    ("lru"), or cheapest to rebuild ("cost": fewest tokens to re-run from the next older copy)."""
+    if policy == "lru":
+        return min(items, key=lambda it: it[3])[0]
+    positions = sorted(it[1] for it in items)
+
+    def rebuild(it):
+        older = [p for p in positions if p < it[1]]
+        return (it[1] - (older[-1] if older else 0), it[3])
+    return min(items, key=rebuild)[0]
 
 
 class HybridCache:
     """Cache of a ``HybridLM`` for ``batch`` branches under ``strategy`` ("snapshot",
     "recompute" or "replay"); ``interval`` is the checkpoint interval (recompute) or the log
     length L (replay). ``use_kernels``: replay folds with the Triton kernel (default: on a GPU;
-    ``True`` on CPU runs it through Triton's interpreter)."""
+    ``True`` on CPU runs it through Triton's interpreter). ``budget_bytes`` caps what the cache
+    holds (KV, states, snapshots, checkpoints, logs): past it, kept copies are evicted by
+    ``eviction`` ("lru" or "cost"); restoring an evicted copy re-runs the model from an older
+    one (``stats.fallback_restores``, ``stats.recomputed_tokens``)."""
 
     def __init__(self, model, batch=1, strategy="replay", *, interval=16, dtype=None,
-                 use_kernels=None):
+                 use_kernels=None, budget_bytes=None, eviction="lru"):
         if strategy not in STORES:
             raise ValueError(f"strategy: expected one of {sorted(STORES)}, got {strategy!r}")
+        if eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction: expected one of {EVICTION_POLICIES}, got {eviction!r}")
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
+        self.budget_bytes, self.eviction = budget_bytes, eviction
         cfg = model.cfg
         param = next(model.parameters())
         self.model, self.batch, self.strategy = model, batch, strategy
@@ -68,7 +96,7 @@ class HybridCache:
         self.ssm = STORES[strategy](mixers, batch, self.dtype, self.device, interval=interval,
                                     use_kernels=use_kernels)
         self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
-        self.live_handles: set[int] = set()
+        self.live_handles: dict[int, int] = {}  # handle id -> position
         self.stats = CacheStats()
         self._pending = None
 
@@ -97,19 +125,39 @@ class HybridCache:
         self.tokens = torch.cat([self.tokens, self._pending.to(self.device)], dim=1)
         self._pending = None
         self.ssm.after_advance(self.position)
+        self._account()
+
+    def set_budget(self, budget_bytes):
+        """Set (or, with None, lift) the byte budget; evicts at once if over it."""
+        if budget_bytes is not None and budget_bytes <= 0:
+            raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._account()
+
+    def _account(self):
+        """Track the peak, then evict kept copies while over the budget."""
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.total_bytes())
+        while self.budget_bytes is not None and self.total_bytes() > self.budget_bytes:
+            items = self.ssm.evictable()
+            if not items:
+                self.stats.over_budget += 1
+                return
+            key = choose_victim(items, self.eviction)
+            self.stats.evicted_bytes += next(it[2] for it in items if it[0] == key)
+            self.ssm.evict(key)
+            self.stats.evictions += 1
 
     # --- the branching API ---------------------------------------------------------------
     def snapshot(self) -> Handle:
         handle = Handle(self.id, self.position, self.layout, next(self._handles))
         self.ssm.snapshot(handle.id, handle.position)
-        self.live_handles.add(handle.id)
-        self.stats.peak_bytes = max(self.stats.peak_bytes, self.total_bytes())
+        self.live_handles[handle.id] = handle.position
+        self._account()
         return handle
 
     def release(self, handle: Handle):
         """Forget a handle: the memory kept for it may be freed."""
-        self.live_handles.discard(handle.id)
+        self.live_handles.pop(handle.id, None)
         self.ssm.release(handle.id)
 
     def restore(self, target):
@@ -119,9 +167,9 @@ class HybridCache:
                 raise ValueError(f"handle: taken from cache {target.cache_id}, not this cache "
                                  f"({self.id})")
             if target.layout != self.layout or target.id not in self.live_handles:
-                raise ValueError(f"handle: position {target.position} was released or its "
-                                 f"branches were forked/reordered since (layout {target.layout}, "
-                                 f"now {self.layout})")
+                raise ValueError(f"handle: position {target.position} was released, rolled back "
+                                 f"past, or its branches were forked/reordered since (layout "
+                                 f"{target.layout}, now {self.layout})")
             self._rollback(target.position, target.id)
         else:
             self._rollback(int(target), None)
@@ -140,6 +188,9 @@ class HybridCache:
                              f"{self.strategy} strategy (snapshot it first, or it was evicted)")
         t0 = time.perf_counter()
         start = self.ssm.rollback(position, handle_id)
+        for hid, pos in list(self.live_handles.items()):  # their positions are being rewritten
+            if pos > position:
+                self.release(Handle(self.id, pos, self.layout, hid))
         tokens = self.tokens
         redo_from = position if start is None else start
         for kv in self.kv.values():
@@ -149,6 +200,8 @@ class HybridCache:
             with torch.no_grad():
                 self.model(tokens[:, start:position], self)
             self.stats.recomputed_tokens += position - start
+        # snapshot and replay re-run the model only when what they kept no longer covers p
+        self.stats.fallback_restores += int(start is not None and self.strategy != "recompute")
         self.stats.restores += 1
         self.stats.restore_seconds += time.perf_counter() - t0
 

@@ -39,6 +39,7 @@ class DecodeResult:
 
 def _finish(result, cache, t0):
     s = cache.stats
+    result.extra["stats"] = s
     result.restores, result.restore_seconds = s.restores, s.restore_seconds
     result.recomputed_tokens, result.peak_bytes = s.recomputed_tokens, s.peak_bytes
     result.seconds = time.perf_counter() - t0
@@ -139,7 +140,7 @@ class ModelDrafter:
 
 @torch.no_grad()
 def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=16,
-                progress=False, use_kernels=None) -> DecodeResult:
+                progress=False, use_kernels=None, cache_kwargs=None) -> DecodeResult:
     """Greedy speculative decoding of one sequence: per round, snapshot, verify the pending token
     and k drafts in one forward, keep the agreeing prefix, roll back the rest. Its tokens equal
     ``greedy``'s."""
@@ -150,7 +151,8 @@ def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=
         raise ValueError(f"k: expected k >= 1, got {k}")
     t0 = time.perf_counter()
     vocab = model.cfg.vocab_size
-    cache = HybridCache(model, 1, strategy, interval=interval, use_kernels=use_kernels)
+    cache = HybridCache(model, 1, strategy, interval=interval, use_kernels=use_kernels,
+                        **(cache_kwargs or {}))
     pending = model(prompt, cache)[:, -1].argmax(-1, keepdim=True)  # next token, not yet fed
     out, result = [pending], DecodeResult(None, strategy)
     bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({strategy})")

@@ -47,6 +47,11 @@ def _nbytes(*tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _copy_bytes(copy):
+    """Bytes of one kept copy {layer: (h, w)} (None: the zero state, kept for free)."""
+    return sum(_nbytes(h, w) for h, w in (copy or {}).values())
+
+
 class _CurrentStateStore:
     """Shared by snapshot and recompute: holds h, w at the current position per layer."""
 
@@ -65,6 +70,10 @@ class _CurrentStateStore:
         for l, (h, w) in copy.items():
             self.h[l], self.w[l] = h.clone(), w.clone()
 
+    def _zero(self):
+        for l in self.h:
+            self.h[l], self.w[l] = torch.zeros_like(self.h[l]), torch.zeros_like(self.w[l])
+
     def _gather(self, indices):
         for l in self.h:
             self.h[l], self.w[l] = self.h[l][indices], self.w[l][indices]
@@ -81,6 +90,13 @@ class SnapshotStore(_CurrentStateStore):
         self.handles = {}     # handle id -> (position, {layer: (h, w)})
         self.per_token = {}   # position -> {layer: (h, w)} since the latest snapshot
         self.tracking_from = None
+        self.evicted = {}     # handle id or ("token", position) -> position, for fallbacks
+        self.last_used = {}   # key -> tick, for LRU eviction
+        self.tick = 0
+
+    def _touch(self, key):
+        self.tick += 1
+        self.last_used[key] = self.tick
 
     def wants_states(self, layer):
         return self.tracking_from is not None
@@ -91,6 +107,7 @@ class SnapshotStore(_CurrentStateStore):
             for j in range(xBC.shape[1]):
                 self.per_token.setdefault(position + j + 1, {})[layer] = (
                     result.states[:, j].clone(), windows[:, j].clone())
+                self._touch(("token", position + j + 1))
         self.h[layer], self.w[layer] = result.state, _window_after(self.w[layer], xBC)
 
     def after_advance(self, position):
@@ -98,34 +115,64 @@ class SnapshotStore(_CurrentStateStore):
 
     def snapshot(self, handle, position):
         self.handles[handle] = (position, self._copy())
+        self._touch(handle)
         self.per_token = {}
         self.tracking_from = position
 
     def release(self, handle):
         self.handles.pop(handle, None)
+        self.evicted.pop(handle, None)
         if not self.handles:
             self.per_token, self.tracking_from = {}, None
 
     def can_restore(self, position, handle=None):
-        return (handle in self.handles) or position in self.per_token
+        return (handle in self.handles or handle in self.evicted or position in self.per_token
+                or ("token", position) in self.evicted)
+
+    def _kept(self):
+        """position -> copy, every state copy still held."""
+        kept = {pos: copy for pos, copy in self.handles.values()}
+        kept.update(self.per_token)
+        return kept
 
     def rollback(self, position, handle=None):
         if handle in self.handles:
             self._load(self.handles[handle][1])
+            self._touch(handle)
+            start = None
         elif position in self.per_token:
             self._load(self.per_token[position])
-        else:
-            raise LookupError(position)
+            start = None
+        else:  # evicted: rebuild from the latest copy before it (or from the empty state)
+            older = [p for p in self._kept() if p <= position]
+            start = max(older, default=0)
+            if older:
+                self._load(self._kept()[start])
+            else:
+                self._zero()
         self.per_token = {p: s for p, s in self.per_token.items() if p <= position}
-        return None
+        return None if start is None or start == position else start
 
     def select(self, indices):
         self._gather(indices)
-        self.handles, self.per_token, self.tracking_from = {}, {}, None
+        self.handles, self.per_token, self.tracking_from, self.evicted = {}, {}, None, {}
+
+    def evictable(self):
+        """(key, position, bytes, last used) of every copy that could be dropped."""
+        items = [(hid, pos, _copy_bytes(copy)) for hid, (pos, copy) in self.handles.items()]
+        items += [(("token", pos), pos, _copy_bytes(copy)) for pos, copy in self.per_token.items()]
+        return [(k, p, b, self.last_used.get(k, 0)) for k, p, b in items]
+
+    def evict(self, key):
+        if isinstance(key, tuple):
+            self.per_token.pop(key[1])
+            self.evicted[key] = key[1]
+        else:
+            self.evicted[key] = self.handles.pop(key)[0]
 
     def nbytes(self):
-        snaps = sum(_nbytes(h, w) for _, copy in self.handles.values() for h, w in copy.values())
-        snaps += sum(_nbytes(h, w) for copy in self.per_token.values() for h, w in copy.values())
+        snaps = sum(_copy_bytes(copy) for _, copy in self.handles.values())
+        snaps += sum(_copy_bytes(copy) for copy in self.per_token.values())
         return {**self.current_bytes(), "snapshots": snaps}
 
 
@@ -138,6 +185,7 @@ class RecomputeStore(_CurrentStateStore):
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.interval = interval
         self.checkpoints = {0: None}  # position -> {layer: (h, w)}; None: the zero state
+        self.last_used = {}           # position -> when it was made or last restored from
 
     def wants_states(self, layer):
         return True
@@ -149,6 +197,7 @@ class RecomputeStore(_CurrentStateStore):
             if p % self.interval == 0:
                 self.checkpoints.setdefault(p, {})[layer] = (result.states[:, j].clone(),
                                                              windows[:, j].clone())
+                self.last_used[p] = max(self.last_used.values(), default=0) + 1
         self.h[layer], self.w[layer] = result.state, _window_after(self.w[layer], xBC)
 
     def after_advance(self, position):
@@ -169,10 +218,10 @@ class RecomputeStore(_CurrentStateStore):
     def rollback(self, position, handle=None):
         start = max(p for p in self.checkpoints if p <= position)
         if self.checkpoints[start] is None:
-            for l in self.h:
-                self.h[l], self.w[l] = torch.zeros_like(self.h[l]), torch.zeros_like(self.w[l])
+            self._zero()
         else:
             self._load(self.checkpoints[start])
+            self.last_used[start] = max(self.last_used.values(), default=0) + 1
         for p in [p for p in self.checkpoints if p > start]:
             del self.checkpoints[p]
         return start if start < position else None
@@ -183,9 +232,16 @@ class RecomputeStore(_CurrentStateStore):
             for l, (h, w) in (copy or {}).items():
                 copy[l] = (h[indices], w[indices])
 
+    def evictable(self):
+        return [(p, p, _copy_bytes(c), self.last_used.get(p, p)) for p, c in self.checkpoints.items()
+                if c is not None]
+
+    def evict(self, key):
+        del self.checkpoints[key]
+
     def nbytes(self):
-        ck = sum(_nbytes(h, w) for copy in self.checkpoints.values() for h, w in (copy or {}).values())
-        return {**self.current_bytes(), "checkpoints": ck}
+        return {**self.current_bytes(),
+                "checkpoints": sum(_copy_bytes(c) for c in self.checkpoints.values())}
 
 
 class ReplayStore:
@@ -289,6 +345,9 @@ class ReplayStore:
         for layer, log in self.log.items():
             if log is not None:
                 self.log[layer] = {k: v[indices] for k, v in log.items()}
+
+    def evictable(self):
+        return []  # the checkpoint and the log are the live state: nothing can be dropped
 
     def nbytes(self):
         live = torch.unique(self.rows).numel()

@@ -41,12 +41,12 @@ def compare(got, want, exact):
 
 
 ops = st.lists(st.tuples(st.sampled_from(["advance", "advance", "snapshot", "restore", "truncate",
-                                          "fork", "reorder"]), st.integers(0, 1000)),
+                                          "fork", "reorder", "evict"]), st.integers(0, 1000)),
                min_size=2, max_size=12)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(program=ops)
 def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, program):
     torch.manual_seed(0)
@@ -66,8 +66,11 @@ def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, pro
                 handles.append(cache.snapshot())
             elif op == "restore" and handles:
                 h = handles[arg % len(handles)]
-                if h.layout == cache.layout and h.position <= cache.position:
+                if h.id in cache.live_handles and h.layout == cache.layout:
                     cache.restore(h)
+            elif op == "evict":  # squeeze the budget: kept copies go, restores fall back
+                cache.set_budget(max(1, cache.total_bytes() - 1 - arg * 64))
+                cache.set_budget(None)
             elif op == "truncate":
                 p = floor + arg % (cache.position - floor + 1)
                 if strategy != "snapshot" or p == cache.position or cache.ssm.can_restore(p):
@@ -166,3 +169,62 @@ def test_replay_with_the_triton_fold_gives_the_same_tokens_and_states():
     run = speculative(MODEL, prompt, 10, SyntheticDrafter(full, 0.5), k=3, strategy="replay",
                       interval=4, use_kernels=True)
     assert torch.equal(run.tokens, ref.tokens)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_handle_rolled_back_past_is_refused(strategy):
+    cache = HybridCache(MODEL, 1, strategy, interval=3)
+    with torch.no_grad():
+        MODEL(torch.randint(0, 50, (1, 5)), cache)
+        early = cache.snapshot()
+        MODEL(torch.randint(0, 50, (1, 5)), cache)
+        late = cache.snapshot()
+        MODEL(torch.randint(0, 50, (1, 3)), cache)
+        cache.restore(early)
+        MODEL(torch.randint(0, 50, (1, 7)), cache)  # positions 5-11 now hold other tokens
+    with pytest.raises(ValueError, match="rolled back past"):
+        cache.restore(late)
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute"])
+@pytest.mark.parametrize("policy", ["lru", "cost"])
+def test_a_tight_budget_evicts_but_never_changes_the_tokens(strategy, policy):
+    prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9, 3, 7]])
+    ref = greedy(MODEL, prompt, 24, "replay")
+    full = torch.cat([prompt, ref.tokens], 1)
+    free = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
+                       strategy=strategy, interval=2)
+    budget = int(free.peak_bytes * 0.7)
+    cache_kwargs = dict(budget_bytes=budget, eviction=policy)
+    run = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
+                      strategy=strategy, interval=2, cache_kwargs=cache_kwargs)
+    assert torch.equal(run.tokens, ref.tokens)
+    assert run.extra["stats"].evictions > 0
+
+
+def test_restoring_an_evicted_snapshot_rebuilds_it():
+    cache = HybridCache(MODEL, 1, "snapshot")
+    with torch.no_grad():
+        MODEL(torch.randint(0, 50, (1, 6)), cache)
+        first = cache.snapshot()
+        MODEL(torch.randint(0, 50, (1, 3)), cache)
+        second = cache.snapshot()
+        MODEL(torch.randint(0, 50, (1, 2)), cache)
+        cache.set_budget(cache.total_bytes() - 1)  # one copy must go: the older (LRU)
+        cache.set_budget(None)
+        assert cache.stats.evictions == 1 and first.id in cache.ssm.evicted
+        cache.restore(first)
+        fresh = HybridCache(MODEL, 1, "snapshot")
+        MODEL(cache.tokens, fresh)
+    compare(held(cache), held(fresh), exact=False)
+    assert cache.stats.fallback_restores == 1 and cache.stats.recomputed_tokens == 6
+    assert second.id not in cache.live_handles  # rolled back past it
+
+
+def test_eviction_policies():
+    from replaylab.cache import choose_victim
+    items = [("a", 4, 100, 3), ("b", 8, 100, 1), ("c", 9, 100, 2)]
+    assert choose_victim(items, "lru") == "b"
+    assert choose_victim(items, "cost") == "c"   # rebuilt from b in 1 token
+    with pytest.raises(ValueError, match=r"eviction: expected one of \('lru', 'cost'\)"):
+        HybridCache(MODEL, 1, "snapshot", eviction="fifo")
