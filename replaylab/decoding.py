@@ -16,7 +16,8 @@ from tqdm.auto import tqdm
 from replaylab.cache import HybridCache
 
 __all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
-           "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter", "compare_strategies"]
+           "tree_search", "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter",
+           "compare_strategies"]
 
 
 @dataclass
@@ -244,3 +245,38 @@ def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0
                          peak_bytes=run.peak_bytes, recomputed_tokens=run.recomputed_tokens,
                          restore_seconds=run.restore_seconds))
     return rows
+
+
+@torch.no_grad()
+def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, strategy="replay",
+                interval=16) -> DecodeResult:
+    """Tree exploration: each round, every live branch splits into its ``branch`` most likely
+    next tokens, each child continues greedily for ``depth - 1`` more tokens, children are
+    scored by summed log-probability and the best ``keep`` continue. Returns the best (1, n_new)."""
+    _check_prompt(prompt)
+    if prompt.shape[0] != 1:
+        raise ValueError(f"prompt: tree search takes one sequence, got batch {prompt.shape[0]}")
+    if branch < 1 or keep < 1 or depth < 1:
+        raise ValueError(f"branch, keep, depth: expected >= 1, got {branch}, {keep}, {depth}")
+    t0 = time.perf_counter()
+    cache = HybridCache(model, 1, strategy, interval=interval)
+    logp = torch.log_softmax(model(prompt, cache)[:, -1].float(), -1)  # (live, V)
+    paths, scores = prompt.new_zeros(1, 0), torch.zeros(1)
+    while paths.shape[1] < n_new:
+        live = paths.shape[0]
+        top_lp, top_tok = logp.topk(branch, dim=-1)                      # (live, branch)
+        cache.fork(branch)
+        paths = torch.cat([paths.repeat_interleave(branch, 0), top_tok.reshape(-1, 1)], 1)
+        scores = scores.repeat_interleave(branch) + top_lp.reshape(-1)
+        tok = top_tok.reshape(-1, 1)
+        for _ in range(min(depth, n_new - paths.shape[1] + 1) - 1):
+            logp = torch.log_softmax(model(tok, cache)[:, -1].float(), -1)
+            lp, tok = logp.max(-1, keepdim=True)
+            paths, scores = torch.cat([paths, tok], 1), scores + lp[:, 0]
+        best = scores.topk(min(keep, live * branch)).indices
+        cache.reorder(best)
+        paths, scores = paths[best], scores[best]
+        if paths.shape[1] < n_new:
+            logp = torch.log_softmax(model(paths[:, -1:], cache)[:, -1].float(), -1)
+    result = DecodeResult(paths[:1, :n_new], strategy, extra={"paths": paths, "scores": scores})
+    return _finish(result, cache, t0)

@@ -2,7 +2,10 @@
 each holding one mixer: Mamba-2 ("M"), attention ("*") or MLP ("-").
 
 Glossary (code name -> meaning, shape):
-    pattern        one character per block, e.g. "M-M*-M-" (NemotronH's hybrid_override_pattern)
+    pattern        one character per block, e.g. "M-M*-M-" (NemotronH's hybrid_override_pattern;
+                   a Bamba layer is a mixer block then an MLP block: "M-*-M-")
+    mlp            "relu2" (NemotronH: down(relu(up x)^2)) or "swiglu" (Bamba: down(silu(gate x) up x))
+    rotary_dim     attention dims rotated by RoPE (0: none, as NemotronH; Bamba: half the head)
     hidden         d_model; hidden states (batch, T, d_model)
     H, P, N, G     Mamba-2 heads, head width, state size, groups (state (batch, H, P, N))
     conv_dim       channels through the causal conv: H*P + 2*G*N (x, B and C)
@@ -26,7 +29,8 @@ from torch import nn
 
 from replaylab.scan import ssd_scan
 
-__all__ = ["HybridConfig", "HybridLM", "load_transformers_nemotron_h"]
+__all__ = ["HybridConfig", "HybridLM", "load_transformers_hybrid", "load_transformers_nemotron_h",
+           "load_transformers_bamba"]
 
 
 @dataclass
@@ -47,12 +51,20 @@ class HybridConfig:
     time_step_min: float = 0.001
     use_conv_bias: bool = True
     tie_word_embeddings: bool = False
+    mlp: str = "relu2"
+    rotary_dim: int = 0
+    rope_theta: float = 10000.0
 
     def __post_init__(self):
         bad = set(self.pattern) - set("M*-")
         if bad:
             raise ValueError(f"pattern: expected characters M (Mamba-2), * (attention), - (MLP), "
                              f"got {sorted(bad)} in {self.pattern!r}")
+        if self.mlp not in ("relu2", "swiglu"):
+            raise ValueError(f"mlp: expected 'relu2' or 'swiglu', got {self.mlp!r}")
+        if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
+            raise ValueError(f"rotary_dim: expected an even number in [0, head_dim={self.head_dim}], "
+                             f"got {self.rotary_dim}")
         if self.ssm_heads % self.n_groups or self.attn_heads % self.kv_heads:
             raise ValueError(f"n_groups={self.n_groups} must divide ssm_heads={self.ssm_heads} and "
                              f"kv_heads={self.kv_heads} must divide attn_heads={self.attn_heads}")
@@ -155,6 +167,8 @@ class Attention(nn.Module):
         q = self.q_proj(h).view(batch, T, c.attn_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
+        if c.rotary_dim:
+            q, k = self.rotate(q, cache.position), self.rotate(k, cache.position)
         keys, values = cache.kv_append(self.layer, k, v)
         rep = c.attn_heads // c.kv_heads
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
@@ -166,13 +180,32 @@ class Attention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(batch, T, -1))
 
 
+    def rotate(self, t, start):
+        """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at positions start.."""
+        c = self.cfg
+        half = c.rotary_dim // 2
+        inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, c.rotary_dim, 2, device=t.device).float()
+                                          / c.rotary_dim)
+        pos = torch.arange(start, start + t.shape[2], device=t.device).float()
+        angles = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
+        cos, sin = angles.cos().to(t.dtype), angles.sin().to(t.dtype)
+        rot, rest = t[..., :c.rotary_dim], t[..., c.rotary_dim:]
+        rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+        return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: HybridConfig, layer: int):
         super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, h, cache):
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
         return self.down_proj(F.relu(self.up_proj(h)).square())
 
 
@@ -271,20 +304,98 @@ def config_from_nemotron_h(hf_config) -> HybridConfig:
         use_conv_bias=hf_config.use_conv_bias, tie_word_embeddings=hf_config.tie_word_embeddings)
 
 
-def load_transformers_nemotron_h(source) -> HybridLM:
-    """A HybridLM with the weights of a transformers NemotronH model (an instance, or a folder
-    written by ``save_pretrained``)."""
+def config_from_bamba(hf_config) -> HybridConfig:
+    """A HybridConfig from a transformers BambaConfig: each layer becomes a mixer block and a
+    SwiGLU MLP block; attention uses partial RoPE."""
+    if hf_config.hidden_act != "silu" or hf_config.mamba_proj_bias or hf_config.attention_bias:
+        raise ValueError("Bamba config: replaylab supports silu MLPs without projection biases")
+    rope = hf_config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters: only the default RoPE is supported, got {rope}")
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    kinds = {"linear_attention": "M", "full_attention": "*"}
+    unsupported = set(hf_config.layers_block_type) - set(kinds)
+    if unsupported:
+        raise ValueError(f"layers_block_type: replaylab supports {sorted(kinds)}, got "
+                         f"{sorted(unsupported)}")
+    return HybridConfig(
+        vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+        pattern="".join(kinds[k] + "-" for k in hf_config.layers_block_type),
+        ssm_heads=hf_config.mamba_n_heads, ssm_head_dim=hf_config.mamba_d_head,
+        d_state=hf_config.mamba_d_state, n_groups=hf_config.mamba_n_groups,
+        d_conv=hf_config.mamba_d_conv, attn_heads=hf_config.num_attention_heads,
+        kv_heads=hf_config.num_key_value_heads, head_dim=head_dim,
+        intermediate_size=hf_config.intermediate_size, eps=hf_config.rms_norm_eps,
+        time_step_min=float(hf_config.time_step_limit[0]), use_conv_bias=hf_config.mamba_conv_bias,
+        tie_word_embeddings=hf_config.tie_word_embeddings, mlp="swiglu",
+        rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),
+        rope_theta=float(rope["rope_theta"]))
+
+
+def _bamba_key(key):
+    """transformers Bamba parameter name -> replaylab's (layer i -> blocks 2i and 2i+1)."""
+    key = key.replace("model.embed_tokens.", "model.embeddings.")
+    key = key.replace("model.final_layernorm.", "model.norm_f.")
+    parts = key.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return key
+    i, rest = int(parts[2]), parts[3:]
+    if rest[0] == "input_layernorm":
+        return f"model.layers.{2 * i}.norm.{rest[1]}"
+    if rest[0] in ("mamba", "self_attn"):
+        return ".".join(["model.layers", str(2 * i), "mixer", *rest[1:]])
+    if rest[0] == "pre_ff_layernorm":
+        return f"model.layers.{2 * i + 1}.norm.{rest[1]}"
+    if rest[0] == "feed_forward":
+        return ".".join(["model.layers", str(2 * i + 1), "mixer", *rest[1:]])
+    return key
+
+
+SUPPORTED = {"nemotron_h": (lambda c: config_from_nemotron_h(c), lambda k: k),
+             "bamba": (lambda c: config_from_bamba(c), _bamba_key)}
+
+
+def load_transformers_hybrid(source) -> HybridLM:
+    """A HybridLM with the weights of a transformers NemotronH or Bamba model: an instance, or a
+    folder as ``save_pretrained`` writes it."""
     if isinstance(source, (str, Path)):
         from transformers import AutoConfig, AutoModelForCausalLM
-        hf_config = AutoConfig.from_pretrained(source)
-        if hf_config.model_type != "nemotron_h":
-            raise ValueError(f"{source}: expected a NemotronH checkpoint, got model_type "
-                             f"{hf_config.model_type!r}")
-        source = AutoModelForCausalLM.from_pretrained(source)
-    cfg = config_from_nemotron_h(source.config)
-    model = HybridLM(cfg, seed=None)
-    state = source.state_dict()
+        folder = Path(source)
+        if not (folder / "config.json").exists():
+            raise ValueError(f"{folder}: no config.json; expected a folder written by "
+                             f"save_pretrained")
+        hf_config = AutoConfig.from_pretrained(folder)
+        if hf_config.model_type not in SUPPORTED:
+            raise ValueError(f"{folder}: expected a supported hybrid ({', '.join(SUPPORTED)}), "
+                             f"got model_type {hf_config.model_type!r}")
+        if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+            raise ValueError(f"{folder}: no weights (*.safetensors or *.bin) next to config.json")
+        source = AutoModelForCausalLM.from_pretrained(folder)
+    model_type = source.config.model_type
+    if model_type not in SUPPORTED:
+        raise ValueError(f"model: expected a supported hybrid ({', '.join(SUPPORTED)}), got "
+                         f"{model_type!r}")
+    make_config, rename = SUPPORTED[model_type]
+    model = HybridLM(make_config(source.config), seed=None)
+    state = {rename(k): v for k, v in source.state_dict().items()
+             if not k.endswith("rotary_emb.inv_freq")}
     missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]:
+    if missing or unexpected:
         raise ValueError(f"weights: missing {missing}, unexpected {unexpected}")
     return model.to(next(source.parameters()).dtype)
+
+
+def load_transformers_nemotron_h(source) -> HybridLM:
+    """``load_transformers_hybrid`` for NemotronH (kept for its name)."""
+    model = load_transformers_hybrid(source)
+    if model.cfg.mlp != "relu2":
+        raise ValueError("expected a NemotronH checkpoint, got a Bamba one")
+    return model
+
+
+def load_transformers_bamba(source) -> HybridLM:
+    """``load_transformers_hybrid`` for Bamba."""
+    model = load_transformers_hybrid(source)
+    if model.cfg.mlp != "swiglu":
+        raise ValueError("expected a Bamba checkpoint, got a NemotronH one")
+    return model

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from replaylab import assert_close
 from replaylab.cache import HybridCache
 from replaylab.decoding import (ModelDrafter, PromptLookupDrafter, SyntheticDrafter, beam_search,
-                                best_of_n, greedy, speculative)
+                                best_of_n, greedy, speculative, tree_search)
 from replaylab.model import HybridConfig, HybridLM
 
 STRATEGIES = ["snapshot", "recompute", "replay"]
@@ -137,6 +137,20 @@ def test_workloads_give_identical_tokens_under_every_strategy(strategy):
     samples = {s: best_of_n(MODEL, prompt, 8, 4, seed=3, strategy=s).extra["samples"]
                for s in STRATEGIES}
     assert all(torch.equal(samples[strategy], b) for b in samples.values())
+    trees = {s: tree_search(MODEL, prompt, 11, branch=3, keep=2, depth=3, strategy=s,
+                            interval=4).extra["paths"] for s in STRATEGIES}
+    assert all(torch.equal(trees[strategy], t) for t in trees.values())
+    assert trees[strategy].shape == (2, 11)
+
+
+def test_tree_search_scores_its_paths_by_the_model():
+    prompt = torch.tensor([[1, 2, 3]])
+    run = tree_search(MODEL, prompt, 6, branch=2, keep=2, depth=3, strategy="replay")
+    for path, score in zip(run.extra["paths"], run.extra["scores"]):
+        seq = torch.cat([prompt[0], path])[None]
+        with torch.no_grad():
+            logp = torch.log_softmax(MODEL(seq, HybridCache(MODEL, 1))[0, 2:-1].float(), -1)
+        assert_close(logp.gather(1, path[:, None]).sum(), score, atol=1e-4, name="path score")
 
 
 def test_draft_model_with_another_vocabulary_is_refused():

@@ -6,7 +6,8 @@ import torch
 
 from replaylab import assert_close
 from replaylab.cache import HybridCache
-from replaylab.model import HybridConfig, HybridLM, load_transformers_nemotron_h
+from replaylab.model import (HybridConfig, HybridLM, load_transformers_hybrid,
+                             load_transformers_nemotron_h)
 
 
 def tiny_nemotron_h(pattern="M-M*-M", seed=0):
@@ -52,8 +53,45 @@ def test_a_folder_that_is_not_nemotron_h_is_refused(tmp_path):
     from transformers import LlamaConfig
     LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
                 intermediate_size=16).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="expected a NemotronH checkpoint, got model_type 'llama'"):
+    with pytest.raises(ValueError, match=r"expected a supported hybrid \(nemotron_h, bamba\), got "
+                                         r"model_type 'llama'"):
         load_transformers_nemotron_h(tmp_path)
+    hf = tiny_nemotron_h()
+    hf.config.save_pretrained(tmp_path / "no_weights")
+    with pytest.raises(ValueError, match=r"no weights \(\*.safetensors or \*.bin\)"):
+        load_transformers_hybrid(tmp_path / "no_weights")
+    with pytest.raises(ValueError, match=r"no config.json"):
+        load_transformers_hybrid(tmp_path / "nothing_here")
+
+
+def tiny_bamba(attn=(1, 3), layers=5, seed=0):
+    from transformers import BambaConfig, BambaForCausalLM
+    torch.manual_seed(seed)
+    cfg = BambaConfig(vocab_size=97, hidden_size=48, num_hidden_layers=layers,
+                      attn_layer_indices=list(attn), mamba_n_heads=6, mamba_d_head=8,
+                      mamba_d_state=16, mamba_n_groups=3, mamba_expand=1,
+                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                      mamba_chunk_size=16)
+    model = BambaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_bias", "A_log", "D", "conv1d.bias")) or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return model
+
+
+def test_logits_equal_transformers_bamba_and_decode_through_the_cache(tmp_path):
+    hf = tiny_bamba()
+    hf.save_pretrained(tmp_path)
+    ours = load_transformers_hybrid(tmp_path).eval()
+    assert ours.cfg.pattern == "M-*-M-*-M-" and ours.cfg.rotary_dim == 6
+    ids = torch.randint(0, 97, (2, 29))
+    with torch.no_grad():
+        ref = hf(ids, use_cache=False).logits
+        assert_close(ours(ids, HybridCache(ours, 2)), ref, atol=1e-4, name="logits")
+        cache = HybridCache(ours, 2, "replay", interval=4)  # RoPE positions follow the cache
+        steps = [ours(ids[:, :10], cache)] + [ours(ids[:, t:t + 1], cache) for t in range(10, 29)]
+    assert_close(torch.cat(steps, 1), ref, atol=1e-4, name="decoded logits")
 
 
 @pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
