@@ -16,8 +16,7 @@ from tqdm.auto import tqdm
 from replaylab.cache import HybridCache
 
 __all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
-           "tree_search", "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter",
-           "compare_strategies"]
+           "tree_search", "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter"]
 
 
 @dataclass
@@ -227,24 +226,6 @@ def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, strategy="repl
     result = DecodeResult(samples[best:best + 1], strategy, extra={"samples": samples,
                                                                    "mean_logp": logps / n_new})
     return _finish(result, cache, t0)
-
-
-def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0,
-                       strategies=("snapshot", "recompute", "replay")) -> list[dict]:
-    """Speculative decoding with a synthetic drafter of the given acceptance under each
-    strategy; one row per strategy: same tokens as greedy?, acceptance, restores, peak bytes,
-    recomputed tokens, restore seconds (measured, machine-dependent)."""
-    reference = greedy(model, prompt, n_new, strategies[0])
-    full = torch.cat([prompt, reference.tokens], 1)
-    rows = []
-    for strategy in strategies:
-        run = speculative(model, prompt, n_new, SyntheticDrafter(full, acceptance, seed), k=k,
-                          strategy=strategy, interval=interval)
-        rows.append(dict(strategy=strategy, same_tokens_as_greedy=bool(torch.equal(run.tokens, reference.tokens)),
-                         acceptance_rate=round(run.acceptance_rate, 3), restores=run.restores,
-                         peak_bytes=run.peak_bytes, recomputed_tokens=run.recomputed_tokens,
-                         restore_seconds=run.restore_seconds))
-    return rows
 
 
 @torch.no_grad()

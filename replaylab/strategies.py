@@ -254,6 +254,7 @@ class ReplayStore:
         # the Triton fold on a GPU; on CPU only when asked (it runs through the interpreter)
         self.use_kernels = torch.device(device).type == "cuda" if use_kernels is None else use_kernels
         self.start = 0                      # checkpoint position c
+        self.folded_tokens = 0              # logged tokens folded so far (work done on reads)
         self.ckpt = {l: _zero_state(m, batch, dtype, device) for l, m in mixers.items()}
         self.log = {l: None for l in mixers}
         self.rows = torch.arange(batch, device=device)  # branch -> checkpoint row (shared)
@@ -272,6 +273,7 @@ class ReplayStore:
         log = self.log[layer]
         if log is None or upto == 0:
             return h, w
+        self.folded_tokens += upto
         if self.use_kernels:
             state = self._fold_kernel(layer, upto)
         else:

@@ -1,0 +1,99 @@
+"""Small live measurements the notebooks run on the tiny model: each returns plain rows (dicts)
+that a notebook prints or plots. Byte and token counts are exact; seconds depend on the machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from replaylab.cache import HybridCache
+from replaylab.decoding import SyntheticDrafter, greedy, speculative
+
+__all__ = ["compare_strategies", "snapshot_memory_vs_draft_length", "budget_outcomes",
+           "restore_cost_vs_distance"]
+
+
+def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0,
+                       strategies=("snapshot", "recompute", "replay")) -> list[dict]:
+    """Speculative decoding with a synthetic drafter of the given acceptance under each
+    strategy; one row per strategy: same tokens as greedy?, acceptance, restores, peak bytes,
+    recomputed tokens, restore seconds (measured, machine-dependent)."""
+    reference = greedy(model, prompt, n_new, strategies[0])
+    full = torch.cat([prompt, reference.tokens], 1)
+    rows = []
+    for strategy in strategies:
+        run = speculative(model, prompt, n_new, SyntheticDrafter(full, acceptance, seed), k=k,
+                          strategy=strategy, interval=interval)
+        rows.append(dict(strategy=strategy, same_tokens_as_greedy=bool(torch.equal(run.tokens, reference.tokens)),
+                         acceptance_rate=round(run.acceptance_rate, 3), restores=run.restores,
+                         peak_bytes=run.peak_bytes, recomputed_tokens=run.recomputed_tokens,
+                         restore_seconds=run.restore_seconds))
+    return rows
+
+
+def snapshot_memory_vs_draft_length(model, prompt, n_new, draft_lengths, acceptance=0.7,
+                                    strategies=("snapshot", "replay"), interval=8, seed=0):
+    """Peak bytes held by component while speculating, for each draft length k."""
+    reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
+    rows = []
+    for k in draft_lengths:
+        for strategy in strategies:
+            run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
+                              k=k, strategy=strategy, interval=interval)
+            rows.append(dict(k=k, strategy=strategy, peak_bytes=run.peak_bytes,
+                             restores=run.restores))
+    return rows
+
+
+def budget_outcomes(model, prompt, n_new, budget_fractions, k=4, acceptance=0.5,
+                    strategy="snapshot", interval=4, seed=0):
+    """Speculative decoding under a byte budget (a fraction of the unbudgeted peak), for each
+    eviction policy: evictions, restores that had to rebuild an evicted copy, tokens re-run,
+    and whether the tokens still equal greedy decoding."""
+    ref_tokens = greedy(model, prompt, n_new).tokens
+    reference = torch.cat([prompt, ref_tokens], 1)
+    free = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
+                       strategy=strategy, interval=interval)
+    rows = []
+    for fraction in budget_fractions:
+        for policy in ("lru", "cost"):
+            budget = int(free.peak_bytes * fraction)
+            run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
+                              k=k, strategy=strategy, interval=interval,
+                              cache_kwargs=dict(budget_bytes=budget, eviction=policy))
+            s = run.extra["stats"]
+            rows.append(dict(budget_fraction=fraction, policy=policy, budget_bytes=budget,
+                             evictions=s.evictions, fallback_restores=s.fallback_restores,
+                             recomputed_tokens=s.recomputed_tokens,
+                             same_tokens=bool(torch.equal(run.tokens, ref_tokens)),
+                             restore_seconds=s.restore_seconds))
+    return rows
+
+
+@torch.no_grad()
+def restore_cost_vs_distance(model, strategy, interval=16, prompt_len=32, seed=0):
+    """Go back to each position inside the last checkpoint interval and take one more step:
+    tokens re-run (recompute), logged tokens folded (replay), and seconds for restore + step."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, prompt_len + interval), generator=g)
+    base = prompt_len  # a checkpoint (recompute) / fold point (replay) sits here
+    rows = []
+    for offset in range(0, interval + 1, max(1, interval // 8)):
+        cache = HybridCache(model, 1, strategy, interval=interval)
+        model(ids[:, :base], cache)
+        handle = cache.snapshot()
+        model(ids[:, base:], cache)
+        if strategy == "replay":
+            cache.ssm.folded_tokens = 0
+        target = base + offset
+        t0 = time.perf_counter()
+        cache.restore(target if strategy != "snapshot" or offset else handle)
+        model(ids[:, target:target + 1] if target < ids.shape[1] else ids[:, -1:], cache)
+        seconds = time.perf_counter() - t0
+        cache.release(handle)
+        rows.append(dict(strategy=strategy, distance=offset,
+                         recomputed_tokens=cache.stats.recomputed_tokens,
+                         folded_tokens=getattr(cache.ssm, "folded_tokens", 0), seconds=seconds))
+    return rows
