@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -49,6 +49,7 @@ class CacheStats:
     evicted_bytes: int = 0
     fallback_restores: int = 0      # restores of an evicted copy, rebuilt by re-running the model
     over_budget: int = 0            # times nothing evictable was left while over the budget
+    peak_by_component: dict = field(default_factory=dict)   # largest bytes seen per component
 
 
 EVICTION_POLICIES = ("lru", "cost")
@@ -135,8 +136,11 @@ class HybridCache:
         self._account()
 
     def _account(self):
-        """Track the peak, then evict kept copies while over the budget."""
-        self.stats.peak_bytes = max(self.stats.peak_bytes, self.total_bytes())
+        """Track the peaks, then evict kept copies while over the budget."""
+        held = self.nbytes()
+        self.stats.peak_bytes = max(self.stats.peak_bytes, sum(held.values()))
+        for name, nbytes in held.items():
+            self.stats.peak_by_component[name] = max(self.stats.peak_by_component.get(name, 0), nbytes)
         while self.budget_bytes is not None and self.total_bytes() > self.budget_bytes:
             items = self.ssm.evictable()
             if not items:

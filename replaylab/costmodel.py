@@ -1,0 +1,229 @@
+"""An analytic cost model of snapshot, recompute and replay: memory held, bytes moved, restore
+cost, time per output token, and how many sequences fit a memory budget.
+
+Glossary (code name -> meaning):
+    S            bytes of one sequence's recurrent state over all SSM layers (fp32, H*P*N each)
+    W            bytes of one sequence's conv windows over all SSM layers ((d_conv-1) x conv_dim)
+    log_token    bytes one token adds to a replay log over all SSM layers (xBC, x, dt, B, C)
+    k, alpha     draft length and per-draft acceptance probability (i.i.d.); a round verifies
+                 the pending token and k drafts and keeps 1 + a tokens, E[a] = sum_i alpha^i
+    interval     checkpoint interval (recompute) or log length L (replay)
+
+Memory follows what ``replaylab.cache.HybridCache`` allocates, so the tests can compare the two
+byte for byte; times are a roofline: each step takes max(bytes / bandwidth, flops / rate).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from replaylab.shapes import HybridShape
+
+__all__ = ["Hardware", "Workload", "ModelCosts", "model_costs", "bytes_held", "predict",
+           "expected_accepted", "revolve_cost", "optimal_frontier", "interval_tradeoff",
+           "measure_hardware", "HARDWARE", "shape_from_config", "STRATEGIES"]
+
+STRATEGIES = ("snapshot", "recompute", "replay")
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    bandwidth: float        # bytes/s a device copy moves (read + write counted)
+    matmul_rate: float      # FLOP/s of dense matmuls
+    source: str = ""
+
+
+def _h200():
+    """H200 preset: copy bandwidth from the committed benchmark, matmul rate from the datasheet."""
+    try:
+        from replaylab.plotting import load_bench
+        bw = load_bench()["copy_bandwidth_gbs"] * 1e9
+        src = "copy bandwidth measured in data/bench_kernels.json"
+    except (OSError, KeyError, ValueError):
+        bw, src = 4.8e12, "vendor datasheet (4.8 TB/s)"
+    return Hardware("H200", bw, 989e12, src + "; bf16 dense matmul 989 TFLOP/s (datasheet)")
+
+
+HARDWARE = {"H200": _h200(),
+            "laptop CPU": Hardware("laptop CPU", 20e9, 200e9,
+                                   "round numbers for a laptop; Hardware.measure() for yours")}
+
+
+def measure_hardware(device="cpu", name=None) -> Hardware:
+    """Measure copy bandwidth and matmul rate on ``device`` (a second or two)."""
+    import time
+
+    import torch
+    x = torch.empty(2**25, device=device)
+    y = torch.empty_like(x)
+    a = torch.randn(1024, 1024, device=device)
+    best_copy, best_mm = math.inf, math.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        y.copy_(x)
+        best_copy = min(best_copy, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        a @ a
+        best_mm = min(best_mm, time.perf_counter() - t0)
+    return Hardware(name or f"measured {device}", 2 * x.numel() * 4 / best_copy,
+                    2 * 1024**3 / best_mm, "measured by replaylab.costmodel.measure_hardware")
+
+
+@dataclass(frozen=True)
+class Workload:
+    batch: int = 1
+    k: int = 4
+    acceptance: float | tuple = 0.8     # a probability, or per-position probabilities (k,)
+    interval: int = 16
+    context_len: int = 4096
+    branches: int = 1                   # beam width / best-of-n: sequences sharing a prefix
+    state_bytes: int = 4
+    act_bytes: int = 2                  # KV, conv windows and logs
+
+
+@dataclass(frozen=True)
+class ModelCosts:
+    """Per-sequence sizes of a model shape, in bytes, and its per-token compute."""
+    S: int
+    W: int
+    log_token: int
+    kv_token: int
+    weight_bytes: int
+    flops_per_token: float
+
+
+def model_costs(shape: HybridShape, workload: Workload, n_params: float) -> ModelCosts:
+    sb, ab = workload.state_bytes, workload.act_bytes
+    if shape.ssm_form == "mamba2":
+        per_layer_log = (shape.conv_channels + shape.ssm_heads * shape.ssm_head_dim
+                         + shape.ssm_heads + 2 * shape.n_groups * shape.d_state)
+    else:
+        per_layer_log = shape.conv_channels + shape.d_inner * 2 + 2 * shape.d_state
+    return ModelCosts(
+        S=shape.n_ssm * shape.ssm_state_elems * sb,
+        W=shape.n_ssm * shape.conv_channels * (shape.d_conv - 1) * ab,
+        log_token=shape.n_ssm * per_layer_log * ab,
+        kv_token=shape.kv_elems_per_token * ab,
+        weight_bytes=int(n_params * ab), flops_per_token=2.0 * n_params)
+
+
+def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=0) -> dict:
+    """The SSM-side bytes a cache holds for one sequence, by the component names of
+    ``HybridCache.nbytes()``: state and conv windows, plus snapshot copies, recompute
+    checkpoints or replay log entries."""
+    held = {"ssm_state": m.S, "conv_state": m.W}
+    if strategy == "snapshot":
+        held["snapshots"] = copies * (m.S + m.W)
+    elif strategy == "recompute":
+        held["checkpoints"] = checkpoints * (m.S + m.W)
+    else:
+        held["logs"] = log_entries * m.log_token
+    return held
+
+
+def expected_accepted(k, acceptance) -> float:
+    """E[a]: drafts accepted per round when draft i is accepted with probability p_i and a
+    rejection ends the round (i.i.d. alpha: sum_{i=1..k} alpha^i)."""
+    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
+    if len(probs) != k or not all(0 <= p <= 1 for p in probs):
+        raise ValueError(f"acceptance: expected a probability or {k} probabilities in [0, 1], "
+                         f"got {acceptance}")
+    total, alive = 0.0, 1.0
+    for p in probs:
+        alive *= p
+        total += alive
+    return total
+
+
+def predict(shape: HybridShape, workload: Workload, hardware: Hardware, n_params: float,
+            memory_budget: float | None = None) -> dict:
+    """Per strategy: bytes held per sequence (peak, while speculating), state bytes moved per
+    output token, seconds of one restore, seconds per output token, and sequences that fit
+    ``memory_budget`` bytes (weights included)."""
+    m = model_costs(shape, workload, n_params)
+    w, k, L = workload, workload.k, workload.interval
+    ea = expected_accepted(k, w.acceptance)
+    tokens_per_round = ea + 1
+    p_reject = 1 - _prob_all_accepted(k, w.acceptance)
+    kv = m.kv_token * w.context_len
+    # one verify forward of k+1 tokens for the whole batch: weights read once, matmuls for
+    # batch*(k+1) tokens
+    forward = max(m.weight_bytes / hardware.bandwidth * 2,
+                  m.flops_per_token * w.batch * (k + 1) / hardware.matmul_rate)
+    token_forward = max(m.weight_bytes / hardware.bandwidth * 2,
+                        m.flops_per_token * w.batch / hardware.matmul_rate)
+    copy = lambda nbytes: 2 * nbytes / hardware.bandwidth  # noqa: E731 - read + write
+    out = {}
+    # snapshot: a copy at the snapshot and after each of the k+1 verified tokens
+    held = kv + m.S + m.W + (k + 2) * (m.S + m.W)
+    moved = (k + 1) * 2 * m.S + (k + 2) * 2 * (m.S + m.W) + p_reject * 2 * (m.S + m.W)
+    restore = copy(m.S + m.W)
+    out["snapshot"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
+    # recompute: checkpoints every L tokens (about two kept), rollback re-runs the distance
+    # from the checkpoint: on average L/2 tokens plus the accepted ones
+    held = kv + m.S + m.W + 2 * (m.S + m.W)
+    distance = L / 2 + ea
+    restore = distance * token_forward
+    moved = (k + 1) * 2 * m.S + p_reject * distance * 2 * m.S
+    out["recompute"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
+    # replay: one checkpoint and a log: it folds (up to the latest snapshot) once it reaches L
+    # entries, so at most max(L - 1, k + 1) entries are held between steps; verify reads S
+    # once; a fold (read + write S) every L tokens
+    held = kv + m.S + m.W + max(L - 1, k + 1) * m.log_token
+    moved = m.S + (L / 2 + k + 1) * m.log_token + tokens_per_round / L * 2 * m.S
+    restore = 0.0  # a cursor move; the fold is counted in the bytes moved
+    out["replay"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
+    for name, r in out.items():
+        state_time = r["moved_per_round"] * w.batch / hardware.bandwidth
+        round_time = forward + state_time + p_reject * r["restore_seconds"] * (name != "replay")
+        r["moved_per_token"] = r["moved_per_round"] / tokens_per_round
+        r["seconds_per_token"] = round_time / (tokens_per_round * w.batch)
+        r["tokens_per_round"] = tokens_per_round
+        if memory_budget is not None:
+            r["max_sequences"] = max(0, int((memory_budget - m.weight_bytes) // r["held"]))
+    return out
+
+
+def _prob_all_accepted(k, acceptance):
+    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
+    return math.prod(probs)
+
+
+@lru_cache(maxsize=None)
+def revolve_cost(n: int, slots: int) -> int:
+    """Fewest forward steps to visit the states of an n-step chain in reverse order, keeping at
+    most ``slots`` states at once besides the start (Griewank's binomial checkpointing; this
+    is its dynamic program: advance m steps, keep a checkpoint there, reverse the rest with
+    one slot fewer, then reverse the first m)."""
+    if n <= 1:
+        return 0
+    if slots == 0:
+        return n * (n - 1) // 2
+    return min(m + revolve_cost(n - m, slots - 1) + revolve_cost(m, slots) for m in range(1, n))
+
+
+def optimal_frontier(n: int, max_slots: int) -> list[tuple[int, float]]:
+    """(slots, recomputed steps per restored state) on the offline optimum for n steps."""
+    return [(s, revolve_cost(n, s) / n) for s in range(0, max_slots + 1)]
+
+
+def interval_tradeoff(n: int, interval: int) -> dict:
+    """Memory (states kept) and recomputed steps per restored state when every state of an
+    n-step chain is visited in reverse: checkpoints every ``interval`` steps (recompute), or one
+    state every ``interval`` steps plus its log (replay: folds instead of forwards)."""
+    kept = math.ceil(n / interval)
+    # within a segment, reversing with one stored start costs 0 + 1 + ... + (interval - 1)
+    recomputed = sum(j for seg_start in range(0, n, interval)
+                     for j in range(min(interval, n - seg_start)))
+    return {"states_kept": kept, "steps_per_restore": recomputed / n}
+
+
+def shape_from_config(cfg) -> HybridShape:
+    """A HybridShape for a ``replaylab.model.HybridConfig`` (the tiny model of the notebooks)."""
+    return HybridShape(name="HybridLM", n_attn=len(cfg.attn_layers), n_ssm=len(cfg.ssm_layers),
+                       kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, ssm_form="mamba2",
+                       d_state=cfg.d_state, d_conv=cfg.d_conv, ssm_heads=cfg.ssm_heads,
+                       ssm_head_dim=cfg.ssm_head_dim, n_groups=cfg.n_groups)
