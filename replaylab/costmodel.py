@@ -23,7 +23,8 @@ from replaylab.shapes import HybridShape
 
 __all__ = ["Hardware", "Workload", "ModelCosts", "model_costs", "bytes_held", "predict",
            "expected_accepted", "revolve_cost", "optimal_frontier", "interval_tradeoff",
-           "measure_hardware", "HARDWARE", "shape_from_config", "STRATEGIES"]
+           "measure_hardware", "plain_decode_seconds_per_token", "HARDWARE", "shape_from_config",
+           "STRATEGIES"]
 
 STRATEGIES = ("snapshot", "recompute", "replay")
 
@@ -149,12 +150,12 @@ def predict(shape: HybridShape, workload: Workload, hardware: Hardware, n_params
     tokens_per_round = ea + 1
     p_reject = 1 - _prob_all_accepted(k, w.acceptance)
     kv = m.kv_token * w.context_len
-    # one verify forward of k+1 tokens for the whole batch: weights read once, matmuls for
-    # batch*(k+1) tokens
-    forward = max(m.weight_bytes / hardware.bandwidth * 2,
-                  m.flops_per_token * w.batch * (k + 1) / hardware.matmul_rate)
-    token_forward = max(m.weight_bytes / hardware.bandwidth * 2,
-                        m.flops_per_token * w.batch / hardware.matmul_rate)
+    # a forward reads the weights once (bandwidth counts bytes moved) and does the matmuls of
+    # all its tokens: the verify forward has batch * (k+1) tokens
+    def forward_seconds(tokens):
+        return max(m.weight_bytes / hardware.bandwidth,
+                   m.flops_per_token * tokens / hardware.matmul_rate)
+    forward = forward_seconds(w.batch * (k + 1))
     copy = lambda nbytes: 2 * nbytes / hardware.bandwidth  # noqa: E731 - read + write
     out = {}
     # snapshot: a copy at the snapshot and after each of the k+1 verified tokens
@@ -163,10 +164,10 @@ def predict(shape: HybridShape, workload: Workload, hardware: Hardware, n_params
     restore = copy(m.S + m.W)
     out["snapshot"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
     # recompute: checkpoints every L tokens (about two kept), rollback re-runs the distance
-    # from the checkpoint: on average L/2 tokens plus the accepted ones
+    # from the checkpoint, on average L/2 tokens plus the accepted ones, in one forward
     held = kv + m.S + m.W + 2 * (m.S + m.W)
     distance = L / 2 + ea
-    restore = distance * token_forward
+    restore = forward_seconds(distance)
     moved = (k + 1) * 2 * m.S + p_reject * distance * 2 * m.S
     out["recompute"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
     # replay: one checkpoint and a log: it folds (up to the latest snapshot) once it reaches L
@@ -192,6 +193,15 @@ def _prob_all_accepted(k, acceptance):
     return math.prod(probs)
 
 
+def plain_decode_seconds_per_token(shape, workload, hardware, n_params) -> float:
+    """Plain decoding, one token per step: weights read once per step, the state read and
+    written once per token (what selective_state_update does)."""
+    m = model_costs(shape, workload, n_params)
+    step = max(m.weight_bytes / hardware.bandwidth,
+               m.flops_per_token * workload.batch / hardware.matmul_rate)
+    return (step + workload.batch * 2 * m.S / hardware.bandwidth) / workload.batch
+
+
 @lru_cache(maxsize=None)
 def revolve_cost(n: int, slots: int) -> int:
     """Fewest forward steps to visit the states of an n-step chain in reverse order, keeping at
@@ -211,13 +221,14 @@ def optimal_frontier(n: int, max_slots: int) -> list[tuple[int, float]]:
 
 
 def interval_tradeoff(n: int, interval: int) -> dict:
-    """Memory (states kept) and recomputed steps per restored state when every state of an
-    n-step chain is visited in reverse: checkpoints every ``interval`` steps (recompute), or one
-    state every ``interval`` steps plus its log (replay: folds instead of forwards)."""
+    """States kept and forward steps per restored state when every state of an n-step chain is
+    visited in reverse with a checkpoint every ``interval`` steps, counted as ``revolve_cost``
+    counts (the sweep that places the checkpoints included), so the two compare directly."""
     kept = math.ceil(n / interval)
-    # within a segment, reversing with one stored start costs 0 + 1 + ... + (interval - 1)
-    recomputed = sum(j for seg_start in range(0, n, interval)
-                     for j in range(min(interval, n - seg_start)))
+    sweep = (kept - 1) * interval
+    # within a segment, reversing from its stored start costs 0 + 1 + ... + (length - 1)
+    recomputed = sweep + sum(j for seg_start in range(0, n, interval)
+                             for j in range(min(interval, n - seg_start)))
     return {"states_kept": kept, "steps_per_restore": recomputed / n}
 
 

@@ -12,7 +12,7 @@ from replaylab.cache import HybridCache
 from replaylab.decoding import SyntheticDrafter, greedy, speculative
 
 __all__ = ["compare_strategies", "snapshot_memory_vs_draft_length", "budget_outcomes",
-           "restore_cost_vs_distance"]
+           "restore_cost_vs_distance", "speculative_vs_prediction"]
 
 
 def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0,
@@ -97,3 +97,31 @@ def restore_cost_vs_distance(model, strategy, interval=16, prompt_len=32, seed=0
                          recomputed_tokens=cache.stats.recomputed_tokens,
                          folded_tokens=getattr(cache.ssm, "folded_tokens", 0), seconds=seconds))
     return rows
+
+
+def speculative_vs_prediction(model, prompt, n_new, k, acceptance, strategy="replay", interval=8,
+                              seed=0):
+    """A live synthetic-drafter run next to the cost model: acceptance, tokens per round,
+    restores, and the SSM-side peak bytes. Rows: quantity, predicted, measured, factor."""
+    from replaylab import costmodel as cm
+    reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
+    run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
+                      strategy=strategy, interval=interval)
+    rounds = run.proposed / k
+    m = cm.model_costs(cm.shape_from_config(model.cfg),
+                       cm.Workload(k=k, interval=interval,
+                                   act_bytes=next(model.parameters()).element_size()),
+                       sum(p.numel() for p in model.parameters()))
+    if strategy == "replay":
+        held = cm.bytes_held(m, "replay", log_entries=max(interval - 1, k + 1))
+    else:
+        held = cm.bytes_held(m, "snapshot", copies=k + 2)
+    peak = run.extra["stats"].peak_by_component
+    measured_ssm = sum(peak.get(c, 0) for c in held)
+    ea = cm.expected_accepted(k, acceptance)
+    rows = [("accepted drafts per round", ea, run.accepted / rounds),
+            ("tokens per round", ea + 1, n_new / rounds),
+            ("restores per round", 1 - acceptance ** k, run.restores / rounds),
+            ("peak SSM-side bytes", sum(held.values()), measured_ssm)]
+    return [dict(quantity=q, predicted=p, measured=v,
+                 factor=(v / p if p else float("nan"))) for q, p, v in rows]
