@@ -111,7 +111,7 @@ class ModelDrafter:
 
     def __init__(self, draft_model, strategy="replay", interval=16):
         self.model, self.strategy, self.interval = draft_model, strategy, interval
-        self.cache = None
+        self.cache, self.handle = None, None
 
     def propose(self, context, k, vocab_size):
         if self.model.cfg.vocab_size != vocab_size:
@@ -128,7 +128,10 @@ class ModelDrafter:
             same += 1
         if same < self.cache.position:
             self.cache.truncate_to(same)
+        if self.handle is not None:
+            self.cache.release(self.handle)
         logits = self.model(context[:, same:], self.cache)
+        self.handle = self.cache.snapshot()  # the drafts after it may be rolled back next time
         drafts = []
         for i in range(k):
             tok = logits[:, -1].argmax(-1, keepdim=True)

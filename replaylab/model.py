@@ -30,7 +30,7 @@ from torch import nn
 from replaylab.scan import ssd_scan
 
 __all__ = ["HybridConfig", "HybridLM", "load_transformers_hybrid", "load_transformers_nemotron_h",
-           "load_transformers_bamba"]
+           "load_transformers_bamba", "preset", "PRESETS", "to_transformers_nemotron_h"]
 
 
 @dataclass
@@ -399,3 +399,48 @@ def load_transformers_bamba(source) -> HybridLM:
     if model.cfg.mlp != "swiglu":
         raise ValueError("expected a Bamba checkpoint, got a NemotronH one")
     return model
+
+
+PRESETS = {
+    # the notebooks' and CI's model: runs anywhere in seconds
+    "tiny": dict(vocab_size=128, hidden_size=64, pattern="M-M*-M-", ssm_heads=8, ssm_head_dim=16,
+                 d_state=64, n_groups=1, attn_heads=4, kv_heads=2, head_dim=16,
+                 intermediate_size=128),
+    # about 1B parameters, Nemotron-H's block layout
+    "1b": dict(vocab_size=32000, hidden_size=2048, pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M-",
+               ssm_heads=64, ssm_head_dim=64, d_state=128, n_groups=8, attn_heads=16,
+               kv_heads=4, head_dim=128, intermediate_size=8192),
+    # Nemotron-H 8B's layer shapes (H=128, P=64, N=128, G=8), fewer blocks
+    "8b-layers": dict(vocab_size=32000, hidden_size=4096, pattern="M-M*-M-", ssm_heads=128,
+                      ssm_head_dim=64, d_state=128, n_groups=8, attn_heads=32, kv_heads=8,
+                      head_dim=128, intermediate_size=21504),
+}
+
+
+def preset(name: str) -> HybridConfig:
+    """A named model size: "tiny" (CPU), "1b", or "8b-layers" (Nemotron-H 8B shapes)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {name!r}")
+    return HybridConfig(**PRESETS[name])
+
+
+def to_transformers_nemotron_h(model: HybridLM):
+    """The same model as a transformers NemotronHForCausalLM (same weights): the baseline."""
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+    c = model.cfg
+    if c.mlp != "relu2" or c.rotary_dim:
+        raise ValueError("to_transformers_nemotron_h: only NemotronH-style models (relu2 MLP, "
+                         "no RoPE) have a NemotronH twin")
+    hf_cfg = NemotronHConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=len(c.pattern),
+        hybrid_override_pattern=c.pattern, mamba_num_heads=c.ssm_heads,
+        mamba_head_dim=c.ssm_head_dim, ssm_state_size=c.d_state, n_groups=c.n_groups,
+        conv_kernel=c.d_conv, num_attention_heads=c.attn_heads, num_key_value_heads=c.kv_heads,
+        head_dim=c.head_dim, intermediate_size=c.intermediate_size, layer_norm_epsilon=c.eps,
+        time_step_min=c.time_step_min, use_conv_bias=c.use_conv_bias,
+        tie_word_embeddings=c.tie_word_embeddings)
+    param = next(model.parameters())
+    with torch.device(param.device):
+        hf = NemotronHForCausalLM(hf_cfg).to(param.dtype)
+    hf.load_state_dict(model.state_dict())
+    return hf.eval()

@@ -126,8 +126,8 @@ class SnapshotStore(_CurrentStateStore):
             self.per_token, self.tracking_from = {}, None
 
     def can_restore(self, position, handle=None):
-        return (handle in self.handles or handle in self.evicted or position in self.per_token
-                or ("token", position) in self.evicted)
+        return (handle in self.handles or handle in self.evicted or position in self._kept()
+                or position in self.evicted.values())
 
     def _kept(self):
         """position -> copy, every state copy still held."""
@@ -140,8 +140,8 @@ class SnapshotStore(_CurrentStateStore):
             self._load(self.handles[handle][1])
             self._touch(handle)
             start = None
-        elif position in self.per_token:
-            self._load(self.per_token[position])
+        elif position in self._kept():
+            self._load(self._kept()[position])
             start = None
         else:  # evicted: rebuild from the latest copy before it (or from the empty state)
             older = [p for p in self._kept() if p <= position]
