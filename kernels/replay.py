@@ -204,7 +204,10 @@ def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C
     if check and append and int(log_len.max()) + T > Lmax:
         raise ValueError(f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
                          f"got max log_len {int(log_len.max())}")
-    y = torch.empty_like(x) if out is None else out
+    # not empty_like: x may be a permuted view, and the kernel writes y row-major
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    if not y.is_contiguous():
+        raise ValueError("out: expected a contiguous tensor")
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))

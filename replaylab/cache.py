@@ -114,7 +114,18 @@ class HybridCache:
         return self.kv[layer].keys_values()
 
     def ssm_read(self, layer):
+        """(state (batch, H, P, N), conv window (batch, d_conv-1, conv_dim)) at the position."""
         return self.ssm.read(layer)
+
+    def ssm_window(self, layer):
+        return self.ssm.window(layer)
+
+    def ssm_state(self, layer):
+        return self.ssm.state(layer)
+
+    def ssm_outputs(self, layer, **inputs):
+        """The store's own outputs for new tokens (replay with kernels), or None."""
+        return self.ssm.outputs(layer, **inputs)
 
     def ssm_wants_states(self, layer):
         return self.ssm.wants_states(layer)

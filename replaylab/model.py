@@ -145,11 +145,14 @@ class Mamba2Mixer(nn.Module):
         c = self.cfg
         inner = c.ssm_heads * c.ssm_head_dim
         gate, xBC, dt = self.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
-        state, window = cache.ssm_read(self.layer)
-        x, B, C = self.split_scan_inputs(self.conv(xBC, window))
-        res = self.scan(x, dt, B, C, state, return_states=cache.ssm_wants_states(self.layer))
-        cache.ssm_write(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C, result=res)
-        return self.out_proj(self.norm(res.y.flatten(-2), gate))
+        x, B, C = self.split_scan_inputs(self.conv(xBC, cache.ssm_window(self.layer)))
+        y = cache.ssm_outputs(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C)
+        if y is None:
+            res = self.scan(x, dt, B, C, cache.ssm_state(self.layer),
+                            return_states=cache.ssm_wants_states(self.layer))
+            cache.ssm_write(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C, result=res)
+            y = res.y
+        return self.out_proj(self.norm(y.flatten(-2), gate))
 
 
 class Attention(nn.Module):

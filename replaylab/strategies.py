@@ -63,6 +63,15 @@ class _CurrentStateStore:
     def read(self, layer):
         return self.h[layer], self.w[layer]
 
+    def window(self, layer):
+        return self.w[layer]
+
+    def state(self, layer):
+        return self.h[layer]
+
+    def outputs(self, layer, xBC, x, dt, B, C):
+        return None  # outputs come from the scan over the current state
+
     def _copy(self, layers=None):
         return {l: (self.h[l].clone(), self.w[l].clone()) for l in (layers or self.h)}
 
@@ -246,62 +255,108 @@ class RecomputeStore(_CurrentStateStore):
 
 class ReplayStore:
     name = "replay"
+    LOG_FIELDS = ("xBC", "x", "dt", "B", "C")
 
     def __init__(self, mixers, batch, dtype, device, interval=16, use_kernels=None, **_):
         if interval < 1:
             raise ValueError(f"interval: expected >= 1, got {interval}")
         self.mixers, self.L = mixers, interval
-        # the Triton fold on a GPU; on CPU only when asked (it runs through the interpreter)
+        # Triton kernels on a GPU; on CPU only when asked (they run through the interpreter)
         self.use_kernels = torch.device(device).type == "cuda" if use_kernels is None else use_kernels
         self.start = 0                      # checkpoint position c
         self.folded_tokens = 0              # logged tokens folded so far (work done on reads)
         self.ckpt = {l: _zero_state(m, batch, dtype, device) for l, m in mixers.items()}
-        self.log = {l: None for l in mixers}
+        self.buf = {l: None for l in mixers}  # log buffers (batch, capacity, ...) per field
+        self.n = {l: 0 for l in mixers}       # entries in use; lower layers run ahead in a forward
         self.rows = torch.arange(batch, device=device)  # branch -> checkpoint row (shared)
         self.pin = None  # position the log must keep (the latest snapshot handle)
 
     def log_length(self):
-        first = next(iter(self.log.values()), None)
-        return 0 if first is None else first["xBC"].shape[1]
+        return next(iter(self.n.values()), 0)
+
+    def _log(self, layer, upto):
+        return {k: v[:, :upto] for k, v in self.buf[layer].items()}
+
+    def _reserve(self, layer, T, like):
+        """Room for T more entries (buffers shaped like ``like``, doubling when full)."""
+        buf, n = self.buf[layer], self.n[layer]
+        if buf is not None and n + T <= next(iter(buf.values())).shape[1]:
+            return
+        cap = max(2 * (n + T), 2 * self.L, 16)
+        grown = {k: v.new_empty((v.shape[0], cap) + v.shape[2:]) for k, v in like.items()}
+        if buf is not None:
+            for k in grown:
+                grown[k][:, :n] = buf[k][:, :n]
+        self.buf[layer] = grown
 
     def wants_states(self, layer):
         return False
 
-    def _fold(self, layer, upto):
-        """(h, w) at checkpoint + upto: fold the first ``upto`` logged tokens into h_c."""
-        h, w = (t[self.rows] for t in self.ckpt[layer])
-        log = self.log[layer]
-        if log is None or upto == 0:
-            return h, w
-        self.folded_tokens += upto
-        if self.use_kernels:
-            state = self._fold_kernel(layer, upto)
-        else:
-            state = self.mixers[layer].scan(log["x"][:, :upto], log["dt"][:, :upto],
-                                            log["B"][:, :upto], log["C"][:, :upto], h).state
-        return state, _window_after(w, log["xBC"][:, :upto])
+    def _params(self, layer):
+        mixer = self.mixers[layer]
+        return (-torch.exp(mixer.A_log.detach().float()), mixer.dt_bias.detach().float(),
+                (mixer.cfg.time_step_min, float("inf")))
 
-    def _fold_kernel(self, layer, upto):
+    def _fold_state(self, layer, upto):
+        """h at checkpoint + upto: fold the first ``upto`` logged tokens into h_c."""
+        h = self.ckpt[layer][0]
+        if upto == 0:
+            return h[self.rows]
+        self.folded_tokens += upto
+        buf = self.buf[layer]
+        if not self.use_kernels:
+            return self.mixers[layer].scan(buf["x"][:, :upto], buf["dt"][:, :upto],
+                                           buf["B"][:, :upto], buf["C"][:, :upto],
+                                           h[self.rows]).state
         from replaylab.kernels.replay import fold
-        mixer, log = self.mixers[layer], self.log[layer]
-        states = self.ckpt[layer][0]
         batch = self.rows.numel()
-        out = torch.empty((batch,) + states.shape[1:], device=states.device)
-        return fold(states, self.rows.to(torch.int32), out,
-                    torch.arange(batch, dtype=torch.int32, device=states.device),
-                    log["x"].contiguous(), log["dt"].contiguous(), log["B"].contiguous(),
-                    torch.full((batch,), upto, dtype=torch.int32, device=states.device),
-                    -torch.exp(mixer.A_log.detach().float()), mixer.dt_bias.detach().float(),
-                    True, (mixer.cfg.time_step_min, float("inf")))
+        A, bias, limit = self._params(layer)
+        out = torch.empty((batch,) + h.shape[1:], device=h.device)
+        return fold(h, self.rows.to(torch.int32), out,
+                    torch.arange(batch, dtype=torch.int32, device=h.device),
+                    buf["x"], buf["dt"], buf["B"],
+                    torch.full((batch,), upto, dtype=torch.int32, device=h.device), A, bias,
+                    True, limit)
+
+    def window(self, layer):
+        w = self.ckpt[layer][1][self.rows]
+        n = self.n[layer]
+        return _window_after(w, self.buf[layer]["xBC"][:, :n]) if n else w
+
+    def state(self, layer):
+        return self._fold_state(layer, self.n[layer])
 
     def read(self, layer):
-        log = self.log[layer]  # this layer's own log: during a forward, lower layers are ahead
-        return self._fold(layer, 0 if log is None else log["xBC"].shape[1])
+        return self.state(layer), self.window(layer)
+
+    def outputs(self, layer, xBC, x, dt, B, C):
+        """y (batch, T, H, P) of new tokens straight from checkpoint + log with the Triton
+        replay_step (no state written), appending them to the log; None where it does not
+        apply (no kernels, or a long prefill, which the reference scan handles)."""
+        T = x.shape[1]
+        if not self.use_kernels or T > 16:
+            return None
+        from replaylab.kernels.replay import replay_step
+        self._reserve(layer, T, dict(xBC=xBC, x=x, dt=dt, B=B, C=C))
+        buf, n, batch = self.buf[layer], self.n[layer], self.rows.numel()
+        A, bias, limit = self._params(layer)
+        log_len = torch.full((batch,), n, dtype=torch.int32, device=x.device)
+        y = replay_step(self.ckpt[layer][0], self.rows.to(torch.int32), buf["x"], buf["dt"],
+                        buf["B"], buf["C"], log_len, x, dt, B, C, A,
+                        self.mixers[layer].D.detach().float(), bias, True, limit,
+                        append=True, check=False)
+        buf["xBC"][:, n:n + T] = xBC
+        self.n[layer] = n + T
+        return y
 
     def write(self, layer, position, xBC, x, dt, B, C, result):
-        new = {k: v.clone() for k, v in dict(xBC=xBC, x=x, dt=dt, B=B, C=C).items()}  # own memory
-        old = self.log[layer]
-        self.log[layer] = new if old is None else {k: torch.cat([old[k], v], 1) for k, v in new.items()}
+        new = dict(xBC=xBC, x=x, dt=dt, B=B, C=C)
+        T = x.shape[1]
+        self._reserve(layer, T, new)
+        n = self.n[layer]
+        for k, v in new.items():
+            self.buf[layer][k][:, n:n + T] = v
+        self.n[layer] = n + T
 
     def after_advance(self, position):
         n = self.log_length()
@@ -314,8 +369,13 @@ class ReplayStore:
 
     def _advance_checkpoint(self, upto):
         for layer in self.ckpt:
-            self.ckpt[layer] = self._fold(layer, upto)
-            self.log[layer] = {k: v[:, upto:] for k, v in self.log[layer].items()}
+            h = self._fold_state(layer, upto)
+            w = _window_after(self.ckpt[layer][1][self.rows], self.buf[layer]["xBC"][:, :upto])
+            self.ckpt[layer] = (h, w)
+            n, buf = self.n[layer], self.buf[layer]
+            for k in buf:  # keep the entries after the new checkpoint at the front
+                buf[k][:, :n - upto] = buf[k][:, upto:n].clone()
+            self.n[layer] = n - upto
         self.rows = torch.arange(self.rows.numel(), device=self.rows.device)
         self.start += upto
 
@@ -330,32 +390,34 @@ class ReplayStore:
 
     def rollback(self, position, handle=None):
         if position >= self.start:
-            for layer, log in self.log.items():
-                if log is not None:
-                    self.log[layer] = {k: v[:, :position - self.start] for k, v in log.items()}
+            for layer in self.n:
+                self.n[layer] = position - self.start
             return None
         # before the checkpoint: nothing kept covers it; rebuild from the start of the sequence
         for layer in self.ckpt:
             h, w = self.ckpt[layer]
             self.ckpt[layer] = (torch.zeros_like(h), torch.zeros_like(w))
-            self.log[layer] = None
+            self.n[layer] = 0
         self.start, self.pin = 0, None
         return 0
 
     def select(self, indices):
         self.rows = self.rows[indices]
-        for layer, log in self.log.items():
-            if log is not None:
-                self.log[layer] = {k: v[indices] for k, v in log.items()}
+        for layer, buf in self.buf.items():
+            if buf is not None:
+                self.buf[layer] = {k: v[indices] for k, v in buf.items()}
 
     def evictable(self):
         return []  # the checkpoint and the log are the live state: nothing can be dropped
 
     def nbytes(self):
+        """Checkpoint rows in use, conv windows, and the log entries in use (capacity kept
+        for appends is not counted)."""
         live = torch.unique(self.rows).numel()
         ck = sum(_nbytes(h[:1]) * live for h, _ in self.ckpt.values())
         conv = sum(_nbytes(w[:1]) * live for _, w in self.ckpt.values())
-        logs = sum(_nbytes(*log.values()) for log in self.log.values() if log is not None)
+        logs = sum(_nbytes(*self._log(l, self.n[l]).values()) for l in self.buf
+                   if self.buf[l] is not None)
         return {"ssm_state": ck, "conv_state": conv, "logs": logs}
 
 

@@ -92,3 +92,16 @@ def test_bad_input_is_named():
         replay_step(**{**c, "log_len": torch.tensor([0, 1, 22], dtype=torch.int32)})
     with pytest.raises(ValueError, match=r"states: expected float32 checkpoint states"):
         replay_step(**{**c, "states": c["states"].double()})
+
+
+def test_permuted_views_as_inputs():
+    """Inputs as the model makes them: channel-major views of a transposed conv output."""
+    H, G, P, N, T = 3, 3, 8, 8, 5
+    conv = torch.randn(1, H * P + 2 * G * N, T, device=DEVICE).transpose(1, 2)
+    x = conv[..., :H * P].unflatten(-1, (H, P))
+    B = conv[..., H * P:H * P + G * N].unflatten(-1, (G, N))
+    C = conv[..., H * P + G * N:].unflatten(-1, (G, N))
+    c = case(batch=1, H=H, G=G, P=P, N=N, T=T, log_len=(3,), slots=(0,), n_slots=1)
+    c.update(x=x, B=B, C=C)
+    ref = cloned({k: v.contiguous() for k, v in c.items()})
+    assert_close(replay_step(**cloned(c)), replay_step_ref(**ref), name="y")
