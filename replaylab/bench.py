@@ -276,12 +276,219 @@ def summary(result):
     return lines
 
 
+# --- end-to-end decoding -------------------------------------------------------------------
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _spread(values):
+    values = sorted(values)
+    return dict(median=values[len(values) // 2], min=values[0], max=values[-1], runs=len(values))
+
+
+def _decode_once(model, prompt, n_new, strategy, interval, weights_bytes):
+    """Greedy decode timed after the prefill; peak memory per sequence minus the weights."""
+    from replaylab.cache import HybridCache
+    device = prompt.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    cache = HybridCache(model, prompt.shape[0], strategy, interval=interval)
+    logits = model(prompt, cache)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(n_new):
+        logits = model(logits[:, -1].argmax(-1, keepdim=True), cache)
+    _sync(device)
+    seconds = (time.perf_counter() - t0) / n_new
+    peak = (torch.cuda.max_memory_allocated() - weights_bytes if cuda else cache.stats.peak_bytes)
+    return seconds, peak / prompt.shape[0]
+
+
+def _hf_decode_once(hf, prompt, n_new, weights_bytes):
+    """transformers generate (greedy): decode seconds per token = (t(n) - t(1)) / (n - 1)."""
+    device = prompt.device
+    mask = torch.ones_like(prompt)
+    times = {}
+    for n in (1, n_new):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        _sync(device)
+        t0 = time.perf_counter()
+        hf.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                    do_sample=False)
+        _sync(device)
+        times[n] = time.perf_counter() - t0
+    peak = torch.cuda.max_memory_allocated() - weights_bytes if device.type == "cuda" else None
+    return (times[n_new] - times[1]) / (n_new - 1), (None if peak is None else peak / prompt.shape[0])
+
+
+@torch.no_grad()
+def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repeats=3,
+               interval=16, latency_factor=4.0, max_batch=512, progress=True):
+    """The seed's measurements for every strategy, side by side with transformers."""
+    from tqdm.auto import tqdm
+
+    from replaylab.decoding import (PromptLookupDrafter, SyntheticDrafter, beam_search, best_of_n,
+                                    greedy, speculative)
+    from replaylab.model import HybridLM, preset, to_transformers_nemotron_h
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = HybridLM(preset(preset_name), seed=0).to(device=device, dtype=dtype).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    vocab = model.cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    rows, bar = [], tqdm(total=0, disable=not progress, desc=f"decode ({preset_name})")
+
+    errors = []
+
+    def timed(fn):
+        fn()  # warm-up, discarded
+        return [fn() for _ in range(repeats)]
+
+    def guarded(name, fn):
+        """Run one workload; an error is recorded, not fatal, so one failure keeps the rest."""
+        try:
+            fn()
+        except Exception as err:  # noqa: BLE001
+            errors.append(f"{name}: {type(err).__name__}: {err}"[:400])
+
+    strategies = ("snapshot", "recompute", "replay")
+    for batch in batches:
+        prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
+        for strategy in strategies:
+            runs = timed(lambda: _decode_once(model, prompt, n_new, strategy, interval, weights))
+            rows.append(dict(workload="decode", provider="replaylab", strategy=strategy,
+                             batch=batch, seconds_per_token=_spread([r[0] for r in runs]),
+                             peak_bytes_per_sequence=_spread([r[1] for r in runs])["median"]))
+            bar.update()
+    # transformers on the same weights
+    hf = to_transformers_nemotron_h(model)
+    for batch in batches:
+        prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
+        runs = timed(lambda: _hf_decode_once(hf, prompt, n_new, weights))
+        rows.append(dict(workload="decode", provider="transformers", strategy="generate",
+                         batch=batch, seconds_per_token=_spread([r[0] for r in runs]),
+                         peak_bytes_per_sequence=runs[0][1]))
+        bar.update()
+    try:
+        p1 = torch.randint(0, vocab, (1, 8), generator=g).to(device)
+        hf.generate(p1, attention_mask=torch.ones_like(p1), max_new_tokens=2, do_sample=False,
+                    assistant_model=hf)
+        refusal = None
+    except ValueError as err:
+        refusal = str(err)
+    # speculative decoding, one sequence: synthetic drafts and prompt lookup
+    prompt = torch.randint(0, vocab, (1, prompt_len), generator=g).to(device)
+    reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1).cpu()
+    pattern = torch.randint(0, vocab, (1, 12), generator=g)
+    repetitive = pattern.repeat(1, prompt_len // 12 + 1)[:, :prompt_len].to(device)
+    for strategy in strategies:
+        for alpha in (0.5, 0.8, 0.95):
+            guarded(f"speculative {alpha} {strategy}", lambda: rows.append(_spec_row(
+                timed(lambda: speculative(model, prompt, n_new,
+                                          SyntheticDrafter(reference, alpha, seed=1), k=4,
+                                          strategy=strategy, interval=interval)),
+                f"speculative a={alpha}", strategy, n_new)))
+            bar.update()
+        guarded(f"prompt lookup {strategy}", lambda: rows.append(_spec_row(
+            timed(lambda: speculative(model, repetitive, n_new, PromptLookupDrafter(), k=4,
+                                      strategy=strategy, interval=interval)),
+            "speculative prompt-lookup", strategy, n_new)))
+        guarded(f"greedy {strategy}", lambda: rows.append(dict(
+            workload="greedy (whole request)", provider="replaylab", strategy=strategy, batch=1,
+            seconds_per_token=_spread([r.seconds / n_new for r in timed(
+                lambda: greedy(model, prompt, n_new, strategy, interval))]))))
+        guarded(f"beam {strategy}", lambda: rows.append(dict(
+            workload="beam 4", provider="replaylab", strategy=strategy, batch=1,
+            seconds_per_token=_spread([r.seconds / n_new for r in timed(
+                lambda: beam_search(model, prompt, n_new, 4, strategy, interval))]))))
+        guarded(f"best-of-8 {strategy}", lambda: rows.append(dict(
+            workload="best-of-8", provider="replaylab", strategy=strategy, batch=1,
+            seconds_per_token=_spread([r.seconds / n_new for r in timed(
+                lambda: best_of_n(model, prompt, n_new, 8, strategy=strategy,
+                                  interval=interval))]))))
+        bar.update()
+    # sustainable concurrency: raise the batch until OOM or latency_factor x batch-1 latency
+    concurrency = {}
+    for strategy in strategies:
+        base, batch, best = None, 1, 0
+        while batch <= max_batch:
+            prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
+            try:
+                sec, _ = _decode_once(model, prompt, 8, strategy, interval, weights)
+            except torch.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                break
+            base = base or sec
+            if sec > latency_factor * base:
+                break
+            best, batch = batch, batch * 2
+        concurrency[strategy] = dict(max_batch=best, latency_target_s=latency_factor * base,
+                                     tokens_per_s_at_max=best / sec if best else None)
+    bar.close()
+    return dict(rows=rows, concurrency=concurrency, assisted_generation_refusal=refusal,
+                errors=errors,
+                preset=preset_name, config=vars(model.cfg), weights_bytes=weights,
+                dtype=str(dtype), device_kind=device, n_new=n_new, prompt_len=prompt_len,
+                repeats=repeats, interval=interval)
+
+
+def _spec_row(runs, workload, strategy, n_new):
+    r = runs[len(runs) // 2]
+    return dict(workload=workload, provider="replaylab", strategy=strategy, batch=1,
+                seconds_per_token=_spread([x.seconds / n_new for x in runs]),
+                acceptance=r.acceptance_rate, restores=r.restores,
+                rollback_seconds=(r.restore_seconds / r.restores if r.restores else 0.0),
+                peak_bytes=r.peak_bytes, same_tokens=None)
+
+
+def decode_summary(result):
+    rows = result["rows"]
+    out = []
+    for r in rows:
+        spt = r["seconds_per_token"]["median"]
+        extra = ""
+        if "acceptance" in r:
+            extra = f" acc {r['acceptance']:.2f} restores {r['restores']} rollback {r['rollback_seconds'] * 1e3:.2f} ms"
+        if r.get("peak_bytes_per_sequence"):
+            extra += f" peak/seq {r['peak_bytes_per_sequence'] / 2**20:.1f} MiB"
+        out.append(f"{r['workload']:26s} {r['provider']:12s} {r['strategy']:9s} b={r['batch']:3d} "
+                   f"{spt * 1e3:8.2f} ms/token ({r['batch'] / spt:8.1f} tok/s){extra}")
+    for s, c in result["concurrency"].items():
+        out.append(f"concurrency {s:9s}: batch {c['max_batch']} within {c['latency_target_s'] * 1e3:.1f} ms/step")
+    out.append(f"transformers assisted generation: {result['assisted_generation_refusal']}")
+    out.extend(f"error: {e}" for e in result.get("errors", []))
+    return out
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m replaylab.bench")
-    parser.add_argument("what", choices=["kernels", "sweep"])
+    parser.add_argument("what", choices=["kernels", "sweep", "decode"])
     parser.add_argument("--quick", action="store_true", help="a few shapes only")
-    parser.add_argument("--out", default="data/bench_kernels.json")
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--preset", default="tiny", help="decode: tiny, 1b or 8b-layers")
+    parser.add_argument("--batches", default="1,4", help="decode: comma-separated batches")
+    parser.add_argument("--n-new", type=int, default=32)
     args = parser.parse_args(argv)
+    args.out = args.out or f"data/bench_{args.what}.json"
+    if args.what == "decode":
+        t0 = time.time()
+        result = run_decode(args.preset, [int(b) for b in args.batches.split(",")], args.n_new)
+        result.update(device=(torch.cuda.get_device_name() if torch.cuda.is_available()
+                              else platform.processor() or "cpu"), versions=_versions(),
+                      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                      command="python -m replaylab.bench " + " ".join(argv or sys.argv[1:]),
+                      seconds=round(time.time() - t0, 1))
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+        for line in decode_summary(result):
+            print(line)
+        return
     if not torch.cuda.is_available():
         sys.exit("replaylab.bench kernels times GPU kernels: no CUDA device here. The committed "
                  "results are in data/bench_kernels.json.")

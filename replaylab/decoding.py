@@ -216,7 +216,7 @@ def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, strategy="repl
     logits = model(prompt, cache)[:, -1]
     cache.fork(n)
     logits = logits.expand(n, -1)
-    samples, logps = [], torch.zeros(n)
+    samples, logps = [], torch.zeros(n, device=prompt.device)
     for i in range(n_new):
         probs = torch.softmax(logits.float() / temperature, -1)
         tok = torch.multinomial(probs, 1, generator=g)
@@ -245,7 +245,7 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, strategy="repla
     t0 = time.perf_counter()
     cache = HybridCache(model, 1, strategy, interval=interval)
     logp = torch.log_softmax(model(prompt, cache)[:, -1].float(), -1)  # (live, V)
-    paths, scores = prompt.new_zeros(1, 0), torch.zeros(1)
+    paths, scores = prompt.new_zeros(1, 0), torch.zeros(1, device=prompt.device)
     while paths.shape[1] < n_new:
         live = paths.shape[0]
         top_lp, top_tok = logp.topk(branch, dim=-1)                      # (live, branch)

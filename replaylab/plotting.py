@@ -8,7 +8,8 @@ import plotly.io as pio
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
 
 __all__ = ["use_notebook_renderer", "memory_vs_context_figure", "load_bench",
-           "kernel_time_vs_batch_figure", "kernel_bandwidth_figure", "fold_vs_copy_figure"]
+           "kernel_time_vs_batch_figure", "kernel_bandwidth_figure", "fold_vs_copy_figure",
+           "decode_throughput_figure", "branching_workloads_figure"]
 
 MIB = 2**20
 
@@ -102,4 +103,35 @@ def fold_vs_copy_figure(bench) -> go.Figure:
                     name="snapshot copy", mode="lines+markers", line=dict(dash="dash", width=3))
     fig.update_layout(title="restore: fold vs snapshot copy", xaxis_type="log", yaxis_type="log",
                       xaxis_title="batch", yaxis_title="µs", height=380)
+    return fig
+
+
+def decode_throughput_figure(bench) -> go.Figure:
+    """Decode tokens/s against batch: each strategy and transformers' generate (same weights)."""
+    fig = go.Figure()
+    rows = [r for r in bench["rows"] if r["workload"] == "decode"]
+    for provider, strategy in sorted({(r["provider"], r["strategy"]) for r in rows}):
+        sel = sorted((r for r in rows if (r["provider"], r["strategy"]) == (provider, strategy)),
+                     key=lambda r: r["batch"])
+        fig.add_scatter(x=[r["batch"] for r in sel],
+                        y=[r["batch"] / r["seconds_per_token"]["median"] for r in sel],
+                        name=f"{provider} {strategy}", mode="lines+markers",
+                        line=dict(dash="dash" if provider == "transformers" else "solid"))
+    fig.update_layout(title=f"decode throughput, {bench['preset']} ({bench['device']})",
+                      xaxis_title="batch", yaxis_title="tokens/s", xaxis_type="log",
+                      yaxis_type="log", height=400)
+    return fig
+
+
+def branching_workloads_figure(bench) -> go.Figure:
+    """Tokens/s of one sequence per workload (speculative, beam, best-of-n) and strategy."""
+    fig = go.Figure()
+    rows = [r for r in bench["rows"] if r["batch"] == 1 and r["workload"] != "decode"]
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    for strategy in ("snapshot", "recompute", "replay"):
+        by = {r["workload"]: r for r in rows if r["strategy"] == strategy}
+        fig.add_bar(x=workloads, y=[1 / by[w]["seconds_per_token"]["median"] if w in by else None
+                                    for w in workloads], name=strategy)
+    fig.update_layout(title="one sequence: tokens/s per workload", barmode="group",
+                      yaxis_title="tokens/s", height=400)
     return fig

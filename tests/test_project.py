@@ -99,3 +99,14 @@ def test_committed_kernel_benchmark_has_provenance_and_plots():
     assert list(ours.x) == [1, 8, 32, 64, 128] and all(y > 0 for y in ours.y)
     assert len(kernel_bandwidth_figure(bench).data) == 5
     assert len(fold_vs_copy_figure(bench).data) == 5
+
+
+def test_committed_decode_benchmark_has_provenance_and_plots():
+    from replaylab.plotting import branching_workloads_figure, decode_throughput_figure, load_bench
+    bench = load_bench("data/bench_decode.json")
+    assert "H200" in bench["device"] and bench["date"] and not bench["errors"]
+    assert "assisted generation is not supported" in bench["assisted_generation_refusal"]
+    fig = decode_throughput_figure(bench)
+    assert {t.name for t in fig.data} == {"replaylab snapshot", "replaylab recompute",
+                                          "replaylab replay", "transformers generate"}
+    assert len(branching_workloads_figure(bench).data) == 3
