@@ -288,7 +288,7 @@ def _spread(values):
     return dict(median=values[len(values) // 2], min=values[0], max=values[-1], runs=len(values))
 
 
-def _decode_once(model, prompt, n_new, strategy, interval, weights_bytes):
+def decode_once(model, prompt, n_new, strategy, interval, weights_bytes):
     """Greedy decode timed after the prefill; peak memory per sequence minus the weights."""
     from replaylab.cache import HybridCache
     device = prompt.device
@@ -308,7 +308,7 @@ def _decode_once(model, prompt, n_new, strategy, interval, weights_bytes):
     return seconds, peak / prompt.shape[0]
 
 
-def _hf_decode_once(hf, prompt, n_new, weights_bytes):
+def _hfdecode_once(hf, prompt, n_new, weights_bytes):
     """transformers generate (greedy): decode seconds per token = (t(n) - t(1)) / (n - 1)."""
     device = prompt.device
     mask = torch.ones_like(prompt)
@@ -361,7 +361,7 @@ def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repe
     for batch in batches:
         prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
         for strategy in strategies:
-            runs = timed(lambda: _decode_once(model, prompt, n_new, strategy, interval, weights))
+            runs = timed(lambda: decode_once(model, prompt, n_new, strategy, interval, weights))
             rows.append(dict(workload="decode", provider="replaylab", strategy=strategy,
                              batch=batch, seconds_per_token=_spread([r[0] for r in runs]),
                              peak_bytes_per_sequence=_spread([r[1] for r in runs])["median"]))
@@ -370,7 +370,7 @@ def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repe
     hf = to_transformers_nemotron_h(model)
     for batch in batches:
         prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
-        runs = timed(lambda: _hf_decode_once(hf, prompt, n_new, weights))
+        runs = timed(lambda: _hfdecode_once(hf, prompt, n_new, weights))
         rows.append(dict(workload="decode", provider="transformers", strategy="generate",
                          batch=batch, seconds_per_token=_spread([r[0] for r in runs]),
                          peak_bytes_per_sequence=runs[0][1]))
@@ -420,7 +420,7 @@ def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repe
         while batch <= max_batch:
             prompt = torch.randint(0, vocab, (batch, prompt_len), generator=g).to(device)
             try:
-                sec, _ = _decode_once(model, prompt, 8, strategy, interval, weights)
+                sec, _ = decode_once(model, prompt, 8, strategy, interval, weights)
             except torch.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 break
