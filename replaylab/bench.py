@@ -150,7 +150,7 @@ def _load_peers():
     peers, errors = {}, {}
     try:
         from replaylab.oracles import _prepare_import
-        _prepare_import()
+        _prepare_import()  # as when data/bench_kernels.json was measured
         from mamba_ssm.ops.triton.selective_state_update import selective_state_update
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
         peers["ssu"], peers["chunk_scan"] = selective_state_update, mamba_chunk_scan_combined
@@ -338,6 +338,10 @@ def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repe
     from replaylab.model import HybridLM, preset, to_transformers_nemotron_h
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    hf_kernels = False
+    if device == "cuda":  # the baseline as deployed: transformers on mamba-ssm's kernels
+        from replaylab.oracles import use_mamba_ssm_kernels_in_transformers
+        hf_kernels = use_mamba_ssm_kernels_in_transformers()
     model = HybridLM(preset(preset_name), seed=0).to(device=device, dtype=dtype).eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     vocab = model.cfg.vocab_size
@@ -432,10 +436,15 @@ def run_decode(preset_name="tiny", batches=(1, 4), n_new=32, prompt_len=64, repe
                                      tokens_per_s_at_max=best / sec if best else None)
     bar.close()
     return dict(rows=rows, concurrency=concurrency, assisted_generation_refusal=refusal,
-                errors=errors,
+                errors=errors, transformers_on_mamba_ssm_kernels=hf_kernels,
                 preset=preset_name, config=vars(model.cfg), weights_bytes=weights,
                 dtype=str(dtype), device_kind=device, n_new=n_new, prompt_len=prompt_len,
                 repeats=repeats, interval=interval)
+
+
+def _hf_row(runs):
+    return dict(seconds_per_token=_spread([r[0] for r in runs]),
+                peak_bytes_per_sequence=runs[0][1])
 
 
 def _spec_row(runs, workload, strategy, n_new):

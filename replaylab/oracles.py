@@ -19,13 +19,28 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["mamba_ssm_available", "mamba_ssm_references", "scan_agreement"]
+__all__ = ["mamba_ssm_available", "mamba_ssm_references", "scan_agreement",
+           "use_mamba_ssm_kernels_in_transformers"]
 
 
 # transformers picks a hybrid layer's implementation when its modeling module is first
 # imported: mamba-ssm's kernels if mamba-ssm imports, else PyTorch. Importing those modules
 # before the stand-in below keeps transformers on its PyTorch path, the one the tests compare.
 _TRANSFORMERS_HYBRIDS = ("nemotron_h", "bamba")
+
+
+def use_mamba_ssm_kernels_in_transformers() -> bool:
+    """Make mamba-ssm importable before transformers' hybrid modules load, so that they pick
+    mamba-ssm's Triton kernels (the fast path of a real deployment; needs a GPU). Returns
+    whether mamba-ssm imported."""
+    sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Deterministic mode", category=UserWarning)
+            importlib.import_module("mamba_ssm")
+    except ImportError:
+        return False
+    return True
 
 
 def _prepare_import():
