@@ -37,7 +37,8 @@ cmd=${1:-help}
 case "$cmd" in
   lab)
     setup
-    exec "$VENV/bin/jupyter" lab notebooks/ "$@" ;;
+    root=(); [ "$(id -u)" = 0 ] && root=(--allow-root)  # containers often run as root
+    exec "$VENV/bin/jupyter" lab notebooks/ "${root[@]}" "$@" ;;
   notebooks)
     setup
     mkdir -p build/html
