@@ -125,6 +125,81 @@ def _replay_step_kernel(
 
 
 @triton.jit
+def _replay_verify_kernel(
+    states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D, dt_bias, y,
+    dt_lo, dt_hi, Lmax, H, P, N, G,     # as _replay_step_kernel
+    T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, APPEND: tl.constexpr,
+    PRECISION: tl.constexpr,            # tl.dot input precision: "tf32x3" on a GPU (~fp32)
+):
+    """T > 1 (verification): all T outputs at once as small matrix products."""
+    b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    g = h // (H // G)
+    slot = tl.load(slots + b).to(tl.int64)
+    L = tl.load(log_len + b)
+    a_h = tl.load(A + h).to(tl.float32)
+    bias = tl.load(dt_bias + h).to(tl.float32)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_t = tl.arange(0, BLOCK_T)
+    mp, mn, mt = offs_p < P, offs_n < N, offs_t < T
+    S = tl.load(states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
+                mask=mp[:, None] & mn[None, :], other=0.0)
+    total = 0.0
+    for l0 in range(0, L, BLOCK_L):
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        ml = offs_l < L
+        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
+    tn = (b * T + offs_t) * H + h                      # new tokens' (batch, t, head) rows
+    dn = tl.load(dt + tn, mask=mt, other=0.0).to(tl.float32)
+    delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+    cum_n = tl.cumsum(delta_n * a_h, axis=0)
+    gn = ((b * T + offs_t[:, None]) * G + g) * N + offs_n[None, :]
+    mtn = mt[:, None] & mn[None, :]
+    Bn = tl.load(B + gn, mask=mtn, other=0.0)
+    Cn = tl.load(C + gn, mask=mtn, other=0.0)
+    xn = tl.load(x + tn[:, None] * P + offs_p[None, :], mask=mt[:, None] & mp[None, :],
+                 other=0.0).to(tl.float32)
+    Cf = Cn.to(tl.float32)
+    # e^{cum_t} (S_c C_t) for every t: one product with the state tile
+    out = tl.exp(total + cum_n)[:, None] * tl.dot(Cf, tl.trans(S), input_precision=PRECISION)
+    run = 0.0
+    for l0 in range(0, L, BLOCK_L):     # the log: scores C_t . B_s, decayed, times x_s
+        offs_l = l0 + tl.arange(0, BLOCK_L)
+        ml = offs_l < L
+        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+        cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
+        run += tl.sum(delta_l * a_h)
+        Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+                     mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
+        xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+                     mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
+        scores = tl.dot(Cf, tl.trans(Bl), input_precision=PRECISION)          # (T, L)
+        w_log = tl.exp(total - cum_l[None, :] + cum_n[:, None]) * delta_l[None, :] * scores
+        out += tl.dot(tl.where(ml[None, :], w_log, 0.0), xl, input_precision=PRECISION)
+    scores_n = tl.dot(Cf, tl.trans(Bn.to(tl.float32)), input_precision=PRECISION)  # (T, T)
+    causal = (offs_t[None, :] <= offs_t[:, None]) & mt[None, :] & mt[:, None]
+    decay = tl.exp(tl.where(causal, cum_n[:, None] - cum_n[None, :], -float("inf")))
+    out += tl.dot(decay * delta_n[None, :] * scores_n, xn, input_precision=PRECISION)
+    if HAS_D:
+        out += tl.load(D + h).to(tl.float32) * xn
+    mtp = mt[:, None] & mp[None, :]
+    tl.store(y + tn[:, None] * P + offs_p[None, :], out.to(y.dtype.element_ty), mask=mtp)
+    if APPEND:
+        rows = b * Lmax + L + offs_t
+        tl.store(log_x + (rows[:, None] * H + h) * P + offs_p[None, :],
+                 xn.to(log_x.dtype.element_ty), mask=mtp)
+        first = mt & ((offs_t * 0 + pid_p) == 0)       # one program per head writes dt
+        tl.store(log_dt + rows * H + h, tl.load(dt + tn, mask=mt), mask=first)
+        owner = (offs_t * 0 + pid_p + h % (H // G)) == 0  # one program per group: B and C
+        go = (rows[:, None] * G + g) * N + offs_n[None, :]
+        tl.store(log_B + go, Bn, mask=mtn & owner[:, None])
+        tl.store(log_C + go, Cn, mask=mtn & owner[:, None])
+
+
+@triton.jit
 def _fold_kernel(
     states, src_slots, out, dst_slots,  # read states[src_slots[b]], write out[dst_slots[b]] (fp32)
     log_x, log_dt, log_B,               # logs (batch, Lmax, ...)
@@ -189,10 +264,13 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
 
 def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
                 dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True, out=None,
-                check=True, block_p=None, num_warps=None):
+                check=True, block_p=None, num_warps=None, kernel="auto"):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
-    from the device (needed inside a CUDA graph capture).
+    from the device (needed inside a CUDA graph capture). ``kernel``: "per_token" (a loop over
+    the T tokens, best for decode and short verification), "verify" (all T at once as matrix
+    products on tensor cores; needs P, N >= 16 on a GPU) or "auto" (verify for T >= 8, where
+    the H200 measurements in data/bench_kernels_verify.json show it faster).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
     (the caller keeps room: ``log_len + T <= Lmax``).
@@ -211,6 +289,22 @@ def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
+    if kernel not in ("auto", "per_token", "verify"):
+        raise ValueError(f"kernel: expected 'auto', 'per_token' or 'verify', got {kernel!r}")
+    if kernel == "auto":
+        kernel = "verify" if T >= 8 and P >= 16 and N >= 16 else "per_token"
+    if kernel == "verify":
+        _replay_verify_kernel[grid](
+            states, slots, log_x, log_dt, log_B, log_C, log_len, x.contiguous(), dt.contiguous(),
+            B.contiguous(), C.contiguous(), A, D if D is not None else A, bias, y,
+            float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
+            T=T, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16,
+            BLOCK_T=max(16, triton.next_power_of_2(T)), SOFTPLUS=dt_softplus,
+            HAS_D=D is not None, APPEND=append,
+            PRECISION="tf32x3" if x.is_cuda else "ieee", num_warps=4)
+        if append:
+            log_len += T
+        return y
     _replay_step_kernel[grid](
         states, slots, log_x, log_dt, log_B, log_C, log_len, x.contiguous(), dt.contiguous(),
         B.contiguous(), C.contiguous(), A, D if D is not None else A, bias, y,
@@ -247,7 +341,7 @@ def fold(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, d
 
 def replay_step_ref(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
                     dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True,
-                    out=None, check=True, block_p=None, num_warps=None):
+                    out=None, check=True, block_p=None, num_warps=None, kernel="auto"):
     """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
     the new tokens from the folded state (float32)."""
     batch, T = x.shape[:2]

@@ -199,13 +199,14 @@ def sweep():
     return rows
 
 
-def run_kernels(quick=False, progress=True):
+def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None, fold=True):
     from tqdm.auto import tqdm
 
     from replaylab.kernels.replay import fold
     peers, errors = _load_peers()
     bw = max(copy_bandwidth_gbs() for _ in range(3))  # the first runs while clocks ramp up
-    batches, logs, ts = (BATCHES, LOG_LENS, VERIFY_T) if not quick else ([1, 32], [4, 16], [1, 4])
+    default = (BATCHES, LOG_LENS, VERIFY_T) if not quick else ([1, 32], [4, 16], [1, 4])
+    batches, logs, ts = batches or default[0], log_lens or default[1], ts or default[2]
     rows = []
 
     def record(kind, provider, batch, L, T, ms, graph, err=None):
@@ -232,7 +233,7 @@ def run_kernels(quick=False, progress=True):
                        repr(err)[:300])
         del inp
         torch.cuda.empty_cache()
-    for batch in tqdm(batches, desc="fold vs copy", disable=not progress):
+    for batch in tqdm(batches if fold else [], desc="fold vs copy", disable=not progress):
         for L in (FOLD_LENS if not quick else [16]):
             inp = _inputs(batch, L, 1, Lmax=L)
             src = inp["states"]
@@ -483,6 +484,9 @@ def main(argv=None):
     parser.add_argument("--preset", default="tiny", help="decode: tiny, 1b or 8b-layers")
     parser.add_argument("--batches", default="1,4", help="decode: comma-separated batches")
     parser.add_argument("--n-new", type=int, default=32)
+    parser.add_argument("--log-lens", default=None, help="kernels: comma-separated log lengths")
+    parser.add_argument("--ts", default=None, help="kernels: comma-separated new-token counts")
+    parser.add_argument("--no-fold", action="store_true", help="kernels: skip fold vs copy")
     args = parser.parse_args(argv)
     args.out = args.out or f"data/bench_{args.what}.json"
     if args.what == "decode":
@@ -512,7 +516,10 @@ def main(argv=None):
         for r in sorted(rows, key=lambda r: (r["kernel"], r["us"])):
             print(f"{r['kernel']:18s} BLOCK_P={r['block_p']:2d} warps={r['num_warps']}: {r['us']:7.1f} us")
         return
-    result = run_kernels(quick=args.quick)
+    ints = lambda text: [int(v) for v in text.split(",")] if text else None  # noqa: E731
+    result = run_kernels(quick=args.quick, batches=ints(args.batches if "--batches" in
+                                                         " ".join(argv or sys.argv) else None),
+                         log_lens=ints(args.log_lens), ts=ints(args.ts), fold=not args.no_fold)
     result.update(device=torch.cuda.get_device_name(), versions=_versions(),
                   date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   command="python -m replaylab.bench " + " ".join(argv or sys.argv[1:]),

@@ -47,6 +47,18 @@ def test_replay_step_matches_reference_and_appends_to_the_log(dtype, T):
     assert tri["log_len"].tolist() == [n + T for n in c["log_len"].tolist()]
 
 
+@pytest.mark.parametrize("kernel", ["per_token", "verify"])
+@pytest.mark.parametrize("T", [2, 8])
+def test_both_kernels_for_verification_match_the_reference(kernel, T):
+    c = case(batch=3, H=4, P=16, N=16, G=2, Lmax=40, T=T, log_len=(0, 13, 21))
+    tri, ref = cloned(c), cloned(c)
+    tri_y = torch.full_like(c["x"], float("nan"))
+    replay_step(**tri, out=tri_y, kernel=kernel)
+    assert_close(tri_y, replay_step_ref(**ref), name=f"y ({kernel})")
+    for name in ("log_x", "log_dt", "log_B", "log_C", "log_len"):
+        assert torch.equal(tri[name], ref[name]), name
+
+
 def test_replay_step_then_step_again_equals_one_scan():
     c = case(T=2, log_len=(0, 3, 7))
     ref = cloned(c)
