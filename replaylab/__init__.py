@@ -1,9 +1,13 @@
 """replaylab: how hybrid (attention + Mamba) language models store their recurrent state while
 decoding, and what snapshot, recompute and replay cost for branching workloads.
 
-Modules: ``scan`` (reference selective scans), ``kv`` (an attention layer's KV cache),
-``shapes`` (published hybrid shapes and their memory), ``checks`` (``assert_close``),
-``oracles`` (mamba-ssm's references), ``exercises`` (notebook exercise checks).
+Modules: ``scan`` (reference selective scans), ``model`` (a NemotronH / Bamba mirror),
+``kv`` (an attention layer's KV cache), ``cache`` and ``strategies`` (one API over snapshot,
+recompute and replay), ``decoding`` (greedy, speculative, beam, best-of-n, tree search),
+``generate`` and ``cli`` (``replaylab generate``), ``kernels`` (Triton replay kernels),
+``costmodel`` and ``widgets`` (predictions and explorers), ``experiments`` and ``bench``
+(measurements), ``shapes``, ``checks``, ``oracles``, ``exercises``, ``plotting``,
+``validation``.
 """
 
 import os as _os
