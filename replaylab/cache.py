@@ -1,5 +1,5 @@
-"""A hybrid cache: a KV cache per attention layer and an SSM part under a strategy, behind one
-API that a branching decoder uses without knowing the strategy.
+"""A hybrid cache: a KV cache per attention layer and the recurrent layers' memory under a
+strategy, behind one API that a branching decoder uses without knowing the strategy.
 
     handle = cache.snapshot()        remember the current position
     cache.restore(handle)            go back to it (or ``restore(position)``)
@@ -8,31 +8,116 @@ API that a branching decoder uses without knowing the strategy.
     cache.reorder(indices)           branch i continues old branch indices[i] (beam search)
     cache.nbytes()                   bytes held, by component
 
-The model advances the cache as it processes tokens (``HybridLM.forward``). Restores under the
-recompute strategy (and replay restores before its checkpoint) re-run the model; the time they
-take is added to ``cache.stats``.
+The cache is built from a ``CacheSpec`` (the layers' memory: a ``RecurrentSpec`` per recurrent
+layer, KV shapes per attention layer) and a ``CacheConfig`` (strategy and its options); it holds
+no model. A forward pass advances it (``HybridLM.forward``):
+
+    cache.begin(input_ids)                   T new tokens
+    cache.layer(l).advance(**inputs) -> y    each recurrent layer, bottom to top
+    cache.layer(l).append(k, v) -> (K, V)    each attention layer
+    cache.end()
+
+Restores that the strategy cannot serve from what it kept (recompute always; snapshot and
+replay when a copy was evicted or lies before the checkpoint) re-run tokens through the
+``CacheSpec.rerun`` callback; the time they take is added to ``cache.stats``.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from replaylab.kv import LayerKV
-from replaylab.strategies import STORES
+from replaylab.recurrent import LayerState, RecurrentSpec
+from replaylab.strategies import EvictionItem, store_class
 from replaylab.validation import branch_indices, fork_indices
 
-__all__ = ["Handle", "HybridCache", "CacheStats"]
+__all__ = ["CacheConfig", "CacheSpec", "CacheStats", "Handle", "HybridCache", "as_config",
+           "EVICTION_POLICIES", "choose_victim"]
 
 _cache_ids = itertools.count()
+EVICTION_POLICIES = ("lru", "cost")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """How a cache keeps the recurrent memory.
+
+    strategy             a name from ``replaylab.strategies.STRATEGY_NAMES``
+    checkpoint_interval  recompute: a checkpoint every this many tokens
+    log_length           replay: the log length L at which the log is folded into the checkpoint
+    use_kernels          replay: Triton kernels (None: on a GPU; True on CPU runs the interpreter)
+    budget_bytes         cap on what the cache holds (KV, states, copies, logs); past it, kept
+                         copies are evicted by ``eviction`` ("lru" or "cost")
+    dtype                dtype of KV, conv windows and logs (None: the model's)
+    """
+
+    strategy: str = "replay"
+    checkpoint_interval: int = 16
+    log_length: int = 16
+    use_kernels: bool | None = None
+    budget_bytes: int | None = None
+    eviction: str = "lru"
+    dtype: torch.dtype | None = None
+
+    def __post_init__(self):
+        store_class(self.strategy)  # raises with the list of names
+        for name in ("checkpoint_interval", "log_length"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+        if self.eviction not in EVICTION_POLICIES:
+            raise ValueError(f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}")
+        _check_budget(self.budget_bytes)
+
+    def replace(self, **changes) -> CacheConfig:
+        return replace(self, **changes)
+
+    def build(self, model, batch=1) -> HybridCache:
+        """A cache for ``batch`` branches of ``model`` (or of a ``CacheSpec``)."""
+        return HybridCache(model, batch, self)
+
+
+def as_config(cache="replay", **changes) -> CacheConfig:
+    """A ``CacheConfig`` from a strategy name or a config, with ``changes`` applied."""
+    config = cache if isinstance(cache, CacheConfig) else CacheConfig(cache)
+    return config.replace(**changes) if changes else config
+
+
+def _check_budget(budget_bytes):
+    if budget_bytes is not None and not budget_bytes > 0:
+        raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """The memory layout a cache is built from (``HybridLM.cache_spec()`` makes one).
+
+    recurrent   layer index -> ``RecurrentSpec``
+    attention   layer index -> (kv_heads, head_dim)
+    dtype, device
+    rerun       ``rerun(tokens (batch, T), cache)``: run T tokens through the model with this
+                cache, advancing it by T (the model's forward, logits discarded). Called from
+                inside ``restore`` / ``truncate_to`` once the stores and KV stand at an earlier
+                position; it must only advance the cache (no snapshot, restore, fork or reorder:
+                it is re-entered mid-rollback). None: restores that need it raise.
+    """
+
+    recurrent: dict[int, RecurrentSpec]
+    attention: dict[int, tuple[int, int]]
+    dtype: torch.dtype
+    device: torch.device
+    rerun: Callable | None = None
 
 
 @dataclass(frozen=True)
 class Handle:
     """What ``snapshot()`` returns: a position in one cache, valid while its branches exist."""
+
     cache_id: int
     position: int
     layout: int
@@ -44,6 +129,7 @@ class CacheStats:
     restores: int = 0
     restore_seconds: float = 0.0
     recomputed_tokens: int = 0
+    folded_tokens: int = 0          # logged tokens folded into a state (replay)
     peak_bytes: int = 0
     evictions: int = 0
     evicted_bytes: int = 0
@@ -52,50 +138,58 @@ class CacheStats:
     peak_by_component: dict = field(default_factory=dict)   # largest bytes seen per component
 
 
-EVICTION_POLICIES = ("lru", "cost")
-
-
-def choose_victim(items, policy):
-    """The key to evict from ``items`` [(key, position, bytes, last_used)]: least recently used
-    ("lru"), or cheapest to rebuild ("cost": fewest tokens to re-run from the next older copy)."""
+def choose_victim(items: list[EvictionItem], policy):
+    """The key to evict: least recently used ("lru"), or cheapest to rebuild ("cost": fewest
+    tokens to re-run from the next older copy)."""
     if policy == "lru":
-        return min(items, key=lambda it: it[3])[0]
-    positions = sorted(it[1] for it in items)
+        return min(items, key=lambda it: it.last_used).key
+    positions = sorted(it.position for it in items)
 
     def rebuild(it):
-        older = [p for p in positions if p < it[1]]
-        return (it[1] - (older[-1] if older else 0), it[3])
-    return min(items, key=rebuild)[0]
+        older = [p for p in positions if p < it.position]
+        return (it.position - (older[-1] if older else 0), it.last_used)
+    return min(items, key=rebuild).key
+
+
+class _Layer:
+    """``cache.layer(l)``: where layer l's mixer meets the cache during a forward."""
+
+    __slots__ = ("cache", "index")
+
+    def __init__(self, cache, index):
+        self.cache, self.index = cache, index
+
+    def advance(self, **inputs):
+        """Recurrent layer: T new tokens' inputs (as the layer's spec names them) -> y."""
+        return self.cache.ssm.advance(self.index, self.cache.position, inputs)
+
+    def append(self, k, v):
+        """Attention layer: append k, v (batch, Hkv, T, Dh); all keys and values so far."""
+        kv = self.cache.kv[self.index]
+        kv.append(k, v)
+        return kv.keys_values()
 
 
 class HybridCache:
-    """Cache of a ``HybridLM`` for ``batch`` branches under ``strategy`` ("snapshot",
-    "recompute" or "replay"); ``interval`` is the checkpoint interval (recompute) or the log
-    length L (replay). ``use_kernels``: replay folds with the Triton kernel (default: on a GPU;
-    ``True`` on CPU runs it through Triton's interpreter). ``budget_bytes`` caps what the cache
-    holds (KV, states, snapshots, checkpoints, logs): past it, kept copies are evicted by
-    ``eviction`` ("lru" or "cost"); restoring an evicted copy re-runs the model from an older
-    one (``stats.fallback_restores``, ``stats.recomputed_tokens``)."""
+    """Cache of ``batch`` branches of a model (anything with ``cache_spec()``, or a
+    ``CacheSpec``) under ``strategy``: a name or a ``CacheConfig``; keyword ``options`` are
+    ``CacheConfig`` fields. Restoring an evicted copy re-runs the model from an older one
+    (``stats.fallback_restores``, ``stats.recomputed_tokens``)."""
 
-    def __init__(self, model, batch=1, strategy="replay", *, interval=16, dtype=None,
-                 use_kernels=None, budget_bytes=None, eviction="lru"):
-        if strategy not in STORES:
-            raise ValueError(f"strategy: expected one of {sorted(STORES)}, got {strategy!r}")
-        if eviction not in EVICTION_POLICIES:
-            raise ValueError(f"eviction: expected one of {EVICTION_POLICIES}, got {eviction!r}")
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
-        self.budget_bytes, self.eviction = budget_bytes, eviction
-        cfg = model.cfg
-        param = next(model.parameters())
-        self.model, self.batch, self.strategy = model, batch, strategy
-        self.dtype, self.device = dtype or param.dtype, param.device
+    def __init__(self, model, batch=1, strategy="replay", **options):
+        config = as_config(strategy, **options)
+        spec = model if isinstance(model, CacheSpec) else model.cache_spec()
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+        self.config, self.spec = config, spec
+        self.batch, self.strategy = batch, config.strategy
+        self.budget_bytes, self.eviction = config.budget_bytes, config.eviction
+        self.dtype, self.device = config.dtype or spec.dtype, spec.device
         self.id, self.layout, self._handles = next(_cache_ids), 0, itertools.count()
-        self.kv = {l: LayerKV(batch, cfg.kv_heads, cfg.head_dim, dtype=self.dtype,
-                              device=self.device) for l in cfg.attn_layers}
-        mixers = {l: model.model.layers[l].mixer for l in cfg.ssm_layers}
-        self.ssm = STORES[strategy](mixers, batch, self.dtype, self.device, interval=interval,
-                                    use_kernels=use_kernels)
+        self.kv = {l: LayerKV(batch, heads, dim, dtype=self.dtype, device=self.device)
+                   for l, (heads, dim) in spec.attention.items()}
+        self.ssm = store_class(config.strategy)(spec.recurrent, batch, self.dtype, self.device,
+                                                config)
         self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         self.live_handles: dict[int, int] = {}  # handle id -> position
         self.stats = CacheStats()
@@ -109,46 +203,30 @@ class HybridCache:
     def begin(self, input_ids):
         self._pending = input_ids
 
-    def kv_append(self, layer, k, v):
-        self.kv[layer].append(k, v)
-        return self.kv[layer].keys_values()
-
-    def ssm_read(self, layer):
-        """(state (batch, H, P, N), conv window (batch, d_conv-1, conv_dim)) at the position."""
-        return self.ssm.read(layer)
-
-    def ssm_window(self, layer):
-        return self.ssm.window(layer)
-
-    def ssm_state(self, layer):
-        return self.ssm.state(layer)
-
-    def ssm_outputs(self, layer, **inputs):
-        """The store's own outputs for new tokens (replay with kernels), or None."""
-        return self.ssm.outputs(layer, **inputs)
-
-    def ssm_wants_states(self, layer):
-        return self.ssm.wants_states(layer)
-
-    def ssm_write(self, layer, **inputs):
-        self.ssm.write(layer, self.position, **inputs)
+    def layer(self, index) -> _Layer:
+        return _Layer(self, index)
 
     def end(self):
         self.tokens = torch.cat([self.tokens, self._pending.to(self.device)], dim=1)
         self._pending = None
-        self.ssm.after_advance(self.position)
+        self.ssm.after_forward(self.position)
         self._account()
+
+    def state(self, layer) -> LayerState:
+        """Recurrent layer's memory at the current position: ``ssm`` (batch, *state_shape),
+        ``conv`` (batch, d_conv - 1, conv_channels)."""
+        return self.ssm.state(layer)
 
     def set_budget(self, budget_bytes):
         """Set (or, with None, lift) the byte budget; evicts at once if over it."""
-        if budget_bytes is not None and budget_bytes <= 0:
-            raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
+        _check_budget(budget_bytes)
         self.budget_bytes = budget_bytes
         self._account()
 
     def _account(self):
         """Track the peaks, then evict kept copies while over the budget."""
         held = self.nbytes()
+        self.stats.folded_tokens = self.ssm.folded_tokens
         self.stats.peak_bytes = max(self.stats.peak_bytes, sum(held.values()))
         for name, nbytes in held.items():
             self.stats.peak_by_component[name] = max(self.stats.peak_by_component.get(name, 0), nbytes)
@@ -158,7 +236,7 @@ class HybridCache:
                 self.stats.over_budget += 1
                 return
             key = choose_victim(items, self.eviction)
-            self.stats.evicted_bytes += next(it[2] for it in items if it[0] == key)
+            self.stats.evicted_bytes += next(it.nbytes for it in items if it.key == key)
             self.ssm.evict(key)
             self.stats.evictions += 1
 
@@ -202,7 +280,7 @@ class HybridCache:
             raise ValueError(f"position {position}: no state kept for it under the "
                              f"{self.strategy} strategy (snapshot it first, or it was evicted)")
         t0 = time.perf_counter()
-        start = self.ssm.rollback(position, handle_id)
+        start = self.ssm.rollback(position, handle_id).rerun_from
         for hid, pos in list(self.live_handles.items()):  # their positions are being rewritten
             if pos > position:
                 self.release(Handle(self.id, pos, self.layout, hid))
@@ -211,12 +289,15 @@ class HybridCache:
         for kv in self.kv.values():
             kv.truncate_to(redo_from)
         self.tokens = tokens[:, :redo_from]
-        if start is not None:
+        if start is not None and start < position:
+            if self.spec.rerun is None:
+                raise RuntimeError("restore needs to re-run the model but the CacheSpec has no "
+                                   "rerun callback")
             with torch.no_grad():
-                self.model(tokens[:, start:position], self)
+                self.spec.rerun(tokens[:, start:position], self)
             self.stats.recomputed_tokens += position - start
-        # snapshot and replay re-run the model only when what they kept no longer covers p
-        self.stats.fallback_restores += int(start is not None and self.strategy != "recompute")
+        # for most stores re-running the model means what they kept no longer covers p
+        self.stats.fallback_restores += int(start is not None and self.ssm.rerun_is_fallback)
         self.stats.restores += 1
         self.stats.restore_seconds += time.perf_counter() - t0
 

@@ -19,14 +19,16 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from replaylab.results import load_bench
 from replaylab.shapes import HybridShape
+from replaylab.strategies import STRATEGY_NAMES
 
 __all__ = ["Hardware", "Workload", "ModelCosts", "model_costs", "bytes_held", "predict",
            "expected_accepted", "revolve_cost", "optimal_frontier", "interval_tradeoff",
            "measure_hardware", "plain_decode_seconds_per_token", "HARDWARE", "shape_from_config",
-           "STRATEGIES"]
+           "STRATEGIES", "kernel_bytes"]
 
-STRATEGIES = ("snapshot", "recompute", "replay")
+STRATEGIES = STRATEGY_NAMES
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,6 @@ class Hardware:
 def _h200():
     """H200 preset: copy bandwidth from the committed benchmark, matmul rate from the datasheet."""
     try:
-        from replaylab.plotting import load_bench
         bw = load_bench()["copy_bandwidth_gbs"] * 1e9
         src = "copy bandwidth measured in data/bench_kernels.json"
     except (OSError, KeyError, ValueError):
@@ -54,23 +55,20 @@ HARDWARE = {"H200": _h200(),
 
 
 def measure_hardware(device="cpu", name=None) -> Hardware:
-    """Measure copy bandwidth and matmul rate on ``device`` (a second or two)."""
-    import time
-
+    """Measure copy bandwidth and matmul rate on ``device`` (a second or two), with
+    ``torch.utils.benchmark`` (which synchronises CUDA around the timed runs)."""
     import torch
+    from torch.utils import benchmark
     x = torch.empty(2**25, device=device)
     y = torch.empty_like(x)
     a = torch.randn(1024, 1024, device=device)
-    best_copy, best_mm = math.inf, math.inf
-    for _ in range(5):
-        t0 = time.perf_counter()
-        y.copy_(x)
-        best_copy = min(best_copy, time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        a @ a
-        best_mm = min(best_mm, time.perf_counter() - t0)
-    return Hardware(name or f"measured {device}", 2 * x.numel() * 4 / best_copy,
-                    2 * 1024**3 / best_mm, "measured by replaylab.costmodel.measure_hardware")
+
+    def seconds(stmt):
+        timer = benchmark.Timer(stmt, globals=dict(x=x, y=y, a=a))
+        return timer.blocked_autorange(min_run_time=0.2).median
+
+    return Hardware(name or f"measured {device}", 2 * x.numel() * 4 / seconds("y.copy_(x)"),
+                    2 * 1024**3 / seconds("a @ a"), "measured by replaylab.costmodel.measure_hardware")
 
 
 @dataclass(frozen=True)
@@ -120,8 +118,10 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
         held["snapshots"] = copies * (m.S + m.W)
     elif strategy == "recompute":
         held["checkpoints"] = checkpoints * (m.S + m.W)
-    else:
+    elif strategy == "replay":
         held["logs"] = log_entries * m.log_token
+    else:
+        raise ValueError(f"strategy: the cost model knows {STRATEGIES}, got {strategy!r}")
     return held
 
 
@@ -238,3 +238,26 @@ def shape_from_config(cfg) -> HybridShape:
                        kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, ssm_form="mamba2",
                        d_state=cfg.d_state, d_conv=cfg.d_conv, ssm_heads=cfg.ssm_heads,
                        ssm_head_dim=cfg.ssm_head_dim, n_groups=cfg.n_groups)
+
+
+def kernel_bytes(provider, batch, L, T, *, H, P, N, G, esize=2) -> int:
+    """Bytes a replay-path kernel ``provider`` must move for ``batch`` sequences of one Mamba-2
+    layer (H, P, N, G), a log of L tokens and T new tokens, counting what it reads and writes
+    at least once (fp32 state, inputs in ``esize`` bytes). Providers: replay_step, ssu (one
+    state copy kept per draft when T > 1), chunk_scan, fla_recurrent, fla_chunk, fold, copy."""
+    state = batch * H * P * N * 4
+    token = batch * (H * P + H + 2 * G * N) * esize      # x, dt, B, C of one token
+    y = batch * T * H * P * esize
+    gla = 2 * state + (L + T) * batch * H * (2 * N + P + 1) * esize + (L + T) * batch * H * P * esize
+    table = {
+        "replay_step": state + (L + T) * token + T * token + y,   # read S_c, log, new; append
+        "ssu": 2 * T * state + T * token + y + (T - 1) * state * (T > 1),  # + per-draft copies
+        "chunk_scan": 2 * state + (L + T) * token + (L + T) * batch * H * P * esize,
+        "fla_recurrent": gla,
+        "fla_chunk": gla,
+        "fold": 2 * state + L * token,
+        "copy": 2 * state,
+    }
+    if provider not in table:
+        raise ValueError(f"provider: expected one of {sorted(table)}, got {provider!r}")
+    return table[provider]

@@ -1,6 +1,8 @@
 """Decoding workloads written only against the cache API: greedy, speculative decoding (draft
 model, prompt lookup, or a synthetic drafter with a set acceptance rate), beam search and
-best-of-n. Each returns a ``DecodeResult`` with what the run cost.
+best-of-n, tree search. Each takes ``cache``: a strategy name or a ``CacheConfig`` (strategy,
+checkpoint interval, log length, kernels, byte budget), and returns a ``DecodeResult`` with the
+tokens and the cache's ``CacheStats``.
 
 Glossary: k draft length; a accepted drafts in one round; prompt (batch, T) token ids.
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from replaylab.cache import HybridCache
+from replaylab.cache import CacheConfig, CacheStats, as_config
 
 __all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
            "tree_search", "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter"]
@@ -22,26 +24,30 @@ __all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
 @dataclass
 class DecodeResult:
     tokens: torch.Tensor            # (batch, n_new) generated ids
-    strategy: str
+    config: CacheConfig             # how the cache kept the recurrent memory
     proposed: int = 0               # drafts proposed (speculative)
     accepted: int = 0               # drafts accepted
-    restores: int = 0
-    restore_seconds: float = 0.0    # rollback cost
-    recomputed_tokens: int = 0
-    peak_bytes: int = 0
     seconds: float = 0.0
+    stats: CacheStats = field(default_factory=CacheStats)  # what the cache did and held
     extra: dict = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        return self.config.strategy
 
     @property
     def acceptance_rate(self):
         return self.accepted / self.proposed if self.proposed else float("nan")
 
+    # the stats a caller reads most, by name
+    restores = property(lambda self: self.stats.restores)
+    restore_seconds = property(lambda self: self.stats.restore_seconds)  # rollback cost
+    recomputed_tokens = property(lambda self: self.stats.recomputed_tokens)
+    peak_bytes = property(lambda self: self.stats.peak_bytes)
+
 
 def _finish(result, cache, t0):
-    s = cache.stats
-    result.extra["stats"] = s
-    result.restores, result.restore_seconds = s.restores, s.restore_seconds
-    result.recomputed_tokens, result.peak_bytes = s.recomputed_tokens, s.peak_bytes
+    result.stats = cache.stats
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -52,21 +58,20 @@ def _check_prompt(prompt):
 
 
 @torch.no_grad()
-def greedy(model, prompt, n_new, strategy="replay", interval=16, progress=False,
-           use_kernels=None) -> DecodeResult:
+def greedy(model, prompt, n_new, cache="replay", progress=False) -> DecodeResult:
     """Greedy decoding of ``n_new`` tokens after ``prompt`` (batch, T)."""
     _check_prompt(prompt)
+    config = as_config(cache)
     t0 = time.perf_counter()
-    cache = HybridCache(model, prompt.shape[0], strategy, interval=interval,
-                        use_kernels=use_kernels)
+    cache = config.build(model, prompt.shape[0])
     logits = model(prompt, cache)
     out = []
-    for _ in tqdm(range(n_new), disable=not progress, desc=f"greedy ({strategy})"):
+    for _ in tqdm(range(n_new), disable=not progress, desc=f"greedy ({config.strategy})"):
         tok = logits[:, -1].argmax(-1, keepdim=True)
         out.append(tok)
         if len(out) < n_new:
             logits = model(tok, cache)
-    return _finish(DecodeResult(torch.cat(out, 1), strategy), cache, t0)
+    return _finish(DecodeResult(torch.cat(out, 1), config), cache, t0)
 
 
 class SyntheticDrafter:
@@ -107,10 +112,11 @@ class PromptLookupDrafter:
 
 
 class ModelDrafter:
-    """A smaller hybrid as draft model, decoding greedily with its own cache."""
+    """A smaller hybrid as draft model, decoding greedily with its own cache (``cache``: a
+    strategy name or a ``CacheConfig``)."""
 
-    def __init__(self, draft_model, strategy="replay", interval=16):
-        self.model, self.strategy, self.interval = draft_model, strategy, interval
+    def __init__(self, draft_model, cache="replay"):
+        self.model, self.config = draft_model, as_config(cache)
         self.cache, self.handle = None, None
 
     def propose(self, context, k, vocab_size):
@@ -119,7 +125,7 @@ class ModelDrafter:
                              f"expected the target's {vocab_size}")
         context = context.reshape(1, -1)
         if self.cache is None:
-            self.cache = HybridCache(self.model, 1, self.strategy, interval=self.interval)
+            self.cache = self.config.build(self.model, 1)
         # keep what the draft cache shares with the context, feed the rest
         held = self.cache.tokens[0]
         same = 0
@@ -142,8 +148,8 @@ class ModelDrafter:
 
 
 @torch.no_grad()
-def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=16,
-                progress=False, use_kernels=None, cache_kwargs=None) -> DecodeResult:
+def speculative(model, prompt, n_new, drafter, k=4, cache="replay",
+                progress=False) -> DecodeResult:
     """Greedy speculative decoding of one sequence: per round, snapshot, verify the pending token
     and k drafts in one forward, keep the agreeing prefix, roll back the rest. Its tokens equal
     ``greedy``'s."""
@@ -152,13 +158,13 @@ def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=
         raise ValueError(f"prompt: speculative decoding takes one sequence, got batch {prompt.shape[0]}")
     if k < 1:
         raise ValueError(f"k: expected k >= 1, got {k}")
+    config = as_config(cache)
     t0 = time.perf_counter()
     vocab = model.cfg.vocab_size
-    cache = HybridCache(model, 1, strategy, interval=interval, use_kernels=use_kernels,
-                        **(cache_kwargs or {}))
+    cache = config.build(model, 1)
     pending = model(prompt, cache)[:, -1].argmax(-1, keepdim=True)  # next token, not yet fed
-    out, result = [pending], DecodeResult(None, strategy)
-    bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({strategy})")
+    out, result = [pending], DecodeResult(None, config)
+    bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({config.strategy})")
     while len(out) < n_new:
         context = torch.cat([prompt, torch.cat(out, 1)], 1)
         drafts = drafter.propose(context, k, vocab).reshape(1, k).to(prompt.device)
@@ -182,13 +188,14 @@ def speculative(model, prompt, n_new, drafter, k=4, strategy="replay", interval=
 
 
 @torch.no_grad()
-def beam_search(model, prompt, n_new, width=4, strategy="replay", interval=16) -> DecodeResult:
+def beam_search(model, prompt, n_new, width=4, cache="replay") -> DecodeResult:
     """Beam search over summed log-probabilities; returns the best beam (1, n_new)."""
     _check_prompt(prompt)
     if prompt.shape[0] != 1:
         raise ValueError(f"prompt: beam search takes one sequence, got batch {prompt.shape[0]}")
+    config = as_config(cache)
     t0 = time.perf_counter()
-    cache = HybridCache(model, 1, strategy, interval=interval)
+    cache = config.build(model, 1)
     logp = torch.log_softmax(model(prompt, cache)[:, -1].float(), -1)
     scores, first = logp[0].topk(width)
     cache.fork(width)
@@ -200,19 +207,20 @@ def beam_search(model, prompt, n_new, width=4, strategy="replay", interval=16) -
         parent, tok = flat // logp.shape[1], flat % logp.shape[1]
         cache.reorder(parent)
         beams = torch.cat([beams[parent], tok[:, None]], 1)
-    result = DecodeResult(beams[:1], strategy, extra={"beams": beams, "scores": scores})
+    result = DecodeResult(beams[:1], config, extra={"beams": beams, "scores": scores})
     return _finish(result, cache, t0)
 
 
 @torch.no_grad()
-def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, strategy="replay",
-              interval=16) -> DecodeResult:
+def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0,
+              cache="replay") -> DecodeResult:
     """Sample n continuations of one prompt (the prompt's state shared by all), return the one
     with the highest mean log-probability."""
     _check_prompt(prompt)
+    config = as_config(cache)
     t0 = time.perf_counter()
     g = torch.Generator(device=prompt.device).manual_seed(seed)
-    cache = HybridCache(model, 1, strategy, interval=interval)
+    cache = config.build(model, 1)
     logits = model(prompt, cache)[:, -1]
     cache.fork(n)
     logits = logits.expand(n, -1)
@@ -226,14 +234,14 @@ def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, strategy="repl
             logits = model(tok, cache)[:, -1]
     samples = torch.cat(samples, 1)
     best = int((logps / n_new).argmax())
-    result = DecodeResult(samples[best:best + 1], strategy, extra={"samples": samples,
+    result = DecodeResult(samples[best:best + 1], config, extra={"samples": samples,
                                                                    "mean_logp": logps / n_new})
     return _finish(result, cache, t0)
 
 
 @torch.no_grad()
-def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, strategy="replay",
-                interval=16) -> DecodeResult:
+def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4,
+                cache="replay") -> DecodeResult:
     """Tree exploration: each round, every live branch splits into its ``branch`` most likely
     next tokens, each child continues greedily for ``depth - 1`` more tokens, children are
     scored by summed log-probability and the best ``keep`` continue. Returns the best (1, n_new)."""
@@ -242,8 +250,9 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, strategy="repla
         raise ValueError(f"prompt: tree search takes one sequence, got batch {prompt.shape[0]}")
     if branch < 1 or keep < 1 or depth < 1:
         raise ValueError(f"branch, keep, depth: expected >= 1, got {branch}, {keep}, {depth}")
+    config = as_config(cache)
     t0 = time.perf_counter()
-    cache = HybridCache(model, 1, strategy, interval=interval)
+    cache = config.build(model, 1)
     logp = torch.log_softmax(model(prompt, cache)[:, -1].float(), -1)  # (live, V)
     paths, scores = prompt.new_zeros(1, 0), torch.zeros(1, device=prompt.device)
     while paths.shape[1] < n_new:
@@ -262,5 +271,5 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, strategy="repla
         paths, scores = paths[best], scores[best]
         if paths.shape[1] < n_new:
             logp = torch.log_softmax(model(paths[:, -1:], cache)[:, -1].float(), -1)
-    result = DecodeResult(paths[:1, :n_new], strategy, extra={"paths": paths, "scores": scores})
+    result = DecodeResult(paths[:1, :n_new], config, extra={"paths": paths, "scores": scores})
     return _finish(result, cache, t0)

@@ -1,5 +1,8 @@
 """Small live measurements the notebooks run on the tiny model: each returns plain rows (dicts)
 that a notebook prints or plots. Byte and token counts are exact; seconds depend on the machine.
+
+``interval`` here is the one knob the notebooks turn: recompute's checkpoint interval and
+replay's log length L together (``_config``).
 """
 
 from __future__ import annotations
@@ -8,15 +11,20 @@ import time
 
 import torch
 
-from replaylab.cache import HybridCache
+from replaylab.cache import CacheConfig
 from replaylab.decoding import SyntheticDrafter, greedy, speculative
+from replaylab.strategies import STRATEGY_NAMES
 
 __all__ = ["compare_strategies", "snapshot_memory_vs_draft_length", "budget_outcomes",
            "restore_cost_vs_distance", "speculative_vs_prediction"]
 
 
+def _config(strategy, interval, **options) -> CacheConfig:
+    return CacheConfig(strategy, checkpoint_interval=interval, log_length=interval, **options)
+
+
 def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0,
-                       strategies=("snapshot", "recompute", "replay")) -> list[dict]:
+                       strategies=STRATEGY_NAMES) -> list[dict]:
     """Speculative decoding with a synthetic drafter of the given acceptance under each
     strategy; one row per strategy: same tokens as greedy?, acceptance, restores, peak bytes,
     recomputed tokens, restore seconds (measured, machine-dependent)."""
@@ -25,7 +33,7 @@ def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0
     rows = []
     for strategy in strategies:
         run = speculative(model, prompt, n_new, SyntheticDrafter(full, acceptance, seed), k=k,
-                          strategy=strategy, interval=interval)
+                          cache=_config(strategy, interval))
         rows.append(dict(strategy=strategy, same_tokens_as_greedy=bool(torch.equal(run.tokens, reference.tokens)),
                          acceptance_rate=round(run.acceptance_rate, 3), restores=run.restores,
                          peak_bytes=run.peak_bytes, recomputed_tokens=run.recomputed_tokens,
@@ -41,7 +49,7 @@ def snapshot_memory_vs_draft_length(model, prompt, n_new, draft_lengths, accepta
     for k in draft_lengths:
         for strategy in strategies:
             run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
-                              k=k, strategy=strategy, interval=interval)
+                              k=k, cache=_config(strategy, interval))
             rows.append(dict(k=k, strategy=strategy, peak_bytes=run.peak_bytes,
                              restores=run.restores))
     return rows
@@ -55,15 +63,15 @@ def budget_outcomes(model, prompt, n_new, budget_fractions, k=4, acceptance=0.5,
     ref_tokens = greedy(model, prompt, n_new).tokens
     reference = torch.cat([prompt, ref_tokens], 1)
     free = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
-                       strategy=strategy, interval=interval)
+                       cache=_config(strategy, interval))
     rows = []
     for fraction in budget_fractions:
         for policy in ("lru", "cost"):
             budget = int(free.peak_bytes * fraction)
             run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
-                              k=k, strategy=strategy, interval=interval,
-                              cache_kwargs=dict(budget_bytes=budget, eviction=policy))
-            s = run.extra["stats"]
+                              k=k, cache=_config(strategy, interval, budget_bytes=budget,
+                                                 eviction=policy))
+            s = run.stats
             rows.append(dict(budget_fraction=fraction, policy=policy, budget_bytes=budget,
                              evictions=s.evictions, fallback_restores=s.fallback_restores,
                              recomputed_tokens=s.recomputed_tokens,
@@ -81,12 +89,11 @@ def restore_cost_vs_distance(model, strategy, interval=16, prompt_len=32, seed=0
     base = prompt_len  # a checkpoint (recompute) / fold point (replay) sits here
     rows = []
     for offset in range(0, interval + 1, max(1, interval // 8)):
-        cache = HybridCache(model, 1, strategy, interval=interval)
+        cache = _config(strategy, interval).build(model, 1)
         model(ids[:, :base], cache)
         handle = cache.snapshot()
         model(ids[:, base:], cache)
-        if strategy == "replay":
-            cache.ssm.folded_tokens = 0
+        folded_before = cache.stats.folded_tokens
         target = base + offset
         t0 = time.perf_counter()
         cache.restore(target if strategy != "snapshot" or offset else handle)
@@ -95,7 +102,7 @@ def restore_cost_vs_distance(model, strategy, interval=16, prompt_len=32, seed=0
         cache.release(handle)
         rows.append(dict(strategy=strategy, distance=offset,
                          recomputed_tokens=cache.stats.recomputed_tokens,
-                         folded_tokens=getattr(cache.ssm, "folded_tokens", 0), seconds=seconds))
+                         folded_tokens=cache.stats.folded_tokens - folded_before, seconds=seconds))
     return rows
 
 
@@ -106,7 +113,7 @@ def speculative_vs_prediction(model, prompt, n_new, k, acceptance, strategy="rep
     from replaylab import costmodel as cm
     reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
     run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
-                      strategy=strategy, interval=interval)
+                      cache=_config(strategy, interval))
     rounds = run.proposed / k
     m = cm.model_costs(cm.shape_from_config(model.cfg),
                        cm.Workload(k=k, interval=interval,
@@ -116,7 +123,7 @@ def speculative_vs_prediction(model, prompt, n_new, k, acceptance, strategy="rep
         held = cm.bytes_held(m, "replay", log_entries=max(interval - 1, k + 1))
     else:
         held = cm.bytes_held(m, "snapshot", copies=k + 2)
-    peak = run.extra["stats"].peak_by_component
+    peak = run.stats.peak_by_component
     measured_ssm = sum(peak.get(c, 0) for c in held)
     ea = cm.expected_accepted(k, acceptance)
     rows = [("accepted drafts per round", ea, run.accepted / rounds),

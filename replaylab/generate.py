@@ -9,20 +9,23 @@ from pathlib import Path
 
 import torch
 
+from replaylab.cache import as_config
 from replaylab.decoding import ModelDrafter, PromptLookupDrafter, greedy, speculative
 from replaylab.model import load_transformers_hybrid
 
 __all__ = ["generate"]
 
 
-def generate(checkpoint, prompt_ids, max_new_tokens=32, strategy="replay", draft=None, k=4,
-             interval=16, device=None, progress=False):
+def generate(checkpoint, prompt_ids, max_new_tokens=32, cache="replay", draft=None, k=4,
+             device=None, progress=False):
     """Tokens after ``prompt_ids`` from a NemotronH or Bamba checkpoint folder.
 
+    cache: a strategy name or a ``CacheConfig`` (used for the target and the draft model).
     draft: None (greedy), "prompt-lookup", or a checkpoint folder of a smaller hybrid with the
     same vocabulary. Returns a ``DecodeResult`` (tokens (1, max_new_tokens), acceptance,
     restores, peak bytes, rollback seconds).
     """
+    cache = as_config(cache)
     model = load_transformers_hybrid(checkpoint).eval()
     if device is not None:
         model = model.to(device)
@@ -34,7 +37,7 @@ def generate(checkpoint, prompt_ids, max_new_tokens=32, strategy="replay", draft
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
     if draft is None or draft == "none":
-        return greedy(model, prompt, max_new_tokens, strategy, interval, progress=progress)
+        return greedy(model, prompt, max_new_tokens, cache, progress=progress)
     if draft == "prompt-lookup":
         drafter = PromptLookupDrafter()
     else:
@@ -45,6 +48,5 @@ def generate(checkpoint, prompt_ids, max_new_tokens=32, strategy="replay", draft
         if draft_model.cfg.vocab_size != model.cfg.vocab_size:
             raise ValueError(f"draft model: vocabulary of {draft_model.cfg.vocab_size} tokens, "
                              f"expected the target's {model.cfg.vocab_size}")
-        drafter = ModelDrafter(draft_model, strategy, interval)
-    return speculative(model, prompt, max_new_tokens, drafter, k=k, strategy=strategy,
-                       interval=interval, progress=progress)
+        drafter = ModelDrafter(draft_model, cache)
+    return speculative(model, prompt, max_new_tokens, drafter, k=k, cache=cache, progress=progress)

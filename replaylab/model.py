@@ -13,13 +13,14 @@ Glossary (code name -> meaning, shape):
     scan inputs    x (batch, T, H, P), dt (batch, T, H) raw, B and C (batch, T, G, N), after conv
 
 Parameter names equal NemotronH's, so its state dict loads as it is. Every mixer reads and
-writes its memory only through the cache it is given (``replaylab.cache.HybridCache``).
+writes its memory only through the cache it is given (``replaylab.cache.HybridCache``); the
+cache is built from ``HybridLM.cache_spec()``, which names each recurrent layer's
+``RecurrentSpec`` (``replaylab.mamba2.Mamba2Spec``) and each attention layer's KV shape.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replaylab.scan import ssd_scan
+from replaylab.cache import CacheSpec
+from replaylab.mamba2 import Mamba2Mixer
 
 __all__ = ["HybridConfig", "HybridLM", "load_transformers_hybrid", "load_transformers_nemotron_h",
-           "load_transformers_bamba", "preset", "PRESETS", "to_transformers_nemotron_h"]
+           "preset", "PRESETS", "to_transformers_nemotron_h"]
 
 
 @dataclass
@@ -93,68 +95,6 @@ class RMSNorm(nn.Module):
         return (self.weight.float() * h32).to(h.dtype)
 
 
-class GatedRMSNorm(nn.Module):
-    """y * silu(gate), then RMS-normalised within each of G groups (norm after gate)."""
-
-    def __init__(self, size, groups, eps):
-        super().__init__()
-        self.weight, self.groups, self.eps = nn.Parameter(torch.ones(size)), groups, eps
-
-    def forward(self, y, gate):
-        y32 = (y.float() * F.silu(gate.float())).unflatten(-1, (self.groups, -1))
-        y32 = y32 * torch.rsqrt(y32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y32.flatten(-2).to(y.dtype)
-
-
-class Mamba2Mixer(nn.Module):
-    def __init__(self, cfg: HybridConfig, layer: int):
-        super().__init__()
-        self.cfg, self.layer = cfg, layer
-        inner = cfg.ssm_heads * cfg.ssm_head_dim
-        self.in_proj = nn.Linear(cfg.hidden_size, inner + cfg.conv_dim + cfg.ssm_heads, bias=False)
-        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.d_conv, groups=cfg.conv_dim,
-                                bias=cfg.use_conv_bias)
-        self.dt_bias = nn.Parameter(torch.ones(cfg.ssm_heads))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, cfg.ssm_heads + 1, dtype=torch.float32)))
-        self.D = nn.Parameter(torch.ones(cfg.ssm_heads))
-        self.norm = GatedRMSNorm(inner, cfg.n_groups, cfg.eps)
-        self.out_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
-
-    def split_scan_inputs(self, conv_out):
-        """(batch, T, conv_dim) after conv -> x (batch,T,H,P), B, C (batch,T,G,N)."""
-        c = self.cfg
-        x, B, C = conv_out.split([c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state,
-                                  c.n_groups * c.d_state], dim=-1)
-        return (x.unflatten(-1, (c.ssm_heads, c.ssm_head_dim)),
-                B.unflatten(-1, (c.n_groups, c.d_state)), C.unflatten(-1, (c.n_groups, c.d_state)))
-
-    def scan(self, x, dt, B, C, initial_state, return_states=False):
-        """The layer's SSD scan from ``initial_state``; also the replay fold (outputs unused)."""
-        A = -torch.exp(self.A_log.float())
-        return ssd_scan(x, dt, A, B, C, self.D, dt_bias=self.dt_bias, dt_softplus=True,
-                        dt_limit=(self.cfg.time_step_min, math.inf), initial_state=initial_state,
-                        return_states=return_states)
-
-    def conv(self, xBC, window):
-        """Causal depthwise conv over ``window`` (batch, d_conv-1, conv_dim) + xBC (batch,T,conv_dim)."""
-        full = torch.cat([window.to(xBC.dtype), xBC], dim=1).transpose(1, 2)
-        return F.silu(F.conv1d(full, self.conv1d.weight, self.conv1d.bias,
-                               groups=self.cfg.conv_dim)).transpose(1, 2)
-
-    def forward(self, h, cache):
-        c = self.cfg
-        inner = c.ssm_heads * c.ssm_head_dim
-        gate, xBC, dt = self.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
-        x, B, C = self.split_scan_inputs(self.conv(xBC, cache.ssm_window(self.layer)))
-        y = cache.ssm_outputs(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C)
-        if y is None:
-            res = self.scan(x, dt, B, C, cache.ssm_state(self.layer),
-                            return_states=cache.ssm_wants_states(self.layer))
-            cache.ssm_write(self.layer, xBC=xBC, x=x, dt=dt, B=B, C=C, result=res)
-            y = res.y
-        return self.out_proj(self.norm(y.flatten(-2), gate))
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: HybridConfig, layer: int):
         super().__init__()
@@ -172,7 +112,7 @@ class Attention(nn.Module):
         v = self.v_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
         if c.rotary_dim:
             q, k = self.rotate(q, cache.position), self.rotate(k, cache.position)
-        keys, values = cache.kv_append(self.layer, k, v)
+        keys, values = cache.layer(self.layer).append(k, v)
         rep = c.attn_heads // c.kv_heads
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
         scores = (q @ keys.transpose(2, 3)) * c.head_dim ** -0.5
@@ -256,6 +196,18 @@ class HybridLM(nn.Module):
                 p.copy_(torch.rand(p.shape, generator=g) - 0.5)
             elif "conv1d.bias" in name:
                 p.zero_()
+
+    def cache_spec(self, dtype=None) -> CacheSpec:
+        """What a cache of this model holds: each Mamba-2 layer's spec, each attention layer's
+        (kv_heads, head_dim), and ``rerun`` (this model's forward) for restores that re-run."""
+        c, param = self.cfg, next(self.parameters())
+        return CacheSpec(
+            recurrent={l: self.model.layers[l].mixer.state_spec for l in c.ssm_layers},
+            attention={l: (c.kv_heads, c.head_dim) for l in c.attn_layers},
+            dtype=dtype or param.dtype, device=param.device, rerun=self._rerun)
+
+    def _rerun(self, tokens, cache):
+        self(tokens, cache)
 
     def forward(self, input_ids, cache):
         if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch:
@@ -393,14 +345,6 @@ def load_transformers_nemotron_h(source) -> HybridLM:
     model = load_transformers_hybrid(source)
     if model.cfg.mlp != "relu2":
         raise ValueError("expected a NemotronH checkpoint, got a Bamba one")
-    return model
-
-
-def load_transformers_bamba(source) -> HybridLM:
-    """``load_transformers_hybrid`` for Bamba."""
-    model = load_transformers_hybrid(source)
-    if model.cfg.mlp != "swiglu":
-        raise ValueError("expected a Bamba checkpoint, got a NemotronH one")
     return model
 
 

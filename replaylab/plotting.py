@@ -5,7 +5,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from replaylab.results import load_bench
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
+from replaylab.strategies import STRATEGY_NAMES
 
 __all__ = ["use_notebook_renderer", "memory_vs_context_figure", "load_bench",
            "kernel_time_vs_batch_figure", "kernel_bandwidth_figure", "fold_vs_copy_figure",
@@ -35,16 +37,6 @@ def memory_vs_context_figure(context_lens, shapes=None) -> go.Figure:
                       xaxis_type="log", yaxis_type="log", height=450,
                       title="KV grows with the context; the recurrent state does not")
     return fig
-
-
-def load_bench(path="data/bench_kernels.json"):
-    """The committed GPU kernel benchmark: rows plus provenance (device, versions, date, command)."""
-    import json
-    from pathlib import Path
-    path = Path(path)
-    if not path.is_absolute() and not path.exists():
-        path = Path(__file__).resolve().parents[1] / path
-    return json.loads(path.read_text())
 
 
 PROVIDER_NAMES = {"replay_step": "replaylab replay_step", "ssu": "mamba-ssm selective_state_update",
@@ -128,7 +120,7 @@ def branching_workloads_figure(bench) -> go.Figure:
     fig = go.Figure()
     rows = [r for r in bench["rows"] if r["batch"] == 1 and r["workload"] != "decode"]
     workloads = list(dict.fromkeys(r["workload"] for r in rows))
-    for strategy in ("snapshot", "recompute", "replay"):
+    for strategy in STRATEGY_NAMES:
         by = {r["workload"]: r for r in rows if r["strategy"] == strategy}
         fig.add_bar(x=workloads, y=[1 / by[w]["seconds_per_token"]["median"] if w in by else None
                                     for w in workloads], name=strategy)

@@ -10,12 +10,18 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from replaylab import assert_close
-from replaylab.cache import HybridCache
+from replaylab.cache import CacheConfig, HybridCache
 from replaylab.decoding import (ModelDrafter, PromptLookupDrafter, SyntheticDrafter, beam_search,
                                 best_of_n, greedy, speculative, tree_search)
 from replaylab.model import HybridConfig, HybridLM
 
-STRATEGIES = ["snapshot", "recompute", "replay"]
+from replaylab.strategies import STRATEGY_NAMES as STRATEGIES
+from replaylab.strategies import EvictionItem
+
+
+def both(strategy, interval, **options):
+    """A config whose checkpoint interval and log length are both ``interval``."""
+    return CacheConfig(strategy, checkpoint_interval=interval, log_length=interval, **options)
 MODEL = HybridLM(HybridConfig(vocab_size=50, hidden_size=32, pattern="M*M-", ssm_heads=3,
                               ssm_head_dim=8, d_state=8, n_groups=3, attn_heads=2, kv_heads=1,
                               head_dim=16, intermediate_size=64), seed=2).eval()
@@ -25,7 +31,7 @@ def held(cache):
     """Everything the cache would hand the model next: SSM (h, w) per layer and KV."""
     out = {}
     for layer in MODEL.cfg.ssm_layers:
-        h, w = cache.ssm_read(layer)
+        h, w = cache.state(layer)
         out[f"h{layer}"], out[f"w{layer}"] = h.clone(), w.clone()
     for layer, kv in cache.kv.items():
         out[f"k{layer}"], out[f"v{layer}"] = (t.clone() for t in kv.keys_values())
@@ -50,7 +56,7 @@ ops = st.lists(st.tuples(st.sampled_from(["advance", "advance", "snapshot", "res
 @given(program=ops)
 def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, program):
     torch.manual_seed(0)
-    cache = HybridCache(MODEL, 1, strategy, interval=3)
+    cache = HybridCache(MODEL, 1, strategy, checkpoint_interval=3, log_length=3)
     history = {0: held(cache)}  # position -> what was held on first reaching it
     handles = []
     with torch.no_grad():
@@ -98,7 +104,7 @@ def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, pro
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bad_restores_raise_and_leave_the_cache_unchanged(strategy):
-    cache = HybridCache(MODEL, 1, strategy, interval=4)
+    cache = HybridCache(MODEL, 1, strategy, checkpoint_interval=4, log_length=4)
     other = HybridCache(MODEL, 1, strategy)
     with torch.no_grad():
         MODEL(torch.randint(0, 50, (1, 6)), cache)
@@ -125,27 +131,27 @@ def test_bad_restores_raise_and_leave_the_cache_unchanged(strategy):
 def test_workloads_give_identical_tokens_under_every_strategy(strategy):
     prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9, 3, 7]])
     ref = greedy(MODEL, prompt, 20, "snapshot")
-    assert torch.equal(greedy(MODEL, prompt, 20, strategy, interval=5).tokens, ref.tokens)
+    assert torch.equal(greedy(MODEL, prompt, 20, both(strategy, 5)).tokens, ref.tokens)
     full = torch.cat([prompt, ref.tokens], 1)
     for drafter in [SyntheticDrafter(full, 0.5, seed=1), SyntheticDrafter(full, 0.9, seed=1),
                     PromptLookupDrafter(),
                     ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval())]:
-        run = speculative(MODEL, prompt, 20, drafter, k=4, strategy=strategy, interval=5)
+        run = speculative(MODEL, prompt, 20, drafter, k=4, cache=both(strategy, 5))
         assert torch.equal(run.tokens, ref.tokens), type(drafter).__name__
     beams = {s: beam_search(MODEL, prompt, 8, 3, s).extra["beams"] for s in STRATEGIES}
     assert all(torch.equal(beams[strategy], b) for b in beams.values())
-    samples = {s: best_of_n(MODEL, prompt, 8, 4, seed=3, strategy=s).extra["samples"]
+    samples = {s: best_of_n(MODEL, prompt, 8, 4, seed=3, cache=s).extra["samples"]
                for s in STRATEGIES}
     assert all(torch.equal(samples[strategy], b) for b in samples.values())
-    trees = {s: tree_search(MODEL, prompt, 11, branch=3, keep=2, depth=3, strategy=s,
-                            interval=4).extra["paths"] for s in STRATEGIES}
+    trees = {s: tree_search(MODEL, prompt, 11, branch=3, keep=2, depth=3,
+                            cache=both(s, 4)).extra["paths"] for s in STRATEGIES}
     assert all(torch.equal(trees[strategy], t) for t in trees.values())
     assert trees[strategy].shape == (2, 11)
 
 
 def test_tree_search_scores_its_paths_by_the_model():
     prompt = torch.tensor([[1, 2, 3]])
-    run = tree_search(MODEL, prompt, 6, branch=2, keep=2, depth=3, strategy="replay")
+    run = tree_search(MODEL, prompt, 6, branch=2, keep=2, depth=3, cache="replay")
     for path, score in zip(run.extra["paths"], run.extra["scores"]):
         seq = torch.cat([prompt[0], path])[None]
         with torch.no_grad():
@@ -164,30 +170,30 @@ def test_replay_holds_less_than_snapshot_when_speculating_on_a_wide_state():
                                  n_groups=1), seed=0).eval()
     prompt = torch.randint(0, 128, (1, 8))
     ref = torch.cat([prompt, greedy(wide, prompt, 12).tokens], 1)
-    peak = {s: speculative(wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4, strategy=s,
-                           interval=8).peak_bytes for s in STRATEGIES}
+    peak = {s: speculative(wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4,
+                           cache=both(s, 8)).peak_bytes for s in STRATEGIES}
     assert peak["replay"] < peak["snapshot"]
 
 
 def test_replay_with_the_triton_fold_gives_the_same_tokens_and_states():
     prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9]])
-    ref = greedy(MODEL, prompt, 10, "replay", interval=4)
+    ref = greedy(MODEL, prompt, 10, both("replay", 4))
     full = torch.cat([prompt, ref.tokens], 1)
-    cache_ref = HybridCache(MODEL, 1, "replay", interval=4)
-    cache_tri = HybridCache(MODEL, 1, "replay", interval=4, use_kernels=True)
+    cache_ref = HybridCache(MODEL, 1, "replay", checkpoint_interval=4, log_length=4)
+    cache_tri = HybridCache(MODEL, 1, "replay", log_length=4, use_kernels=True)
     with torch.no_grad():
         for c in (cache_ref, cache_tri):
             MODEL(full[:, :9], c)
             c.truncate_to(7)
     compare(held(cache_tri), held(cache_ref), exact=False)
-    run = speculative(MODEL, prompt, 10, SyntheticDrafter(full, 0.5), k=3, strategy="replay",
-                      interval=4, use_kernels=True)
+    run = speculative(MODEL, prompt, 10, SyntheticDrafter(full, 0.5), k=3,
+                      cache=both("replay", 4, use_kernels=True))
     assert torch.equal(run.tokens, ref.tokens)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_handle_rolled_back_past_is_refused(strategy):
-    cache = HybridCache(MODEL, 1, strategy, interval=3)
+    cache = HybridCache(MODEL, 1, strategy, checkpoint_interval=3, log_length=3)
     with torch.no_grad():
         MODEL(torch.randint(0, 50, (1, 5)), cache)
         early = cache.snapshot()
@@ -207,13 +213,12 @@ def test_a_tight_budget_evicts_but_never_changes_the_tokens(strategy, policy):
     ref = greedy(MODEL, prompt, 24, "replay")
     full = torch.cat([prompt, ref.tokens], 1)
     free = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
-                       strategy=strategy, interval=2)
+                       cache=both(strategy, 2))
     budget = int(free.peak_bytes * 0.7)
-    cache_kwargs = dict(budget_bytes=budget, eviction=policy)
     run = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
-                      strategy=strategy, interval=2, cache_kwargs=cache_kwargs)
+                      cache=both(strategy, 2, budget_bytes=budget, eviction=policy))
     assert torch.equal(run.tokens, ref.tokens)
-    assert run.extra["stats"].evictions > 0
+    assert run.stats.evictions > 0
 
 
 def test_restoring_an_evicted_snapshot_rebuilds_it():
@@ -237,7 +242,8 @@ def test_restoring_an_evicted_snapshot_rebuilds_it():
 
 def test_eviction_policies():
     from replaylab.cache import choose_victim
-    items = [("a", 4, 100, 3), ("b", 8, 100, 1), ("c", 9, 100, 2)]
+    items = [EvictionItem("a", 4, 100, 3), EvictionItem("b", 8, 100, 1),
+             EvictionItem("c", 9, 100, 2)]
     assert choose_victim(items, "lru") == "b"
     assert choose_victim(items, "cost") == "c"   # rebuilt from b in 1 token
     with pytest.raises(ValueError, match=r"eviction: expected one of \('lru', 'cost'\)"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from replaylab import costmodel as cm
-from replaylab.cache import HybridCache
+from replaylab.cache import CacheConfig, HybridCache
 from replaylab.decoding import SyntheticDrafter, greedy, speculative
 from replaylab.model import HybridConfig, HybridLM
 
@@ -36,10 +36,10 @@ def test_predicted_bytes_equal_what_the_cache_holds(k):
         snap.snapshot()
         MODEL(torch.randint(0, 128, (1, k + 1)), snap)   # verify: a copy per verified token
         assert ssm_part(snap.nbytes()) == cm.bytes_held(m, "snapshot", copies=k + 2)
-        rec = HybridCache(MODEL, 1, "recompute", interval=4)
+        rec = HybridCache(MODEL, 1, "recompute", checkpoint_interval=4, log_length=4)
         MODEL(prompt, rec)                                   # checkpoints at 4 and 8
         assert ssm_part(rec.nbytes()) == cm.bytes_held(m, "recompute", checkpoints=2)
-        rep = HybridCache(MODEL, 1, "replay", interval=16)
+        rep = HybridCache(MODEL, 1, "replay", checkpoint_interval=16, log_length=16)
         MODEL(prompt, rep)
         rep.snapshot()
         MODEL(torch.randint(0, 128, (1, k + 1)), rep)
@@ -53,9 +53,9 @@ def test_predicted_peak_and_restores_match_a_measured_speculative_run():
     n_new, k, alpha, L = 120, 4, 0.6, 8
     ref = torch.cat([prompt, greedy(MODEL, prompt, n_new).tokens], 1)
     run = speculative(MODEL, prompt, n_new, SyntheticDrafter(ref, alpha, seed=3), k=k,
-                      strategy="replay", interval=L)
+                      cache=CacheConfig("replay", log_length=L))
     m = costs(k=k, interval=L)
-    peak = run.extra["stats"].peak_by_component
+    peak = run.stats.peak_by_component
     assert {c: peak[c] for c in ("ssm_state", "conv_state", "logs")} == \
         cm.bytes_held(m, "replay", log_entries=max(L - 1, k + 1))
     rounds = run.proposed / k

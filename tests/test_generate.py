@@ -43,7 +43,8 @@ def test_generate_reproduces_transformers_greedy_with_every_draft(checkpoints, c
     for draft in ("none", "prompt-lookup", root / "draft"):
         code, out = run_cli(capsys, "generate", root / "target", "--prompt-ids",
                             ",".join(map(str, PROMPT)), "--max-new-tokens", 12, "--strategy",
-                            strategy, "--draft", draft, "--k", 3, "--interval", 4)
+                            strategy, "--draft", draft, "--k", 3, "--checkpoint-interval", 4,
+                            "--log-length", 4)
         assert code == 0 and out["tokens"] == want, draft
         if draft != "none":
             assert out["proposed"] > 0

@@ -89,7 +89,7 @@ def test_logits_equal_transformers_bamba_and_decode_through_the_cache(tmp_path):
     with torch.no_grad():
         ref = hf(ids, use_cache=False).logits
         assert_close(ours(ids, HybridCache(ours, 2)), ref, atol=1e-4, name="logits")
-        cache = HybridCache(ours, 2, "replay", interval=4)  # RoPE positions follow the cache
+        cache = HybridCache(ours, 2, "replay", checkpoint_interval=4, log_length=4)  # RoPE positions follow the cache
         steps = [ours(ids[:, :10], cache)] + [ours(ids[:, t:t + 1], cache) for t in range(10, 29)]
     assert_close(torch.cat(steps, 1), ref, atol=1e-4, name="decoded logits")
 
@@ -100,7 +100,7 @@ def test_decoding_token_by_token_equals_one_forward(strategy):
     ids = torch.randint(0, 128, (3, 23))
     with torch.no_grad():
         ref = model(ids, HybridCache(model, 3, strategy))
-        cache = HybridCache(model, 3, strategy, interval=5)
+        cache = HybridCache(model, 3, strategy, checkpoint_interval=5, log_length=5)
         outs = [model(ids[:, :9], cache)] + [model(ids[:, t:t + 1], cache) for t in range(9, 23)]
     assert_close(torch.cat(outs, 1), ref, atol=1e-5, name="logits")
 

@@ -8,7 +8,7 @@ import torch
 from einops import rearrange, repeat
 
 from replaylab import assert_close
-from replaylab.oracles import mamba_ssm_references
+from replaylab.testing import mamba_ssm_references
 from replaylab.scan import process_dt, s6_scan, s6_step, ssd_scan, ssd_step
 
 # awkward sizes: T not a power of two, batch 3, H not a power of two

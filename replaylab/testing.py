@@ -1,15 +1,15 @@
-"""Independent references to check replaylab against: mamba-ssm's PyTorch references.
+"""For tests and notebooks only: independent references to check replaylab against
+(mamba-ssm's PyTorch references) and what importing them needs. Library code does not import
+this module.
 
 mamba-ssm ships CUDA extensions that a CPU machine does not build. Its pure-PyTorch references
 (``selective_scan_ref``, ``selective_state_update_ref``, ``ssd_minimal_discrete``) import once
-three things are arranged before the first import: a stand-in ``selective_scan_cuda`` module,
-``MAMBA_DETERMINISTIC=1``, and on a machine without CUDA a ``torch.cuda.device`` that accepts a
-CPU device. ``mamba_ssm_references()`` arranges them and returns the functions.
+two things are arranged before the first import: a stand-in ``selective_scan_cuda`` module and
+``MAMBA_DETERMINISTIC=1``. ``mamba_ssm_references()`` arranges them and returns the functions.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import sys
@@ -19,28 +19,13 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["mamba_ssm_available", "mamba_ssm_references", "scan_agreement",
-           "use_mamba_ssm_kernels_in_transformers"]
+__all__ = ["mamba_ssm_references", "scan_agreement"]
 
 
 # transformers picks a hybrid layer's implementation when its modeling module is first
 # imported: mamba-ssm's kernels if mamba-ssm imports, else PyTorch. Importing those modules
 # before the stand-in below keeps transformers on its PyTorch path, the one the tests compare.
 _TRANSFORMERS_HYBRIDS = ("nemotron_h", "bamba")
-
-
-def use_mamba_ssm_kernels_in_transformers() -> bool:
-    """Make mamba-ssm importable before transformers' hybrid modules load, so that they pick
-    mamba-ssm's Triton kernels (the fast path of a real deployment; needs a GPU). Returns
-    whether mamba-ssm imported."""
-    sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Deterministic mode", category=UserWarning)
-            importlib.import_module("mamba_ssm")
-    except ImportError:
-        return False
-    return True
 
 
 def _prepare_import():
@@ -51,17 +36,6 @@ def _prepare_import():
             pass
     os.environ.setdefault("MAMBA_DETERMINISTIC", "1")
     sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
-    if not torch.cuda.is_available():
-        torch.cuda.device = lambda *args, **kwargs: contextlib.nullcontext()
-
-
-def mamba_ssm_available() -> bool:
-    """True when mamba-ssm's references can be imported here."""
-    try:
-        mamba_ssm_references()
-    except ImportError:
-        return False
-    return True
 
 
 def mamba_ssm_references() -> SimpleNamespace:

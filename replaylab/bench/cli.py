@@ -1,0 +1,112 @@
+"""``replaylab bench``: one subcommand per benchmark; each writes JSON with provenance.
+
+    replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
+    replaylab bench sweep
+    replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+__all__ = ["add_bench_parser", "main"]
+
+
+def _ints(text):
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _write(result, out):
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+
+
+def _need_gpu(what):
+    import torch
+    if not torch.cuda.is_available():
+        sys.exit(f"replaylab bench {what} times GPU kernels: no CUDA device here. The committed "
+                 f"results are in data/bench_kernels*.json.")
+
+
+def _kernels(args):
+    from replaylab.bench.kernels import SHAPE, run_kernels, summary
+    from replaylab.bench.provenance import provenance
+    _need_gpu("kernels")
+    t0 = time.time()
+    result = run_kernels(quick=args.quick, batches=args.batches, log_lens=args.log_lens,
+                         ts=args.ts, fold=not args.no_fold)
+    result.update(provenance(args.argv), shape=SHAPE, seconds=round(time.time() - t0, 1))
+    _write(result, args.out or "data/bench_kernels.json")
+    print(f"device {result['device']}; copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s; "
+          f"peer errors: {result['peer_errors'] or 'none'}")
+    for line in summary(result):
+        print(line)
+    return 0
+
+
+def _sweep(args):
+    from replaylab.bench.kernels import sweep
+    from replaylab.bench.provenance import provenance
+    _need_gpu("sweep")
+    rows = sweep()
+    _write(dict(rows=rows, **provenance(args.argv)), args.out or "data/bench_kernels_sweep.json")
+    for r in sorted(rows, key=lambda r: (r["kernel"], r["us"])):
+        print(f"{r['kernel']:18s} BLOCK_P={r['block_p']:2d} warps={r['num_warps']}: {r['us']:7.1f} us")
+    return 0
+
+
+def _decode(args):
+    from replaylab.bench.decode import decode_summary, run_decode
+    from replaylab.bench.provenance import provenance
+    t0 = time.time()
+    result = run_decode(args.preset, args.batches, args.n_new,
+                        checkpoint_interval=args.checkpoint_interval, log_length=args.log_length)
+    result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
+    _write(result, args.out or "data/bench_decode.json")
+    for line in decode_summary(result):
+        print(line)
+    return 0
+
+
+def add_bench_parser(subparsers):
+    """Add ``bench`` and its subcommands to an argparse subparsers object."""
+    bench = subparsers.add_parser("bench", help="run a benchmark and write its JSON to data/",
+                                  description=__doc__.split("\n\n")[0])
+    sub = bench.add_subparsers(dest="benchmark", required=True)
+    k = sub.add_parser("kernels", help="replay kernels vs mamba-ssm, fla and a copy (GPU)")
+    k.add_argument("--quick", action="store_true", help="a few shapes only")
+    k.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes")
+    k.add_argument("--log-lens", type=_ints, default=None, help="comma-separated log lengths")
+    k.add_argument("--ts", type=_ints, default=None, help="comma-separated new-token counts")
+    k.add_argument("--no-fold", action="store_true", help="skip fold vs copy")
+    k.set_defaults(run=_kernels)
+    s = sub.add_parser("sweep", help="BLOCK_P x num_warps of the replay kernels (GPU)")
+    s.set_defaults(run=_sweep)
+    d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
+    d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")
+    d.add_argument("--batches", type=_ints, default=[1, 4], help="comma-separated batch sizes")
+    d.add_argument("--n-new", type=int, default=32, help="tokens decoded per run")
+    d.add_argument("--checkpoint-interval", type=int, default=16)
+    d.add_argument("--log-length", type=int, default=16)
+    d.set_defaults(run=_decode)
+    for p in (k, s, d):
+        p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
+    return bench
+
+
+def main(argv=None):
+    """``python -m replaylab.bench SUBCOMMAND ...``."""
+    parser = argparse.ArgumentParser(prog="python -m replaylab.bench",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_args(["bench", *argv])
+    args.argv = argv
+    return args.run(args)

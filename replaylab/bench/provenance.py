@@ -1,0 +1,32 @@
+"""Where a measurement came from: device, library versions, date and the command."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+
+import torch
+
+__all__ = ["provenance", "versions"]
+
+
+def versions() -> dict:
+    """Python, torch and the peers' versions (or why a peer did not import)."""
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("triton", "mamba_ssm", "fla", "transformers"):
+        try:
+            out[name] = getattr(__import__(name), "__version__", "?")
+        except Exception as err:  # noqa: BLE001 - record why a peer is missing
+            out[name] = f"unavailable: {type(err).__name__}: {err}"[:200]
+    return out
+
+
+def provenance(argv=None) -> dict:
+    """device, versions, date (UTC, ISO) and command of the current run."""
+    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
+              else platform.processor() or "cpu")
+    args = sys.argv[1:] if argv is None else argv
+    return dict(device=device, versions=versions(),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command="replaylab bench " + " ".join(map(str, args)))

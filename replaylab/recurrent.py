@@ -1,0 +1,142 @@
+"""The recurrent-layer interface: what a state store needs to know about one recurrent layer.
+
+A recurrent mixer (Mamba-2 today; Mamba-1 and Gated DeltaNet next) owns a ``RecurrentSpec``.
+The spec declares the layer's memory and the operations on it; the stores in
+``replaylab.strategies`` keep that memory under a strategy and never read a weight themselves.
+
+Glossary (code name -> meaning, shape):
+    LayerState      what one layer carries from token to token for a batch of branches:
+        ssm         the recurrent state, (batch, *state_shape), fp32 (Mamba-2: (batch, H, P, N))
+        conv        the causal-conv window, the last d_conv - 1 conv inputs,
+                    (batch, d_conv - 1, conv_channels), in the cache dtype
+    inputs          what the mixer hands the cache for T new tokens (Mamba-2: xBC, dt)
+    entries         the per-token log fields the spec derives from the inputs and the window
+                    (Mamba-2: xBC, x, dt, B, C), each (batch, T, ...); a replay log keeps them
+    fold(S_c, log[:j])   the state after j logged tokens from checkpoint S_c: S_{c+j}
+
+One decode step of a layer, whatever the strategy (``StateStore.advance``):
+    entries = spec.prepare(window, inputs)          conv over window + new conv inputs
+    y, state = spec.scan(ssm, entries)              the recurrence (or, under replay, outputs
+                                                    from checkpoint + log, no state written)
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import NamedTuple
+
+import torch
+
+from replaylab.scan import ScanResult
+
+__all__ = ["LayerState", "RecurrentSpec", "ReplayKernels", "window_after", "windows_per_token",
+           "nbytes"]
+
+
+class LayerState(NamedTuple):
+    """One recurrent layer's memory for a batch: ``ssm (batch, *state_shape)`` and
+    ``conv (batch, d_conv - 1, conv_channels)``."""
+
+    ssm: torch.Tensor
+    conv: torch.Tensor
+
+    def index(self, rows) -> LayerState:
+        """The state of branches ``rows`` (a gather: a new tensor)."""
+        return LayerState(self.ssm[rows], self.conv[rows])
+
+    def clone(self) -> LayerState:
+        return LayerState(self.ssm.clone(), self.conv.clone())
+
+    def nbytes(self) -> int:
+        return nbytes(self.ssm, self.conv)
+
+
+def nbytes(*tensors) -> int:
+    """Bytes of the elements of ``tensors`` (not of their storages)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def window_after(window, conv_inputs):
+    """The conv window after appending ``conv_inputs (batch, T, C)`` to ``window
+    (batch, K, C)``: its last K rows (K = d_conv - 1; K = 0 keeps nothing)."""
+    keep = window.shape[1]
+    if not keep:
+        return window
+    return torch.cat([window, conv_inputs.to(window.dtype)], dim=1)[:, -keep:]
+
+
+def windows_per_token(window, conv_inputs):
+    """The conv window after each of the T new tokens: (batch, T, K, C)."""
+    keep = window.shape[1]
+    full = torch.cat([window, conv_inputs.to(window.dtype)], dim=1)
+    if not keep:
+        return full[:, :0, None].expand(-1, conv_inputs.shape[1], 0, -1)
+    return full.unfold(1, keep, 1)[:, 1:].transpose(2, 3)
+
+
+class ReplayKernels(ABC):
+    """Fast replay operations for one layer family over preallocated log buffers.
+
+    ``checkpoint``: (slots, *state_shape) fp32 checkpoint states; ``rows`` (batch,) int32: the
+    slot each branch reads (forked branches share one); ``log``: field -> buffer
+    (batch, capacity, ...), of which the first ``n`` entries are in use.
+    """
+
+    @abstractmethod
+    def fold(self, checkpoint, rows, log, upto: int):
+        """S_{c+upto} for every branch: (batch, *state_shape) fp32."""
+
+    @abstractmethod
+    def step(self, checkpoint, rows, log, n: int, entries):
+        """Outputs y of the T new tokens in ``entries`` from checkpoint + log[:n], with no
+        state written; appends the kernel's fields of ``entries`` to ``log`` at n (the caller
+        has made room and appends the other fields). Returns y, or None where the kernel does
+        not apply (then the store folds and scans)."""
+
+
+class RecurrentSpec(ABC):
+    """A recurrent layer's memory and the operations the stores use on it.
+
+    Subclasses set ``family`` (a name), ``state_shape`` (per sequence), ``conv_shape``
+    ``(d_conv - 1, conv_channels)``, ``log_fields`` (the entry names a replay log keeps),
+    ``conv_field`` (the entry whose last d_conv - 1 rows are the conv window) and
+    ``kernels`` (a ``ReplayKernels`` or None).
+    """
+
+    family: str
+    state_shape: tuple[int, ...]
+    conv_shape: tuple[int, int]
+    log_fields: tuple[str, ...]
+    conv_field: str
+    kernels: ReplayKernels | None = None
+    state_dtype = torch.float32
+
+    def zero_state(self, batch, dtype, device) -> LayerState:
+        """The memory before the first token: zeros, state in fp32, window in ``dtype``."""
+        return LayerState(
+            torch.zeros((batch, *self.state_shape), dtype=self.state_dtype, device=device),
+            torch.zeros((batch, *self.conv_shape), dtype=dtype, device=device))
+
+    @abstractmethod
+    def params(self):
+        """The layer's processed parameters (for Mamba-2: A = -exp(A_log), D, dt_bias, dt
+        limits), the one function the forward pass and every store use."""
+
+    @abstractmethod
+    def prepare(self, window, inputs: dict) -> dict:
+        """Log entries (field -> (batch, T, ...)) of T new tokens from the conv ``window``
+        (batch, d_conv - 1, C) and the mixer's ``inputs``."""
+
+    @abstractmethod
+    def scan(self, state, entries: dict, return_states=False) -> ScanResult:
+        """The recurrence over ``entries`` from ``state`` (batch, *state_shape): outputs y,
+        the final state and, if asked, every intermediate state (batch, T, *state_shape)."""
+
+    def fold(self, state, log: dict):
+        """S_{c+j} = fold(S_c, log[:j]): the state after the j logged tokens in ``log``."""
+        return self.scan(state, log).state
+
+    def outputs(self, state, log: dict, entries: dict):
+        """Outputs of new tokens from checkpoint ``state`` and the ``log`` since it (reference:
+        fold, then scan the new tokens)."""
+        return self.scan(self.fold(state, log), entries).y
