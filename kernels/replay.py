@@ -43,16 +43,36 @@ def _delta(dt, bias, lo, hi, SOFTPLUS: tl.constexpr):
 
 @triton.jit
 def _replay_step_kernel(
-    states, slots,                      # (S, H, P, N) fp32 checkpoints; (batch,) slot per sequence
-    log_x, log_dt, log_B, log_C,        # logs (batch, Lmax, ...); appended to when APPEND
-    log_len,                            # (batch,) valid entries per sequence
-    x, dt, B, C,                        # new tokens (batch, T, ...)
-    A, D, dt_bias,                      # (H,) per-head parameters (fp32)
-    y,                                  # (batch, T, H, P) output
-    dt_lo, dt_hi,                       # dt limits
-    Lmax, H, P, N, G,                   # sizes
-    T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, APPEND: tl.constexpr,
+    states,
+    slots,  # (S, H, P, N) fp32 checkpoints; (batch,) slot per sequence
+    log_x,
+    log_dt,
+    log_B,
+    log_C,  # logs (batch, Lmax, ...); appended to when APPEND
+    log_len,  # (batch,) valid entries per sequence
+    x,
+    dt,
+    B,
+    C,  # new tokens (batch, T, ...)
+    A,
+    D,
+    dt_bias,  # (H,) per-head parameters (fp32)
+    y,  # (batch, T, H, P) output
+    dt_lo,
+    dt_hi,  # dt limits
+    Lmax,
+    H,
+    P,
+    N,
+    G,  # sizes
+    T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    APPEND: tl.constexpr,
 ):
     b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g = h // (H // G)
@@ -65,8 +85,11 @@ def _replay_step_kernel(
     offs_t = tl.arange(0, BLOCK_T)
     mp, mn, mt = offs_p < P, offs_n < N, offs_t < T
     # the one read of the checkpoint state
-    S = tl.load(states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
-                mask=mp[:, None] & mn[None, :], other=0.0)
+    S = tl.load(
+        states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
+        mask=mp[:, None] & mn[None, :],
+        other=0.0,
+    )
     # total decay of the log
     total = 0.0
     for l0 in range(0, L, BLOCK_L):
@@ -78,10 +101,16 @@ def _replay_step_kernel(
     dn = tl.load(dt + (b * T + offs_t) * H + h, mask=mt, other=0.0).to(tl.float32)
     delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
     cum_n = tl.cumsum(delta_n * a_h, axis=0)
-    Bn = tl.load(B + ((b * T + offs_t[:, None]) * G + g) * N + offs_n[None, :],
-                 mask=mt[:, None] & mn[None, :], other=0.0).to(tl.float32)
-    xn = tl.load(x + ((b * T + offs_t[:, None]) * H + h) * P + offs_p[None, :],
-                 mask=mt[:, None] & mp[None, :], other=0.0).to(tl.float32)
+    Bn = tl.load(
+        B + ((b * T + offs_t[:, None]) * G + g) * N + offs_n[None, :],
+        mask=mt[:, None] & mn[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    xn = tl.load(
+        x + ((b * T + offs_t[:, None]) * H + h) * P + offs_p[None, :],
+        mask=mt[:, None] & mp[None, :],
+        other=0.0,
+    ).to(tl.float32)
     # names assigned inside the dynamic log loop below must keep one shape across the unrolled
     # token loop (Triton carries them from one loop to the next)
     for t in tl.static_range(T):
@@ -96,11 +125,17 @@ def _replay_step_kernel(
             delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
             cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
             run += tl.sum(delta_l * a_h)
-            Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
-                         mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
+            Bl = tl.load(
+                log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+                mask=ml[:, None] & mn[None, :],
+                other=0.0,
+            ).to(tl.float32)
             w = tl.exp(total - cum_l + cum_t) * delta_l * tl.sum(Bl * C_t[None, :], axis=1)
-            xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
-                         mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
+            xl = tl.load(
+                log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+                mask=ml[:, None] & mp[None, :],
+                other=0.0,
+            ).to(tl.float32)
             out += tl.sum(tl.where(ml, w, 0.0)[:, None] * xl, axis=0)
         causal = mt & (offs_t <= t)
         decay = tl.exp(tl.where(causal, cum_t - cum_n, -float("inf")))
@@ -114,23 +149,51 @@ def _replay_step_kernel(
             row = b * Lmax + L + t
             tl.store(log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=mp)
             one = tl.arange(0, 1)
-            first = (one + pid_p) == 0          # one program per head writes dt
-            tl.store(log_dt + row * H + h + one, tl.load(dt + (b * T + t) * H + h + one),
-                     mask=first)
-            owner = (offs_n * 0 + pid_p + h % (H // G)) == 0   # one per group writes B and C
+            first = (one + pid_p) == 0  # one program per head writes dt
+            tl.store(
+                log_dt + row * H + h + one, tl.load(dt + (b * T + t) * H + h + one), mask=first
+            )
+            owner = (offs_n * 0 + pid_p + h % (H // G)) == 0  # one per group writes B and C
             B_t = tl.load(B + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0)
             tl.store(log_B + (row * G + g) * N + offs_n, B_t, mask=mn & owner)
-            tl.store(log_C + (row * G + g) * N + offs_n,
-                     C_t.to(log_C.dtype.element_ty), mask=mn & owner)
+            tl.store(
+                log_C + (row * G + g) * N + offs_n, C_t.to(log_C.dtype.element_ty), mask=mn & owner
+            )
 
 
 @triton.jit
 def _replay_verify_kernel(
-    states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D, dt_bias, y,
-    dt_lo, dt_hi, Lmax, H, P, N, G,     # as _replay_step_kernel
-    T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_T: tl.constexpr, SOFTPLUS: tl.constexpr, HAS_D: tl.constexpr, APPEND: tl.constexpr,
-    PRECISION: tl.constexpr,            # tl.dot input precision: "tf32x3" on a GPU (~fp32)
+    states,
+    slots,
+    log_x,
+    log_dt,
+    log_B,
+    log_C,
+    log_len,
+    x,
+    dt,
+    B,
+    C,
+    A,
+    D,
+    dt_bias,
+    y,
+    dt_lo,
+    dt_hi,
+    Lmax,
+    H,
+    P,
+    N,
+    G,  # as _replay_step_kernel
+    T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    APPEND: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot input precision: "tf32x3" on a GPU (~fp32)
 ):
     """T > 1 (verification): all T outputs at once as small matrix products."""
     b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -143,15 +206,18 @@ def _replay_verify_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     offs_t = tl.arange(0, BLOCK_T)
     mp, mn, mt = offs_p < P, offs_n < N, offs_t < T
-    S = tl.load(states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
-                mask=mp[:, None] & mn[None, :], other=0.0)
+    S = tl.load(
+        states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
+        mask=mp[:, None] & mn[None, :],
+        other=0.0,
+    )
     total = 0.0
     for l0 in range(0, L, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
         ml = offs_l < L
         dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
         total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
-    tn = (b * T + offs_t) * H + h                      # new tokens' (batch, t, head) rows
+    tn = (b * T + offs_t) * H + h  # new tokens' (batch, t, head) rows
     dn = tl.load(dt + tn, mask=mt, other=0.0).to(tl.float32)
     delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
     cum_n = tl.cumsum(delta_n * a_h, axis=0)
@@ -159,24 +225,31 @@ def _replay_verify_kernel(
     mtn = mt[:, None] & mn[None, :]
     Bn = tl.load(B + gn, mask=mtn, other=0.0)
     Cn = tl.load(C + gn, mask=mtn, other=0.0)
-    xn = tl.load(x + tn[:, None] * P + offs_p[None, :], mask=mt[:, None] & mp[None, :],
-                 other=0.0).to(tl.float32)
+    xn = tl.load(
+        x + tn[:, None] * P + offs_p[None, :], mask=mt[:, None] & mp[None, :], other=0.0
+    ).to(tl.float32)
     Cf = Cn.to(tl.float32)
     # e^{cum_t} (S_c C_t) for every t: one product with the state tile
     out = tl.exp(total + cum_n)[:, None] * tl.dot(Cf, tl.trans(S), input_precision=PRECISION)
     run = 0.0
-    for l0 in range(0, L, BLOCK_L):     # the log: scores C_t . B_s, decayed, times x_s
+    for l0 in range(0, L, BLOCK_L):  # the log: scores C_t . B_s, decayed, times x_s
         offs_l = l0 + tl.arange(0, BLOCK_L)
         ml = offs_l < L
         dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
         delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
         cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
         run += tl.sum(delta_l * a_h)
-        Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
-                     mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
-        xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
-                     mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
-        scores = tl.dot(Cf, tl.trans(Bl), input_precision=PRECISION)          # (T, L)
+        Bl = tl.load(
+            log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+            mask=ml[:, None] & mn[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        xl = tl.load(
+            log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+            mask=ml[:, None] & mp[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        scores = tl.dot(Cf, tl.trans(Bl), input_precision=PRECISION)  # (T, L)
         w_log = tl.exp(total - cum_l[None, :] + cum_n[:, None]) * delta_l[None, :] * scores
         out += tl.dot(tl.where(ml[None, :], w_log, 0.0), xl, input_precision=PRECISION)
     scores_n = tl.dot(Cf, tl.trans(Bn.to(tl.float32)), input_precision=PRECISION)  # (T, T)
@@ -189,9 +262,12 @@ def _replay_verify_kernel(
     tl.store(y + tn[:, None] * P + offs_p[None, :], out.to(y.dtype.element_ty), mask=mtp)
     if APPEND:
         rows = b * Lmax + L + offs_t
-        tl.store(log_x + (rows[:, None] * H + h) * P + offs_p[None, :],
-                 xn.to(log_x.dtype.element_ty), mask=mtp)
-        first = mt & ((offs_t * 0 + pid_p) == 0)       # one program per head writes dt
+        tl.store(
+            log_x + (rows[:, None] * H + h) * P + offs_p[None, :],
+            xn.to(log_x.dtype.element_ty),
+            mask=mtp,
+        )
+        first = mt & ((offs_t * 0 + pid_p) == 0)  # one program per head writes dt
         tl.store(log_dt + rows * H + h, tl.load(dt + tn, mask=mt), mask=first)
         owner = (offs_t * 0 + pid_p + h % (H // G)) == 0  # one program per group: B and C
         go = (rows[:, None] * G + g) * N + offs_n[None, :]
@@ -201,12 +277,26 @@ def _replay_verify_kernel(
 
 @triton.jit
 def _fold_kernel(
-    states, src_slots, out, dst_slots,  # read states[src_slots[b]], write out[dst_slots[b]] (fp32)
-    log_x, log_dt, log_B,               # logs (batch, Lmax, ...)
-    fold_len,                           # (batch,) entries to fold per sequence
-    A, dt_bias,                         # (H,)
-    dt_lo, dt_hi, Lmax, H, P, N, G,
-    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_L: tl.constexpr,
+    states,
+    src_slots,
+    out,
+    dst_slots,  # read states[src_slots[b]], write out[dst_slots[b]] (fp32)
+    log_x,
+    log_dt,
+    log_B,  # logs (batch, Lmax, ...)
+    fold_len,  # (batch,) entries to fold per sequence
+    A,
+    dt_bias,  # (H,)
+    dt_lo,
+    dt_hi,
+    Lmax,
+    H,
+    P,
+    N,
+    G,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_L: tl.constexpr,
     SOFTPLUS: tl.constexpr,
 ):
     b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -222,7 +312,7 @@ def _fold_kernel(
     tile = offs_p[:, None] * N + offs_n[None, :]
     mask = mp[:, None] & mn[None, :]
     S = tl.load(states + (src * H + h) * P * N + tile, mask=mask, other=0.0)
-    for l0 in range(0, J, BLOCK_L):      # a block of tokens: S <- e^{sum} S + X^T diag(w) B
+    for l0 in range(0, J, BLOCK_L):  # a block of tokens: S <- e^{sum} S + X^T diag(w) B
         offs_l = l0 + tl.arange(0, BLOCK_L)
         ml = offs_l < J
         dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
@@ -230,10 +320,16 @@ def _fold_kernel(
         cum = tl.cumsum(delta * a_h, axis=0)
         block_total = tl.sum(delta * a_h)
         w = tl.where(ml, tl.exp(block_total - cum) * delta, 0.0)
-        xl = tl.load(log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
-                     mask=ml[:, None] & mp[None, :], other=0.0).to(tl.float32)
-        Bl = tl.load(log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
-                     mask=ml[:, None] & mn[None, :], other=0.0).to(tl.float32)
+        xl = tl.load(
+            log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+            mask=ml[:, None] & mp[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        Bl = tl.load(
+            log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+            mask=ml[:, None] & mn[None, :],
+            other=0.0,
+        ).to(tl.float32)
         S = tl.exp(block_total) * S + tl.dot(tl.trans(xl * w[:, None]), Bl, input_precision="ieee")
     tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
 
@@ -255,16 +351,37 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
     batch = log_x.shape[0]
     for name, t in (("slots", slots), ("log_len", log_len)):
         if t.shape != (batch,) or t.dtype != torch.int32:
-            raise ValueError(f"{name}: expected int32 of shape ({batch},), got {t.dtype} "
-                             f"{tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: expected int32 of shape ({batch},), got {t.dtype} {tuple(t.shape)}"
+            )
     if int(slots.min()) < 0 or int(slots.max()) >= states.shape[0]:
-        raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got "
-                         f"{slots.tolist()}")
+        raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got {slots.tolist()}")
 
 
-def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
-                dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True, out=None,
-                check=True, block_p=None, num_warps=None, kernel="auto"):
+def replay_step(
+    states,
+    slots,
+    log_x,
+    log_dt,
+    log_B,
+    log_C,
+    log_len,
+    x,
+    dt,
+    B,
+    C,
+    A,
+    D=None,
+    dt_bias=None,
+    dt_softplus=True,
+    dt_limit=(0.0, math.inf),
+    append=True,
+    out=None,
+    check=True,
+    block_p=None,
+    num_warps=None,
+    kernel="auto",
+):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
     from the device (needed inside a CUDA graph capture). ``kernel``: "per_token" (a loop over
@@ -280,8 +397,10 @@ def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C
     if check:
         _check(states, slots, log_x, log_dt, log_B, log_len)
     if check and append and int(log_len.max()) + T > Lmax:
-        raise ValueError(f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
-                         f"got max log_len {int(log_len.max())}")
+        raise ValueError(
+            f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
+            f"got max log_len {int(log_len.max())}"
+        )
     # not empty_like: x may be a permuted view, and the kernel writes y row-major
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if not y.is_contiguous():
@@ -295,30 +414,97 @@ def replay_step(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C
         kernel = "verify" if T >= 8 and P >= 16 and N >= 16 else "per_token"
     if kernel == "verify":
         _replay_verify_kernel[grid](
-            states, slots, log_x, log_dt, log_B, log_C, log_len, x.contiguous(), dt.contiguous(),
-            B.contiguous(), C.contiguous(), A, D if D is not None else A, bias, y,
-            float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
-            T=T, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16,
-            BLOCK_T=max(16, triton.next_power_of_2(T)), SOFTPLUS=dt_softplus,
-            HAS_D=D is not None, APPEND=append,
-            PRECISION="tf32x3" if x.is_cuda else "ieee", num_warps=4)
+            states,
+            slots,
+            log_x,
+            log_dt,
+            log_B,
+            log_C,
+            log_len,
+            x.contiguous(),
+            dt.contiguous(),
+            B.contiguous(),
+            C.contiguous(),
+            A,
+            D if D is not None else A,
+            bias,
+            y,
+            float(dt_limit[0]),
+            float(min(dt_limit[1], 3.0e38)),
+            Lmax,
+            H,
+            P,
+            N,
+            G,
+            T=T,
+            BLOCK_P=BLOCK_P,
+            BLOCK_N=BLOCK_N,
+            BLOCK_L=16,
+            BLOCK_T=max(16, triton.next_power_of_2(T)),
+            SOFTPLUS=dt_softplus,
+            HAS_D=D is not None,
+            APPEND=append,
+            PRECISION="tf32x3" if x.is_cuda else "ieee",
+            num_warps=4,
+        )
         if append:
             log_len += T
         return y
     _replay_step_kernel[grid](
-        states, slots, log_x, log_dt, log_B, log_C, log_len, x.contiguous(), dt.contiguous(),
-        B.contiguous(), C.contiguous(), A, D if D is not None else A, bias, y,
-        float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
-        T=T, BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16,
-        BLOCK_T=max(2, triton.next_power_of_2(T)), SOFTPLUS=dt_softplus, HAS_D=D is not None,
-        APPEND=append, num_warps=warps)
+        states,
+        slots,
+        log_x,
+        log_dt,
+        log_B,
+        log_C,
+        log_len,
+        x.contiguous(),
+        dt.contiguous(),
+        B.contiguous(),
+        C.contiguous(),
+        A,
+        D if D is not None else A,
+        bias,
+        y,
+        float(dt_limit[0]),
+        float(min(dt_limit[1], 3.0e38)),
+        Lmax,
+        H,
+        P,
+        N,
+        G,
+        T=T,
+        BLOCK_P=BLOCK_P,
+        BLOCK_N=BLOCK_N,
+        BLOCK_L=16,
+        BLOCK_T=max(2, triton.next_power_of_2(T)),
+        SOFTPLUS=dt_softplus,
+        HAS_D=D is not None,
+        APPEND=append,
+        num_warps=warps,
+    )
     if append:
         log_len += T
     return y
 
 
-def fold(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
-         dt_softplus=True, dt_limit=(0.0, math.inf), check=True, block_p=None, num_warps=None):
+def fold(
+    states,
+    src_slots,
+    out,
+    dst_slots,
+    log_x,
+    log_dt,
+    log_B,
+    fold_len,
+    A,
+    dt_bias=None,
+    dt_softplus=True,
+    dt_limit=(0.0, math.inf),
+    check=True,
+    block_p=None,
+    num_warps=None,
+):
     """Write S_{c+j} = fold(S_c, log[:j]) to ``out[dst_slots[b]]`` (``out`` may be ``states``;
     then no slot may be both read and written), S_c = ``states[src_slots[b]]``, j = ``fold_len[b]``.
     Returns ``out``. ``check=False`` skips the checks (see ``replay_step``)."""
@@ -326,53 +512,139 @@ def fold(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, d
         _check(states, src_slots, log_x, log_dt, log_B, fold_len)
         _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
     if check and (int(fold_len.max()) > log_x.shape[1] or int(fold_len.min()) < 0):
-        raise ValueError(f"fold_len: expected values in [0, {log_x.shape[1]}], got {fold_len.tolist()}")
+        raise ValueError(
+            f"fold_len: expected values in [0, {log_x.shape[1]}], got {fold_len.tolist()}"
+        )
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
-    _fold_kernel[grid](states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, bias,
-                       float(dt_limit[0]), float(min(dt_limit[1], 3.0e38)), Lmax, H, P, N, G,
-                       BLOCK_P=BLOCK_P, BLOCK_N=BLOCK_N, BLOCK_L=16, SOFTPLUS=dt_softplus,
-                       num_warps=warps)
+    _fold_kernel[grid](
+        states,
+        src_slots,
+        out,
+        dst_slots,
+        log_x,
+        log_dt,
+        log_B,
+        fold_len,
+        A,
+        bias,
+        float(dt_limit[0]),
+        float(min(dt_limit[1], 3.0e38)),
+        Lmax,
+        H,
+        P,
+        N,
+        G,
+        BLOCK_P=BLOCK_P,
+        BLOCK_N=BLOCK_N,
+        BLOCK_L=16,
+        SOFTPLUS=dt_softplus,
+        num_warps=warps,
+    )
     return out
 
 
-def replay_step_ref(states, slots, log_x, log_dt, log_B, log_C, log_len, x, dt, B, C, A, D=None,
-                    dt_bias=None, dt_softplus=True, dt_limit=(0.0, math.inf), append=True,
-                    out=None, check=True, block_p=None, num_warps=None, kernel="auto"):
+def replay_step_ref(
+    states,
+    slots,
+    log_x,
+    log_dt,
+    log_B,
+    log_C,
+    log_len,
+    x,
+    dt,
+    B,
+    C,
+    A,
+    D=None,
+    dt_bias=None,
+    dt_softplus=True,
+    dt_limit=(0.0, math.inf),
+    append=True,
+    out=None,
+    check=True,
+    block_p=None,
+    num_warps=None,
+    kernel="auto",
+):
     """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
     the new tokens from the folded state (float32)."""
     batch, T = x.shape[:2]
     ys = []
     for b in range(batch):
         n = int(log_len[b])
-        state = ssd_scan(log_x[b:b + 1, :n], log_dt[b:b + 1, :n], A, log_B[b:b + 1, :n],
-                         log_C[b:b + 1, :n], dt_bias=dt_bias, dt_softplus=dt_softplus,
-                         dt_limit=dt_limit, initial_state=states[int(slots[b])][None]).state
-        ys.append(ssd_scan(x[b:b + 1], dt[b:b + 1], A, B[b:b + 1], C[b:b + 1], D,
-                           dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit,
-                           initial_state=state).y)
+        state = ssd_scan(
+            log_x[b : b + 1, :n],
+            log_dt[b : b + 1, :n],
+            A,
+            log_B[b : b + 1, :n],
+            log_C[b : b + 1, :n],
+            dt_bias=dt_bias,
+            dt_softplus=dt_softplus,
+            dt_limit=dt_limit,
+            initial_state=states[int(slots[b])][None],
+        ).state
+        ys.append(
+            ssd_scan(
+                x[b : b + 1],
+                dt[b : b + 1],
+                A,
+                B[b : b + 1],
+                C[b : b + 1],
+                D,
+                dt_bias=dt_bias,
+                dt_softplus=dt_softplus,
+                dt_limit=dt_limit,
+                initial_state=state,
+            ).y
+        )
         if append:
             for log, new in ((log_x, x), (log_dt, dt), (log_B, B), (log_C, C)):
-                log[b, n:n + T] = new[b]
+                log[b, n : n + T] = new[b]
     if append:
         log_len += T
     y = torch.cat(ys)
     return y if out is None else out.copy_(y)
 
 
-def fold_ref(states, src_slots, out, dst_slots, log_x, log_dt, log_B, fold_len, A, dt_bias=None,
-             dt_softplus=True, dt_limit=(0.0, math.inf), check=True, block_p=None, num_warps=None):
+def fold_ref(
+    states,
+    src_slots,
+    out,
+    dst_slots,
+    log_x,
+    log_dt,
+    log_B,
+    fold_len,
+    A,
+    dt_bias=None,
+    dt_softplus=True,
+    dt_limit=(0.0, math.inf),
+    check=True,
+    block_p=None,
+    num_warps=None,
+):
     """PyTorch reference of ``fold`` (the reference scan over the first j log entries)."""
     folded = []
     for b in range(log_x.shape[0]):
         j = int(fold_len[b])
-        folded.append(ssd_scan(log_x[b:b + 1, :j], log_dt[b:b + 1, :j], A, log_B[b:b + 1, :j],
-                               log_B[b:b + 1, :j], dt_bias=dt_bias, dt_softplus=dt_softplus,
-                               dt_limit=dt_limit,
-                               initial_state=states[int(src_slots[b])][None]).state[0])
-    for b, s in enumerate(folded):   # write after all reads: a dst may be another's src
+        folded.append(
+            ssd_scan(
+                log_x[b : b + 1, :j],
+                log_dt[b : b + 1, :j],
+                A,
+                log_B[b : b + 1, :j],
+                torch.zeros_like(log_B[b : b + 1, :j]),  # C: shapes only the discarded outputs
+                dt_bias=dt_bias,
+                dt_softplus=dt_softplus,
+                dt_limit=dt_limit,
+                initial_state=states[int(src_slots[b])][None],
+            ).state[0]
+        )
+    for b, s in enumerate(folded):  # write after all reads: a dst may be another's src
         out[int(dst_slots[b])] = s
     return out

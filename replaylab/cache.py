@@ -36,8 +36,16 @@ from replaylab.recurrent import LayerState, RecurrentSpec
 from replaylab.strategies import EvictionItem, store_class
 from replaylab.validation import branch_indices, fork_indices
 
-__all__ = ["CacheConfig", "CacheSpec", "CacheStats", "Handle", "HybridCache", "as_config",
-           "EVICTION_POLICIES", "choose_victim"]
+__all__ = [
+    "CacheConfig",
+    "CacheSpec",
+    "CacheStats",
+    "Handle",
+    "HybridCache",
+    "as_config",
+    "EVICTION_POLICIES",
+    "choose_victim",
+]
 
 _cache_ids = itertools.count()
 EVICTION_POLICIES = ("lru", "cost")
@@ -71,7 +79,9 @@ class CacheConfig:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
         if self.eviction not in EVICTION_POLICIES:
-            raise ValueError(f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}")
+            raise ValueError(
+                f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}"
+            )
         _check_budget(self.budget_bytes)
 
     def replace(self, **changes) -> CacheConfig:
@@ -129,13 +139,13 @@ class CacheStats:
     restores: int = 0
     restore_seconds: float = 0.0
     recomputed_tokens: int = 0
-    folded_tokens: int = 0          # logged tokens folded into a state (replay)
+    folded_tokens: int = 0  # logged tokens folded into a state (replay)
     peak_bytes: int = 0
     evictions: int = 0
     evicted_bytes: int = 0
-    fallback_restores: int = 0      # restores of an evicted copy, rebuilt by re-running the model
-    over_budget: int = 0            # times nothing evictable was left while over the budget
-    peak_by_component: dict = field(default_factory=dict)   # largest bytes seen per component
+    fallback_restores: int = 0  # restores of an evicted copy, rebuilt by re-running the model
+    over_budget: int = 0  # times nothing evictable was left while over the budget
+    peak_by_component: dict = field(default_factory=dict)  # largest bytes seen per component
 
 
 def choose_victim(items: list[EvictionItem], policy):
@@ -148,6 +158,7 @@ def choose_victim(items: list[EvictionItem], policy):
     def rebuild(it):
         older = [p for p in positions if p < it.position]
         return (it.position - (older[-1] if older else 0), it.last_used)
+
     return min(items, key=rebuild).key
 
 
@@ -186,10 +197,13 @@ class HybridCache:
         self.budget_bytes, self.eviction = config.budget_bytes, config.eviction
         self.dtype, self.device = config.dtype or spec.dtype, spec.device
         self.id, self.layout, self._handles = next(_cache_ids), 0, itertools.count()
-        self.kv = {l: LayerKV(batch, heads, dim, dtype=self.dtype, device=self.device)
-                   for l, (heads, dim) in spec.attention.items()}
-        self.ssm = store_class(config.strategy)(spec.recurrent, batch, self.dtype, self.device,
-                                                config)
+        self.kv = {
+            l: LayerKV(batch, heads, dim, dtype=self.dtype, device=self.device)
+            for l, (heads, dim) in spec.attention.items()
+        }
+        self.ssm = store_class(config.strategy)(
+            spec.recurrent, batch, self.dtype, self.device, config
+        )
         self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         self.live_handles: dict[int, int] = {}  # handle id -> position
         self.stats = CacheStats()
@@ -229,7 +243,9 @@ class HybridCache:
         self.stats.folded_tokens = self.ssm.folded_tokens
         self.stats.peak_bytes = max(self.stats.peak_bytes, sum(held.values()))
         for name, nbytes in held.items():
-            self.stats.peak_by_component[name] = max(self.stats.peak_by_component.get(name, 0), nbytes)
+            self.stats.peak_by_component[name] = max(
+                self.stats.peak_by_component.get(name, 0), nbytes
+            )
         while self.budget_bytes is not None and self.total_bytes() > self.budget_bytes:
             items = self.ssm.evictable()
             if not items:
@@ -257,12 +273,15 @@ class HybridCache:
         """Go back to a ``Handle`` or to a position ``0 <= p <= position``."""
         if isinstance(target, Handle):
             if target.cache_id != self.id:
-                raise ValueError(f"handle: taken from cache {target.cache_id}, not this cache "
-                                 f"({self.id})")
+                raise ValueError(
+                    f"handle: taken from cache {target.cache_id}, not this cache ({self.id})"
+                )
             if target.layout != self.layout or target.id not in self.live_handles:
-                raise ValueError(f"handle: position {target.position} was released, rolled back "
-                                 f"past, or its branches were forked/reordered since (layout "
-                                 f"{target.layout}, now {self.layout})")
+                raise ValueError(
+                    f"handle: position {target.position} was released, rolled back "
+                    f"past, or its branches were forked/reordered since (layout "
+                    f"{target.layout}, now {self.layout})"
+                )
             self._rollback(target.position, target.id)
         else:
             self._rollback(int(target), None)
@@ -277,8 +296,10 @@ class HybridCache:
         if position == self.position and handle_id is None:
             return  # nothing to drop
         if not self.ssm.can_restore(position, handle_id):
-            raise ValueError(f"position {position}: no state kept for it under the "
-                             f"{self.strategy} strategy (snapshot it first, or it was evicted)")
+            raise ValueError(
+                f"position {position}: no state kept for it under the "
+                f"{self.strategy} strategy (snapshot it first, or it was evicted)"
+            )
         t0 = time.perf_counter()
         start = self.ssm.rollback(position, handle_id).rerun_from
         for hid, pos in list(self.live_handles.items()):  # their positions are being rewritten
@@ -291,8 +312,9 @@ class HybridCache:
         self.tokens = tokens[:, :redo_from]
         if start is not None and start < position:
             if self.spec.rerun is None:
-                raise RuntimeError("restore needs to re-run the model but the CacheSpec has no "
-                                   "rerun callback")
+                raise RuntimeError(
+                    "restore needs to re-run the model but the CacheSpec has no rerun callback"
+                )
             with torch.no_grad():
                 self.spec.rerun(tokens[:, start:position], self)
             self.stats.recomputed_tokens += position - start

@@ -27,8 +27,9 @@ def assert_close(actual, expected, *, dtype=None, atol=None, rtol=None, name="va
     ``dtype`` picks the tolerances (default: the dtype of ``actual``); atol/rtol override them.
     """
     if actual.shape != expected.shape:
-        raise AssertionError(f"{name}: shape {tuple(actual.shape)} != expected "
-                             f"{tuple(expected.shape)}")
+        raise AssertionError(
+            f"{name}: shape {tuple(actual.shape)} != expected {tuple(expected.shape)}"
+        )
     d_atol, d_rtol = TOLERANCES[dtype or actual.dtype]
     atol, rtol = d_atol if atol is None else atol, d_rtol if rtol is None else rtol
     a, e = actual.double(), expected.double()
@@ -36,7 +37,9 @@ def assert_close(actual, expected, *, dtype=None, atol=None, rtol=None, name="va
     bad = ~((a - e).abs() <= atol + rtol * e.abs())
     if bad.any():
         where = tuple(int(i) for i in bad.nonzero()[0])
-        raise AssertionError(f"{name}: {int(bad.sum())} of {a.numel()} values differ; max abs "
-                             f"error {err:.3e} (atol {atol:g}, rtol {rtol:g}); first at {where}: "
-                             f"{float(a[where]):.6g} vs {float(e[where]):.6g}")
+        raise AssertionError(
+            f"{name}: {int(bad.sum())} of {a.numel()} values differ; max abs "
+            f"error {err:.3e} (atol {atol:g}, rtol {rtol:g}); first at {where}: "
+            f"{float(a[where]):.6g} vs {float(e[where]):.6g}"
+        )
     return err

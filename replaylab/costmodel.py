@@ -17,16 +17,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from replaylab.results import load_bench
 from replaylab.shapes import HybridShape
 from replaylab.strategies import STRATEGY_NAMES
 
-__all__ = ["Hardware", "Workload", "ModelCosts", "model_costs", "bytes_held", "predict",
-           "expected_accepted", "revolve_cost", "optimal_frontier", "interval_tradeoff",
-           "measure_hardware", "plain_decode_seconds_per_token", "HARDWARE", "shape_from_config",
-           "STRATEGIES", "kernel_bytes"]
+__all__ = [
+    "Hardware",
+    "Workload",
+    "ModelCosts",
+    "model_costs",
+    "bytes_held",
+    "predict",
+    "expected_accepted",
+    "revolve_cost",
+    "optimal_frontier",
+    "interval_tradeoff",
+    "measure_hardware",
+    "plain_decode_seconds_per_token",
+    "HARDWARE",
+    "shape_from_config",
+    "STRATEGIES",
+    "kernel_bytes",
+]
 
 STRATEGIES = STRATEGY_NAMES
 
@@ -34,8 +48,8 @@ STRATEGIES = STRATEGY_NAMES
 @dataclass(frozen=True)
 class Hardware:
     name: str
-    bandwidth: float        # bytes/s a device copy moves (read + write counted)
-    matmul_rate: float      # FLOP/s of dense matmuls
+    bandwidth: float  # bytes/s a device copy moves (read + write counted)
+    matmul_rate: float  # FLOP/s of dense matmuls
     source: str = ""
 
 
@@ -49,9 +63,12 @@ def _h200():
     return Hardware("H200", bw, 989e12, src + "; bf16 dense matmul 989 TFLOP/s (datasheet)")
 
 
-HARDWARE = {"H200": _h200(),
-            "laptop CPU": Hardware("laptop CPU", 20e9, 200e9,
-                                   "round numbers for a laptop; Hardware.measure() for yours")}
+HARDWARE = {
+    "H200": _h200(),
+    "laptop CPU": Hardware(
+        "laptop CPU", 20e9, 200e9, "round numbers for a laptop; Hardware.measure() for yours"
+    ),
+}
 
 
 def measure_hardware(device="cpu", name=None) -> Hardware:
@@ -59,6 +76,7 @@ def measure_hardware(device="cpu", name=None) -> Hardware:
     ``torch.utils.benchmark`` (which synchronises CUDA around the timed runs)."""
     import torch
     from torch.utils import benchmark
+
     x = torch.empty(2**25, device=device)
     y = torch.empty_like(x)
     a = torch.randn(1024, 1024, device=device)
@@ -67,25 +85,30 @@ def measure_hardware(device="cpu", name=None) -> Hardware:
         timer = benchmark.Timer(stmt, globals=dict(x=x, y=y, a=a))
         return timer.blocked_autorange(min_run_time=0.2).median
 
-    return Hardware(name or f"measured {device}", 2 * x.numel() * 4 / seconds("y.copy_(x)"),
-                    2 * 1024**3 / seconds("a @ a"), "measured by replaylab.costmodel.measure_hardware")
+    return Hardware(
+        name or f"measured {device}",
+        2 * x.numel() * 4 / seconds("y.copy_(x)"),
+        2 * 1024**3 / seconds("a @ a"),
+        "measured by replaylab.costmodel.measure_hardware",
+    )
 
 
 @dataclass(frozen=True)
 class Workload:
     batch: int = 1
     k: int = 4
-    acceptance: float | tuple = 0.8     # a probability, or per-position probabilities (k,)
+    acceptance: float | tuple = 0.8  # a probability, or per-position probabilities (k,)
     interval: int = 16
     context_len: int = 4096
-    branches: int = 1                   # beam width / best-of-n: sequences sharing a prefix
+    branches: int = 1  # beam width / best-of-n: sequences sharing a prefix
     state_bytes: int = 4
-    act_bytes: int = 2                  # KV, conv windows and logs
+    act_bytes: int = 2  # KV, conv windows and logs
 
 
 @dataclass(frozen=True)
 class ModelCosts:
     """Per-sequence sizes of a model shape, in bytes, and its per-token compute."""
+
     S: int
     W: int
     log_token: int
@@ -97,8 +120,12 @@ class ModelCosts:
 def model_costs(shape: HybridShape, workload: Workload, n_params: float) -> ModelCosts:
     sb, ab = workload.state_bytes, workload.act_bytes
     if shape.ssm_form == "mamba2":
-        per_layer_log = (shape.conv_channels + shape.ssm_heads * shape.ssm_head_dim
-                         + shape.ssm_heads + 2 * shape.n_groups * shape.d_state)
+        per_layer_log = (
+            shape.conv_channels
+            + shape.ssm_heads * shape.ssm_head_dim
+            + shape.ssm_heads
+            + 2 * shape.n_groups * shape.d_state
+        )
     else:
         per_layer_log = shape.conv_channels + shape.d_inner * 2 + 2 * shape.d_state
     return ModelCosts(
@@ -106,7 +133,9 @@ def model_costs(shape: HybridShape, workload: Workload, n_params: float) -> Mode
         W=shape.n_ssm * shape.conv_channels * (shape.d_conv - 1) * ab,
         log_token=shape.n_ssm * per_layer_log * ab,
         kv_token=shape.kv_elems_per_token * ab,
-        weight_bytes=int(n_params * ab), flops_per_token=2.0 * n_params)
+        weight_bytes=int(n_params * ab),
+        flops_per_token=2.0 * n_params,
+    )
 
 
 def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=0) -> dict:
@@ -130,8 +159,9 @@ def expected_accepted(k, acceptance) -> float:
     rejection ends the round (i.i.d. alpha: sum_{i=1..k} alpha^i)."""
     probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
     if len(probs) != k or not all(0 <= p <= 1 for p in probs):
-        raise ValueError(f"acceptance: expected a probability or {k} probabilities in [0, 1], "
-                         f"got {acceptance}")
+        raise ValueError(
+            f"acceptance: expected a probability or {k} probabilities in [0, 1], got {acceptance}"
+        )
     total, alive = 0.0, 1.0
     for p in probs:
         alive *= p
@@ -139,8 +169,13 @@ def expected_accepted(k, acceptance) -> float:
     return total
 
 
-def predict(shape: HybridShape, workload: Workload, hardware: Hardware, n_params: float,
-            memory_budget: float | None = None) -> dict:
+def predict(
+    shape: HybridShape,
+    workload: Workload,
+    hardware: Hardware,
+    n_params: float,
+    memory_budget: float | None = None,
+) -> dict:
     """Per strategy: bytes held per sequence (peak, while speculating), state bytes moved per
     output token, seconds of one restore, seconds per output token, and sequences that fit
     ``memory_budget`` bytes (weights included)."""
@@ -150,11 +185,14 @@ def predict(shape: HybridShape, workload: Workload, hardware: Hardware, n_params
     tokens_per_round = ea + 1
     p_reject = 1 - _prob_all_accepted(k, w.acceptance)
     kv = m.kv_token * w.context_len
+
     # a forward reads the weights once (bandwidth counts bytes moved) and does the matmuls of
     # all its tokens: the verify forward has batch * (k+1) tokens
     def forward_seconds(tokens):
-        return max(m.weight_bytes / hardware.bandwidth,
-                   m.flops_per_token * tokens / hardware.matmul_rate)
+        return max(
+            m.weight_bytes / hardware.bandwidth, m.flops_per_token * tokens / hardware.matmul_rate
+        )
+
     forward = forward_seconds(w.batch * (k + 1))
     copy = lambda nbytes: 2 * nbytes / hardware.bandwidth  # noqa: E731 - read + write
     out = {}
@@ -197,12 +235,14 @@ def plain_decode_seconds_per_token(shape, workload, hardware, n_params) -> float
     """Plain decoding, one token per step: weights read once per step, the state read and
     written once per token (what selective_state_update does)."""
     m = model_costs(shape, workload, n_params)
-    step = max(m.weight_bytes / hardware.bandwidth,
-               m.flops_per_token * workload.batch / hardware.matmul_rate)
+    step = max(
+        m.weight_bytes / hardware.bandwidth,
+        m.flops_per_token * workload.batch / hardware.matmul_rate,
+    )
     return (step + workload.batch * 2 * m.S / hardware.bandwidth) / workload.batch
 
 
-@lru_cache(maxsize=None)
+@cache
 def revolve_cost(n: int, slots: int) -> int:
     """Fewest forward steps to visit the states of an n-step chain in reverse order, keeping at
     most ``slots`` states at once besides the start (Griewank's binomial checkpointing; this
@@ -227,17 +267,27 @@ def interval_tradeoff(n: int, interval: int) -> dict:
     kept = math.ceil(n / interval)
     sweep = (kept - 1) * interval
     # within a segment, reversing from its stored start costs 0 + 1 + ... + (length - 1)
-    recomputed = sweep + sum(j for seg_start in range(0, n, interval)
-                             for j in range(min(interval, n - seg_start)))
+    recomputed = sweep + sum(
+        j for seg_start in range(0, n, interval) for j in range(min(interval, n - seg_start))
+    )
     return {"states_kept": kept, "steps_per_restore": recomputed / n}
 
 
 def shape_from_config(cfg) -> HybridShape:
     """A HybridShape for a ``replaylab.model.HybridConfig`` (the tiny model of the notebooks)."""
-    return HybridShape(name="HybridLM", n_attn=len(cfg.attn_layers), n_ssm=len(cfg.ssm_layers),
-                       kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, ssm_form="mamba2",
-                       d_state=cfg.d_state, d_conv=cfg.d_conv, ssm_heads=cfg.ssm_heads,
-                       ssm_head_dim=cfg.ssm_head_dim, n_groups=cfg.n_groups)
+    return HybridShape(
+        name="HybridLM",
+        n_attn=len(cfg.attn_layers),
+        n_ssm=len(cfg.ssm_layers),
+        kv_heads=cfg.kv_heads,
+        head_dim=cfg.head_dim,
+        ssm_form="mamba2",
+        d_state=cfg.d_state,
+        d_conv=cfg.d_conv,
+        ssm_heads=cfg.ssm_heads,
+        ssm_head_dim=cfg.ssm_head_dim,
+        n_groups=cfg.n_groups,
+    )
 
 
 def kernel_bytes(provider, batch, L, T, *, H, P, N, G, esize=2) -> int:
@@ -246,11 +296,13 @@ def kernel_bytes(provider, batch, L, T, *, H, P, N, G, esize=2) -> int:
     at least once (fp32 state, inputs in ``esize`` bytes). Providers: replay_step, ssu (one
     state copy kept per draft when T > 1), chunk_scan, fla_recurrent, fla_chunk, fold, copy."""
     state = batch * H * P * N * 4
-    token = batch * (H * P + H + 2 * G * N) * esize      # x, dt, B, C of one token
+    token = batch * (H * P + H + 2 * G * N) * esize  # x, dt, B, C of one token
     y = batch * T * H * P * esize
-    gla = 2 * state + (L + T) * batch * H * (2 * N + P + 1) * esize + (L + T) * batch * H * P * esize
+    gla = (
+        2 * state + (L + T) * batch * H * (2 * N + P + 1) * esize + (L + T) * batch * H * P * esize
+    )
     table = {
-        "replay_step": state + (L + T) * token + T * token + y,   # read S_c, log, new; append
+        "replay_step": state + (L + T) * token + T * token + y,  # read S_c, log, new; append
         "ssu": 2 * T * state + T * token + y + (T - 1) * state * (T > 1),  # + per-draft copies
         "chunk_scan": 2 * state + (L + T) * token + (L + T) * batch * H * P * esize,
         "fla_recurrent": gla,

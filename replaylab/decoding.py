@@ -17,16 +17,25 @@ from tqdm.auto import tqdm
 
 from replaylab.cache import CacheConfig, CacheStats, as_config
 
-__all__ = ["DecodeResult", "greedy", "speculative", "beam_search", "best_of_n",
-           "tree_search", "SyntheticDrafter", "PromptLookupDrafter", "ModelDrafter"]
+__all__ = [
+    "DecodeResult",
+    "greedy",
+    "speculative",
+    "beam_search",
+    "best_of_n",
+    "tree_search",
+    "SyntheticDrafter",
+    "PromptLookupDrafter",
+    "ModelDrafter",
+]
 
 
 @dataclass
 class DecodeResult:
-    tokens: torch.Tensor            # (batch, n_new) generated ids
-    config: CacheConfig             # how the cache kept the recurrent memory
-    proposed: int = 0               # drafts proposed (speculative)
-    accepted: int = 0               # drafts accepted
+    tokens: torch.Tensor  # (batch, n_new) generated ids
+    config: CacheConfig  # how the cache kept the recurrent memory
+    proposed: int = 0  # drafts proposed (speculative)
+    accepted: int = 0  # drafts accepted
     seconds: float = 0.0
     stats: CacheStats = field(default_factory=CacheStats)  # what the cache did and held
     extra: dict = field(default_factory=dict)
@@ -54,7 +63,9 @@ def _finish(result, cache, t0):
 
 def _check_prompt(prompt):
     if prompt.dim() != 2 or prompt.shape[1] < 1:
-        raise ValueError(f"prompt: expected token ids of shape (batch, T>=1), got {tuple(prompt.shape)}")
+        raise ValueError(
+            f"prompt: expected token ids of shape (batch, T>=1), got {tuple(prompt.shape)}"
+        )
 
 
 @torch.no_grad()
@@ -86,7 +97,7 @@ class SyntheticDrafter:
 
     def propose(self, context, k, vocab_size):
         pos = context.numel()
-        true = self.reference[pos:pos + k]
+        true = self.reference[pos : pos + k]
         true = torch.cat([true, true.new_zeros(k - true.numel())])
         right = torch.rand(k, generator=self.generator) < self.acceptance
         return torch.where(right, true, (true + 1) % vocab_size)
@@ -104,8 +115,8 @@ class PromptLookupDrafter:
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             tail = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):
-                if seq[start:start + n] == tail:
-                    follow = seq[start + n:start + n + k]
+                if seq[start : start + n] == tail:
+                    follow = seq[start + n : start + n + k]
                     follow += [follow[-1]] * (k - len(follow))
                     return torch.tensor(follow)
         return torch.tensor([seq[-1]] * k)
@@ -121,8 +132,10 @@ class ModelDrafter:
 
     def propose(self, context, k, vocab_size):
         if self.model.cfg.vocab_size != vocab_size:
-            raise ValueError(f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "
-                             f"expected the target's {vocab_size}")
+            raise ValueError(
+                f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "
+                f"expected the target's {vocab_size}"
+            )
         context = context.reshape(1, -1)
         if self.cache is None:
             self.cache = self.config.build(self.model, 1)
@@ -148,14 +161,15 @@ class ModelDrafter:
 
 
 @torch.no_grad()
-def speculative(model, prompt, n_new, drafter, k=4, cache="replay",
-                progress=False) -> DecodeResult:
+def speculative(model, prompt, n_new, drafter, k=4, cache="replay", progress=False) -> DecodeResult:
     """Greedy speculative decoding of one sequence: per round, snapshot, verify the pending token
     and k drafts in one forward, keep the agreeing prefix, roll back the rest. Its tokens equal
     ``greedy``'s."""
     _check_prompt(prompt)
     if prompt.shape[0] != 1:
-        raise ValueError(f"prompt: speculative decoding takes one sequence, got batch {prompt.shape[0]}")
+        raise ValueError(
+            f"prompt: speculative decoding takes one sequence, got batch {prompt.shape[0]}"
+        )
     if k < 1:
         raise ValueError(f"k: expected k >= 1, got {k}")
     config = as_config(cache)
@@ -212,8 +226,7 @@ def beam_search(model, prompt, n_new, width=4, cache="replay") -> DecodeResult:
 
 
 @torch.no_grad()
-def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0,
-              cache="replay") -> DecodeResult:
+def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, cache="replay") -> DecodeResult:
     """Sample n continuations of one prompt (the prompt's state shared by all), return the one
     with the highest mean log-probability."""
     _check_prompt(prompt)
@@ -234,14 +247,14 @@ def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0,
             logits = model(tok, cache)[:, -1]
     samples = torch.cat(samples, 1)
     best = int((logps / n_new).argmax())
-    result = DecodeResult(samples[best:best + 1], config, extra={"samples": samples,
-                                                                   "mean_logp": logps / n_new})
+    result = DecodeResult(
+        samples[best : best + 1], config, extra={"samples": samples, "mean_logp": logps / n_new}
+    )
     return _finish(result, cache, t0)
 
 
 @torch.no_grad()
-def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4,
-                cache="replay") -> DecodeResult:
+def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, cache="replay") -> DecodeResult:
     """Tree exploration: each round, every live branch splits into its ``branch`` most likely
     next tokens, each child continues greedily for ``depth - 1`` more tokens, children are
     scored by summed log-probability and the best ``keep`` continue. Returns the best (1, n_new)."""
@@ -257,7 +270,7 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4,
     paths, scores = prompt.new_zeros(1, 0), torch.zeros(1, device=prompt.device)
     while paths.shape[1] < n_new:
         live = paths.shape[0]
-        top_lp, top_tok = logp.topk(branch, dim=-1)                      # (live, branch)
+        top_lp, top_tok = logp.topk(branch, dim=-1)  # (live, branch)
         cache.fork(branch)
         paths = torch.cat([paths.repeat_interleave(branch, 0), top_tok.reshape(-1, 1)], 1)
         scores = scores.repeat_interleave(branch) + top_lp.reshape(-1)

@@ -23,8 +23,11 @@ def check_conv_state_bytes(answer) -> bool:
     if answer is None:
         return _verdict(False, "return a number of bytes")
     want = memory_per_sequence(PUBLISHED_SHAPES["Nemotron-H 8B"], 1)["conv_state"]
-    return _verdict(int(answer) == want, f"{int(answer):,} bytes" + (
-        "" if int(answer) == want else " - count channels x (d_conv - 1) x 2 bytes x layers"))
+    return _verdict(
+        int(answer) == want,
+        f"{int(answer):,} bytes"
+        + ("" if int(answer) == want else " - count channels x (d_conv - 1) x 2 bytes x layers"),
+    )
 
 
 def check_kv_truncate(truncate) -> bool:
@@ -39,8 +42,14 @@ def check_kv_truncate(truncate) -> bool:
 
 def _random_step_inputs(generator, batch=2, H=4, P=3, N=5, G=2):
     r = lambda *s: torch.randn(*s, generator=generator)  # noqa: E731
-    return dict(x=r(batch, H, P), dt=r(batch, H).abs(), A=-r(H).abs(), B=r(batch, G, N),
-                C=r(batch, G, N), D=r(H))
+    return dict(
+        x=r(batch, H, P),
+        dt=r(batch, H).abs(),
+        A=-r(H).abs(),
+        B=r(batch, G, N),
+        C=r(batch, G, N),
+        D=r(H),
+    )
 
 
 def check_ssd_step(step) -> bool:

@@ -15,16 +15,22 @@ from replaylab.cache import CacheConfig
 from replaylab.decoding import SyntheticDrafter, greedy, speculative
 from replaylab.strategies import STRATEGY_NAMES
 
-__all__ = ["compare_strategies", "snapshot_memory_vs_draft_length", "budget_outcomes",
-           "restore_cost_vs_distance", "speculative_vs_prediction"]
+__all__ = [
+    "compare_strategies",
+    "snapshot_memory_vs_draft_length",
+    "budget_outcomes",
+    "restore_cost_vs_distance",
+    "speculative_vs_prediction",
+]
 
 
 def _config(strategy, interval, **options) -> CacheConfig:
     return CacheConfig(strategy, checkpoint_interval=interval, log_length=interval, **options)
 
 
-def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0,
-                       strategies=STRATEGY_NAMES) -> list[dict]:
+def compare_strategies(
+    model, prompt, n_new, acceptance, k=4, interval=8, seed=0, strategies=STRATEGY_NAMES
+) -> list[dict]:
     """Speculative decoding with a synthetic drafter of the given acceptance under each
     strategy; one row per strategy: same tokens as greedy?, acceptance, restores, peak bytes,
     recomputed tokens, restore seconds (measured, machine-dependent)."""
@@ -32,51 +38,106 @@ def compare_strategies(model, prompt, n_new, acceptance, k=4, interval=8, seed=0
     full = torch.cat([prompt, reference.tokens], 1)
     rows = []
     for strategy in strategies:
-        run = speculative(model, prompt, n_new, SyntheticDrafter(full, acceptance, seed), k=k,
-                          cache=_config(strategy, interval))
-        rows.append(dict(strategy=strategy, same_tokens_as_greedy=bool(torch.equal(run.tokens, reference.tokens)),
-                         acceptance_rate=round(run.acceptance_rate, 3), restores=run.restores,
-                         peak_bytes=run.peak_bytes, recomputed_tokens=run.recomputed_tokens,
-                         restore_seconds=run.restore_seconds))
+        run = speculative(
+            model,
+            prompt,
+            n_new,
+            SyntheticDrafter(full, acceptance, seed),
+            k=k,
+            cache=_config(strategy, interval),
+        )
+        rows.append(
+            dict(
+                strategy=strategy,
+                same_tokens_as_greedy=bool(torch.equal(run.tokens, reference.tokens)),
+                acceptance_rate=round(run.acceptance_rate, 3),
+                restores=run.restores,
+                peak_bytes=run.peak_bytes,
+                recomputed_tokens=run.recomputed_tokens,
+                restore_seconds=run.restore_seconds,
+            )
+        )
     return rows
 
 
-def snapshot_memory_vs_draft_length(model, prompt, n_new, draft_lengths, acceptance=0.7,
-                                    strategies=("snapshot", "replay"), interval=8, seed=0):
+def snapshot_memory_vs_draft_length(
+    model,
+    prompt,
+    n_new,
+    draft_lengths,
+    acceptance=0.7,
+    strategies=("snapshot", "replay"),
+    interval=8,
+    seed=0,
+):
     """Peak bytes held by component while speculating, for each draft length k."""
     reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
     rows = []
     for k in draft_lengths:
         for strategy in strategies:
-            run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
-                              k=k, cache=_config(strategy, interval))
-            rows.append(dict(k=k, strategy=strategy, peak_bytes=run.peak_bytes,
-                             restores=run.restores))
+            run = speculative(
+                model,
+                prompt,
+                n_new,
+                SyntheticDrafter(reference, acceptance, seed),
+                k=k,
+                cache=_config(strategy, interval),
+            )
+            rows.append(
+                dict(k=k, strategy=strategy, peak_bytes=run.peak_bytes, restores=run.restores)
+            )
     return rows
 
 
-def budget_outcomes(model, prompt, n_new, budget_fractions, k=4, acceptance=0.5,
-                    strategy="snapshot", interval=4, seed=0):
+def budget_outcomes(
+    model,
+    prompt,
+    n_new,
+    budget_fractions,
+    k=4,
+    acceptance=0.5,
+    strategy="snapshot",
+    interval=4,
+    seed=0,
+):
     """Speculative decoding under a byte budget (a fraction of the unbudgeted peak), for each
     eviction policy: evictions, restores that had to rebuild an evicted copy, tokens re-run,
     and whether the tokens still equal greedy decoding."""
     ref_tokens = greedy(model, prompt, n_new).tokens
     reference = torch.cat([prompt, ref_tokens], 1)
-    free = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
-                       cache=_config(strategy, interval))
+    free = speculative(
+        model,
+        prompt,
+        n_new,
+        SyntheticDrafter(reference, acceptance, seed),
+        k=k,
+        cache=_config(strategy, interval),
+    )
     rows = []
     for fraction in budget_fractions:
         for policy in ("lru", "cost"):
             budget = int(free.peak_bytes * fraction)
-            run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed),
-                              k=k, cache=_config(strategy, interval, budget_bytes=budget,
-                                                 eviction=policy))
+            run = speculative(
+                model,
+                prompt,
+                n_new,
+                SyntheticDrafter(reference, acceptance, seed),
+                k=k,
+                cache=_config(strategy, interval, budget_bytes=budget, eviction=policy),
+            )
             s = run.stats
-            rows.append(dict(budget_fraction=fraction, policy=policy, budget_bytes=budget,
-                             evictions=s.evictions, fallback_restores=s.fallback_restores,
-                             recomputed_tokens=s.recomputed_tokens,
-                             same_tokens=bool(torch.equal(run.tokens, ref_tokens)),
-                             restore_seconds=s.restore_seconds))
+            rows.append(
+                dict(
+                    budget_fraction=fraction,
+                    policy=policy,
+                    budget_bytes=budget,
+                    evictions=s.evictions,
+                    fallback_restores=s.fallback_restores,
+                    recomputed_tokens=s.recomputed_tokens,
+                    same_tokens=bool(torch.equal(run.tokens, ref_tokens)),
+                    restore_seconds=s.restore_seconds,
+                )
+            )
     return rows
 
 
@@ -97,28 +158,43 @@ def restore_cost_vs_distance(model, strategy, interval=16, prompt_len=32, seed=0
         target = base + offset
         t0 = time.perf_counter()
         cache.restore(target if strategy != "snapshot" or offset else handle)
-        model(ids[:, target:target + 1] if target < ids.shape[1] else ids[:, -1:], cache)
+        model(ids[:, target : target + 1] if target < ids.shape[1] else ids[:, -1:], cache)
         seconds = time.perf_counter() - t0
         cache.release(handle)
-        rows.append(dict(strategy=strategy, distance=offset,
-                         recomputed_tokens=cache.stats.recomputed_tokens,
-                         folded_tokens=cache.stats.folded_tokens - folded_before, seconds=seconds))
+        rows.append(
+            dict(
+                strategy=strategy,
+                distance=offset,
+                recomputed_tokens=cache.stats.recomputed_tokens,
+                folded_tokens=cache.stats.folded_tokens - folded_before,
+                seconds=seconds,
+            )
+        )
     return rows
 
 
-def speculative_vs_prediction(model, prompt, n_new, k, acceptance, strategy="replay", interval=8,
-                              seed=0):
+def speculative_vs_prediction(
+    model, prompt, n_new, k, acceptance, strategy="replay", interval=8, seed=0
+):
     """A live synthetic-drafter run next to the cost model: acceptance, tokens per round,
     restores, and the SSM-side peak bytes. Rows: quantity, predicted, measured, factor."""
     from replaylab import costmodel as cm
+
     reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
-    run = speculative(model, prompt, n_new, SyntheticDrafter(reference, acceptance, seed), k=k,
-                      cache=_config(strategy, interval))
+    run = speculative(
+        model,
+        prompt,
+        n_new,
+        SyntheticDrafter(reference, acceptance, seed),
+        k=k,
+        cache=_config(strategy, interval),
+    )
     rounds = run.proposed / k
-    m = cm.model_costs(cm.shape_from_config(model.cfg),
-                       cm.Workload(k=k, interval=interval,
-                                   act_bytes=next(model.parameters()).element_size()),
-                       sum(p.numel() for p in model.parameters()))
+    m = cm.model_costs(
+        cm.shape_from_config(model.cfg),
+        cm.Workload(k=k, interval=interval, act_bytes=next(model.parameters()).element_size()),
+        sum(p.numel() for p in model.parameters()),
+    )
     if strategy == "replay":
         held = cm.bytes_held(m, "replay", log_entries=max(interval - 1, k + 1))
     else:
@@ -126,9 +202,13 @@ def speculative_vs_prediction(model, prompt, n_new, k, acceptance, strategy="rep
     peak = run.stats.peak_by_component
     measured_ssm = sum(peak.get(c, 0) for c in held)
     ea = cm.expected_accepted(k, acceptance)
-    rows = [("accepted drafts per round", ea, run.accepted / rounds),
-            ("tokens per round", ea + 1, n_new / rounds),
-            ("restores per round", 1 - acceptance ** k, run.restores / rounds),
-            ("peak SSM-side bytes", sum(held.values()), measured_ssm)]
-    return [dict(quantity=q, predicted=p, measured=v,
-                 factor=(v / p if p else float("nan"))) for q, p, v in rows]
+    rows = [
+        ("accepted drafts per round", ea, run.accepted / rounds),
+        ("tokens per round", ea + 1, n_new / rounds),
+        ("restores per round", 1 - acceptance**k, run.restores / rounds),
+        ("peak SSM-side bytes", sum(held.values()), measured_ssm),
+    ]
+    return [
+        dict(quantity=q, predicted=p, measured=v, factor=(v / p if p else float("nan")))
+        for q, p, v in rows
+    ]

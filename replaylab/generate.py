@@ -16,8 +16,16 @@ from replaylab.model import load_transformers_hybrid
 __all__ = ["generate"]
 
 
-def generate(checkpoint, prompt_ids, max_new_tokens=32, cache="replay", draft=None, k=4,
-             device=None, progress=False):
+def generate(
+    checkpoint,
+    prompt_ids,
+    max_new_tokens=32,
+    cache="replay",
+    draft=None,
+    k=4,
+    device=None,
+    progress=False,
+):
     """Tokens after ``prompt_ids`` from a NemotronH or Bamba checkpoint folder.
 
     cache: a strategy name or a ``CacheConfig`` (used for the target and the draft model).
@@ -32,8 +40,10 @@ def generate(checkpoint, prompt_ids, max_new_tokens=32, cache="replay", draft=No
     device = next(model.parameters()).device
     prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long, device=device)[None]
     if prompt.numel() == 0 or int(prompt.min()) < 0 or int(prompt.max()) >= model.cfg.vocab_size:
-        raise ValueError(f"prompt_ids: expected a non-empty list of ids in [0, "
-                         f"{model.cfg.vocab_size}), got {list(prompt_ids)}")
+        raise ValueError(
+            f"prompt_ids: expected a non-empty list of ids in [0, "
+            f"{model.cfg.vocab_size}), got {list(prompt_ids)}"
+        )
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
     if draft is None or draft == "none":
@@ -42,11 +52,14 @@ def generate(checkpoint, prompt_ids, max_new_tokens=32, cache="replay", draft=No
         drafter = PromptLookupDrafter()
     else:
         if not Path(draft).is_dir():
-            raise ValueError(f"draft: expected 'none', 'prompt-lookup' or a checkpoint folder, "
-                             f"got {draft!r}")
+            raise ValueError(
+                f"draft: expected 'none', 'prompt-lookup' or a checkpoint folder, got {draft!r}"
+            )
         draft_model = load_transformers_hybrid(draft).eval().to(device)
         if draft_model.cfg.vocab_size != model.cfg.vocab_size:
-            raise ValueError(f"draft model: vocabulary of {draft_model.cfg.vocab_size} tokens, "
-                             f"expected the target's {model.cfg.vocab_size}")
+            raise ValueError(
+                f"draft model: vocabulary of {draft_model.cfg.vocab_size} tokens, "
+                f"expected the target's {model.cfg.vocab_size}"
+            )
         drafter = ModelDrafter(draft_model, cache)
     return speculative(model, prompt, max_new_tokens, drafter, k=k, cache=cache, progress=progress)

@@ -27,11 +27,11 @@ __all__ = ["LayerKV"]
 
 @dataclass
 class _Segment:
-    k: torch.Tensor      # (R, Hkv, capacity, Dh) storage rows
+    k: torch.Tensor  # (R, Hkv, capacity, Dh) storage rows
     v: torch.Tensor
-    rows: torch.Tensor   # (batch,) long: storage row read by each live branch
-    start: int           # position of the segment's first token
-    length: int          # tokens used
+    rows: torch.Tensor  # (batch,) long: storage row read by each live branch
+    start: int  # position of the segment's first token
+    length: int  # tokens used
 
     @property
     def end(self):
@@ -46,8 +46,7 @@ class LayerKV:
     3
     """
 
-    def __init__(self, batch, kv_heads, head_dim, *, dtype=torch.float32, device="cpu",
-                 block=64):
+    def __init__(self, batch, kv_heads, head_dim, *, dtype=torch.float32, device="cpu", block=64):
         self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
         self.dtype, self.device, self.block = dtype, torch.device(device), block
         self.frozen: list[_Segment] = []
@@ -73,12 +72,12 @@ class LayerKV:
         if need > seg.k.shape[2]:
             capacity = max(need, 2 * seg.k.shape[2], self.block)
             grown = self._new_open(seg.start, self.batch, capacity)
-            grown.k[:, :, :seg.length] = seg.k[:, :, :seg.length]
-            grown.v[:, :, :seg.length] = seg.v[:, :, :seg.length]
+            grown.k[:, :, : seg.length] = seg.k[:, :, : seg.length]
+            grown.v[:, :, : seg.length] = seg.v[:, :, : seg.length]
             grown.length, seg = seg.length, grown
             self.open = seg
-        seg.k[:, :, seg.length:need] = k.to(self.dtype)
-        seg.v[:, :, seg.length:need] = v.to(self.dtype)
+        seg.k[:, :, seg.length : need] = k.to(self.dtype)
+        seg.v[:, :, seg.length : need] = v.to(self.dtype)
         seg.length = need
 
     def keys_values(self):
@@ -87,8 +86,8 @@ class LayerKV:
         if not segs:
             shape = (self.batch, self.kv_heads, 0, self.head_dim)
             return (torch.empty(shape, dtype=self.dtype, device=self.device),) * 2
-        ks = [s.k[s.rows, :, :s.length] for s in segs]
-        vs = [s.v[s.rows, :, :s.length] for s in segs]
+        ks = [s.k[s.rows, :, : s.length] for s in segs]
+        vs = [s.v[s.rows, :, : s.length] for s in segs]
         return torch.cat(ks, dim=2), torch.cat(vs, dim=2)
 
     def truncate_to(self, position):
@@ -129,11 +128,9 @@ class LayerKV:
 
     def nbytes(self) -> int:
         """Bytes allocated for keys and values (a shared prefix counts once)."""
-        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
-                    for s in (*self.frozen, self.open) for t in (s.k, s.v)}
+        storages = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for s in (*self.frozen, self.open)
+            for t in (s.k, s.v)
+        }
         return sum(storages.values())
-
-    def nbytes_used(self) -> int:
-        """Bytes of the positions in use (allocated capacity beyond them not counted)."""
-        return sum(2 * s.k.shape[0] * self.kv_heads * s.length * self.head_dim * s.k.element_size()
-                   for s in (*self.frozen, self.open))

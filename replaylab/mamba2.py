@@ -58,10 +58,13 @@ class Mamba2Mixer(nn.Module):
         self.cfg, self.layer = cfg, layer
         inner = cfg.ssm_heads * cfg.ssm_head_dim
         self.in_proj = nn.Linear(cfg.hidden_size, inner + cfg.conv_dim + cfg.ssm_heads, bias=False)
-        self.conv1d = nn.Conv1d(cfg.conv_dim, cfg.conv_dim, cfg.d_conv, groups=cfg.conv_dim,
-                                bias=cfg.use_conv_bias)
+        self.conv1d = nn.Conv1d(
+            cfg.conv_dim, cfg.conv_dim, cfg.d_conv, groups=cfg.conv_dim, bias=cfg.use_conv_bias
+        )
         self.dt_bias = nn.Parameter(torch.ones(cfg.ssm_heads))
-        self.A_log = nn.Parameter(torch.log(torch.arange(1, cfg.ssm_heads + 1, dtype=torch.float32)))
+        self.A_log = nn.Parameter(
+            torch.log(torch.arange(1, cfg.ssm_heads + 1, dtype=torch.float32))
+        )
         self.D = nn.Parameter(torch.ones(cfg.ssm_heads))
         self.norm = GatedRMSNorm(inner, cfg.n_groups, cfg.eps)
         self.out_proj = nn.Linear(inner, cfg.hidden_size, bias=False)
@@ -69,23 +72,29 @@ class Mamba2Mixer(nn.Module):
 
     def params(self) -> Mamba2Params:
         """The processed scan parameters (differentiable: training goes through them)."""
-        return Mamba2Params(-torch.exp(self.A_log.float()), self.D, self.dt_bias,
-                            (self.cfg.time_step_min, math.inf))
+        return Mamba2Params(
+            -torch.exp(self.A_log.float()), self.D, self.dt_bias, (self.cfg.time_step_min, math.inf)
+        )
 
     def conv(self, xBC, window):
         """SiLU(causal depthwise conv) over ``window`` (batch, d_conv-1, conv_dim) followed by
         xBC (batch, T, conv_dim): (batch, T, conv_dim)."""
         full = torch.cat([window.to(xBC.dtype), xBC], dim=1).transpose(1, 2)
-        return F.silu(F.conv1d(full, self.conv1d.weight, self.conv1d.bias,
-                               groups=self.cfg.conv_dim)).transpose(1, 2)
+        return F.silu(
+            F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.cfg.conv_dim)
+        ).transpose(1, 2)
 
     def split_scan_inputs(self, conv_out):
         """(batch, T, conv_dim) after conv -> x (batch,T,H,P), B, C (batch,T,G,N)."""
         c = self.cfg
-        x, B, C = conv_out.split([c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state,
-                                  c.n_groups * c.d_state], dim=-1)
-        return (x.unflatten(-1, (c.ssm_heads, c.ssm_head_dim)),
-                B.unflatten(-1, (c.n_groups, c.d_state)), C.unflatten(-1, (c.n_groups, c.d_state)))
+        x, B, C = conv_out.split(
+            [c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state, c.n_groups * c.d_state], dim=-1
+        )
+        return (
+            x.unflatten(-1, (c.ssm_heads, c.ssm_head_dim)),
+            B.unflatten(-1, (c.n_groups, c.d_state)),
+            C.unflatten(-1, (c.n_groups, c.d_state)),
+        )
 
     def forward(self, h, cache):
         c = self.cfg
@@ -120,9 +129,19 @@ class Mamba2Spec(RecurrentSpec):
 
     def scan(self, state, entries, return_states=False):
         p = self.params()
-        return ssd_scan(entries["x"], entries["dt"], p.A, entries["B"], entries["C"], p.D,
-                        dt_bias=p.dt_bias, dt_softplus=True, dt_limit=p.dt_limit,
-                        initial_state=state, return_states=return_states)
+        return ssd_scan(
+            entries["x"],
+            entries["dt"],
+            p.A,
+            entries["B"],
+            entries["C"],
+            p.D,
+            dt_bias=p.dt_bias,
+            dt_softplus=True,
+            dt_limit=p.dt_limit,
+            initial_state=state,
+            return_states=return_states,
+        )
 
 
 class Mamba2ReplayKernels(ReplayKernels):
@@ -139,21 +158,49 @@ class Mamba2ReplayKernels(ReplayKernels):
 
     def fold(self, checkpoint, rows, log, upto):
         from replaylab.kernels.replay import fold
+
         batch = rows.numel()
         A, _, bias, limit = self._params()
         out = torch.empty((batch, *checkpoint.shape[1:]), device=checkpoint.device)
-        return fold(checkpoint, rows.to(torch.int32), out,
-                    torch.arange(batch, dtype=torch.int32, device=checkpoint.device),
-                    log["x"], log["dt"], log["B"],
-                    torch.full((batch,), upto, dtype=torch.int32, device=checkpoint.device),
-                    A, bias, True, limit)
+        return fold(
+            checkpoint,
+            rows.to(torch.int32),
+            out,
+            torch.arange(batch, dtype=torch.int32, device=checkpoint.device),
+            log["x"],
+            log["dt"],
+            log["B"],
+            torch.full((batch,), upto, dtype=torch.int32, device=checkpoint.device),
+            A,
+            bias,
+            True,
+            limit,
+        )
 
     def step(self, checkpoint, rows, log, n, entries):
         if entries["x"].shape[1] > self.MAX_STEP_TOKENS:
             return None
         from replaylab.kernels.replay import replay_step
+
         A, D, bias, limit = self._params()
         log_len = torch.full((rows.numel(),), n, dtype=torch.int32, device=checkpoint.device)
-        return replay_step(checkpoint, rows.to(torch.int32), log["x"], log["dt"], log["B"],
-                           log["C"], log_len, entries["x"], entries["dt"], entries["B"],
-                           entries["C"], A, D, bias, True, limit, append=False, check=False)
+        return replay_step(
+            checkpoint,
+            rows.to(torch.int32),
+            log["x"],
+            log["dt"],
+            log["B"],
+            log["C"],
+            log_len,
+            entries["x"],
+            entries["dt"],
+            entries["B"],
+            entries["C"],
+            A,
+            D,
+            bias,
+            True,
+            limit,
+            append=False,
+            check=False,
+        )

@@ -31,8 +31,15 @@ from torch import nn
 from replaylab.cache import CacheSpec
 from replaylab.mamba2 import Mamba2Mixer
 
-__all__ = ["HybridConfig", "HybridLM", "load_transformers_hybrid", "load_transformers_nemotron_h",
-           "preset", "PRESETS", "to_transformers_nemotron_h"]
+__all__ = [
+    "HybridConfig",
+    "HybridLM",
+    "load_transformers_hybrid",
+    "load_transformers_nemotron_h",
+    "preset",
+    "PRESETS",
+    "to_transformers_nemotron_h",
+]
 
 
 @dataclass
@@ -60,16 +67,22 @@ class HybridConfig:
     def __post_init__(self):
         bad = set(self.pattern) - set("M*-")
         if bad:
-            raise ValueError(f"pattern: expected characters M (Mamba-2), * (attention), - (MLP), "
-                             f"got {sorted(bad)} in {self.pattern!r}")
+            raise ValueError(
+                f"pattern: expected characters M (Mamba-2), * (attention), - (MLP), "
+                f"got {sorted(bad)} in {self.pattern!r}"
+            )
         if self.mlp not in ("relu2", "swiglu"):
             raise ValueError(f"mlp: expected 'relu2' or 'swiglu', got {self.mlp!r}")
         if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
-            raise ValueError(f"rotary_dim: expected an even number in [0, head_dim={self.head_dim}], "
-                             f"got {self.rotary_dim}")
+            raise ValueError(
+                f"rotary_dim: expected an even number in [0, head_dim={self.head_dim}], "
+                f"got {self.rotary_dim}"
+            )
         if self.ssm_heads % self.n_groups or self.attn_heads % self.kv_heads:
-            raise ValueError(f"n_groups={self.n_groups} must divide ssm_heads={self.ssm_heads} and "
-                             f"kv_heads={self.kv_heads} must divide attn_heads={self.attn_heads}")
+            raise ValueError(
+                f"n_groups={self.n_groups} must divide ssm_heads={self.ssm_heads} and "
+                f"kv_heads={self.kv_heads} must divide attn_heads={self.attn_heads}"
+            )
 
     @property
     def conv_dim(self):
@@ -115,24 +128,24 @@ class Attention(nn.Module):
         keys, values = cache.layer(self.layer).append(k, v)
         rep = c.attn_heads // c.kv_heads
         keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(2, 3)) * c.head_dim ** -0.5
+        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5
         total = keys.shape[2]
         causal = torch.ones(T, total, dtype=torch.bool, device=h.device).tril(total - T)
         scores = scores.masked_fill(~causal, float("-inf"))
         out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
         return self.o_proj(out.transpose(1, 2).reshape(batch, T, -1))
 
-
     def rotate(self, t, start):
         """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at positions start.."""
         c = self.cfg
         half = c.rotary_dim // 2
-        inv_freq = 1.0 / c.rope_theta ** (torch.arange(0, c.rotary_dim, 2, device=t.device).float()
-                                          / c.rotary_dim)
+        inv_freq = 1.0 / c.rope_theta ** (
+            torch.arange(0, c.rotary_dim, 2, device=t.device).float() / c.rotary_dim
+        )
         pos = torch.arange(start, start + t.shape[2], device=t.device).float()
         angles = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
         cos, sin = angles.cos().to(t.dtype), angles.sin().to(t.dtype)
-        rot, rest = t[..., :c.rotary_dim], t[..., c.rotary_dim:]
+        rot, rest = t[..., : c.rotary_dim], t[..., c.rotary_dim :]
         rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
         return torch.cat([rot * cos + rotated * sin, rest], dim=-1)
 
@@ -204,15 +217,19 @@ class HybridLM(nn.Module):
         return CacheSpec(
             recurrent={l: self.model.layers[l].mixer.state_spec for l in c.ssm_layers},
             attention={l: (c.kv_heads, c.head_dim) for l in c.attn_layers},
-            dtype=dtype or param.dtype, device=param.device, rerun=self._rerun)
+            dtype=dtype or param.dtype,
+            device=param.device,
+            rerun=self._rerun,
+        )
 
     def _rerun(self, tokens, cache):
         self(tokens, cache)
 
     def forward(self, input_ids, cache):
         if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch:
-            raise ValueError(f"input_ids: expected shape (batch={cache.batch}, T), got "
-                             f"{tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids: expected shape (batch={cache.batch}, T), got {tuple(input_ids.shape)}"
+            )
         cache.begin(input_ids)
         h = self.model.embeddings(input_ids)
         for block in self.model.layers:
@@ -223,15 +240,19 @@ class HybridLM(nn.Module):
     def save(self, folder):
         """Write ``config.json`` and ``model.safetensors`` to ``folder``."""
         from safetensors.torch import save_file
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.json").write_text(json.dumps(asdict(self.cfg), indent=1))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()},
-                  str(folder / "model.safetensors"))
+        save_file(
+            {k: v.contiguous() for k, v in self.state_dict().items()},
+            str(folder / "model.safetensors"),
+        )
 
     @classmethod
     def load(cls, folder):
         from safetensors.torch import load_file
+
         folder = Path(folder)
         model = cls(HybridConfig(**json.loads((folder / "config.json").read_text())), seed=None)
         model.load_state_dict(load_file(str(folder / "model.safetensors")))
@@ -243,20 +264,32 @@ def config_from_nemotron_h(hf_config) -> HybridConfig:
     kinds = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
     unsupported = set(hf_config.layers_block_type) - set(kinds)
     if unsupported:
-        raise ValueError(f"layers_block_type: replaylab supports {sorted(kinds)}, got "
-                         f"{sorted(unsupported)}")
+        raise ValueError(
+            f"layers_block_type: replaylab supports {sorted(kinds)}, got {sorted(unsupported)}"
+        )
     if hf_config.mlp_hidden_act != "relu2" or hf_config.mamba_hidden_act != "silu":
-        raise ValueError(f"activations: expected relu2 MLP and silu Mamba, got "
-                         f"{hf_config.mlp_hidden_act!r} and {hf_config.mamba_hidden_act!r}")
+        raise ValueError(
+            f"activations: expected relu2 MLP and silu Mamba, got "
+            f"{hf_config.mlp_hidden_act!r} and {hf_config.mamba_hidden_act!r}"
+        )
     return HybridConfig(
-        vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
         pattern="".join(kinds[k] for k in hf_config.layers_block_type),
-        ssm_heads=hf_config.mamba_num_heads, ssm_head_dim=hf_config.mamba_head_dim,
-        d_state=hf_config.ssm_state_size, n_groups=hf_config.n_groups, d_conv=hf_config.conv_kernel,
-        attn_heads=hf_config.num_attention_heads, kv_heads=hf_config.num_key_value_heads,
-        head_dim=hf_config.head_dim, intermediate_size=hf_config.intermediate_size,
-        eps=hf_config.layer_norm_epsilon, time_step_min=hf_config.time_step_min,
-        use_conv_bias=hf_config.use_conv_bias, tie_word_embeddings=hf_config.tie_word_embeddings)
+        ssm_heads=hf_config.mamba_num_heads,
+        ssm_head_dim=hf_config.mamba_head_dim,
+        d_state=hf_config.ssm_state_size,
+        n_groups=hf_config.n_groups,
+        d_conv=hf_config.conv_kernel,
+        attn_heads=hf_config.num_attention_heads,
+        kv_heads=hf_config.num_key_value_heads,
+        head_dim=hf_config.head_dim,
+        intermediate_size=hf_config.intermediate_size,
+        eps=hf_config.layer_norm_epsilon,
+        time_step_min=hf_config.time_step_min,
+        use_conv_bias=hf_config.use_conv_bias,
+        tie_word_embeddings=hf_config.tie_word_embeddings,
+    )
 
 
 def config_from_bamba(hf_config) -> HybridConfig:
@@ -267,24 +300,37 @@ def config_from_bamba(hf_config) -> HybridConfig:
     rope = hf_config.rope_parameters
     if rope.get("rope_type", "default") != "default":
         raise ValueError(f"rope_parameters: only the default RoPE is supported, got {rope}")
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    head_dim = (
+        getattr(hf_config, "head_dim", None)
+        or hf_config.hidden_size // hf_config.num_attention_heads
+    )
     kinds = {"linear_attention": "M", "full_attention": "*"}
     unsupported = set(hf_config.layers_block_type) - set(kinds)
     if unsupported:
-        raise ValueError(f"layers_block_type: replaylab supports {sorted(kinds)}, got "
-                         f"{sorted(unsupported)}")
+        raise ValueError(
+            f"layers_block_type: replaylab supports {sorted(kinds)}, got {sorted(unsupported)}"
+        )
     return HybridConfig(
-        vocab_size=hf_config.vocab_size, hidden_size=hf_config.hidden_size,
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
         pattern="".join(kinds[k] + "-" for k in hf_config.layers_block_type),
-        ssm_heads=hf_config.mamba_n_heads, ssm_head_dim=hf_config.mamba_d_head,
-        d_state=hf_config.mamba_d_state, n_groups=hf_config.mamba_n_groups,
-        d_conv=hf_config.mamba_d_conv, attn_heads=hf_config.num_attention_heads,
-        kv_heads=hf_config.num_key_value_heads, head_dim=head_dim,
-        intermediate_size=hf_config.intermediate_size, eps=hf_config.rms_norm_eps,
-        time_step_min=float(hf_config.time_step_limit[0]), use_conv_bias=hf_config.mamba_conv_bias,
-        tie_word_embeddings=hf_config.tie_word_embeddings, mlp="swiglu",
+        ssm_heads=hf_config.mamba_n_heads,
+        ssm_head_dim=hf_config.mamba_d_head,
+        d_state=hf_config.mamba_d_state,
+        n_groups=hf_config.mamba_n_groups,
+        d_conv=hf_config.mamba_d_conv,
+        attn_heads=hf_config.num_attention_heads,
+        kv_heads=hf_config.num_key_value_heads,
+        head_dim=head_dim,
+        intermediate_size=hf_config.intermediate_size,
+        eps=hf_config.rms_norm_eps,
+        time_step_min=float(hf_config.time_step_limit[0]),
+        use_conv_bias=hf_config.mamba_conv_bias,
+        tie_word_embeddings=hf_config.tie_word_embeddings,
+        mlp="swiglu",
         rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),
-        rope_theta=float(rope["rope_theta"]))
+        rope_theta=float(rope["rope_theta"]),
+    )
 
 
 def _bamba_key(key):
@@ -306,8 +352,10 @@ def _bamba_key(key):
     return key
 
 
-SUPPORTED = {"nemotron_h": (lambda c: config_from_nemotron_h(c), lambda k: k),
-             "bamba": (lambda c: config_from_bamba(c), _bamba_key)}
+SUPPORTED = {
+    "nemotron_h": (lambda c: config_from_nemotron_h(c), lambda k: k),
+    "bamba": (lambda c: config_from_bamba(c), _bamba_key),
+}
 
 
 def load_transformers_hybrid(source) -> HybridLM:
@@ -315,25 +363,33 @@ def load_transformers_hybrid(source) -> HybridLM:
     folder as ``save_pretrained`` writes it."""
     if isinstance(source, (str, Path)):
         from transformers import AutoConfig, AutoModelForCausalLM
+
         folder = Path(source)
         if not (folder / "config.json").exists():
-            raise ValueError(f"{folder}: no config.json; expected a folder written by "
-                             f"save_pretrained")
+            raise ValueError(
+                f"{folder}: no config.json; expected a folder written by save_pretrained"
+            )
         hf_config = AutoConfig.from_pretrained(folder)
         if hf_config.model_type not in SUPPORTED:
-            raise ValueError(f"{folder}: expected a supported hybrid ({', '.join(SUPPORTED)}), "
-                             f"got model_type {hf_config.model_type!r}")
+            raise ValueError(
+                f"{folder}: expected a supported hybrid ({', '.join(SUPPORTED)}), "
+                f"got model_type {hf_config.model_type!r}"
+            )
         if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
             raise ValueError(f"{folder}: no weights (*.safetensors or *.bin) next to config.json")
         source = AutoModelForCausalLM.from_pretrained(folder)
     model_type = source.config.model_type
     if model_type not in SUPPORTED:
-        raise ValueError(f"model: expected a supported hybrid ({', '.join(SUPPORTED)}), got "
-                         f"{model_type!r}")
+        raise ValueError(
+            f"model: expected a supported hybrid ({', '.join(SUPPORTED)}), got {model_type!r}"
+        )
     make_config, rename = SUPPORTED[model_type]
     model = HybridLM(make_config(source.config), seed=None)
-    state = {rename(k): v for k, v in source.state_dict().items()
-             if not k.endswith("rotary_emb.inv_freq")}
+    state = {
+        rename(k): v
+        for k, v in source.state_dict().items()
+        if not k.endswith("rotary_emb.inv_freq")
+    }
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights: missing {missing}, unexpected {unexpected}")
@@ -350,17 +406,47 @@ def load_transformers_nemotron_h(source) -> HybridLM:
 
 PRESETS = {
     # the notebooks' and CI's model: runs anywhere in seconds
-    "tiny": dict(vocab_size=128, hidden_size=64, pattern="M-M*-M-", ssm_heads=8, ssm_head_dim=16,
-                 d_state=64, n_groups=1, attn_heads=4, kv_heads=2, head_dim=16,
-                 intermediate_size=128),
+    "tiny": dict(
+        vocab_size=128,
+        hidden_size=64,
+        pattern="M-M*-M-",
+        ssm_heads=8,
+        ssm_head_dim=16,
+        d_state=64,
+        n_groups=1,
+        attn_heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+    ),
     # about 1B parameters, Nemotron-H's block layout
-    "1b": dict(vocab_size=32000, hidden_size=2048, pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M-",
-               ssm_heads=64, ssm_head_dim=64, d_state=128, n_groups=8, attn_heads=16,
-               kv_heads=4, head_dim=128, intermediate_size=8192),
+    "1b": dict(
+        vocab_size=32000,
+        hidden_size=2048,
+        pattern="M-M-M*-M-M-M*-M-M-M*-M-M-M-",
+        ssm_heads=64,
+        ssm_head_dim=64,
+        d_state=128,
+        n_groups=8,
+        attn_heads=16,
+        kv_heads=4,
+        head_dim=128,
+        intermediate_size=8192,
+    ),
     # Nemotron-H 8B's layer shapes (H=128, P=64, N=128, G=8), fewer blocks
-    "8b-layers": dict(vocab_size=32000, hidden_size=4096, pattern="M-M*-M-", ssm_heads=128,
-                      ssm_head_dim=64, d_state=128, n_groups=8, attn_heads=32, kv_heads=8,
-                      head_dim=128, intermediate_size=21504),
+    "8b-layers": dict(
+        vocab_size=32000,
+        hidden_size=4096,
+        pattern="M-M*-M-",
+        ssm_heads=128,
+        ssm_head_dim=64,
+        d_state=128,
+        n_groups=8,
+        attn_heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate_size=21504,
+    ),
 }
 
 
@@ -374,18 +460,32 @@ def preset(name: str) -> HybridConfig:
 def to_transformers_nemotron_h(model: HybridLM):
     """The same model as a transformers NemotronHForCausalLM (same weights): the baseline."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
+
     c = model.cfg
     if c.mlp != "relu2" or c.rotary_dim:
-        raise ValueError("to_transformers_nemotron_h: only NemotronH-style models (relu2 MLP, "
-                         "no RoPE) have a NemotronH twin")
+        raise ValueError(
+            "to_transformers_nemotron_h: only NemotronH-style models (relu2 MLP, "
+            "no RoPE) have a NemotronH twin"
+        )
     hf_cfg = NemotronHConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=len(c.pattern),
-        hybrid_override_pattern=c.pattern, mamba_num_heads=c.ssm_heads,
-        mamba_head_dim=c.ssm_head_dim, ssm_state_size=c.d_state, n_groups=c.n_groups,
-        conv_kernel=c.d_conv, num_attention_heads=c.attn_heads, num_key_value_heads=c.kv_heads,
-        head_dim=c.head_dim, intermediate_size=c.intermediate_size, layer_norm_epsilon=c.eps,
-        time_step_min=c.time_step_min, use_conv_bias=c.use_conv_bias,
-        tie_word_embeddings=c.tie_word_embeddings)
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=len(c.pattern),
+        hybrid_override_pattern=c.pattern,
+        mamba_num_heads=c.ssm_heads,
+        mamba_head_dim=c.ssm_head_dim,
+        ssm_state_size=c.d_state,
+        n_groups=c.n_groups,
+        conv_kernel=c.d_conv,
+        num_attention_heads=c.attn_heads,
+        num_key_value_heads=c.kv_heads,
+        head_dim=c.head_dim,
+        intermediate_size=c.intermediate_size,
+        layer_norm_epsilon=c.eps,
+        time_step_min=c.time_step_min,
+        use_conv_bias=c.use_conv_bias,
+        tie_word_embeddings=c.tie_word_embeddings,
+    )
     param = next(model.parameters())
     with torch.device(param.device):
         hf = NemotronHForCausalLM(hf_cfg).to(param.dtype)

@@ -29,8 +29,14 @@ import torch
 
 from replaylab.scan import ScanResult
 
-__all__ = ["LayerState", "RecurrentSpec", "ReplayKernels", "window_after", "windows_per_token",
-           "nbytes"]
+__all__ = [
+    "LayerState",
+    "RecurrentSpec",
+    "ReplayKernels",
+    "window_after",
+    "windows_per_token",
+    "nbytes",
+]
 
 
 class LayerState(NamedTuple):
@@ -115,7 +121,8 @@ class RecurrentSpec(ABC):
         """The memory before the first token: zeros, state in fp32, window in ``dtype``."""
         return LayerState(
             torch.zeros((batch, *self.state_shape), dtype=self.state_dtype, device=device),
-            torch.zeros((batch, *self.conv_shape), dtype=dtype, device=device))
+            torch.zeros((batch, *self.conv_shape), dtype=dtype, device=device),
+        )
 
     @abstractmethod
     def params(self):

@@ -18,6 +18,8 @@ def load_bench(path="data/bench_kernels.json") -> dict:
     if not path.is_absolute() and not path.exists():
         path = DATA_DIR.parent / path
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such result; the committed results live in the "
-                                f"repository's data/ folder, which an installed wheel lacks")
+        raise FileNotFoundError(
+            f"{path}: no such result; the committed results live in the "
+            f"repository's data/ folder, which an installed wheel lacks"
+        )
     return json.loads(path.read_text())

@@ -82,8 +82,16 @@ def _ssd_token(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, cd):
     heads = x.shape[1]
     opt = lambda t: None if t is None else t.contiguous().to(cd)  # noqa: E731
     delta = process_dt(dt.contiguous(), dt_bias, dt_softplus, dt_limit, cd)
-    return _ssd_update(state, opt(x), delta, A.to(cd), _expand_groups(opt(B), heads),
-                       _expand_groups(opt(C), heads), opt(D), opt(z))
+    return _ssd_update(
+        state,
+        opt(x),
+        delta,
+        A.to(cd),
+        _expand_groups(opt(B), heads),
+        _expand_groups(opt(C), heads),
+        opt(D),
+        opt(z),
+    )
 
 
 def _ssd_update(state, x, delta, A, B, C, D, z):
@@ -123,8 +131,22 @@ def _check_ssd(x, dt, A, B, C, D, z, dt_bias, state, *, seq: bool):
     check_same_device(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias, state=state)
 
 
-def ssd_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False,
-             dt_limit=NO_LIMIT, *, compute_dtype=torch.float32, check_nonfinite=False):
+def ssd_step(
+    state,
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    compute_dtype=torch.float32,
+    check_nonfinite=False,
+):
     """One Mamba-2 token: returns ``(y, new_state)``.
 
     state: (batch, H, P, N); x, z: (batch, H, P); dt: (batch, H); B, C: (batch, G, N);
@@ -133,14 +155,29 @@ def ssd_step(state, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=Fa
     _check_ssd(x, dt, A, B, C, D, z, dt_bias, state, seq=False)
     if check_nonfinite:
         check_finite(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias)
-    y, new_state = _ssd_token(state.to(compute_dtype), x, dt, A, B, C, D, z, dt_bias,
-                              dt_softplus, dt_limit, compute_dtype)
+    y, new_state = _ssd_token(
+        state.to(compute_dtype), x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, compute_dtype
+    )
     return y.to(x.dtype), new_state
 
 
-def ssd_scan(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, dt_limit=NO_LIMIT,
-             *, initial_state=None, return_states=False, compute_dtype=torch.float32,
-             check_nonfinite=False) -> ScanResult:
+def ssd_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    initial_state=None,
+    return_states=False,
+    compute_dtype=torch.float32,
+    check_nonfinite=False,
+) -> ScanResult:
     """Mamba-2 sequence scan from ``initial_state`` (zeros when None).
 
     x, z: (batch, T, H, P); dt: (batch, T, H); B, C: (batch, T, G, N); A, D, dt_bias: (H,);
@@ -149,17 +186,33 @@ def ssd_scan(x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=False, dt
     """
     _check_ssd(x, dt, A, B, C, D, z, dt_bias, initial_state, seq=True)
     if check_nonfinite:
-        check_finite(initial_state=initial_state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z,
-                     dt_bias=dt_bias)
+        check_finite(
+            initial_state=initial_state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias
+        )
     cd = compute_dtype
     batch, T, heads, headdim = x.shape
     N = B.shape[-1]
-    state = (torch.zeros(batch, heads, headdim, N, dtype=cd, device=x.device)
-             if initial_state is None else initial_state.to(cd))
+    state = (
+        torch.zeros(batch, heads, headdim, N, dtype=cd, device=x.device)
+        if initial_state is None
+        else initial_state.to(cd)
+    )
     ys, states = [], []
     for t in range(T):
-        y, state = _ssd_token(state, x[:, t], dt[:, t], A, B[:, t], C[:, t], D,
-                              None if z is None else z[:, t], dt_bias, dt_softplus, dt_limit, cd)
+        y, state = _ssd_token(
+            state,
+            x[:, t],
+            dt[:, t],
+            A,
+            B[:, t],
+            C[:, t],
+            D,
+            None if z is None else z[:, t],
+            dt_bias,
+            dt_softplus,
+            dt_limit,
+            cd,
+        )
         ys.append(y)
         if return_states:
             states.append(state)
@@ -207,8 +260,22 @@ def _check_s6(u, dt, A, B, C, Dskip, z, dt_bias, state, *, seq: bool):
     check_same_device(u=u, dt=dt, A=A, B=B, C=C, Dskip=Dskip, z=z, dt_bias=dt_bias, state=state)
 
 
-def s6_step(state, u, dt, A, B, C, Dskip=None, z=None, dt_bias=None, dt_softplus=False,
-            dt_limit=NO_LIMIT, *, compute_dtype=torch.float32, check_nonfinite=False):
+def s6_step(
+    state,
+    u,
+    dt,
+    A,
+    B,
+    C,
+    Dskip=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    compute_dtype=torch.float32,
+    check_nonfinite=False,
+):
     """One Mamba-1 token: returns ``(y, new_state)``.
 
     state: (batch, D, N); u, dt, z: (batch, D); A: (D, N); B, C: (batch, N); Dskip, dt_bias: (D,).
@@ -216,14 +283,40 @@ def s6_step(state, u, dt, A, B, C, Dskip=None, z=None, dt_bias=None, dt_softplus
     _check_s6(u, dt, A, B, C, Dskip, z, dt_bias, state, seq=False)
     if check_nonfinite:
         check_finite(state=state, u=u, dt=dt, A=A, B=B, C=C, Dskip=Dskip, z=z, dt_bias=dt_bias)
-    y, new_state = _s6_token(state.to(compute_dtype), u, dt, A, B, C, Dskip, z, dt_bias,
-                             dt_softplus, dt_limit, compute_dtype)
+    y, new_state = _s6_token(
+        state.to(compute_dtype),
+        u,
+        dt,
+        A,
+        B,
+        C,
+        Dskip,
+        z,
+        dt_bias,
+        dt_softplus,
+        dt_limit,
+        compute_dtype,
+    )
     return y.to(u.dtype), new_state
 
 
-def s6_scan(u, dt, A, B, C, Dskip=None, z=None, dt_bias=None, dt_softplus=False,
-            dt_limit=NO_LIMIT, *, initial_state=None, return_states=False,
-            compute_dtype=torch.float32, check_nonfinite=False) -> ScanResult:
+def s6_scan(
+    u,
+    dt,
+    A,
+    B,
+    C,
+    Dskip=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    initial_state=None,
+    return_states=False,
+    compute_dtype=torch.float32,
+    check_nonfinite=False,
+) -> ScanResult:
     """Mamba-1 sequence scan from ``initial_state`` (zeros when None).
 
     u, dt, z: (batch, T, D); A: (D, N); B, C: (batch, T, N); Dskip, dt_bias: (D,);
@@ -232,16 +325,40 @@ def s6_scan(u, dt, A, B, C, Dskip=None, z=None, dt_bias=None, dt_softplus=False,
     """
     _check_s6(u, dt, A, B, C, Dskip, z, dt_bias, initial_state, seq=True)
     if check_nonfinite:
-        check_finite(initial_state=initial_state, u=u, dt=dt, A=A, B=B, C=C, Dskip=Dskip, z=z,
-                     dt_bias=dt_bias)
+        check_finite(
+            initial_state=initial_state,
+            u=u,
+            dt=dt,
+            A=A,
+            B=B,
+            C=C,
+            Dskip=Dskip,
+            z=z,
+            dt_bias=dt_bias,
+        )
     cd = compute_dtype
     batch, T, channels = u.shape
-    state = (torch.zeros(batch, channels, A.shape[1], dtype=cd, device=u.device)
-             if initial_state is None else initial_state.to(cd))
+    state = (
+        torch.zeros(batch, channels, A.shape[1], dtype=cd, device=u.device)
+        if initial_state is None
+        else initial_state.to(cd)
+    )
     ys, states = [], []
     for t in range(T):
-        y, state = _s6_token(state, u[:, t], dt[:, t], A, B[:, t], C[:, t], Dskip,
-                             None if z is None else z[:, t], dt_bias, dt_softplus, dt_limit, cd)
+        y, state = _s6_token(
+            state,
+            u[:, t],
+            dt[:, t],
+            A,
+            B[:, t],
+            C[:, t],
+            Dskip,
+            None if z is None else z[:, t],
+            dt_bias,
+            dt_softplus,
+            dt_limit,
+            cd,
+        )
         ys.append(y)
         if return_states:
             states.append(state)

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["mamba_ssm_references", "scan_agreement"]
+__all__ = ["mamba_ssm_references", "scan_agreement", "tiny_hybrid"]
 
 
 # transformers picks a hybrid layer's implementation when its modeling module is first
@@ -56,10 +56,13 @@ def mamba_ssm_references() -> SimpleNamespace:
         raise ImportError(
             "mamba-ssm is not installed. It is a test oracle only; install it with "
             "MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE pip install --no-build-isolation "
-            f"--no-deps mamba-ssm==2.3.2.post1 (import failed with: {err})") from err
-    return SimpleNamespace(selective_scan_ref=selective_scan_ref,
-                           selective_state_update_ref=selective_state_update_ref,
-                           ssd_minimal_discrete=ssd_minimal_discrete)
+            f"--no-deps mamba-ssm==2.3.2.post1 (import failed with: {err})"
+        ) from err
+    return SimpleNamespace(
+        selective_scan_ref=selective_scan_ref,
+        selective_state_update_ref=selective_state_update_ref,
+        ssd_minimal_discrete=ssd_minimal_discrete,
+    )
 
 
 def scan_agreement(seed=0) -> list[dict]:
@@ -87,33 +90,88 @@ def scan_agreement(seed=0) -> list[dict]:
     def add(name, pairs):
         rows.append({"oracle": name, "max_abs_error": max(max_abs_error(a, b) for a, b in pairs)})
 
-    f64 = ssd_scan(x.double(), dt, A, B.double(), C.double(), D, dt_bias=bias, dt_softplus=True,
-                   initial_state=init, compute_dtype=torch.float64)
+    f64 = ssd_scan(
+        x.double(),
+        dt,
+        A,
+        B.double(),
+        C.double(),
+        D,
+        dt_bias=bias,
+        dt_softplus=True,
+        initial_state=init,
+        compute_dtype=torch.float64,
+    )
     add("float64 scan (replaylab, Mamba-2)", [(ours.y, f64.y), (ours.state, f64.state)])
 
     state, ys = init.clone(), []
     for t in range(T):
-        ys.append(ref.selective_state_update_ref(
-            state, x[:, t], repeat(dt[:, t], "b h -> b h p", p=P), repeat(A, "h -> h p n", p=P, n=N),
-            B[:, t], C[:, t], D=repeat(D, "h -> h p", p=P), dt_bias=repeat(bias, "h -> h p", p=P),
-            dt_softplus=True))
-    add("mamba-ssm selective_state_update_ref (Mamba-2, per token)",
-        [(ours.y, torch.stack(ys, 1)), (ours.state, state)])
+        ys.append(
+            ref.selective_state_update_ref(
+                state,
+                x[:, t],
+                repeat(dt[:, t], "b h -> b h p", p=P),
+                repeat(A, "h -> h p n", p=P, n=N),
+                B[:, t],
+                C[:, t],
+                D=repeat(D, "h -> h p", p=P),
+                dt_bias=repeat(bias, "h -> h p", p=P),
+                dt_softplus=True,
+            )
+        )
+    add(
+        "mamba-ssm selective_state_update_ref (Mamba-2, per token)",
+        [(ours.y, torch.stack(ys, 1)), (ours.state, state)],
+    )
 
     delta = process_dt(dt, bias, True)
     Bh, Ch = (repeat(t_, "b t g n -> b t (g r) n", r=H // G) for t_ in (B, C))
-    ref_y, ref_state = ref.ssd_minimal_discrete(x * delta[..., None], A * delta, Bh, Ch, 8,
-                                                initial_states=init[:, None])
-    add("mamba-ssm ssd_minimal_discrete (Mamba-2, chunked)",
-        [(ours.y, ref_y + D[:, None] * x), (ours.state, ref_state)])
+    ref_y, ref_state = ref.ssd_minimal_discrete(
+        x * delta[..., None], A * delta, Bh, Ch, 8, initial_states=init[:, None]
+    )
+    add(
+        "mamba-ssm ssd_minimal_discrete (Mamba-2, chunked)",
+        [(ours.y, ref_y + D[:, None] * x), (ours.state, ref_state)],
+    )
 
     Dm, Nm = 10, 6
     u, dtm, Bm, Cm = r(batch, T, Dm), r(batch, T, Dm) - 1, r(batch, T, Nm), r(batch, T, Nm)
     Am, Dskip = -torch.rand(Dm, Nm, generator=g) * 2, r(Dm)
     s6 = s6_scan(u, dtm, Am, Bm, Cm, Dskip, dt_softplus=True)
     to_bdt = lambda t_: rearrange(t_, "b t d -> b d t")  # noqa: E731
-    ref_y, ref_state = ref.selective_scan_ref(to_bdt(u), to_bdt(dtm), Am, to_bdt(Bm), to_bdt(Cm),
-                                              D=Dskip, delta_softplus=True, return_last_state=True)
-    add("mamba-ssm selective_scan_ref (Mamba-1)",
-        [(s6.y, rearrange(ref_y, "b d t -> b t d")), (s6.state, ref_state)])
+    ref_y, ref_state = ref.selective_scan_ref(
+        to_bdt(u),
+        to_bdt(dtm),
+        Am,
+        to_bdt(Bm),
+        to_bdt(Cm),
+        D=Dskip,
+        delta_softplus=True,
+        return_last_state=True,
+    )
+    add(
+        "mamba-ssm selective_scan_ref (Mamba-1)",
+        [(s6.y, rearrange(ref_y, "b d t -> b t d")), (s6.state, ref_state)],
+    )
     return rows
+
+
+def tiny_hybrid(seed=2):
+    """The tests' model: a NemotronH-layout hybrid "M*M-" (two Mamba-2 layers with 3 heads of
+    width 8, state 8, one attention layer, one MLP), vocabulary 50, fixed random weights."""
+    from replaylab.model import HybridConfig, HybridLM
+
+    cfg = HybridConfig(
+        vocab_size=50,
+        hidden_size=32,
+        pattern="M*M-",
+        ssm_heads=3,
+        ssm_head_dim=8,
+        d_state=8,
+        n_groups=3,
+        attn_heads=2,
+        kv_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+    )
+    return HybridLM(cfg, seed=seed).eval()

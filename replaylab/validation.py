@@ -16,11 +16,15 @@ def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     dims = {} if dims is None else dims
-    expected = "(" + ", ".join(f"{s}={dims[s]}" if isinstance(s, str) and s in dims else str(s)
-                               for s in spec) + ")"
+    expected = (
+        "("
+        + ", ".join(f"{s}={dims[s]}" if isinstance(s, str) and s in dims else str(s) for s in spec)
+        + ")"
+    )
     if t.dim() != len(spec):
-        raise ValueError(f"{name}: expected {len(spec)} dims with shape {expected}, "
-                         f"got shape {tuple(t.shape)}")
+        raise ValueError(
+            f"{name}: expected {len(spec)} dims with shape {expected}, got shape {tuple(t.shape)}"
+        )
     for size, want in zip(t.shape, spec):
         if isinstance(want, str):
             if want in dims and dims[want] != size:
@@ -48,17 +52,24 @@ def check_finite(**tensors):
     for name, t in tensors.items():
         if t is not None and not torch.isfinite(t).all():
             bad = int((~torch.isfinite(t)).sum())
-            raise ValueError(f"{name}: {bad} of {t.numel()} values are NaN or inf; "
-                             f"expected finite values")
+            raise ValueError(
+                f"{name}: {bad} of {t.numel()} values are NaN or inf; expected finite values"
+            )
 
 
 def branch_indices(indices, batch, device):
     """``indices`` as a 1-d long tensor of branch numbers in ``[0, batch)`` (for reorder)."""
     indices = torch.as_tensor(indices, dtype=torch.long, device=device)
-    if indices.dim() != 1 or not indices.numel() or int(indices.min()) < 0 \
-            or int(indices.max()) >= batch:
-        raise ValueError(f"indices: expected a non-empty 1-d list of values in [0, {batch}), "
-                         f"got {indices.tolist()}")
+    if (
+        indices.dim() != 1
+        or not indices.numel()
+        or int(indices.min()) < 0
+        or int(indices.max()) >= batch
+    ):
+        raise ValueError(
+            f"indices: expected a non-empty 1-d list of values in [0, {batch}), "
+            f"got {indices.tolist()}"
+        )
     return indices
 
 

@@ -33,6 +33,7 @@ class _Explorer:
 
     def _ipython_display_(self):
         from IPython.display import display
+
         display(self.widget())
 
 
@@ -44,92 +45,173 @@ class IntervalExplorer(_Explorer):
         self.n = n
         frontier = cm.optimal_frontier(n, max_slots=n // 2)
         curve = [cm.interval_tradeoff(n, i) for i in range(1, n + 1)]
-        self.figure = go.FigureWidget([
-            go.Scatter(x=[s + 1 for s, _ in frontier], y=[c for _, c in frontier],
-                       name="optimal (binomial checkpointing)", line=dict(color="black")),
-            go.Scatter(x=[c["states_kept"] for c in curve], y=[c["steps_per_restore"] for c in curve],
-                       name="every `interval` steps", mode="markers",
-                       marker=dict(color=COLORS["recompute"], opacity=0.35)),
-            go.Scatter(x=[0], y=[0], name="this interval", mode="markers",
-                       marker=dict(size=14, color=COLORS["recompute"], symbol="diamond")),
-        ])
-        self.figure.update_layout(xaxis_title="states kept", yaxis_title="recomputed steps per "
-                                  "restored state", xaxis_type="log", height=400)
-        super().__init__({"interval": widgets.IntSlider(value=interval, min=1, max=n,
-                                                        description="interval")})
+        self.figure = go.FigureWidget(
+            [
+                go.Scatter(
+                    x=[s + 1 for s, _ in frontier],
+                    y=[c for _, c in frontier],
+                    name="optimal (binomial checkpointing)",
+                    line=dict(color="black"),
+                ),
+                go.Scatter(
+                    x=[c["states_kept"] for c in curve],
+                    y=[c["steps_per_restore"] for c in curve],
+                    name="every `interval` steps",
+                    mode="markers",
+                    marker=dict(color=COLORS["recompute"], opacity=0.35),
+                ),
+                go.Scatter(
+                    x=[0],
+                    y=[0],
+                    name="this interval",
+                    mode="markers",
+                    marker=dict(size=14, color=COLORS["recompute"], symbol="diamond"),
+                ),
+            ]
+        )
+        self.figure.update_layout(
+            xaxis_title="states kept",
+            yaxis_title="recomputed steps per restored state",
+            xaxis_type="log",
+            height=400,
+        )
+        super().__init__(
+            {"interval": widgets.IntSlider(value=interval, min=1, max=n, description="interval")}
+        )
 
     def update(self, *_):
         t = cm.interval_tradeoff(self.n, self.controls["interval"].value)
         with self.figure.batch_update():
-            self.figure.data[2].x, self.figure.data[2].y = [t["states_kept"]], [t["steps_per_restore"]]
-            self.figure.layout.title = (f"interval {self.controls['interval'].value}: "
-                                        f"{t['states_kept']} states kept, "
-                                        f"{t['steps_per_restore']:.1f} steps per restore")
+            self.figure.data[2].x, self.figure.data[2].y = (
+                [t["states_kept"]],
+                [t["steps_per_restore"]],
+            )
+            self.figure.layout.title = (
+                f"interval {self.controls['interval'].value}: "
+                f"{t['states_kept']} states kept, "
+                f"{t['steps_per_restore']:.1f} steps per restore"
+            )
 
 
 class AcceptanceExplorer(_Explorer):
     """Speculative decoding per strategy: expected speedup over plain decoding and the time a
     rejected draft adds (rollback cost)."""
 
-    def __init__(self, shape=DEFAULT_SHAPE, n_params=DEFAULT_PARAMS, hardware=None, batch=32,
-                 interval=16, acceptance=0.8, k=4):
+    def __init__(
+        self,
+        shape=DEFAULT_SHAPE,
+        n_params=DEFAULT_PARAMS,
+        hardware=None,
+        batch=32,
+        interval=16,
+        acceptance=0.8,
+        k=4,
+    ):
         self.shape, self.n_params = shape, n_params
         self.hardware = hardware or cm.HARDWARE["H200"]
         self.batch, self.interval = batch, interval
         names = list(cm.STRATEGIES)
-        self.figure = go.FigureWidget([
-            go.Bar(x=names, y=[0] * 3, name="speedup over plain decode",
-                   marker_color=[COLORS[n] for n in names]),
-            go.Bar(x=names, y=[0] * 3, name="rollback cost (µs)", yaxis="y2",
-                   marker_color=[COLORS[n] for n in names], opacity=0.4)])
-        self.figure.update_layout(barmode="group", height=400, yaxis_title="speedup (x)",
-                                  yaxis2=dict(overlaying="y", side="right", title="µs per rollback"))
-        super().__init__({
-            "acceptance": widgets.FloatSlider(value=acceptance, min=0, max=1, step=0.05,
-                                              description="acceptance"),
-            "k": widgets.IntSlider(value=k, min=1, max=16, description="draft length")})
+        self.figure = go.FigureWidget(
+            [
+                go.Bar(
+                    x=names,
+                    y=[0] * 3,
+                    name="speedup over plain decode",
+                    marker_color=[COLORS[n] for n in names],
+                ),
+                go.Bar(
+                    x=names,
+                    y=[0] * 3,
+                    name="rollback cost (µs)",
+                    yaxis="y2",
+                    marker_color=[COLORS[n] for n in names],
+                    opacity=0.4,
+                ),
+            ]
+        )
+        self.figure.update_layout(
+            barmode="group",
+            height=400,
+            yaxis_title="speedup (x)",
+            yaxis2=dict(overlaying="y", side="right", title="µs per rollback"),
+        )
+        super().__init__(
+            {
+                "acceptance": widgets.FloatSlider(
+                    value=acceptance, min=0, max=1, step=0.05, description="acceptance"
+                ),
+                "k": widgets.IntSlider(value=k, min=1, max=16, description="draft length"),
+            }
+        )
 
     def predictions(self):
-        w = cm.Workload(batch=self.batch, k=self.controls["k"].value,
-                        acceptance=self.controls["acceptance"].value, interval=self.interval)
+        w = cm.Workload(
+            batch=self.batch,
+            k=self.controls["k"].value,
+            acceptance=self.controls["acceptance"].value,
+            interval=self.interval,
+        )
         plain = cm.plain_decode_seconds_per_token(self.shape, w, self.hardware, self.n_params)
         out = cm.predict(self.shape, w, self.hardware, self.n_params)
-        return {n: (plain / r["seconds_per_token"], r["restore_seconds"] * 1e6)
-                for n, r in out.items()}
+        return {
+            n: (plain / r["seconds_per_token"], r["restore_seconds"] * 1e6) for n, r in out.items()
+        }
 
     def update(self, *_):
         pred = self.predictions()
         with self.figure.batch_update():
             self.figure.data[0].y = [pred[n][0] for n in cm.STRATEGIES]
             self.figure.data[1].y = [pred[n][1] for n in cm.STRATEGIES]
-            self.figure.layout.title = (f"k={self.controls['k'].value}, acceptance "
-                                        f"{self.controls['acceptance'].value:.2f}, batch {self.batch}"
-                                        f" ({self.hardware.name}, {self.shape.name})")
+            self.figure.layout.title = (
+                f"k={self.controls['k'].value}, acceptance "
+                f"{self.controls['acceptance'].value:.2f}, batch {self.batch}"
+                f" ({self.hardware.name}, {self.shape.name})"
+            )
 
 
 class BudgetExplorer(_Explorer):
     """Concurrent sequences that fit a memory budget, per strategy, while speculating."""
 
-    def __init__(self, shape=DEFAULT_SHAPE, n_params=DEFAULT_PARAMS, context_len=8192, k=4,
-                 interval=16, budget_gb=80.0):
+    def __init__(
+        self,
+        shape=DEFAULT_SHAPE,
+        n_params=DEFAULT_PARAMS,
+        context_len=8192,
+        k=4,
+        interval=16,
+        budget_gb=80.0,
+    ):
         self.shape, self.n_params = shape, n_params
         self.workload = cm.Workload(k=k, interval=interval, context_len=context_len)
         names = list(cm.STRATEGIES)
-        self.figure = go.FigureWidget([go.Bar(x=names, y=[0] * 3,
-                                              marker_color=[COLORS[n] for n in names])])
+        self.figure = go.FigureWidget(
+            [go.Bar(x=names, y=[0] * 3, marker_color=[COLORS[n] for n in names])]
+        )
         self.figure.update_layout(yaxis_title="sequences that fit", height=380)
-        super().__init__({"budget_gb": widgets.FloatSlider(value=budget_gb, min=20, max=141,
-                                                           step=1, description="GB")})
+        super().__init__(
+            {
+                "budget_gb": widgets.FloatSlider(
+                    value=budget_gb, min=20, max=141, step=1, description="GB"
+                )
+            }
+        )
 
     def fits(self):
-        out = cm.predict(self.shape, self.workload, cm.HARDWARE["H200"], self.n_params,
-                         memory_budget=self.controls["budget_gb"].value * 1e9)
+        out = cm.predict(
+            self.shape,
+            self.workload,
+            cm.HARDWARE["H200"],
+            self.n_params,
+            memory_budget=self.controls["budget_gb"].value * 1e9,
+        )
         return {n: out[n]["max_sequences"] for n in cm.STRATEGIES}
 
     def update(self, *_):
         fits = self.fits()
         with self.figure.batch_update():
             self.figure.data[0].y = [fits[n] for n in cm.STRATEGIES]
-            self.figure.layout.title = (f"{self.controls['budget_gb'].value:.0f} GB, "
-                                        f"{self.shape.name}, {self.workload.context_len} tokens "
-                                        f"of context, k={self.workload.k}")
+            self.figure.layout.title = (
+                f"{self.controls['budget_gb'].value:.0f} GB, "
+                f"{self.shape.name}, {self.workload.context_len} tokens "
+                f"of context, k={self.workload.k}"
+            )

@@ -7,24 +7,33 @@ same tokens (within 1e-5). Workloads give the same tokens under every strategy."
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from replaylab import assert_close
 from replaylab.cache import CacheConfig, HybridCache
-from replaylab.decoding import (ModelDrafter, PromptLookupDrafter, SyntheticDrafter, beam_search,
-                                best_of_n, greedy, speculative, tree_search)
+from replaylab.decoding import (
+    ModelDrafter,
+    PromptLookupDrafter,
+    SyntheticDrafter,
+    beam_search,
+    best_of_n,
+    greedy,
+    speculative,
+    tree_search,
+)
 from replaylab.model import HybridConfig, HybridLM
-
 from replaylab.strategies import STRATEGY_NAMES as STRATEGIES
 from replaylab.strategies import EvictionItem
+from replaylab.testing import tiny_hybrid
 
 
 def both(strategy, interval, **options):
     """A config whose checkpoint interval and log length are both ``interval``."""
     return CacheConfig(strategy, checkpoint_interval=interval, log_length=interval, **options)
-MODEL = HybridLM(HybridConfig(vocab_size=50, hidden_size=32, pattern="M*M-", ssm_heads=3,
-                              ssm_head_dim=8, d_state=8, n_groups=3, attn_heads=2, kv_heads=1,
-                              head_dim=16, intermediate_size=64), seed=2).eval()
+
+
+MODEL = tiny_hybrid()
 
 
 def held(cache):
@@ -46,9 +55,16 @@ def compare(got, want, exact):
             assert_close(got[name], want[name], atol=1e-5, rtol=1e-5, name=name)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["advance", "advance", "snapshot", "restore", "truncate",
-                                          "fork", "reorder", "evict"]), st.integers(0, 1000)),
-               min_size=2, max_size=12)
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["advance", "advance", "snapshot", "restore", "truncate", "fork", "reorder", "evict"]
+        ),
+        st.integers(0, 1000),
+    ),
+    min_size=2,
+    max_size=12,
+)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -111,8 +127,11 @@ def test_bad_restores_raise_and_leave_the_cache_unchanged(strategy):
         handle = cache.snapshot()
         MODEL(torch.randint(0, 50, (1, 3)), cache)
     before, tokens = held(cache), cache.tokens.clone()
-    bad = [(9 + 1, r"expected 0 <= position <= 9, got 10"), (-1, r"got -1"),
-           (other.snapshot(), r"taken from cache \d+, not this cache")]
+    bad = [
+        (9 + 1, r"expected 0 <= position <= 9, got 10"),
+        (-1, r"got -1"),
+        (other.snapshot(), r"taken from cache \d+, not this cache"),
+    ]
     for target, message in bad:
         with pytest.raises(ValueError, match=message):
             cache.restore(target)
@@ -122,7 +141,9 @@ def test_bad_restores_raise_and_leave_the_cache_unchanged(strategy):
     with pytest.raises(ValueError, match=r"position 6 was released"):
         cache.restore(handle)
     if strategy == "snapshot":  # only snapshotted positions can be restored
-        with pytest.raises(ValueError, match=r"position 2: no state kept for it under the snapshot"):
+        with pytest.raises(
+            ValueError, match=r"position 2: no state kept for it under the snapshot"
+        ):
             cache.truncate_to(2)
     compare(held(cache), before, exact=True)
 
@@ -133,18 +154,26 @@ def test_workloads_give_identical_tokens_under_every_strategy(strategy):
     ref = greedy(MODEL, prompt, 20, "snapshot")
     assert torch.equal(greedy(MODEL, prompt, 20, both(strategy, 5)).tokens, ref.tokens)
     full = torch.cat([prompt, ref.tokens], 1)
-    for drafter in [SyntheticDrafter(full, 0.5, seed=1), SyntheticDrafter(full, 0.9, seed=1),
-                    PromptLookupDrafter(),
-                    ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval())]:
+    for drafter in [
+        SyntheticDrafter(full, 0.5, seed=1),
+        SyntheticDrafter(full, 0.9, seed=1),
+        PromptLookupDrafter(),
+        ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval()),
+    ]:
         run = speculative(MODEL, prompt, 20, drafter, k=4, cache=both(strategy, 5))
         assert torch.equal(run.tokens, ref.tokens), type(drafter).__name__
     beams = {s: beam_search(MODEL, prompt, 8, 3, s).extra["beams"] for s in STRATEGIES}
     assert all(torch.equal(beams[strategy], b) for b in beams.values())
-    samples = {s: best_of_n(MODEL, prompt, 8, 4, seed=3, cache=s).extra["samples"]
-               for s in STRATEGIES}
+    samples = {
+        s: best_of_n(MODEL, prompt, 8, 4, seed=3, cache=s).extra["samples"] for s in STRATEGIES
+    }
     assert all(torch.equal(samples[strategy], b) for b in samples.values())
-    trees = {s: tree_search(MODEL, prompt, 11, branch=3, keep=2, depth=3,
-                            cache=both(s, 4)).extra["paths"] for s in STRATEGIES}
+    trees = {
+        s: tree_search(MODEL, prompt, 11, branch=3, keep=2, depth=3, cache=both(s, 4)).extra[
+            "paths"
+        ]
+        for s in STRATEGIES
+    }
     assert all(torch.equal(trees[strategy], t) for t in trees.values())
     assert trees[strategy].shape == (2, 11)
 
@@ -166,12 +195,17 @@ def test_draft_model_with_another_vocabulary_is_refused():
 
 
 def test_replay_holds_less_than_snapshot_when_speculating_on_a_wide_state():
-    wide = HybridLM(HybridConfig(pattern="M*M-", ssm_heads=8, ssm_head_dim=16, d_state=64,
-                                 n_groups=1), seed=0).eval()
+    wide = HybridLM(
+        HybridConfig(pattern="M*M-", ssm_heads=8, ssm_head_dim=16, d_state=64, n_groups=1), seed=0
+    ).eval()
     prompt = torch.randint(0, 128, (1, 8))
     ref = torch.cat([prompt, greedy(wide, prompt, 12).tokens], 1)
-    peak = {s: speculative(wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4,
-                           cache=both(s, 8)).peak_bytes for s in STRATEGIES}
+    peak = {
+        s: speculative(
+            wide, prompt, 12, SyntheticDrafter(ref, 0.5), k=4, cache=both(s, 8)
+        ).peak_bytes
+        for s in STRATEGIES
+    }
     assert peak["replay"] < peak["snapshot"]
 
 
@@ -186,8 +220,14 @@ def test_replay_with_the_triton_fold_gives_the_same_tokens_and_states():
             MODEL(full[:, :9], c)
             c.truncate_to(7)
     compare(held(cache_tri), held(cache_ref), exact=False)
-    run = speculative(MODEL, prompt, 10, SyntheticDrafter(full, 0.5), k=3,
-                      cache=both("replay", 4, use_kernels=True))
+    run = speculative(
+        MODEL,
+        prompt,
+        10,
+        SyntheticDrafter(full, 0.5),
+        k=3,
+        cache=both("replay", 4, use_kernels=True),
+    )
     assert torch.equal(run.tokens, ref.tokens)
 
 
@@ -212,11 +252,18 @@ def test_a_tight_budget_evicts_but_never_changes_the_tokens(strategy, policy):
     prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9, 3, 7]])
     ref = greedy(MODEL, prompt, 24, "replay")
     full = torch.cat([prompt, ref.tokens], 1)
-    free = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
-                       cache=both(strategy, 2))
+    free = speculative(
+        MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4, cache=both(strategy, 2)
+    )
     budget = int(free.peak_bytes * 0.7)
-    run = speculative(MODEL, prompt, 24, SyntheticDrafter(full, 0.5, seed=2), k=4,
-                      cache=both(strategy, 2, budget_bytes=budget, eviction=policy))
+    run = speculative(
+        MODEL,
+        prompt,
+        24,
+        SyntheticDrafter(full, 0.5, seed=2),
+        k=4,
+        cache=both(strategy, 2, budget_bytes=budget, eviction=policy),
+    )
     assert torch.equal(run.tokens, ref.tokens)
     assert run.stats.evictions > 0
 
@@ -242,9 +289,13 @@ def test_restoring_an_evicted_snapshot_rebuilds_it():
 
 def test_eviction_policies():
     from replaylab.cache import choose_victim
-    items = [EvictionItem("a", 4, 100, 3), EvictionItem("b", 8, 100, 1),
-             EvictionItem("c", 9, 100, 2)]
+
+    items = [
+        EvictionItem("a", 4, 100, 3),
+        EvictionItem("b", 8, 100, 1),
+        EvictionItem("c", 9, 100, 2),
+    ]
     assert choose_victim(items, "lru") == "b"
-    assert choose_victim(items, "cost") == "c"   # rebuilt from b in 1 token
+    assert choose_victim(items, "cost") == "c"  # rebuilt from b in 1 token
     with pytest.raises(ValueError, match=r"eviction: expected one of \('lru', 'cost'\)"):
         HybridCache(MODEL, 1, "snapshot", eviction="fifo")

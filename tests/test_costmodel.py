@@ -34,10 +34,10 @@ def test_predicted_bytes_equal_what_the_cache_holds(k):
         snap = HybridCache(MODEL, 1, "snapshot")
         MODEL(prompt, snap)
         snap.snapshot()
-        MODEL(torch.randint(0, 128, (1, k + 1)), snap)   # verify: a copy per verified token
+        MODEL(torch.randint(0, 128, (1, k + 1)), snap)  # verify: a copy per verified token
         assert ssm_part(snap.nbytes()) == cm.bytes_held(m, "snapshot", copies=k + 2)
         rec = HybridCache(MODEL, 1, "recompute", checkpoint_interval=4, log_length=4)
-        MODEL(prompt, rec)                                   # checkpoints at 4 and 8
+        MODEL(prompt, rec)  # checkpoints at 4 and 8
         assert ssm_part(rec.nbytes()) == cm.bytes_held(m, "recompute", checkpoints=2)
         rep = HybridCache(MODEL, 1, "replay", checkpoint_interval=16, log_length=16)
         MODEL(prompt, rep)
@@ -52,14 +52,21 @@ def test_predicted_peak_and_restores_match_a_measured_speculative_run():
     prompt = torch.randint(0, 128, (1, 8))
     n_new, k, alpha, L = 120, 4, 0.6, 8
     ref = torch.cat([prompt, greedy(MODEL, prompt, n_new).tokens], 1)
-    run = speculative(MODEL, prompt, n_new, SyntheticDrafter(ref, alpha, seed=3), k=k,
-                      cache=CacheConfig("replay", log_length=L))
+    run = speculative(
+        MODEL,
+        prompt,
+        n_new,
+        SyntheticDrafter(ref, alpha, seed=3),
+        k=k,
+        cache=CacheConfig("replay", log_length=L),
+    )
     m = costs(k=k, interval=L)
     peak = run.stats.peak_by_component
-    assert {c: peak[c] for c in ("ssm_state", "conv_state", "logs")} == \
-        cm.bytes_held(m, "replay", log_entries=max(L - 1, k + 1))
+    assert {c: peak[c] for c in ("ssm_state", "conv_state", "logs")} == cm.bytes_held(
+        m, "replay", log_entries=max(L - 1, k + 1)
+    )
     rounds = run.proposed / k
-    p_reject = 1 - alpha ** k
+    p_reject = 1 - alpha**k
     assert 1 / 1.5 < run.restores / (rounds * p_reject) < 1.5
     tokens_per_round = n_new / rounds
     assert 1 / 1.3 < tokens_per_round / (cm.expected_accepted(k, alpha) + 1) < 1.3
@@ -85,10 +92,12 @@ def test_revolve_matches_griewanks_closed_form():
 
 def test_predict_orders_strategies_as_the_mechanism_says():
     from replaylab.shapes import PUBLISHED_SHAPES
+
     shape = PUBLISHED_SHAPES["Nemotron-H 8B"]
     hw = cm.HARDWARE["H200"]
-    out = cm.predict(shape, cm.Workload(batch=32, k=4, acceptance=0.8, interval=16), hw, 8e9,
-                     memory_budget=140e9)
+    out = cm.predict(
+        shape, cm.Workload(batch=32, k=4, acceptance=0.8, interval=16), hw, 8e9, memory_budget=140e9
+    )
     assert out["replay"]["held"] < out["recompute"]["held"] < out["snapshot"]["held"]
     assert out["replay"]["max_sequences"] > out["snapshot"]["max_sequences"]
     assert out["replay"]["moved_per_token"] < out["snapshot"]["moved_per_token"]
@@ -97,6 +106,7 @@ def test_predict_orders_strategies_as_the_mechanism_says():
 
 def test_h200_preset_comes_from_the_committed_benchmark():
     from replaylab.plotting import load_bench
+
     assert cm.HARDWARE["H200"].bandwidth == load_bench()["copy_bandwidth_gbs"] * 1e9
 
 
@@ -104,9 +114,10 @@ def test_kernel_bytes_per_decode_step_against_gpu_data():
     """The model's state traffic for a replay decode step vs selective_state_update (one read
     vs read + write) predicts the measured speedup at large batch within a factor 1.3."""
     from replaylab.plotting import load_bench
+
     rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 128 and r["T"] == 1]
     ours = next(r for r in rows if r["provider"] == "replay_step" and r["log_len"] == 4)
     ssu = next(r for r in rows if r["provider"] == "ssu")
-    predicted = ssu["bytes"] / ours["bytes"]       # both memory-bound at batch 128
+    predicted = ssu["bytes"] / ours["bytes"]  # both memory-bound at batch 128
     measured = ssu["us"] / ours["us"]
     assert 1 / 1.3 < measured / predicted < 1.3

@@ -12,21 +12,39 @@ from replaylab import assert_close
 from replaylab.kernels.replay import fold, fold_ref, replay_step, replay_step_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FULL = DEVICE == "cuda"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-def case(batch=3, H=6, P=5, N=7, G=3, Lmax=24, T=3, dtype=torch.float32, log_len=(0, 11, 19),
-         slots=(1, 0, 1), n_slots=2):
+def case(
+    batch=3,
+    H=6,
+    P=5,
+    N=7,
+    G=3,
+    Lmax=24,
+    T=3,
+    dtype=torch.float32,
+    log_len=(0, 11, 19),
+    slots=(1, 0, 1),
+    n_slots=2,
+):
     r = lambda *s: torch.randn(*s, device=DEVICE)  # noqa: E731
     return dict(
-        states=r(n_slots, H, P, N), slots=torch.tensor(slots, dtype=torch.int32, device=DEVICE),
-        log_x=r(batch, Lmax, H, P).to(dtype), log_dt=r(batch, Lmax, H) - 1,
-        log_B=r(batch, Lmax, G, N).to(dtype), log_C=r(batch, Lmax, G, N).to(dtype),
+        states=r(n_slots, H, P, N),
+        slots=torch.tensor(slots, dtype=torch.int32, device=DEVICE),
+        log_x=r(batch, Lmax, H, P).to(dtype),
+        log_dt=r(batch, Lmax, H) - 1,
+        log_B=r(batch, Lmax, G, N).to(dtype),
+        log_C=r(batch, Lmax, G, N).to(dtype),
         log_len=torch.tensor(log_len, dtype=torch.int32, device=DEVICE),
-        x=r(batch, T, H, P).to(dtype), dt=r(batch, T, H) - 1, B=r(batch, T, G, N).to(dtype),
-        C=r(batch, T, G, N).to(dtype), A=-torch.rand(H, device=DEVICE) * 3, D=r(H),
-        dt_bias=torch.rand(H, device=DEVICE) - 0.5)
+        x=r(batch, T, H, P).to(dtype),
+        dt=r(batch, T, H) - 1,
+        B=r(batch, T, G, N).to(dtype),
+        C=r(batch, T, G, N).to(dtype),
+        A=-torch.rand(H, device=DEVICE) * 3,
+        D=r(H),
+        dt_bias=torch.rand(H, device=DEVICE) - 0.5,
+    )
 
 
 def cloned(c):
@@ -77,21 +95,42 @@ def test_fold_matches_reference_and_writes_only_its_slots(dtype):
     dst = torch.tensor([2, 3, 4], dtype=torch.int32, device=DEVICE)
     states = torch.cat([c["states"], torch.full((3, 6, 5, 7), float("nan"), device=DEVICE)])
     tri_states, ref_states = states.clone(), states.clone()
-    args = (c["slots"], None, dst, c["log_x"], c["log_dt"], c["log_B"], fold_len, c["A"],
-            c["dt_bias"], True, (0.001, math.inf))
+    args = (
+        c["slots"],
+        None,
+        dst,
+        c["log_x"],
+        c["log_dt"],
+        c["log_B"],
+        fold_len,
+        c["A"],
+        c["dt_bias"],
+        True,
+        (0.001, math.inf),
+    )
     fold(tri_states, args[0], tri_states, *args[2:])
     fold_ref(ref_states, args[0], ref_states, *args[2:])
     assert_close(tri_states, ref_states, dtype=torch.float32, name="folded states")
     assert torch.equal(tri_states[:2], states[:2])  # source slots untouched
-    assert torch.equal(tri_states[2], states[1])    # j = 0: a copy of the checkpoint
+    assert torch.equal(tri_states[2], states[1])  # j = 0: a copy of the checkpoint
 
 
-@pytest.mark.skipif(not FULL, reason="full-size shapes run on the GPU machine")
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 32])
 def test_full_size_8b_layer(batch):
-    c = case(batch=batch, H=128, P=64, N=128, G=8, Lmax=80, T=4, dtype=torch.bfloat16,
-             log_len=[(i * 7) % 64 for i in range(batch)], slots=list(range(batch)),
-             n_slots=batch)
+    c = case(
+        batch=batch,
+        H=128,
+        P=64,
+        N=128,
+        G=8,
+        Lmax=80,
+        T=4,
+        dtype=torch.bfloat16,
+        log_len=[(i * 7) % 64 for i in range(batch)],
+        slots=list(range(batch)),
+        n_slots=batch,
+    )
     ref = cloned(c)
     assert_close(replay_step(**c), replay_step_ref(**ref), dtype=torch.bfloat16, name="y")
 
@@ -100,7 +139,9 @@ def test_bad_input_is_named():
     c = case()
     with pytest.raises(ValueError, match=r"slots: expected values in \[0, 2\), got \[1, 0, 5\]"):
         replay_step(**{**c, "slots": torch.tensor([1, 0, 5], dtype=torch.int32)})
-    with pytest.raises(ValueError, match=r"log_len: appending 3 tokens needs log_len \+ T <= Lmax=24"):
+    with pytest.raises(
+        ValueError, match=r"log_len: appending 3 tokens needs log_len \+ T <= Lmax=24"
+    ):
         replay_step(**{**c, "log_len": torch.tensor([0, 1, 22], dtype=torch.int32)})
     with pytest.raises(ValueError, match=r"states: expected float32 checkpoint states"):
         replay_step(**{**c, "states": c["states"].double()})
@@ -110,9 +151,9 @@ def test_permuted_views_as_inputs():
     """Inputs as the model makes them: channel-major views of a transposed conv output."""
     H, G, P, N, T = 3, 3, 8, 8, 5
     conv = torch.randn(1, H * P + 2 * G * N, T, device=DEVICE).transpose(1, 2)
-    x = conv[..., :H * P].unflatten(-1, (H, P))
-    B = conv[..., H * P:H * P + G * N].unflatten(-1, (G, N))
-    C = conv[..., H * P + G * N:].unflatten(-1, (G, N))
+    x = conv[..., : H * P].unflatten(-1, (H, P))
+    B = conv[..., H * P : H * P + G * N].unflatten(-1, (G, N))
+    C = conv[..., H * P + G * N :].unflatten(-1, (G, N))
     c = case(batch=1, H=H, G=G, P=P, N=N, T=T, log_len=(3,), slots=(0,), n_slots=1)
     c.update(x=x, B=B, C=C)
     ref = cloned({k: v.contiguous() for k, v in c.items()})

@@ -2,17 +2,23 @@
 tensors kept per branch."""
 
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replaylab.kv import LayerKV
 
 
 def plain_append(plain, k, v):
-    return [(torch.cat([pk, k[i]], 1), torch.cat([pv, v[i]], 1)) for i, (pk, pv) in enumerate(plain)]
+    return [
+        (torch.cat([pk, k[i]], 1), torch.cat([pv, v[i]], 1)) for i, (pk, pv) in enumerate(plain)
+    ]
 
 
-ops = st.lists(st.tuples(st.sampled_from(["append", "truncate", "fork", "reorder"]),
-                         st.integers(0, 7)), min_size=1, max_size=14)
+ops = st.lists(
+    st.tuples(st.sampled_from(["append", "truncate", "fork", "reorder"]), st.integers(0, 7)),
+    min_size=1,
+    max_size=14,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -56,6 +62,7 @@ def test_fork_shares_the_prefix():
 
 def test_errors_name_the_value_and_range():
     import pytest
+
     kv = LayerKV(batch=2, kv_heads=1, head_dim=2)
     kv.append(torch.randn(2, 1, 3, 2), torch.randn(2, 1, 3, 2))
     with pytest.raises(ValueError, match=r"0 <= position <= 3, got 5"):

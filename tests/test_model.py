@@ -6,17 +6,33 @@ import torch
 
 from replaylab import assert_close
 from replaylab.cache import HybridCache
-from replaylab.model import (HybridConfig, HybridLM, load_transformers_hybrid,
-                             load_transformers_nemotron_h)
+from replaylab.model import (
+    HybridConfig,
+    HybridLM,
+    load_transformers_hybrid,
+    load_transformers_nemotron_h,
+)
 
 
 def tiny_nemotron_h(pattern="M-M*-M", seed=0):
     from transformers import NemotronHConfig, NemotronHForCausalLM
+
     torch.manual_seed(seed)
-    cfg = NemotronHConfig(vocab_size=97, hidden_size=32, num_hidden_layers=len(pattern),
-                          hybrid_override_pattern=pattern, mamba_num_heads=6, mamba_head_dim=8,
-                          ssm_state_size=16, n_groups=3, num_attention_heads=4,
-                          num_key_value_heads=2, head_dim=8, intermediate_size=48, chunk_size=16)
+    cfg = NemotronHConfig(
+        vocab_size=97,
+        hidden_size=32,
+        num_hidden_layers=len(pattern),
+        hybrid_override_pattern=pattern,
+        mamba_num_heads=6,
+        mamba_head_dim=8,
+        ssm_state_size=16,
+        n_groups=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        intermediate_size=48,
+        chunk_size=16,
+    )
     model = NemotronHForCausalLM(cfg).eval()
     with torch.no_grad():  # move the SSM scalars off their initial values so they matter
         for name, p in model.named_parameters():
@@ -51,10 +67,19 @@ def test_checkpoint_folder_round_trip(tmp_path):
 
 def test_a_folder_that_is_not_nemotron_h_is_refused(tmp_path):
     from transformers import LlamaConfig
-    LlamaConfig(vocab_size=10, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-                intermediate_size=16).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"expected a supported hybrid \(nemotron_h, bamba\), got "
-                                         r"model_type 'llama'"):
+
+    LlamaConfig(
+        vocab_size=10,
+        hidden_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=16,
+    ).save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError,
+        match=r"expected a supported hybrid \(nemotron_h, bamba\), got "
+        r"model_type 'llama'",
+    ):
         load_transformers_nemotron_h(tmp_path)
     hf = tiny_nemotron_h()
     hf.config.save_pretrained(tmp_path / "no_weights")
@@ -66,12 +91,23 @@ def test_a_folder_that_is_not_nemotron_h_is_refused(tmp_path):
 
 def tiny_bamba(attn=(1, 3), layers=5, seed=0):
     from transformers import BambaConfig, BambaForCausalLM
+
     torch.manual_seed(seed)
-    cfg = BambaConfig(vocab_size=97, hidden_size=48, num_hidden_layers=layers,
-                      attn_layer_indices=list(attn), mamba_n_heads=6, mamba_d_head=8,
-                      mamba_d_state=16, mamba_n_groups=3, mamba_expand=1,
-                      num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
-                      mamba_chunk_size=16)
+    cfg = BambaConfig(
+        vocab_size=97,
+        hidden_size=48,
+        num_hidden_layers=layers,
+        attn_layer_indices=list(attn),
+        mamba_n_heads=6,
+        mamba_d_head=8,
+        mamba_d_state=16,
+        mamba_n_groups=3,
+        mamba_expand=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=48,
+        mamba_chunk_size=16,
+    )
     model = BambaForCausalLM(cfg).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -89,8 +125,10 @@ def test_logits_equal_transformers_bamba_and_decode_through_the_cache(tmp_path):
     with torch.no_grad():
         ref = hf(ids, use_cache=False).logits
         assert_close(ours(ids, HybridCache(ours, 2)), ref, atol=1e-4, name="logits")
-        cache = HybridCache(ours, 2, "replay", checkpoint_interval=4, log_length=4)  # RoPE positions follow the cache
-        steps = [ours(ids[:, :10], cache)] + [ours(ids[:, t:t + 1], cache) for t in range(10, 29)]
+        cache = HybridCache(
+            ours, 2, "replay", checkpoint_interval=4, log_length=4
+        )  # RoPE positions follow the cache
+        steps = [ours(ids[:, :10], cache)] + [ours(ids[:, t : t + 1], cache) for t in range(10, 29)]
     assert_close(torch.cat(steps, 1), ref, atol=1e-4, name="decoded logits")
 
 
@@ -101,7 +139,7 @@ def test_decoding_token_by_token_equals_one_forward(strategy):
     with torch.no_grad():
         ref = model(ids, HybridCache(model, 3, strategy))
         cache = HybridCache(model, 3, strategy, checkpoint_interval=5, log_length=5)
-        outs = [model(ids[:, :9], cache)] + [model(ids[:, t:t + 1], cache) for t in range(9, 23)]
+        outs = [model(ids[:, :9], cache)] + [model(ids[:, t : t + 1], cache) for t in range(9, 23)]
     assert_close(torch.cat(outs, 1), ref, atol=1e-5, name="logits")
 
 

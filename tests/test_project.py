@@ -4,8 +4,8 @@ replaylab.kernels, the interpreter is on without a GPU, and the notebook helpers
 import os
 import pathlib
 import re
-import tomllib
 
+import tomllib
 import torch
 import yaml
 
@@ -32,6 +32,7 @@ def test_environment_yml_agrees_with_pyproject_and_run_sh():
 
 def test_kernels_ship_inside_the_package():
     import replaylab.kernels
+
     assert pathlib.Path(replaylab.kernels.__file__).parent == ROOT / "kernels"
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert tool["package-dir"]["replaylab.kernels"] == "kernels"
@@ -60,16 +61,19 @@ def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
     assert not exercises.check_conv_state_bytes(123)
     assert not exercises.check_conv_state_bytes(None)
     assert exercises.check_kv_truncate(lambda k, p: k[:, :, :p])
-    assert not exercises.check_kv_truncate(lambda k, p: k[:, :, :p - 1])
+    assert not exercises.check_kv_truncate(lambda k, p: k[:, :, : p - 1])
     assert exercises.check_ssd_step(lambda s, x, dt, A, B, C, D: ssd_step(s, x, dt, A, B, C, D))
     assert not exercises.check_ssd_step(lambda s, x, dt, A, B, C, D: ssd_step(s, x, dt, A, B, C))
-    assert exercises.check_resume(lambda s, x, dt, A, B, C: ssd_scan(x, dt, A, B, C, initial_state=s).y)
+    assert exercises.check_resume(
+        lambda s, x, dt, A, B, C: ssd_scan(x, dt, A, B, C, initial_state=s).y
+    )
     assert not exercises.check_resume(lambda s, x, dt, A, B, C: ssd_scan(x, dt, A, B, C).y)
     assert "not yet" in capsys.readouterr().out
 
 
 def test_memory_figure_has_a_kv_and_a_state_line_per_model():
     from replaylab.plotting import memory_vs_context_figure
+
     fig = memory_vs_context_figure([1024, 4096])
     assert len(fig.data) == 2 * len(PUBLISHED_SHAPES)
     kv = fig.data[0].y
@@ -81,16 +85,23 @@ def test_version():
     assert replaylab.__version__ == "0.1.0"
 
 
-def test_readme_library_example_runs():
+def test_readme_library_examples_run():
     text = (ROOT / "README.md").read_text()
     example = re.search(r"## The library in 20 lines\n\n```python\n(.*?)```", text, re.S).group(1)
     assert len(example.strip().splitlines()) <= 22
     exec(compile(example, "README.md", "exec"), {})
+    branching = re.search(r"## Branching with one cache API\n\n```python\n(.*?)```", text, re.S)
+    exec(compile(branching.group(1), "README.md", "exec"), {})
 
 
 def test_committed_kernel_benchmark_has_provenance_and_plots():
-    from replaylab.plotting import (fold_vs_copy_figure, kernel_bandwidth_figure,
-                                    kernel_time_vs_batch_figure, load_bench)
+    from replaylab.plotting import (
+        fold_vs_copy_figure,
+        kernel_bandwidth_figure,
+        kernel_time_vs_batch_figure,
+        load_bench,
+    )
+
     bench = load_bench()
     assert "H200" in bench["device"] and bench["date"] and bench["command"].startswith("python -m")
     assert bench["versions"]["mamba_ssm"] == "2.3.2.post1" and not bench["peer_errors"]
@@ -103,10 +114,44 @@ def test_committed_kernel_benchmark_has_provenance_and_plots():
 
 def test_committed_decode_benchmark_has_provenance_and_plots():
     from replaylab.plotting import branching_workloads_figure, decode_throughput_figure, load_bench
+
     bench = load_bench("data/bench_decode.json")
     assert "H200" in bench["device"] and bench["date"] and not bench["errors"]
     assert "assisted generation is not supported" in bench["assisted_generation_refusal"]
     fig = decode_throughput_figure(bench)
-    assert {t.name for t in fig.data} == {"replaylab snapshot", "replaylab recompute",
-                                          "replaylab replay", "transformers generate"}
+    assert {t.name for t in fig.data} == {
+        "replaylab snapshot",
+        "replaylab recompute",
+        "replaylab replay",
+        "transformers generate",
+    }
     assert len(branching_workloads_figure(bench).data) == 3
+
+
+def _ruff(*args):
+    import shutil
+    import subprocess
+    import sys
+
+    ruff = shutil.which("ruff") or str(pathlib.Path(sys.executable).parent / "ruff")
+    return subprocess.run([ruff, *args], cwd=ROOT, capture_output=True, text=True)
+
+
+def test_ruff_lint_and_format_are_clean():
+    lint = _ruff("check", ".")
+    assert lint.returncode == 0, lint.stdout[-3000:]
+    fmt = _ruff("format", "--check", ".")
+    assert fmt.returncode == 0, fmt.stdout[-3000:]
+
+
+def test_notebooks_carry_no_widget_views_or_widget_state():
+    import subprocess
+    import sys
+
+    notebooks = sorted(str(p) for p in (ROOT / "notebooks").glob("*.ipynb"))
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "notebook_hygiene.py"), "--check", *notebooks],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stdout

@@ -8,12 +8,15 @@ import torch
 from einops import rearrange, repeat
 
 from replaylab import assert_close
-from replaylab.testing import mamba_ssm_references
 from replaylab.scan import process_dt, s6_scan, s6_step, ssd_scan, ssd_step
+from replaylab.testing import mamba_ssm_references
 
 # awkward sizes: T not a power of two, batch 3, H not a power of two
-SSD_SIZES = [dict(batch=3, T=63, H=6, P=5, N=7, G=3), dict(batch=1, T=17, H=4, P=8, N=16, G=1),
-             dict(batch=2, T=1, H=3, P=4, N=4, G=3)]
+SSD_SIZES = [
+    dict(batch=3, T=63, H=6, P=5, N=7, G=3),
+    dict(batch=1, T=17, H=4, P=8, N=16, G=1),
+    dict(batch=2, T=1, H=3, P=4, N=4, G=3),
+]
 DTYPES = [torch.float32, torch.bfloat16]
 
 
@@ -34,11 +37,17 @@ def ssd_inputs(batch, T, H, P, N, G, dtype=torch.float32, z=True):
 
 
 def s6_inputs(batch, T, D, N, dtype=torch.float32):
-    return dict(u=torch.randn(batch, T, D).to(dtype), dt=torch.randn(batch, T, D) - 1.0,
-                A=-torch.exp(torch.randn(D, N) * 0.5), B=torch.randn(batch, T, N).to(dtype),
-                C=torch.randn(batch, T, N).to(dtype), Dskip=torch.randn(D),
-                z=torch.randn(batch, T, D).to(dtype), dt_bias=torch.rand(D) - 0.5,
-                dt_softplus=True)
+    return dict(
+        u=torch.randn(batch, T, D).to(dtype),
+        dt=torch.randn(batch, T, D) - 1.0,
+        A=-torch.exp(torch.randn(D, N) * 0.5),
+        B=torch.randn(batch, T, N).to(dtype),
+        C=torch.randn(batch, T, N).to(dtype),
+        Dskip=torch.randn(D),
+        z=torch.randn(batch, T, D).to(dtype),
+        dt_bias=torch.rand(D) - 0.5,
+        dt_softplus=True,
+    )
 
 
 def ssd_float64_loop(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initial_state=None):
@@ -48,15 +57,20 @@ def ssd_float64_loop(x, dt, A, B, C, D, z, dt_bias, dt_softplus, dt_limit, initi
     delta = torch.nn.functional.softplus(delta).clamp(*dt_limit)
     batch, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
-    h = (torch.zeros(batch, H, P, N, dtype=torch.float64) if initial_state is None
-         else initial_state.double().clone())
+    h = (
+        torch.zeros(batch, H, P, N, dtype=torch.float64)
+        if initial_state is None
+        else initial_state.double().clone()
+    )
     y = torch.zeros(batch, T, H, P, dtype=torch.float64)
     for t in range(T):
         for head in range(H):
             g = head // (H // G)
             a = torch.exp(delta[:, t, head] * A[head].double())
-            h[:, head] = (a[:, None, None] * h[:, head]
-                          + delta[:, t, head, None, None] * x[:, t, head, :, None] * B[:, t, g, None, :])
+            h[:, head] = (
+                a[:, None, None] * h[:, head]
+                + delta[:, t, head, None, None] * x[:, t, head, :, None] * B[:, t, g, None, :]
+            )
             out = (h[:, head] * C[:, t, g, None, :]).sum(-1) + D[head].double() * x[:, t, head]
             y[:, t, head] = out * z[:, t, head] * torch.sigmoid(z[:, t, head])
     return y, h
@@ -83,8 +97,10 @@ def test_ssd_split_at_any_point_equals_one_pass(size, dtype):
     for split in sorted({0, 1, size["T"] // 3, size["T"] - 1, size["T"]}):
         seq = "x dt B C z".split()
         first = ssd_scan(**{k: (v[:, :split] if k in seq else v) for k, v in inp.items()})
-        second = ssd_scan(**{k: (v[:, split:] if k in seq else v) for k, v in inp.items()},
-                          initial_state=first.state)
+        second = ssd_scan(
+            **{k: (v[:, split:] if k in seq else v) for k, v in inp.items()},
+            initial_state=first.state,
+        )
         assert torch.equal(torch.cat([first.y, second.y], 1), whole.y)
         assert torch.equal(second.state, whole.state)
 
@@ -103,6 +119,7 @@ def test_ssd_against_float64_recurrence(size, dtype):
     assert_close(res64.state, ref_state, dtype=torch.float64, name="state (float64 path)")
 
 
+@pytest.mark.mamba_ssm
 @pytest.mark.parametrize("size", SSD_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ssd_step_against_mamba_ssm_selective_state_update_ref(size, dtype):
@@ -116,16 +133,26 @@ def test_ssd_step_against_mamba_ssm_selective_state_update_ref(size, dtype):
         step = {k: (v[:, t] if k in "x dt B C z".split() else v) for k, v in inp.items()}
         y, state = ssd_step(state, **step)
         # mamba-ssm ties the per-head scalars across P (and N) by broadcasting
-        ref_y = ref(ref_state, step["x"], repeat(step["dt"], "b h -> b h p", p=P),
-                    repeat(step["A"], "h -> h p n", p=P, n=N), step["B"], step["C"],
-                    D=repeat(step["D"], "h -> h p", p=P), z=step["z"],
-                    dt_bias=repeat(step["dt_bias"], "h -> h p", p=P), dt_softplus=True)
+        ref_y = ref(
+            ref_state,
+            step["x"],
+            repeat(step["dt"], "b h -> b h p", p=P),
+            repeat(step["A"], "h -> h p n", p=P, n=N),
+            step["B"],
+            step["C"],
+            D=repeat(step["D"], "h -> h p", p=P),
+            z=step["z"],
+            dt_bias=repeat(step["dt_bias"], "h -> h p", p=P),
+            dt_softplus=True,
+        )
         assert_close(y, ref_y, dtype=dtype, name=f"y[t={t}]")
     assert_close(state, ref_state, dtype=torch.float32, name="state")
 
 
-@pytest.mark.parametrize("size", [dict(batch=3, T=64, H=6, P=5, N=7, G=3),
-                                  dict(batch=2, T=32, H=4, P=8, N=16, G=1)])
+@pytest.mark.mamba_ssm
+@pytest.mark.parametrize(
+    "size", [dict(batch=3, T=64, H=6, P=5, N=7, G=3), dict(batch=2, T=32, H=4, P=8, N=16, G=1)]
+)
 def test_ssd_scan_against_mamba_ssm_ssd_minimal_discrete(size):
     ref = mamba_ssm_references().ssd_minimal_discrete
     inp = ssd_inputs(**size, dtype=torch.float64, z=False)
@@ -136,9 +163,15 @@ def test_ssd_scan_against_mamba_ssm_ssd_minimal_discrete(size):
     heads_per_group = size["H"] // size["G"]
     Bh = repeat(inp["B"].double(), "b t g n -> b t (g r) n", r=heads_per_group)
     Ch = repeat(inp["C"].double(), "b t g n -> b t (g r) n", r=heads_per_group)
-    ref_y, ref_state = ssd_minimal_discrete(inp["x"].double() * delta[..., None],
-                                            inp["A"].double() * delta, Bh, Ch, 16,
-                                            initial_states=init.double()[:, None], ref=ref)
+    ref_y, ref_state = ssd_minimal_discrete(
+        inp["x"].double() * delta[..., None],
+        inp["A"].double() * delta,
+        Bh,
+        Ch,
+        16,
+        initial_states=init.double()[:, None],
+        ref=ref,
+    )
     assert_close(res.y, ref_y, dtype=torch.float64, atol=1e-9, rtol=1e-9, name="y")
     assert_close(res.state, ref_state, dtype=torch.float64, atol=1e-9, rtol=1e-9, name="state")
 
@@ -149,6 +182,7 @@ def ssd_minimal_discrete(X, A, B, C, block_len, initial_states, ref):
 
 def _nemotron_h_functions():
     from transformers.models.nemotron_h import modeling_nemotron_h as m
+
     # the undecorated PyTorch paths, whatever kernel package transformers found at import
     return m.mamba2_chunk_scan.__wrapped__, m.mamba2_selective_state_update.__wrapped__
 
@@ -160,10 +194,20 @@ def test_ssd_scan_against_transformers_nemotron_h_chunk_scan(size, chunk):
     inp = ssd_inputs(**size, z=False)
     init = torch.randn(size["batch"], size["H"], size["P"], size["N"])
     res = ssd_scan(**{**inp, "z": None}, initial_state=init)
-    ref_y, ref_state = chunk_scan(inp["x"], inp["dt"], inp["A"], inp["B"], inp["C"], chunk,
-                                  D=inp["D"], dt_bias=inp["dt_bias"], initial_states=init,
-                                  dt_softplus=True, dt_limit=inp["dt_limit"],
-                                  return_final_states=True)
+    ref_y, ref_state = chunk_scan(
+        inp["x"],
+        inp["dt"],
+        inp["A"],
+        inp["B"],
+        inp["C"],
+        chunk,
+        D=inp["D"],
+        dt_bias=inp["dt_bias"],
+        initial_states=init,
+        dt_softplus=True,
+        dt_limit=inp["dt_limit"],
+        return_final_states=True,
+    )
     assert_close(res.y, ref_y, name="y")
     assert_close(res.state, ref_state, name="state")
 
@@ -176,14 +220,29 @@ def test_ssd_step_against_transformers_nemotron_h_state_update(size):
     state = torch.randn(size["batch"], size["H"], P, N)
     ref_state = state.clone()
     for t in range(min(size["T"], 8)):
-        y, state = ssd_step(state, inp["x"][:, t], inp["dt"][:, t], inp["A"], inp["B"][:, t],
-                            inp["C"][:, t], inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True)
+        y, state = ssd_step(
+            state,
+            inp["x"][:, t],
+            inp["dt"][:, t],
+            inp["A"],
+            inp["B"][:, t],
+            inp["C"][:, t],
+            inp["D"],
+            dt_bias=inp["dt_bias"],
+            dt_softplus=True,
+        )
         # transformers' decode path applies no dt limit and ties scalars by expanding them
-        ref_y = state_update(ref_state, inp["x"][:, t],
-                             repeat(inp["dt"][:, t], "b h -> b h p", p=P),
-                             repeat(inp["A"], "h -> h p n", p=P, n=N), inp["B"][:, t],
-                             inp["C"][:, t], repeat(inp["D"], "h -> h p", p=P),
-                             dt_bias=repeat(inp["dt_bias"], "h -> h p", p=P), dt_softplus=True)
+        ref_y = state_update(
+            ref_state,
+            inp["x"][:, t],
+            repeat(inp["dt"][:, t], "b h -> b h p", p=P),
+            repeat(inp["A"], "h -> h p n", p=P, n=N),
+            inp["B"][:, t],
+            inp["C"][:, t],
+            repeat(inp["D"], "h -> h p", p=P),
+            dt_bias=repeat(inp["dt_bias"], "h -> h p", p=P),
+            dt_softplus=True,
+        )
         assert_close(y, ref_y, name=f"y[t={t}]")
     assert_close(state, ref_state, name="state")
 
@@ -191,22 +250,30 @@ def test_ssd_step_against_transformers_nemotron_h_state_update(size):
 S6_SIZES = [dict(batch=3, T=63, D=10, N=5), dict(batch=1, T=16, D=8, N=16)]
 
 
+@pytest.mark.mamba_ssm
 @pytest.mark.parametrize("size", S6_SIZES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_s6_scan_against_mamba_ssm_selective_scan_ref(size, dtype):
     ref = mamba_ssm_references().selective_scan_ref
     inp = s6_inputs(**size, dtype=dtype)
     res = s6_scan(**inp)
-    ref_y, ref_state = ref(rearrange(inp["u"], "b t d -> b d t"),
-                           rearrange(inp["dt"], "b t d -> b d t"), inp["A"],
-                           rearrange(inp["B"], "b t n -> b n t"),
-                           rearrange(inp["C"], "b t n -> b n t"), D=inp["Dskip"],
-                           z=rearrange(inp["z"], "b t d -> b d t"), delta_bias=inp["dt_bias"],
-                           delta_softplus=True, return_last_state=True)
+    ref_y, ref_state = ref(
+        rearrange(inp["u"], "b t d -> b d t"),
+        rearrange(inp["dt"], "b t d -> b d t"),
+        inp["A"],
+        rearrange(inp["B"], "b t n -> b n t"),
+        rearrange(inp["C"], "b t n -> b n t"),
+        D=inp["Dskip"],
+        z=rearrange(inp["z"], "b t d -> b d t"),
+        delta_bias=inp["dt_bias"],
+        delta_softplus=True,
+        return_last_state=True,
+    )
     assert_close(res.y, rearrange(ref_y, "b d t -> b t d"), dtype=dtype, name="y")
     assert_close(res.state, ref_state, dtype=torch.float32, name="state")
 
 
+@pytest.mark.mamba_ssm
 @pytest.mark.parametrize("size", S6_SIZES)
 def test_s6_step_equals_scan_and_mamba_ssm_state_update(size):
     ref = mamba_ssm_references().selective_state_update_ref
@@ -218,8 +285,18 @@ def test_s6_step_equals_scan_and_mamba_ssm_state_update(size):
         step = {k: (v[:, t] if k in "u dt B C z".split() else v) for k, v in inp.items()}
         y, state = s6_step(state, **step)
         assert torch.equal(y, res.y[:, t]) and torch.equal(state, res.states[:, t])
-        ref_y = ref(ref_state, step["u"], step["dt"], step["A"], step["B"], step["C"],
-                    D=step["Dskip"], z=step["z"], dt_bias=step["dt_bias"], dt_softplus=True)
+        ref_y = ref(
+            ref_state,
+            step["u"],
+            step["dt"],
+            step["A"],
+            step["B"],
+            step["C"],
+            D=step["Dskip"],
+            z=step["z"],
+            dt_bias=step["dt_bias"],
+            dt_softplus=True,
+        )
         assert_close(y, ref_y, name=f"y[t={t}]")
     assert_close(state, ref_state, name="state")
 
@@ -229,7 +306,8 @@ def test_s6_split_equals_one_pass():
     whole = s6_scan(**inp)
     seq = "u dt B C z".split()
     first = s6_scan(**{k: (v[:, :8] if k in seq else v) for k, v in inp.items()})
-    second = s6_scan(**{k: (v[:, 8:] if k in seq else v) for k, v in inp.items()},
-                     initial_state=first.state)
+    second = s6_scan(
+        **{k: (v[:, 8:] if k in seq else v) for k, v in inp.items()}, initial_state=first.state
+    )
     assert torch.equal(torch.cat([first.y, second.y], 1), whole.y)
     assert torch.equal(second.state, whole.state)

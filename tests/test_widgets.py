@@ -11,7 +11,10 @@ def test_interval_explorer_moves_its_point_as_the_model_says():
     before = (ex.figure.data[2].x[0], ex.figure.data[2].y[0])
     ex.controls["interval"].value = 16
     t = cm.interval_tradeoff(32, 16)
-    assert (ex.figure.data[2].x[0], ex.figure.data[2].y[0]) == (t["states_kept"], t["steps_per_restore"])
+    assert (ex.figure.data[2].x[0], ex.figure.data[2].y[0]) == (
+        t["states_kept"],
+        t["steps_per_restore"],
+    )
     assert (ex.figure.data[2].x[0], ex.figure.data[2].y[0]) != before
     # no schedule beats the optimum: every interval point lies on or above the frontier
     frontier = dict(zip(ex.figure.data[0].x, ex.figure.data[0].y))

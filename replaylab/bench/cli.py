@@ -1,8 +1,8 @@
 """``replaylab bench``: one subcommand per benchmark; each writes JSON with provenance.
 
-    replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
-    replaylab bench sweep
-    replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
+replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
+replaylab bench sweep
+replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ def _ints(text):
     try:
         return [int(v) for v in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
 
 
 def _write(result, out):
@@ -29,22 +31,33 @@ def _write(result, out):
 
 def _need_gpu(what):
     import torch
+
     if not torch.cuda.is_available():
-        sys.exit(f"replaylab bench {what} times GPU kernels: no CUDA device here. The committed "
-                 f"results are in data/bench_kernels*.json.")
+        sys.exit(
+            f"replaylab bench {what} times GPU kernels: no CUDA device here. The committed "
+            f"results are in data/bench_kernels*.json."
+        )
 
 
 def _kernels(args):
     from replaylab.bench.kernels import SHAPE, run_kernels, summary
     from replaylab.bench.provenance import provenance
+
     _need_gpu("kernels")
     t0 = time.time()
-    result = run_kernels(quick=args.quick, batches=args.batches, log_lens=args.log_lens,
-                         ts=args.ts, fold=not args.no_fold)
+    result = run_kernels(
+        quick=args.quick,
+        batches=args.batches,
+        log_lens=args.log_lens,
+        ts=args.ts,
+        fold=not args.no_fold,
+    )
     result.update(provenance(args.argv), shape=SHAPE, seconds=round(time.time() - t0, 1))
     _write(result, args.out or "data/bench_kernels.json")
-    print(f"device {result['device']}; copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s; "
-          f"peer errors: {result['peer_errors'] or 'none'}")
+    print(
+        f"device {result['device']}; copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s; "
+        f"peer errors: {result['peer_errors'] or 'none'}"
+    )
     for line in summary(result):
         print(line)
     return 0
@@ -53,20 +66,29 @@ def _kernels(args):
 def _sweep(args):
     from replaylab.bench.kernels import sweep
     from replaylab.bench.provenance import provenance
+
     _need_gpu("sweep")
     rows = sweep()
     _write(dict(rows=rows, **provenance(args.argv)), args.out or "data/bench_kernels_sweep.json")
     for r in sorted(rows, key=lambda r: (r["kernel"], r["us"])):
-        print(f"{r['kernel']:18s} BLOCK_P={r['block_p']:2d} warps={r['num_warps']}: {r['us']:7.1f} us")
+        print(
+            f"{r['kernel']:18s} BLOCK_P={r['block_p']:2d} warps={r['num_warps']}: {r['us']:7.1f} us"
+        )
     return 0
 
 
 def _decode(args):
     from replaylab.bench.decode import decode_summary, run_decode
     from replaylab.bench.provenance import provenance
+
     t0 = time.time()
-    result = run_decode(args.preset, args.batches, args.n_new,
-                        checkpoint_interval=args.checkpoint_interval, log_length=args.log_length)
+    result = run_decode(
+        args.preset,
+        args.batches,
+        args.n_new,
+        checkpoint_interval=args.checkpoint_interval,
+        log_length=args.log_length,
+    )
     result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
     _write(result, args.out or "data/bench_decode.json")
     for line in decode_summary(result):
@@ -76,8 +98,11 @@ def _decode(args):
 
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
-    bench = subparsers.add_parser("bench", help="run a benchmark and write its JSON to data/",
-                                  description=__doc__.split("\n\n")[0])
+    bench = subparsers.add_parser(
+        "bench",
+        help="run a benchmark and write its JSON to data/",
+        description=__doc__.split("\n\n")[0],
+    )
     sub = bench.add_subparsers(dest="benchmark", required=True)
     k = sub.add_parser("kernels", help="replay kernels vs mamba-ssm, fla and a copy (GPU)")
     k.add_argument("--quick", action="store_true", help="a few shapes only")
@@ -102,8 +127,9 @@ def add_bench_parser(subparsers):
 
 def main(argv=None):
     """``python -m replaylab.bench SUBCOMMAND ...``."""
-    parser = argparse.ArgumentParser(prog="python -m replaylab.bench",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m replaylab.bench", description=__doc__.split("\n\n")[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     add_bench_parser(sub)
     argv = sys.argv[1:] if argv is None else argv

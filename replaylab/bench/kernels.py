@@ -41,18 +41,27 @@ def _inputs(batch, L, T, dtype=torch.bfloat16, Lmax=None):
     Lmax = Lmax or L + T
     r = lambda *s: torch.randn(*s, device=dev)  # noqa: E731
     return dict(
-        states=r(batch, H, P, N) * 0.1, slots=torch.arange(batch, dtype=torch.int32, device=dev),
-        log_x=r(batch, Lmax, H, P).to(dtype), log_dt=(r(batch, Lmax, H) - 2).to(dtype),
-        log_B=r(batch, Lmax, G, N).to(dtype), log_C=r(batch, Lmax, G, N).to(dtype),
+        states=r(batch, H, P, N) * 0.1,
+        slots=torch.arange(batch, dtype=torch.int32, device=dev),
+        log_x=r(batch, Lmax, H, P).to(dtype),
+        log_dt=(r(batch, Lmax, H) - 2).to(dtype),
+        log_B=r(batch, Lmax, G, N).to(dtype),
+        log_C=r(batch, Lmax, G, N).to(dtype),
         log_len=torch.full((batch,), L, dtype=torch.int32, device=dev),
-        x=r(batch, T, H, P).to(dtype), dt=(r(batch, T, H) - 2).to(dtype),
-        B=r(batch, T, G, N).to(dtype), C=r(batch, T, G, N).to(dtype),
-        A=-torch.rand(H, device=dev) * 4, D=r(H), dt_bias=torch.rand(H, device=dev) - 0.5)
+        x=r(batch, T, H, P).to(dtype),
+        dt=(r(batch, T, H) - 2).to(dtype),
+        B=r(batch, T, G, N).to(dtype),
+        C=r(batch, T, G, N).to(dtype),
+        A=-torch.rand(H, device=dev) * 4,
+        D=r(H),
+        dt_bias=torch.rand(H, device=dev) - 0.5,
+    )
 
 
 def _providers(inp, L, T, peers):
     """name -> zero-argument callable, for one (batch, L, T) shape."""
     from replaylab.kernels.replay import replay_step
+
     H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
     batch = inp["x"].shape[0]
     out = {}
@@ -61,6 +70,7 @@ def _providers(inp, L, T, peers):
     def ours():
         replay_step(**inp, dt_limit=(0.0, math.inf), out=y, check=False)
         inp["log_len"].sub_(T)  # keep the log length fixed across graph replays
+
     out["replay_step"] = ours
 
     if "ssu" in peers:
@@ -74,18 +84,38 @@ def _providers(inp, L, T, peers):
 
         def ssu_path():
             for t in range(T):
-                ssu(state, inp["x"][:, t], dts[t], A, inp["B"][:, t], inp["C"][:, t], D=D,
-                    dt_bias=bias, dt_softplus=True)
+                ssu(
+                    state,
+                    inp["x"][:, t],
+                    dts[t],
+                    A,
+                    inp["B"][:, t],
+                    inp["C"][:, t],
+                    D=D,
+                    dt_bias=bias,
+                    dt_softplus=True,
+                )
                 if t < T - 1:
                     drafts[t].copy_(state)  # keep each draft's state for rollback
+
         out["ssu"] = ssu_path
 
     seq = {k: torch.cat([inp[f"log_{k}"][:, :L], inp[k]], 1) for k in ("x", "dt", "B", "C")}
     if "chunk_scan" in peers:
         scan = peers["chunk_scan"]
-        out["chunk_scan"] = lambda: scan(seq["x"], seq["dt"], inp["A"], seq["B"], seq["C"], 256,
-                                         D=inp["D"], dt_bias=inp["dt_bias"], dt_softplus=True,
-                                         initial_states=inp["states"], return_final_states=True)
+        out["chunk_scan"] = lambda: scan(
+            seq["x"],
+            seq["dt"],
+            inp["A"],
+            seq["B"],
+            seq["C"],
+            256,
+            D=inp["D"],
+            dt_bias=inp["dt_bias"],
+            dt_softplus=True,
+            initial_states=inp["states"],
+            return_final_states=True,
+        )
     if "fla_recurrent" in peers or "fla_chunk" in peers:
         delta = torch.nn.functional.softplus(seq["dt"].float() + inp["dt_bias"])
         rep = H // G
@@ -97,8 +127,9 @@ def _providers(inp, L, T, peers):
         for name in ("fla_recurrent", "fla_chunk"):
             if name in peers:
                 fn = peers[name]
-                out[name] = (lambda fn=fn: fn(q=q, k=k, v=v, g=g, scale=1.0, initial_state=h0,
-                                              output_final_state=True))
+                out[name] = lambda fn=fn: fn(
+                    q=q, k=k, v=v, g=g, scale=1.0, initial_state=h0, output_final_state=True
+                )
     return out
 
 
@@ -106,25 +137,46 @@ def sweep():
     """Time each kernel for BLOCK_P x num_warps at batch 32 (L=16, T=1 and 4; fold 16): the
     numbers behind ``replaylab.kernels.replay.LAUNCH``."""
     from replaylab.kernels.replay import fold, replay_step
+
     rows = []
     for T in (1, 4):
         inp = _inputs(32, 16, T)
         y = torch.empty_like(inp["x"])
         for bp in (8, 16, 32, 64):
             for w in (2, 4, 8):
+
                 def fn():
                     replay_step(**inp, out=y, check=False, block_p=bp, num_warps=w)
                     inp["log_len"].sub_(T)
-                rows.append(dict(kernel=f"replay_step T={T}", block_p=bp, num_warps=w,
-                                 us=time_ms(fn)[0] * 1e3))
+
+                rows.append(
+                    dict(
+                        kernel=f"replay_step T={T}",
+                        block_p=bp,
+                        num_warps=w,
+                        us=time_ms(fn)[0] * 1e3,
+                    )
+                )
     inp = _inputs(32, 16, 1, Lmax=16)
     dst = torch.empty_like(inp["states"])
     fold_len = torch.full((32,), 16, dtype=torch.int32, device="cuda")
     for bp in (8, 16, 32, 64):
         for w in (2, 4, 8):
-            fn = lambda: fold(inp["states"], inp["slots"], dst, inp["slots"], inp["log_x"],  # noqa: E731
-                              inp["log_dt"], inp["log_B"], fold_len, inp["A"], inp["dt_bias"],
-                              check=False, block_p=bp, num_warps=w)
+            fn = lambda: fold(
+                inp["states"],
+                inp["slots"],
+                dst,
+                inp["slots"],
+                inp["log_x"],  # noqa: E731
+                inp["log_dt"],
+                inp["log_B"],
+                fold_len,
+                inp["A"],
+                inp["dt_bias"],
+                check=False,
+                block_p=bp,
+                num_warps=w,
+            )
             rows.append(dict(kernel="fold L=16", block_p=bp, num_warps=w, us=time_ms(fn)[0] * 1e3))
     return rows
 
@@ -133,6 +185,7 @@ def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None
     from tqdm.auto import tqdm
 
     from replaylab.kernels.replay import fold
+
     peers, errors = load_kernel_peers()
     bw = max(copy_bandwidth_gbs() for _ in range(3))  # the first runs while clocks ramp up
     default = (BATCHES, LOG_LENS, VERIFY_T) if not quick else ([1, 32], [4, 16], [1, 4])
@@ -159,20 +212,33 @@ def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None
                 ms, graph = time_ms(fn)
                 record("verify" if T > 1 else "decode", name, batch, L, T, ms, graph)
             except Exception as err:  # noqa: BLE001
-                record("verify" if T > 1 else "decode", name, batch, L, T, None, None,
-                       repr(err)[:300])
+                record(
+                    "verify" if T > 1 else "decode", name, batch, L, T, None, None, repr(err)[:300]
+                )
         del inp
         torch.cuda.empty_cache()
     for batch in tqdm(batches if fold else [], desc="fold vs copy", disable=not progress):
-        for L in (FOLD_LENS if not quick else [16]):
+        for L in FOLD_LENS if not quick else [16]:
             inp = _inputs(batch, L, 1, Lmax=L)
             src = inp["states"]
             dst = torch.empty_like(src)
             slots = inp["slots"]
             fold_len = torch.full((batch,), L, dtype=torch.int32, device="cuda")
-            ms, graph = time_ms(lambda: fold(src, slots, dst, slots, inp["log_x"], inp["log_dt"],
-                                           inp["log_B"], fold_len, inp["A"], inp["dt_bias"],
-                                           check=False))
+            ms, graph = time_ms(
+                lambda: fold(
+                    src,
+                    slots,
+                    dst,
+                    slots,
+                    inp["log_x"],
+                    inp["log_dt"],
+                    inp["log_B"],
+                    fold_len,
+                    inp["A"],
+                    inp["dt_bias"],
+                    check=False,
+                )
+            )
             record("fold", "fold", batch, L, 0, ms, graph)
             ms, graph = time_ms(lambda: dst.copy_(src))
             record("fold", "copy", batch, L, 0, ms, graph)
@@ -189,19 +255,29 @@ def summary(result):
         for L in sorted({r["log_len"] for r in rows if r["kind"] == "decode"}):
             ours = get(provider="replay_step", batch=batch, log_len=L, T=1)
             if ours and ssu1:
-                lines.append(f"decode  b={batch:3d} L={L:2d}: ours {ours['us']:8.1f} us "
-                             f"({ours['frac_copy_bw']:.0%} of copy bw), ssu {ssu1['us']:8.1f} us, "
-                             f"speedup {ssu1['us'] / ours['us']:.2f}x")
+                lines.append(
+                    f"decode  b={batch:3d} L={L:2d}: ours {ours['us']:8.1f} us "
+                    f"({ours['frac_copy_bw']:.0%} of copy bw), ssu {ssu1['us']:8.1f} us, "
+                    f"speedup {ssu1['us'] / ours['us']:.2f}x"
+                )
         for T in sorted({r["T"] for r in rows if r["T"] > 1}):
             ssu = get(provider="ssu", batch=batch, T=T)
-            ours = get(provider="replay_step", batch=batch, log_len=16, T=T) or \
-                get(provider="replay_step", batch=batch, T=T)
+            ours = get(provider="replay_step", batch=batch, log_len=16, T=T) or get(
+                provider="replay_step", batch=batch, T=T
+            )
             if ours and ssu:
-                lines.append(f"verify  b={batch:3d} T={T} L={ours['log_len']:2d}: ours "
-                             f"{ours['us']:8.1f} us, per-draft ssu {ssu['us']:8.1f} us, speedup "
-                             f"{ssu['us'] / ours['us']:.2f}x")
-        f, c = get(provider="fold", batch=batch, log_len=16), get(provider="copy", batch=batch, log_len=16)
+                lines.append(
+                    f"verify  b={batch:3d} T={T} L={ours['log_len']:2d}: ours "
+                    f"{ours['us']:8.1f} us, per-draft ssu {ssu['us']:8.1f} us, speedup "
+                    f"{ssu['us'] / ours['us']:.2f}x"
+                )
+        f, c = (
+            get(provider="fold", batch=batch, log_len=16),
+            get(provider="copy", batch=batch, log_len=16),
+        )
         if f and c:
-            lines.append(f"fold16  b={batch:3d}: fold {f['us']:8.1f} us, copy {c['us']:8.1f} us, "
-                         f"ratio {f['us'] / c['us']:.2f}x")
+            lines.append(
+                f"fold16  b={batch:3d}: fold {f['us']:8.1f} us, copy {c['us']:8.1f} us, "
+                f"ratio {f['us'] / c['us']:.2f}x"
+            )
     return lines

@@ -41,11 +41,13 @@ def load_kernel_peers():
         _allow_mamba_ssm_import()
         from mamba_ssm.ops.triton.selective_state_update import selective_state_update
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined
+
         peers["ssu"], peers["chunk_scan"] = selective_state_update, mamba_chunk_scan_combined
     except Exception as err:  # noqa: BLE001
         errors["mamba_ssm"] = repr(err)[:300]
     try:
         from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
+
         peers["fla_recurrent"], peers["fla_chunk"] = fused_recurrent_simple_gla, chunk_simple_gla
     except Exception as err:  # noqa: BLE001
         errors["fla"] = repr(err)[:300]

@@ -24,9 +24,13 @@ def versions() -> dict:
 
 def provenance(argv=None) -> dict:
     """device, versions, date (UTC, ISO) and command of the current run."""
-    device = (torch.cuda.get_device_name() if torch.cuda.is_available()
-              else platform.processor() or "cpu")
+    device = (
+        torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+    )
     args = sys.argv[1:] if argv is None else argv
-    return dict(device=device, versions=versions(),
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                command="replaylab bench " + " ".join(map(str, args)))
+    return dict(
+        device=device,
+        versions=versions(),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command="replaylab bench " + " ".join(map(str, args)),
+    )

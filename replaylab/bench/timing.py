@@ -11,6 +11,7 @@ def time_ms(fn, graphs=True):
     """(median milliseconds of ``fn``, whether a CUDA graph was used); falls back to plain
     launches for providers that cannot be captured."""
     import triton.testing
+
     fn()
     torch.cuda.synchronize()
     if graphs:

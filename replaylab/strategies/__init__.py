@@ -8,8 +8,14 @@
 ``replaylab.strategies.base.StateStore``.
 """
 
-from replaylab.strategies.base import (REGISTRY, EvictionItem, Rollback, StateStore, register,
-                                       store_class)
+from replaylab.strategies.base import (
+    REGISTRY,
+    EvictionItem,
+    Rollback,
+    StateStore,
+    register,
+    store_class,
+)
 
 # isort: off
 # registration order is the order of STRATEGY_NAMES: most memory first
@@ -20,5 +26,15 @@ from replaylab.strategies.replay import ReplayStore
 
 STRATEGY_NAMES: tuple[str, ...] = tuple(REGISTRY)
 
-__all__ = ["STRATEGY_NAMES", "REGISTRY", "StateStore", "Rollback", "EvictionItem", "register",
-           "store_class", "SnapshotStore", "RecomputeStore", "ReplayStore"]
+__all__ = [
+    "STRATEGY_NAMES",
+    "REGISTRY",
+    "StateStore",
+    "Rollback",
+    "EvictionItem",
+    "register",
+    "store_class",
+    "SnapshotStore",
+    "RecomputeStore",
+    "ReplayStore",
+]

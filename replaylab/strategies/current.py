@@ -41,9 +41,14 @@ class CurrentStateStore(StateStore):
         result = spec.scan(now.ssm, entries, return_states=want)
         if want:
             windows = windows_per_token(now.conv, conv_in)
-            self.keep(layer, position, {position + j + 1: LayerState(result.states[:, j].clone(),
-                                                                     windows[:, j].clone())
-                                        for j in range(T)})
+            self.keep(
+                layer,
+                position,
+                {
+                    position + j + 1: LayerState(result.states[:, j].clone(), windows[:, j].clone())
+                    for j in range(T)
+                },
+            )
         self.current[layer] = LayerState(result.state, window_after(now.conv, conv_in))
         return result.y
 
@@ -61,6 +66,9 @@ class CurrentStateStore(StateStore):
             self.current[layer] = self.current[layer].index(indices)
 
     def current_bytes(self):
-        return {"ssm_state": sum(s.ssm.numel() * s.ssm.element_size() for s in self.current.values()),
-                "conv_state": sum(s.conv.numel() * s.conv.element_size()
-                                  for s in self.current.values())}
+        return {
+            "ssm_state": sum(s.ssm.numel() * s.ssm.element_size() for s in self.current.values()),
+            "conv_state": sum(
+                s.conv.numel() * s.conv.element_size() for s in self.current.values()
+            ),
+        }

@@ -19,7 +19,7 @@ class RecomputeStore(CurrentStateStore):
         super().__init__(specs, batch, dtype, device, config)
         self.interval = config.checkpoint_interval
         self.checkpoints = {0: None}  # position -> {layer: LayerState}; None: the zero state
-        self.last_used = {}           # position -> when it was made or last restored from
+        self.last_used = {}  # position -> when it was made or last restored from
 
     def wants_states(self, position, T):
         return (position + T) // self.interval > position // self.interval
@@ -54,12 +54,17 @@ class RecomputeStore(CurrentStateStore):
                 copy[layer] = kept.index(indices)
 
     def evictable(self):
-        return [EvictionItem(p, p, copy_nbytes(c), self.last_used.get(p, p))
-                for p, c in self.checkpoints.items() if c is not None]
+        return [
+            EvictionItem(p, p, copy_nbytes(c), self.last_used.get(p, p))
+            for p, c in self.checkpoints.items()
+            if c is not None
+        ]
 
     def evict(self, key):
         del self.checkpoints[key]
 
     def nbytes(self):
-        return {**self.current_bytes(),
-                "checkpoints": sum(copy_nbytes(c) for c in self.checkpoints.values())}
+        return {
+            **self.current_bytes(),
+            "checkpoints": sum(copy_nbytes(c) for c in self.checkpoints.values()),
+        }

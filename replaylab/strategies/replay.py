@@ -30,10 +30,10 @@ class ReplayStore(StateStore):
         self.L = config.log_length
         use = config.use_kernels
         self.use_kernels = self.device.type == "cuda" if use is None else use
-        self.start = 0                       # checkpoint position c
+        self.start = 0  # checkpoint position c
         self.checkpoint = {l: s.zero_state(batch, dtype, self.device) for l, s in specs.items()}
         self.log = {l: None for l in specs}  # field -> buffer (batch, capacity, ...) per layer
-        self.n = {l: 0 for l in specs}       # entries in use; lower layers run ahead in a forward
+        self.n = {l: 0 for l in specs}  # entries in use; lower layers run ahead in a forward
         self.rows = torch.arange(batch, device=self.device)  # branch -> checkpoint row
         self.pin = None  # position the log must keep (the latest snapshot handle)
 
@@ -64,7 +64,7 @@ class ReplayStore(StateStore):
         self._reserve(layer, entries)
         n, T = self.n[layer], next(iter(entries.values())).shape[1]
         for k in self.specs[layer].log_fields:
-            self.log[layer][k][:, n:n + T] = entries[k]
+            self.log[layer][k][:, n : n + T] = entries[k]
         self.n[layer] = n + T
 
     def _fold(self, layer, upto):
@@ -114,7 +114,7 @@ class ReplayStore(StateStore):
             self.checkpoint[layer] = LayerState(self._fold(layer, upto), self._window(layer, upto))
             n, buf = self.n[layer], self.log[layer]
             for k in buf:  # keep the entries after the new checkpoint at the front
-                buf[k][:, :n - upto] = buf[k][:, upto:n].clone()
+                buf[k][:, : n - upto] = buf[k][:, upto:n].clone()
             self.n[layer] = n - upto
         self.rows = torch.arange(self.rows.numel(), device=self.rows.device)
         self.start += upto
@@ -148,6 +148,9 @@ class ReplayStore(StateStore):
         live = torch.unique(self.rows).numel()
         ck = sum(nbytes(s.ssm[:1]) * live for s in self.checkpoint.values())
         conv = sum(nbytes(s.conv[:1]) * live for s in self.checkpoint.values())
-        logs = sum(nbytes(*self._entries(l, self.n[l]).values()) for l in self.log
-                   if self.log[l] is not None)
+        logs = sum(
+            nbytes(*self._entries(l, self.n[l]).values())
+            for l in self.log
+            if self.log[l] is not None
+        )
         return {"ssm_state": ck, "conv_state": conv, "logs": logs}

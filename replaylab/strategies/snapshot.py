@@ -20,11 +20,11 @@ class SnapshotStore(CurrentStateStore):
 
     def __init__(self, specs, batch, dtype, device, config):
         super().__init__(specs, batch, dtype, device, config)
-        self.handles = {}     # handle id -> (position, {layer: LayerState})
-        self.per_token = {}   # position -> {layer: LayerState} since the latest snapshot
+        self.handles = {}  # handle id -> (position, {layer: LayerState})
+        self.per_token = {}  # position -> {layer: LayerState} since the latest snapshot
         self.tracking_from = None
-        self.evicted = {}     # handle id or ("token", position) -> position, for fallbacks
-        self.last_used = {}   # key -> tick, for LRU eviction
+        self.evicted = {}  # handle id or ("token", position) -> position, for fallbacks
+        self.last_used = {}  # key -> tick, for LRU eviction
         self.tick = 0
 
     def _touch(self, key):
@@ -58,8 +58,12 @@ class SnapshotStore(CurrentStateStore):
         return kept
 
     def can_restore(self, position, handle_id=None):
-        return (handle_id in self.handles or handle_id in self.evicted
-                or position in self._kept() or position in self.evicted.values())
+        return (
+            handle_id in self.handles
+            or handle_id in self.evicted
+            or position in self._kept()
+            or position in self.evicted.values()
+        )
 
     def rollback(self, position, handle_id=None):
         kept = self._kept()

@@ -1,0 +1,45 @@
+"""Shared fixtures and markers.
+
+Markers (registered in pyproject.toml):
+    gpu        needs a CUDA device; skipped here with that reason
+    mamba_ssm  needs mamba-ssm's references (an optional oracle); skipped with the import error
+"""
+
+import pytest
+import torch
+
+from replaylab.testing import tiny_hybrid
+
+
+def _mamba_ssm_missing():
+    from replaylab.testing import mamba_ssm_references
+
+    try:
+        mamba_ssm_references()
+    except ImportError as err:
+        return str(err)
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    no_gpu = not torch.cuda.is_available()
+    missing = None
+    for item in items:
+        if no_gpu and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device (run on the GPU machine)"))
+        if item.get_closest_marker("mamba_ssm"):
+            missing = missing if missing is not None else (_mamba_ssm_missing() or "")
+            if missing:
+                item.add_marker(pytest.mark.skip(reason=f"mamba-ssm oracle unavailable: {missing}"))
+
+
+@pytest.fixture
+def tiny_model():
+    """A small NemotronH-layout hybrid (two Mamba-2 layers, one attention) with fixed weights."""
+    return tiny_hybrid()
+
+
+@pytest.fixture
+def generator():
+    """A seeded torch.Generator, fresh per test."""
+    return torch.Generator().manual_seed(0)

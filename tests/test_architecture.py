@@ -1,0 +1,269 @@
+"""The library's seams: the recurrent-layer spec, the store interface and registry, the cache
+built from specs (no model inside), imports without the notebook extras, and the commands."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch import nn
+
+from replaylab import costmodel as cm
+from replaylab.cache import CacheConfig, CacheSpec, HybridCache
+from replaylab.decoding import SyntheticDrafter, greedy, speculative
+from replaylab.recurrent import LayerState, RecurrentSpec
+from replaylab.scan import ScanResult
+from replaylab.strategies import (
+    REGISTRY,
+    STRATEGY_NAMES,
+    Rollback,
+    StateStore,
+    register,
+    store_class,
+)
+from replaylab.strategies.current import CurrentStateStore
+
+CORE = [
+    "replaylab",
+    "replaylab.scan",
+    "replaylab.model",
+    "replaylab.cache",
+    "replaylab.strategies",
+    "replaylab.decoding",
+    "replaylab.costmodel",
+    "replaylab.kernels.replay",
+    "replaylab.generate",
+    "replaylab.cli",
+    "replaylab.bench.cli",
+]
+
+
+def test_core_modules_import_without_the_notebook_extras():
+    blocker = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Hide(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] in ("plotly", "ipywidgets", "jupyter", "jupyterlab",
+                                          "anywidget", "IPython", "nbformat"):
+                    raise ImportError("hidden by the test: " + name)
+        sys.meta_path.insert(0, Hide())
+        for name in {CORE!r}:
+            __import__(name)
+        import replaylab.costmodel as cm
+        assert cm.HARDWARE["H200"].bandwidth > 0
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+class DecaySpec(RecurrentSpec):
+    """A layer family with no weights at all: h_t = a_t h_{t-1} + u_t (elementwise, D
+    channels), y_t = h_t; the conv window keeps the last input. Stores must serve it through
+    this spec alone."""
+
+    family, log_fields, conv_field = "decay", ("u", "a"), "u"
+
+    def __init__(self, channels):
+        self.state_shape, self.conv_shape = (channels,), (1, channels)
+
+    def params(self):
+        return None
+
+    def prepare(self, window, inputs):
+        return dict(u=inputs["u"], a=torch.sigmoid(inputs["g"]))
+
+    def scan(self, state, entries, return_states=False):
+        states = []
+        for t in range(entries["u"].shape[1]):
+            state = entries["a"][:, t] * state + entries["u"][:, t]
+            states.append(state)
+        stacked = torch.stack(states, 1)
+        return ScanResult(stacked, state, stacked if return_states else None)
+
+
+def decay_cache(strategy, batch=1):
+    spec = CacheSpec(
+        recurrent={0: DecaySpec(3), 2: DecaySpec(5)},
+        attention={},
+        dtype=torch.float64,
+        device=torch.device("cpu"),
+    )
+    return HybridCache(spec, batch, strategy, checkpoint_interval=3, log_length=3)
+
+
+def advance(cache, inputs):
+    """A 'model' of two independent decay layers: feed both, as a forward pass would."""
+    cache.begin(torch.zeros(cache.batch, inputs[0]["u"].shape[1], dtype=torch.long))
+    for layer, x in zip((0, 2), inputs):
+        cache.layer(layer).advance(**x)
+    cache.end()
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+def test_a_new_layer_family_needs_only_its_spec(strategy):
+    g = torch.Generator().manual_seed(0)
+    steps = [
+        [
+            dict(
+                u=torch.randn(2, 2, d, generator=g, dtype=torch.float64),
+                g=torch.randn(2, 2, d, generator=g, dtype=torch.float64),
+            )
+            for d in (3, 5)
+        ]
+        for _ in range(5)
+    ]
+    cache = decay_cache(strategy, batch=2)
+    advance(cache, steps[0])
+    handle = cache.snapshot()
+    want = {l: cache.state(l).ssm.clone() for l in (0, 2)}
+    for step in steps[1:]:
+        advance(cache, step)
+    # the state at the end equals the recurrence run by hand
+    for i, layer in enumerate((0, 2)):
+        h = torch.zeros(2, (3, 5)[i], dtype=torch.float64)
+        for step in steps:
+            for t in range(2):
+                h = torch.sigmoid(step[i]["g"][:, t]) * h + step[i]["u"][:, t]
+        assert torch.allclose(cache.state(layer).ssm, h, rtol=1e-12)
+        assert torch.equal(cache.state(layer).conv[:, 0], steps[-1][i]["u"][:, -1])
+    cache.restore(handle)
+    assert all(torch.equal(cache.state(l).ssm, want[l]) for l in (0, 2))
+    cache.reorder(torch.tensor([1, 1, 0]))
+    assert torch.equal(cache.state(0).ssm, want[0][[1, 1, 0]])
+
+
+def test_a_restore_that_must_re_run_without_a_callback_is_refused():
+    cache = decay_cache("recompute")
+    advance(
+        cache,
+        [
+            dict(
+                u=torch.ones(1, 2, d, dtype=torch.float64),
+                g=torch.zeros(1, 2, d, dtype=torch.float64),
+            )
+            for d in (3, 5)
+        ],
+    )
+    with pytest.raises(RuntimeError, match="no rerun callback"):
+        cache.truncate_to(1)
+
+
+def test_the_cache_holds_no_model_and_no_store_holds_a_weight(tiny_model):
+    cache = HybridCache(tiny_model, 2, "replay")
+    with torch.no_grad():
+        tiny_model(torch.randint(0, 50, (2, 5)), cache)
+    for obj in (cache, cache.ssm):
+        for name, value in vars(obj).items():
+            assert not isinstance(value, nn.Module), name
+            assert not isinstance(value, nn.Parameter), name
+    assert set(cache.ssm.specs) == set(tiny_model.cfg.ssm_layers)
+
+
+class RerunStore(CurrentStateStore):
+    """Keeps nothing but the current state: every rollback re-runs from the start."""
+
+    name = "rerun-from-start"
+    rerun_is_fallback = False
+
+    def rollback(self, position, handle_id=None):
+        self._zero()
+        return Rollback(0)
+
+    def select(self, indices):
+        self._gather(indices)
+
+    def nbytes(self):
+        return self.current_bytes()
+
+
+def test_a_new_strategy_is_one_class_and_the_registry(tiny_model):
+    register(RerunStore)
+    try:
+        assert store_class("rerun-from-start") is RerunStore
+        prompt = torch.tensor([[3, 7, 1, 3, 7]])
+        ref = greedy(tiny_model, prompt, 12, "snapshot")
+        full = torch.cat([prompt, ref.tokens], 1)
+        run = speculative(
+            tiny_model, prompt, 12, SyntheticDrafter(full, 0.5), k=3, cache="rerun-from-start"
+        )
+        assert torch.equal(run.tokens, ref.tokens)
+        assert run.restores > 0 and run.recomputed_tokens > 0
+    finally:
+        REGISTRY.pop("rerun-from-start")
+    with pytest.raises(ValueError, match=r"already registered"):
+        register(store_class("replay"))
+
+
+def test_every_registered_store_implements_the_interface():
+    assert STRATEGY_NAMES == ("snapshot", "recompute", "replay")
+    for name in STRATEGY_NAMES:
+        cls = store_class(name)
+        assert issubclass(cls, StateStore) and cls.name == name and not cls.__abstractmethods__
+
+
+def test_cache_config_refuses_bad_values():
+    for bad, message in [
+        (
+            dict(strategy="copy"),
+            r"strategy: expected one of \['recompute', "
+            r"'replay', 'snapshot'\], got 'copy'",
+        ),
+        (
+            dict(checkpoint_interval=0),
+            r"checkpoint_interval: expected an "
+            r"integer >= 1, got 0",
+        ),
+        (dict(log_length=2.5), r"log_length: expected an integer >= 1, got 2.5"),
+        (dict(budget_bytes=0), r"budget_bytes: expected a positive"),
+        (dict(eviction="fifo"), r"eviction: expected one of"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            CacheConfig(**bad)
+    with pytest.raises(ValueError, match=r"batch: expected an integer >= 1, got 0"):
+        HybridCache(CacheSpec({}, {}, torch.float32, torch.device("cpu")), 0)
+
+
+def test_layer_state_helpers():
+    s = LayerState(torch.arange(6.0).view(3, 2), torch.zeros(3, 1, 4))
+    assert s.nbytes() == 6 * 4 + 12 * 4
+    assert torch.equal(s.index(torch.tensor([2, 0])).ssm, torch.tensor([[4.0, 5.0], [0.0, 1.0]]))
+
+
+def test_the_cost_model_refuses_unknown_strategies_and_providers():
+    from replaylab.costmodel import kernel_bytes
+    from replaylab.model import HybridConfig
+
+    shape = cm.shape_from_config(HybridConfig())
+    m = cm.model_costs(shape, cm.Workload(), 1e6)
+    with pytest.raises(ValueError, match=r"strategy: the cost model knows"):
+        cm.bytes_held(m, "copy")
+    assert kernel_bytes("copy", 2, 4, 1, H=2, P=3, N=4, G=1) == 2 * 2 * 2 * 3 * 4 * 4
+    with pytest.raises(ValueError, match=r"provider: expected one of"):
+        kernel_bytes("magic", 2, 4, 1, H=2, P=3, N=4, G=1)
+
+
+def test_measure_hardware_on_cpu_gives_plausible_rates():
+    hw = cm.measure_hardware("cpu")
+    assert 1e8 < hw.bandwidth < 1e13 and 1e8 < hw.matmul_rate < 1e14
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "replaylab", *args], capture_output=True, text=True
+    )
+
+
+def test_the_command_lists_its_subcommands_and_version():
+    import replaylab
+
+    assert run("--version").stdout.strip() == f"replaylab {replaylab.__version__}"
+    top = run("--help").stdout
+    assert "generate" in top and "bench" in top
+    bench = run("bench", "--help").stdout
+    assert all(name in bench for name in ("kernels", "sweep", "decode"))
+    assert "--log-length" in run("generate", "--help").stdout
+    missing = run("bench", "kernels")
+    if not torch.cuda.is_available():
+        assert missing.returncode != 0 and "no CUDA device" in missing.stderr
