@@ -34,7 +34,7 @@ import torch
 from replaylab.kv import LayerKV
 from replaylab.recurrent import LayerState, RecurrentSpec
 from replaylab.strategies import EvictionItem, store_class
-from replaylab.validation import branch_indices, fork_indices
+from replaylab.validation import as_int, branch_indices, fork_indices
 
 __all__ = [
     "CacheConfig",
@@ -75,9 +75,7 @@ class CacheConfig:
     def __post_init__(self):
         store_class(self.strategy)  # raises with the list of names
         for name in ("checkpoint_interval", "log_length"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+            as_int(name, getattr(self, name), low=1)
         if self.eviction not in EVICTION_POLICIES:
             raise ValueError(
                 f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}"
@@ -114,14 +112,28 @@ class CacheSpec:
                 cache, advancing it by T (the model's forward, logits discarded). Called from
                 inside ``restore`` / ``truncate_to`` once the stores and KV stand at an earlier
                 position; it must only advance the cache (no snapshot, restore, fork or reorder:
-                it is re-entered mid-rollback). None: restores that need it raise.
+                it is re-entered mid-rollback).
     """
 
     recurrent: dict[int, RecurrentSpec]
     attention: dict[int, tuple[int, int]]
     dtype: torch.dtype
     device: torch.device
-    rerun: Callable | None = None
+    rerun: Callable
+
+    def __post_init__(self):
+        if not callable(self.rerun):
+            raise TypeError(f"rerun: expected a callable rerun(tokens, cache), got {self.rerun!r}")
+
+    def layout(self) -> dict:
+        """What must agree between a cache and the model that advances it: each layer's kind
+        and memory shapes."""
+        out = {
+            l: (s.family, tuple(s.state_shape), tuple(s.conv_shape))
+            for l, s in self.recurrent.items()
+        }
+        out.update({l: ("attention", tuple(shape)) for l, shape in self.attention.items()})
+        return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
@@ -185,13 +197,26 @@ class HybridCache:
     """Cache of ``batch`` branches of a model (anything with ``cache_spec()``, or a
     ``CacheSpec``) under ``strategy``: a name or a ``CacheConfig``; keyword ``options`` are
     ``CacheConfig`` fields. Restoring an evicted copy re-runs the model from an older one
-    (``stats.fallback_restores``, ``stats.recomputed_tokens``)."""
+    (``stats.fallback_restores``, ``stats.recomputed_tokens``).
+
+    Every public method checks its arguments before it changes anything, and a forward that
+    fails midway leaves the cache as it was (``abort``). What raises what:
+        TypeError    an argument of the wrong kind: a position, ``n``, ``batch`` or an index
+                     that is not an integer (floats, strings, bools), a boolean mask as
+                     indices, a handle that is not a ``Handle``, token ids that are not an
+                     integer tensor
+        ValueError   a value out of range: a position outside [0, position], an index outside
+                     [0, batch), n < 1, batch < 1, token ids outside the vocabulary, a handle of
+                     another cache or one released, rolled back past or taken before a
+                     fork/reorder, a position no kept state covers (snapshot), a model whose
+                     layers, dtype or device differ from the cache's
+        RuntimeError a rollback called from inside a forward, or a forward begun twice
+    """
 
     def __init__(self, model, batch=1, strategy="replay", **options):
         config = as_config(strategy, **options)
         spec = model if isinstance(model, CacheSpec) else model.cache_spec()
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"batch: expected an integer >= 1, got {batch!r}")
+        batch = as_int("batch", batch, low=1)
         self.config, self.spec = config, spec
         self.batch, self.strategy = batch, config.strategy
         self.budget_bytes, self.eviction = config.budget_bytes, config.eviction
@@ -201,30 +226,63 @@ class HybridCache:
             l: LayerKV(batch, heads, dim, dtype=self.dtype, device=self.device)
             for l, (heads, dim) in spec.attention.items()
         }
-        self.ssm = store_class(config.strategy)(
-            spec.recurrent, batch, self.dtype, self.device, config
-        )
+        store = store_class(config.strategy)
+        self.ssm = store(spec.recurrent, batch, self.dtype, self.device, config)
         self.tokens = torch.zeros(batch, 0, dtype=torch.long, device=self.device)
         self.live_handles: dict[int, int] = {}  # handle id -> position
         self.stats = CacheStats()
-        self._pending = None
+        self._pending = self._undo = None
 
     @property
     def position(self) -> int:
         return self.tokens.shape[1]
 
     # --- called by the model -------------------------------------------------------------
+    def check_layout(self, spec: CacheSpec):
+        """Raise ValueError unless a model with ``spec`` may advance this cache (the same
+        layers with the same memory shapes, the same dtype and device)."""
+        mine, theirs = self.spec.layout(), spec.layout()
+        if mine != theirs:
+            diff = {
+                l: (mine.get(l), theirs.get(l))
+                for l in sorted(set(mine) | set(theirs))
+                if mine.get(l) != theirs.get(l)
+            }
+            raise ValueError(
+                f"model: this cache was built for other layers; layer -> (cache, model): {diff}"
+            )
+        if spec.dtype != self.dtype or torch.device(spec.device) != torch.device(self.device):
+            raise ValueError(
+                f"model: the cache holds {self.dtype} on {self.device}, the model computes in "
+                f"{spec.dtype} on {spec.device}"
+            )
+
     def begin(self, input_ids):
+        """A forward of ``input_ids`` (batch, T) starts; ``end`` or ``abort`` closes it."""
+        if self._pending is not None:
+            raise RuntimeError("cache: a forward is already in progress (begin without end)")
+        self._undo = self.ssm.begin_forward(self.position)
         self._pending = input_ids
 
     def layer(self, index) -> _Layer:
         return _Layer(self, index)
 
     def end(self):
+        """The forward begun with ``begin`` is complete: record its tokens."""
         self.tokens = torch.cat([self.tokens, self._pending.to(self.device)], dim=1)
-        self._pending = None
+        self._pending = self._undo = None
         self.ssm.after_forward(self.position)
         self._account()
+
+    def abort(self):
+        """The forward in progress failed: put the cache back exactly as it was at ``begin``."""
+        if self._pending is None:
+            return
+        self.ssm.abort_forward(self._undo)
+        for kv in self.kv.values():
+            if kv.length > self.position:
+                kv.truncate_to(self.position)
+        self._pending = self._undo = None
 
     def state(self, layer) -> LayerState:
         """Recurrent layer's memory at the current position: ``ssm`` (batch, *state_shape),
@@ -243,9 +301,8 @@ class HybridCache:
         self.stats.folded_tokens = self.ssm.folded_tokens
         self.stats.peak_bytes = max(self.stats.peak_bytes, sum(held.values()))
         for name, nbytes in held.items():
-            self.stats.peak_by_component[name] = max(
-                self.stats.peak_by_component.get(name, 0), nbytes
-            )
+            peak = self.stats.peak_by_component.get(name, 0)
+            self.stats.peak_by_component[name] = max(peak, nbytes)
         while self.budget_bytes is not None and self.total_bytes() > self.budget_bytes:
             items = self.ssm.evictable()
             if not items:
@@ -257,7 +314,24 @@ class HybridCache:
             self.stats.evictions += 1
 
     # --- the branching API ---------------------------------------------------------------
+    def _idle(self, what):
+        if self._pending is not None:
+            raise RuntimeError(f"cache: cannot {what} during a forward")
+
+    def _own_handle(self, handle):
+        if not isinstance(handle, Handle):
+            raise TypeError(
+                f"handle: expected a Handle from snapshot(), got {type(handle).__name__} {handle!r}"
+            )
+        if handle.cache_id != self.id:
+            raise ValueError(
+                f"handle: taken from cache {handle.cache_id}, not this cache ({self.id})"
+            )
+
     def snapshot(self) -> Handle:
+        """A handle to the current position, valid until released, rolled back past, or the
+        branches are forked or reordered."""
+        self._idle("snapshot")
         handle = Handle(self.id, self.position, self.layout, next(self._handles))
         self.ssm.snapshot(handle.id, handle.position)
         self.live_handles[handle.id] = handle.position
@@ -265,56 +339,52 @@ class HybridCache:
         return handle
 
     def release(self, handle: Handle):
-        """Forget a handle: the memory kept for it may be freed."""
-        self.live_handles.pop(handle.id, None)
-        self.ssm.release(handle.id)
+        """Forget a handle: the memory kept for it may be freed. Releasing a handle that is no
+        longer live (released, rolled back past, taken before a fork) does nothing."""
+        self._own_handle(handle)
+        if handle.layout == self.layout and handle.id in self.live_handles:
+            self.live_handles.pop(handle.id)
+            self.ssm.release(handle.id)
 
     def restore(self, target):
         """Go back to a ``Handle`` or to a position ``0 <= p <= position``."""
-        if isinstance(target, Handle):
-            if target.cache_id != self.id:
-                raise ValueError(
-                    f"handle: taken from cache {target.cache_id}, not this cache ({self.id})"
-                )
-            if target.layout != self.layout or target.id not in self.live_handles:
-                raise ValueError(
-                    f"handle: position {target.position} was released, rolled back "
-                    f"past, or its branches were forked/reordered since (layout "
-                    f"{target.layout}, now {self.layout})"
-                )
-            self._rollback(target.position, target.id)
-        else:
-            self._rollback(int(target), None)
+        if not isinstance(target, Handle):
+            self._rollback(as_int("position", target, 0, self.position), None)
+            return
+        self._own_handle(target)
+        if target.layout != self.layout or target.id not in self.live_handles:
+            raise ValueError(
+                f"handle: position {target.position} was released, rolled back past, or its "
+                f"branches were forked/reordered since (layout {target.layout}, now "
+                f"{self.layout})"
+            )
+        self._rollback(target.position, target.id)
 
     def truncate_to(self, position):
         """Keep positions ``[0, position)``: the state becomes that after token position-1."""
-        self._rollback(int(position), None)
+        self._rollback(as_int("position", position, 0, self.position), None)
 
     def _rollback(self, position, handle_id):
-        if not 0 <= position <= self.position:
-            raise ValueError(f"position: expected 0 <= position <= {self.position}, got {position}")
+        self._idle("roll back")
         if position == self.position and handle_id is None:
             return  # nothing to drop
         if not self.ssm.can_restore(position, handle_id):
             raise ValueError(
-                f"position {position}: no state kept for it under the "
-                f"{self.strategy} strategy (snapshot it first, or it was evicted)"
+                f"position {position}: no state kept for it under the {self.strategy} strategy "
+                f"(snapshot it first, or it was evicted)"
             )
         t0 = time.perf_counter()
         start = self.ssm.rollback(position, handle_id).rerun_from
         for hid, pos in list(self.live_handles.items()):  # their positions are being rewritten
             if pos > position:
-                self.release(Handle(self.id, pos, self.layout, hid))
+                self.live_handles.pop(hid)
+                self.ssm.release(hid)
         tokens = self.tokens
         redo_from = position if start is None else start
         for kv in self.kv.values():
             kv.truncate_to(redo_from)
         self.tokens = tokens[:, :redo_from]
         if start is not None and start < position:
-            if self.spec.rerun is None:
-                raise RuntimeError(
-                    "restore needs to re-run the model but the CacheSpec has no rerun callback"
-                )
             with torch.no_grad():
                 self.spec.rerun(tokens[:, start:position], self)
             self.stats.recomputed_tokens += position - start
@@ -325,10 +395,13 @@ class HybridCache:
 
     def fork(self, n):
         """Each branch becomes ``n`` consecutive branches sharing everything so far."""
+        self._idle("fork")
         self._select(fork_indices(n, self.batch, self.device))
 
     def reorder(self, indices):
-        """Branch i continues old branch ``indices[i]``; the batch may shrink or grow."""
+        """Branch i continues old branch ``indices[i]`` (a list or integer tensor); the batch
+        may shrink or grow."""
+        self._idle("reorder")
         self._select(branch_indices(indices, self.batch, self.device))
 
     def _select(self, indices):

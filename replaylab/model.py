@@ -30,6 +30,7 @@ from torch import nn
 
 from replaylab.cache import CacheSpec
 from replaylab.mamba2 import Mamba2Mixer
+from replaylab.validation import check_token_ids
 
 __all__ = [
     "HybridConfig",
@@ -226,14 +227,22 @@ class HybridLM(nn.Module):
         self(tokens, cache)
 
     def forward(self, input_ids, cache):
-        if input_ids.dim() != 2 or input_ids.shape[0] != cache.batch:
-            raise ValueError(
-                f"input_ids: expected shape (batch={cache.batch}, T), got {tuple(input_ids.shape)}"
-            )
+        """Logits (batch, T, vocab) of T new tokens ``input_ids`` (batch, T) after what
+        ``cache`` holds; advances the cache by T. Checks the ids and that the cache was built
+        for this model before anything changes; if a layer fails midway the cache is put back
+        as it was. T = 0 is a no-op returning (batch, 0, vocab) logits."""
+        check_token_ids(input_ids, cache.batch, self.cfg.vocab_size)
+        cache.check_layout(self.cache_spec())
+        if input_ids.shape[1] == 0:
+            return self.lm_head.weight.new_zeros(cache.batch, 0, self.cfg.vocab_size)
         cache.begin(input_ids)
-        h = self.model.embeddings(input_ids)
-        for block in self.model.layers:
-            h = block(h, cache)
+        try:
+            h = self.model.embeddings(input_ids)
+            for block in self.model.layers:
+                h = block(h, cache)
+        except BaseException:
+            cache.abort()
+            raise
         cache.end()
         return self.lm_head(self.model.norm_f(h))
 

@@ -1,11 +1,23 @@
-"""Input checks shared by the library: every failure is a ValueError that names the argument,
-what it got and what was expected."""
+"""Input checks shared by the library. Every failure names the argument, what it got and what
+was expected: ``TypeError`` when the kind of value is wrong (a float where an int goes, a list
+where a tensor goes, a boolean mask where indices go), ``ValueError`` when the value is of the
+right kind but outside what is allowed (a shape, a range, NaN)."""
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
-__all__ = ["check_tensor", "check_same_device", "check_finite", "branch_indices", "fork_indices"]
+__all__ = [
+    "check_tensor",
+    "check_same_device",
+    "check_finite",
+    "branch_indices",
+    "fork_indices",
+    "as_int",
+    "check_token_ids",
+]
 
 
 def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
@@ -14,7 +26,7 @@ def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
     Named sizes already in ``dims`` must match; names not yet in ``dims`` are bound there.
     """
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     dims = {} if dims is None else dims
     expected = (
         "("
@@ -57,8 +69,62 @@ def check_finite(**tensors):
             )
 
 
+def as_int(name, value, low=None, high=None) -> int:
+    """``value`` as a Python int (ints, numpy ints and 0-d integer tensors; not bools, floats or
+    strings) with ``low <= value <= high`` where given."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise TypeError(f"{name}: expected an integer, got a boolean {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{name}: expected an integer, got {type(value).__name__} {value!r}"
+        ) from None
+    if (low is not None and number < low) or (high is not None and number > high):
+        bounds = (
+            f"{'' if low is None else f'{low} <= '}{name}{'' if high is None else f' <= {high}'}"
+        )
+        raise ValueError(f"{name}: expected {bounds}, got {number}")
+    return number
+
+
+def check_token_ids(input_ids, batch, vocab_size):
+    """``input_ids``: an integer tensor (batch, T) of ids in ``[0, vocab_size)``."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise TypeError(
+            f"input_ids: expected a torch.Tensor of token ids (batch, T), got "
+            f"{type(input_ids).__name__}"
+        )
+    if input_ids.dtype == torch.bool or input_ids.is_floating_point() or input_ids.is_complex():
+        raise TypeError(f"input_ids: expected an integer tensor, got dtype {input_ids.dtype}")
+    if input_ids.dim() != 2 or input_ids.shape[0] != batch:
+        raise ValueError(
+            f"input_ids: expected shape (batch={batch}, T), got {tuple(input_ids.shape)}"
+        )
+    if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        raise ValueError(
+            f"input_ids: expected ids in [0, {vocab_size}), got values from "
+            f"{int(input_ids.min())} to {int(input_ids.max())}"
+        )
+
+
 def branch_indices(indices, batch, device):
-    """``indices`` as a 1-d long tensor of branch numbers in ``[0, batch)`` (for reorder)."""
+    """``indices`` (a sequence of ints or an integer tensor) as a 1-d long tensor of branch
+    numbers in ``[0, batch)`` (for reorder)."""
+    if isinstance(indices, torch.Tensor):
+        if indices.dtype == torch.bool:
+            raise TypeError(
+                "indices: expected branch numbers, got a boolean mask (use "
+                "mask.nonzero().flatten() for the branches it selects)"
+            )
+        if indices.is_floating_point() or indices.is_complex():
+            raise TypeError(f"indices: expected integers, got dtype {indices.dtype}")
+    elif isinstance(indices, (list, tuple, range)):
+        indices = [as_int(f"indices[{i}]", v) for i, v in enumerate(indices)]
+    else:
+        raise TypeError(
+            f"indices: expected a list or tensor of branch numbers, got {type(indices).__name__}"
+        )
     indices = torch.as_tensor(indices, dtype=torch.long, device=device)
     if (
         indices.dim() != 1
@@ -75,6 +141,5 @@ def branch_indices(indices, batch, device):
 
 def fork_indices(n, batch, device):
     """Indices that turn each of ``batch`` branches into ``n`` consecutive ones."""
-    if n < 1:
-        raise ValueError(f"n: expected n >= 1, got {n}")
+    n = as_int("n", n, low=1)
     return torch.arange(batch, device=device).repeat_interleave(n)

@@ -83,71 +83,65 @@ class DecaySpec(RecurrentSpec):
         return ScanResult(stacked, state, stacked if return_states else None)
 
 
-def decay_cache(strategy, batch=1):
-    spec = CacheSpec(
-        recurrent={0: DecaySpec(3), 2: DecaySpec(5)},
-        attention={},
-        dtype=torch.float64,
-        device=torch.device("cpu"),
-    )
-    return HybridCache(spec, batch, strategy, checkpoint_interval=3, log_length=3)
+class DecayModel:
+    """A 'model' of two decay layers (3 and 5 channels) whose inputs are looked up per token
+    id in fixed random tables; its forward is the cache's rerun callback."""
+
+    def __init__(self, vocab=11):
+        g = torch.Generator().manual_seed(0)
+        self.tables = {
+            l: (
+                torch.randn(vocab, d, generator=g, dtype=torch.float64),
+                torch.randn(vocab, d, generator=g, dtype=torch.float64),
+            )
+            for l, d in ((0, 3), (2, 5))
+        }
+
+    def cache_spec(self):
+        return CacheSpec(
+            recurrent={0: DecaySpec(3), 2: DecaySpec(5)},
+            attention={},
+            dtype=torch.float64,
+            device=torch.device("cpu"),
+            rerun=self.forward,
+        )
+
+    def forward(self, ids, cache):
+        cache.begin(ids)
+        for layer, (u, gate) in self.tables.items():
+            cache.layer(layer).advance(u=u[ids], g=gate[ids])
+        cache.end()
+
+    def by_hand(self, ids, layer):
+        """The recurrence written out: h_t = sigmoid(g_t) h_{t-1} + u_t."""
+        u, gate = self.tables[layer]
+        h = torch.zeros(ids.shape[0], u.shape[1], dtype=torch.float64)
+        for t in range(ids.shape[1]):
+            h = torch.sigmoid(gate[ids[:, t]]) * h + u[ids[:, t]]
+        return h
 
 
-def advance(cache, inputs):
-    """A 'model' of two independent decay layers: feed both, as a forward pass would."""
-    cache.begin(torch.zeros(cache.batch, inputs[0]["u"].shape[1], dtype=torch.long))
-    for layer, x in zip((0, 2), inputs):
-        cache.layer(layer).advance(**x)
-    cache.end()
-
-
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+@pytest.mark.parametrize("strategy", STRATEGY_NAMES)
 def test_a_new_layer_family_needs_only_its_spec(strategy):
-    g = torch.Generator().manual_seed(0)
-    steps = [
-        [
-            dict(
-                u=torch.randn(2, 2, d, generator=g, dtype=torch.float64),
-                g=torch.randn(2, 2, d, generator=g, dtype=torch.float64),
-            )
-            for d in (3, 5)
-        ]
-        for _ in range(5)
-    ]
-    cache = decay_cache(strategy, batch=2)
-    advance(cache, steps[0])
+    model = DecayModel()
+    cache = HybridCache(model, 2, strategy, checkpoint_interval=3, log_length=3)
+    ids = torch.randint(0, 11, (2, 12), generator=torch.Generator().manual_seed(1))
+    model.forward(ids[:, :4], cache)
     handle = cache.snapshot()
-    want = {l: cache.state(l).ssm.clone() for l in (0, 2)}
-    for step in steps[1:]:
-        advance(cache, step)
-    # the state at the end equals the recurrence run by hand
-    for i, layer in enumerate((0, 2)):
-        h = torch.zeros(2, (3, 5)[i], dtype=torch.float64)
-        for step in steps:
-            for t in range(2):
-                h = torch.sigmoid(step[i]["g"][:, t]) * h + step[i]["u"][:, t]
-        assert torch.allclose(cache.state(layer).ssm, h, rtol=1e-12)
-        assert torch.equal(cache.state(layer).conv[:, 0], steps[-1][i]["u"][:, -1])
+    for t in range(4, 12, 2):
+        model.forward(ids[:, t : t + 2], cache)
+    for layer in (0, 2):
+        assert torch.allclose(cache.state(layer).ssm, model.by_hand(ids, layer), rtol=1e-12)
+        assert torch.equal(cache.state(layer).conv[:, 0], model.tables[layer][0][ids[:, -1]])
     cache.restore(handle)
-    assert all(torch.equal(cache.state(l).ssm, want[l]) for l in (0, 2))
+    for layer in (0, 2):
+        assert torch.allclose(cache.state(layer).ssm, model.by_hand(ids[:, :4], layer))
+    if strategy != "snapshot":  # snapshot keeps only the handle's position
+        cache.truncate_to(2)
     cache.reorder(torch.tensor([1, 1, 0]))
-    assert torch.equal(cache.state(0).ssm, want[0][[1, 1, 0]])
-
-
-def test_a_restore_that_must_re_run_without_a_callback_is_refused():
-    cache = decay_cache("recompute")
-    advance(
-        cache,
-        [
-            dict(
-                u=torch.ones(1, 2, d, dtype=torch.float64),
-                g=torch.zeros(1, 2, d, dtype=torch.float64),
-            )
-            for d in (3, 5)
-        ],
-    )
-    with pytest.raises(RuntimeError, match="no rerun callback"):
-        cache.truncate_to(1)
+    p = cache.position
+    want = model.by_hand(ids[[1, 1, 0], :p], 2)
+    assert torch.allclose(cache.state(2).ssm, want, rtol=1e-12)
 
 
 def test_the_cache_holds_no_model_and_no_store_holds_a_weight(tiny_model):
@@ -212,17 +206,22 @@ def test_cache_config_refuses_bad_values():
         ),
         (
             dict(checkpoint_interval=0),
-            r"checkpoint_interval: expected an "
-            r"integer >= 1, got 0",
+            r"checkpoint_interval: expected 1 <= checkpoint_interval, got 0",
         ),
-        (dict(log_length=2.5), r"log_length: expected an integer >= 1, got 2.5"),
         (dict(budget_bytes=0), r"budget_bytes: expected a positive"),
         (dict(eviction="fifo"), r"eviction: expected one of"),
     ]:
         with pytest.raises(ValueError, match=message):
             CacheConfig(**bad)
-    with pytest.raises(ValueError, match=r"batch: expected an integer >= 1, got 0"):
-        HybridCache(CacheSpec({}, {}, torch.float32, torch.device("cpu")), 0)
+    empty = CacheSpec({}, {}, torch.float32, torch.device("cpu"), rerun=lambda ids, cache: None)
+    with pytest.raises(ValueError, match=r"batch: expected 1 <= batch, got 0"):
+        HybridCache(empty, 0)
+    with pytest.raises(TypeError, match=r"batch: expected an integer, got float 2.5"):
+        HybridCache(empty, 2.5)
+    with pytest.raises(TypeError, match=r"log_length: expected an integer, got float 2.5"):
+        CacheConfig(log_length=2.5)
+    with pytest.raises(TypeError, match=r"rerun: expected a callable"):
+        CacheSpec({}, {}, torch.float32, torch.device("cpu"), rerun=None)
 
 
 def test_layer_state_helpers():

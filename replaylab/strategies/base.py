@@ -7,6 +7,9 @@ It sees a layer only through that layer's ``RecurrentSpec``: no store reads a we
 The cache (``replaylab.cache.HybridCache``) calls, per forward of T tokens at position p:
     store.advance(layer, p, inputs) -> y    once per recurrent layer, bottom to top
     store.after_forward(p + T)              once, when every layer has advanced
+    mark = store.begin_forward(p) ... store.abort_forward(mark)
+                                            undo a forward that failed midway (the cache
+                                            calls these; a failed forward changes nothing)
 and for the branching API:
     snapshot(handle_id, p) / release(handle_id)      a position may be restored / no longer
     can_restore(p, handle_id) -> bool                checked before anything changes
@@ -92,6 +95,14 @@ class StateStore(ABC):
 
     def after_forward(self, position):
         """Every layer has advanced to ``position``."""
+
+    @abstractmethod
+    def begin_forward(self, position):
+        """A forward from ``position`` starts: return what ``abort_forward`` needs to undo it."""
+
+    @abstractmethod
+    def abort_forward(self, mark):
+        """The forward begun with ``mark`` failed midway: put everything back as it was."""
 
     # --- branching -----------------------------------------------------------------------
     def snapshot(self, handle_id, position):

@@ -52,6 +52,18 @@ class CurrentStateStore(StateStore):
         self.current[layer] = LayerState(result.state, window_after(now.conv, conv_in))
         return result.y
 
+    def begin_forward(self, position):
+        # advance() replaces LayerStates, never writes into them: references are enough
+        return position, dict(self.current)
+
+    def abort_forward(self, mark):
+        position, current = mark
+        self.current = current
+        self.drop_after(position)
+
+    def drop_after(self, position):
+        """Forget copies kept for positions after ``position``."""
+
     def _load(self, copy):
         for layer, kept in copy.items():
             self.current[layer] = kept.clone()

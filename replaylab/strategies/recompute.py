@@ -30,6 +30,11 @@ class RecomputeStore(CurrentStateStore):
                 self.checkpoints.setdefault(p, {})[layer] = kept
                 self.last_used[p] = max(self.last_used.values(), default=0) + 1
 
+    def drop_after(self, position):
+        for p in [p for p in self.checkpoints if p > position]:
+            del self.checkpoints[p]
+            self.last_used.pop(p, None)
+
     def snapshot(self, handle_id, position):
         # a handle is only a position; keep the latest checkpoint at or before it (and the
         # zero state at 0), drop older ones: earlier targets recompute from the start

@@ -100,6 +100,14 @@ class ReplayStore(StateStore):
         self._append(layer, entries)
         return y
 
+    def begin_forward(self, position):
+        # a forward only appends to the logs (a grown buffer is a new tensor)
+        return dict(self.n), dict(self.log)
+
+    def abort_forward(self, mark):
+        n, log = mark
+        self.n, self.log = dict(n), dict(log)
+
     def after_forward(self, position):
         n = self.log_length()
         if n < self.L:

@@ -39,6 +39,16 @@ class SnapshotStore(CurrentStateStore):
             self.per_token.setdefault(p, {})[layer] = kept
             self._touch(("token", p))
 
+    def after_forward(self, position):
+        # positions since the snapshot stay restorable even when no layer keeps a state
+        # (a model without recurrent layers): their copies are empty
+        if self.tracking_from is not None:
+            for p in range(self.tracking_from + 1, position + 1):
+                self.per_token.setdefault(p, {})
+
+    def drop_after(self, position):
+        self.per_token = {p: s for p, s in self.per_token.items() if p <= position}
+
     def snapshot(self, handle_id, position):
         self.handles[handle_id] = (position, {l: s.clone() for l, s in self.current.items()})
         self._touch(handle_id)
