@@ -76,7 +76,8 @@ def windows_per_token(window, conv_inputs):
     keep = window.shape[1]
     full = torch.cat([window, conv_inputs.to(window.dtype)], dim=1)
     if not keep:
-        return full[:, :0, None].expand(-1, conv_inputs.shape[1], 0, -1)
+        batch, T, channels = conv_inputs.shape
+        return window.new_zeros(batch, T, 0, channels)
     return full.unfold(1, keep, 1)[:, 1:].transpose(2, 3)
 
 

@@ -39,7 +39,7 @@ MODEL = tiny_hybrid()
 def held(cache):
     """Everything the cache would hand the model next: SSM (h, w) per layer and KV."""
     out = {}
-    for layer in MODEL.cfg.ssm_layers:
+    for layer in cache.spec.recurrent:
         h, w = cache.state(layer)
         out[f"h{layer}"], out[f"w{layer}"] = h.clone(), w.clone()
     for layer, kv in cache.kv.items():
@@ -67,22 +67,20 @@ ops = st.lists(
 )
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(program=ops)
-def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, program):
+def run_program(model, strategy, program, batch=1):
+    """Run ``program`` [(op, arg)] on a cache and check the contract after every step."""
     torch.manual_seed(0)
-    cache = HybridCache(MODEL, 1, strategy, checkpoint_interval=3, log_length=3)
-    history = {0: held(cache)}  # position -> what was held on first reaching it
-    handles = []
+    vocab = model.cfg.vocab_size
+    cache = HybridCache(model, batch, strategy, checkpoint_interval=3, log_length=3)
+    handles = []  # every handle ever taken: stale ones must be refused, changing nothing
     with torch.no_grad():
-        MODEL(torch.randint(0, 50, (1, 4)), cache)
-        history = {cache.position: held(cache)}
+        model(torch.randint(0, vocab, (batch, 4)), cache)
+        history = {cache.position: held(cache)}  # position -> what was held on first reaching it
         floor = cache.position  # positions below were never recorded
         for op, arg in program:
             if op == "advance":
                 for _ in range(arg % 3 + 1):
-                    MODEL(torch.randint(0, 50, (cache.batch, 1 + arg % 2)), cache)
+                    model(torch.randint(0, vocab, (cache.batch, 1 + arg % 2)), cache)
                     history[cache.position] = held(cache)
             elif op == "snapshot":
                 handles.append(cache.snapshot())
@@ -90,6 +88,11 @@ def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, pro
                 h = handles[arg % len(handles)]
                 if h.id in cache.live_handles and h.layout == cache.layout:
                     cache.restore(h)
+                else:  # released, rolled back past, or taken before a fork / reorder
+                    before = held(cache)
+                    with pytest.raises(ValueError, match=r"handle: position \d+ was released"):
+                        cache.restore(h)
+                    compare(held(cache), before, exact=True)
             elif op == "evict":  # squeeze the budget: kept copies go, restores fall back
                 cache.set_budget(max(1, cache.total_bytes() - 1 - arg * 64))
                 cache.set_budget(None)
@@ -101,21 +104,72 @@ def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, pro
                 cache.fork(2)
                 idx = torch.arange(cache.batch // 2).repeat_interleave(2)
                 history = {p: {n: t[idx] for n, t in s.items()} for p, s in history.items()}
-                handles = []
-            elif op == "reorder":
+            elif op == "reorder":  # with repeats: some branches continue twice, some end
                 idx = torch.randint(0, cache.batch, (cache.batch,))
                 cache.reorder(idx)
                 history = {p: {n: t[idx] for n, t in s.items()} for p, s in history.items()}
-                handles = []
             history = {p: s for p, s in history.items() if p <= cache.position}
             if cache.position in history:
                 # bitwise unless some restore re-ran the model (recompute, or replay falling
                 # back to it for a position before its checkpoint)
                 exact = strategy != "recompute" and cache.stats.recomputed_tokens == 0
                 compare(held(cache), history[cache.position], exact=exact)
-        fresh = HybridCache(MODEL, cache.batch, strategy)
-        MODEL(cache.tokens, fresh)
+        fresh = HybridCache(model, cache.batch, strategy)
+        model(cache.tokens, fresh)
         compare(held(cache), held(fresh), exact=False)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=ops)
+def test_any_operation_sequence_gives_the_state_of_a_fresh_prefill(strategy, program):
+    run_program(MODEL, strategy, program)
+
+
+EDGE_MODELS = {
+    "batch 2, d_conv=1": HybridConfig(
+        vocab_size=40,
+        hidden_size=32,
+        pattern="M*M-",
+        ssm_heads=2,
+        ssm_head_dim=8,
+        d_state=8,
+        n_groups=1,
+        d_conv=1,
+        attn_heads=2,
+        kv_heads=1,
+        head_dim=16,
+        intermediate_size=32,
+    ),
+    "batch 2, attention only": HybridConfig(
+        vocab_size=40,
+        hidden_size=32,
+        pattern="*-*",
+        attn_heads=2,
+        kv_heads=1,
+        head_dim=16,
+        intermediate_size=32,
+    ),
+    "batch 2, Mamba only, d_conv=2": HybridConfig(
+        vocab_size=40,
+        hidden_size=32,
+        pattern="M-M",
+        ssm_heads=2,
+        ssm_head_dim=8,
+        d_state=8,
+        n_groups=2,
+        d_conv=2,
+        intermediate_size=32,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", EDGE_MODELS)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(program=ops)
+def test_the_contract_holds_for_edge_configs_and_batches(name, strategy, program):
+    run_program(HybridLM(EDGE_MODELS[name], seed=1).eval(), strategy, program, batch=2)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -69,7 +69,8 @@ class SnapshotStore(CurrentStateStore):
 
     def can_restore(self, position, handle_id=None):
         return (
-            handle_id in self.handles
+            position == 0  # the empty state needs no copy
+            or handle_id in self.handles
             or handle_id in self.evicted
             or position in self._kept()
             or position in self.evicted.values()
@@ -84,7 +85,7 @@ class SnapshotStore(CurrentStateStore):
         elif position in kept:
             self._load(kept[position])
             start = None
-        else:  # evicted: rebuild from the latest copy before it (or from the empty state)
+        else:  # evicted, or 0: rebuild from the latest copy before it (or the empty state)
             older = [p for p in kept if p <= position]
             start = max(older, default=0)
             if older:
