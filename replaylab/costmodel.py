@@ -40,6 +40,7 @@ __all__ = [
     "shape_from_config",
     "STRATEGIES",
     "kernel_bytes",
+    "decode_step_bytes",
 ]
 
 STRATEGIES = STRATEGY_NAMES
@@ -313,3 +314,26 @@ def kernel_bytes(provider, batch, L, T, *, H, P, N, G, esize=2) -> int:
     if provider not in table:
         raise ValueError(f"provider: expected one of {sorted(table)}, got {provider!r}")
     return table[provider]
+
+
+def decode_step_bytes(cfg, strategy, batch, context, log_length, weights_bytes, esize=2) -> int:
+    """Bytes one plain decode step must move for ``batch`` sequences of a ``HybridConfig``
+    model at ``context`` tokens: the weights once, then per sequence, per Mamba-2 layer its
+    state traffic (snapshot: read + write the fp32 state; replay: read the checkpoint and on
+    average L/2 log entries, append one entry, and a fold every L tokens: 2 states + L entries
+    over L) and conv window, per attention layer its keys and values read and one row written.
+    The roofline time of a step is this over the device-copy bandwidth."""
+    H, P, N, G = cfg.ssm_heads, cfg.ssm_head_dim, cfg.d_state, cfg.n_groups
+    state = H * P * N * 4
+    entry = (H * P + H + 2 * G * N + cfg.conv_dim) * esize  # x, dt, B, C and xBC of a token
+    window = 2 * (cfg.d_conv - 1) * cfg.conv_dim * esize
+    if strategy == "snapshot":
+        ssm = 2 * state + window
+    elif strategy == "replay":
+        L = log_length
+        ssm = state + (L / 2) * entry + entry + (2 * state + L * entry) / L + window
+    else:
+        raise ValueError(f"strategy: expected 'snapshot' or 'replay', got {strategy!r}")
+    kv = 2 * cfg.kv_heads * cfg.head_dim * esize * (context + 1)
+    per_sequence = len(cfg.ssm_layers) * ssm + len(cfg.attn_layers) * kv
+    return int(weights_bytes + batch * per_sequence)

@@ -261,7 +261,7 @@ def test_the_command_lists_its_subcommands_and_version():
     top = run("--help").stdout
     assert "generate" in top and "bench" in top
     bench = run("bench", "--help").stdout
-    assert all(name in bench for name in ("kernels", "sweep", "decode"))
+    assert all(name in bench for name in ("kernels", "sweep", "decode", "engine"))
     assert "--log-length" in run("generate", "--help").stdout
     missing = run("bench", "kernels")
     if not torch.cuda.is_available():

@@ -96,6 +96,26 @@ def _decode(args):
     return 0
 
 
+def _engine(args):
+    from replaylab.bench.engine import engine_summary, run_engine
+    from replaylab.bench.provenance import provenance
+
+    _need_gpu("engine")
+    t0 = time.time()
+    result = run_engine(
+        presets=args.presets,
+        batches=args.batches,
+        n_new=args.n_new,
+        log_length=args.log_length,
+        baselines=not args.no_baselines,
+    )
+    result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
+    _write(result, args.out or "data/bench_engine.json")
+    for line in engine_summary(result):
+        print(line)
+    return 0
+
+
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
     bench = subparsers.add_parser(
@@ -120,7 +140,21 @@ def add_bench_parser(subparsers):
     d.add_argument("--checkpoint-interval", type=int, default=16)
     d.add_argument("--log-length", type=int, default=16)
     d.set_defaults(run=_decode)
-    for p in (k, s, d):
+    e = sub.add_parser(
+        "engine", help="the CUDA-graphed decode engine vs transformers and mamba-ssm (GPU)"
+    )
+    e.add_argument(
+        "--presets",
+        type=lambda t: t.split(","),
+        default=["8b-layers"],
+        help="comma-separated presets (8b-layers, 1b)",
+    )
+    e.add_argument("--batches", type=_ints, default=[1, 8, 32, 64, 128, 256])
+    e.add_argument("--n-new", type=int, default=32, help="decode steps per timed run")
+    e.add_argument("--log-length", type=int, default=16)
+    e.add_argument("--no-baselines", action="store_true", help="skip transformers and mamba-ssm")
+    e.set_defaults(run=_engine)
+    for p in (k, s, d, e):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 
