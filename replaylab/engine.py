@@ -154,8 +154,9 @@ class DecodeEngine:
     @torch.no_grad()
     def prefill(self, prompts):
         """Fill slots 0 .. B-1 with ``prompts`` (B, T0), one length for all; returns the last
-        logits (B, vocab). The prompt runs through the teaching path once; its memory is
-        copied into the pools (replay: all of it folded into the checkpoint)."""
+        logits (B, vocab). The prompt runs once through the teaching cache under the same
+        strategy, and what its store holds is copied into the pools (replay: the checkpoint,
+        the log and its length), so both paths continue from the same numbers."""
         if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
             raise TypeError("prompts: expected an integer tensor (batch, T0)")
         B, T0 = prompts.shape
@@ -167,18 +168,27 @@ class DecodeEngine:
         if not 1 <= T0 < self.max_len:
             raise ValueError(f"prompts: length {T0}: expected 1 <= length < max_len={self.max_len}")
         check_token_ids(prompts, B, self.cfg.vocab_size)
-        cache = HybridCache(self.model, B, "snapshot")
+        cache = HybridCache(
+            self.model, B, self.strategy, log_length=self.L, use_kernels=self.use_kernels
+        )
         logits = self.model(prompts.to(self.device), cache)[:, -1]
+        store, n = cache.ssm, 0
         for l, pool in self.ssm.items():
-            state = cache.state(l)
-            pool.state[:B].copy_(state.ssm)
-            pool.conv[:B].copy_(state.conv)
+            pool.conv[:B].copy_(cache.state(l).conv)
+            if self.strategy == "replay":
+                n = store.n[l]
+                pool.state[:B].copy_(store.checkpoint[l].ssm[store.rows])
+                for k, buf in pool.log.items() if n else ():
+                    buf[:B, :n].copy_(store.log[l][k][:, :n])
+            else:
+                pool.state[:B].copy_(store.state(l).ssm)
         for l, pool in self.kv.items():
             k, v = cache.kv[l].keys_values()
             pool.k[:B, :, :T0].copy_(k)
             pool.v[:B, :, :T0].copy_(v)
-        self.batch, self.position, self.log_len, self.last_T = B, T0, 0, 0
+        self.batch, self.position, self.log_len, self.last_T = B, T0, n, 0
         self._log_len.zero_()
+        self._log_len[:B].fill_(n)
         return logits
 
     # --- one step ------------------------------------------------------------------------
@@ -433,6 +443,16 @@ class DecodeEngine:
         if prompt.shape[0] != 1:
             raise ValueError(f"prompt: one sequence, got batch {prompt.shape[0]}")
         pending = self.prefill(prompt).argmax(-1, keepdim=True)
+        return self.speculate(prompt, pending, n_new, drafter, k)
+
+    @torch.no_grad()
+    def speculate(self, prompt, pending, n_new, drafter, k=4):
+        """The decode part of ``speculative``, after ``prefill(prompt)`` gave the first token
+        ``pending`` (1, 1): (tokens (1, n_new), proposed, accepted)."""
+        if k + 1 > self.max_verify:
+            raise ValueError(
+                f"k: a verify of k + 1 = {k + 1} tokens exceeds max_verify={self.max_verify}"
+            )
         out, proposed, accepted = [pending], 0, 0
         while sum(t.shape[1] for t in out) < n_new:
             context = torch.cat([prompt, torch.cat(out, 1).to(prompt.device)], 1)
