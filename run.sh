@@ -42,7 +42,8 @@ case "$cmd" in
   notebooks)
     setup
     mkdir -p build/html
-    "$VENV/bin/jupyter" nbconvert --to html --execute --output-dir build/html \
+    # plotly.js embedded in the pages, so they work offline
+    REPLAYLAB_OFFLINE_HTML=1 "$VENV/bin/jupyter" nbconvert --to html --execute --output-dir build/html \
       --ExecutePreprocessor.store_widget_state=False --ExecutePreprocessor.timeout=600 \
       notebooks/[0-9]*.ipynb "$@"
     echo "HTML written to build/html/" ;;

@@ -24,8 +24,13 @@ MIB = 2**20
 
 
 def use_notebook_renderer():
-    """Figures render in JupyterLab (mimetype) and in exported HTML (plotly.js from its CDN)."""
-    pio.renderers.default = "plotly_mimetype+notebook_connected"
+    """Figures render in JupyterLab (mimetype). For HTML written by ``./run.sh notebooks``
+    (``REPLAYLAB_OFFLINE_HTML=1``) plotly.js is embedded, so the pages work offline; the
+    notebooks saved in the repository stay small (no embedded plotly.js)."""
+    import os
+
+    offline = os.environ.get("REPLAYLAB_OFFLINE_HTML") == "1"
+    pio.renderers.default = "plotly_mimetype+notebook" if offline else "plotly_mimetype"
 
 
 def memory_vs_context_figure(context_lens, shapes=None) -> go.Figure:

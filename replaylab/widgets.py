@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from replaylab import costmodel as cm
 from replaylab.shapes import PUBLISHED_SHAPES
@@ -56,7 +57,7 @@ class IntervalExplorer(_Explorer):
                 go.Scatter(
                     x=[c["states_kept"] for c in curve],
                     y=[c["steps_per_restore"] for c in curve],
-                    name="every `interval` steps",
+                    name="a checkpoint every interval steps",
                     mode="markers",
                     marker=dict(color=COLORS["recompute"], opacity=0.35),
                 ),
@@ -69,10 +70,13 @@ class IntervalExplorer(_Explorer):
                 ),
             ]
         )
+        ticks = [t for t in (1, 2, 4, 8, 16, 32, 64, 128, 256) if t <= n]
+        worst = max(c["steps_per_restore"] for c in curve)
         self.figure.update_layout(
-            xaxis_title="states kept",
-            yaxis_title="recomputed steps per restored state",
-            xaxis_type="log",
+            xaxis=dict(
+                title="states kept", type="log", tickvals=ticks, ticktext=[str(t) for t in ticks]
+            ),
+            yaxis=dict(title="recomputed steps per restored state", range=[0, worst * 1.05]),
             height=400,
         )
         super().__init__(
@@ -111,30 +115,20 @@ class AcceptanceExplorer(_Explorer):
         self.hardware = hardware or cm.HARDWARE["H200"]
         self.batch, self.interval = batch, interval
         names = list(cm.STRATEGIES)
-        self.figure = go.FigureWidget(
-            [
-                go.Bar(
-                    x=names,
-                    y=[0] * 3,
-                    name="speedup over plain decode",
-                    marker_color=[COLORS[n] for n in names],
-                ),
-                go.Bar(
-                    x=names,
-                    y=[0] * 3,
-                    name="rollback cost (µs)",
-                    yaxis="y2",
-                    marker_color=[COLORS[n] for n in names],
-                    opacity=0.4,
-                ),
-            ]
+        grid = make_subplots(
+            rows=1,
+            cols=2,
+            horizontal_spacing=0.15,
+            subplot_titles=("speedup over plain decoding (x)", "time a rejected draft adds (µs)"),
         )
-        self.figure.update_layout(
-            barmode="group",
-            height=400,
-            yaxis_title="speedup (x)",
-            yaxis2=dict(overlaying="y", side="right", title="µs per rollback"),
+        colors = [COLORS[n] for n in names]
+        grid.add_bar(
+            x=names, y=[0] * len(names), marker_color=colors, showlegend=False, row=1, col=1
         )
+        grid.add_bar(
+            x=names, y=[0] * len(names), marker_color=colors, showlegend=False, row=1, col=2
+        )
+        self.figure = go.FigureWidget(grid)
         super().__init__(
             {
                 "acceptance": widgets.FloatSlider(
@@ -143,12 +137,23 @@ class AcceptanceExplorer(_Explorer):
                 "k": widgets.IntSlider(value=k, min=1, max=16, description="draft length"),
             }
         )
+        # fixed axes over the sliders' whole range, so a move changes the bars, not the scale
+        top = [0.0, 0.0]
+        for a in (0.0, 0.5, 1.0):
+            for d in (1, 4, 16):
+                for v in self.predictions(acceptance=a, k=d).values():
+                    top = [max(top[0], v[0]), max(top[1], v[1])]
+        self.figure.update_yaxes(range=[0, top[0] * 1.1], row=1, col=1)
+        self.figure.update_yaxes(range=[0, max(top[1], 1e-3) * 1.1], row=1, col=2)
+        self.figure.update_layout(height=400)
 
-    def predictions(self):
+    def predictions(self, acceptance=None, k=None):
+        """strategy -> (speedup over plain decoding, µs a rollback adds), at the sliders'
+        values unless given."""
         w = cm.Workload(
             batch=self.batch,
-            k=self.controls["k"].value,
-            acceptance=self.controls["acceptance"].value,
+            k=self.controls["k"].value if k is None else k,
+            acceptance=self.controls["acceptance"].value if acceptance is None else acceptance,
             interval=self.interval,
         )
         plain = cm.plain_decode_seconds_per_token(self.shape, w, self.hardware, self.n_params)
@@ -195,14 +200,18 @@ class BudgetExplorer(_Explorer):
                 )
             }
         )
+        most = max(self.fits(141).values())  # the largest budget fixes the axis
+        self.figure.update_yaxes(range=[0, most * 1.1])
 
-    def fits(self):
+    def fits(self, budget_gb=None):
+        """strategy -> sequences that fit ``budget_gb`` (default: the slider's)."""
+        budget = self.controls["budget_gb"].value if budget_gb is None else budget_gb
         out = cm.predict(
             self.shape,
             self.workload,
             cm.HARDWARE["H200"],
             self.n_params,
-            memory_budget=self.controls["budget_gb"].value * 1e9,
+            memory_budget=budget * 1e9,
         )
         return {n: out[n]["max_sequences"] for n in cm.STRATEGIES}
 
