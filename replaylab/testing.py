@@ -25,7 +25,7 @@ __all__ = ["mamba_ssm_references", "scan_agreement", "tiny_hybrid"]
 # transformers picks a hybrid layer's implementation when its modeling module is first
 # imported: mamba-ssm's kernels if mamba-ssm imports, else PyTorch. Importing those modules
 # before the stand-in below keeps transformers on its PyTorch path, the one the tests compare.
-_TRANSFORMERS_HYBRIDS = ("nemotron_h", "bamba")
+_TRANSFORMERS_HYBRIDS = ("nemotron_h", "bamba", "jamba")
 
 
 def _prepare_import():
