@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from replaylab.recurrent import RecurrentSpec, ReplayKernels
-from replaylab.scan import ssd_scan
+from replaylab.scan import ssd_chunked_scan, ssd_scan
 
 __all__ = ["Mamba2Mixer", "Mamba2Spec", "Mamba2Params", "GatedRMSNorm"]
 
@@ -106,11 +106,20 @@ class Mamba2Mixer(nn.Module):
 
 class Mamba2Spec(RecurrentSpec):
     """The memory of one ``Mamba2Mixer``: state (H, P, N) fp32, conv window (d_conv-1, conv_dim),
-    log entries xBC, x, dt, B, C; the scan is ``replaylab.scan.ssd_scan``."""
+    log entries xBC, x, dt, B, C; the scan is ``replaylab.scan.ssd_scan``.
+
+    Inputs of ``CHUNKED_MIN_TOKENS`` tokens or more (a prefill, a long recompute, training)
+    go through the chunked form ``ssd_chunked_scan`` when no intermediate states are asked
+    for: matrix products instead of a loop over tokens. It agrees with the token loop to
+    rounding, not bitwise, so shorter advances (decode steps, verification of k drafts, the
+    cache-contract tests) keep the token loop, whose T steps equal one T-token scan bitwise.
+    """
 
     family = "mamba2"
     log_fields = ("xBC", "x", "dt", "B", "C")
     conv_field = "xBC"
+    CHUNKED_MIN_TOKENS = 64  # tokens from which ``scan`` uses the chunked form
+    CHUNK_SIZE = 64
 
     def __init__(self, mixer: Mamba2Mixer):
         c = mixer.cfg
@@ -129,6 +138,20 @@ class Mamba2Spec(RecurrentSpec):
 
     def scan(self, state, entries, return_states=False):
         p = self.params()
+        if not return_states and entries["x"].shape[1] >= self.CHUNKED_MIN_TOKENS:
+            return ssd_chunked_scan(
+                entries["x"],
+                entries["dt"],
+                p.A,
+                entries["B"],
+                entries["C"],
+                p.D,
+                dt_bias=p.dt_bias,
+                dt_softplus=True,
+                dt_limit=p.dt_limit,
+                initial_state=state,
+                chunk_size=self.CHUNK_SIZE,
+            )
         return ssd_scan(
             entries["x"],
             entries["dt"],

@@ -1,9 +1,12 @@
 """A hybrid causal LM that mirrors transformers' NemotronH: a stack of pre-norm residual blocks,
-each holding one mixer: Mamba-2 ("M"), attention ("*") or MLP ("-").
+each holding one mixer: Mamba-2 ("M"), attention ("*") or MLP ("-"); also Mamba-1 ("S", Jamba,
+``replaylab.mamba1``) and Gated DeltaNet ("G", Qwen3-Next and Qwen3.5, ``replaylab.gated_deltanet``).
 
 Glossary (code name -> meaning, shape):
     pattern        one character per block, e.g. "M-M*-M-" (NemotronH's hybrid_override_pattern;
-                   a Bamba layer is a mixer block then an MLP block: "M-*-M-")
+                   a Bamba, Jamba or Qwen layer is a mixer block then an MLP block: "M-*-M-")
+    mamba1, gdn    the shapes of the "S" and "G" layers (``Mamba1Config``, ``GDNConfig``)
+    attention      "plain", or "gated" (Qwen: q / k RMS norms and a sigmoid output gate)
     mlp            "relu2" (NemotronH: down(relu(up x)^2)) or "swiglu" (Bamba: down(silu(gate x) up x))
     rotary_dim     attention dims rotated by RoPE (0: none, as NemotronH; Bamba: half the head)
     hidden         d_model; hidden states (batch, T, d_model)
@@ -29,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from replaylab.cache import CacheSpec
+from replaylab.gated_deltanet import GatedAttention, GatedDeltaNetMixer, GDNConfig
+from replaylab.mamba1 import Mamba1Config, Mamba1Mixer
 from replaylab.mamba2 import Mamba2Mixer
 from replaylab.validation import check_token_ids
 
@@ -64,14 +69,33 @@ class HybridConfig:
     mlp: str = "relu2"
     rotary_dim: int = 0
     rope_theta: float = 10000.0
+    # other recurrent families and attention variants (Jamba, Qwen3-Next, Qwen3.5); a dict
+    # (as config.json stores them) becomes the dataclass
+    mamba1: Mamba1Config | None = None  # the "S" layers' shape
+    gdn: GDNConfig | None = None  # the "G" layers' shape
+    attention: str = "plain"  # "gated": Qwen's q/k-normed attention with a sigmoid gate
 
     def __post_init__(self):
-        bad = set(self.pattern) - set("M*-")
+        if self.d_conv < 1:
+            raise ValueError(f"d_conv: expected a conv width >= 1, got {self.d_conv}")
+        bad = set(self.pattern) - set(PATTERN_CHARACTERS)
         if bad:
+            allowed = ", ".join(f"{c} ({what})" for c, what in PATTERN_CHARACTERS.items())
             raise ValueError(
-                f"pattern: expected characters M (Mamba-2), * (attention), - (MLP), "
-                f"got {sorted(bad)} in {self.pattern!r}"
+                f"pattern: expected characters {allowed}, got {sorted(bad)} in {self.pattern!r}"
             )
+        for name, kind in (("mamba1", Mamba1Config), ("gdn", GDNConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                setattr(self, name, kind(**value))
+            elif value is not None and not isinstance(value, kind):
+                raise TypeError(f"{name}: expected a {kind.__name__} or a dict, got {value!r}")
+        if "S" in self.pattern and self.mamba1 is None:
+            self.mamba1 = Mamba1Config()
+        if "G" in self.pattern and self.gdn is None:
+            self.gdn = GDNConfig()
+        if self.attention not in ("plain", "gated"):
+            raise ValueError(f"attention: expected 'plain' or 'gated', got {self.attention!r}")
         if self.mlp not in ("relu2", "swiglu"):
             raise ValueError(f"mlp: expected 'relu2' or 'swiglu', got {self.mlp!r}")
         if self.rotary_dim % 2 or not 0 <= self.rotary_dim <= self.head_dim:
@@ -96,6 +120,29 @@ class HybridConfig:
     @property
     def attn_layers(self):
         return [i for i, c in enumerate(self.pattern) if c == "*"]
+
+    @property
+    def mamba1_layers(self):
+        return [i for i, c in enumerate(self.pattern) if c == "S"]
+
+    @property
+    def gdn_layers(self):
+        return [i for i, c in enumerate(self.pattern) if c == "G"]
+
+    @property
+    def recurrent_layers(self):
+        """Every layer with a recurrent state: Mamba-2 (M), Mamba-1 (S), Gated DeltaNet (G)."""
+        return [i for i, c in enumerate(self.pattern) if c in "MSG"]
+
+
+# pattern character -> the block's mixer
+PATTERN_CHARACTERS = {
+    "M": "Mamba-2",
+    "S": "Mamba-1 / S6",
+    "G": "Gated DeltaNet",
+    "*": "attention",
+    "-": "MLP",
+}
 
 
 class RMSNorm(nn.Module):
@@ -170,7 +217,15 @@ class Block(nn.Module):
     def __init__(self, cfg, layer):
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.eps)
-        self.mixer = {"M": Mamba2Mixer, "*": Attention, "-": MLP}[cfg.pattern[layer]](cfg, layer)
+        attention = GatedAttention if cfg.attention == "gated" else Attention
+        mixers = {
+            "M": Mamba2Mixer,
+            "S": Mamba1Mixer,
+            "G": GatedDeltaNetMixer,
+            "*": attention,
+            "-": MLP,
+        }
+        self.mixer = mixers[cfg.pattern[layer]](cfg, layer)
 
     def forward(self, h, cache):
         return h + self.mixer(self.norm(h), cache)
@@ -182,6 +237,33 @@ class _Backbone(nn.Module):
         self.embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(len(cfg.pattern)))
         self.norm_f = RMSNorm(cfg.hidden_size, cfg.eps)
+
+
+class _NoCache:
+    """What the mixers meet when ``HybridLM.forward`` runs with ``cache=None`` (training): each
+    recurrent layer scans the whole sequence from a zero state (``spec.scan``, chunked for long
+    inputs), each attention layer attends within the sequence; nothing is kept."""
+
+    position = 0
+
+    def __init__(self, model):
+        self.model = model
+
+    def layer(self, index):
+        return _NoCacheLayer(self.model.model.layers[index].mixer)
+
+
+class _NoCacheLayer:
+    def __init__(self, mixer):
+        self.mixer = mixer
+
+    def advance(self, **inputs):
+        spec, first = self.mixer.state_spec, next(iter(inputs.values()))
+        zero = spec.zero_state(first.shape[0], first.dtype, first.device)
+        return spec.scan(zero.ssm, spec.prepare(zero.conv, inputs)).y
+
+    def append(self, k, v):
+        return k, v
 
 
 class HybridLM(nn.Module):
@@ -212,11 +294,12 @@ class HybridLM(nn.Module):
                 p.zero_()
 
     def cache_spec(self, dtype=None) -> CacheSpec:
-        """What a cache of this model holds: each Mamba-2 layer's spec, each attention layer's
-        (kv_heads, head_dim), and ``rerun`` (this model's forward) for restores that re-run."""
+        """What a cache of this model holds: each recurrent layer's spec (Mamba-2, Mamba-1,
+        Gated DeltaNet), each attention layer's (kv_heads, head_dim), and ``rerun`` (this
+        model's forward) for restores that re-run."""
         c, param = self.cfg, next(self.parameters())
         return CacheSpec(
-            recurrent={l: self.model.layers[l].mixer.state_spec for l in c.ssm_layers},
+            recurrent={l: self.model.layers[l].mixer.state_spec for l in c.recurrent_layers},
             attention={l: (c.kv_heads, c.head_dim) for l in c.attn_layers},
             dtype=dtype or param.dtype,
             device=param.device,
@@ -230,7 +313,16 @@ class HybridLM(nn.Module):
         """Logits (batch, T, vocab) of T new tokens ``input_ids`` (batch, T) after what
         ``cache`` holds; advances the cache by T. Checks the ids and that the cache was built
         for this model before anything changes; if a layer fails midway the cache is put back
-        as it was. T = 0 is a no-op returning (batch, 0, vocab) logits."""
+        as it was. T = 0 is a no-op returning (batch, 0, vocab) logits.
+
+        ``cache=None`` (training): the logits of whole sequences from an empty memory, with
+        gradients; nothing is kept."""
+        if cache is None:
+            check_token_ids(input_ids, input_ids.shape[0], self.cfg.vocab_size)
+            h = self.model.embeddings(input_ids)
+            for block in self.model.layers:
+                h = block(h, _NoCache(self))
+            return self.lm_head(self.model.norm_f(h))
         check_token_ids(input_ids, cache.batch, self.cfg.vocab_size)
         cache.check_layout(self.cache_spec())
         if input_ids.shape[1] == 0:
@@ -361,15 +453,192 @@ def _bamba_key(key):
     return key
 
 
+def _check_swiglu_without_biases(hf_config, family, bias_fields):
+    if hf_config.hidden_act != "silu":
+        raise ValueError(f"hidden_act: {family} MLPs must use silu, got {hf_config.hidden_act!r}")
+    for name in bias_fields:
+        if getattr(hf_config, name, False):
+            raise ValueError(f"{name}: replaylab supports {family} without this bias, got True")
+
+
+def _layer_kinds(hf_config, field, kinds):
+    types = list(getattr(hf_config, field))
+    unsupported = sorted(set(types) - set(kinds))
+    if unsupported:
+        raise ValueError(f"{field}: replaylab supports {sorted(kinds)}, got {unsupported}")
+    return "".join(kinds[t] + "-" for t in types)
+
+
+def config_from_jamba(hf_config) -> HybridConfig:
+    """A HybridConfig from a transformers JambaConfig with dense MLPs (``num_experts=1``): each
+    layer becomes a mixer block (Mamba-1 "S" or attention "*", no RoPE) and a SwiGLU MLP block."""
+    experts = list(hf_config.layers_num_experts or [hf_config.num_experts])
+    if hf_config.num_experts != 1 or any(n != 1 for n in experts):
+        raise ValueError(
+            f"num_experts: replaylab supports dense Jamba models (num_experts=1), got "
+            f"num_experts={hf_config.num_experts} (mixture-of-experts layers are not supported)"
+        )
+    _check_swiglu_without_biases(hf_config, "Jamba", ())
+    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+    if hf_config.hidden_size % heads or heads % kv_heads:
+        raise ValueError(
+            f"num_attention_heads={heads} must divide hidden_size={hf_config.hidden_size} "
+            f"and be a multiple of num_key_value_heads={kv_heads}"
+        )
+    return HybridConfig(
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        pattern=_layer_kinds(hf_config, "layers_block_type", {"mamba": "S", "attention": "*"}),
+        attn_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=hf_config.hidden_size // heads,
+        intermediate_size=hf_config.intermediate_size,
+        eps=hf_config.rms_norm_eps,
+        tie_word_embeddings=hf_config.tie_word_embeddings,
+        mlp="swiglu",
+        mamba1=Mamba1Config(
+            d_inner=hf_config.mamba_expand * hf_config.hidden_size,
+            d_state=hf_config.mamba_d_state,
+            d_conv=hf_config.mamba_d_conv,
+            dt_rank=int(hf_config.mamba_dt_rank),
+            conv_bias=bool(hf_config.mamba_conv_bias),
+            proj_bias=bool(hf_config.mamba_proj_bias),
+            dt_bc_norm=True,
+        ),
+    )
+
+
+def config_from_qwen3_gdn(hf_config) -> HybridConfig:
+    """A HybridConfig from a transformers Qwen3NextConfig (dense MLPs only: ``mlp_only_layers``
+    must cover every layer, or ``num_experts=0``) or Qwen3_5TextConfig: each layer becomes a
+    mixer block (Gated DeltaNet "G" or gated attention "*" with partial RoPE) and a SwiGLU MLP
+    block."""
+    n = hf_config.num_hidden_layers
+    experts = getattr(hf_config, "num_experts", 0) or 0
+    if experts > 0:
+        step = getattr(hf_config, "decoder_sparse_step", 1)
+        dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
+        moe = [i for i in range(n) if i not in dense and (i + 1) % step == 0]
+        if moe:
+            raise ValueError(
+                f"mlp_only_layers: replaylab supports dense Qwen3-Next models (mlp_only_layers "
+                f"covering all {n} layers, or num_experts=0); layers {moe} would be "
+                f"mixture-of-experts (num_experts={experts})"
+            )
+    _check_swiglu_without_biases(hf_config, "Qwen3-Next / Qwen3.5", ("attention_bias",))
+    rope = hf_config.rope_parameters
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"rope_parameters: only the default RoPE is supported, got {rope}")
+    k_heads, v_heads = hf_config.linear_num_key_heads, hf_config.linear_num_value_heads
+    if v_heads % k_heads:
+        raise ValueError(
+            f"linear_num_value_heads={v_heads} must be a multiple of linear_num_key_heads={k_heads}"
+        )
+    heads, kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+    if heads % kv_heads:
+        raise ValueError(
+            f"num_attention_heads={heads} must be a multiple of num_key_value_heads={kv_heads}"
+        )
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    kinds = {"linear_attention": "G", "full_attention": "*"}
+    return HybridConfig(
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        pattern=_layer_kinds(hf_config, "layer_types", kinds),
+        attn_heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=hf_config.intermediate_size,
+        eps=hf_config.rms_norm_eps,
+        tie_word_embeddings=hf_config.tie_word_embeddings,
+        mlp="swiglu",
+        rotary_dim=int(head_dim * rope.get("partial_rotary_factor", 1.0)),
+        rope_theta=float(rope["rope_theta"]),
+        attention="gated",
+        gdn=GDNConfig(
+            k_heads=k_heads,
+            v_heads=v_heads,
+            k_head_dim=hf_config.linear_key_head_dim,
+            v_head_dim=hf_config.linear_value_head_dim,
+            d_conv=hf_config.linear_conv_kernel_dim,
+        ),
+    )
+
+
+def _qwen_key(key):
+    """transformers Qwen3-Next / Qwen3.5 parameter name -> replaylab's (layer i -> blocks 2i
+    and 2i+1)."""
+    if key.startswith("model.embed_tokens."):
+        return key.replace("model.embed_tokens.", "model.embeddings.")
+    if key.startswith("model.norm."):
+        return key.replace("model.norm.", "model.norm_f.")
+    parts = key.split(".")
+    if parts[:2] != ["model", "layers"]:
+        return key
+    i, rest = int(parts[2]), parts[3:]
+    block = {"input_layernorm": (0, "norm"), "linear_attn": (0, "mixer"), "self_attn": (0, "mixer")}
+    block |= {"post_attention_layernorm": (1, "norm"), "mlp": (1, "mixer")}
+    if rest[0] not in block:
+        return key
+    offset, name = block[rest[0]]
+    return ".".join(["model.layers", str(2 * i + offset), name, *rest[1:]])
+
+
+def _qwen_state(state, cfg: HybridConfig):
+    """Qwen's zero-centred RMS norms scale by 1 + w: store 1 + w as the weight (block norms,
+    the final norm, attention q / k norms; not the Gated DeltaNet output norm, which scales by
+    w). Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba`` (grouped by key head) are split
+    into Qwen3.5's ``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``."""
+    out = {}
+    for key, value in state.items():
+        parts = key.split(".")
+        block_norm = parts[:2] == ["model", "layers"] and parts[3:] == ["norm", "weight"]
+        zero_centred = block_norm or key == "model.norm_f.weight"
+        zero_centred |= parts[-2:] in (["q_norm", "weight"], ["k_norm", "weight"])
+        out[key] = value.float() + 1.0 if zero_centred else value
+    g = cfg.gdn
+    for layer in cfg.gdn_layers if g is not None else []:
+        prefix = f"model.layers.{layer}.mixer."
+        if prefix + "in_proj_qkv.weight" in out:  # Qwen3.5: already split
+            continue
+        for name in ("in_proj_qkvz.weight", "in_proj_ba.weight"):
+            if prefix + name not in out:
+                raise ValueError(f"weights: missing {prefix + name} (Gated DeltaNet layer {layer})")
+        r = g.v_heads // g.k_heads
+        qkvz = out.pop(prefix + "in_proj_qkvz.weight").unflatten(0, (g.k_heads, -1))
+        q, k, v, z = qkvz.split([g.k_head_dim, g.k_head_dim, r * g.v_head_dim, r * g.v_head_dim], 1)
+        out[prefix + "in_proj_qkv.weight"] = torch.cat([t.flatten(0, 1) for t in (q, k, v)])
+        out[prefix + "in_proj_z.weight"] = z.flatten(0, 1)
+        b, a = out.pop(prefix + "in_proj_ba.weight").unflatten(0, (g.k_heads, -1)).split([r, r], 1)
+        out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = (
+            b.flatten(0, 1),
+            a.flatten(0, 1),
+        )
+    return out
+
+
+# model_type -> (HybridConfig from its config, parameter renaming[, state conversion])
 SUPPORTED = {
     "nemotron_h": (lambda c: config_from_nemotron_h(c), lambda k: k),
     "bamba": (lambda c: config_from_bamba(c), _bamba_key),
+    "jamba": (config_from_jamba, _bamba_key),  # Jamba's names follow Bamba's
+    "qwen3_next": (config_from_qwen3_gdn, _qwen_key, _qwen_state),
+    "qwen3_5_text": (config_from_qwen3_gdn, _qwen_key, _qwen_state),
 }
+MAMBA2_FAMILIES = ("nemotron_h", "bamba")
+
+
+def _unsupported(where, model_type):
+    others = ", ".join(t for t in SUPPORTED if t not in MAMBA2_FAMILIES)
+    return ValueError(
+        f"{where}: expected a supported hybrid ({', '.join(MAMBA2_FAMILIES)}), got model_type "
+        f"{model_type!r} (also supported: {others}; MoE variants are not)"
+    )
 
 
 def load_transformers_hybrid(source) -> HybridLM:
-    """A HybridLM with the weights of a transformers NemotronH or Bamba model: an instance, or a
-    folder as ``save_pretrained`` writes it."""
+    """A HybridLM with the weights of a transformers NemotronH, Bamba, Jamba (dense), Qwen3-Next
+    (dense) or Qwen3.5 text model: an instance, or a folder as ``save_pretrained`` writes it."""
     if isinstance(source, (str, Path)):
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -380,25 +649,28 @@ def load_transformers_hybrid(source) -> HybridLM:
             )
         hf_config = AutoConfig.from_pretrained(folder)
         if hf_config.model_type not in SUPPORTED:
-            raise ValueError(
-                f"{folder}: expected a supported hybrid ({', '.join(SUPPORTED)}), "
-                f"got model_type {hf_config.model_type!r}"
-            )
+            raise _unsupported(folder, hf_config.model_type)
         if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
             raise ValueError(f"{folder}: no weights (*.safetensors or *.bin) next to config.json")
-        source = AutoModelForCausalLM.from_pretrained(folder)
+        source, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True)
+        if info["missing_keys"]:  # transformers would fill them with random values
+            raise ValueError(
+                f"{folder}: weights missing for {sorted(info['missing_keys'])} (the folder's "
+                f"weights do not cover every layer its config.json describes)"
+            )
     model_type = source.config.model_type
     if model_type not in SUPPORTED:
-        raise ValueError(
-            f"model: expected a supported hybrid ({', '.join(SUPPORTED)}), got {model_type!r}"
-        )
-    make_config, rename = SUPPORTED[model_type]
-    model = HybridLM(make_config(source.config), seed=None)
+        raise _unsupported("model", model_type)
+    make_config, rename, *convert = SUPPORTED[model_type]
+    cfg = make_config(source.config)
+    model = HybridLM(cfg, seed=None)
     state = {
         rename(k): v
         for k, v in source.state_dict().items()
         if not k.endswith("rotary_emb.inv_freq")
     }
+    for conversion in convert:
+        state = conversion(state, cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"weights: missing {missing}, unexpected {unexpected}")

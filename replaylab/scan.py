@@ -27,6 +27,12 @@ Mamba-1 / S6 form (``s6_*``), state ``h: (batch, D, N)``
 dt processing as the real layers do it: ``Δ = clamp(softplus(dt + dt_bias), *dt_limit)``, each
 part optional. Arithmetic runs in ``compute_dtype`` (float32 by default; float64 makes the scan
 an oracle); outputs come back in the input dtype, states in ``compute_dtype``.
+
+Gated DeltaNet (``gdn_*``), state ``S: (batch, H, K, V)``; full glossary above ``gdn_step``
+    q, k     q_t, k_t (batch, T, Hk, K)  unit-norm; q scaled by K^-1/2
+    v        v_t      (batch, T, H, V)
+    g, beta  log α_t, β_t (batch, T, H)
+    recurrence:  S_t = α_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T;  o_t = S_t^T q_t
 """
 
 from __future__ import annotations
@@ -364,3 +370,382 @@ def s6_scan(
             states.append(state)
     y = torch.stack(ys, 1) if ys else u.new_zeros(u.shape, dtype=cd)
     return ScanResult(y.to(u.dtype), state, torch.stack(states, 1) if return_states and T else None)
+
+
+# --------------------------------------------------------------------------------------------
+# The SSD chunked (matrix / "dual") form of the Mamba-2 scan
+# --------------------------------------------------------------------------------------------
+#
+# Same recurrence as ``ssd_scan``, computed chunk by chunk with matrix products instead of a
+# token loop (Mamba-2 paper, section 6; mamba-ssm's ``ssd_minimal_discrete``). With
+# l_t = Δ_t A (log decay) and L_c the running sum of l inside chunk c:
+#     inside a chunk:   y_t = sum_{s<=t} exp(L_t - L_s) (C_t . B_s) Δ_s x_s     (a masked matmul)
+#     chunk state:      S_c = sum_s exp(L_last - L_s) Δ_s x_s B_s^T
+#     between chunks:   S_after = exp(L_last) S_before + S_c; y_t += exp(L_t) C_t . S_before
+# The floating-point order differs from the token loop, so it agrees to rounding, not bitwise:
+# the cache uses it only for long inputs (``Mamba2Spec.CHUNKED_MIN_TOKENS``).
+
+__all__ += ["ssd_chunked_scan", "segsum"]
+
+
+def segsum(l):
+    """Stable segment sums of ``l (..., T)``: out[..., t, s] = l[s+1] + ... + l[t] for s <= t,
+    -inf above the diagonal (so exp(out) is the causal decay matrix)."""
+    T = l.shape[-1]
+    rep = l[..., None].expand(*l.shape, T)  # rep[..., t, s] = l[t]
+    below = torch.tril(torch.ones(T, T, dtype=torch.bool, device=l.device), -1)
+    sums = rep.masked_fill(~below, 0).cumsum(-2)
+    keep = torch.tril(torch.ones(T, T, dtype=torch.bool, device=l.device))
+    return sums.masked_fill(~keep, -math.inf)
+
+
+def ssd_chunked_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    initial_state=None,
+    chunk_size=64,
+    compute_dtype=torch.float32,
+) -> ScanResult:
+    """``ssd_scan`` in the chunked (matrix) form: same arguments and results (no intermediate
+    states), a loop over T / chunk_size chunks instead of T tokens. Differentiable.
+
+    x, z: (batch, T, H, P); dt: (batch, T, H); B, C: (batch, T, G, N); A, D, dt_bias: (H,);
+    initial_state: (batch, H, P, N). Returns ``ScanResult(y, state)``.
+    """
+    _check_ssd(x, dt, A, B, C, D, z, dt_bias, initial_state, seq=True)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
+    cd = compute_dtype
+    batch, T, heads, headdim = x.shape
+    N = B.shape[-1]
+    state = (
+        torch.zeros(batch, heads, headdim, N, dtype=cd, device=x.device)
+        if initial_state is None
+        else initial_state.to(cd)
+    )
+    if T == 0:
+        return ScanResult(x.new_zeros(x.shape), state)
+    delta = process_dt(dt, dt_bias, dt_softplus, dt_limit, cd)  # (b, T, H)
+    rep = heads // B.shape[2]
+    Bh = B.to(cd).repeat_interleave(rep, dim=2)  # (b, T, H, N)
+    Ch = C.to(cd).repeat_interleave(rep, dim=2)
+    xd = x.to(cd) * delta[..., None]  # Δ_s x_s
+    pad = -T % chunk_size  # zero Δ and x: decay 1, nothing added, so padding changes nothing
+    if pad:
+        xd, Bh, Ch = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (xd, Bh, Ch))
+        delta = F.pad(delta, (0, 0, 0, pad))
+    n, L = (T + pad) // chunk_size, chunk_size
+    # (b, n, L, H, ...) chunks; log decays l (b, H, n, L) and their running sums
+    xd, Bh, Ch = (t.reshape(batch, n, L, heads, -1) for t in (xd, Bh, Ch))
+    l = (delta * A.to(cd)).reshape(batch, n, L, heads).permute(0, 3, 1, 2)
+    L_cum = l.cumsum(-1)
+    decay_in = torch.exp(segsum(l))  # (b, H, n, L, L)
+    y = torch.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Ch, Bh, decay_in, xd)
+    to_end = torch.exp(L_cum[..., -1:] - L_cum)  # (b, H, n, L)
+    chunk_states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bh, to_end, xd)
+    chunk_decay = torch.exp(L_cum[..., -1])  # (b, H, n)
+    before = []
+    for c in range(n):
+        before.append(state)
+        state = chunk_decay[:, :, c, None, None] * state + chunk_states[:, c]
+    before = torch.stack(before, 1)  # (b, n, H, P, N): state entering each chunk
+    y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Ch, before, torch.exp(L_cum))
+    y = y.reshape(batch, n * L, heads, headdim)[:, :T]
+    if D is not None:
+        y = y + D.to(cd)[:, None] * x.to(cd)
+    if z is not None:
+        y = y * F.silu(z.to(cd))
+    return ScanResult(y.to(x.dtype), state)
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba-1 closed form, and the Gated DeltaNet recurrences (Qwen3-Next, Qwen3.5)
+# --------------------------------------------------------------------------------------------
+#
+# Mamba-1 (``s6_fold``, ``s6_replay_outputs``): with l_t = Δ_t ⊙ A (D, N), elementwise,
+#     S_{c+j} = exp(l_1 + ... + l_j) ⊙ S_c + sum_{s<=j} exp(l_{s+1} + ... + l_j) ⊙ Δ_s x_s B_s^T
+# so the state after j logged tokens, and any new output y_t = S_t C_t + D x_t, need one read
+# of the checkpoint S_c plus the log: the Mamba-2 argument with a decay per channel and state
+# index instead of per head.
+#
+# Gated DeltaNet (``gdn_*``), state S: (batch, H, K, V) per layer (H value heads; S maps a key
+# to a value, o = S^T q; transformers' and fla's layout):
+#     q, k     q_t, k_t   (batch, T, Hk, K)  L2-normalised; q also scaled by K^-1/2; each of
+#                                            the Hk heads serves H / Hk consecutive value heads
+#     v        v_t        (batch, T, H, V)
+#     g        log α_t    (batch, T, H)      α_t = exp(g_t) in (0, 1]: the gate (decay)
+#     beta     β_t        (batch, T, H)      the delta rule's step size, in (0, 1)
+#     recurrence:  S_t = α_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T;   o_t = S_t^T q_t
+# (the issue's S_t = α_t S_{t-1}(I - β_t k_t k_t^T) + β_t v_t k_t^T is the transpose).
+#     chunked (WY / UT) form, chunk of C tokens from S_0, γ_t = α_1 ... α_t inside the chunk:
+#         u_t = β_t (v_t - α_t S_{t-1}^T k_t)  solves (I + A) U = diag(β) V - diag(βγ) K S_0,
+#         A[t, s] = β_t (γ_t / γ_s) k_t . k_s (s < t): a unit lower-triangular solve;
+#         o_t = γ_t S_0^T q_t + sum_{s<=t} (γ_t / γ_s)(q_t . k_s) u_s;
+#         S_C = γ_C S_0 + sum_s (γ_C / γ_s) k_s u_s^T.
+#     backward query recursion (``gdn_replay_outputs``): S_t^T q = S_{t-1}^T q' + β_t (k_t . q) v_t
+#         with q' = α_t (q - β_t k_t (k_t . q)); carried from t down to the checkpoint c it
+#         gives S_t^T q from one read of S_c, O(L (K + V)) per head and no state written.
+
+__all__ += [
+    "s6_fold",
+    "s6_replay_outputs",
+    "gdn_step",
+    "gdn_scan",
+    "gdn_chunked_scan",
+    "gdn_replay_outputs",
+]
+
+
+def _s6_log_decay(dt, A, dt_bias, dt_softplus, dt_limit, cd):
+    """Δ (b, T, D) and l = Δ ⊙ A (b, T, D, N) in compute dtype."""
+    delta = process_dt(dt, dt_bias, dt_softplus, dt_limit, cd)
+    return delta, delta[..., None] * A.to(cd)
+
+
+def s6_fold(
+    state,
+    u,
+    dt,
+    A,
+    B,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    compute_dtype=torch.float32,
+):
+    """The Mamba-1 state after T tokens from ``state`` by the closed form (no token loop).
+
+    state: (batch, D, N); u, dt: (batch, T, D); A: (D, N); B: (batch, T, N); dt_bias: (D,).
+    Returns (batch, D, N) in ``compute_dtype``; equals ``s6_scan(...).state`` to rounding.
+    """
+    _check_s6(u, dt, A, B, B, None, None, dt_bias, state, seq=True)
+    cd = compute_dtype
+    state = state.to(cd)
+    if u.shape[1] == 0:
+        return state
+    delta, l = _s6_log_decay(dt, A, dt_bias, dt_softplus, dt_limit, cd)
+    # decay from token s to the end: l_{s+1} + ... + l_T (a reverse running sum, no cancellation)
+    to_end = l.flip(1).cumsum(1).flip(1) - l
+    total = to_end[:, 0] + l[:, 0]
+    inputs = (delta * u.to(cd))[..., None] * B.to(cd)[:, :, None, :]  # Δ_s x_s B_s^T
+    return torch.exp(total) * state + (torch.exp(to_end) * inputs).sum(1)
+
+
+def s6_replay_outputs(
+    state,
+    log,
+    new,
+    A,
+    Dskip=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    compute_dtype=torch.float32,
+):
+    """Mamba-1 outputs of new tokens from checkpoint ``state`` and the ``log`` since it, with
+    one read of the state and no state written (the closed form).
+
+    state: (batch, D, N); ``log`` and ``new``: dicts with u, dt (batch, n / T, D), B
+    (batch, n, N) and (``new`` only) C (batch, T, N). Returns y (batch, T, D) in u's dtype,
+    equal to ``s6_scan(new, initial_state=s6_scan(log, state).state).y`` to rounding.
+    """
+    cd = compute_dtype
+    n = log["u"].shape[1]
+    u = torch.cat([log["u"], new["u"]], 1)
+    dt = torch.cat([log["dt"], new["dt"]], 1)
+    B = torch.cat([log["B"], new["B"]], 1)
+    _check_s6(u, dt, A, B, B, Dskip, None, dt_bias, state, seq=True)
+    delta, l = _s6_log_decay(dt, A, dt_bias, dt_softplus, dt_limit, cd)
+    inputs = (delta * u.to(cd))[..., None] * B.to(cd)[:, :, None, :]  # (b, n+T, D, N)
+    state, ys = state.to(cd), []
+    for t in range(n, u.shape[1]):  # each new token reads the checkpoint and the log up to it
+        # l_{s+1} + ... + l_t for every s <= t: a reverse running sum (no cancellation)
+        to_t = l[:, : t + 1].flip(1).cumsum(1).flip(1) - l[:, : t + 1]
+        S_t = torch.exp(to_t[:, 0] + l[:, 0]) * state + (torch.exp(to_t) * inputs[:, : t + 1]).sum(
+            1
+        )
+        ys.append((S_t * new["C"][:, t - n].to(cd)[:, None, :]).sum(-1))  # (b, D)
+    y = torch.stack(ys, 1) if ys else new["u"].new_zeros(new["u"].shape, dtype=cd)
+    if Dskip is not None:
+        y = y + Dskip.to(cd) * new["u"].to(cd)
+    return y.to(new["u"].dtype)
+
+
+def _check_gdn(q, k, v, g, beta, state, *, seq: bool):
+    lead = ("batch", "T") if seq else ("batch",)
+    check_tensor("q", q, (*lead, "Hk", "K"), floating=True)
+    dims = {"batch": q.shape[0], "Hk": q.shape[-2], "K": q.shape[-1]}
+    if seq:
+        dims["T"] = q.shape[1]
+    check_tensor("k", k, (*lead, "Hk", "K"), dims, floating=True)
+    check_tensor("v", v, (*lead, "H", "V"), dims, floating=True)
+    if dims["H"] % dims["Hk"]:
+        raise ValueError(f"v: H={dims['H']} value heads must be a multiple of Hk={dims['Hk']}")
+    check_tensor("g", g, (*lead, "H"), dims, floating=True)
+    check_tensor("beta", beta, (*lead, "H"), dims, floating=True)
+    if state is not None:
+        check_tensor("state", state, ("batch", "H", "K", "V"), dims, floating=True)
+    check_same_device(q=q, k=k, v=v, g=g, beta=beta, state=state)
+
+
+def _gdn_heads(t, heads, cd):
+    """(..., Hk, K) -> (..., H, K) in compute dtype: each key head serves H / Hk value heads."""
+    return t.to(cd).repeat_interleave(heads // t.shape[-2], dim=-2)
+
+
+def _gdn_token(state, q, k, v, g, beta):
+    """One token in compute dtype. state (b,H,K,V); q,k (b,H,K); v (b,H,V); g, beta (b,H)."""
+    state = torch.exp(g)[..., None, None] * state  # α_t S_{t-1}
+    predicted = (state * k[..., None]).sum(-2)  # (α_t S_{t-1})^T k_t: (b, H, V)
+    correction = beta[..., None] * (v - predicted)  # β_t (v_t - S^T k_t)
+    state = state + k[..., None] * correction[..., None, :]
+    return (state * q[..., None]).sum(-2), state
+
+
+def gdn_step(state, q, k, v, g, beta, *, compute_dtype=torch.float32):
+    """One Gated DeltaNet token: returns ``(o, new_state)``.
+
+    state: (batch, H, K, V); q, k: (batch, Hk, K); v: (batch, H, V); g, beta: (batch, H).
+    o: (batch, H, V) in v's dtype; new_state in ``compute_dtype``.
+    """
+    _check_gdn(q, k, v, g, beta, state, seq=False)
+    cd, H = compute_dtype, v.shape[1]
+    o, new = _gdn_token(
+        state.to(cd), _gdn_heads(q, H, cd), _gdn_heads(k, H, cd), v.to(cd), g.to(cd), beta.to(cd)
+    )
+    return o.to(v.dtype), new
+
+
+def gdn_scan(
+    q, k, v, g, beta, *, initial_state=None, return_states=False, compute_dtype=torch.float32
+) -> ScanResult:
+    """The Gated DeltaNet recurrence token by token from ``initial_state`` (zeros when None).
+
+    q, k: (batch, T, Hk, K); v: (batch, T, H, V); g, beta: (batch, T, H); initial_state:
+    (batch, H, K, V). Returns ``ScanResult(o (batch, T, H, V), state (batch, H, K, V), states
+    (batch, T, H, K, V) if return_states)``.
+    """
+    _check_gdn(q, k, v, g, beta, initial_state, seq=True)
+    cd = compute_dtype
+    batch, T, H, V = v.shape
+    K = q.shape[-1]
+    state = (
+        torch.zeros(batch, H, K, V, dtype=cd, device=v.device)
+        if initial_state is None
+        else initial_state.to(cd)
+    )
+    qh, kh = _gdn_heads(q, H, cd), _gdn_heads(k, H, cd)
+    ys, states = [], []
+    for t in range(T):
+        o, state = _gdn_token(
+            state, qh[:, t], kh[:, t], v[:, t].to(cd), g[:, t].to(cd), beta[:, t].to(cd)
+        )
+        ys.append(o)
+        if return_states:
+            states.append(state)
+    y = torch.stack(ys, 1) if ys else v.new_zeros(v.shape, dtype=cd)
+    return ScanResult(y.to(v.dtype), state, torch.stack(states, 1) if return_states and T else None)
+
+
+def gdn_chunked_scan(
+    q, k, v, g, beta, *, initial_state=None, chunk_size=16, compute_dtype=torch.float32
+) -> ScanResult:
+    """``gdn_scan`` in the chunked WY / UT form: per chunk one unit lower-triangular solve and
+    a few matrix products, then one state update (no token loop). ``q=None`` folds only: the
+    final state, with y None. Agrees with ``gdn_scan`` to rounding, not bitwise.
+
+    q, k: (batch, T, Hk, K); v: (batch, T, H, V); g, beta: (batch, T, H); initial_state:
+    (batch, H, K, V). Returns ``ScanResult(o (batch, T, H, V) or None, state)``.
+    """
+    _check_gdn(k if q is None else q, k, v, g, beta, initial_state, seq=True)
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size: expected >= 1, got {chunk_size}")
+    cd = compute_dtype
+    batch, T, H, V = v.shape
+    K = k.shape[-1]
+    state = (
+        torch.zeros(batch, H, K, V, dtype=cd, device=v.device)
+        if initial_state is None
+        else initial_state.to(cd)
+    )
+    # (b, H, T, ...) layout for the matrix products
+    heads_first = lambda t: t.transpose(1, 2)  # noqa: E731
+    kh = heads_first(_gdn_heads(k, H, cd))
+    qh = None if q is None else heads_first(_gdn_heads(q, H, cd))
+    vh, gh, bh = heads_first(v.to(cd)), heads_first(g.to(cd)), heads_first(beta.to(cd))
+    outs = []
+    for start in range(0, T, chunk_size):
+        sl = slice(start, min(start + chunk_size, T))
+        kc, vc, bc = kh[:, :, sl], vh[:, :, sl], bh[:, :, sl, None]
+        gamma_log = gh[:, :, sl].cumsum(-1)  # log γ_t inside the chunk: (b, H, C)
+        C = kc.shape[2]
+        lower = torch.ones(C, C, dtype=torch.bool, device=v.device).tril()
+        # ratio[t, s] = γ_t / γ_s for s <= t, 0 above (masked before exp: no overflow)
+        ratio = torch.exp(
+            (gamma_log[..., :, None] - gamma_log[..., None, :]).masked_fill(~lower, -math.inf)
+        )
+        kk = kc @ kc.transpose(-1, -2)
+        system = torch.eye(C, dtype=cd, device=v.device) + (bc * kk * ratio).tril(-1)
+        gamma = torch.exp(gamma_log)[..., None]  # (b, H, C, 1)
+        rhs = torch.cat([bc * vc, bc * gamma * kc], -1)  # [β V | βγ K]
+        solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+        u = solved[..., :V] - solved[..., V:] @ state  # U = Ũ - W S_0: (b, H, C, V)
+        if qh is not None:
+            qc = qh[:, :, sl]
+            outs.append(gamma * (qc @ state) + ((qc @ kc.transpose(-1, -2)) * ratio) @ u)
+        to_end = torch.exp(gamma_log[..., -1:] - gamma_log)[..., None]  # γ_C / γ_s
+        state = (
+            torch.exp(gamma_log[..., -1])[..., None, None] * state
+            + (to_end * kc).transpose(-1, -2) @ u
+        )
+    if qh is None:
+        return ScanResult(None, state)
+    y = torch.cat(outs, 2) if outs else vh.new_zeros(vh.shape)
+    return ScanResult(y.transpose(1, 2).to(v.dtype), state)
+
+
+def gdn_replay_outputs(state, log, new, *, compute_dtype=torch.float32):
+    """Gated DeltaNet outputs of T new tokens from checkpoint ``state`` and the ``log`` of the n
+    tokens since it, by the backward query recursion: one read of ``state``, no state written.
+
+    state: (batch, H, K, V); ``log``: dict with k (batch, n, Hk, K), v (batch, n, H, V), g and
+    beta (batch, n, H); ``new``: the same fields of the T new tokens plus q (batch, T, Hk, K).
+    Returns o (batch, T, H, V) in v's dtype, equal to gdn_scan from the folded state to rounding.
+    Work: O((n + T) T (K + V)) per head.
+    """
+    cd = compute_dtype
+    k = torch.cat([log["k"], new["k"]], 1)
+    v = torch.cat([log["v"], new["v"]], 1)
+    g = torch.cat([log["g"], new["g"]], 1)
+    beta = torch.cat([log["beta"], new["beta"]], 1)
+    q = new["q"]
+    _check_gdn(k, k, v, g, beta, state, seq=True)
+    check_tensor("q", q, (k.shape[0], new["k"].shape[1], *k.shape[2:]), floating=True)
+    n, H = log["k"].shape[1], v.shape[2]
+    T = q.shape[1]
+    kh, vh = _gdn_heads(k, H, cd), v.to(cd)  # (b, n+T, H, ...)
+    alpha, bh = torch.exp(g.to(cd)), beta.to(cd)
+    query = _gdn_heads(q, H, cd).clone()  # (b, T, H, K): one query per new token
+    acc = vh.new_zeros(v.shape[0], T, H, v.shape[-1])
+    position = torch.arange(n, n + T, device=v.device)  # where each new token sits
+    for s in range(n + T - 1, -1, -1):  # back from the newest token to the checkpoint
+        active = (position >= s)[None, :, None, None].to(cd)  # queries at or after token s
+        kq = (kh[:, s, None] * query).sum(-1, keepdim=True)  # k_s . q: (b, T, H, 1)
+        acc = acc + active * bh[:, s, None, :, None] * kq * vh[:, s, None]
+        carried = alpha[:, s, None, :, None] * (
+            query - bh[:, s, None, :, None] * kq * kh[:, s, None]
+        )
+        query = active * carried + (1 - active) * query
+    o = acc + torch.einsum("bthk,bhkv->bthv", query, state.to(cd))
+    return o.to(v.dtype)

@@ -327,3 +327,8 @@ def test_bad_batch_sizes_are_refused_at_construction(batch):
         match=r"batch: expected",
     ):
         HybridCache(MODEL, batch)
+
+
+def test_a_config_without_a_conv_width_is_refused():
+    with pytest.raises(ValueError, match=r"d_conv: expected a conv width >= 1, got 0"):
+        HybridConfig(d_conv=0)
