@@ -1,29 +1,68 @@
-"""Checks for the notebooks' exercises. Each ``check_*`` takes the learner's answer, compares it
-with the library, prints a verdict and returns True or False. A stub that returns None is
-reported as not done yet rather than raising, so an unfinished notebook still runs."""
+"""Checks for the notebooks' exercises. Each ``check_*`` takes the learner's answer (a value, a
+function or a class), compares it with the library on fixed or random inputs, prints a verdict
+(``PASS ...`` / ``FAIL ...`` with the first mismatch; notebooks 01-02 print ``correct:`` /
+``not yet:``), records it (``results()``) and returns True or False. A stub that returns None,
+is left as None or raises NotImplementedError is reported as not done and never raises, so an
+unfinished notebook still runs to the end.
+
+Mini-store exercises (notebooks 03-05) run on ``MiniLayer``: one Mamba-2 layer's recurrence
+(``replaylab.scan.ssd_scan``) with fixed parameters, fed ``ScanInputs`` (x, dt, B, C of T tokens).
+Triton puzzles (notebook 06) live in ``replaylab.puzzles`` and record here too.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.scan import ssd_scan, ssd_step
+from replaylab.scan import ScanResult, ssd_scan, ssd_step
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
 
-__all__ = ["check_conv_state_bytes", "check_kv_truncate", "check_ssd_step", "check_resume"]
+__all__ = [
+    "record",
+    "results",
+    "ScanInputs",
+    "MiniLayer",
+    "mini_layer",
+    "check_conv_state_bytes",
+    "check_kv_truncate",
+    "check_ssd_step",
+    "check_resume",
+    "check_snapshot_store",
+    "check_recompute_store",
+    "check_replay_log",
+    "check_cost_eviction",
+    "check_rollback_work",
+    "check_interval_effect",
+    "check_snapshot_copy_bytes",
+    "check_rerun_at_high_acceptance",
+    "recompute_speedup",
+    "check_zero_rerun_distances",
+    "check_largest_winning_log",
+    "check_largest_log_len",
+    "check_recompute_break_even",
+    "check_tokens_per_round",
+    "check_worst_interval",
+    "check_cost_eviction_scenario",
+    "check_state_share",
+    "check_recompute_at_acceptance",
+]
 
 
-def _verdict(ok, message):
+def _verdict(name, ok, message):
     print(("correct: " if ok else "not yet: ") + message)
-    return ok
+    return record(name, ok)
 
 
 def check_conv_state_bytes(answer) -> bool:
     """Exercise: conv-state bytes of one Nemotron-H 8B sequence (bf16), over all its SSM layers."""
     if answer is None:
-        return _verdict(False, "return a number of bytes")
+        return _verdict("conv-state bytes", False, "return a number of bytes")
     want = memory_per_sequence(PUBLISHED_SHAPES["Nemotron-H 8B"], 1)["conv_state"]
     return _verdict(
+        "conv-state bytes",
         int(answer) == want,
         f"{int(answer):,} bytes"
         + ("" if int(answer) == want else " - count channels x (d_conv - 1) x 2 bytes x layers"),
@@ -35,9 +74,11 @@ def check_kv_truncate(truncate) -> bool:
     keys = torch.randn(2, 3, 9, 4)
     got = truncate(keys, 5)
     if got is None:
-        return _verdict(False, "return the truncated keys")
+        return _verdict("KV truncate", False, "return the truncated keys")
     ok = got.shape == (2, 3, 5, 4) and torch.equal(got, keys[:, :, :5])
-    return _verdict(ok, f"shape {tuple(got.shape)}" + ("" if ok else ", expected (2, 3, 5, 4)"))
+    return _verdict(
+        "KV truncate", ok, f"shape {tuple(got.shape)}" + ("" if ok else ", expected (2, 3, 5, 4)")
+    )
 
 
 def _random_step_inputs(generator, batch=2, H=4, P=3, N=5, G=2):
@@ -60,10 +101,12 @@ def check_ssd_step(step) -> bool:
     state = torch.randn(2, 4, 3, 5, generator=g)
     out = step(state.clone(), **inp)
     if out is None:
-        return _verdict(False, "return (y, new_state)")
+        return _verdict("SSD step", False, "return (y, new_state)")
     want_y, want_state = ssd_step(state, **inp)
     err = max(max_abs_error(out[0], want_y), max_abs_error(out[1], want_state))
-    return _verdict(err < 1e-4, f"max abs error {err:.1e} against replaylab.scan.ssd_step")
+    return _verdict(
+        "SSD step", err < 1e-4, f"max abs error {err:.1e} against replaylab.scan.ssd_step"
+    )
 
 
 def check_resume(resume) -> bool:
@@ -76,7 +119,762 @@ def check_resume(resume) -> bool:
     checkpoint = ssd_scan(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7]).state
     got = resume(checkpoint.clone(), x[:, 7:], dt[:, 7:], A, B[:, 7:], C[:, 7:])
     if got is None:
-        return _verdict(False, "return y for the tokens after the checkpoint")
+        return _verdict(
+            "resume from a checkpoint", False, "return y for the tokens after the checkpoint"
+        )
     want = ssd_scan(x, dt, A, B, C).y[:, 7:]
     err = max_abs_error(got, want)
-    return _verdict(err < 1e-4, f"max abs error {err:.1e} against one scan over all 12 tokens")
+    return _verdict(
+        "resume from a checkpoint",
+        err < 1e-4,
+        f"max abs error {err:.1e} against one scan over all 12 tokens",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The record of verdicts (read by tests/test_notebook_solutions.py after running a notebook)
+
+_RESULTS: list[tuple[str, bool]] = []
+
+
+def record(name: str, ok: bool) -> bool:
+    """Remember one check's verdict (in run order) and return it."""
+    _RESULTS.append((name, bool(ok)))
+    return bool(ok)
+
+
+def results() -> list[tuple[str, bool]]:
+    """Every verdict recorded in this process so far: [(check name, passed), ...]."""
+    return list(_RESULTS)
+
+
+def _done(name, ok, message) -> bool:
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {message}")
+    return record(name, ok)
+
+
+def _not_implemented(name) -> bool:
+    return _done(name, False, "not yet implemented (the stub raised NotImplementedError)")
+
+
+# --------------------------------------------------------------------------------------------
+# One Mamba-2 layer, reduced to its recurrence, for the mini stores of notebooks 03-05
+
+
+@dataclass(frozen=True)
+class ScanInputs:
+    """The scan inputs of T tokens of one Mamba-2 layer (what a replay log keeps per token):
+    x (batch, T, H, P), dt (batch, T, H) raw (before bias and softplus), B and C
+    (batch, T, G, N). ``inputs[a:b]`` selects tokens, ``len(inputs)`` is T,
+    ``ScanInputs.cat([...])`` joins along the tokens."""
+
+    x: torch.Tensor
+    dt: torch.Tensor
+    B: torch.Tensor
+    C: torch.Tensor
+
+    def __len__(self) -> int:
+        return self.x.shape[1]
+
+    def __getitem__(self, tokens: slice) -> ScanInputs:
+        if not isinstance(tokens, slice):
+            raise TypeError(f"ScanInputs: index with a slice of tokens, got {tokens!r}")
+        return ScanInputs(*(t[:, tokens] for t in (self.x, self.dt, self.B, self.C)))
+
+    @staticmethod
+    def cat(parts) -> ScanInputs:
+        parts = list(parts)
+        if not parts:
+            raise ValueError("ScanInputs.cat: need at least one part")
+        return ScanInputs(
+            *(torch.cat([getattr(p, f) for p in parts], 1) for f in ("x", "dt", "B", "C"))
+        )
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.x, self.dt, self.B, self.C))
+
+
+@dataclass(frozen=True)
+class MiniLayer:
+    """The recurrence of one Mamba-2 layer with fixed parameters A, D, dt_bias (H,):
+    ``scan(state, inputs)`` runs ``replaylab.scan.ssd_scan`` from ``state`` (batch, H, P, N)
+    with Δ = softplus(dt + dt_bias), as the real layer does."""
+
+    A: torch.Tensor
+    D: torch.Tensor
+    dt_bias: torch.Tensor
+    P: int
+    N: int
+    G: int
+
+    @property
+    def H(self) -> int:
+        return self.A.shape[0]
+
+    def zero_state(self, batch) -> torch.Tensor:
+        """The state before the first token: zeros (batch, H, P, N), fp32."""
+        return torch.zeros(batch, self.H, self.P, self.N)
+
+    def scan(self, state, inputs: ScanInputs, return_states=False) -> ScanResult:
+        """y (batch, T, H, P), the state after the last token and, with ``return_states``,
+        the state after every token (batch, T, H, P, N)."""
+        return ssd_scan(
+            inputs.x,
+            inputs.dt,
+            self.A,
+            inputs.B,
+            inputs.C,
+            self.D,
+            dt_bias=self.dt_bias,
+            dt_softplus=True,
+            initial_state=state,
+            return_states=return_states,
+        )
+
+    def random_inputs(self, batch, T, generator=None) -> ScanInputs:
+        """Random scan inputs of T tokens."""
+
+        def r(*shape):
+            return torch.randn(*shape, generator=generator)
+
+        return ScanInputs(
+            r(batch, T, self.H, self.P),
+            r(batch, T, self.H),
+            r(batch, T, self.G, self.N),
+            r(batch, T, self.G, self.N),
+        )
+
+
+def mini_layer(seed=0, H=4, P=3, N=5, G=2) -> MiniLayer:
+    """A ``MiniLayer`` with random parameters (awkward sizes on purpose)."""
+    g = torch.Generator().manual_seed(seed)
+    return MiniLayer(
+        A=-torch.rand(H, generator=g) - 0.1,
+        D=torch.randn(H, generator=g),
+        dt_bias=torch.rand(H, generator=g) - 0.5,
+        P=P,
+        N=N,
+        G=G,
+    )
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def _compare(what, got, want, tol=1e-4):
+    """Raise _Mismatch naming the first element out of tolerance (or a shape / type error)."""
+    if not isinstance(got, torch.Tensor):
+        raise _Mismatch(f"{what}: expected a tensor, got {type(got).__name__}")
+    if got.shape != want.shape:
+        raise _Mismatch(f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}")
+    a, e = got.double(), want.double()
+    bad = ~((a - e).abs() <= tol + tol * e.abs())
+    if bad.any():
+        where = tuple(int(i) for i in bad.nonzero()[0])
+        raise _Mismatch(
+            f"{what}: max abs error {max_abs_error(a, e):.2e}; first mismatch at {where}: "
+            f"{float(a[where]):.6g} vs reference {float(e[where]):.6g}"
+        )
+
+
+def _reference_path(layer, batch, path):
+    """States after every token of ``path`` (ScanInputs) from zeros and the outputs:
+    (states (batch, T, H, P, N) or None, y)."""
+    if not path:
+        return None, None
+    res = layer.scan(layer.zero_state(batch), ScanInputs.cat(path), return_states=True)
+    return res.states, res.y
+
+
+def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
+    """Run the random operation sequences ``ops_fn(generator, log)`` for each seed; report the
+    first mismatch with the operations that led to it."""
+    total = 0
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        log: list[str] = []
+        try:
+            total += ops_fn(g, log, n_ops)
+        except NotImplementedError:
+            return _not_implemented(name)
+        except _Mismatch as err:
+            trail = "; ".join(log[-4:])
+            return _done(name, False, f"seed {seed}, after [{trail}]: {err}")
+        except Exception as err:  # the learner's code raised: report it, do not raise
+            trail = "; ".join(log[-4:])
+            return _done(
+                name, False, f"seed {seed}, after [{trail}]: raised {type(err).__name__}: {err}"
+            )
+    return _done(
+        name,
+        True,
+        f"{total} random operations in {len(seeds)} sequences agree with replaylab.scan.ssd_scan",
+    )
+
+
+def check_snapshot_store(store_class, layer=None) -> bool:
+    """Exercise (notebook 03): a mini snapshot store for one Mamba-2 layer.
+
+    ``store_class(layer, batch)`` with ``.state``, ``.position``, ``.advance(inputs) -> y``,
+    ``.snapshot() -> handle`` and ``.restore(handle)``, checked on random sequences of advances
+    (1-3 tokens), snapshots and restores (a handle may be restored more than once) against one
+    reference scan over the tokens of the current branch."""
+    layer = layer or mini_layer()
+    batch = 2
+
+    def ops(g, log, n_ops):
+        store = store_class(layer, batch)
+        path: list[ScanInputs] = []  # the inputs along the current branch, from position 0
+        saved = {}  # handle -> (position, path at the snapshot)
+        handles = []
+        for _ in range(n_ops):
+            roll = float(torch.rand(1, generator=g))
+            if roll < 0.25 and sum(len(p) for p in path) > 0:
+                handle = store.snapshot()
+                saved_key = len(handles)
+                handles.append(handle)
+                saved[saved_key] = list(path)
+                log.append(f"snapshot() at {sum(len(p) for p in path)}")
+            elif roll < 0.45 and handles:
+                k = int(torch.randint(len(handles), (1,), generator=g))
+                store.restore(handles[k])
+                path = list(saved[k])
+                log.append(f"restore(snapshot #{k}, position {sum(len(p) for p in path)})")
+            else:
+                T = int(torch.randint(1, 4, (1,), generator=g))
+                new = layer.random_inputs(batch, T, g)
+                y = store.advance(new)
+                path.append(new)
+                log.append(f"advance({T} tokens)")
+                _, ref_y = _reference_path(layer, batch, path)
+                _compare("y returned by advance", y, ref_y[:, -T:])
+            pos = sum(len(p) for p in path)
+            if store.position != pos:
+                raise _Mismatch(f"position is {store.position}, expected {pos}")
+            states, _ = _reference_path(layer, batch, path)
+            want = layer.zero_state(batch) if states is None else states[:, -1]
+            _compare("state", store.state, want)
+        return n_ops
+
+    return _run_ops("snapshot store", ops)
+
+
+def check_recompute_store(store_class, layer=None, interval=3) -> bool:
+    """Exercise (notebook 05): a mini recompute store for one Mamba-2 layer.
+
+    ``store_class(layer, batch, interval)`` with ``.state``, ``.position``, ``.checkpoints``
+    (dict position -> state), ``.advance(inputs) -> y`` and ``.restore(p) -> tokens re-run``,
+    checked on random advances (1-5 tokens, so one call may cross several checkpoints) and
+    restores to random earlier positions: outputs and states against a reference scan, the
+    checkpoints held (exactly the multiples of ``interval`` up to the position), and the
+    tokens re-run (p minus the last checkpoint at or before p)."""
+    layer = layer or mini_layer()
+    batch = 2
+
+    def ops(g, log, n_ops):
+        store = store_class(layer, batch, interval)
+        path: list[ScanInputs] = []
+        for _ in range(n_ops):
+            pos = sum(len(p) for p in path)
+            if float(torch.rand(1, generator=g)) < 0.35 and pos > 0:
+                p = int(torch.randint(pos + 1, (1,), generator=g))
+                rerun = store.restore(p)
+                log.append(f"restore({p}) from position {pos}")
+                path = [ScanInputs.cat(path)[:p]] if p else []
+                want = p - (p // interval) * interval
+                if rerun != want:
+                    raise _Mismatch(
+                        f"restore({p}) returned {rerun} tokens re-run, expected {want} "
+                        f"(from the checkpoint at {p - want})"
+                    )
+            else:
+                T = int(torch.randint(1, 6, (1,), generator=g))
+                new = layer.random_inputs(batch, T, g)
+                y = store.advance(new)
+                path.append(new)
+                log.append(f"advance({T} tokens) from position {pos}")
+                _, ref_y = _reference_path(layer, batch, path)
+                _compare("y returned by advance", y, ref_y[:, -T:])
+            pos = sum(len(p) for p in path)
+            if store.position != pos:
+                raise _Mismatch(f"position is {store.position}, expected {pos}")
+            states, _ = _reference_path(layer, batch, path)
+
+            def state_at(q, states=states):
+                return layer.zero_state(batch) if q == 0 else states[:, q - 1]
+
+            _compare("state", store.state, state_at(pos))
+            want_keys = list(range(0, pos + 1, interval))
+            keys = sorted(store.checkpoints)
+            if keys != want_keys:
+                raise _Mismatch(f"checkpoints held at {keys}, expected {want_keys}")
+            for q in keys:
+                _compare(f"checkpoint at {q}", store.checkpoints[q], state_at(q))
+        return n_ops
+
+    return _run_ops("recompute store", ops)
+
+
+def _state_tensors(obj, state_shape, seen=None, depth=0):
+    """Tensors shaped like a state (..., H, P, N) reachable from obj's attributes."""
+    seen = seen if seen is not None else set()
+    if id(obj) in seen or depth > 4:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj] if tuple(obj.shape[-3:]) == tuple(state_shape) else []
+    if isinstance(obj, dict):
+        children = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        children = list(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (MiniLayer, type)):
+        children = list(vars(obj).values())
+    else:
+        return []
+    found = []
+    for child in children:
+        found += _state_tensors(child, state_shape, seen, depth + 1)
+    return found
+
+
+def check_replay_log(log_class, layer=None) -> bool:
+    """Exercise (notebook 05): a mini replay log for one Mamba-2 layer.
+
+    ``log_class(layer, checkpoint)`` with ``len(log)``, ``.append(inputs)``,
+    ``.truncate_to(j)`` and ``.state(j=None) -> S_{c+j}``, checked on random appends,
+    truncations and folds against a reference scan from the checkpoint. The log must keep
+    inputs, not states: besides the checkpoint it may hold no state-shaped tensor, and the
+    checkpoint must come out unchanged."""
+    layer = layer or mini_layer()
+    batch = 2
+    state_shape = (layer.H, layer.P, layer.N)
+
+    def ops(g, log, n_ops):
+        checkpoint = torch.randn(batch, *state_shape, generator=g)
+        original = checkpoint.clone()
+        replay = log_class(layer, checkpoint)
+        entries: list[ScanInputs] = []
+        for _ in range(n_ops):
+            n = sum(len(e) for e in entries)
+            roll = float(torch.rand(1, generator=g))
+            if roll < 0.25 and n:
+                j = int(torch.randint(n + 1, (1,), generator=g))
+                replay.truncate_to(j)
+                entries = [ScanInputs.cat(entries)[:j]] if j else []
+                log.append(f"truncate_to({j}) from {n}")
+            elif roll < 0.55:
+                j = (
+                    None
+                    if n == 0 or float(torch.rand(1, generator=g)) < 0.5
+                    else int(torch.randint(n + 1, (1,), generator=g))
+                )
+                got = replay.state() if j is None else replay.state(j)
+                upto = n if j is None else j
+                log.append(f"state({'' if j is None else j})")
+                want = (
+                    checkpoint
+                    if upto == 0
+                    else layer.scan(original, ScanInputs.cat(entries)[:upto]).state
+                )
+                _compare(f"state after {upto} of {n} logged tokens", got, want)
+            else:
+                T = int(torch.randint(1, 4, (1,), generator=g))
+                new = layer.random_inputs(batch, T, g)
+                replay.append(new)
+                entries.append(new)
+                log.append(f"append({T} tokens) at {n}")
+            n = sum(len(e) for e in entries)
+            if len(replay) != n:
+                raise _Mismatch(f"len(log) is {len(replay)}, expected {n}")
+            if not torch.equal(checkpoint, original):
+                raise _Mismatch("the checkpoint was modified: a fold must not write into it")
+            held = _state_tensors(replay, state_shape)
+            if len({t.data_ptr() for t in held}) > 1:
+                raise _Mismatch(
+                    f"the log holds {len(held)} state-shaped tensors; a replay log keeps one "
+                    "state (the checkpoint) and per-token inputs"
+                )
+        return n_ops
+
+    return _run_ops("replay log", ops)
+
+
+def check_cost_eviction(choose, seeds=range(20)) -> bool:
+    """Exercise (notebook 04): ``choose(items) -> key`` picks the kept copy to evict under the
+    "cost" policy: the one cheapest to rebuild, i.e. with the fewest tokens between its
+    position and the next older kept position (0 when none is older); ties go to the least
+    recently used. ``items``: a list of ``replaylab.strategies.base.EvictionItem``. Checked
+    against ``replaylab.cache.choose_victim`` on random lists."""
+    from replaylab.cache import choose_victim
+    from replaylab.strategies.base import EvictionItem
+
+    name = "cost-aware eviction"
+    for seed in seeds:
+        g = torch.Generator().manual_seed(seed)
+        n = int(torch.randint(1, 7, (1,), generator=g))
+        positions = (torch.randperm(40, generator=g)[:n] + 1).tolist()
+        used = torch.randperm(100, generator=g)[:n].tolist()
+        items = [
+            EvictionItem(key=f"copy@{p}", position=p, nbytes=1000, last_used=u)
+            for p, u in zip(positions, used)
+        ]
+        try:
+            got = choose(list(items))
+        except NotImplementedError:
+            return _not_implemented(name)
+        want = choose_victim(items, "cost")
+        if got != want:
+            listing = ", ".join(f"{it.key} (last used {it.last_used})" for it in items)
+            return _done(name, False, f"for [{listing}] you chose {got!r}, expected {want!r}")
+    return _done(name, True, f"same choice as replaylab.cache.choose_victim on {len(seeds)} lists")
+
+
+# --------------------------------------------------------------------------------------------
+# Questions with one right answer: the learner computes an answer; the check computes it from
+# the library (or from a live run) and compares
+
+
+def _answer(name, answer, want, explain, rel=0.0):
+    if answer is None or answer is Ellipsis:
+        return _done(name, False, "no answer yet (replace None with your answer)")
+    if isinstance(want, float) or rel:
+        try:
+            ok = abs(float(answer) - float(want)) <= rel * abs(float(want)) + 1e-12
+        except (TypeError, ValueError):
+            ok = False
+    else:
+        ok = answer == want
+    return _done(name, ok, f"{answer!r}" + ("" if ok else f" - {explain}"))
+
+
+def check_rollback_work(answer, model, prompt) -> bool:
+    """Notebook 03: with every draft rejected (acceptance 0), which strategy re-runs tokens
+    through the model on its restores? The check runs ``compare_strategies`` at acceptance 0
+    and takes the strategy with the most recomputed tokens."""
+    from replaylab.experiments import compare_strategies
+
+    rows = compare_strategies(model, prompt, n_new=24, acceptance=0.0, k=4)
+    want = max(rows, key=lambda r: r["recomputed_tokens"])["strategy"]
+    return _answer(
+        "rollback work at acceptance 0",
+        answer,
+        want,
+        "look at 'recomputed tokens' per strategy at acceptance 0.0",
+    )
+
+
+def check_interval_effect(answer, model, prompt) -> bool:
+    """Notebook 03: going from ``interval=2`` to ``interval=32``, does recompute's peak bytes go
+    "up" or "down", and its recomputed tokens? ``answer``: {"peak_bytes": "up"|"down",
+    "recomputed_tokens": "up"|"down"}. The check runs both."""
+    from replaylab.experiments import compare_strategies
+
+    run = {
+        i: compare_strategies(
+            model, prompt, n_new=40, acceptance=0.5, k=4, interval=i, strategies=("recompute",)
+        )[0]
+        for i in (2, 32)
+    }
+    want = {
+        q: ("up" if run[32][q] > run[2][q] else "down") for q in ("peak_bytes", "recomputed_tokens")
+    }
+    return _answer(
+        "recompute interval 2 -> 32",
+        answer,
+        want,
+        "run compare_strategies with interval=2 and interval=32 and compare the recompute rows",
+    )
+
+
+def check_snapshot_copy_bytes(answer, model) -> bool:
+    """Notebook 04: bytes of one snapshot of one sequence of ``model`` (every SSM layer's state
+    and conv window). The check takes one snapshot in a live cache and reads its bytes."""
+    from replaylab.cache import HybridCache
+
+    cache = HybridCache(model, 1, "snapshot")
+    with torch.no_grad():
+        model(torch.zeros(1, 4, dtype=torch.long), cache)
+        cache.snapshot()
+    want = cache.nbytes()["snapshots"]
+    return _answer(
+        "bytes of one snapshot",
+        None if answer is None else int(answer),
+        want,
+        "SSM layers x (H x P x N x 4 bytes + (d_conv - 1) x conv channels x 2 bytes)",
+    )
+
+
+def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0.5)) -> bool:
+    """Notebook 04: at acceptance 0.9, the most tokens any eviction policy re-runs at any of the
+    budgets ``fractions`` (of the unbudgeted peak). The check runs ``budget_outcomes``."""
+    from replaylab.experiments import budget_outcomes
+
+    rows = budget_outcomes(
+        model, prompt, n_new=24, budget_fractions=list(fractions), acceptance=0.9
+    )
+    want = max(r["recomputed_tokens"] for r in rows)
+    return _answer(
+        "tokens re-run under a budget at acceptance 0.9",
+        None if answer is None else int(answer),
+        want,
+        "run budget_outcomes(..., acceptance=0.9) and take the largest recomputed_tokens",
+    )
+
+
+def check_zero_rerun_distances(answer, model) -> bool:
+    """Notebook 05: at which distances (of those ``restore_cost_vs_distance`` visits with
+    interval 16) does recompute re-run no token? The check runs it."""
+    from replaylab.experiments import restore_cost_vs_distance
+
+    rows = restore_cost_vs_distance(model, "recompute", interval=16)
+    want = sorted(r["distance"] for r in rows if r["recomputed_tokens"] == 0)
+    got = None if answer is None else sorted(int(d) for d in answer)
+    return _answer(
+        "distances where recompute re-runs nothing",
+        got,
+        want,
+        "a restore lands on a checkpoint when 32 + distance is a multiple of the interval",
+    )
+
+
+def check_largest_winning_log(answer) -> bool:
+    """Notebook 06: from ``data/bench_kernels.json`` (H200), the largest measured log length at
+    which ``replay_step`` decodes (T=1) faster than ``selective_state_update`` at batch 128."""
+    from replaylab.results import load_bench
+
+    rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 128 and r["T"] == 1]
+    ssu = next(r["us"] for r in rows if r["provider"] == "ssu")
+    want = max(r["log_len"] for r in rows if r["provider"] == "replay_step" and r["us"] < ssu)
+    return _answer(
+        "largest log where replay_step beats ssu at batch 128",
+        answer,
+        want,
+        "filter rows by provider, batch=128, T=1 and compare 'us' with the ssu row",
+    )
+
+
+def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
+    """Notebook 06: the largest ``log_len`` at which ``replay_step`` can still append T=2 new
+    tokens to a log of capacity Lmax=16. The check calls the reference with ``answer`` (must
+    work) and ``answer + 1`` (must be refused)."""
+    from replaylab.kernels.replay import replay_step
+
+    name = "largest log_len that leaves room for T tokens"
+    if answer is None:
+        return _done(name, False, "no answer yet (replace None with your answer)")
+    H, P, N, G = 2, 4, 8, 1
+
+    def attempt(n):
+        g = torch.Generator().manual_seed(0)
+        r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+        replay_step(
+            r(1, H, P, N),
+            torch.zeros(1, dtype=torch.int32),
+            r(1, Lmax, H, P),
+            r(1, Lmax, H),
+            r(1, Lmax, G, N),
+            r(1, Lmax, G, N),
+            torch.tensor([n], dtype=torch.int32),
+            r(1, T, H, P),
+            r(1, T, H),
+            r(1, T, G, N),
+            r(1, T, G, N),
+            -torch.rand(H),
+        )
+
+    n = int(answer)
+    try:
+        attempt(n)
+    except ValueError as err:
+        return _done(name, False, f"{n}: replay_step refused it ({err})")
+    try:
+        attempt(n + 1)
+    except ValueError:
+        return _done(name, True, f"{n}: accepted, and {n + 1} is refused")
+    return _done(name, False, f"{n}: {n + 1} is accepted too; look for a larger one")
+
+
+def recompute_speedup(acceptance, k):
+    """Recompute's predicted speedup over plain decoding in ``AcceptanceExplorer``'s default
+    setting (its shape, parameter count, hardware, batch and interval), computed by
+    ``replaylab.costmodel`` without building the widget."""
+    import inspect
+
+    from replaylab import costmodel as cm
+    from replaylab.widgets import AcceptanceExplorer
+
+    d = {n: p.default for n, p in inspect.signature(AcceptanceExplorer).parameters.items()}
+    hardware = d["hardware"] or cm.HARDWARE["H200"]
+    w = cm.Workload(batch=d["batch"], k=k, acceptance=acceptance, interval=d["interval"])
+    plain = cm.plain_decode_seconds_per_token(d["shape"], w, hardware, d["n_params"])
+    out = cm.predict(d["shape"], w, hardware, d["n_params"])
+    return plain / out["recompute"]["seconds_per_token"]
+
+
+def check_recompute_break_even(answer, k=8) -> bool:
+    """Notebook 07: on the explorer's slider grid (acceptance 0.00, 0.05, ..., 1.00), the
+    highest acceptance at which recompute's predicted speedup over plain decoding is below 1
+    for draft length k=8 (AcceptanceExplorer's defaults otherwise)."""
+    below = [i / 20 for i in range(21) if recompute_speedup(i / 20, k) < 1]
+    want = max(below) if below else None
+    return _answer(
+        "acceptance where recompute stops paying (k=8)",
+        None if answer is None else round(float(answer), 2),
+        want,
+        "move the acceptance slider at k=8 and read recompute's bar",
+        rel=1e-9,
+    )
+
+
+def check_tokens_per_round(answer, acceptance=(0.9, 0.8, 0.6, 0.3)) -> bool:
+    """Notebook 07: tokens per round when draft i is accepted with probability acceptance[i]
+    and a rejection ends the round: 1 + E[accepted drafts]."""
+    from replaylab.costmodel import expected_accepted
+
+    want = 1 + expected_accepted(len(acceptance), acceptance)
+    return _answer(
+        "tokens per round with falling acceptance",
+        answer,
+        float(want),
+        "draft i counts only if drafts 1..i are all accepted: add the running products",
+        rel=1e-6,
+    )
+
+
+def check_worst_interval(answer, n=64, intervals=(2, 4, 8, 16, 32)) -> bool:
+    """Notebook 08: of ``intervals``, the one whose steps per restore is the largest multiple
+    of the optimum (``revolve_cost``) with as many states kept, for an n-step chain."""
+    from replaylab.costmodel import interval_tradeoff, revolve_cost
+
+    def ratio(i):
+        t = interval_tradeoff(n, i)
+        return t["steps_per_restore"] / (revolve_cost(n, t["states_kept"] - 1) / n)
+
+    want = max(intervals, key=ratio)
+    return _answer(
+        "interval furthest above the optimum",
+        answer,
+        want,
+        "divide each interval's steps per restore by the optimum's in the table",
+    )
+
+
+def check_cost_eviction_scenario(answer, model) -> bool:
+    """Notebook 08: section 3's scenario under eviction="cost": which snapshot is evicted
+    ("first" or "second") and how many tokens does ``restore(first)`` re-run?
+    ``answer``: {"evicted": ..., "tokens_rerun": ...}."""
+    from replaylab.cache import CacheConfig, HybridCache
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (1, 21), generator=g)
+    cache = HybridCache(model, 1, CacheConfig("snapshot", eviction="cost"))
+    with torch.no_grad():
+        model(ids[:, :12], cache)
+        first = cache.snapshot()
+        model(ids[:, 12:18], cache)
+        cache.snapshot()
+        model(ids[:, 18:], cache)
+        cache.set_budget(cache.total_bytes() - 1)
+        cache.set_budget(None)
+        cache.restore(first)
+    rerun = cache.stats.recomputed_tokens
+    want = {
+        "evicted": "first" if cache.stats.fallback_restores else "second",
+        "tokens_rerun": rerun,
+    }
+    return _answer(
+        "cost-aware eviction in section 3",
+        answer,
+        want,
+        "re-run section 3 with CacheConfig('snapshot', eviction='cost')",
+    )
+
+
+def check_state_share(answer, name="Falcon-H1 7B", context_len=65536) -> bool:
+    """Notebook 09: the recurrent state's share of one sequence's decode memory (KV + state +
+    conv state) for ``name`` at ``context_len`` tokens, and whether that share is "more" or
+    "less" than Nemotron-H 8B's at the same length. ``answer``: (share, "more"|"less")."""
+
+    def share(model_name):
+        m = memory_per_sequence(PUBLISHED_SHAPES[model_name], context_len)
+        return m["ssm_state"] / sum(m.values())
+
+    ours, nemotron = share(name), share("Nemotron-H 8B")
+    label = "state share at 64K tokens"
+    if answer is None:
+        return _done(label, False, "no answer yet (replace None with your answer)")
+    try:
+        value, word = answer
+        ok = abs(float(value) - ours) <= 1e-3 * ours and word == (
+            "more" if ours > nemotron else "less"
+        )
+    except (TypeError, ValueError):
+        ok = False
+    return _done(
+        label,
+        ok,
+        f"{answer!r}" + ("" if ok else " - memory_per_sequence(shape, 65536): state / total"),
+    )
+
+
+def check_recompute_at_acceptance(answer, model, prompt, n_new=48, acceptance=0.5) -> bool:
+    """Notebook 09: speculative decoding (k=4) of ``prompt`` under recompute at the given
+    acceptance: (restores, tokens re-run). The check runs it with SyntheticDrafter(seed=0)."""
+    from replaylab.decoding import SyntheticDrafter, greedy, speculative
+
+    reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
+    run = speculative(
+        model,
+        prompt,
+        n_new,
+        SyntheticDrafter(reference, acceptance, seed=0),
+        k=4,
+        cache="recompute",
+    )
+    want = (run.restores, run.recomputed_tokens)
+    got = None if answer is None else tuple(int(v) for v in answer)
+    return _answer(
+        f"recompute at acceptance {acceptance}",
+        got,
+        want,
+        "run section 3's loop with SyntheticDrafter(reference, 0.5, seed=0)",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Plumbing for the solutions / stubs double run (tests/test_notebook_solutions.py)
+
+EXERCISE_KEY = "exercise"  # cell metadata key holding an exercise cell's id
+
+
+def solution_sections(path) -> dict[str, str]:
+    """The reference answers in a solutions file: ``# %% <id>`` starts the section for the
+    notebook cell whose metadata has ``{"exercise": "<id>"}``. Returns {id: source}."""
+    import re
+    from pathlib import Path
+
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        m = re.match(r"^# %% (\S+)\s*$", line)
+        if m:
+            current = m.group(1)
+            if current in sections:
+                raise ValueError(f"{path}: section {current!r} appears twice")
+            sections[current] = []
+        elif current is not None:
+            sections[current].append(line)
+    return {k: "\n".join(v).strip() + "\n" for k, v in sections.items()}
+
+
+def exercise_cells(nb) -> dict[str, int]:
+    """{exercise id: cell index} of a notebook (an ``nbformat`` node or the parsed JSON)."""
+    found = {}
+    for i, cell in enumerate(nb["cells"]):
+        key = cell.get("metadata", {}).get(EXERCISE_KEY)
+        if key:
+            if key in found:
+                raise ValueError(f"exercise id {key!r} on cells {found[key]} and {i}")
+            found[key] = i
+    return found
