@@ -1,10 +1,17 @@
 """Decode a transformers hybrid checkpoint with replaylab: greedy, or speculatively (a smaller
 hybrid as draft model, or prompt lookup) under any state strategy. transformers refuses
 assisted generation for these models ("not supported with stateful models"); here the output
-is identical to greedy decoding whatever the draft and the strategy."""
+is identical to greedy decoding whatever the draft and the strategy.
+
+Text in and out: ``prompt="def fibonacci(n):"`` is encoded with the folder's ``tokenizer.json``
+and the new tokens are decoded into ``result.extra["text"]``. Like transformers' ``generate``,
+the output ends at the checkpoint's ``eos_token_id`` (the EOS token included) unless
+``stop_at_eos=False``.
+"""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -13,53 +20,165 @@ from replaylab.cache import as_config
 from replaylab.decoding import ModelDrafter, PromptLookupDrafter, greedy, speculative
 from replaylab.model import load_transformers_hybrid
 
-__all__ = ["generate"]
+__all__ = ["generate", "load_checkpoint", "load_tokenizer", "eos_token_ids"]
+
+
+def load_tokenizer(folder):
+    """The ``tokenizers.Tokenizer`` in ``folder/tokenizer.json``; ValueError naming the problem
+    when there is none or it does not parse."""
+    from tokenizers import Tokenizer
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise ValueError(
+            f"{folder}: no tokenizer.json, so a text prompt cannot be encoded; "
+            f"pass token ids (--prompt-ids) or add the checkpoint's tokenizer"
+        )
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as err:  # tokenizers raises a bare Exception
+        raise ValueError(f"{path}: corrupt tokenizer.json ({err})") from None
+
+
+def eos_token_ids(folder) -> list[int]:
+    """The end-of-sequence ids transformers' ``generate`` stops at: ``generation_config.json``'s
+    ``eos_token_id``, else ``config.json``'s (an int or a list; [] when neither sets one)."""
+    for name in ("generation_config.json", "config.json"):
+        path = Path(folder) / name
+        if path.is_file():
+            value = json.loads(path.read_text()).get("eos_token_id")
+            if value is not None:
+                return [value] if isinstance(value, int) else list(value)
+    return []
+
+
+def _check_weights(folder):
+    """A clear error for a safetensors file that does not parse (before transformers reads it)."""
+    from safetensors import safe_open
+
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except Exception as err:
+            raise ValueError(f"{path}: corrupt safetensors file ({err})") from None
+
+
+def _tokenizer_model(folder):
+    """The parts of a tokenizer.json that decide ids (vocabulary, merges, added tokens)."""
+    data = json.loads((Path(folder) / "tokenizer.json").read_text())
+    model = data.get("model") or {}
+    return model.get("vocab"), model.get("merges"), data.get("added_tokens")
+
+
+def load_checkpoint(folder, device=None, dtype=None):
+    """A ``HybridLM`` (eval mode) from a NemotronH or Bamba folder, after checking its
+    safetensors files parse; half-precision weights are upcast to float32 on a CPU unless
+    ``dtype`` says otherwise."""
+    if isinstance(folder, (str, Path)) and Path(folder).is_dir():
+        _check_weights(folder)
+    model = load_transformers_hybrid(folder).eval()
+    if device is not None:
+        model = model.to(device)
+    param = next(model.parameters())
+    if dtype is None and param.device.type == "cpu" and param.dtype in (torch.bfloat16, torch.half):
+        dtype = torch.float32  # CPUs have no fast half-precision matmul; weights upcast exactly
+    return model if dtype is None else model.to(dtype)
 
 
 def generate(
     checkpoint,
-    prompt_ids,
+    prompt_ids=None,
     max_new_tokens=32,
     cache="replay",
     draft=None,
     k=4,
     device=None,
     progress=False,
+    *,
+    prompt=None,
+    stop_at_eos=True,
+    dtype=None,
 ):
-    """Tokens after ``prompt_ids`` from a NemotronH or Bamba checkpoint folder.
+    """Tokens after a prompt from a NemotronH or Bamba checkpoint folder.
 
+    prompt_ids: token ids; or ``prompt``: text, encoded with the folder's tokenizer.json.
     cache: a strategy name or a ``CacheConfig`` (used for the target and the draft model).
     draft: None (greedy), "prompt-lookup", or a checkpoint folder of a smaller hybrid with the
-    same vocabulary. Returns a ``DecodeResult`` (tokens (1, max_new_tokens), acceptance,
-    restores, peak bytes, rollback seconds).
+    same tokenizer. stop_at_eos: end the output at the first EOS id of the checkpoint's
+    (generation) config, as transformers does. dtype: compute dtype (default: the stored one,
+    float32 on a CPU for half-precision weights).
+
+    Returns a ``DecodeResult``: tokens (1, n) with n <= max_new_tokens, acceptance, restores,
+    peak bytes, rollback seconds; ``extra`` holds ``text`` (the new tokens decoded, when the
+    folder has a tokenizer), ``prompt_ids``, ``stopped_at_eos`` and ``decoded_tokens`` (how many
+    tokens were decoded before the output was cut at EOS).
     """
+    if (prompt is None) == (prompt_ids is None):
+        raise ValueError("give exactly one of prompt (text) and prompt_ids (token ids)")
     cache = as_config(cache)
-    model = load_transformers_hybrid(checkpoint).eval()
-    if device is not None:
-        model = model.to(device)
-    device = next(model.parameters()).device
-    prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long, device=device)[None]
-    if prompt.numel() == 0 or int(prompt.min()) < 0 or int(prompt.max()) >= model.cfg.vocab_size:
-        raise ValueError(
-            f"prompt_ids: expected a non-empty list of ids in [0, "
-            f"{model.cfg.vocab_size}), got {list(prompt_ids)}"
-        )
+    folder = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
+    tokenizer = None
+    if prompt is not None:
+        if folder is None:
+            raise ValueError("prompt: text needs a checkpoint folder with a tokenizer.json")
+        tokenizer = load_tokenizer(folder)
+        prompt_ids = tokenizer.encode(prompt).ids
+        if not prompt_ids:
+            raise ValueError(f"prompt: {prompt!r} encodes to no tokens; give some text")
+    elif folder is not None and (folder / "tokenizer.json").is_file():
+        tokenizer = load_tokenizer(folder)
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    model = load_checkpoint(checkpoint, device, dtype)
+    device = next(model.parameters()).device
+    prompt_ids = list(prompt_ids)
+    prompt_t = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
+    if not prompt_ids or int(prompt_t.min()) < 0 or int(prompt_t.max()) >= model.cfg.vocab_size:
+        raise ValueError(
+            f"prompt_ids: expected a non-empty list of ids in [0, "
+            f"{model.cfg.vocab_size}), got {prompt_ids}"
+        )
     if draft is None or draft == "none":
-        return greedy(model, prompt, max_new_tokens, cache, progress=progress)
-    if draft == "prompt-lookup":
-        drafter = PromptLookupDrafter()
+        run = greedy(model, prompt_t, max_new_tokens, cache, progress=progress)
     else:
-        if not Path(draft).is_dir():
-            raise ValueError(
-                f"draft: expected 'none', 'prompt-lookup' or a checkpoint folder, got {draft!r}"
-            )
-        draft_model = load_transformers_hybrid(draft).eval().to(device)
-        if draft_model.cfg.vocab_size != model.cfg.vocab_size:
-            raise ValueError(
-                f"draft model: vocabulary of {draft_model.cfg.vocab_size} tokens, "
-                f"expected the target's {model.cfg.vocab_size}"
-            )
-        drafter = ModelDrafter(draft_model, cache)
-    return speculative(model, prompt, max_new_tokens, drafter, k=k, cache=cache, progress=progress)
+        if draft == "prompt-lookup":
+            drafter = PromptLookupDrafter()
+        else:
+            if not Path(draft).is_dir():
+                raise ValueError(
+                    f"draft: expected 'none', 'prompt-lookup' or a checkpoint folder, got {draft!r}"
+                )
+            if folder is not None and all(
+                (f / "tokenizer.json").is_file() for f in (folder, Path(draft))
+            ):
+                load_tokenizer(draft)  # a clear error if it is corrupt
+                if _tokenizer_model(draft) != _tokenizer_model(folder):
+                    raise ValueError(
+                        f"draft model: its tokenizer ({Path(draft) / 'tokenizer.json'}) differs "
+                        f"from the target's ({folder / 'tokenizer.json'}): the same ids would "
+                        f"mean different text"
+                    )
+            draft_model = load_checkpoint(draft, device, next(model.parameters()).dtype)
+            if draft_model.cfg.vocab_size != model.cfg.vocab_size:
+                raise ValueError(
+                    f"draft model: vocabulary of {draft_model.cfg.vocab_size} tokens, "
+                    f"expected the target's {model.cfg.vocab_size}"
+                )
+            drafter = ModelDrafter(draft_model, cache)
+        run = speculative(
+            model, prompt_t, max_new_tokens, drafter, k=k, cache=cache, progress=progress
+        )
+    decoded = run.tokens.shape[1]
+    stopped = False
+    eos = eos_token_ids(folder) if (stop_at_eos and folder is not None) else []
+    if eos:
+        hits = torch.isin(run.tokens[0], torch.tensor(eos, device=run.tokens.device))
+        if hits.any():
+            run.tokens = run.tokens[:, : int(hits.nonzero()[0]) + 1]
+            stopped = True
+    run.extra.update(prompt_ids=prompt_ids, stopped_at_eos=stopped, decoded_tokens=decoded)
+    if tokenizer is not None:
+        run.extra["text"] = tokenizer.decode(run.tokens[0].tolist(), skip_special_tokens=False)
+        run.extra["prompt_text"] = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    return run

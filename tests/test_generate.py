@@ -2,12 +2,15 @@
 every strategy and draft; clear errors for bad input; and transformers' refusal recorded."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from test_model import tiny_bamba, tiny_nemotron_h
 
 from replaylab.cli import main
+from replaylab.generate import generate
 
 
 @pytest.fixture(scope="module")
@@ -152,3 +155,109 @@ def test_bad_input_gets_a_clear_error(checkpoints, capsys, tmp_path):
     assert code == 2 and "vocabulary of 50 tokens, expected the target's 97" in err
     code, err = run_cli(capsys, "generate", root / "target", "--prompt-ids", "1,200")
     assert code == 2 and "expected a non-empty list of ids in [0, 97)" in err
+
+
+# ---------------------------------------------------------------- text, EOS, the trained pair
+
+MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
+TARGET, DRAFT = MODELS / "replaylab-code-10m", MODELS / "replaylab-code-draft"
+
+
+def copy_folder(src, dst, link_weights=True):
+    """A copy of a checkpoint folder whose weights are links (cheap for the 20 MB target)."""
+    dst.mkdir()
+    for f in src.iterdir():
+        if f.suffix == ".safetensors" and link_weights:
+            (dst / f.name).symlink_to(f)
+        else:
+            shutil.copy(f, dst / f.name)
+    return dst
+
+
+def test_generation_stops_at_eos_as_transformers_does(checkpoints, capsys, tmp_path):
+    root, target, _ = checkpoints
+    full = hf_greedy(target, PROMPT, 12)
+    eos = next(t for i, t in enumerate(full) if i >= 3 and t not in full[:i])
+    stop = full.index(eos) + 1
+    folder = copy_folder(root / "target", tmp_path / "eos")
+    config = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        want = target.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=eos,
+        )[0, len(PROMPT) :].tolist()
+    assert want == full[:stop] and stop < 12  # transformers stops there
+    for draft in ("none", "prompt-lookup", root / "draft"):
+        args = ["generate", folder, "--prompt-ids", ",".join(map(str, PROMPT))]
+        code, out = run_cli(capsys, *args, "--max-new-tokens", 12, "--draft", draft)
+        assert code == 0 and out["tokens"] == want and out["stopped_at_eos"], draft
+        code, out = run_cli(capsys, *args, "--max-new-tokens", 12, "--draft", draft, "--ignore-eos")
+        assert code == 0 and out["tokens"] == full and not out["stopped_at_eos"], draft
+
+
+def test_text_prompt_on_the_trained_model_equals_transformers(capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompt = "def fibonacci(n):"
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    hf = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+    ids = tok(prompt, return_tensors="pt").input_ids
+    with torch.no_grad():
+        out = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False
+        )
+    want = tok.decode(out[0, ids.shape[1] :])
+    run = generate(TARGET, prompt=prompt, max_new_tokens=24)
+    assert run.extra["text"] == want and run.tokens[0].tolist() == out[0, ids.shape[1] :].tolist()
+    assert "\n" in want and want.strip()  # it writes lines of code
+    for draft in ("prompt-lookup", DRAFT):
+        code = main(
+            [
+                "generate",
+                str(TARGET),
+                "--prompt",
+                prompt,
+                "--max-new-tokens",
+                "24",
+                "--draft",
+                str(draft),
+                "--strategy",
+                "recompute",
+            ]
+        )
+        printed = capsys.readouterr().out
+        assert code == 0 and printed.startswith(prompt + want + "\n--- ")
+        assert "drafts accepted" in printed and "stopped at EOS" in printed
+
+
+def test_bad_text_input_gets_a_clear_error(checkpoints, capsys, tmp_path):
+    root, _, _ = checkpoints
+    code, err = run_cli(capsys, "generate", TARGET, "--prompt", "")
+    assert code == 2 and "prompt: '' encodes to no tokens" in err
+    code, err = run_cli(capsys, "generate", root / "target", "--prompt", "def f():")
+    assert code == 2 and "no tokenizer.json, so a text prompt cannot be encoded" in err
+    # a draft whose tokenizer maps ids to other text
+    other = copy_folder(DRAFT, tmp_path / "other_tok")
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = (k for k, v in vocab.items() if v in (300, 301))
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    code, err = run_cli(capsys, "generate", TARGET, "--prompt", "x = 1", "--draft", other)
+    assert code == 2 and "draft model: its tokenizer" in err and "differs from the target's" in err
+    # a corrupt tokenizer.json
+    broken = copy_folder(TARGET, tmp_path / "broken_tok")
+    (broken / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    code, err = run_cli(capsys, "generate", broken, "--prompt", "x = 1")
+    assert code == 2 and "corrupt tokenizer.json" in err
+    # a corrupt safetensors file
+    cut = copy_folder(root / "target", tmp_path / "cut", link_weights=False)
+    data = (cut / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(data[: len(data) // 2])
+    code, err = run_cli(capsys, "generate", cut, "--prompt-ids", "1,2,3")
+    assert code == 2 and "model.safetensors: corrupt safetensors file" in err
