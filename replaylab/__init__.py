@@ -1,13 +1,19 @@
-"""replaylab: how hybrid (attention + Mamba) language models store their recurrent state while
-decoding, and what snapshot, recompute and replay cost for branching workloads.
+"""replaylab: how hybrid (attention + state-space) language models store their recurrent state
+while decoding, and what snapshot, recompute and replay cost for branching workloads.
 
-Modules: ``scan`` (reference selective scans), ``model`` (a NemotronH / Bamba mirror),
-``kv`` (an attention layer's KV cache), ``cache`` and ``strategies`` (one API over snapshot,
-recompute and replay), ``decoding`` (greedy, speculative, beam, best-of-n, tree search),
-``generate`` and ``cli`` (``replaylab generate``), ``kernels`` (Triton replay kernels),
-``costmodel`` and ``widgets`` (predictions and explorers), ``experiments`` and ``bench``
-(measurements), ``shapes``, ``checks``, ``oracles``, ``exercises``, ``plotting``,
-``validation``.
+Modules (ARCHITECTURE.md says how they fit):
+    scan, recurrent                 reference recurrences; the recurrent-layer interface
+    mamba2, mamba1, gated_deltanet  layer families, each a mixer owning its state spec
+    model, kv, cache, strategies    the hybrid LM (NemotronH, Bamba, Jamba, Qwen3-Next,
+                                    Qwen3.5), the KV cache, one cache API over the strategies
+    replay_ops, kernels             replay in PyTorch for any family; Triton kernels (Mamba-2)
+    engine                          the CUDA-graphed decode path over preallocated pools
+    decoding, generate, train, cli  workloads; ``replaylab generate`` / ``train`` / ``bench``
+    costmodel, shapes, families     predictions, published shapes, per-family byte counts
+    experiments, bench, results     live measurements, the benchmark harness, committed data
+    widgets, plotting, exercises, exercises_families, exercises_text, puzzles, testing
+                                    the notebooks' explorers, figures, checks and oracles
+    checks, validation              assert_close; argument checks
 """
 
 import os as _os

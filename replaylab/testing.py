@@ -4,8 +4,8 @@ this module.
 
 mamba-ssm ships CUDA extensions that a CPU machine does not build. Its pure-PyTorch references
 (``selective_scan_ref``, ``selective_state_update_ref``, ``ssd_minimal_discrete``) import once
-two things are arranged before the first import: a stand-in ``selective_scan_cuda`` module and
-``MAMBA_DETERMINISTIC=1``. ``mamba_ssm_references()`` arranges them and returns the functions.
+two things are arranged for the first import: a stand-in ``selective_scan_cuda`` module and
+``MAMBA_DETERMINISTIC=1`` (for the import only, then ``set_deterministic_mode``). ``mamba_ssm_references()`` arranges them and returns the functions.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ def _prepare_import():
             importlib.import_module(f"transformers.models.{name}.modeling_{name}")
         except ImportError:
             pass
-    os.environ.setdefault("MAMBA_DETERMINISTIC", "1")
     sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
 
 
@@ -46,18 +45,30 @@ def mamba_ssm_references() -> SimpleNamespace:
     ``ssd_minimal_discrete`` (the chunked SSD algorithm, no D, no dt processing).
     """
     _prepare_import()
+    # deterministic mode is read while mamba-ssm's modules are imported; the variable is set
+    # for the import only, so it does not leak into child processes (notebook kernels)
+    had = os.environ.get("MAMBA_DETERMINISTIC")
+    os.environ["MAMBA_DETERMINISTIC"] = "1"
     try:
         with warnings.catch_warnings():  # its autotune-cache advice concerns GPU runs only
             warnings.filterwarnings("ignore", message="Deterministic mode", category=UserWarning)
             from mamba_ssm.modules.ssd_minimal import ssd_minimal_discrete
             from mamba_ssm.ops.selective_scan_interface import selective_scan_ref
             from mamba_ssm.ops.triton.selective_state_update import selective_state_update_ref
+            from mamba_ssm.utils.determinism import set_deterministic_mode
+
+            set_deterministic_mode(True)
     except ImportError as err:  # pragma: no cover - depends on the machine
         raise ImportError(
             "mamba-ssm is not installed. It is a test oracle only; install it with "
             "MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE pip install --no-build-isolation "
             f"--no-deps mamba-ssm==2.3.2.post1 (import failed with: {err})"
         ) from err
+    finally:
+        if had is None:
+            os.environ.pop("MAMBA_DETERMINISTIC", None)
+        else:
+            os.environ["MAMBA_DETERMINISTIC"] = had
     return SimpleNamespace(
         selective_scan_ref=selective_scan_ref,
         selective_state_update_ref=selective_state_update_ref,
