@@ -232,8 +232,21 @@ def prepare(corpus: Corpus, folder, vocab_size=2048):
     np.save(folder / "train_ids.npy", encode(tok, corpus.train_texts))
     np.save(folder / "heldout_ids.npy", encode(tok, corpus.heldout_texts))
     write_heldout_text(corpus, folder / "heldout.txt")
-    (folder / "corpus.json").write_text(json.dumps(corpus.manifest(), indent=1))
+    manifest = dict(
+        corpus.manifest(),
+        device=_device_name("cpu"),
+        versions=_versions(),
+        date=_now(),
+        command=f"replaylab.train.prepare(corpus, {str(folder)!r})",
+    )
+    (folder / "corpus.json").write_text(json.dumps(manifest, indent=1))
     return folder
+
+
+def _now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 FILE_MARK = "# ===== replaylab held-out file: "
@@ -744,7 +757,28 @@ def write_cards(models_dir) -> dict:
     (models_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     for n in PAIR:
         (models_dir / n / "README.md").write_text(model_card(metrics, n))
+        (models_dir / n / "provenance.json").write_text(
+            json.dumps(folder_provenance(metrics, n), indent=1)
+        )
     return metrics
+
+
+def folder_provenance(metrics: dict, name: str) -> dict:
+    """Where every file of a shipped model folder comes from: the training run that wrote
+    config.json, generation_config.json, model.safetensors and the tokenizer files (its device,
+    versions, date and command), and the CPU run that measured the card's numbers."""
+    m = metrics["models"][name]["provenance"]
+    return dict(
+        files="config.json, generation_config.json, model.safetensors, tokenizer.json and "
+        "tokenizer_config.json were written by replaylab.train.export at the end of this run; "
+        "the tokenizer was trained by replaylab.train.prepare on the train split (corpus.json)",
+        device=m["device"],
+        versions=m["versions"],
+        date=m["date"],
+        command=m["command"],
+        weights_dtype=m.get("weights_dtype"),
+        evaluation=metrics["evaluation_provenance"],
+    )
 
 
 def _run_summary(path) -> dict:

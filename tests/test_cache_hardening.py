@@ -4,6 +4,7 @@ with a typed error before anything changes (the cache compared before and after)
 
 import pytest
 import torch
+from test_cache_contract import EDGE_MODELS
 
 from replaylab.cache import CacheConfig, HybridCache
 from replaylab.decoding import SyntheticDrafter, beam_search, greedy, speculative, tree_search
@@ -83,44 +84,6 @@ def test_zero_new_tokens_is_a_no_op(strategy):
         logits = MODEL(torch.zeros(1, 0, dtype=torch.long), cache)
     assert logits.shape == (1, 0, 50)
     assert_same(held(cache), before)
-
-
-EDGE_MODELS = {
-    "d_conv=1": HybridConfig(
-        vocab_size=40,
-        hidden_size=32,
-        pattern="M*M-",
-        ssm_heads=2,
-        ssm_head_dim=8,
-        d_state=8,
-        n_groups=1,
-        d_conv=1,
-        attn_heads=2,
-        kv_heads=1,
-        head_dim=16,
-        intermediate_size=32,
-    ),
-    "attention only": HybridConfig(
-        vocab_size=40,
-        hidden_size=32,
-        pattern="*-*-",
-        attn_heads=2,
-        kv_heads=1,
-        head_dim=16,
-        intermediate_size=32,
-    ),
-    "Mamba only": HybridConfig(
-        vocab_size=40,
-        hidden_size=32,
-        pattern="M-M",
-        ssm_heads=2,
-        ssm_head_dim=8,
-        d_state=8,
-        n_groups=2,
-        d_conv=2,
-        intermediate_size=32,
-    ),
-}
 
 
 @pytest.mark.parametrize("name", EDGE_MODELS)
