@@ -82,64 +82,85 @@ def _replay_step_kernel(
     bias = tl.load(dt_bias + h).to(tl.float32)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_t = tl.arange(0, BLOCK_T)
-    mp, mn, mt = offs_p < P, offs_n < N, offs_t < T
+    mp, mn = offs_p < P, offs_n < N
     # the one read of the checkpoint state
     S = tl.load(
         states + ((slot * H + h) * P + offs_p[:, None]) * N + offs_n[None, :],
         mask=mp[:, None] & mn[None, :],
         other=0.0,
     )
-    # total decay of the log
-    total = 0.0
-    for l0 in range(0, L, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        ml = offs_l < L
-        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
-        total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
-    # the new tokens as one block
-    dn = tl.load(dt + (b * T + offs_t) * H + h, mask=mt, other=0.0).to(tl.float32)
-    delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
-    cum_n = tl.cumsum(delta_n * a_h, axis=0)
-    Bn = tl.load(
-        B + ((b * T + offs_t[:, None]) * G + g) * N + offs_n[None, :],
-        mask=mt[:, None] & mn[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    xn = tl.load(
-        x + ((b * T + offs_t[:, None]) * H + h) * P + offs_p[None, :],
-        mask=mt[:, None] & mp[None, :],
-        other=0.0,
-    ).to(tl.float32)
-    # names assigned inside the dynamic log loop below must keep one shape across the unrolled
-    # token loop (Triton carries them from one loop to the next)
+    # Token t is computed exactly as a one-token step would compute it once tokens 0 .. t-1
+    # were in the log: the same operations in the same order, so a verify of T tokens rounds
+    # as T single steps do. Log rows L .. L+t-1 are read from the new inputs.
+    one = tl.arange(0, BLOCK_T)  # a block of one token (the other lanes masked)
+    mt = one < 1
     for t in tl.static_range(T):
+        Lt = L + t
+        # total decay of the log
+        total = 0.0
+        for l0 in range(0, Lt, BLOCK_L):
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            ml, old = offs_l < Lt, offs_l < L
+            dl = tl.load(
+                tl.where(old, log_dt + (b * Lmax + offs_l) * H, dt + (b * T + offs_l - L) * H) + h,
+                mask=ml,
+                other=0.0,
+            ).to(tl.float32)
+            total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
+        # the token itself
+        row_t = b * T + t + one
+        dn = tl.load(dt + row_t * H + h, mask=mt, other=0.0).to(tl.float32)
+        delta_n = tl.where(mt, _delta(dn, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+        cum_n = tl.cumsum(delta_n * a_h, axis=0)
+        Bn = tl.load(
+            B + (row_t[:, None] * G + g) * N + offs_n[None, :],
+            mask=mt[:, None] & mn[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        xn = tl.load(
+            x + (row_t[:, None] * H + h) * P + offs_p[None, :],
+            mask=mt[:, None] & mp[None, :],
+            other=0.0,
+        ).to(tl.float32)
         C_t = tl.load(C + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0).to(tl.float32)
-        cum_t = tl.sum(tl.where(offs_t == t, cum_n, 0.0))
+        cum_t = tl.sum(tl.where(one == 0, cum_n, 0.0))
         out = tl.exp(total + cum_t) * tl.sum(S * C_t[None, :], axis=1)
         run = 0.0
-        for l0 in range(0, L, BLOCK_L):
+        for l0 in range(0, Lt, BLOCK_L):
             offs_l = l0 + tl.arange(0, BLOCK_L)
-            ml = offs_l < L
-            dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+            ml, old = offs_l < Lt, offs_l < L
+            dl = tl.load(
+                tl.where(old, log_dt + (b * Lmax + offs_l) * H, dt + (b * T + offs_l - L) * H) + h,
+                mask=ml,
+                other=0.0,
+            ).to(tl.float32)
             delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
             cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
             run += tl.sum(delta_l * a_h)
             Bl = tl.load(
-                log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+                tl.where(
+                    old[:, None],
+                    log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N,
+                    B + ((b * T + offs_l[:, None] - L) * G + g) * N,
+                )
+                + offs_n[None, :],
                 mask=ml[:, None] & mn[None, :],
                 other=0.0,
             ).to(tl.float32)
             w = tl.exp(total - cum_l + cum_t) * delta_l * tl.sum(Bl * C_t[None, :], axis=1)
             xl = tl.load(
-                log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+                tl.where(
+                    old[:, None],
+                    log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P,
+                    x + ((b * T + offs_l[:, None] - L) * H + h) * P,
+                )
+                + offs_p[None, :],
                 mask=ml[:, None] & mp[None, :],
                 other=0.0,
             ).to(tl.float32)
             out += tl.sum(tl.where(ml, w, 0.0)[:, None] * xl, axis=0)
-        causal = mt & (offs_t <= t)
-        decay = tl.exp(tl.where(causal, cum_t - cum_n, -float("inf")))
-        w_new = decay * delta_n * tl.sum(Bn * C_t[None, :], axis=1)  # own name: see below
+        decay = tl.exp(tl.where(mt, cum_t - cum_n, -float("inf")))
+        w_new = decay * delta_n * tl.sum(Bn * C_t[None, :], axis=1)
         out += tl.sum(w_new[:, None] * xn, axis=0)
         x_t = tl.load(x + ((b * T + t) * H + h) * P + offs_p, mask=mp, other=0.0).to(tl.float32)
         if HAS_D:
@@ -148,10 +169,10 @@ def _replay_step_kernel(
         if APPEND:
             row = b * Lmax + L + t
             tl.store(log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=mp)
-            one = tl.arange(0, 1)
-            first = (one + pid_p) == 0  # one program per head writes dt
+            lane = tl.arange(0, 1)
+            first = (lane + pid_p) == 0  # one program per head writes dt
             tl.store(
-                log_dt + row * H + h + one, tl.load(dt + (b * T + t) * H + h + one), mask=first
+                log_dt + row * H + h + lane, tl.load(dt + (b * T + t) * H + h + lane), mask=first
             )
             owner = (offs_n * 0 + pid_p + h % (H // G)) == 0  # one per group writes B and C
             B_t = tl.load(B + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0)
@@ -334,13 +355,18 @@ def _fold_kernel(
     tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
 
 
-# (BLOCK_P, num_warps) per kernel on a GPU, chosen by ``python -m replaylab.bench sweep`` on an
-# H200 for the 8B-class layer (P=64, N=128); the interpreter ignores num_warps
-LAUNCH = {"replay_step": (64, 2), "fold": (32, 2)}
+# (BLOCK_P, num_warps) per kernel on a GPU, by batch: rows (up to batch, BLOCK_P, num_warps),
+# the first row whose batch bound holds wins. Chosen by ``python -m replaylab.bench sweep`` on
+# an H200 for the 8B-class layer (P=64, N=128; data/bench_kernels_sweep.json); the
+# interpreter ignores num_warps.
+LAUNCH = {
+    "replay_step": [(1, 32, 4), (8, 64, 1), (math.inf, 64, 2)],
+    "fold": [(1, 32, 4), (math.inf, 32, 1)],
+}
 
 
-def _blocks(P, N, kernel, block_p=None, num_warps=None):
-    default_p, default_w = LAUNCH[kernel]
+def _blocks(P, N, kernel, block_p=None, num_warps=None, batch=1):
+    default_p, default_w = next((p, w) for bound, p, w in LAUNCH[kernel] if batch <= bound)
     block_p = min(block_p or default_p, triton.next_power_of_2(P))
     return block_p, triton.next_power_of_2(N), num_warps or default_w
 
@@ -381,6 +407,7 @@ def replay_step(
     block_p=None,
     num_warps=None,
     kernel="auto",
+    advance=True,
 ):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
@@ -390,7 +417,8 @@ def replay_step(
     the H200 measurements in data/bench_kernels_verify.json show it faster).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
-    (the caller keeps room: ``log_len + T <= Lmax``).
+    (the caller keeps room: ``log_len + T <= Lmax``); ``advance=False`` leaves ``log_len``
+    for the caller to move (one counter shared by several layers).
     """
     batch, T, H, P = x.shape
     Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
@@ -405,7 +433,7 @@ def replay_step(
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
     if not y.is_contiguous():
         raise ValueError("out: expected a contiguous tensor")
-    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps)
+    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps, batch)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
     if kernel not in ("auto", "per_token", "verify"):
@@ -447,7 +475,7 @@ def replay_step(
             PRECISION="tf32x3" if x.is_cuda else "ieee",
             num_warps=4,
         )
-        if append:
+        if append and advance:
             log_len += T
         return y
     _replay_step_kernel[grid](
@@ -477,13 +505,13 @@ def replay_step(
         BLOCK_P=BLOCK_P,
         BLOCK_N=BLOCK_N,
         BLOCK_L=16,
-        BLOCK_T=max(2, triton.next_power_of_2(T)),
+        BLOCK_T=2,
         SOFTPLUS=dt_softplus,
         HAS_D=D is not None,
         APPEND=append,
         num_warps=warps,
     )
-    if append:
+    if append and advance:
         log_len += T
     return y
 
@@ -517,7 +545,7 @@ def fold(
         )
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
-    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps)
+    BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps, batch)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
     _fold_kernel[grid](

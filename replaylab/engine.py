@@ -16,9 +16,17 @@ Python on every token; that is what the notebooks read. ``DecodeEngine`` runs th
 
 Strategies: "snapshot" (the state is read and written every token; a verify keeps a copy per
 token) and "replay" (outputs from checkpoint + log with ``replay_step``, no state write; the
-log is folded into the checkpoint before it would exceed ``log_length``). On a GPU the replay
-path runs the Triton kernels; on CPU (graphs off) it runs the same reference operations as the
-teaching cache, so the two give the same tokens.
+log is folded into the checkpoint before it would exceed ``log_length``). On CPU (graphs off)
+the engine runs the same reference operations as the teaching cache, so the two give the same
+tokens. On a GPU it runs fused: ``replaylab.kernels.decode`` folds each group of element-wise
+operations into one kernel (residual add + RMSNorm, conv + SiLU + split, gated RMSNorm,
+relu^2, snapshot's state update, attention over the static KV buffer), replay's
+``replay_step`` appends to the log itself; a step at small batch is then a few dozen kernels
+instead of a few hundred. The fused kernels round differently from the teaching model's
+operations (another summation order), so on a GPU the two paths agree to rounding and their
+greedy tokens part only where two logits nearly tie. A (k+1)-token verify computes each row as
+a single-token step would, but for replay's step (log and new tokens summed in another order:
+fp32 rounding), so speculative decoding returns the engine's greedy tokens but at such ties.
 
 Glossary: B batch (active slots), T tokens per step (1 decode, k + 1 verify), L log length.
 """
@@ -33,9 +41,26 @@ from replaylab.cache import HybridCache
 from replaylab.recurrent import windows_per_token
 from replaylab.validation import as_int, check_token_ids
 
-__all__ = ["DecodeEngine", "EngineStats"]
+__all__ = ["DecodeEngine", "EngineStats", "measured_log_length"]
 
 STRATEGIES = ("snapshot", "replay")
+
+
+def measured_log_length(batch, path="data/bench_kernels.json", default=16):
+    """Replay's L with the lowest measured amortised decode cost, step + fold(L)/L, at the
+    benchmarked batch nearest to ``batch`` (``replaylab.bench.kernels.amortised_decode`` over
+    a committed GPU run); ``default`` when no such file can be read."""
+    from replaylab.bench.kernels import amortised_decode
+    from replaylab.results import load_bench
+
+    try:
+        rows = amortised_decode(load_bench(path))
+    except (OSError, KeyError, ValueError):
+        return default
+    if not rows:
+        return default
+    nearest = min({r["batch"] for r in rows}, key=lambda b: (abs(b - batch), b))
+    return min((r for r in rows if r["batch"] == nearest), key=lambda r: r["amortised_us"])["L"]
 
 
 @dataclass
@@ -49,14 +74,20 @@ class EngineStats:
 
 
 class _MambaPool:
-    """Preallocated memory of one Mamba-2 layer."""
+    """Preallocated memory of one Mamba-2 layer, and its scan parameters processed once
+    (A = -exp(A_log), D, dt_bias in fp32: the engine serves frozen weights)."""
 
-    def __init__(self, mixer, slots, strategy, log_capacity, max_verify, dtype, device):
+    def __init__(self, mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused):
         c = mixer.cfg
         self.mixer, self.spec = mixer, mixer.state_spec
         K, C = self.spec.conv_shape
         H, P, N, G = c.ssm_heads, c.ssm_head_dim, c.d_state, c.n_groups
         zeros = lambda *shape, dt=dtype: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
+        p = self.spec.params()
+        self.A, self.D = p.A.detach().float(), p.D.detach().float()
+        self.dt_bias, self.dt_limit = p.dt_bias.detach().float(), p.dt_limit
+        self.conv_weight = mixer.conv1d.weight.detach().view(C, -1)
+        self.conv_bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.detach()
         self.state = zeros(slots, H, P, N, dt=torch.float32)
         self.conv = zeros(slots, K, C)
         if strategy == "replay":
@@ -66,8 +97,9 @@ class _MambaPool:
                 dt=zeros(slots, Lc, H),
                 B=zeros(slots, Lc, G, N),
                 C=zeros(slots, Lc, G, N),
-                xBC=zeros(slots, Lc, C),
             )
+            if not fused:  # the reference path keeps the conv inputs as the teaching log does
+                self.log["xBC"] = zeros(slots, Lc, C)
         else:
             self.draft_state = zeros(slots, max_verify, H, P, N, dt=torch.float32)
         self.draft_conv = zeros(slots, max_verify, K, C)  # windows after each verified token
@@ -84,9 +116,12 @@ class DecodeEngine:
     """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens.
 
     model: a ``HybridLM`` without RoPE (NemotronH layout). strategy: "snapshot" or "replay".
-    log_length: replay's L. max_verify: the most tokens one step may take (k + 1).
+    log_length: replay's L, or "auto": the L of lowest measured amortised decode cost at this
+    batch (``measured_log_length``). max_verify: the most tokens one step may take (k + 1).
     use_kernels: replay through the Triton kernels (default: on a GPU). graphs: capture each
-    (batch, T) step in a CUDA graph (default: on a GPU).
+    (batch, T) step in a CUDA graph (default: on a GPU). fused: the fused decode kernels of
+    ``replaylab.kernels.decode`` (default: on a GPU; on CPU they run through Triton's
+    interpreter, for the tests).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)         # doctest: +SKIP
     >>> logits = engine.prefill(prompts)   # (B, T0) -> last logits (B, vocab)
@@ -104,6 +139,7 @@ class DecodeEngine:
         max_verify=5,
         use_kernels=None,
         graphs=None,
+        fused=None,
     ):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -115,6 +151,8 @@ class DecodeEngine:
             )
         self.max_batch = as_int("max_batch", max_batch, low=1)
         self.max_len = as_int("max_len", max_len, low=2)
+        if log_length == "auto":
+            log_length = measured_log_length(self.max_batch)
         self.L = as_int("log_length", log_length, low=1)
         self.max_verify = as_int("max_verify", max_verify, low=1)
         param = next(model.parameters())
@@ -123,8 +161,17 @@ class DecodeEngine:
         cuda = self.device.type == "cuda"
         self.use_kernels = cuda if use_kernels is None else use_kernels
         self.graphs = cuda if graphs is None else graphs
+        self.fused = (cuda and self.use_kernels) if fused is None else fused
         if self.graphs and not cuda:
             raise ValueError("graphs: CUDA graphs need a CUDA device")
+        if self.fused and not self.use_kernels:
+            raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
+        unsupported = set(cfg.pattern) - set("M*-")
+        if unsupported or cfg.mlp != "relu2":
+            raise ValueError(
+                f"DecodeEngine: NemotronH layouts only (Mamba-2 'M', attention '*', relu2 MLP "
+                f"'-'); got pattern {cfg.pattern!r}, mlp {cfg.mlp!r}"
+            )
         slots = self.max_batch
         self.ssm = {
             l: _MambaPool(
@@ -135,8 +182,15 @@ class DecodeEngine:
                 self.max_verify,
                 self.dtype,
                 self.device,
+                self.fused,
             )
             for l in cfg.ssm_layers
+        }
+        self._qkv_weight = {  # fused: one matrix product for q, k and v
+            l: torch.cat(
+                [getattr(model.model.layers[l].mixer, f"{n}_proj").weight for n in "qkv"]
+            ).detach()
+            for l in (cfg.attn_layers if self.fused else ())
         }
         self.kv = {
             l: _KVPool(cfg, slots, max_len, self.dtype, self.device) for l in cfg.attn_layers
@@ -147,6 +201,8 @@ class DecodeEngine:
         self.last_T = 0  # tokens of the last step (what rollback may drop)
         self._pos = torch.zeros((), dtype=torch.long, device=self.device)
         self._log_len = torch.zeros(slots, dtype=torch.int32, device=self.device)
+        self._rows = torch.arange(slots, dtype=torch.int32, device=self.device)
+        self._steps = torch.arange(self.max_verify, device=self.device)
         self._graphs = {}  # (B, T) -> (graph, static tokens, static logits)
         self.stats = EngineStats()
 
@@ -260,8 +316,7 @@ class DecodeEngine:
             if self.use_kernels:
                 from replaylab.kernels.replay import fold
 
-                p = pool.spec.params()
-                rows = torch.arange(B, dtype=torch.int32, device=self.device)
+                rows = self._rows[:B]
                 fold(
                     pool.state,
                     rows,
@@ -270,11 +325,11 @@ class DecodeEngine:
                     pool.log["x"],
                     pool.log["dt"],
                     pool.log["B"],
-                    torch.full((B,), n, dtype=torch.int32, device=self.device),
-                    p.A.detach(),
-                    p.dt_bias.detach().float(),
+                    self._log_len[:B],  # n in every slot
+                    pool.A,
+                    pool.dt_bias,
                     True,
-                    p.dt_limit,
+                    pool.dt_limit,
                     check=False,
                 )
             else:
@@ -288,6 +343,8 @@ class DecodeEngine:
 
     # --- the model over the pools --------------------------------------------------------
     def _forward(self, tokens):
+        if self.fused:
+            return self._forward_fused(tokens)
         B, T = tokens.shape
         h = self.model.model.embeddings(tokens)
         for i, block in enumerate(self.model.model.layers):
@@ -330,28 +387,8 @@ class DecodeEngine:
         idx = self._log_len[:B].long()[:, None] + torch.arange(T, device=self.device)
         rows = torch.arange(B, device=self.device)[:, None]
         if self.use_kernels:
-            from replaylab.kernels.replay import replay_step
-
-            p = pool.spec.params()
-            y = replay_step(
-                pool.state,
-                rows[:, 0].to(torch.int32),
-                pool.log["x"],
-                pool.log["dt"],
-                pool.log["B"],
-                pool.log["C"],
-                self._log_len[:B],
-                entries["x"],
-                entries["dt"],
-                entries["B"],
-                entries["C"],
-                p.A.detach(),
-                p.D.detach().float(),
-                p.dt_bias.detach().float(),
-                True,
-                p.dt_limit,
-                append=False,
-                check=False,
+            y = self._replay_step(
+                pool, B, entries["x"], entries["dt"], entries["B"], entries["C"], append=False
             )
         else:
             n = self.log_len
@@ -360,6 +397,34 @@ class DecodeEngine:
         for k, buf in pool.log.items():
             buf[rows, idx] = entries[k].to(buf.dtype)
         return y
+
+    def _replay_step(self, pool, B, x, dt, Bm, Cm, append):
+        """``kernels.replay.replay_step`` over slots 0 .. B-1 of a layer's pools; with
+        ``append`` the kernel writes the new entries to the log itself, and the one log length
+        all layers share is moved by the forward."""
+        from replaylab.kernels.replay import replay_step
+
+        return replay_step(
+            pool.state,
+            self._rows[:B],
+            pool.log["x"],
+            pool.log["dt"],
+            pool.log["B"],
+            pool.log["C"],
+            self._log_len[:B],
+            x,
+            dt,
+            Bm,
+            Cm,
+            pool.A,
+            pool.D,
+            pool.dt_bias,
+            True,
+            pool.dt_limit,
+            append=append,
+            advance=False,
+            check=False,
+        )
 
     def _attention(self, layer, h, B, T):
         att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
@@ -377,6 +442,89 @@ class DecodeEngine:
         scores = scores.masked_fill(~visible, float("-inf"))
         out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
         return att.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    # --- the fused path (GPU) ------------------------------------------------------------
+    def _forward_fused(self, tokens):
+        """``_forward`` with the fused kernels: the residual add and the next block's norm
+        are one kernel, and so on (see the module docstring)."""
+        from replaylab.kernels.decode import add_rmsnorm, relu2
+
+        B, T = tokens.shape
+        layers = self.model.model.layers
+        norms = [block.norm for block in layers[1:]] + [self.model.model.norm_f]
+        h, x = add_rmsnorm(
+            self.model.model.embeddings(tokens), layers[0].norm.weight, layers[0].norm.eps
+        )
+        for i, block in enumerate(layers):
+            kind = self.cfg.pattern[i]
+            if kind == "M":
+                out = self._mamba_fused(i, x, B, T)
+            elif kind == "*":
+                out = self._attention_fused(i, x, B, T)
+            else:
+                mlp = block.mixer
+                out = mlp.down_proj(relu2(mlp.up_proj(x)))
+            h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
+        if self.strategy == "replay":
+            self._log_len[:B] += T
+        return self.model.lm_head(x)
+
+    def _mamba_fused(self, layer, h, B, T):
+        from replaylab.kernels.decode import conv_step, gated_rmsnorm, state_update
+
+        pool, c = self.ssm[layer], self.cfg
+        mixer = pool.mixer
+        H, P, N, G = c.ssm_heads, c.ssm_head_dim, c.d_state, c.n_groups
+        inner = H * P
+        zx = mixer.in_proj(h).view(B * T, -1)  # gate | xBC | dt
+        x, Bm, Cm, dt = conv_step(
+            zx,
+            pool.conv[:B],
+            pool.conv_weight,
+            pool.conv_bias,
+            inner,
+            inner + c.conv_dim,
+            inner,
+            G * N,
+            H,
+            T,
+            drafts=pool.draft_conv if T > 1 else None,
+        )
+        x, Bm, Cm = x.view(B, T, H, P), Bm.view(B, T, G, N), Cm.view(B, T, G, N)
+        if self.strategy == "snapshot":
+            y = state_update(
+                pool.state,
+                x,
+                dt,
+                Bm,
+                Cm,
+                pool.A,
+                pool.D,
+                pool.dt_bias,
+                pool.dt_limit,
+                drafts=pool.draft_state if T > 1 else None,
+            )
+        else:
+            y = self._replay_step(pool, B, x, dt, Bm, Cm, append=True)
+        y = gated_rmsnorm(y.view(B * T, inner), zx[:, :inner], mixer.norm.weight, G, mixer.norm.eps)
+        return mixer.out_proj(y).view(B, T, -1)
+
+    def _attention_fused(self, layer, h, B, T):
+        """Attention over the static KV buffer with ``kernels.decode.attention``: each token
+        reads only the rows up to its position, and the query heads of one KV head share
+        them (no repeated keys and values)."""
+        from replaylab.kernels.decode import attention
+
+        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
+        Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
+        q, k, v = torch.nn.functional.linear(h, self._qkv_weight[layer]).split(
+            [Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1
+        )
+        at = self._pos + self._steps[:T]  # (T,) positions written
+        pool.k[:B].index_copy_(2, at, k.view(B, T, Hkv, Dh).transpose(1, 2).to(pool.k.dtype))
+        pool.v[:B].index_copy_(2, at, v.view(B, T, Hkv, Dh).transpose(1, 2).to(pool.v.dtype))
+        out = attention(q.reshape(B, T, Hq, Dh), pool.k, pool.v, self._pos, Dh**-0.5)
+        return att.o_proj(out.view(B, T, Hq * Dh))
 
     # --- CUDA graphs ---------------------------------------------------------------------
     def _graph_step(self, tokens):

@@ -158,3 +158,74 @@ def test_permuted_views_as_inputs():
     c.update(x=x, B=B, C=C)
     ref = cloned({k: v.contiguous() for k, v in c.items()})
     assert_close(replay_step(**cloned(c)), replay_step_ref(**ref), name="y")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 5])
+def test_full_size_append_equals_a_separate_append(T):
+    """append=True (the fused engine's path) gives the outputs of append=False and writes
+    exactly the new inputs at the cursor, at the 8B layer's size, compiled."""
+    batch = 2
+    c = case(
+        batch=batch,
+        H=128,
+        P=64,
+        N=128,
+        G=8,
+        Lmax=21,
+        T=T,
+        dtype=torch.bfloat16,
+        log_len=[11, 3],
+        slots=[0, 1],
+        n_slots=batch,
+    )
+    c["log_dt"], c["dt"] = c["log_dt"].bfloat16(), c["dt"].bfloat16()
+    plain, appended = cloned(c), cloned(c)
+    y0 = replay_step(**plain, append=False)
+    y1 = replay_step(**appended, append=True, advance=False)
+    assert torch.equal(y0, y1)
+    assert torch.equal(appended["log_len"], c["log_len"])
+    for b, n in enumerate(c["log_len"].tolist()):
+        for name in ("x", "dt", "B", "C"):
+            log = appended[f"log_{name}"][b]
+            assert torch.equal(log[n : n + T], c[name][b]), (name, b)
+            assert torch.equal(log[:n], c[f"log_{name}"][b, :n]), (name, b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_verify_rounds_as_single_steps_do(dtype):
+    """T tokens in one call give bit for bit the outputs of T one-token calls, each after the
+    previous tokens were appended: a verify agrees exactly with decoding the same tokens."""
+    c = case(T=4, dtype=dtype, log_len=(0, 5, 17), slots=(0, 1, 1))
+    together = cloned(c)
+    y_all = replay_step(**together, dt_limit=(0.001, math.inf))
+    apart = cloned(c)
+    for t in range(4):
+        one = {k: apart[k][:, t : t + 1].contiguous() for k in ("x", "dt", "B", "C")}
+        y_t = replay_step(**{**apart, **one}, dt_limit=(0.001, math.inf))
+        assert torch.equal(y_t[:, 0], y_all[:, t]), t
+    for name in ("log_x", "log_dt", "log_B", "log_C", "log_len"):
+        assert torch.equal(apart[name], together[name]), name
+
+
+@pytest.mark.gpu
+def test_a_verify_rounds_as_single_steps_do_compiled_at_full_size():
+    c = case(
+        batch=2,
+        H=128,
+        P=64,
+        N=128,
+        G=8,
+        Lmax=24,
+        T=5,
+        dtype=torch.bfloat16,
+        log_len=(3, 11),
+        slots=(0, 1),
+        n_slots=2,
+    )
+    together, apart = cloned(c), cloned(c)
+    y_all = replay_step(**together, dt_limit=(0.001, math.inf), check=False)
+    for t in range(5):
+        one = {k: apart[k][:, t : t + 1].contiguous() for k in ("x", "dt", "B", "C")}
+        y_t = replay_step(**{**apart, **one}, dt_limit=(0.001, math.inf), check=False)
+        assert torch.equal(y_t[:, 0], y_all[:, t]), t

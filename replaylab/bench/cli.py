@@ -68,11 +68,18 @@ def _sweep(args):
     from replaylab.bench.provenance import provenance
 
     _need_gpu("sweep")
-    rows = sweep()
-    _write(dict(rows=rows, **provenance(args.argv)), args.out or "data/bench_kernels_sweep.json")
-    for r in sorted(rows, key=lambda r: (r["kernel"], r["us"])):
+    result = sweep()
+    _write(dict(**result, **provenance(args.argv)), args.out or "data/bench_kernels_sweep.json")
+    print(f"copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s; best launch per kernel, batch:")
+    best = {}
+    for r in result["rows"]:
+        key = (r["kernel"], r["batch"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    for (kernel, batch), r in sorted(best.items()):
         print(
-            f"{r['kernel']:18s} BLOCK_P={r['block_p']:2d} warps={r['num_warps']}: {r['us']:7.1f} us"
+            f"{kernel:38s} b={batch:3d} BLOCK_P={r['block_p']} warps={r['num_warps']}: "
+            f"{r['us']:7.1f} us, {r['copy_fraction']:.0%} of copy bandwidth"
         )
     return 0
 
@@ -151,7 +158,12 @@ def add_bench_parser(subparsers):
     )
     e.add_argument("--batches", type=_ints, default=[1, 8, 32, 64, 128, 256])
     e.add_argument("--n-new", type=int, default=32, help="decode steps per timed run")
-    e.add_argument("--log-length", type=int, default=16)
+    e.add_argument(
+        "--log-length",
+        type=lambda v: v if v == "auto" else int(v),
+        default="auto",
+        help="replay's L, or auto: the best measured amortised L per batch",
+    )
     e.add_argument("--no-baselines", action="store_true", help="skip transformers and mamba-ssm")
     e.set_defaults(run=_engine)
     for p in (k, s, d, e):

@@ -20,7 +20,7 @@ import torch
 
 from replaylab.bench.timing import copy_bandwidth_gbs, spread
 from replaylab.costmodel import decode_step_bytes
-from replaylab.engine import DecodeEngine
+from replaylab.engine import DecodeEngine, measured_log_length
 from replaylab.model import HybridLM, preset
 
 __all__ = ["run_engine", "engine_summary"]
@@ -55,36 +55,170 @@ def _busy_fraction(engine, tok, steps=16):
     return min(1.0, kernel_us * 1e-6 / wall), tok
 
 
-def _copy_bandwidth_events(gib=1, copies=20):
-    """Read + write bytes per second of back-to-back device copies timed with CUDA events
-    after a warm-up (a second estimate beside the graph-timed one; the larger is used)."""
-    src = torch.empty(gib * 2**30 // 4, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(5):
-        dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(copies):
-        dst.copy_(src)
-    end.record()
+def _kernel_profile(engine, tok, steps=8, top=8):
+    """Which kernels one decode step runs and for how long (torch.profiler, device time):
+    kernels per step, device µs per step, and the ``top`` kernels by time."""
+    from torch.profiler import ProfilerActivity, profile
+
     torch.cuda.synchronize()
-    return 2 * src.numel() * 4 * copies / (start.elapsed_time(end) * 1e-3)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if _device_us(e) > 0]
+    total = sum(_device_us(e) for e in events)
+    ranked = sorted(events, key=_device_us, reverse=True)[:top]
+    return dict(
+        kernels_per_step=sum(e.count for e in events) / steps,
+        device_us_per_step=total / steps,
+        top=[
+            dict(name=e.key[:90], us_per_step=_device_us(e) / steps, calls_per_step=e.count / steps)
+            for e in ranked
+        ],
+    ), tok
 
 
-def _check_tokens(model, strategy, log_length):
-    """The engine (graphs on) against the teaching cache (kernels on): same greedy tokens?"""
+def _device_us(e):
+    return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+
+
+def _pool_bytes_per_sequence(engine):
+    """Bytes the engine's pools hold per slot (state, conv, log or drafts, KV)."""
+    total = 0
+    for pool in engine.ssm.values():
+        tensors = [pool.state, pool.conv, pool.draft_conv]
+        tensors += list(getattr(pool, "log", {}).values()) + [getattr(pool, "draft_state", None)]
+        total += sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    for pool in engine.kv.values():
+        total += 2 * pool.k.numel() * pool.k.element_size()
+    return total / engine.max_batch
+
+
+def _concurrency(model, strategy, budget_bytes, max_len, k, log_length):
+    """Largest batch whose engine (pools, a verify of k + 1 tokens and a decode step, eager)
+    fits in ``budget_bytes`` beyond the weights: a search over batch with the allocator
+    capped at weights + budget. Returns (batch, pool bytes per sequence)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    total = torch.cuda.get_device_properties(0).total_memory
+    probe = DecodeEngine(model, 1, max_len, strategy, log_length, max_verify=k + 1, graphs=False)
+    per_seq = _pool_bytes_per_sequence(probe)
+    del probe
+
+    def fits(batch):
+        torch.cuda.empty_cache()
+        torch.cuda.set_per_process_memory_fraction(min(1.0, (weights + budget_bytes) / total))
+        try:
+            engine = DecodeEngine(
+                model, batch, max_len, strategy, log_length, max_verify=k + 1, graphs=False
+            )
+            tok = engine.prefill(torch.zeros(batch, 1, dtype=torch.long, device="cuda"))
+            tok = tok.argmax(-1, keepdim=True)
+            engine.step(torch.cat([tok] * (k + 1), 1), check=False)
+            engine.rollback(1)
+            engine.step(tok, check=False)
+            torch.cuda.synchronize()
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            engine = None  # noqa: F841
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(1.0)
+
+    lo, hi = 0, max(1, int(budget_bytes / per_seq) + 1)  # hi: what the pools alone allow
+    while fits(hi) and hi < 1 << 16:
+        lo, hi = hi, hi * 2
+    while hi - lo > max(1, lo // 64):  # to within 1.5%
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo, per_seq
+
+
+def _trained_pair_speculative(n_new=64, k=4):
+    """The trained target and draft (data/models) on the GPU: greedy engine decode against
+    speculative decoding with the draft model, under both strategies, on a held-out prompt."""
+    import gzip
+    from pathlib import Path
+
+    from replaylab.decoding import ModelDrafter
+    from replaylab.generate import load_checkpoint, load_tokenizer
+
+    root = Path("data/models")
+    target = load_checkpoint(root / "replaylab-code-10m", device="cuda", dtype=torch.bfloat16)
+    draft = load_checkpoint(root / "replaylab-code-draft", device="cuda", dtype=torch.bfloat16)
+    tokenizer = load_tokenizer(root / "replaylab-code-10m")
+    text = gzip.open(root / "heldout.txt.gz", "rt").read()[:400]
+    prompt = torch.tensor([tokenizer.encode(text).ids[:64]], device="cuda")
+    rows = []
+    for strategy in ("snapshot", "replay"):
+        engine = DecodeEngine(
+            target, 1, prompt.shape[1] + n_new + k + 2, strategy, 16, max_verify=k + 1
+        )
+        for mode in ("greedy", "speculative"):
+            runs = []
+            for i in range(3):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                if mode == "greedy":
+                    tokens = engine.greedy(prompt, n_new)
+                else:
+                    tokens, proposed, accepted = engine.speculative(
+                        prompt, n_new, ModelDrafter(draft, "replay"), k=k
+                    )
+                torch.cuda.synchronize()
+                if i:
+                    runs.append((time.perf_counter() - t0) / n_new)
+            if mode == "greedy":
+                reference = tokens
+            row = dict(
+                preset="trained pair (10M target, draft)",
+                strategy=strategy,
+                batch=1,
+                workload=f"{mode} k={k}" if mode != "greedy" else "greedy",
+                seconds_per_token=spread(runs),
+                includes_prefill=True,
+            )
+            if mode == "speculative":
+                row.update(
+                    acceptance=accepted / proposed,
+                    same_tokens_as_greedy=bool(torch.equal(tokens, reference)),
+                )
+            rows.append(row)
+    return rows
+
+
+def _check_tokens(model, strategy, log_length, n_new=32):
+    """The engine (graphs on) against the teaching cache (kernels on): same greedy tokens? The
+    fused kernels round differently, so where a sequence parts, the teaching model's gap
+    between its two best logits there is recorded beside the median gap over all positions
+    (a near-tie, or a real difference?)."""
     from replaylab.cache import CacheConfig
     from replaylab.decoding import greedy
 
+    if log_length == "auto":
+        log_length = measured_log_length(2)
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, model.cfg.vocab_size, (2, 16), generator=g).cuda()
-    ref = greedy(model, prompts, 16, CacheConfig(strategy, log_length=log_length)).tokens
-    engine = DecodeEngine(model, 2, 40, strategy, log_length=log_length)
-    got = engine.greedy(prompts, 16)
+    ref = greedy(model, prompts, n_new, CacheConfig(strategy, log_length=log_length)).tokens
+    engine = DecodeEngine(model, 2, 16 + n_new + 8, strategy, log_length=log_length)
+    got = engine.greedy(prompts, n_new)
+    with torch.no_grad():
+        logits = model(torch.cat([prompts, ref], 1), None)[:, 15:-1].float()
+    top2 = logits.topk(2, dim=-1).values
+    gaps = top2[..., 0] - top2[..., 1]  # (2, n_new)
+    parted = []
+    for b in range(2):
+        diff = (got[b] != ref[b]).nonzero()
+        if len(diff):
+            i = int(diff[0])
+            parted.append(dict(sequence=b, at_token=i, top2_gap=float(gaps[b, i])))
     return dict(
         same_sequences=int((got == ref).all(-1).sum()),
         of=2,
+        tokens=n_new,
         same_token_fraction=float((got == ref).float().mean()),
+        parted=parted,
+        median_top2_gap=float(gaps.median()),
     )
 
 
@@ -112,6 +246,55 @@ def _speculative(model, strategy, alpha, n_new, prompt_len, log_length, k=4):
     return dict(
         seconds_per_token=spread(runs), acceptance=accepted / proposed, same_tokens_as_greedy=same
     )
+
+
+def _batched_verify_rounds(model, strategy, batch, alphas, prompt_len, k=4, rounds=24):
+    """Speculative rounds at ``batch``, all sequences in step: each round verifies k + 1
+    tokens (CUDA graph) and rolls back to the tokens that acceptance ``alpha`` keeps on
+    average, 1 + round(sum_i alpha^i) (the engine holds one position for every slot, so all
+    sequences keep the same count). Measured: milliseconds per round, folds and rollbacks
+    included; derived: tokens per second = batch x tokens kept per round / round time."""
+    rows = []
+    for alpha in alphas:
+        kept = 1 + round(sum(alpha**i for i in range(1, k + 1)))
+        engine = DecodeEngine(
+            model,
+            batch,
+            prompt_len + (rounds + 4) * kept + k + 2,
+            strategy,
+            "auto",
+            max_verify=k + 1,
+        )
+        g = torch.Generator().manual_seed(6)
+        prompts = torch.randint(0, model.cfg.vocab_size, (batch, prompt_len), generator=g).cuda()
+        drafts = torch.randint(0, model.cfg.vocab_size, (batch, k + 1), generator=g).cuda()
+        engine.prefill(prompts)
+        for _ in range(2):  # warm-up: graph capture
+            engine.step(drafts, check=False)
+            engine.rollback(kept)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(rounds):
+            engine.step(drafts, check=False)
+            engine.rollback(kept)
+        end.record()
+        torch.cuda.synchronize()
+        ms = start.elapsed_time(end) / rounds
+        rows.append(
+            dict(
+                strategy=strategy,
+                batch=batch,
+                workload=f"batched verify rounds k={k} a={alpha}",
+                tokens_kept_per_round=kept,
+                ms_per_round=ms,
+                seconds_per_token=dict(median=ms * 1e-3 / kept, runs=1),
+                tokens_per_s=batch * kept / (ms * 1e-3),
+                folds=engine.stats.folds,
+                log_length=engine.L,
+            )
+        )
+        del engine
+    return rows
 
 
 def _transformers_baseline(model, batches, n_new, prompt_len):
@@ -202,18 +385,24 @@ def run_engine(
     n_new=32,
     prompt_len=32,
     repeats=3,
-    log_length=16,
+    log_length="auto",
     baselines=True,
     progress=True,
+    unfused_batches=(1, 128),
+    profile_batches=(1, 128),
+    concurrency_budget_gib=24,
+    concurrency_max_len=2048,
 ):
+    """Every measurement of the module docstring, for each preset; the first preset also runs
+    the speculative rows, the baselines, the concurrency search and the trained pair."""
     from tqdm.auto import tqdm
 
     from replaylab.bench.peers import use_mamba_ssm_kernels_in_transformers
 
     hf_kernels = use_mamba_ssm_kernels_in_transformers()
-    bw_graph = max(copy_bandwidth_gbs() for _ in range(3)) * 1e9
-    bw_events = _copy_bandwidth_events()
-    bw = max(bw_graph, bw_events)
+    measured = [copy_bandwidth_gbs(methods=True) for _ in range(3)]  # clocks ramp up first
+    methods = {m: max(found[m] for _, found in measured) for m in measured[0][1]}
+    bw = max(methods.values()) * 1e9
     rows, checks, errors = [], [], []
     for name in presets:
         model = HybridLM(preset(name), seed=0).to("cuda", torch.bfloat16).eval()
@@ -227,41 +416,53 @@ def run_engine(
                 )
             except Exception as err:  # noqa: BLE001 - record, go on
                 errors.append(f"check {name} {strategy}: {type(err).__name__}: {err}"[:400])
-            for batch in tqdm(batches, desc=f"{name} {strategy}", disable=not progress):
+            runs_per_batch = [(b, True) for b in batches]
+            runs_per_batch += [(b, False) for b in unfused_batches if b in batches]
+            for batch, fused in tqdm(
+                runs_per_batch, desc=f"{name} {strategy}", disable=not progress
+            ):
                 torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
                 try:
                     max_len = prompt_len + (repeats + 2) * n_new + 16
-                    engine = DecodeEngine(model, batch, max_len, strategy, log_length)
+                    engine = DecodeEngine(model, batch, max_len, strategy, log_length, fused=fused)
                     g = torch.Generator().manual_seed(5)
                     prompts = torch.randint(
                         0, model.cfg.vocab_size, (batch, prompt_len), generator=g
                     ).cuda()
                     tok = engine.prefill(prompts).argmax(-1, keepdim=True)
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()  # decode only: prefill excluded
                     _, tok = _decode_ms(engine, tok, n_new)  # warm-up: graph capture
                     runs = []
                     for _ in range(repeats):
                         ms, tok = _decode_ms(engine, tok, n_new)
                         runs.append(ms * 1e-3)
-                    busy, tok = _busy_fraction(engine, tok) if batch in (1, 64) else (None, tok)
                     peak = torch.cuda.max_memory_allocated() - weights
+                    busy, tok = _busy_fraction(engine, tok) if batch in (1, 64) else (None, tok)
+                    profile = None
+                    if fused and batch in profile_batches:
+                        profile, tok = _kernel_profile(engine, tok)
                     spt = spread(runs)
                     context = engine.position - n_new // 2
                     moved = decode_step_bytes(
-                        model.cfg, strategy, batch, context, log_length, weights
+                        model.cfg, strategy, batch, context, engine.L, weights
                     )
                     rows.append(
                         dict(
                             preset=name,
                             strategy=strategy,
+                            fused=fused,
                             batch=batch,
                             seconds_per_token=spt,
                             tokens_per_s=batch / spt["median"],
                             bytes_per_step=moved,
                             roofline_fraction=moved / bw / spt["median"],
                             gpu_busy=busy,
-                            peak_bytes_per_sequence=peak / batch,
+                            decode_peak_bytes_per_sequence=peak / batch,
+                            pool_bytes_per_sequence=_pool_bytes_per_sequence(engine),
+                            log_length=engine.L,
                             folds=engine.stats.folds,
+                            profile=profile,
                         )
                     )
                     del engine
@@ -289,6 +490,43 @@ def run_engine(
                         errors.append(
                             f"speculative {strategy} {alpha}: {type(err).__name__}: {err}"[:400]
                         )
+            for strategy in ("snapshot", "replay"):
+                for batch in [b for b in batches if b in (8, 64, 128)]:
+                    try:
+                        for r in _batched_verify_rounds(
+                            model, strategy, batch, (0.5, 0.8, 0.95), prompt_len
+                        ):
+                            rows.append(dict(preset=name, **r))
+                    except Exception as err:  # noqa: BLE001
+                        errors.append(f"verify rounds {strategy} b={batch}: {err}"[:400])
+            for strategy in ("snapshot", "replay"):
+                try:
+                    conc, per_seq = _concurrency(
+                        model,
+                        strategy,
+                        concurrency_budget_gib * 2**30,
+                        concurrency_max_len,
+                        4,
+                        log_length,
+                    )
+                    rows.append(
+                        dict(
+                            preset=name,
+                            strategy=strategy,
+                            workload="concurrency",
+                            budget_gib=concurrency_budget_gib,
+                            max_len=concurrency_max_len,
+                            k=4,
+                            max_batch=conc,
+                            pool_bytes_per_sequence=per_seq,
+                        )
+                    )
+                except Exception as err:  # noqa: BLE001
+                    errors.append(f"concurrency {strategy}: {type(err).__name__}: {err}"[:400])
+            try:
+                rows.extend(_trained_pair_speculative())
+            except Exception as err:  # noqa: BLE001
+                errors.append(f"trained pair: {type(err).__name__}: {err}"[:400])
             if baselines:
                 base_batches = [b for b in batches if b in (1, 8, 64, 128, 256)]
                 try:
@@ -307,7 +545,7 @@ def run_engine(
                                 "snapshot",
                                 r["batch"],
                                 prompt_len + n_new // 2,
-                                log_length,
+                                16,  # no log: snapshot's bytes
                                 mweights,
                             )
                             r["roofline_fraction"] = moved / bw / r["seconds_per_token"]["median"]
@@ -317,7 +555,7 @@ def run_engine(
         del model
         torch.cuda.empty_cache()
     return dict(
-        copy_bandwidth_methods_gbs=dict(cudagraph=bw_graph / 1e9, events=bw_events / 1e9),
+        copy_bandwidth_methods_gbs=methods,
         rows=rows,
         token_checks=checks,
         errors=errors,
@@ -333,12 +571,21 @@ def run_engine(
 def engine_summary(result):
     lines = [f"copy bandwidth {result['copy_bandwidth_gbs']:.0f} GB/s"]
     for r in result["rows"]:
+        if r.get("workload") == "concurrency":
+            lines.append(
+                f"{r['preset']} {r['strategy']}: {r['max_batch']} sequences in "
+                f"{r['budget_gib']} GiB (max_len {r['max_len']}, k={r['k']}; pools "
+                f"{r['pool_bytes_per_sequence'] / 2**20:.1f} MiB per sequence)"
+            )
+            continue
         if "error" in r:
             lines.append(
                 f"{r['preset']} {r.get('strategy', r.get('provider'))} b={r['batch']}: {r['error']}"
             )
             continue
         who = r.get("workload") or r.get("provider") or f"engine {r['strategy']}"
+        if r.get("fused") is False:
+            who += " unfused"
         if r.get("workload"):
             who = f"{who} {r['strategy']}"
         ms = r["seconds_per_token"]["median"] * 1e3

@@ -133,52 +133,95 @@ def _providers(inp, L, T, peers):
     return out
 
 
-def sweep():
-    """Time each kernel for BLOCK_P x num_warps at batch 32 (L=16, T=1 and 4; fold 16): the
-    numbers behind ``replaylab.kernels.replay.LAUNCH``."""
+def sweep(batches=(1, 8, 32, 128)):
+    """BLOCK_P x num_warps per kernel and batch (decode, T=1, L=16; fold of 16 entries), with
+    mamba-ssm's ``selective_state_update`` beside them at each batch and the fold's bandwidth
+    as a fraction of the device copy measured in the same run: the numbers behind
+    ``replaylab.kernels.replay.LAUNCH`` and ``replaylab.kernels.decode.LAUNCH_STATE_UPDATE``."""
+    from replaylab.kernels.decode import state_update
     from replaylab.kernels.replay import fold, replay_step
 
+    peers, _ = load_kernel_peers()
+    copy_gbs = max(copy_bandwidth_gbs() for _ in range(3))
     rows = []
-    for T in (1, 4):
-        inp = _inputs(32, 16, T)
-        y = torch.empty_like(inp["x"])
-        for bp in (8, 16, 32, 64):
-            for w in (2, 4, 8):
 
-                def fn():
-                    replay_step(**inp, out=y, check=False, block_p=bp, num_warps=w)
-                    inp["log_len"].sub_(T)
-
-                rows.append(
-                    dict(
-                        kernel=f"replay_step T={T}",
-                        block_p=bp,
-                        num_warps=w,
-                        us=time_ms(fn)[0] * 1e3,
-                    )
-                )
-    inp = _inputs(32, 16, 1, Lmax=16)
-    dst = torch.empty_like(inp["states"])
-    fold_len = torch.full((32,), 16, dtype=torch.int32, device="cuda")
-    for bp in (8, 16, 32, 64):
-        for w in (2, 4, 8):
-            fn = lambda: fold(
-                inp["states"],
-                inp["slots"],
-                dst,
-                inp["slots"],
-                inp["log_x"],  # noqa: E731
-                inp["log_dt"],
-                inp["log_B"],
-                fold_len,
-                inp["A"],
-                inp["dt_bias"],
-                check=False,
+    def record(kernel, batch, bp, w, fn, nbytes):
+        us = time_ms(fn)[0] * 1e3
+        gbs = nbytes / us / 1e3
+        rows.append(
+            dict(
+                kernel=kernel,
+                batch=batch,
                 block_p=bp,
                 num_warps=w,
+                us=us,
+                gbs=gbs,
+                copy_fraction=gbs / copy_gbs,
             )
-            rows.append(dict(kernel="fold L=16", block_p=bp, num_warps=w, us=time_ms(fn)[0] * 1e3))
-    return rows
+        )
+
+    for batch in batches:
+        inp = _inputs(batch, 16, 1)
+        y = torch.empty_like(inp["x"])
+        step_bytes = kernel_bytes("replay_step", batch, 16, 1, **SHAPE)
+        for bp in (16, 32, 64):
+            for w in (1, 2, 4):
+
+                def fn(bp=bp, w=w):
+                    replay_step(**inp, out=y, check=False, block_p=bp, num_warps=w)
+                    inp["log_len"].sub_(1)
+
+                record("replay_step T=1 L=16", batch, bp, w, fn, step_bytes)
+        state = inp["states"].clone()
+        ssu_bytes = kernel_bytes("ssu", batch, 16, 1, **SHAPE)
+        for bp in (8, 16, 32, 64):
+            for w in (2, 4):
+                fn = lambda bp=bp, w=w: state_update(  # noqa: E731
+                    state,
+                    inp["x"],
+                    inp["dt"],
+                    inp["B"],
+                    inp["C"],
+                    inp["A"],
+                    inp["D"],
+                    inp["dt_bias"],
+                    (0.0, math.inf),
+                    block_p=bp,
+                    num_warps=w,
+                )
+                record("state_update T=1", batch, bp, w, fn, ssu_bytes)
+        if "ssu" in peers:
+            record(
+                "mamba-ssm selective_state_update T=1",
+                batch,
+                None,
+                None,
+                _providers(inp, 16, 1, {"ssu": peers["ssu"]})["ssu"],
+                ssu_bytes,
+            )
+        fin = _inputs(batch, 16, 1, Lmax=16)
+        dst = torch.empty_like(fin["states"])
+        fold_len = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
+        fold_bytes = kernel_bytes("fold", batch, 16, 0, **SHAPE)
+        for bp in (8, 16, 32, 64):
+            for w in (1, 2, 4, 8):
+                fn = lambda bp=bp, w=w: fold(  # noqa: E731
+                    fin["states"],
+                    fin["slots"],
+                    dst,
+                    fin["slots"],
+                    fin["log_x"],
+                    fin["log_dt"],
+                    fin["log_B"],
+                    fold_len,
+                    fin["A"],
+                    fin["dt_bias"],
+                    check=False,
+                    block_p=bp,
+                    num_warps=w,
+                )
+                record("fold L=16", batch, bp, w, fn, fold_bytes)
+    return dict(rows=rows, copy_bandwidth_gbs=copy_gbs)
 
 
 def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None, fold=True):

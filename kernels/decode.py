@@ -1,0 +1,437 @@
+"""Fused decode operations for ``replaylab.engine.DecodeEngine`` on a GPU, each beside the
+PyTorch expression it replaces (the teaching model's), with the same rounding points.
+
+A decode step at small batch moves little data per operation, so its time is set by how many
+kernels it launches: the teaching model's RMSNorm alone is five. These kernels fold each group
+of element-wise operations into one launch:
+
+    add_rmsnorm     h + delta (the residual add) then RMSNorm:        model.RMSNorm
+    gated_rmsnorm   y * silu(gate), RMS-normalised per group:          mamba2.GatedRMSNorm
+    conv_step       causal depthwise conv + SiLU over window + T new
+                    tokens, split into contiguous x, B, C and dt,
+                    the window advanced in place (and kept per token
+                    for a rollback when T > 1):                        Mamba2Mixer.conv
+    relu2           relu(u)^2:                                         model.MLP (NemotronH)
+    state_update    the snapshot strategy's step: S <- a S + Δ x B^T,
+                    y = S C + D x, the state written back (and kept
+                    per token when T > 1):                             scan.ssd_scan
+    attention       one query token against the KV rows up to its
+                    position, online softmax, per (sequence, head,
+                    token), reading only the visible rows:             model.Attention
+
+Each output row is computed the same way whatever T is, so with these kernels a (k+1)-token
+verify rounds as k+1 single-token steps would (a matrix product over all T rows at once may
+pick another reduction order for another T, and a near-tie then flips a verified token).
+
+Shapes: R rows (batch * T tokens), D hidden width, H, P, N, G as in ``replaylab.model``,
+K = d_conv - 1 window rows, C conv channels (H*P + 2*G*N), W the in_proj output width.
+Under ``TRITON_INTERPRET=1`` they run on CPU tensors (the tests compare them with the
+references there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from replaylab.kernels.replay import _delta
+
+__all__ = ["add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "state_update", "attention"]
+
+
+@triton.jit
+def _silu(v):
+    return v / (1.0 + tl.exp(-v))
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    h, delta, weight, h_out, y, eps, D, HAS_DELTA: tl.constexpr, BLOCK: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    m = offs < D
+    v = tl.load(h + row * D + offs, mask=m, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(delta + row * D + offs, mask=m, other=0.0)
+        v = (v.to(tl.float32) + d.to(tl.float32)).to(h_out.dtype.element_ty)
+        tl.store(h_out + row * D + offs, v, mask=m)
+    v32 = v.to(tl.float32)
+    r = tl.rsqrt(tl.sum(v32 * v32, axis=0) / D + eps)
+    w = tl.load(weight + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(y + row * D + offs, (w * (v32 * r)).to(y.dtype.element_ty), mask=m)
+
+
+def add_rmsnorm(h, weight, eps, delta=None):
+    """RMSNorm of ``h + delta`` (or of ``h``): returns (residual, normed), both (..., D) in
+    h's dtype. ``residual`` is the new residual stream ``h + delta`` (``h`` itself without
+    delta). Rounding as ``model.RMSNorm``: the sum in h's dtype, the norm in fp32."""
+    D = h.shape[-1]
+    h2 = h.reshape(-1, D)
+    if not h2.is_contiguous():
+        raise ValueError("h: expected a contiguous tensor")
+    y = torch.empty_like(h2)
+    out = torch.empty_like(h2) if delta is not None else h2
+    d2 = delta.reshape(-1, D).contiguous() if delta is not None else h2
+    _add_rmsnorm_kernel[(h2.shape[0],)](
+        h2,
+        d2,
+        weight,
+        out,
+        y,
+        float(eps),
+        D,
+        HAS_DELTA=delta is not None,
+        BLOCK=triton.next_power_of_2(D),
+        num_warps=8 if D >= 2048 else 4,
+    )
+    return out.view(h.shape), y.view(h.shape)
+
+
+@triton.jit
+def _gated_rmsnorm_kernel(
+    y, gate, weight, out, gate_stride, eps, width, group, BLOCK: tl.constexpr
+):
+    row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = g * group + tl.arange(0, BLOCK)
+    m = tl.arange(0, BLOCK) < group
+    v = tl.load(y + row * width + offs, mask=m, other=0.0).to(tl.float32)
+    z = tl.load(gate + row * gate_stride + offs, mask=m, other=0.0).to(tl.float32)
+    v = v * _silu(z)
+    r = tl.rsqrt(tl.sum(v * v, axis=0) / group + eps)
+    normed = (v * r).to(out.dtype.element_ty).to(tl.float32)
+    w = tl.load(weight + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out + row * width + offs, (w * normed).to(out.dtype.element_ty), mask=m)
+
+
+def gated_rmsnorm(y, gate, weight, groups, eps):
+    """``GatedRMSNorm``: y (R, width) * silu(gate (R, width), any row stride), normalised
+    within each of ``groups`` groups, times weight; (R, width) in y's dtype."""
+    R, width = y.shape
+    if not y.is_contiguous() or gate.stride(-1) != 1:
+        raise ValueError("y: expected contiguous rows; gate: unit stride in the last dim")
+    group = width // groups
+    out = torch.empty_like(y)
+    _gated_rmsnorm_kernel[(R, groups)](
+        y,
+        gate,
+        weight,
+        out,
+        gate.stride(0),
+        float(eps),
+        width,
+        group,
+        BLOCK=triton.next_power_of_2(group),
+        num_warps=4,
+    )
+    return out
+
+
+@triton.jit
+def _conv_step_kernel(
+    zx,  # (B*T, W) in_proj output: xBC at column xbc_col, dt at dt_col
+    window,  # (B, K, C) conv window, advanced in place
+    weight,  # (C, K + 1)
+    bias,  # (C,)
+    x_out,  # (B*T, XP)
+    B_out,  # (B*T, GN)
+    C_out,  # (B*T, GN)
+    dt_out,  # (B*T, H)
+    drafts,  # (slots, max_verify, K, C): the window after each token (KEEP_DRAFTS)
+    W,
+    xbc_col,
+    dt_col,
+    C,
+    XP,
+    GN,
+    H,
+    max_verify,
+    T: tl.constexpr,
+    K: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    KEEP_DRAFTS: tl.constexpr,
+):
+    b, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    mc = offs < C
+    win = window + b * K * C
+    # convolution: output t reads sequence rows t .. t + K of [window; new tokens]
+    for t in tl.static_range(T):
+        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
+        if HAS_BIAS:
+            acc += tl.load(bias + offs, mask=mc, other=0.0).to(tl.float32)
+        for k in tl.static_range(K + 1):
+            if t + k < K:
+                v = tl.load(win + (t + k) * C + offs, mask=mc, other=0.0)
+            else:
+                v = tl.load(zx + (b * T + t + k - K) * W + xbc_col + offs, mask=mc, other=0.0)
+            w = tl.load(weight + offs * (K + 1) + k, mask=mc, other=0.0)
+            acc += v.to(tl.float32) * w.to(tl.float32)
+        v = acc.to(x_out.dtype.element_ty).to(tl.float32)  # the conv's output dtype
+        v = _silu(v).to(x_out.dtype.element_ty)
+        row = b * T + t
+        tl.store(x_out + row * XP + offs, v, mask=mc & (offs < XP))
+        tl.store(B_out + row * GN + offs - XP, v, mask=mc & (offs >= XP) & (offs < XP + GN))
+        tl.store(C_out + row * GN + offs - XP - GN, v, mask=mc & (offs >= XP + GN))
+        if pid_c == 0:
+            oh = tl.arange(0, BLOCK_H)
+            d = tl.load(zx + row * W + dt_col + oh, mask=oh < H)
+            tl.store(dt_out + row * H + oh, d, mask=oh < H)
+    if KEEP_DRAFTS:  # window after token t: sequence rows t + 1 .. t + K
+        for t in tl.static_range(T):
+            for j in tl.static_range(K):
+                if t + 1 + j < K:
+                    v = tl.load(win + (t + 1 + j) * C + offs, mask=mc, other=0.0)
+                else:
+                    v = tl.load(zx + (b * T + t + 1 + j - K) * W + xbc_col + offs, mask=mc)
+                dst = drafts + ((b * max_verify + t) * K + j) * C
+                tl.store(dst + offs, v.to(drafts.dtype.element_ty), mask=mc)
+    # the window advances in place: new row j is old row T + j (read before it is written,
+    # since T >= 1) or a new token
+    for j in tl.static_range(K):
+        if T + j < K:
+            v = tl.load(win + (T + j) * C + offs, mask=mc, other=0.0)
+        else:
+            v = tl.load(zx + (b * T + T + j - K) * W + xbc_col + offs, mask=mc, other=0.0)
+        tl.store(win + j * C + offs, v.to(window.dtype.element_ty), mask=mc)
+
+
+def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=None):
+    """One causal-conv step of a Mamba-2 layer over the window and T new tokens.
+
+    zx: (B*T, W) the in_proj output (xBC at ``xbc_col``, raw dt at ``dt_col``); window:
+    (B, K, C) contiguous, advanced by T in place; weight (C, K+1); bias (C,) or None;
+    drafts: (slots, max_verify, K, C) to keep the window after each token, or None.
+    Returns x (B, T, XP), B (B, T, GN), C (B, T, GN) after SiLU and dt (B, T, H), contiguous.
+    """
+    rows, W = zx.shape
+    batch, K, C = window.shape
+    if rows != batch * T or not zx.is_contiguous() or not window.is_contiguous():
+        raise ValueError("conv_step: zx (B*T, W) and window (B, K, C), contiguous")
+    new = lambda width: torch.empty(rows, width, dtype=zx.dtype, device=zx.device)  # noqa: E731
+    x, B, Cm, dt = new(XP), new(GN), new(GN), new(H)
+    BLOCK_C = 256
+    _conv_step_kernel[(batch, triton.cdiv(C, BLOCK_C))](
+        zx,
+        window,
+        weight,
+        bias if bias is not None else weight,
+        x,
+        B,
+        Cm,
+        dt,
+        drafts if drafts is not None else window,
+        W,
+        xbc_col,
+        dt_col,
+        C,
+        XP,
+        GN,
+        H,
+        drafts.shape[1] if drafts is not None else 1,
+        T=T,
+        K=K,
+        BLOCK_C=BLOCK_C,
+        BLOCK_H=triton.next_power_of_2(H),
+        HAS_BIAS=bias is not None,
+        KEEP_DRAFTS=drafts is not None,
+        num_warps=4,
+    )
+    return (
+        x.view(batch, T, XP),
+        B.view(batch, T, GN),
+        Cm.view(batch, T, GN),
+        dt.view(batch, T, H),
+    )
+
+
+@triton.jit
+def _relu2_kernel(u, out, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.maximum(tl.load(u + offs, mask=m, other=0.0), 0.0)
+    tl.store(out + offs, v * v, mask=m)
+
+
+def relu2(u):
+    """relu(u) ** 2 in u's dtype (the NemotronH MLP activation)."""
+    u = u.contiguous()
+    out = torch.empty_like(u)
+    BLOCK = 2048
+    _relu2_kernel[(triton.cdiv(u.numel(), BLOCK),)](u, out, u.numel(), BLOCK=BLOCK, num_warps=8)
+    return out
+
+
+# (up to batch, BLOCK_P, num_warps), as ``replay.LAUNCH``; from ``replaylab.bench sweep``
+LAUNCH_STATE_UPDATE = [(32, 8, 2), (math.inf, 64, 2)]
+
+
+@triton.jit
+def _state_update_kernel(
+    state,  # (slots, H, P, N) fp32, updated in place
+    x,  # (B, T, H, P)
+    dt,  # (B, T, H) raw
+    Bm,  # (B, T, G, N)
+    Cm,
+    A,
+    D,
+    dt_bias,  # (H,) fp32
+    y,  # (B, T, H, P)
+    drafts,  # (slots, max_verify, H, P, N) fp32: the state after each token (KEEP_DRAFTS)
+    dt_lo,
+    dt_hi,
+    H,
+    P,
+    N,
+    G,
+    max_verify,
+    T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    KEEP_DRAFTS: tl.constexpr,
+):
+    b, h, pid_p = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    g = h // (H // G)
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mp, mn = offs_p < P, offs_n < N
+    tile = offs_p[:, None] * N + offs_n[None, :]
+    mask = mp[:, None] & mn[None, :]
+    a_h = tl.load(A + h).to(tl.float32)
+    bias = tl.load(dt_bias + h).to(tl.float32)
+    d_h = tl.load(D + h).to(tl.float32)
+    S = tl.load(state + (b * H + h) * P * N + tile, mask=mask, other=0.0)
+    for t in tl.static_range(T):
+        row = b * T + t
+        delta = _delta(tl.load(dt + row * H + h).to(tl.float32), bias, dt_lo, dt_hi, SOFTPLUS)
+        x_t = tl.load(x + (row * H + h) * P + offs_p, mask=mp, other=0.0).to(tl.float32)
+        B_t = tl.load(Bm + (row * G + g) * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+        C_t = tl.load(Cm + (row * G + g) * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+        S = tl.exp(delta * a_h) * S + (delta * x_t)[:, None] * B_t[None, :]
+        out = tl.sum(S * C_t[None, :], axis=1) + d_h * x_t
+        tl.store(y + (row * H + h) * P + offs_p, out.to(y.dtype.element_ty), mask=mp)
+        if KEEP_DRAFTS:
+            tl.store(drafts + ((b * max_verify + t) * H + h) * P * N + tile, S, mask=mask)
+    tl.store(state + (b * H + h) * P * N + tile, S, mask=mask)
+
+
+def state_update(
+    state, x, dt, B, C, A, D, dt_bias, dt_limit, drafts=None, block_p=None, num_warps=None
+):
+    """The snapshot strategy's decode / verify step of a Mamba-2 layer, fused: for each of the
+    T new tokens S <- exp(Δ A) S + Δ x B^T and y = S C + D x; ``state`` (batch rows of a
+    (slots, H, P, N) fp32 pool) is written in place, and with ``drafts``
+    (slots, max_verify, H, P, N) the state after each token is kept for a rollback.
+    x (B, T, H, P), dt (B, T, H) raw, B/C (B, T, G, N), contiguous. Returns y (B, T, H, P)."""
+    batch, T, H, P = x.shape
+    G, N = B.shape[2], B.shape[3]
+    y = torch.empty_like(x)
+    default_p, default_w = next((p, w) for bound, p, w in LAUNCH_STATE_UPDATE if batch <= bound)
+    BLOCK_P = min(block_p or default_p, triton.next_power_of_2(P))
+    _state_update_kernel[(batch, H, triton.cdiv(P, BLOCK_P))](
+        state,
+        x,
+        dt,
+        B,
+        C,
+        A,
+        D,
+        dt_bias,
+        y,
+        drafts if drafts is not None else state,
+        float(dt_limit[0]),
+        float(min(dt_limit[1], 3.0e38)),
+        H,
+        P,
+        N,
+        G,
+        drafts.shape[1] if drafts is not None else 1,
+        T=T,
+        BLOCK_P=BLOCK_P,
+        BLOCK_N=triton.next_power_of_2(N),
+        SOFTPLUS=True,
+        KEEP_DRAFTS=drafts is not None,
+        num_warps=num_warps or default_w,
+    )
+    return y
+
+
+@triton.jit
+def _attention_kernel(
+    q,  # (B, T, Hq, Dh), rows q_row apart
+    k,  # (slots, Hkv, max_len, Dh)
+    v,
+    out,  # (B, T, Hq, Dh)
+    position,  # () int64: the position of token 0
+    scale,
+    q_row,
+    Hq,
+    Hkv,
+    max_len,
+    T: tl.constexpr,
+    Dh: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    b, hq, t = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    kv = hq // (Hq // Hkv)
+    last = tl.load(position) + t  # rows 0 .. last are visible to token t
+    offs_d = tl.arange(0, Dh)
+    qv = tl.load(q + (b * T + t) * q_row + hq * Dh + offs_d).to(tl.float32)
+    base = (b * Hkv + kv) * max_len * Dh
+    m = tl.full([1], float("-inf"), tl.float32)
+    total = tl.zeros([1], tl.float32)
+    acc = tl.zeros([Dh], tl.float32)
+    for s0 in range(0, last + 1, BLOCK_S):
+        offs_s = s0 + tl.arange(0, BLOCK_S)
+        seen = offs_s <= last
+        rows = base + offs_s[:, None] * Dh + offs_d[None, :]
+        keys = tl.load(k + rows, mask=seen[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(seen, tl.sum(keys * qv[None, :], axis=1) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(scores, axis=0))
+        p = tl.exp(scores - m_new)
+        alpha = tl.exp(m - m_new)
+        values = tl.load(v + rows, mask=seen[:, None], other=0.0).to(tl.float32)
+        total = total * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * values, axis=0)
+        m = m_new
+    o = acc / total
+    tl.store(out + ((b * T + t) * Hq + hq) * Dh + offs_d, o.to(out.dtype.element_ty))
+
+
+def attention(q, k, v, position, scale):
+    """Causal attention of T new tokens over a static KV buffer: q (B, T, Hq, Dh) (heads
+    contiguous; token rows may be a column slice of a wider matrix),
+    k/v (slots, Hkv, max_len, Dh) holding rows 0 .. position + T - 1 of the first B slots,
+    ``position`` a 0-d int64 tensor (the first new token's position; on the device, so a
+    CUDA graph replays it). Query head h reads KV head h // (Hq // Hkv). Returns
+    (B, T, Hq, Dh) in q's dtype."""
+    batch, T, Hq, Dh = q.shape
+    Hkv, max_len = k.shape[1], k.shape[2]
+    q_row = q.stride(1) if T > 1 else q.stride(0)  # a size-1 dim's stride is arbitrary
+    rows_ok = q.stride(0) == T * q_row and q.stride(2) == Dh and q.stride(3) == 1
+    if not rows_ok or Dh & (Dh - 1):
+        raise ValueError("q: expected contiguous heads, evenly spaced rows, Dh a power of two")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _attention_kernel[(batch, Hq, T)](
+        q,
+        k,
+        v,
+        out,
+        position,
+        float(scale),
+        q_row,
+        Hq,
+        Hkv,
+        max_len,
+        T=T,
+        Dh=Dh,
+        BLOCK_S=64,
+        num_warps=4,
+    )
+    return out

@@ -1,0 +1,192 @@
+"""The fused decode kernels (``replaylab.kernels.decode``, through Triton's interpreter here)
+against the teaching model's own modules, and the fused engine against the teaching cache.
+
+The interpreter rounds fp32 -> bf16 toward zero where a GPU rounds to nearest even, so bf16
+results are compared within a bf16 step here; ``test_bf16_rounding_on_gpu`` checks them
+bitwise on a GPU."""
+
+import pytest
+import torch
+
+from replaylab.cache import CacheConfig
+from replaylab.decoding import SyntheticDrafter, greedy
+from replaylab.engine import DecodeEngine
+from replaylab.kernels.decode import add_rmsnorm, conv_step, gated_rmsnorm, relu2, state_update
+from replaylab.mamba2 import GatedRMSNorm
+from replaylab.model import HybridLM, RMSNorm, preset
+from replaylab.recurrent import windows_per_token
+from replaylab.scan import ssd_scan
+
+MODEL = HybridLM(preset("tiny"), seed=0).eval()
+GEN = torch.Generator().manual_seed(0)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_add_rmsnorm_equals_the_residual_add_and_rmsnorm(dtype):
+    norm = RMSNorm(48, 1e-5)
+    norm.weight.data = randn(48)
+    h, delta = randn(2, 3, 48, dtype=dtype), randn(2, 3, 48, dtype=dtype)
+    res, y = add_rmsnorm(h, norm.weight, norm.eps, delta=delta)
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=2e-2, rtol=1e-2)
+    torch.testing.assert_close(res, h + delta, **tol)
+    torch.testing.assert_close(y, norm.to(dtype)(h + delta), **tol)
+    same, y2 = add_rmsnorm(h, norm.weight, norm.eps)
+    assert same.data_ptr() == h.data_ptr()
+    torch.testing.assert_close(y2, norm.to(dtype)(h), **tol)
+
+
+def test_gated_rmsnorm_equals_the_module_with_a_strided_gate():
+    norm = GatedRMSNorm(32, 4, 1e-5)
+    norm.weight.data = randn(32)
+    y, wide = randn(5, 32), randn(5, 70)
+    gate = wide[:, 3:35]  # a column slice, as the in_proj output gives it
+    torch.testing.assert_close(gated_rmsnorm(y, gate, norm.weight, 4, 1e-5), norm(y, gate))
+
+
+def test_relu2():
+    u = randn(3, 1000)
+    assert torch.equal(relu2(u), torch.relu(u).square())
+
+
+@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("bias", [True, False])
+def test_conv_step_equals_the_mixer_conv(T, bias):
+    mixer = MODEL.model.layers[MODEL.cfg.ssm_layers[0]].mixer
+    c = MODEL.cfg
+    inner, C, K = c.ssm_heads * c.ssm_head_dim, c.conv_dim, c.d_conv - 1
+    W = inner + C + c.ssm_heads
+    batch = 2
+    zx, window = randn(batch * T, W), randn(batch, K, C)
+    weight = mixer.conv1d.weight.detach().view(C, -1)
+    b = mixer.conv1d.bias.detach() if bias and mixer.conv1d.bias is not None else None
+    if b is None and bias:
+        b = randn(C)
+    drafts = torch.zeros(batch + 1, 4, K, C)
+    xBC = zx.view(batch, T, W)[..., inner : inner + C]
+    ref_conv = torch.nn.functional.silu(
+        torch.nn.functional.conv1d(
+            torch.cat([window, xBC], 1).transpose(1, 2), weight[:, None], b, groups=C
+        )
+    ).transpose(1, 2)
+    ref_drafts = windows_per_token(window, xBC)
+    ref_window = torch.cat([window, xBC], 1)[:, -K:]
+    x, Bm, Cm, dt = conv_step(
+        zx,
+        window,
+        weight,
+        b,
+        inner,
+        inner + C,
+        inner,
+        c.n_groups * c.d_state,
+        c.ssm_heads,
+        T,
+        drafts=drafts if T > 1 else None,
+    )
+    torch.testing.assert_close(torch.cat([x, Bm, Cm], -1), ref_conv, atol=1e-6, rtol=1e-5)
+    assert torch.equal(dt, zx.view(batch, T, W)[..., inner + C :])
+    assert torch.equal(window, ref_window)  # advanced in place
+    if T > 1:
+        assert torch.equal(drafts[:batch, :T], ref_drafts)
+        assert not drafts[batch].any()  # other slots untouched
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_state_update_equals_the_scan(T):
+    batch, H, P, N, G = 2, 4, 8, 16, 2
+    x, dt = randn(batch, T, H, P), randn(batch, T, H)
+    Bm, Cm = randn(batch, T, G, N), randn(batch, T, G, N)
+    A, D, bias = -torch.rand(H, generator=GEN) - 0.5, randn(H), randn(H)
+    state = randn(batch + 1, H, P, N)
+    before = state.clone()
+    drafts = torch.zeros(batch + 1, 5, H, P, N)
+    ref = ssd_scan(
+        x,
+        dt,
+        A,
+        Bm,
+        Cm,
+        D,
+        dt_bias=bias,
+        dt_softplus=True,
+        dt_limit=(1e-3, 1e9),
+        initial_state=state[:batch],
+        return_states=True,
+    )
+    y = state_update(
+        state, x, dt, Bm, Cm, A, D, bias, (1e-3, 1e9), drafts=drafts if T > 1 else None, block_p=4
+    )
+    torch.testing.assert_close(y, ref.y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(state[:batch], ref.state, atol=1e-5, rtol=1e-5)
+    assert torch.equal(state[batch], before[batch])
+    if T > 1:
+        torch.testing.assert_close(drafts[:batch, :T], ref.states, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+def test_fused_engine_gives_the_teaching_tokens(strategy):
+    prompts = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
+    ref = greedy(MODEL, prompts, 12, CacheConfig(strategy, log_length=4)).tokens
+    engine = DecodeEngine(MODEL, 3, 32, strategy, log_length=4, use_kernels=True, fused=True)
+    assert torch.equal(engine.greedy(prompts, 12), ref)
+    prompt = prompts[:1]
+    full = torch.cat([prompt, greedy(MODEL, prompt, 12, "snapshot").tokens], 1)
+    tokens, proposed, accepted = engine.speculative(prompt, 12, SyntheticDrafter(full, 0.6, 1))
+    assert torch.equal(tokens, full[:, 7:]) and 0 < accepted < proposed
+
+
+def test_fused_needs_the_kernels():
+    with pytest.raises(ValueError, match="use_kernels=True"):
+        DecodeEngine(MODEL, 1, 8, use_kernels=False, fused=True)
+
+
+@pytest.mark.gpu
+def test_bf16_rounding_on_gpu():
+    """On a GPU the residual add and relu^2 are bitwise torch's, the norms within rounding."""
+    norm = RMSNorm(4096, 1e-5).cuda()
+    norm.weight.data = randn(4096).cuda()
+    h, delta = randn(64, 4096).cuda().bfloat16(), randn(64, 4096).cuda().bfloat16()
+    res, y = add_rmsnorm(h, norm.weight, norm.eps, delta=delta)
+    assert torch.equal(res, h + delta)
+    ref = norm(h + delta)
+    assert (y.float() - ref.float()).abs().max() <= 2**-7 * ref.float().abs().max()
+    assert (y != ref).float().mean() < 0.01
+    u = randn(64, 8192).cuda().bfloat16()
+    assert torch.equal(relu2(u), torch.relu(u).square())
+
+
+def test_attention_equals_the_model_and_rows_do_not_depend_on_T():
+    from replaylab.kernels.decode import attention
+
+    batch, Hq, Hkv, Dh, max_len, pos = 2, 4, 2, 16, 40, 9
+    k, v = randn(batch + 1, Hkv, max_len, Dh), randn(batch + 1, Hkv, max_len, Dh)
+    q = randn(batch, 3, Hq, Dh)
+    position = torch.tensor(pos)
+    got = attention(q, k, v, position, Dh**-0.5)
+    keys = k[:batch].repeat_interleave(Hq // Hkv, 1)[:, :, : pos + 3]
+    values = v[:batch].repeat_interleave(Hq // Hkv, 1)[:, :, : pos + 3]
+    scores = q.transpose(1, 2) @ keys.transpose(2, 3) * Dh**-0.5
+    causal = torch.arange(pos + 3)[None, :] > (pos + torch.arange(3))[:, None]
+    ref = torch.softmax(scores.masked_fill(causal, float("-inf")), -1) @ values
+    torch.testing.assert_close(got, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
+    for t in range(3):  # one token at a time: the same rows, bit for bit
+        one = attention(q[:, t : t + 1].contiguous(), k, v, torch.tensor(pos + t), Dh**-0.5)
+        assert torch.equal(one[:, 0], got[:, t])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+def test_fused_engine_on_gpu_speculative_returns_its_greedy_tokens(strategy):
+    """Compiled, bf16, CUDA graphs: a verify rounds as single steps do (see the module
+    docstring), so speculative decoding returns the engine's own greedy tokens."""
+    model = HybridLM(preset("1b"), seed=0).to("cuda", torch.bfloat16).eval()
+    prompt = torch.randint(0, 32000, (1, 24), generator=torch.Generator().manual_seed(5)).cuda()
+    engine = DecodeEngine(model, 1, 24 + 48 + 6, strategy, log_length=16)
+    ref = engine.greedy(prompt, 48)
+    full = torch.cat([prompt, ref], 1).cpu()
+    tokens, proposed, accepted = engine.speculative(prompt, 48, SyntheticDrafter(full, 0.8, 2))
+    assert torch.equal(tokens, ref), (tokens != ref).nonzero()[:1]

@@ -1,0 +1,40 @@
+"""The README's engine table and sentences quote data/bench_engine.json: recomputed here, so
+a new run that changes them fails until the README is updated."""
+
+import re
+from pathlib import Path
+
+from replaylab.results import load_bench
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tok_s(row):
+    return row["batch"] / row["seconds_per_token"]["median"]
+
+
+def test_the_engine_table_matches_the_committed_run():
+    rows = load_bench("data/bench_engine.json")["rows"]
+    get = lambda **k: next(r for r in rows if all(r.get(a) == v for a, v in k.items()))  # noqa: E731
+    text = (ROOT / "README.md").read_text()
+    table = re.findall(
+        r"^\| (\d+) \| ([\d,]+) \((\d+)%\) \| ([\d,]+) \((\d+)%\) \| ([\d,]+) "
+        r"\((\d+)%\) \| ([\d,]+) \|$",
+        text,
+        re.M,
+    )
+    assert [int(t[0]) for t in table] == [1, 8, 64, 128, 256]
+    for batch, *cells in table:
+        b = int(batch)
+        found = [
+            get(preset="8b-layers", strategy="replay", batch=b, fused=True),
+            get(preset="8b-layers", strategy="snapshot", batch=b, fused=True),
+            get(provider="mamba-ssm generate(cg=True)", batch=b),
+        ]
+        for i, row in enumerate(found):
+            assert int(cells[2 * i].replace(",", "")) == round(_tok_s(row))
+            assert int(cells[2 * i + 1]) == round(100 * row["roofline_fraction"])
+        hf = get(provider="transformers generate", batch=b)
+        assert int(cells[6].replace(",", "")) == round(_tok_s(hf))
+    held = {r["strategy"]: r["max_batch"] for r in rows if r.get("workload") == "concurrency"}
+    assert f"holds {held['replay']}" in text and f"path's {held['snapshot']}" in text
