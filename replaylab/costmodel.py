@@ -41,6 +41,21 @@ __all__ = [
     "STRATEGIES",
     "kernel_bytes",
     "decode_step_bytes",
+    "fold_bytes",
+    "decode_token_bytes",
+    "decode_floor_seconds",
+    "H200_SPEC_BANDWIDTH",
+    "pattern_shape",
+    "attention_share",
+    "speculative_held",
+    "gain_vs_attention",
+    "held_crossover_interval",
+    "replay_vs_ssu",
+    "replay_bytes_frontier",
+    "measured_replay_vs_ssu",
+    "WORKLOADS",
+    "log_length_cost",
+    "best_log_length",
 ]
 
 STRATEGIES = STRATEGY_NAMES
@@ -55,13 +70,23 @@ class Hardware:
 
 
 def _h200():
-    """H200 preset: copy bandwidth from the committed benchmark, matmul rate from the datasheet."""
-    try:
-        bw = load_bench()["copy_bandwidth_gbs"] * 1e9
-        src = "copy bandwidth measured in data/bench_kernels.json"
-    except (OSError, KeyError, ValueError):
+    """H200 preset: the device-copy bandwidth of the decode-engine run (the larger of a
+    graph-timed and an event-timed 1-2 GiB copy), else the kernel benchmark's; the matmul rate
+    from the datasheet. (The kernel benchmark's graph-timed copy, 2.77 TB/s, under-reads the
+    device: its own kernels reach 1.5x it.)"""
+    for path in ("data/bench_engine.json", "data/bench_kernels.json"):
+        try:
+            bw = load_bench(path)["copy_bandwidth_gbs"] * 1e9
+            src = f"copy bandwidth measured in {path}"
+            break
+        except (OSError, KeyError, ValueError):
+            continue
+    else:
         bw, src = 4.8e12, "vendor datasheet (4.8 TB/s)"
     return Hardware("H200", bw, 989e12, src + "; bf16 dense matmul 989 TFLOP/s (datasheet)")
+
+
+H200_SPEC_BANDWIDTH = 4.8e12  # bytes/s, the H200 datasheet's HBM3e bandwidth (a citation)
 
 
 HARDWARE = {
@@ -178,8 +203,23 @@ def predict(
     memory_budget: float | None = None,
 ) -> dict:
     """Per strategy: bytes held per sequence (peak, while speculating), state bytes moved per
-    output token, seconds of one restore, seconds per output token, and sequences that fit
-    ``memory_budget`` bytes (weights included)."""
+    round and per output token, seconds of one rollback, seconds per output token, and
+    sequences that fit ``memory_budget`` bytes (weights included).
+
+    State traffic is counted as a fused kernel must move it, each byte once: the verify forward
+    reads the state once, and writes only the states a strategy keeps.
+
+    * snapshot: the state of every verified position is written once, into its own slot: that
+      write *is* the snapshot (k + 1 state writes a round, k more than a plain forward of the
+      round would need); a rejection copies the accepted position's state and window back.
+    * recompute: one state write a round, a checkpoint copy every ``interval`` tokens; a
+      rejection re-runs the forward from the checkpoint (on average interval/2 + E[a] tokens).
+    * replay: the checkpoint is read, never written, in a step; the log is read (on average
+      L/2 entries) and k + 1 entries appended; a rollback is a cursor move, but the log then
+      refills and a fold of L entries (read + write the state, read L entries) is paid every L
+      kept tokens. ``restore_seconds`` is that deferred fold per kept token, fold bytes / L
+      over the bandwidth; ``fold_bytes_per_round`` is what a round pays for it.
+    """
     m = model_costs(shape, workload, n_params)
     w, k, L = workload, workload.k, workload.interval
     ea = expected_accepted(k, w.acceptance)
@@ -197,34 +237,54 @@ def predict(
     forward = forward_seconds(w.batch * (k + 1))
     copy = lambda nbytes: 2 * nbytes / hardware.bandwidth  # noqa: E731 - read + write
     out = {}
-    # snapshot: a copy at the snapshot and after each of the k+1 verified tokens
+    # snapshot: a slot per verified position (plus the one the round starts from)
     held = kv + m.S + m.W + (k + 2) * (m.S + m.W)
-    moved = (k + 1) * 2 * m.S + (k + 2) * 2 * (m.S + m.W) + p_reject * 2 * (m.S + m.W)
-    restore = copy(m.S + m.W)
-    out["snapshot"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
-    # recompute: checkpoints every L tokens (about two kept), rollback re-runs the distance
+    moved = m.S + (k + 1) * (m.S + m.W) + p_reject * 2 * (m.S + m.W)
+    out["snapshot"] = dict(
+        held=held,
+        moved_per_round=moved,
+        restore_seconds=copy(m.S + m.W),
+        state_writes_per_round=float(k + 1),
+    )
+    # recompute: checkpoints every L tokens (about two kept); a rollback re-runs the distance
     # from the checkpoint, on average L/2 tokens plus the accepted ones, in one forward
     held = kv + m.S + m.W + 2 * (m.S + m.W)
     distance = L / 2 + ea
-    restore = forward_seconds(distance)
-    moved = (k + 1) * 2 * m.S + p_reject * distance * 2 * m.S
-    out["recompute"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
+    moved = 2 * m.S + tokens_per_round / L * 2 * (m.S + m.W) + p_reject * 2 * m.S
+    out["recompute"] = dict(
+        held=held,
+        moved_per_round=moved,
+        restore_seconds=forward_seconds(distance),
+        state_writes_per_round=1 + tokens_per_round / L + p_reject,
+    )
     # replay: one checkpoint and a log: it folds (up to the latest snapshot) once it reaches L
-    # entries, so at most max(L - 1, k + 1) entries are held between steps; verify reads S
-    # once; a fold (read + write S) every L tokens
+    # entries, so at most max(L - 1, k + 1) entries are held between steps
     held = kv + m.S + m.W + max(L - 1, k + 1) * m.log_token
-    moved = m.S + (L / 2 + k + 1) * m.log_token + tokens_per_round / L * 2 * m.S
-    restore = 0.0  # a cursor move; the fold is counted in the bytes moved
-    out["replay"] = dict(held=held, moved_per_round=moved, restore_seconds=restore)
+    fold = fold_bytes(m, L)
+    moved = m.S + (L / 2 + k + 1) * m.log_token + tokens_per_round * fold / L
+    out["replay"] = dict(
+        held=held,
+        moved_per_round=moved,
+        restore_seconds=fold / L / hardware.bandwidth,
+        state_writes_per_round=tokens_per_round / L,
+        fold_bytes_per_round=tokens_per_round * fold / L,
+    )
     for name, r in out.items():
         state_time = r["moved_per_round"] * w.batch / hardware.bandwidth
-        round_time = forward + state_time + p_reject * r["restore_seconds"] * (name != "replay")
+        rerun = p_reject * r["restore_seconds"] if name == "recompute" else 0.0
+        round_time = forward + state_time + rerun
         r["moved_per_token"] = r["moved_per_round"] / tokens_per_round
         r["seconds_per_token"] = round_time / (tokens_per_round * w.batch)
         r["tokens_per_round"] = tokens_per_round
         if memory_budget is not None:
             r["max_sequences"] = max(0, int((memory_budget - m.weight_bytes) // r["held"]))
     return out
+
+
+def fold_bytes(m: ModelCosts, L: int) -> float:
+    """Bytes one fold of L logged tokens moves for one sequence: read and write the state of
+    every SSM layer, read L log entries."""
+    return 2 * m.S + L * m.log_token
 
 
 def _prob_all_accepted(k, acceptance):
@@ -316,24 +376,278 @@ def kernel_bytes(provider, batch, L, T, *, H, P, N, G, esize=2) -> int:
     return table[provider]
 
 
-def decode_step_bytes(cfg, strategy, batch, context, log_length, weights_bytes, esize=2) -> int:
-    """Bytes one plain decode step must move for ``batch`` sequences of a ``HybridConfig``
-    model at ``context`` tokens: the weights once, then per sequence, per Mamba-2 layer its
-    state traffic (snapshot: read + write the fp32 state; replay: read the checkpoint and on
-    average L/2 log entries, append one entry, and a fold every L tokens: 2 states + L entries
-    over L) and conv window, per attention layer its keys and values read and one row written.
-    The roofline time of a step is this over the device-copy bandwidth."""
-    H, P, N, G = cfg.ssm_heads, cfg.ssm_head_dim, cfg.d_state, cfg.n_groups
-    state = H * P * N * 4
-    entry = (H * P + H + 2 * G * N + cfg.conv_dim) * esize  # x, dt, B, C and xBC of a token
-    window = 2 * (cfg.d_conv - 1) * cfg.conv_dim * esize
-    if strategy == "snapshot":
-        ssm = 2 * state + window
+def decode_token_bytes(
+    shape: HybridShape,
+    strategy,
+    *,
+    batch=1,
+    context_len=4096,
+    log_length=16,
+    interval=16,
+    weight_bytes=0,
+    kv_bytes=2,
+    state_bytes=4,
+    act_bytes=2,
+) -> dict:
+    """Bytes one plain decode step moves per sequence (per output token), by component: the
+    weights (read once per step, shared by the ``batch`` sequences: weight_bytes / batch), the
+    KV read (``context_len`` rows) and written (one row), the recurrent state read and written,
+    the conv windows (read + write), the replay log read and written, and recompute's
+    checkpoint copies.
+
+    snapshot: read + write the state. recompute: the same, plus a copy of state and window
+    every ``interval`` tokens. replay: read the checkpoint, read on average L/2 log entries and
+    append one; a fold every L tokens reads and writes the state and reads L entries, so per
+    token S/L more read, S/L written and one entry read."""
+    w = Workload(batch=batch, context_len=context_len, state_bytes=state_bytes, act_bytes=act_bytes)
+    m = model_costs(shape, w, 0)
+    out = dict(
+        weights=weight_bytes / batch,
+        kv_read=shape.kv_elems_per_token * context_len * kv_bytes,
+        kv_write=shape.kv_elems_per_token * kv_bytes,
+        state_read=m.S,
+        state_write=m.S,
+        conv=2 * m.W,
+        log_read=0.0,
+        log_write=0.0,
+        checkpoint=0.0,
+    )
+    if strategy == "recompute":
+        out["checkpoint"] = 2 * (m.S + m.W) / interval
     elif strategy == "replay":
         L = log_length
-        ssm = state + (L / 2) * entry + entry + (2 * state + L * entry) / L + window
+        out.update(
+            state_read=m.S + m.S / L,
+            state_write=m.S / L,
+            log_read=(L / 2) * m.log_token + m.log_token,
+            log_write=m.log_token,
+        )
+    elif strategy != "snapshot":
+        raise ValueError(f"strategy: the cost model knows {STRATEGIES}, got {strategy!r}")
+    return out
+
+
+def decode_floor_seconds(shape, strategy, batch, bandwidth, **kw) -> float:
+    """The memory-bound floor of one decode step (= time per output token of each sequence):
+    ``batch`` x ``decode_token_bytes`` over ``bandwidth``."""
+    return batch * sum(decode_token_bytes(shape, strategy, batch=batch, **kw).values()) / bandwidth
+
+
+def decode_step_bytes(cfg, strategy, batch, context, log_length, weights_bytes, esize=2) -> int:
+    """Bytes one plain decode step must move for ``batch`` sequences of a ``HybridConfig``
+    model at ``context`` tokens: ``decode_token_bytes`` of its shape times the batch (the
+    weights once, then per sequence, per Mamba-2 layer its state traffic (snapshot: read +
+    write the fp32 state; replay: read the checkpoint and on average L/2 log entries, append
+    one entry, and a fold every L tokens: 2 states + L entries over L) and conv window, per
+    attention layer its keys and values read and one row written). The roofline time of a step
+    is this over the device-copy bandwidth."""
+    if strategy not in ("snapshot", "replay"):
+        raise ValueError(f"strategy: expected 'snapshot' or 'replay', got {strategy!r}")
+    parts = decode_token_bytes(
+        shape_from_config(cfg),
+        strategy,
+        batch=batch,
+        context_len=context,
+        log_length=log_length,
+        weight_bytes=weights_bytes,
+        kv_bytes=esize,
+        act_bytes=esize,
+    )
+    return int(round(batch * sum(parts.values())))
+
+
+# --- the seed article's caveats, as numbers ----------------------------------------------------
+
+
+def pattern_shape(pattern: str, base: HybridShape, repeat: int = 1) -> HybridShape:
+    """``base``'s layer dimensions with its layer counts taken from a ``HybridConfig``-style
+    pattern ("M": a Mamba-2 layer, "*": attention, "-": MLP) repeated ``repeat`` times."""
+    from dataclasses import replace
+
+    return replace(
+        base,
+        name=f"{base.name} as {pattern}" + (f" x{repeat}" if repeat > 1 else ""),
+        n_attn=pattern.count("*") * repeat,
+        n_ssm=pattern.count("M") * repeat,
+    )
+
+
+def attention_share(shape: HybridShape) -> float:
+    """Attention layers / (attention + recurrent layers)."""
+    return shape.n_attn / (shape.n_attn + shape.n_ssm)
+
+
+def speculative_held(m: ModelCosts, strategy, *, k, log_length, context_len) -> float:
+    """Bytes one sequence holds at its peak while speculating (KV at ``context_len`` tokens,
+    plus ``bytes_held`` at the peak: snapshot keeps k + 2 copies, replay max(L-1, k+1) log
+    entries) -- what ``HybridCache`` allocates."""
+    if strategy == "snapshot":
+        ssm = bytes_held(m, "snapshot", copies=k + 2)
+    elif strategy == "replay":
+        ssm = bytes_held(m, "replay", log_entries=max(log_length - 1, k + 1))
     else:
         raise ValueError(f"strategy: expected 'snapshot' or 'replay', got {strategy!r}")
-    kv = 2 * cfg.kv_heads * cfg.head_dim * esize * (context + 1)
-    per_sequence = len(cfg.ssm_layers) * ssm + len(cfg.attn_layers) * kv
-    return int(weights_bytes + batch * per_sequence)
+    return m.kv_token * context_len + sum(ssm.values())
+
+
+def gain_vs_attention(
+    patterns,
+    base: HybridShape,
+    n_params,
+    *,
+    repeat=1,
+    context_len=8192,
+    batch=32,
+    k=4,
+    acceptance=0.8,
+    log_length=16,
+    hardware=None,
+    state_bytes=4,
+    act_bytes=2,
+) -> list[dict]:
+    """The first caveat: replay's gain over per-draft snapshots against the share of attention
+    layers, one row per pattern: attention share, sequences that fit (snapshot held / replay
+    held while speculating) and the predicted speculative decode speedup (snapshot seconds
+    per token / replay's), both from this cost model."""
+    hardware = hardware or HARDWARE["H200"]
+    rows = []
+    for pattern in patterns:
+        shape = pattern_shape(pattern, base, repeat)
+        w = Workload(
+            batch=batch,
+            k=k,
+            acceptance=acceptance,
+            interval=log_length,
+            context_len=context_len,
+            state_bytes=state_bytes,
+            act_bytes=act_bytes,
+        )
+        m = model_costs(shape, w, n_params)
+        held = {
+            s: speculative_held(m, s, k=k, log_length=log_length, context_len=context_len)
+            for s in ("snapshot", "replay")
+        }
+        out = predict(shape, w, hardware, n_params)
+        rows.append(
+            dict(
+                pattern=pattern,
+                attention_share=attention_share(shape),
+                held_snapshot=held["snapshot"],
+                held_replay=held["replay"],
+                memory_gain=held["snapshot"] / held["replay"],
+                speed_gain=out["snapshot"]["seconds_per_token"]
+                / out["replay"]["seconds_per_token"],
+            )
+        )
+    return rows
+
+
+def held_crossover_interval(m: ModelCosts, checkpoints_kept=2) -> float:
+    """The log length L above which replay holds more than recompute: replay holds up to L - 1
+    log entries, recompute about ``checkpoints_kept`` copies of state and window, so the two
+    are equal at L = checkpoints_kept * (S + W) / log_token + 1."""
+    return checkpoints_kept * (m.S + m.W) / m.log_token + 1
+
+
+def replay_vs_ssu(batch, L, *, H, P, N, G, bandwidth, floors_us=None, esize=2) -> dict:
+    """The second caveat, one decode token of one Mamba-2 layer for ``batch`` sequences:
+    replay's amortised time (``replay_step`` over a log of L entries + ``fold`` of L entries
+    / L) against mamba-ssm's ``selective_state_update`` (read + write the state), each kernel
+    ``kernel_bytes`` over ``bandwidth``. ``floors_us``: optional per-kernel latency floors
+    {"replay_step", "fold", "ssu": µs} -- a kernel then takes max(floor, bytes / bandwidth).
+    Returns µs of each and ``speedup`` = ssu / replay (> 1: replay pays)."""
+    floors = floors_us or {}
+
+    def us(provider, **kw):
+        t = (
+            kernel_bytes(
+                provider, batch, kw.get("L", L), kw.get("T", 1), H=H, P=P, N=N, G=G, esize=esize
+            )
+            / bandwidth
+            * 1e6
+        )
+        return max(t, floors.get(provider, 0.0))
+
+    step, fold, ssu = us("replay_step"), us("fold", T=0), us("ssu")
+    replay = step + fold / L
+    return dict(
+        batch=batch,
+        L=L,
+        replay_us=replay,
+        step_us=step,
+        fold_us=fold,
+        ssu_us=ssu,
+        speedup=ssu / replay,
+    )
+
+
+def replay_bytes_frontier(*, H, P, N, G, esize=2) -> float:
+    """The log length at which replay's amortised bytes (step + fold / L) equal
+    selective_state_update's, for any batch (both scale with it): the root of
+    (L + 3) t + 2 s / L = s + t with s the state's bytes and t one token's inputs."""
+    s = H * P * N * 4
+    t = (H * P + H + 2 * G * N) * esize
+    # L t + 3 t + 2 s / L - s - t = 0  ->  t L^2 + (2 t - s) L + 2 s = 0
+    b, c = 2 * t - s, 2 * s
+    disc = b * b - 4 * t * c
+    return (-b + math.sqrt(disc)) / (2 * t)
+
+
+def measured_replay_vs_ssu(bench) -> list[dict]:
+    """From a kernel benchmark (``data/bench_kernels.json``): per (batch, L) measured at T=1,
+    replay's amortised µs (replay_step + fold(L) / L) and selective_state_update's, and
+    their ratio ``speedup``."""
+    rows = [r for r in bench["rows"] if "us" in r]
+
+    def find(**kw):
+        return next((r for r in rows if all(r.get(a) == v for a, v in kw.items())), None)
+
+    out = []
+    for r in rows:
+        if r["provider"] != "replay_step" or r["T"] != 1:
+            continue
+        fold = find(provider="fold", batch=r["batch"], log_len=r["log_len"])
+        ssu = find(provider="ssu", batch=r["batch"], T=1)
+        if fold is None or ssu is None:
+            continue
+        replay = r["us"] + fold["us"] / r["log_len"]
+        out.append(
+            dict(
+                batch=r["batch"],
+                L=r["log_len"],
+                replay_us=replay,
+                ssu_us=ssu["us"],
+                speedup=ssu["us"] / replay,
+            )
+        )
+    return sorted(out, key=lambda r: (r["batch"], r["L"]))
+
+
+WORKLOADS = ("best-of-n", "beam search", "speculative")
+
+
+def log_length_cost(m: ModelCosts, workload, L, *, k=4, acceptance=0.8) -> float:
+    """The third caveat: replay's state-side bytes per generated token per sequence at log
+    length L, for one workload. Every step reads the checkpoint and on average L/2 entries and
+    appends what it adds; a fold of L entries (``fold_bytes``) is paid every L kept tokens.
+
+    * best-of-n: samples fork once and never reorder: S + (L/2 + 1) e + fold / L.
+    * beam search: every step reorders the beams, and a beam takes its parent's log: on
+      average L/2 entries copied (read + write), L e more a step.
+    * speculative: the checkpoint and the log are read once a round for 1 + E[a] kept tokens,
+      k + 1 entries appended a round: (S + (L/2 + k + 1) e) / (1 + E[a]) + fold / L.
+    """
+    e, fold = m.log_token, fold_bytes(m, L) / L
+    if workload == "best-of-n":
+        return m.S + (L / 2 + 1) * e + fold
+    if workload == "beam search":
+        return m.S + (L / 2 + 1) * e + L * e + fold
+    if workload == "speculative":
+        tpr = expected_accepted(k, acceptance) + 1
+        return (m.S + (L / 2 + k + 1) * e) / tpr + fold
+    raise ValueError(f"workload: expected one of {WORKLOADS}, got {workload!r}")
+
+
+def best_log_length(m: ModelCosts, workload, lengths=range(1, 257), **kw) -> int:
+    """The log length in ``lengths`` with the fewest bytes per token (``log_length_cost``)."""
+    return min(lengths, key=lambda L: log_length_cost(m, workload, L, **kw))

@@ -286,3 +286,85 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, cache="replay")
             logp = torch.log_softmax(model(paths[:, -1:], cache)[:, -1].float(), -1)
     result = DecodeResult(paths[:1, :n_new], config, extra={"paths": paths, "scores": scores})
     return _finish(result, cache, t0)
+
+
+@torch.no_grad()
+def best_first_search(
+    model, prompt, n_new, branch=3, frontier=8, cache="replay", progress=False
+) -> DecodeResult:
+    """Best-first tree search on one branch of the cache, going back with ``snapshot`` and
+    ``restore``: the workload where restores jump *backwards*, to earlier branches.
+
+    A node is a continuation of ``prompt`` (1, T); its score, the summed log-probability of its
+    tokens. Repeat: take the best node of the frontier (ties: the earliest pushed). If it has
+    ``n_new`` tokens it is the answer. Otherwise expand it: bring the cache to its tokens,
+    snapshot there, and push its ``branch`` most likely children; then prune the frontier to
+    its ``frontier`` best nodes. Scores only fall along a path, so the first complete node
+    taken is the best one of the tree the pruning leaves.
+
+    Going to a node: restore the handle of its deepest ancestor that is still live (the
+    branching point: a handle dies when the cache is rolled back past it, so the handles that
+    survive are those of the nodes the cache's tokens pass through), then feed the node's
+    remaining tokens one at a time, taking a handle at each node on the way.
+    ``extra``: ``score``, ``expansions``, ``backward_restores`` (restores to an earlier
+    position), ``fed_tokens`` (tokens fed after the prompt, re-fed ones included) and
+    ``trace`` (per expansion: the node, the position before, the handle position restored to
+    or None, the tokens fed). The tokens fed and the restores asked for are the same under
+    every strategy; what each restore costs (``stats``) is the strategy's.
+    """
+    import heapq
+
+    _check_prompt(prompt)
+    if prompt.shape[0] != 1:
+        raise ValueError(f"prompt: tree search takes one sequence, got batch {prompt.shape[0]}")
+    if n_new < 1 or branch < 1 or frontier < 1:
+        raise ValueError(
+            f"n_new, branch, frontier: expected >= 1, got {n_new}, {branch}, {frontier}"
+        )
+    config = as_config(cache)
+    t0 = time.perf_counter()
+    cache = config.build(model, 1)
+    logits = model(prompt, cache)[:, -1]
+    handles = {(): cache.snapshot()}  # expanded node -> handle at its position
+    heap, pushed = [], 0  # (-score, push order, node)
+    extra = dict(expansions=0, backward_restores=0, fed_tokens=0, trace=[])
+    node, score = (), 0.0
+    bar = tqdm(disable=not progress, desc=f"best-first ({config.strategy})")
+    while True:
+        logp = torch.log_softmax(logits[0].float(), -1)
+        top_lp, top_tok = logp.topk(branch)
+        for lp, tok in zip(top_lp.tolist(), top_tok.tolist()):
+            heapq.heappush(heap, (-(score + lp), pushed, node + (tok,)))
+            pushed += 1
+        if len(heap) > frontier:  # prune: keep the best `frontier` nodes
+            heap = heapq.nsmallest(frontier, heap)
+            heapq.heapify(heap)
+        neg, _, node = heapq.heappop(heap)
+        score = -neg
+        if len(node) == n_new:
+            break
+        # go to `node`: from the deepest ancestor whose handle is still live, feed the rest
+        handles = {n: h for n, h in handles.items() if h.id in cache.live_handles}
+        depth = max(i for i in range(len(node)) if node[:i] in handles)
+        handle, before = handles[node[:depth]], cache.position
+        restored = None
+        if handle.position != before:
+            cache.restore(handle)
+            restored = handle.position
+            extra["backward_restores"] += int(handle.position < before)
+        for i in range(depth, len(node)):  # one token at a time: a handle at each node
+            tok = torch.tensor([[node[i]]], device=prompt.device)
+            logits = model(tok, cache)[:, -1]
+            handles[node[: i + 1]] = cache.snapshot()
+        fed = len(node) - depth
+        extra["expansions"] += 1
+        extra["fed_tokens"] += fed
+        extra["trace"].append(dict(node=node, before=before, restored_to=restored, fed=fed))
+        bar.update(1)
+    bar.close()
+    extra["score"] = score
+    result = DecodeResult(torch.tensor([node], device=prompt.device), config, extra=extra)
+    return _finish(result, cache, t0)
+
+
+__all__ += ["best_first_search"]

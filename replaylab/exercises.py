@@ -42,6 +42,7 @@ __all__ = [
     "check_zero_rerun_distances",
     "check_largest_winning_log",
     "check_largest_log_len",
+    "kernel_device",
     "check_recompute_break_even",
     "check_tokens_per_round",
     "check_worst_interval",
@@ -654,6 +655,15 @@ def check_largest_winning_log(answer) -> bool:
     )
 
 
+def kernel_device() -> str:
+    """Where to put tensors for a Triton kernel launched from a notebook or a check: "cuda"
+    when a GPU is present and Triton's interpreter is off (a compiled kernel refuses CPU
+    tensors), otherwise "cpu" (the interpreter runs over CPU tensors)."""
+    from replaylab.puzzles import interpreting
+
+    return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
+
+
 def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
     """Notebook 06: the largest ``log_len`` at which ``replay_step`` can still append T=2 new
     tokens to a log of capacity Lmax=16. The check calls the reference with ``answer`` (must
@@ -664,23 +674,24 @@ def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
     if answer is None:
         return _done(name, False, "no answer yet (replace None with your answer)")
     H, P, N, G = 2, 4, 8, 1
+    device = kernel_device()
 
     def attempt(n):
         g = torch.Generator().manual_seed(0)
-        r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+        r = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
         replay_step(
             r(1, H, P, N),
-            torch.zeros(1, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32, device=device),
             r(1, Lmax, H, P),
             r(1, Lmax, H),
             r(1, Lmax, G, N),
             r(1, Lmax, G, N),
-            torch.tensor([n], dtype=torch.int32),
+            torch.tensor([n], dtype=torch.int32, device=device),
             r(1, T, H, P),
             r(1, T, H),
             r(1, T, G, N),
             r(1, T, G, N),
-            -torch.rand(H),
+            -torch.rand(H).to(device),
         )
 
     n = int(answer)
@@ -878,3 +889,99 @@ def exercise_cells(nb) -> dict[str, int]:
                 raise ValueError(f"exercise id {key!r} on cells {found[key]} and {i}")
             found[key] = i
     return found
+
+
+# --------------------------------------------------------------------------------------------
+# Notebook 06, the log-length explorer (issue 15)
+
+
+def check_best_log_length(answer, batch=8, max_L=64) -> bool:
+    """Notebook 06: at ``batch``, the pair (measured L with the lowest amortised decode time,
+    step + fold(L) / L, in ``data/bench_kernels.json``; the integer L in 1..max_L at which the
+    cost model's amortised bytes, ``kernel_bytes`` of replay_step over a log of L plus fold(L)
+    / L for the benchmark's layer shape, are lowest)."""
+    from replaylab.bench.kernels import SHAPE, amortised_decode
+    from replaylab.costmodel import kernel_bytes
+    from replaylab.results import load_bench
+
+    name = f"best log length at batch {batch} (measured, cost model)"
+    bench = load_bench()
+    shape = bench.get("shape") or SHAPE
+    rows = [r for r in amortised_decode(bench) if r["batch"] == batch]
+    measured = min(rows, key=lambda r: r["amortised_us"])["L"]
+
+    def amortised(L):
+        step = kernel_bytes("replay_step", batch, L, 1, **shape)
+        return step + kernel_bytes("fold", batch, L, 0, **shape) / L
+
+    model = min(range(1, max_L + 1), key=amortised)
+    if answer is not None and answer is not Ellipsis:
+        try:
+            answer = tuple(int(v) for v in answer)
+        except (TypeError, ValueError):
+            return _done(name, False, f"{answer!r}: expected a pair (measured_L, model_L)")
+    return _answer(
+        name,
+        answer,
+        (measured, model),
+        "measured: the row of amortised_decode(bench) at this batch with the least "
+        "amortised_us; model: the L in 1..64 minimising kernel_bytes('replay_step', batch, L, "
+        "1, **bench['shape']) + kernel_bytes('fold', batch, L, 0, **bench['shape']) / L",
+    )
+
+
+# --- notebooks 08 and 09: the caveats and the roofline (issue 15) --------------------------
+
+
+def check_beam_log_length(answer) -> bool:
+    """Notebook 08: the best replay log length for beam search on Bamba 9B's shape
+    (``costmodel.best_log_length`` over L = 2..256), and whether it is "longer" or "shorter"
+    than Nemotron-H 8B's. Answer: (L, "longer" or "shorter")."""
+    from replaylab import costmodel as cm
+    from replaylab.shapes import PUBLISHED_SHAPES
+
+    def best(name):
+        m = cm.model_costs(PUBLISHED_SHAPES[name], cm.Workload(), 8e9)
+        return cm.best_log_length(m, "beam search", range(2, 257))
+
+    bamba, nemotron = best("Bamba 9B"), best("Nemotron-H 8B")
+    want = (bamba, "longer" if bamba > nemotron else "shorter")
+    return _answer(
+        "beam search's best log length for Bamba 9B",
+        None if answer is None else tuple(answer),
+        want,
+        "build cm.model_costs for Bamba 9B's shape and call cm.best_log_length(m, 'beam search', "
+        "range(2, 257)); one group (G = 1) makes its log entries smaller than Nemotron-H 8B's",
+    )
+
+
+def roofline_floor_ms(context_len=32768, batch=64, strategy="replay") -> float:
+    """Notebook 09's roofline at another context: ms per decode step of Nemotron-H 8B (8.1e9
+    bf16 parameters, L = 16, checkpoints every 16) over the engine run's copy bandwidth."""
+    from replaylab import costmodel as cm
+    from replaylab.results import load_bench
+    from replaylab.shapes import PUBLISHED_SHAPES
+
+    bw = load_bench("data/bench_engine.json")["copy_bandwidth_gbs"] * 1e9
+    return 1e3 * cm.decode_floor_seconds(
+        PUBLISHED_SHAPES["Nemotron-H 8B"],
+        strategy,
+        batch,
+        bw,
+        context_len=context_len,
+        log_length=16,
+        interval=16,
+        weight_bytes=8.1e9 * 2,
+    )
+
+
+def check_roofline_floor(answer) -> bool:
+    """Notebook 09: replay's floor (ms per decode step) for Nemotron-H 8B at batch 64 and 32K
+    tokens (32768) of context, as section 6 computes it at 8K."""
+    return _answer(
+        "replay's roofline floor at 32K context, batch 64",
+        answer,
+        roofline_floor_ms(),
+        "section 6's cm.decode_floor_seconds with context_len=32768, batch 64, in ms",
+        rel=1e-3,
+    )

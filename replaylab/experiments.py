@@ -21,6 +21,8 @@ __all__ = [
     "budget_outcomes",
     "restore_cost_vs_distance",
     "speculative_vs_prediction",
+    "gain_vs_attention_live",
+    "TINY_DIMS",
 ]
 
 
@@ -212,3 +214,77 @@ def speculative_vs_prediction(
         dict(quantity=q, predicted=p, measured=v, factor=(v / p if p else float("nan")))
         for q, p, v in rows
     ]
+
+
+def _tiny_dims():
+    from replaylab.model import PRESETS
+
+    return {k: v for k, v in PRESETS["tiny"].items() if k != "pattern"}
+
+
+TINY_DIMS = _tiny_dims()  # the tiny preset's layer sizes, without its pattern
+
+
+def _kv_rows_allocated(first, final, block=64):
+    """KV rows ``LayerKV`` has allocated once ``final`` positions are held, after a prefill of
+    ``first``: it allocates what the prefill needs, then grows to max(need, 2 x capacity,
+    block) whenever an append does not fit (``replaylab.kv.LayerKV.append``)."""
+    rows = max(first, block) if first > 0 else 0
+    while final > rows:
+        rows = max(final, 2 * rows, block)
+    return rows
+
+
+def gain_vs_attention_live(
+    patterns, prompt_len=192, rounds=3, k=4, log_length=16, seed=0, dims=None
+) -> list[dict]:
+    """The first caveat, live on CPU: for each layer pattern a tiny model (``TINY_DIMS``, the
+    tiny preset's layer sizes), speculative decoding under snapshot and under replay with every
+    draft accepted (so the run, and its peak, are deterministic): the peak bytes each cache
+    held (KV included, as ``HybridCache`` counts them), beside the cost model's prediction for
+    the same shape (``costmodel.speculative_held`` with the KV rows the cache allocates,
+    ``_kv_rows_allocated``). Rows:
+    pattern, attention_share, measured and predicted bytes per strategy, memory gain
+    (snapshot / replay) measured and predicted."""
+    from replaylab import costmodel as cm
+    from replaylab.model import HybridConfig, HybridLM
+
+    if rounds * (k + 1) < log_length - 1:
+        raise ValueError(
+            f"rounds: {rounds} rounds of {k + 1} tokens do not fill a log of {log_length} "
+            f"entries, so replay's peak would not be the one the cost model counts"
+        )
+    rows = []
+    for pattern in patterns:
+        cfg = HybridConfig(pattern=pattern, **(dims or TINY_DIMS))
+        model = HybridLM(cfg, seed=seed).eval()
+        g = torch.Generator().manual_seed(seed)
+        prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=g)
+        n_new = 1 + rounds * (k + 1)
+        reference = torch.cat([prompt, greedy(model, prompt, n_new).tokens], 1)
+        shape = cm.shape_from_config(cfg)
+        esize = next(model.parameters()).element_size()
+        m = cm.model_costs(
+            shape,
+            cm.Workload(k=k, interval=log_length, state_bytes=esize, act_bytes=esize),
+            0,
+        )
+        row = dict(pattern=pattern, attention_share=cm.attention_share(shape))
+        kv_rows = _kv_rows_allocated(prompt_len, prompt_len + n_new - 1)
+        for strategy in ("snapshot", "replay"):
+            run = speculative(
+                model,
+                prompt,
+                n_new,
+                SyntheticDrafter(reference, 1.0, seed),
+                k=k,
+                cache=_config(strategy, log_length),
+            )
+            row[f"{strategy}_measured"] = run.peak_bytes
+            row[f"{strategy}_predicted"] = cm.speculative_held(
+                m, strategy, k=k, log_length=log_length, context_len=kv_rows
+            )
+        row["gain_measured"] = row["snapshot_measured"] / row["replay_measured"]
+        row["gain_predicted"] = row["snapshot_predicted"] / row["replay_predicted"]
+        rows.append(row)
+    return rows

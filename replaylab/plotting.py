@@ -18,6 +18,13 @@ __all__ = [
     "fold_vs_copy_figure",
     "decode_throughput_figure",
     "branching_workloads_figure",
+    "attention_gain_figure",
+    "replay_frontier_figure",
+    "log_length_per_workload_figure",
+    "roofline_bytes_figure",
+    "best_launch",
+    "kernel_sweep_figure",
+    "engine_decode_figure",
 ]
 
 MIB = 2**20
@@ -217,5 +224,411 @@ def branching_workloads_figure(bench) -> go.Figure:
         barmode="group",
         yaxis_title="tokens/s",
         height=400,
+    )
+    return fig
+
+
+# --- the seed article's caveats and the roofline (notebooks 08 and 09) -------------------------
+
+STRATEGY_COLORS = {"snapshot": "#d62728", "recompute": "#1f77b4", "replay": "#2ca02c"}
+
+
+def attention_gain_figure(predicted_rows, live_rows) -> go.Figure:
+    """Replay's gain over per-draft snapshots against the share of attention layers. Left: the
+    cost model on a published shape (``costmodel.gain_vs_attention`` rows): sequences that fit
+    and speculative decode speed. Right: tiny models measured live on CPU
+    (``experiments.gain_vs_attention_live`` rows): peak bytes held, measured beside predicted."""
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.12,
+        subplot_titles=(
+            "cost model, published shape (speculating, k=4)",
+            "live on CPU: tiny models (peak bytes held)",
+        ),
+    )
+    x = [r["attention_share"] for r in predicted_rows]
+    labels = [r["pattern"] for r in predicted_rows]
+    fig.add_scatter(
+        x=x,
+        y=[r["memory_gain"] for r in predicted_rows],
+        text=labels,
+        name="sequences that fit: snapshot held / replay held",
+        mode="lines+markers",
+        row=1,
+        col=1,
+    )
+    fig.add_scatter(
+        x=x,
+        y=[r["speed_gain"] for r in predicted_rows],
+        text=labels,
+        name="decode speed: snapshot s/token / replay s/token",
+        mode="lines+markers",
+        line=dict(dash="dash"),
+        row=1,
+        col=1,
+    )
+    x = [r["attention_share"] for r in live_rows]
+    fig.add_scatter(
+        x=x,
+        y=[r["gain_predicted"] for r in live_rows],
+        name="tiny: predicted (cost model)",
+        mode="lines",
+        line=dict(color="gray"),
+        row=1,
+        col=2,
+    )
+    fig.add_scatter(
+        x=x,
+        y=[r["gain_measured"] for r in live_rows],
+        text=[r["pattern"] for r in live_rows],
+        textposition="top center",
+        name="tiny: measured (HybridCache peak)",
+        mode="markers+text",
+        marker=dict(size=11, symbol="x", color="black"),
+        row=1,
+        col=2,
+    )
+    fig.update_xaxes(title_text="attention layers / all mixer layers", tickformat=".0%")
+    fig.update_yaxes(title_text="replay's gain over snapshot (x)", row=1, col=1)
+    fig.add_hline(y=1, line=dict(color="gray", dash="dot"))
+    fig.update_layout(height=430, legend=dict(orientation="h", y=-0.25))
+    return fig
+
+
+def replay_frontier_figure(grid, measured, bytes_frontier=None, batch_ticks=None) -> go.Figure:
+    """Where replay stops paying, over batch x log length. ``grid``: rows (batch, L, speedup)
+    from the cost model (``costmodel.replay_vs_ssu``) drawn as a map with the frontier
+    (speedup 1) as a thick line; ``measured``: rows from ``costmodel.measured_replay_vs_ssu``
+    as labelled markers (filled: replay pays); ``bytes_frontier``: the L where bytes alone say
+    replay stops paying (a dashed line)."""
+    import math
+
+    batches = sorted({r["batch"] for r in grid})
+    lengths = sorted({r["L"] for r in grid})
+    z = {(r["batch"], r["L"]): r["speedup"] for r in grid}
+    lx, ly = [math.log2(b) for b in batches], [math.log2(L) for L in lengths]
+    zz = [[z[(b, L)] for b in batches] for L in lengths]
+    fig = go.Figure()
+    fig.add_contour(
+        x=lx,
+        y=ly,
+        z=zz,
+        colorscale="RdYlGn",
+        zmid=1,
+        contours=dict(coloring="heatmap", showlines=False),
+        line=dict(width=0),
+        colorbar=dict(title="predicted<br>speedup"),
+        name="cost model",
+        hovertemplate="batch 2^%{x:.1f}, L 2^%{y:.1f}: %{z:.2f}x<extra></extra>",
+    )
+    fig.add_contour(
+        x=lx,
+        y=ly,
+        z=zz,
+        autocontour=False,
+        contours=dict(start=1, end=1, size=1, coloring="lines", showlabels=False),
+        colorscale=[[0, "black"], [1, "black"]],
+        line=dict(width=3),
+        showscale=False,
+        name="predicted frontier (speedup 1)",
+        showlegend=True,
+        hoverinfo="skip",
+    )
+    if bytes_frontier is not None:
+        fig.add_scatter(
+            x=[lx[0], lx[-1]],
+            y=[math.log2(bytes_frontier)] * 2,
+            mode="lines",
+            line=dict(dash="dash", color="black"),
+            name=f"bytes alone: stops paying at L = {bytes_frontier:.0f}",
+        )
+    pays = [r for r in measured if r["speedup"] >= 1]
+    loses = [r for r in measured if r["speedup"] < 1]
+    for rows, name, symbol in (
+        (pays, "measured H200: replay pays", "circle"),
+        (loses, "measured H200: replay loses", "circle-open"),
+    ):
+        fig.add_scatter(
+            x=[math.log2(r["batch"]) for r in rows],
+            y=[math.log2(r["L"]) for r in rows],
+            text=[f"{r['speedup']:.2f}" for r in rows],
+            textposition="middle right",
+            mode="markers+text",
+            marker=dict(size=12, symbol=symbol, color="black", line=dict(width=2)),
+            name=name,
+        )
+    ticks = batch_ticks or batches
+    fig.update_layout(
+        title="replay (step + fold(L)/L) vs selective_state_update: where replay stops paying",
+        xaxis=dict(
+            title="batch",
+            tickvals=[math.log2(b) for b in ticks],
+            ticktext=[str(b) for b in ticks],
+        ),
+        yaxis=dict(title="log length L", tickvals=ly, ticktext=[str(L) for L in lengths]),
+        height=480,
+        legend=dict(orientation="h", y=-0.2),
+    )
+    return fig
+
+
+def log_length_per_workload_figure(curves, optima, relative=True) -> go.Figure:
+    """Replay's bytes per generated token against log length, one curve per workload
+    (``curves``: workload -> [(L, bytes)]), each optimum marked (``optima``: workload -> L).
+    ``relative``: each curve divided by its own minimum, so the optima line up on one scale."""
+    fig = go.Figure()
+    for i, (workload, pts) in enumerate(curves.items()):
+        color = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd")[i % 4]
+        scale = min(b for _, b in pts) if relative else MIB
+        fig.add_scatter(
+            x=[L for L, _ in pts],
+            y=[b / scale for _, b in pts],
+            name=workload,
+            mode="lines",
+            line=dict(color=color),
+        )
+        best = optima[workload]
+        fig.add_scatter(
+            x=[best],
+            y=[dict(pts)[best] / scale],
+            mode="markers+text",
+            text=[f"L = {best}"],
+            textposition="bottom center",
+            marker=dict(size=13, color=color, symbol="star"),
+            name=f"{workload}: best L = {best}",
+        )
+    fig.update_layout(
+        title="the best log length differs per workload",
+        xaxis=dict(title="log length L (replay)", type="log"),
+        yaxis=dict(
+            title="bytes per generated token / its workload's minimum"
+            if relative
+            else "state-side MiB moved per generated token, per sequence"
+        ),
+        height=430,
+    )
+    return fig
+
+
+ROOFLINE_PARTS = {
+    "weights": "weights (/ batch)",
+    "kv_read": "KV read",
+    "kv_write": "KV write",
+    "state_read": "state read",
+    "state_write": "state write",
+    "conv": "conv window",
+    "log_read": "log read",
+    "log_write": "log write",
+    "checkpoint": "checkpoint copies",
+}
+
+
+def roofline_bytes_figure(parts, title="bytes per decode token") -> go.Figure:
+    """Stacked bars of the bytes one decode token moves per sequence, by component, one panel
+    per batch (each with its own scale: at batch 1 the weights dwarf the rest).
+    ``parts``: {(batch, strategy): ``costmodel.decode_token_bytes`` dict}."""
+    from plotly.subplots import make_subplots
+
+    batches = list(dict.fromkeys(b for b, _ in parts))
+    fig = make_subplots(
+        rows=1,
+        cols=len(batches),
+        subplot_titles=[f"batch {b}" for b in batches],
+        horizontal_spacing=0.08,
+    )
+    colors = dict(
+        zip(
+            ROOFLINE_PARTS,
+            (
+                "#7f7f7f",
+                "#1f77b4",
+                "#aec7e8",
+                "#d62728",
+                "#ff9896",
+                "#9467bd",
+                "#2ca02c",
+                "#98df8a",
+                "#ff7f0e",
+            ),
+        )
+    )
+    for part, label in ROOFLINE_PARTS.items():
+        if not any(p[part] for p in parts.values()):
+            continue
+        for col, b in enumerate(batches, start=1):
+            keys = [key for key in parts if key[0] == b]
+            fig.add_bar(
+                x=[s for _, s in keys],
+                y=[parts[key][part] / MIB for key in keys],
+                name=label,
+                legendgroup=part,
+                showlegend=col == 1,
+                marker_color=colors[part],
+                row=1,
+                col=col,
+            )
+    fig.update_layout(barmode="stack", title=title, height=450)
+    fig.update_yaxes(title_text="MiB per token per sequence", row=1, col=1)
+    return fig
+
+
+# --- the engine and the kernel sweep (notebooks 06 and 09) --------------------------------------
+
+SWEEP_KERNELS = {
+    "replay_step T=1 L=16": ("replay_step (log of 16)", "#2ca02c"),
+    "state_update T=1": ("our state_update (snapshot)", "#d62728"),
+    "mamba-ssm selective_state_update T=1": ("mamba-ssm selective_state_update", "#9467bd"),
+    "fold L=16": ("fold (16 entries)", "#ff7f0e"),
+    "fold L=16 streaming": ("fold, streaming hints", "#ffbb78"),
+    "torch copy of the state": ("torch copy of the state", "#7f7f7f"),
+}
+
+
+def best_launch(sweep) -> dict:
+    """``{(kernel, batch): row}``, the fastest launch configuration (block_p, num_warps) of
+    each kernel at each batch in a ``replaylab bench sweep`` result."""
+    best = {}
+    for r in sweep["rows"]:
+        if "us" not in r:
+            continue
+        key = (r["kernel"], r["batch"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    return best
+
+
+def _log_range(values, pad=1.25):
+    import math
+
+    lo, hi = min(values) / pad, max(values) * pad
+    return [math.log10(lo), math.log10(hi)]
+
+
+def kernel_sweep_figure(sweep) -> go.Figure:
+    """Left: µs per call against batch, best launch per kernel. Right: the same calls as a
+    fraction of the device-copy bandwidth of the run. Both axes fixed to the data's range."""
+    from plotly.subplots import make_subplots
+
+    best = best_launch(sweep)
+    batches = sorted({b for _, b in best})
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=["time per call (best launch)", "fraction of the copy bandwidth"],
+        horizontal_spacing=0.12,
+    )
+    for kernel, (label, color) in SWEEP_KERNELS.items():
+        rows = [best[(kernel, b)] for b in batches if (kernel, b) in best]
+        if not rows:
+            continue
+        for col, field in ((1, "us"), (2, "copy_fraction")):
+            fig.add_scatter(
+                x=[r["batch"] for r in rows],
+                y=[r[field] for r in rows],
+                name=label,
+                legendgroup=kernel,
+                showlegend=col == 1,
+                mode="lines+markers",
+                line=dict(color=color, dash="dash" if kernel.startswith("mamba") else "solid"),
+                row=1,
+                col=col,
+            )
+    us = [r["us"] for r in best.values()]
+    fractions = [r["copy_fraction"] for r in best.values()]
+    xrange = _log_range(batches, pad=1.5)
+    fig.update_xaxes(type="log", title_text="batch", range=xrange, row=1, col=1)
+    fig.update_xaxes(type="log", title_text="batch", range=xrange, row=1, col=2)
+    fig.update_yaxes(type="log", title_text="µs", range=_log_range(us), row=1, col=1)
+    fig.update_yaxes(
+        title_text="bytes moved / time / copy bandwidth",
+        range=[0, max(1.0, max(fractions)) * 1.1],
+        row=1,
+        col=2,
+    )
+    fig.update_layout(
+        title=f"the engine's state kernels, best launch per batch ({sweep['device']})",
+        height=420,
+    )
+    return fig
+
+
+ENGINE_SERIES = {
+    ("replay", None): ("engine replay", "#2ca02c", "solid"),
+    ("snapshot", None): ("engine snapshot", "#d62728", "solid"),
+    (None, "mamba-ssm generate(cg=True)"): ("mamba-ssm, CUDA graphs", "#9467bd", "dash"),
+    (None, "transformers generate"): ("transformers generate", "#7f7f7f", "dot"),
+}
+
+
+def engine_decode_figure(engine) -> go.Figure:
+    """``replaylab bench engine``: decode tokens/s (left) and fraction of the roofline (right)
+    against batch, the fused engine's two strategies beside the providers of the same run."""
+    from plotly.subplots import make_subplots
+
+    rows = [
+        r
+        for r in engine["rows"]
+        if "seconds_per_token" in r and "workload" not in r and r.get("fused", True)
+    ]
+    preset = rows[0]["preset"] if rows else "?"
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=["decode tokens/s", "fraction of the roofline"],
+        horizontal_spacing=0.12,
+    )
+    tps, fractions, batches = [], [], []
+    for (strategy, provider), (label, color, dash) in ENGINE_SERIES.items():
+        sel = sorted(
+            (
+                r
+                for r in rows
+                if r.get("strategy") == strategy
+                and r.get("provider") == provider
+                and r["preset"] == preset
+            ),
+            key=lambda r: r["batch"],
+        )
+        if not sel:
+            continue
+        values = [r["batch"] / r["seconds_per_token"]["median"] for r in sel]
+        tps += values
+        batches += [r["batch"] for r in sel]
+        style = dict(color=color, dash=dash)
+        fig.add_scatter(
+            x=[r["batch"] for r in sel],
+            y=values,
+            name=label,
+            legendgroup=label,
+            mode="lines+markers",
+            line=style,
+            row=1,
+            col=1,
+        )
+        roof = [r for r in sel if r.get("roofline_fraction") is not None]
+        fractions += [r["roofline_fraction"] for r in roof]
+        if roof:
+            fig.add_scatter(
+                x=[r["batch"] for r in roof],
+                y=[r["roofline_fraction"] for r in roof],
+                name=label,
+                legendgroup=label,
+                showlegend=False,
+                mode="lines+markers",
+                line=style,
+                row=1,
+                col=2,
+            )
+    xrange = _log_range(batches or [1], pad=1.5)
+    fig.update_xaxes(type="log", title_text="batch", range=xrange, row=1, col=1)
+    fig.update_xaxes(type="log", title_text="batch", range=xrange, row=1, col=2)
+    fig.update_yaxes(type="log", title_text="tokens/s", range=_log_range(tps or [1]), row=1, col=1)
+    fig.update_yaxes(title_text="fraction", range=[0, max([1.0, *fractions]) * 1.05], row=1, col=2)
+    fig.update_layout(
+        title=f"decode, {preset} ({engine['device']}): the engine beside the providers",
+        height=420,
     )
     return fig

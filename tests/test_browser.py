@@ -1,6 +1,7 @@
 """The notebooks in a real browser, as a workshop participant meets them: JupyterLab opens a
 notebook with explorers, its saved outputs show no raw widget text, Run All brings up the
-sliders and plotly figures, and moving a slider changes the figure.
+sliders and plotly figures, moving a slider changes the figure, and an explorer's "run live"
+button runs and puts its measurements on the figure.
 
 Needs Debian's ``chromium`` and the ``playwright`` package (CI's ``.ci/run`` installs
 chromium); skipped with the reason otherwise.
@@ -52,6 +53,9 @@ def lab(tmp_path):
         f"--ServerApp.root_dir={ROOT}",
         "--LabApp.news_url=",
         "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+        # a workspace of its own: the shared default one reopens whatever notebooks another
+        # session (or a concurrent run of this test) left open
+        f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -78,11 +82,15 @@ def lab(tmp_path):
 
 
 EXPLORER_NOTEBOOKS = {
+    "notebooks/06_replay_kernel.ipynb": 1,
     "notebooks/07_speculative_rollback.ipynb": 1,
     "notebooks/08_intervals_budgets.ipynb": 2,
 }  # notebook -> explorers in it
+RUN_LIVE_BUTTONS = {"notebooks/07_speculative_rollback.ipynb": 1}  # explorers with "run live"
 
 FIGURE_DATA = "el => JSON.stringify(el.data.map(t => [t.x, t.y]))"
+# the live run's markers: traces named "measured..." holding points
+OVERLAY = "el => el.data.some(t => (t.name || '').startsWith('measured') && t.y && t.y.length > 0)"
 
 
 @pytest.mark.browser
@@ -123,6 +131,7 @@ def test_explorers_work_in_jupyterlab_in_a_real_browser(lab, tmp_path, notebook)
                 if out.query_selector(".widget-slider") and out.query_selector(".js-plotly-plot")
             ]
             assert len(explorers) >= want
+            clicked = 0
             for n, out in enumerate(explorers):
                 figure = out.query_selector(".js-plotly-plot")
                 before = figure.evaluate(FIGURE_DATA)
@@ -141,6 +150,20 @@ def test_explorers_work_in_jupyterlab_in_a_real_browser(lab, tmp_path, notebook)
                 finally:
                     page.screenshot(path=str(tmp_path / f"explorer{n}.png"))
                 assert figure.evaluate(FIGURE_DATA) != before, f"explorer {n}: figure unchanged"
+                button = out.query_selector("button:has-text('run live')")
+                if button is None:
+                    continue
+                # the slider made the last live run stale: its markers are gone until a new run
+                assert not figure.evaluate(OVERLAY), f"explorer {n}: stale live markers left"
+                button.scroll_into_view_if_needed()
+                button.click()
+                try:  # the kernel decodes the tiny model on the CPU; plotly adds the markers
+                    page.wait_for_function(f"el => ({OVERLAY})(el)", arg=figure, timeout=120_000)
+                finally:
+                    page.screenshot(path=str(tmp_path / f"explorer{n}_live.png"))
+                assert "measured in" in out.inner_text(), f"explorer {n}: no status after the run"
+                clicked += 1
+            assert clicked == RUN_LIVE_BUTTONS.get(notebook, 0)
             text = page.inner_text(".jp-Notebook")
             assert "Traceback" not in text and "VBox(children" not in text
         finally:

@@ -107,7 +107,9 @@ def test_predict_orders_strategies_as_the_mechanism_says():
 def test_h200_preset_comes_from_the_committed_benchmark():
     from replaylab.plotting import load_bench
 
-    assert cm.HARDWARE["H200"].bandwidth == load_bench()["copy_bandwidth_gbs"] * 1e9
+    engine = load_bench("data/bench_engine.json")
+    assert cm.HARDWARE["H200"].bandwidth == engine["copy_bandwidth_gbs"] * 1e9
+    assert "bench_engine.json" in cm.HARDWARE["H200"].source
 
 
 def test_kernel_bytes_per_decode_step_against_gpu_data():
@@ -121,3 +123,170 @@ def test_kernel_bytes_per_decode_step_against_gpu_data():
     predicted = ssu["bytes"] / ours["bytes"]  # both memory-bound at batch 128
     measured = ssu["us"] / ours["us"]
     assert 1 / 1.3 < measured / predicted < 1.3
+
+
+# --- issue 15: the cost model's counts against hand counts and the committed runs -----------
+
+SMALL = cm.HybridShape(
+    "hand",
+    n_attn=1,
+    n_ssm=2,
+    kv_heads=1,
+    head_dim=2,
+    ssm_form="mamba2",
+    d_state=4,
+    d_conv=4,
+    ssm_heads=2,
+    ssm_head_dim=3,
+    n_groups=1,
+)
+
+
+def test_decode_token_bytes_against_a_hand_count():
+    # per SSM layer: state 2*3*4 = 24 fp32 = 96 B; conv channels 2*3 + 2*1*4 = 14, window 3 rows
+    # of bf16 = 84 B (read + write: 168); one token's log: xBC 14 + x 6 + dt 2 + B, C 8 = 30
+    # elements = 60 B. Attention: K and V of 1 head of width 2 = 4 elements = 8 B a row.
+    kw = dict(batch=4, context_len=10, log_length=8, interval=5, weight_bytes=400)
+    snap = cm.decode_token_bytes(SMALL, "snapshot", **kw)
+    assert snap == dict(
+        weights=100,
+        kv_read=80,
+        kv_write=8,
+        state_read=192,
+        state_write=192,
+        conv=336,
+        log_read=0,
+        log_write=0,
+        checkpoint=0,
+    )
+    rec = cm.decode_token_bytes(SMALL, "recompute", **kw)
+    assert rec["checkpoint"] == 2 * (192 + 168) / 5
+    rep = cm.decode_token_bytes(SMALL, "replay", **kw)
+    # the checkpoint read, then a fold every 8 tokens: 2 states read/written + 8 entries read
+    assert rep["state_read"] == 192 + 192 / 8 and rep["state_write"] == 192 / 8
+    assert rep["log_read"] == 4 * 120 + 120 and rep["log_write"] == 120
+    assert (
+        cm.decode_floor_seconds(
+            SMALL, "replay", 4, 1e9, **{k: v for k, v in kw.items() if k != "batch"}
+        )
+        == 4 * sum(rep.values()) / 1e9
+    )
+
+
+def test_decode_step_bytes_equal_what_the_engine_run_recorded():
+    """The engine run counted bytes_per_step with decode_step_bytes at its position minus
+    n_new / 2: prompt 32 + warm-up 32 + 3 runs of 32 (+ 16 steps where GPU-busy was
+    measured, batch 1 and 64, + 8 where the kernels were profiled, batch 1 and 128)."""
+    from replaylab.model import preset
+    from replaylab.results import load_bench
+
+    eng, weights = load_bench("data/bench_engine.json"), load_bench("data/bench_decode.json")
+    cfg = preset("8b-layers")
+    rows = [r for r in eng["rows"] if r.get("preset") == "8b-layers" and "bytes_per_step" in r]
+    assert len(rows) == 16  # 6 batches x 2 strategies, and the unfused engine at 2 batches
+    for r in rows:
+        context = 144 + 16 * (r["gpu_busy"] is not None) + 8 * (r.get("profile") is not None)
+        got = cm.decode_step_bytes(
+            cfg, r["strategy"], r["batch"], context, r["log_length"], weights["weights_bytes"]
+        )
+        assert got == r["bytes_per_step"], r
+
+
+def test_snapshot_counts_each_state_write_once():
+    """With every draft accepted (no restore), one more verified position adds exactly one
+    state and one conv window written to snapshot's traffic: the scan's write is the snapshot
+    (before the fix it added a scan read + write and a copy's read + write)."""
+    shape = SMALL
+    m = cm.model_costs(shape, cm.Workload(), 1e6)
+    hw = cm.Hardware("x", 1e12, 1e15)
+    moved = [
+        cm.predict(shape, cm.Workload(k=k, acceptance=1.0), hw, 1e6)["snapshot"]["moved_per_round"]
+        for k in (2, 3, 4)
+    ]
+    assert moved[1] - moved[0] == moved[2] - moved[1] == m.S + m.W
+    out = cm.predict(shape, cm.Workload(k=4, acceptance=1.0), hw, 1e6)
+    assert out["snapshot"]["state_writes_per_round"] == 5
+    assert out["snapshot"]["moved_per_round"] == m.S + 5 * (m.S + m.W)
+
+
+def test_replay_rollback_costs_the_deferred_fold():
+    shape = SMALL
+    hw = cm.Hardware("x", 1e12, 1e15)
+    for L in (4, 16):
+        w = cm.Workload(k=4, acceptance=0.6, interval=L)
+        out = cm.predict(shape, w, hw, 1e6)["replay"]
+        # hand count of one fold: read + write 2 layers' fp32 states (2 x 96 B), read L entries
+        # of 2 layers x 60 B
+        fold = 2 * 2 * 96 + L * 2 * 60
+        assert out["restore_seconds"] > 0
+        assert math.isclose(out["restore_seconds"] * hw.bandwidth, fold / L)
+        assert math.isclose(out["fold_bytes_per_round"], out["tokens_per_round"] * fold / L)
+
+
+def test_replay_frontier_is_where_the_kernel_bytes_cross():
+    dims = dict(H=128, P=64, N=128, G=8)
+    L = cm.replay_bytes_frontier(**dims)
+    for batch in (1, 64):
+        step = cm.kernel_bytes("replay_step", batch, L, 1, **dims)
+        fold = cm.kernel_bytes("fold", batch, L, 0, **dims)
+        ssu = cm.kernel_bytes("ssu", batch, L, 1, **dims)
+        assert math.isclose(step + fold / L, ssu, rel_tol=1e-9)
+        below = cm.replay_vs_ssu(batch, 16, bandwidth=1e12, **dims)["speedup"]
+        above = cm.replay_vs_ssu(batch, 256, bandwidth=1e12, **dims)["speedup"]
+        assert below > 1 > above
+
+
+def test_measured_replay_speedup_reads_the_kernel_benchmark():
+    from replaylab.results import load_bench
+
+    bench = load_bench()
+    rows = {(r["batch"], r["L"]): r for r in cm.measured_replay_vs_ssu(bench)}
+    us = {
+        (r["provider"], r["batch"], r["log_len"], r["T"]): r["us"]
+        for r in bench["rows"]
+        if "us" in r
+    }
+    ssu = next(v for (p, b, _, t), v in us.items() if p == "ssu" and b == 128 and t == 1)
+    replay = us[("replay_step", 128, 16, 1)] + us[("fold", 128, 16, 0)] / 16
+    assert math.isclose(rows[(128, 16)]["speedup"], ssu / replay)
+    assert rows[(1, 16)]["speedup"] < 1 < rows[(128, 16)]["speedup"]
+
+
+def test_best_log_length_per_workload_matches_the_closed_forms():
+    from replaylab.shapes import PUBLISHED_SHAPES
+
+    m = cm.model_costs(PUBLISHED_SHAPES["Nemotron-H 8B"], cm.Workload(), 8e9)
+    r = m.S / m.log_token
+    tpr = 1 + cm.expected_accepted(4, 0.8)
+    best = {w: cm.best_log_length(m, w) for w in cm.WORKLOADS}
+    assert abs(best["best-of-n"] - 2 * r**0.5) <= 1
+    assert abs(best["beam search"] - (4 * r / 3) ** 0.5) <= 1
+    assert abs(best["speculative"] - 2 * (r * tpr) ** 0.5) <= 1
+    assert best["beam search"] < best["best-of-n"] < best["speculative"]
+    with pytest.raises(ValueError, match="workload"):
+        cm.log_length_cost(m, "tree", 8)
+
+
+def test_held_crossover_is_where_replay_holds_as_much_as_two_checkpoints():
+    m = cm.model_costs(SMALL, cm.Workload(), 1e6)
+    L = cm.held_crossover_interval(m)
+    replay = sum(cm.bytes_held(m, "replay", log_entries=L - 1).values())
+    recompute = sum(cm.bytes_held(m, "recompute", checkpoints=2).values()) - m.S - m.W
+    assert math.isclose(replay - m.S - m.W, recompute)
+
+
+def test_gain_falls_as_attention_grows_and_live_bytes_match_the_model():
+    from replaylab.experiments import gain_vs_attention_live
+    from replaylab.shapes import PUBLISHED_SHAPES
+
+    patterns = ["MMMMMMM*", "M*M*M*M*"]
+    model = cm.gain_vs_attention(patterns, PUBLISHED_SHAPES["Nemotron-H 8B"], 8e9, repeat=4)
+    assert model[0]["memory_gain"] > model[1]["memory_gain"] > 1
+    assert model[0]["speed_gain"] > model[1]["speed_gain"] > 1
+    with pytest.raises(ValueError, match="rounds"):
+        gain_vs_attention_live(patterns, rounds=2)
+    live = gain_vs_attention_live(patterns, prompt_len=96, rounds=3)
+    for row in live:
+        assert row["snapshot_measured"] == row["snapshot_predicted"]
+        assert row["replay_measured"] == row["replay_predicted"]
+    assert live[0]["gain_measured"] > live[1]["gain_measured"] > 1

@@ -74,3 +74,17 @@ winning_log_answer = max(
 
 # %% log_room
 log_room_answer = 16 - 2  # log_len + T <= Lmax
+
+# %% best_log
+from replaylab.costmodel import kernel_bytes
+
+rows_8 = [r for r in table if r["batch"] == 8]
+measured_L = min(rows_8, key=lambda r: r["amortised_us"])["L"]
+
+
+def amortised_bytes(L):
+    step = kernel_bytes("replay_step", 8, L, 1, **bench["shape"])
+    return step + kernel_bytes("fold", 8, L, 0, **bench["shape"]) / L
+
+
+best_log_answer = (measured_L, min(range(1, 65), key=amortised_bytes))

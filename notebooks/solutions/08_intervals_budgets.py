@@ -25,3 +25,8 @@ eviction_answer = {
     "evicted": "first" if cost_cache.stats.fallback_restores else "second",
     "tokens_rerun": cost_cache.stats.recomputed_tokens,
 }
+
+# %% beam_log_length
+bamba = cm.model_costs(PUBLISHED_SHAPES["Bamba 9B"], cm.Workload(), 8.1e9)
+best_bamba = cm.best_log_length(bamba, "beam search", range(2, 257))
+beam_log_length_answer = (best_bamba, "longer" if best_bamba > optima["beam search"] else "shorter")
