@@ -113,6 +113,8 @@ def gated_rmsnorm(y, gate, weight, groups, eps):
     R, width = y.shape
     if not y.is_contiguous() or gate.stride(-1) != 1:
         raise ValueError("y: expected contiguous rows; gate: unit stride in the last dim")
+    if width % groups:
+        raise ValueError(f"groups: {groups} does not divide the width {width}")
     group = width // groups
     out = torch.empty_like(y)
     _gated_rmsnorm_kernel[(R, groups)](
@@ -213,6 +215,10 @@ def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=No
     batch, K, C = window.shape
     if rows != batch * T or not zx.is_contiguous() or not window.is_contiguous():
         raise ValueError("conv_step: zx (B*T, W) and window (B, K, C), contiguous")
+    if drafts is not None and (drafts.shape[0] < batch or drafts.shape[1] < T):
+        raise ValueError(
+            f"drafts: {tuple(drafts.shape[:2])} slots x tokens, need at least ({batch}, {T})"
+        )
     new = lambda width: torch.empty(rows, width, dtype=zx.dtype, device=zx.device)  # noqa: E731
     x, B, Cm, dt = new(XP), new(GN), new(GN), new(H)
     BLOCK_C = 256
@@ -331,6 +337,14 @@ def state_update(
     x (B, T, H, P), dt (B, T, H) raw, B/C (B, T, G, N), contiguous. Returns y (B, T, H, P)."""
     batch, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
+    if state.dtype != torch.float32 or state.shape[0] < batch or not state.is_contiguous():
+        raise ValueError("state: expected a contiguous fp32 pool with a row per sequence")
+    if not all(t.is_contiguous() for t in (x, dt, B, C)):
+        raise ValueError("x, dt, B, C: expected contiguous tensors")
+    if drafts is not None and (drafts.shape[0] < batch or drafts.shape[1] < T):
+        raise ValueError(
+            f"drafts: {tuple(drafts.shape[:2])} slots x tokens, need at least ({batch}, {T})"
+        )
     y = torch.empty_like(x)
     default_p, default_w = next((p, w) for bound, p, w in LAUNCH_STATE_UPDATE if batch <= bound)
     BLOCK_P = min(block_p or default_p, triton.next_power_of_2(P))
@@ -414,6 +428,8 @@ def attention(q, k, v, position, scale):
     batch, T, Hq, Dh = q.shape
     Hkv, max_len = k.shape[1], k.shape[2]
     q_row = q.stride(1) if T > 1 else q.stride(0)  # a size-1 dim's stride is arbitrary
+    if Hq % Hkv or not (k.is_contiguous() and v.is_contiguous()) or k.shape != v.shape:
+        raise ValueError("k, v: expected equal contiguous (slots, Hkv, max_len, Dh) buffers")
     rows_ok = q.stride(0) == T * q_row and q.stride(2) == Dh and q.stride(3) == 1
     if not rows_ok or Dh & (Dh - 1):
         raise ValueError("q: expected contiguous heads, evenly spaced rows, Dh a power of two")

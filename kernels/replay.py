@@ -371,6 +371,15 @@ def _blocks(P, N, kernel, block_p=None, num_warps=None, batch=1):
     return block_p, triton.next_power_of_2(N), num_warps or default_w
 
 
+def _check_offsets(batch, Lmax, H, P):
+    """The kernels index logs with 32-bit offsets: refuse what would overflow them."""
+    if batch * Lmax * H * P >= 2**31:
+        raise ValueError(
+            f"log: batch {batch} x capacity {Lmax} x H {H} x P {P} elements exceed the "
+            f"kernels' 32-bit offsets (2**31); use fewer sequences per call or a shorter log"
+        )
+
+
 def _check(states, slots, log_x, log_dt, log_B, log_len):
     if states.dtype != torch.float32:
         raise ValueError(f"states: expected float32 checkpoint states, got {states.dtype}")
@@ -422,6 +431,10 @@ def replay_step(
     """
     batch, T, H, P = x.shape
     Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
+    _check_offsets(batch, Lmax, H, P)
+    y_dtype = x.dtype
+    # the kernel reads log rows and new inputs through one pointer: one dtype per field
+    x, dt, B, C = x.to(log_x.dtype), dt.to(log_dt.dtype), B.to(log_B.dtype), C.to(log_C.dtype)
     if check:
         _check(states, slots, log_x, log_dt, log_B, log_len)
     if check and append and int(log_len.max()) + T > Lmax:
@@ -430,7 +443,7 @@ def replay_step(
             f"got max log_len {int(log_len.max())}"
         )
     # not empty_like: x may be a permuted view, and the kernel writes y row-major
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    y = torch.empty(x.shape, dtype=y_dtype, device=x.device) if out is None else out
     if not y.is_contiguous():
         raise ValueError("out: expected a contiguous tensor")
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps, batch)
@@ -545,6 +558,7 @@ def fold(
         )
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
+    _check_offsets(batch, Lmax, H, P)
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps, batch)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))

@@ -8,7 +8,8 @@ Python on every token; that is what the notebooks read. ``DecodeEngine`` runs th
     pools, per Mamba-2 layer (rows are slots; the batch is slots 0 .. B-1):
         state      (slots, H, P, N) fp32      snapshot: the current state; replay: the checkpoint
         conv       (slots, d_conv-1, conv_dim) the current conv window (both strategies)
-        log_*      (slots, L + T_max, ...)    replay: x, dt, B, C, xBC since the checkpoint
+        log_*      (slots, L + T_max, ...)    replay: x, dt, B, C since the checkpoint (and xBC,
+                                              the conv inputs, on the unfused path)
         draft_*    (slots, T_max, ...)        snapshot: the state and window after each verified
                                               token, for rollback (the per-draft-snapshot path)
     per attention layer:
@@ -24,9 +25,12 @@ relu^2, snapshot's state update, attention over the static KV buffer), replay's
 ``replay_step`` appends to the log itself; a step at small batch is then a few dozen kernels
 instead of a few hundred. The fused kernels round differently from the teaching model's
 operations (another summation order), so on a GPU the two paths agree to rounding and their
-greedy tokens part only where two logits nearly tie. A (k+1)-token verify computes each row as
-a single-token step would, but for replay's step (log and new tokens summed in another order:
-fp32 rounding), so speculative decoding returns the engine's greedy tokens but at such ties.
+greedy tokens part only where two logits nearly tie. Within the engine, every fused kernel
+computes a row of a (k+1)-token verify exactly as a single-token step would (replay's step
+included); what can still round differently is the matrix products over B*T rows (cuBLAS may
+pick another reduction order for another row count) and, under replay, the fold, which a
+verify may trigger earlier than single steps would. Speculative decoding therefore returns the
+engine's greedy tokens up to such near-ties (``replaylab bench engine`` records both).
 
 Glossary: B batch (active slots), T tokens per step (1 decode, k + 1 verify), L log length.
 """
@@ -424,6 +428,7 @@ class DecodeEngine:
             append=append,
             advance=False,
             check=False,
+            kernel="per_token",  # a verify rounds as single steps do (see the docstring)
         )
 
     def _attention(self, layer, h, B, T):
@@ -532,9 +537,9 @@ class DecodeEngine:
         key = (B, T)
         if key not in self._graphs:
             static = tokens.clone()
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
             saved = self._save_for_capture(B)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())  # after the copies above
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: Triton compiles, allocator settles
                     self._forward(static)
@@ -552,7 +557,9 @@ class DecodeEngine:
         return out
 
     def _save_for_capture(self, B):
-        """Warm-up and capture run the step for real: keep what they overwrite."""
+        """The warm-up runs the step for real (capture records without running): keep what it
+        overwrites in place (state, conv window, log length); the log, draft and KV rows past
+        the current position are rewritten by the real step before anything reads them."""
         saved = {"log_len": self._log_len.clone()}
         for l, pool in self.ssm.items():
             saved[l] = (pool.state[:B].clone(), pool.conv[:B].clone())

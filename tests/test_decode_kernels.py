@@ -159,10 +159,11 @@ def test_bf16_rounding_on_gpu():
     assert torch.equal(relu2(u), torch.relu(u).square())
 
 
-def test_attention_equals_the_model_and_rows_do_not_depend_on_T():
+@pytest.mark.parametrize("pos", [9, 130])  # one block of 64 keys, and three (the rescaling)
+def test_attention_equals_the_model_and_rows_do_not_depend_on_T(pos):
     from replaylab.kernels.decode import attention
 
-    batch, Hq, Hkv, Dh, max_len, pos = 2, 4, 2, 16, 40, 9
+    batch, Hq, Hkv, Dh, max_len = 2, 4, 2, 16, 160
     k, v = randn(batch + 1, Hkv, max_len, Dh), randn(batch + 1, Hkv, max_len, Dh)
     q = randn(batch, 3, Hq, Dh)
     position = torch.tensor(pos)
@@ -181,8 +182,10 @@ def test_attention_equals_the_model_and_rows_do_not_depend_on_T():
 @pytest.mark.gpu
 @pytest.mark.parametrize("strategy", ["snapshot", "replay"])
 def test_fused_engine_on_gpu_speculative_returns_its_greedy_tokens(strategy):
-    """Compiled, bf16, CUDA graphs: a verify rounds as single steps do (see the module
-    docstring), so speculative decoding returns the engine's own greedy tokens."""
+    """Compiled, bf16, CUDA graphs: speculative decoding returns the engine's own greedy
+    tokens for this prompt (the fused kernels round a verify as single steps do; the matrix
+    products and, under replay, the fold schedule may still part them at a near-tie: see
+    ``replaylab.engine``)."""
     model = HybridLM(preset("1b"), seed=0).to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(0, 32000, (1, 24), generator=torch.Generator().manual_seed(5)).cuda()
     engine = DecodeEngine(model, 1, 24 + 48 + 6, strategy, log_length=16)
@@ -190,3 +193,4 @@ def test_fused_engine_on_gpu_speculative_returns_its_greedy_tokens(strategy):
     full = torch.cat([prompt, ref], 1).cpu()
     tokens, proposed, accepted = engine.speculative(prompt, 48, SyntheticDrafter(full, 0.8, 2))
     assert torch.equal(tokens, ref), (tokens != ref).nonzero()[:1]
+    assert 0 < accepted < proposed

@@ -160,6 +160,22 @@ def test_permuted_views_as_inputs():
     assert_close(replay_step(**cloned(c)), replay_step_ref(**ref), name="y")
 
 
+def test_inputs_in_another_dtype_than_the_log_and_offsets_that_would_overflow():
+    c = case(T=2, dtype=torch.float32)
+    mixed = cloned(c)
+    for name in ("x", "B", "C"):
+        mixed[name] = mixed[name].bfloat16()  # a bf16 model over an fp32 log
+    rounded = cloned(c)
+    for name in ("x", "B", "C"):
+        rounded[name] = rounded[name].bfloat16().float()
+    y = replay_step(**mixed)
+    assert y.dtype == torch.bfloat16  # outputs in the inputs' dtype
+    assert_close(y, replay_step(**rounded), dtype=torch.bfloat16, name="y")
+    big = dict(cloned(c), log_x=c["log_x"][:, :1].expand(3, 2**25, 6, 5))  # no memory
+    with pytest.raises(ValueError, match=r"exceed the kernels' 32-bit offsets"):
+        replay_step(**big, check=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 5])
 def test_full_size_append_equals_a_separate_append(T):

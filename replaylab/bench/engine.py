@@ -6,10 +6,17 @@ Per (preset, strategy, batch) it reports the decode-only time per output token (
 around ``n_new`` graph steps; prefill excluded; median of ``repeats`` after a warm-up), the
 bytes one step must move (``costmodel.decode_step_bytes``: weights once, then per sequence its
 state traffic, KV and log reads) over the device-copy bandwidth measured in the same run (the
-fraction of the roofline), the GPU-busy fraction from torch.profiler, and peak memory per
-sequence. Speculative decoding (batch 1, k=4) with synthetic acceptance 0.5 / 0.8 / 0.95 runs
-under both strategies; the snapshot engine keeps a state per draft (the per-draft-snapshot
-path). Before timing, the engine's greedy tokens are compared with the teaching cache's.
+fraction of the roofline), the GPU-busy fraction from torch.profiler (batch 1 and 64), a
+kernel profile (batch 1 and 128), decode-only peak memory and the pools' bytes per sequence;
+the fused engine at every batch and the unfused one at batch 1 and 128 (what fusing buys).
+
+The first preset also runs: speculative decoding (batch 1, k=4) with synthetic acceptance
+0.5 / 0.8 / 0.95 under both strategies (the snapshot engine keeps a state per draft: the
+per-draft-snapshot path); batched verify rounds (batch 8, 64, 128, every sequence keeping
+the same count); the largest batch whose engine fits a memory budget (pools sized for
+``concurrency_max_len`` tokens, probed with one-token prompts and eager steps: decode-time
+capacity); the trained pair of data/models; and the two baselines. Before timing, the engine's
+greedy tokens are compared with the teaching cache's, with the logit gap where they part.
 """
 
 from __future__ import annotations
@@ -138,12 +145,12 @@ def _trained_pair_speculative(n_new=64, k=4):
     """The trained target and draft (data/models) on the GPU: greedy engine decode against
     speculative decoding with the draft model, under both strategies, on a held-out prompt."""
     import gzip
-    from pathlib import Path
 
     from replaylab.decoding import ModelDrafter
     from replaylab.generate import load_checkpoint, load_tokenizer
+    from replaylab.results import DATA_DIR
 
-    root = Path("data/models")
+    root = DATA_DIR / "models"
     target = load_checkpoint(root / "replaylab-code-10m", device="cuda", dtype=torch.bfloat16)
     draft = load_checkpoint(root / "replaylab-code-draft", device="cuda", dtype=torch.bfloat16)
     tokenizer = load_tokenizer(root / "replaylab-code-10m")
