@@ -453,45 +453,7 @@ def replay_step(
         raise ValueError(f"kernel: expected 'auto', 'per_token' or 'verify', got {kernel!r}")
     if kernel == "auto":
         kernel = "verify" if T >= 8 and P >= 16 and N >= 16 else "per_token"
-    if kernel == "verify":
-        _replay_verify_kernel[grid](
-            states,
-            slots,
-            log_x,
-            log_dt,
-            log_B,
-            log_C,
-            log_len,
-            x.contiguous(),
-            dt.contiguous(),
-            B.contiguous(),
-            C.contiguous(),
-            A,
-            D if D is not None else A,
-            bias,
-            y,
-            float(dt_limit[0]),
-            float(min(dt_limit[1], 3.0e38)),
-            Lmax,
-            H,
-            P,
-            N,
-            G,
-            T=T,
-            BLOCK_P=BLOCK_P,
-            BLOCK_N=BLOCK_N,
-            BLOCK_L=16,
-            BLOCK_T=max(16, triton.next_power_of_2(T)),
-            SOFTPLUS=dt_softplus,
-            HAS_D=D is not None,
-            APPEND=append,
-            PRECISION="tf32x3" if x.is_cuda else "ieee",
-            num_warps=4,
-        )
-        if append and advance:
-            log_len += T
-        return y
-    _replay_step_kernel[grid](
+    args = (
         states,
         slots,
         log_x,
@@ -514,16 +476,26 @@ def replay_step(
         P,
         N,
         G,
+    )
+    common = dict(
         T=T,
         BLOCK_P=BLOCK_P,
         BLOCK_N=BLOCK_N,
         BLOCK_L=16,
-        BLOCK_T=2,
         SOFTPLUS=dt_softplus,
         HAS_D=D is not None,
         APPEND=append,
-        num_warps=warps,
     )
+    if kernel == "verify":
+        _replay_verify_kernel[grid](
+            *args,
+            **common,
+            BLOCK_T=max(16, triton.next_power_of_2(T)),
+            PRECISION="tf32x3" if x.is_cuda else "ieee",
+            num_warps=4,
+        )
+    else:  # one token at a time, each as a single step (BLOCK_T: a block of one token)
+        _replay_step_kernel[grid](*args, **common, BLOCK_T=2, num_warps=warps)
     if append and advance:
         log_len += T
     return y

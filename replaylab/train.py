@@ -757,10 +757,30 @@ def write_cards(models_dir) -> dict:
     (models_dir / "metrics.json").write_text(json.dumps(metrics, indent=1))
     for n in PAIR:
         (models_dir / n / "README.md").write_text(model_card(metrics, n))
-        (models_dir / n / "provenance.json").write_text(
-            json.dumps(folder_provenance(metrics, n), indent=1)
-        )
+        provenance = folder_provenance(metrics, n)
+        (models_dir / n / "provenance.json").write_text(json.dumps(provenance, indent=1))
+        stamp_provenance(models_dir / n, provenance)
     return metrics
+
+
+# files of a model folder that can carry extra top-level fields (tokenizers refuses unknown
+# fields in tokenizer.json, so that one is covered by provenance.json alone)
+STAMPED_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
+
+
+def stamp_provenance(folder, provenance: dict):
+    """Write the training run's device, date and command into each JSON file of ``folder``
+    that tolerates extra fields (transformers keeps them as attributes it never reads)."""
+    for name in STAMPED_FILES:
+        path = Path(folder) / name
+        data = json.loads(path.read_text())
+        data.update(
+            device=provenance["device"],
+            date=provenance["date"],
+            command=provenance["command"],
+            provenance="provenance.json (versions, and the run that measured the card)",
+        )
+        path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def folder_provenance(metrics: dict, name: str) -> dict:

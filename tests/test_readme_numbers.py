@@ -36,5 +36,17 @@ def test_the_engine_table_matches_the_committed_run():
             assert int(cells[2 * i + 1]) == round(100 * row["roofline_fraction"])
         hf = get(provider="transformers generate", batch=b)
         assert int(cells[6].replace(",", "")) == round(_tok_s(hf))
+    busy = re.search(
+        r"replay (\d+)% at batch 1 and\s+(\d+)% at batch 64, snapshot (\d+)% and (\d+)%", text
+    )
+    cases = [("replay", 1), ("replay", 64), ("snapshot", 1), ("snapshot", 64)]
+    for (strategy, batch), pct in zip(cases, busy.groups(), strict=True):
+        row = get(preset="8b-layers", strategy=strategy, batch=batch, fused=True)
+        assert int(pct) == round(100 * row["gpu_busy"]), (strategy, batch)
+    kernels = re.search(r"add up to (\d+)% \(replay\) and (\d+)% \(snapshot\)", text)
+    for strategy, pct in zip(("replay", "snapshot"), kernels.groups(), strict=True):
+        row = get(preset="8b-layers", strategy=strategy, batch=1, fused=True)
+        step_us = row["seconds_per_token"]["median"] * 1e6
+        assert int(pct) == round(100 * row["profile"]["device_us_per_step"] / step_us), strategy
     held = {r["strategy"]: r["max_batch"] for r in rows if r.get("workload") == "concurrency"}
     assert f"holds {held['replay']}" in text and f"path's {held['snapshot']}" in text

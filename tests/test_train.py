@@ -228,3 +228,27 @@ def test_round_recorder_counts_accepted_drafts(tiny_model):
     assert sum(r["accepted"] for r in rounds) == res.accepted
     assert all(0 <= r["accepted"] <= 3 for r in rounds) and len(rounds) * 3 == res.proposed
     assert [r["position"] for r in rounds][0] == prompt.shape[1] + 1
+
+
+def test_committed_model_files_carry_their_provenance_and_still_load():
+    """write_cards stamps the training run into every file that tolerates extra fields;
+    transformers and tokenizers still read the folders."""
+    import json
+    from pathlib import Path
+
+    from replaylab.generate import load_checkpoint, load_tokenizer
+    from replaylab.train import PAIR, STAMPED_FILES
+
+    root = Path(__file__).resolve().parents[1] / "data" / "models"
+    for name in PAIR:
+        prov = json.loads((root / name / "provenance.json").read_text())
+        for f in STAMPED_FILES:
+            data = json.loads((root / name / f).read_text())
+            assert (data["device"], data["date"], data["command"]) == (
+                prov["device"],
+                prov["date"],
+                prov["command"],
+            ), (name, f)
+        tok = load_tokenizer(root / name)
+        assert tok.decode(tok.encode("def f(x):\n    return x").ids) == "def f(x):\n    return x"
+        assert load_checkpoint(root / name).cfg.vocab_size == len(tok.get_vocab())
