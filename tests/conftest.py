@@ -1,14 +1,40 @@
 """Shared fixtures and markers.
 
+The session fails if the suite changed a file in the checkout (``checkout_guard``).
+
 Markers (registered in pyproject.toml):
     gpu        needs a CUDA device; skipped here with that reason
     mamba_ssm  needs mamba-ssm's references (an optional oracle); skipped with the import error
 """
 
+from pathlib import Path
+
 import pytest
 import torch
+from checkout_guard import changed_files, fingerprint
 
 from replaylab.testing import tiny_hybrid
+
+ROOT = Path(__file__).resolve().parents[1]
+_CHECKOUT = {}
+
+
+def pytest_sessionstart(session):
+    """Fingerprint the checkout: the suite must leave it as it found it."""
+    _CHECKOUT["before"] = fingerprint(ROOT)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run, naming the files, if any test wrote into the checkout."""
+    before = _CHECKOUT.get("before")
+    if before is None:
+        return
+    changed = changed_files(before, fingerprint(ROOT) or {})
+    if changed:
+        print(f"\nthe test suite changed {len(changed)} file(s) in the checkout:")
+        for path in changed:
+            print(f"    {path}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _mamba_ssm_missing():

@@ -155,3 +155,32 @@ def test_notebooks_carry_no_widget_views_or_widget_state():
         text=True,
     )
     assert out.returncode == 0, out.stdout
+
+
+def test_the_checkout_guard_sees_every_kind_of_change(tmp_path):
+    """conftest's guard compares fingerprints of the checkout before and after the suite: a
+    modified, a deleted and a new untracked file each show; an ignored file does not."""
+    import subprocess
+
+    from checkout_guard import changed_files, fingerprint
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    for name in ("kept.txt", "edited.txt", "deleted.txt"):
+        (tmp_path / name).write_text(name)
+    git("add", ".")
+    before = fingerprint(tmp_path)
+    assert changed_files(before, fingerprint(tmp_path)) == []
+    (tmp_path / "edited.txt").write_text("changed")
+    (tmp_path / "deleted.txt").unlink()
+    (tmp_path / "new.txt").write_text("new")
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "out.txt").write_text("build output")
+    assert changed_files(before, fingerprint(tmp_path)) == ["deleted.txt", "edited.txt", "new.txt"]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as elsewhere:  # not a git work tree
+        assert fingerprint(elsewhere) is None
