@@ -182,11 +182,11 @@ PAGE_STATE = f"""() => {{
     .map(e => e.innerText.slice(0, 500)).slice(0, 5);
   return state;
 }}"""
-RUN_ALL = f"""async (limit_ms) => {{
+RUN_ALL = """async (limit_ms) => {
   const run = window.jupyterapp.commands.execute('notebook:run-all-cells');
   const late = new Promise(done => setTimeout(() => done('timeout'), limit_ms));
   return String(await Promise.race([run, late]));
-}}"""
+}"""
 
 
 class Explain:
@@ -248,7 +248,9 @@ def test_explorers_work_in_jupyterlab_in_a_real_browser(lab, tmp_path, notebook)
                 f" >= {want}",
                 30,
             )
-            explain.wait("the kernel did not settle after Run All", f"{KERNEL_STATUS} === 'idle'", 30)
+            explain.wait(
+                "the kernel did not settle after Run All", f"{KERNEL_STATUS} === 'idle'", 30
+            )
             explorers = [
                 out
                 for out in page.query_selector_all(".jp-OutputArea-output")
