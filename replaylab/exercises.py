@@ -2,8 +2,10 @@
 function or a class), compares it with the library on fixed or random inputs, prints a verdict
 (``PASS ...`` / ``FAIL ...`` with the first mismatch; notebooks 01-02 print ``correct:`` /
 ``not yet:``), records it (``results()``) and returns True or False. A stub that returns None,
-is left as None or raises NotImplementedError is reported as not done and never raises, so an
-unfinished notebook still runs to the end.
+is left as None or raises NotImplementedError is reported as not done; any other exception
+raised by the learner's code (or by reading the answer) is reported as ``FAIL name: ...``
+naming the exception and the learner's line (``exercises_common.guarded``). No check raises,
+so an unfinished or broken notebook still runs to the end.
 
 Mini-store exercises (notebooks 03-05) run on ``MiniLayer``: one Mamba-2 layer's recurrence
 (``replaylab.scan.ssd_scan``) with fixed parameters, fed ``ScanInputs`` (x, dt, B, C of T tokens).
@@ -17,6 +19,14 @@ from dataclasses import dataclass
 import torch
 
 from replaylab.checks import max_abs_error
+from replaylab.exercises_common import (
+    describe_exception,
+    guarded,
+    not_implemented,
+    record,
+    report,
+    results,
+)
 from replaylab.scan import ScanResult, ssd_scan, ssd_step
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
 
@@ -57,6 +67,7 @@ def _verdict(name, ok, message):
     return record(name, ok)
 
 
+@guarded("conv-state bytes")
 def check_conv_state_bytes(answer) -> bool:
     """Exercise: conv-state bytes of one Nemotron-H 8B sequence (bf16), over all its SSM layers."""
     if answer is None:
@@ -70,16 +81,29 @@ def check_conv_state_bytes(answer) -> bool:
     )
 
 
+@guarded("KV truncate")
 def check_kv_truncate(truncate) -> bool:
     """Exercise: ``truncate(keys, p)`` keeps positions [0, p) of keys (batch, Hkv, T, Dh)."""
     keys = torch.randn(2, 3, 9, 4)
     got = truncate(keys, 5)
     if got is None:
         return _verdict("KV truncate", False, "return the truncated keys")
-    ok = got.shape == (2, 3, 5, 4) and torch.equal(got, keys[:, :, :5])
-    return _verdict(
-        "KV truncate", ok, f"shape {tuple(got.shape)}" + ("" if ok else ", expected (2, 3, 5, 4)")
-    )
+    if not isinstance(got, torch.Tensor):
+        return _verdict("KV truncate", False, f"return a tensor, got {type(got).__name__}")
+    if got.shape != (2, 3, 5, 4):
+        return _verdict(
+            "KV truncate",
+            False,
+            f"keys (2, 3, 9, 4) truncated to p=5 gave shape {tuple(got.shape)}, expected "
+            "(2, 3, 5, 4): positions are dim 2 (batch, Hkv, T, Dh)",
+        )
+    if not torch.equal(got, keys[:, :, :5]):
+        return _verdict(
+            "KV truncate",
+            False,
+            "shape (2, 3, 5, 4) but not the keys of positions 0..4 (keep the first p, in order)",
+        )
+    return _verdict("KV truncate", True, "shape (2, 3, 5, 4), the keys of positions 0..4")
 
 
 def _random_step_inputs(generator, batch=2, H=4, P=3, N=5, G=2):
@@ -94,25 +118,63 @@ def _random_step_inputs(generator, batch=2, H=4, P=3, N=5, G=2):
     )
 
 
+def _difference(what, got, want, tol=1e-4, head_dim=None):
+    """None when ``got`` matches ``want``; otherwise the first mismatch (see ``_compare``) and,
+    with ``head_dim``, which heads are wrong."""
+    try:
+        _compare(what, got, want, tol)
+    except _Mismatch as err:
+        message = str(err)
+        if head_dim is not None and got.shape == want.shape:
+            a, e = got.double(), want.double()
+            bad = (~((a - e).abs() <= tol + tol * e.abs())).movedim(head_dim, 0)
+            wrong = [h for h in range(bad.shape[0]) if bad[h].any()]
+            if len(wrong) < bad.shape[0]:
+                message += f" (wrong in heads {wrong} of {bad.shape[0]}, the others agree)"
+            else:
+                message += " (wrong in every head)"
+        return message
+    return None
+
+
+@guarded("SSD step")
 def check_ssd_step(step) -> bool:
     """Exercise: ``step(state, x, dt, A, B, C, D) -> (y, new_state)`` for the Mamba-2 form with
-    Δ = dt as given (no bias, no softplus) and no gate."""
+    Δ = dt as given (no bias, no softplus) and no gate. y and new_state are compared separately
+    (the message says which is wrong and in which heads)."""
     g = torch.Generator().manual_seed(0)
     inp = _random_step_inputs(g)
     state = torch.randn(2, 4, 3, 5, generator=g)
     out = step(state.clone(), **inp)
     if out is None:
         return _verdict("SSD step", False, "return (y, new_state)")
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        return _verdict(
+            "SSD step", False, f"return a pair (y, new_state), got {type(out).__name__}"
+        )
     want_y, want_state = ssd_step(state, **inp)
-    err = max(max_abs_error(out[0], want_y), max_abs_error(out[1], want_state))
-    return _verdict(
-        "SSD step", err < 1e-4, f"max abs error {err:.1e} against replaylab.scan.ssd_step"
-    )
+    bad_y = _difference("y", out[0], want_y, head_dim=1)
+    bad_state = _difference("new_state", out[1], want_state, head_dim=1)
+    if bad_y is None and bad_state is None:
+        err = max(max_abs_error(out[0], want_y), max_abs_error(out[1], want_state))
+        return _verdict(
+            "SSD step", True, f"max abs error {err:.1e} against replaylab.scan.ssd_step"
+        )
+    if bad_state is None:
+        message = (
+            f"new_state agrees, y differs: {bad_y}; y_t = C_t . S_t (the state after this "
+            "token) + D x_t"
+        )
+    else:
+        message = "; ".join(m for m in (bad_state, bad_y) if m)
+    return _verdict("SSD step", False, message + " - against replaylab.scan.ssd_step")
 
 
+@guarded("resume from a checkpoint")
 def check_resume(resume) -> bool:
     """Exercise: ``resume(checkpoint_state, x, dt, A, B, C) -> y`` continues a scan from a
     checkpoint state (batch, H, P, N) over new inputs x (batch, T, H, P) etc."""
+    name = "resume from a checkpoint"
     g = torch.Generator().manual_seed(1)
     x, dt = torch.randn(2, 12, 4, 3, generator=g), torch.rand(2, 12, 4, generator=g)
     A = -torch.rand(4, generator=g)
@@ -120,42 +182,24 @@ def check_resume(resume) -> bool:
     checkpoint = ssd_scan(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7]).state
     got = resume(checkpoint.clone(), x[:, 7:], dt[:, 7:], A, B[:, 7:], C[:, 7:])
     if got is None:
-        return _verdict(
-            "resume from a checkpoint", False, "return y for the tokens after the checkpoint"
-        )
+        return _verdict(name, False, "return y for the tokens after the checkpoint")
     want = ssd_scan(x, dt, A, B, C).y[:, 7:]
-    err = max_abs_error(got, want)
-    return _verdict(
-        "resume from a checkpoint",
-        err < 1e-4,
-        f"max abs error {err:.1e} against one scan over all 12 tokens",
-    )
+    bad = _difference("y of the 5 tokens after the checkpoint", got, want)
+    if bad is None:
+        err = max_abs_error(got, want)
+        return _verdict(name, True, f"max abs error {err:.1e} against one scan over all 12 tokens")
+    from_zero = ssd_scan(x[:, 7:], dt[:, 7:], A, B[:, 7:], C[:, 7:]).y
+    if _difference("y", got, from_zero) is None:
+        bad += "; it equals a scan of the 5 new tokens from a zero state: start from the checkpoint"
+    return _verdict(name, False, f"{bad} - against one scan over all 12 tokens")
 
 
 # --------------------------------------------------------------------------------------------
 # The record of verdicts (read by tests/test_notebook_solutions.py after running a notebook)
+# lives in replaylab.exercises_common (``record``, ``results``, imported above).
 
-_RESULTS: list[tuple[str, bool]] = []
-
-
-def record(name: str, ok: bool) -> bool:
-    """Remember one check's verdict (in run order) and return it."""
-    _RESULTS.append((name, bool(ok)))
-    return bool(ok)
-
-
-def results() -> list[tuple[str, bool]]:
-    """Every verdict recorded in this process so far: [(check name, passed), ...]."""
-    return list(_RESULTS)
-
-
-def _done(name, ok, message) -> bool:
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {message}")
-    return record(name, ok)
-
-
-def _not_implemented(name) -> bool:
-    return _done(name, False, "not yet implemented (the stub raised NotImplementedError)")
+_done = report
+_not_implemented = not_implemented
 
 
 # --------------------------------------------------------------------------------------------
@@ -290,7 +334,7 @@ def _reference_path(layer, batch, path):
 
 def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
     """Run the random operation sequences ``ops_fn(generator, log)`` for each seed; report the
-    first mismatch with the operations that led to it."""
+    first mismatch with the operations that led to it (the last one is where it went wrong)."""
     total = 0
     for seed in seeds:
         g = torch.Generator().manual_seed(seed)
@@ -303,51 +347,81 @@ def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
             trail = "; ".join(log[-4:])
             return _done(name, False, f"seed {seed}, after [{trail}]: {err}")
         except Exception as err:  # the learner's code raised: report it, do not raise
-            trail = "; ".join(log[-4:])
-            return _done(
-                name, False, f"seed {seed}, after [{trail}]: raised {type(err).__name__}: {err}"
-            )
+            where = f"in [{'; '.join(log[-4:])}]" if log else "building the store"
+            return _done(name, False, f"seed {seed}, {where}: {describe_exception(err)}")
     return _done(
         name,
         True,
-        f"{total} random operations in {len(seeds)} sequences agree with replaylab.scan.ssd_scan",
+        f"{total} operations in {len(seeds)} sequences agree with replaylab.scan.ssd_scan",
     )
 
 
+# the start of every snapshot-store sequence: one handle restored twice with an advance between,
+# so a store whose restore hands out the saved tensor itself (no copy) fails the second restore
+_SNAPSHOT_SCRIPT = (("advance", 2), ("snapshot",), ("advance", 3), ("restore", 0), ("advance", 2))
+_SNAPSHOT_SCRIPT += (("restore", 0), ("advance", 1), ("restore", 0))
+
+
+@guarded("snapshot store")
 def check_snapshot_store(store_class, layer=None) -> bool:
     """Exercise (notebook 03): a mini snapshot store for one Mamba-2 layer.
 
     ``store_class(layer, batch)`` with ``.state``, ``.position``, ``.advance(inputs) -> y``,
-    ``.snapshot() -> handle`` and ``.restore(handle)``, checked on random sequences of advances
-    (1-3 tokens), snapshots and restores (a handle may be restored more than once) against one
-    reference scan over the tokens of the current branch."""
+    ``.snapshot() -> handle`` and ``.restore(handle)``. Each of three sequences starts with a
+    fixed script that restores one handle three times with advances between (advance 2,
+    snapshot, advance 3, restore, advance 2, restore, advance 1, restore), then runs random
+    advances (1-3 tokens), snapshots and restores; after every operation the outputs, state and
+    position are compared with one reference scan over the tokens of the current branch."""
     layer = layer or mini_layer()
     batch = 2
 
     def ops(g, log, n_ops):
         store = store_class(layer, batch)
         path: list[ScanInputs] = []  # the inputs along the current branch, from position 0
-        saved = {}  # handle -> (position, path at the snapshot)
+        saved = {}  # snapshot number -> path at the snapshot
         handles = []
-        for _ in range(n_ops):
-            roll = float(torch.rand(1, generator=g))
-            if roll < 0.25 and sum(len(p) for p in path) > 0:
-                handle = store.snapshot()
-                saved_key = len(handles)
-                handles.append(handle)
-                saved[saved_key] = list(path)
-                log.append(f"snapshot() at {sum(len(p) for p in path)}")
-            elif roll < 0.45 and handles:
-                k = int(torch.randint(len(handles), (1,), generator=g))
-                store.restore(handles[k])
-                path = list(saved[k])
-                log.append(f"restore(snapshot #{k}, position {sum(len(p) for p in path)})")
+        restores = {}  # snapshot number -> restores so far
+        script = list(_SNAPSHOT_SCRIPT)
+        for _ in range(len(script) + n_ops):
+            pos = sum(len(p) for p in path)
+            if script:
+                op = script.pop(0)
             else:
-                T = int(torch.randint(1, 4, (1,), generator=g))
+                roll = float(torch.rand(1, generator=g))
+                if roll < 0.25 and pos > 0:
+                    op = ("snapshot",)
+                elif roll < 0.45 and handles:
+                    op = ("restore", int(torch.randint(len(handles), (1,), generator=g)))
+                else:
+                    op = ("advance", int(torch.randint(1, 4, (1,), generator=g)))
+            hint = ""
+            if op[0] == "snapshot":
+                log.append(f"snapshot() #{len(handles)} at {pos}")
+                handles.append(store.snapshot())
+                saved[len(handles) - 1] = list(path)
+            elif op[0] == "restore":
+                k = op[1]
+                restores[k] = restores.get(k, 0) + 1
+                path = list(saved[k])
+                log.append(
+                    f"restore(snapshot #{k}, position {sum(len(p) for p in path)})"
+                    + (f", restore number {restores[k]} of this handle" if restores[k] > 1 else "")
+                )
+                store.restore(handles[k])
+                hint = (
+                    " - this handle gave the right state when restored before, so the saved copy "
+                    "changed since: restore() must give the store its own copy (.clone()), or an "
+                    "in-place advance writes into the saved state"
+                    if restores[k] > 1
+                    else " - the saved copy changed after snapshot(): snapshot() must keep its "
+                    "own copy (.clone()), or an in-place advance writes into it"
+                )
+            else:
+                T = op[1]
                 new = layer.random_inputs(batch, T, g)
+                log.append(f"advance({T} tokens) at {pos}")
                 y = store.advance(new)
                 path.append(new)
-                log.append(f"advance({T} tokens)")
                 _, ref_y = _reference_path(layer, batch, path)
                 _compare("y returned by advance", y, ref_y[:, -T:])
             pos = sum(len(p) for p in path)
@@ -355,12 +429,16 @@ def check_snapshot_store(store_class, layer=None) -> bool:
                 raise _Mismatch(f"position is {store.position}, expected {pos}")
             states, _ = _reference_path(layer, batch, path)
             want = layer.zero_state(batch) if states is None else states[:, -1]
-            _compare("state", store.state, want)
-        return n_ops
+            try:
+                _compare("state", store.state, want)
+            except _Mismatch as err:
+                raise _Mismatch(f"{err}{hint}") from None
+        return len(_SNAPSHOT_SCRIPT) + n_ops
 
     return _run_ops("snapshot store", ops)
 
 
+@guarded("recompute store")
 def check_recompute_store(store_class, layer=None, interval=3) -> bool:
     """Exercise (notebook 05): a mini recompute store for one Mamba-2 layer.
 
@@ -380,8 +458,8 @@ def check_recompute_store(store_class, layer=None, interval=3) -> bool:
             pos = sum(len(p) for p in path)
             if float(torch.rand(1, generator=g)) < 0.35 and pos > 0:
                 p = int(torch.randint(pos + 1, (1,), generator=g))
-                rerun = store.restore(p)
                 log.append(f"restore({p}) from position {pos}")
+                rerun = store.restore(p)
                 path = [ScanInputs.cat(path)[:p]] if p else []
                 want = p - (p // interval) * interval
                 if rerun != want:
@@ -392,9 +470,9 @@ def check_recompute_store(store_class, layer=None, interval=3) -> bool:
             else:
                 T = int(torch.randint(1, 6, (1,), generator=g))
                 new = layer.random_inputs(batch, T, g)
+                log.append(f"advance({T} tokens) from position {pos}")
                 y = store.advance(new)
                 path.append(new)
-                log.append(f"advance({T} tokens) from position {pos}")
                 _, ref_y = _reference_path(layer, batch, path)
                 _compare("y returned by advance", y, ref_y[:, -T:])
             pos = sum(len(p) for p in path)
@@ -439,6 +517,7 @@ def _state_tensors(obj, state_shape, seen=None, depth=0):
     return found
 
 
+@guarded("replay log")
 def check_replay_log(log_class, layer=None) -> bool:
     """Exercise (notebook 05): a mini replay log for one Mamba-2 layer.
 
@@ -461,18 +540,18 @@ def check_replay_log(log_class, layer=None) -> bool:
             roll = float(torch.rand(1, generator=g))
             if roll < 0.25 and n:
                 j = int(torch.randint(n + 1, (1,), generator=g))
+                log.append(f"truncate_to({j}) from {n}")
                 replay.truncate_to(j)
                 entries = [ScanInputs.cat(entries)[:j]] if j else []
-                log.append(f"truncate_to({j}) from {n}")
             elif roll < 0.55:
                 j = (
                     None
                     if n == 0 or float(torch.rand(1, generator=g)) < 0.5
                     else int(torch.randint(n + 1, (1,), generator=g))
                 )
+                log.append(f"state({'' if j is None else j})")
                 got = replay.state() if j is None else replay.state(j)
                 upto = n if j is None else j
-                log.append(f"state({'' if j is None else j})")
                 want = (
                     checkpoint
                     if upto == 0
@@ -482,9 +561,9 @@ def check_replay_log(log_class, layer=None) -> bool:
             else:
                 T = int(torch.randint(1, 4, (1,), generator=g))
                 new = layer.random_inputs(batch, T, g)
+                log.append(f"append({T} tokens) at {n}")
                 replay.append(new)
                 entries.append(new)
-                log.append(f"append({T} tokens) at {n}")
             n = sum(len(e) for e in entries)
             if len(replay) != n:
                 raise _Mismatch(f"len(log) is {len(replay)}, expected {n}")
@@ -501,34 +580,77 @@ def check_replay_log(log_class, layer=None) -> bool:
     return _run_ops("replay log", ops)
 
 
+def _rebuild_cost(items, key):
+    """(tokens, older position) to rebuild the item ``key`` of an eviction list from the next
+    older kept position (0 when none is older); None when ``key`` is not in the list."""
+    item = next((it for it in items if it.key == key), None)
+    if item is None:
+        return None
+    older = max((it.position for it in items if it.position < item.position), default=0)
+    return item.position - older, older
+
+
+def _describe_victim(items, key) -> str:
+    cost = _rebuild_cost(items, key)
+    if cost is None:
+        return f"{key!r} (not a key of the list)"
+    used = next(it.last_used for it in items if it.key == key)
+    return f"{key!r} (rebuilt in {cost[0]} tokens from {cost[1]}, last used {used})"
+
+
+# (positions, last used) with ties in tokens to rebuild, which random lists rarely have
+_EVICTION_TIES = (([4, 8, 12], [5, 1, 9]), ([3, 10, 13], [7, 2, 4]), ([6, 9, 20, 23], [3, 8, 1, 2]))
+
+
+@guarded("cost-aware eviction")
 def check_cost_eviction(choose, seeds=range(20)) -> bool:
     """Exercise (notebook 04): ``choose(items) -> key`` picks the kept copy to evict under the
     "cost" policy: the one cheapest to rebuild, i.e. with the fewest tokens between its
     position and the next older kept position (0 when none is older); ties go to the least
     recently used. ``items``: a list of ``replaylab.strategies.base.EvictionItem``. Checked
-    against ``replaylab.cache.choose_victim`` on random lists."""
+    against ``replaylab.cache.choose_victim`` on three lists with ties and on random lists."""
     from replaylab.cache import choose_victim
     from replaylab.strategies.base import EvictionItem
 
     name = "cost-aware eviction"
+    cases = list(_EVICTION_TIES)
     for seed in seeds:
         g = torch.Generator().manual_seed(seed)
         n = int(torch.randint(1, 7, (1,), generator=g))
-        positions = (torch.randperm(40, generator=g)[:n] + 1).tolist()
-        used = torch.randperm(100, generator=g)[:n].tolist()
+        cases.append(
+            (
+                (torch.randperm(40, generator=g)[:n] + 1).tolist(),
+                torch.randperm(100, generator=g)[:n].tolist(),
+            )
+        )
+    for positions, used in cases:
         items = [
             EvictionItem(key=f"copy@{p}", position=p, nbytes=1000, last_used=u)
             for p, u in zip(positions, used)
         ]
+        listing = ", ".join(f"{it.key} (last used {it.last_used})" for it in items)
         try:
             got = choose(list(items))
         except NotImplementedError:
             return _not_implemented(name)
+        except Exception as err:  # the learner's code raised: say on which list
+            return _done(name, False, f"for [{listing}]: {describe_exception(err)}")
         want = choose_victim(items, "cost")
         if got != want:
-            listing = ", ".join(f"{it.key} (last used {it.last_used})" for it in items)
-            return _done(name, False, f"for [{listing}] you chose {got!r}, expected {want!r}")
-    return _done(name, True, f"same choice as replaylab.cache.choose_victim on {len(seeds)} lists")
+            message = (
+                f"for [{listing}] you chose {_describe_victim(items, got)}, expected "
+                f"{_describe_victim(items, want)}"
+            )
+            mine, best = _rebuild_cost(items, got), _rebuild_cost(items, want)
+            if mine is not None and mine[0] == best[0]:
+                message += ": a tie in tokens goes to the least recently used (smallest last_used)"
+            else:
+                message += (
+                    ": evict the copy with the fewest tokens back to the next older kept position "
+                    "(0 when none is older)"
+                )
+            return _done(name, False, message)
+    return _done(name, True, f"same choice as replaylab.cache.choose_victim on {len(cases)} lists")
 
 
 # --------------------------------------------------------------------------------------------
@@ -542,13 +664,14 @@ def _answer(name, answer, want, explain, rel=0.0):
     if isinstance(want, float) or rel:
         try:
             ok = abs(float(answer) - float(want)) <= rel * abs(float(want)) + 1e-12
-        except (TypeError, ValueError):
-            ok = False
+        except (TypeError, ValueError) as err:
+            return _done(name, False, f"{answer!r}: expected a number; {describe_exception(err)}")
     else:
         ok = answer == want
     return _done(name, ok, f"{answer!r}" + ("" if ok else f" - {explain}"))
 
 
+@guarded("rollback work at acceptance 0")
 def check_rollback_work(answer, model, prompt) -> bool:
     """Notebook 03: with every draft rejected (acceptance 0), which strategy re-runs tokens
     through the model on its restores? The check runs ``compare_strategies`` at acceptance 0
@@ -565,6 +688,7 @@ def check_rollback_work(answer, model, prompt) -> bool:
     )
 
 
+@guarded("recompute interval 2 -> 32")
 def check_interval_effect(answer, model, prompt) -> bool:
     """Notebook 03: going from ``interval=2`` to ``interval=32``, does recompute's peak bytes go
     "up" or "down", and its recomputed tokens? ``answer``: {"peak_bytes": "up"|"down",
@@ -588,6 +712,7 @@ def check_interval_effect(answer, model, prompt) -> bool:
     )
 
 
+@guarded("bytes of one snapshot")
 def check_snapshot_copy_bytes(answer, model) -> bool:
     """Notebook 04: bytes of one snapshot of one sequence of ``model`` (every SSM layer's state
     and conv window). The check takes one snapshot in a live cache and reads its bytes."""
@@ -606,6 +731,7 @@ def check_snapshot_copy_bytes(answer, model) -> bool:
     )
 
 
+@guarded("tokens re-run under a budget at acceptance 0.9")
 def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0.5)) -> bool:
     """Notebook 04: at acceptance 0.9, the most tokens any eviction policy re-runs at any of the
     budgets ``fractions`` (of the unbudgeted peak). The check runs ``budget_outcomes``."""
@@ -623,6 +749,7 @@ def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0
     )
 
 
+@guarded("distances where recompute re-runs nothing")
 def check_zero_rerun_distances(answer, model) -> bool:
     """Notebook 05: at which distances (of those ``restore_cost_vs_distance`` visits with
     interval 16) does recompute re-run no token? The check runs it."""
@@ -639,6 +766,7 @@ def check_zero_rerun_distances(answer, model) -> bool:
     )
 
 
+@guarded("largest log where replay_step beats ssu at batch 128")
 def check_largest_winning_log(answer) -> bool:
     """Notebook 06: from ``data/bench_kernels.json`` (H200), the largest measured log length at
     which ``replay_step`` decodes (T=1) faster than ``selective_state_update`` at batch 128."""
@@ -664,6 +792,7 @@ def kernel_device() -> str:
     return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
+@guarded("largest log_len that leaves room for T tokens")
 def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
     """Notebook 06: the largest ``log_len`` at which ``replay_step`` can still append T=2 new
     tokens to a log of capacity Lmax=16. The check calls the reference with ``answer`` (must
@@ -723,6 +852,7 @@ def recompute_speedup(acceptance, k):
     return plain / out["recompute"]["seconds_per_token"]
 
 
+@guarded("acceptance where recompute stops paying (k=8)")
 def check_recompute_break_even(answer, k=8) -> bool:
     """Notebook 07: on the explorer's slider grid (acceptance 0.00, 0.05, ..., 1.00), the
     highest acceptance at which recompute's predicted speedup over plain decoding is below 1
@@ -738,6 +868,7 @@ def check_recompute_break_even(answer, k=8) -> bool:
     )
 
 
+@guarded("tokens per round with falling acceptance")
 def check_tokens_per_round(answer, acceptance=(0.9, 0.8, 0.6, 0.3)) -> bool:
     """Notebook 07: tokens per round when draft i is accepted with probability acceptance[i]
     and a rejection ends the round: 1 + E[accepted drafts]."""
@@ -753,6 +884,7 @@ def check_tokens_per_round(answer, acceptance=(0.9, 0.8, 0.6, 0.3)) -> bool:
     )
 
 
+@guarded("interval furthest above the optimum")
 def check_worst_interval(answer, n=64, intervals=(2, 4, 8, 16, 32)) -> bool:
     """Notebook 08: of ``intervals``, the one whose steps per restore is the largest multiple
     of the optimum (``revolve_cost``) with as many states kept, for an n-step chain."""
@@ -771,6 +903,7 @@ def check_worst_interval(answer, n=64, intervals=(2, 4, 8, 16, 32)) -> bool:
     )
 
 
+@guarded("cost-aware eviction in section 3")
 def check_cost_eviction_scenario(answer, model) -> bool:
     """Notebook 08: section 3's scenario under eviction="cost": which snapshot is evicted
     ("first" or "second") and how many tokens does ``restore(first)`` re-run?
@@ -802,6 +935,7 @@ def check_cost_eviction_scenario(answer, model) -> bool:
     )
 
 
+@guarded("state share at 64K tokens")
 def check_state_share(answer, name="Falcon-H1 7B", context_len=65536) -> bool:
     """Notebook 09: the recurrent state's share of one sequence's decode memory (KV + state +
     conv state) for ``name`` at ``context_len`` tokens, and whether that share is "more" or
@@ -820,8 +954,12 @@ def check_state_share(answer, name="Falcon-H1 7B", context_len=65536) -> bool:
         ok = abs(float(value) - ours) <= 1e-3 * ours and word == (
             "more" if ours > nemotron else "less"
         )
-    except (TypeError, ValueError):
-        ok = False
+    except (TypeError, ValueError) as err:
+        return _done(
+            label,
+            False,
+            f"{answer!r}: expected a pair (share, 'more' or 'less'); {describe_exception(err)}",
+        )
     return _done(
         label,
         ok,
@@ -829,6 +967,7 @@ def check_state_share(answer, name="Falcon-H1 7B", context_len=65536) -> bool:
     )
 
 
+@guarded("recompute at acceptance {acceptance}")
 def check_recompute_at_acceptance(answer, model, prompt, n_new=48, acceptance=0.5) -> bool:
     """Notebook 09: speculative decoding (k=4) of ``prompt`` under recompute at the given
     acceptance: (restores, tokens re-run). The check runs it with SyntheticDrafter(seed=0)."""
@@ -895,6 +1034,7 @@ def exercise_cells(nb) -> dict[str, int]:
 # Notebook 06, the log-length explorer (issue 15)
 
 
+@guarded("best log length at batch {batch} (measured, cost model)")
 def check_best_log_length(answer, batch=8, max_L=64) -> bool:
     """Notebook 06: at ``batch``, the pair (measured L with the lowest amortised decode time,
     step + fold(L) / L, in ``data/bench_kernels.json``; the integer L in 1..max_L at which the
@@ -918,8 +1058,12 @@ def check_best_log_length(answer, batch=8, max_L=64) -> bool:
     if answer is not None and answer is not Ellipsis:
         try:
             answer = tuple(int(v) for v in answer)
-        except (TypeError, ValueError):
-            return _done(name, False, f"{answer!r}: expected a pair (measured_L, model_L)")
+        except (TypeError, ValueError) as err:
+            return _done(
+                name,
+                False,
+                f"{answer!r}: expected a pair (measured_L, model_L); {describe_exception(err)}",
+            )
     return _answer(
         name,
         answer,
@@ -933,6 +1077,7 @@ def check_best_log_length(answer, batch=8, max_L=64) -> bool:
 # --- notebooks 08 and 09: the caveats and the roofline (issue 15) --------------------------
 
 
+@guarded("beam search's best log length for Bamba 9B")
 def check_beam_log_length(answer) -> bool:
     """Notebook 08: the best replay log length for beam search on Bamba 9B's shape
     (``costmodel.best_log_length`` over L = 2..256), and whether it is "longer" or "shorter"
@@ -975,6 +1120,7 @@ def roofline_floor_ms(context_len=32768, batch=64, strategy="replay") -> float:
     )
 
 
+@guarded("replay's roofline floor at 32K context, batch 64")
 def check_roofline_floor(answer) -> bool:
     """Notebook 09: replay's floor (ms per decode step) for Nemotron-H 8B at batch 64 and 32K
     tokens (32768) of context, as section 6 computes it at 8K."""

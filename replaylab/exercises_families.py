@@ -1,8 +1,9 @@
 """Checks for notebook 11 ("Beyond Mamba-2"). Each ``check_*`` takes the learner's function,
 compares it with the library's reference on random inputs, prints ``PASS ...`` / ``FAIL ...``
-with the first mismatch, records the verdict with ``replaylab.exercises`` (when that module
-offers ``record``) and returns True or False. A stub that returns None or raises
-NotImplementedError is reported as not done and never raises.
+with the first mismatch, records the verdict (``replaylab.exercises.results()``) and returns
+True or False. A stub that returns None or raises NotImplementedError is reported as not done;
+any other exception is reported as a failure naming it and the learner's line; no check
+raises.
 
 Glossary: see ``replaylab.scan`` (Gated DeltaNet: q, k (batch, T, Hk, K), v (batch, T, H, V),
 g = log α and β (batch, T, H), state S (batch, H, K, V)).
@@ -13,22 +14,14 @@ from __future__ import annotations
 import torch
 
 from replaylab.checks import max_abs_error
+from replaylab.exercises_common import NOT_IMPLEMENTED, describe_exception, guarded, report
 from replaylab.scan import gdn_scan
 
 __all__ = ["check_chunked_fold", "gdn_fold_inputs"]
 
 
-def _record(name, ok) -> bool:
-    try:
-        from replaylab.exercises import record
-    except ImportError:  # an older replaylab.exercises without the verdict log
-        return bool(ok)
-    return record(name, ok)
-
-
 def _done(name, ok, message) -> bool:
-    print(f"{'PASS' if ok else 'FAIL'} {name}: {message}")
-    return _record(name, ok)
+    return report(name, ok, message)
 
 
 def gdn_fold_inputs(batch=2, T=11, Hk=2, H=4, K=8, V=6, seed=0) -> dict:
@@ -46,6 +39,7 @@ def gdn_fold_inputs(batch=2, T=11, Hk=2, H=4, K=8, V=6, seed=0) -> dict:
     )
 
 
+@guarded("chunked_fold")
 def check_chunked_fold(fold, atol=1e-4) -> bool:
     """Exercise: ``fold(state, k, v, g, beta, chunk_size) -> state after the T tokens``, by
     the chunked WY / UT form. Compared with the token loop ``replaylab.scan.gdn_scan`` on
@@ -61,9 +55,9 @@ def check_chunked_fold(fold, atol=1e-4) -> bool:
             try:
                 got = fold(p["state"].clone(), p["k"], p["v"], p["g"], p["beta"], chunk)
             except NotImplementedError:
-                return _done(
-                    name, False, "not yet implemented (the stub raised NotImplementedError)"
-                )
+                return _done(name, False, NOT_IMPLEMENTED)
+            except Exception as err:  # the learner's code raised: say on which case
+                return _done(name, False, f"T={T}, chunk_size={chunk}: {describe_exception(err)}")
             if got is None:
                 return _done(name, False, "not yet implemented (the function returned None)")
             if not isinstance(got, torch.Tensor) or got.shape != want.shape:
@@ -73,11 +67,18 @@ def check_chunked_fold(fold, atol=1e-4) -> bool:
                 )
             err = max_abs_error(got, want)
             if not err <= atol:
-                bad = ((got.double() - want.double()).abs() > atol).nonzero()[0].tolist()
+                wrong = ~((got.double() - want.double()).abs() <= atol)  # NaN counts as wrong
+                bad = wrong.nonzero()[0].tolist()
+                heads = [h for h in range(got.shape[1]) if wrong[:, h].any()]
+                which = (
+                    f"wrong in heads {heads} of {got.shape[1]} (Hk={p['k'].shape[2]} key heads)"
+                    if len(heads) < got.shape[1]
+                    else "wrong in every head"
+                )
                 return _done(
                     name,
                     False,
-                    f"T={T}, chunk_size={chunk}: max error {err:.2e} > {atol:g}; first at "
+                    f"T={T}, chunk_size={chunk}: max error {err:.2e} > {atol:g}, {which}; first at "
                     f"{tuple(bad)}: {float(got[tuple(bad)]):.5g} vs {float(want[tuple(bad)]):.5g}",
                 )
     return _done(name, True, "the chunked fold equals the token loop for every chunk size")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.decoding import PromptLookupDrafter
-from replaylab.exercises import record
+from replaylab.exercises_common import describe_exception, guarded, record
 
 __all__ = ["lookup_with_source", "RoundRecorder", "check_prompt_lookup"]
 
@@ -70,25 +70,90 @@ def _cases(seed=0, n=300):
     return cases
 
 
+def _explain_lookup(context, k, max_ngram) -> str:
+    """Where the right drafts come from, naming the n-gram and its positions."""
+    drafts, source, n = lookup_with_source(context, k, max_ngram)
+    length, top = len(context), min(max_ngram, len(context) - 1)
+    longer = ", ".join(
+        f"the last {m}-gram {context[-m:]} only at the suffix itself (position {length - m})"
+        for m in range(top, n, -1)
+    )
+    if n:
+        text = (
+            f"the last {n}-gram {context[-n:]} (the suffix, at position {length - n}) occurs "
+            f"earlier at position {source - n}, its latest earlier occurrence, so the drafts are "
+            f"the ids from position {source}"
+            + (" (the last one repeated)" if source + k > length else "")
+            + f": {drafts}"
+        )
+        return text + (f"; longer n-grams do not occur earlier ({longer})" if longer else "")
+    return (
+        f"no suffix n-gram occurs earlier ({longer}), so the drafts are the last id "
+        f"{context[-1]} repeated: {drafts}"
+    )
+
+
+def _copied_from(context, got, max_ngram) -> str | None:
+    """Where the learner's drafts ``got`` were copied from, if they follow an occurrence of one
+    of the context's last n-grams: 'your drafts follow the 2-gram [1, 2] at position 4'."""
+    length = len(context)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(length - n, -1, -1):
+            follow = context[start + n : start + n + len(got)]
+            if context[start : start + n] == tail and follow:
+                if follow + [follow[-1]] * (len(got) - len(follow)) == got:
+                    itself = " (the suffix itself)" if start == length - n else ""
+                    return f"your drafts follow the {n}-gram {tail} at position {start}{itself}"
+    return None
+
+
+@guarded("prompt_lookup")
 def check_prompt_lookup(find_draft, max_ngram=3) -> bool:
     """Exercise (notebook 10): ``find_draft(context: list[int], k: int) -> list[int]``, prompt
     lookup's k drafts, compared with ``PromptLookupDrafter(max_ngram)`` on fixed and random
-    contexts. Prints PASS or FAIL with the first mismatch; a stub that returns None or raises
-    NotImplementedError is reported as not done."""
+    contexts. Prints PASS or FAIL with the first mismatch, naming the n-gram matched and where
+    the right drafts come from; a stub that returns None or raises NotImplementedError is
+    reported as not done, any other exception as a FAIL on the context where it was raised."""
     name = "prompt_lookup"
     reference = PromptLookupDrafter(max_ngram)
+
+    def fail(message):
+        print(f"FAIL prompt lookup: {message}")
+        return record(name, False)
+
     for context, k in _cases():
         want = reference.propose(torch.tensor(context), k, 100).tolist()
+        where = f"context {context}, k={k}"
         try:
             got = find_draft(list(context), k)
         except NotImplementedError:
             got = None
+        except Exception as err:  # the learner's code raised: report it on this context
+            message = f"{where}: {describe_exception(err)}"
+            if isinstance(err, IndexError):
+                top = min(max_ngram, len(context) - 1)
+                message += (
+                    f". An IndexError here usually means the search let the suffix match "
+                    f"itself: the last {top}-gram {context[-top:]} at position "
+                    f"{len(context) - top} is the suffix, nothing follows it; an earlier "
+                    f"occurrence starts at most at len(context) - n - 1 = {len(context) - top - 1}"
+                )
+            return fail(f"{message}. Expected {want}: {_explain_lookup(context, k, max_ngram)}")
         if got is None:
-            print("FAIL prompt lookup: not done yet (find_draft returned None)")
-            return record(name, False)
-        got = [int(t) for t in (got.tolist() if torch.is_tensor(got) else got)]
+            return fail("not done yet (find_draft returned None)")
+        try:
+            got = [int(t) for t in (got.tolist() if torch.is_tensor(got) else got)]
+        except (TypeError, ValueError):
+            return fail(f"{where}: expected a list of {k} ids, got {got!r}")
         if got != want:
-            print(f"FAIL prompt lookup: context {context}, k={k}: expected {want}, got {got}")
-            return record(name, False)
+            message = f"{where}: expected {want}, got {got}"
+            if len(got) != k:
+                message += f" ({len(got)} ids, not k={k})"
+            else:
+                source = _copied_from(context, got, max_ngram)
+                if source is not None:
+                    message += f" ({source})"
+            return fail(f"{message}; {_explain_lookup(context, k, max_ngram)}")
     print(f"PASS prompt lookup: {len(_cases())} contexts give the library's drafts")
     return record(name, True)

@@ -7,8 +7,13 @@ which ``import replaylab`` switches on without a GPU) every ``tl.load`` and ``tl
 through ``triton.runtime.interpreter.interpreter_builder``; ``count_traffic`` wraps its masked
 load and store for the duration of a launch and attributes every element address that is
 actually read or written (masked-off lanes excluded) to the tensor that holds it. A kernel that
-reads the checkpoint twice scores "read 2.00x". On a GPU (compiled kernels) the values are still
-checked and the traffic is not counted.
+reads the checkpoint twice scores "read 2.00x". A and D (H,) are needed by the program of head h
+of every sequence: the puzzles count them once per sequence (``Traffic.shared_by``), so 1.00x
+means each program read its head's entry once. The same wrapper counts the kernel's float
+arithmetic by result size (``Traffic.float_ops``): puzzle 2 fails a kernel that updates the
+(P, N) state tile per logged token, which moves the same bytes as the hint's P-vector and so
+cannot be told from traffic. On a GPU (compiled kernels) the values are still checked and
+neither traffic nor arithmetic is counted.
 
 Glossary (puzzle names -> paper symbols, shapes; fp32; groups already expanded to heads, Δ
 already processed: positive, one per head and token):
@@ -33,7 +38,7 @@ import os
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.exercises import record
+from replaylab.exercises_common import describe_exception, guarded, record
 from replaylab.scan import ssd_scan, ssd_step
 
 __all__ = [
@@ -70,6 +75,12 @@ class Traffic:
         self.loads = {name: 0 for name in tensors}  # tl.load calls that touched the tensor
         self.stores = {name: 0 for name in tensors}
         self.unknown = 0  # bytes at addresses outside every named tensor
+        # programs that each need every element of a tensor (1 unless set): A and D (H,) are
+        # needed by the program of head h of every sequence, so they are read once per sequence
+        self.shared_by = {name: 1 for name in tensors}
+        # float arithmetic (add, sub, mul, div, fma) by the number of elements of its result,
+        # summed over the programs: what the kernel computes, which traffic cannot show
+        self.float_ops: dict[int, int] = {}
 
     def _ranges(self):
         for name, t in self.tensors.items():
@@ -91,9 +102,14 @@ class Traffic:
         self.unknown += int((~seen).sum())
 
     def times_read(self, name) -> float:
-        """Bytes read from ``name`` over its size: 1.0 is 'read once'."""
+        """Bytes read from ``name`` over its size times the programs that need each element
+        (``shared_by``): 1.0 is 'read once' (by each program that needs it)."""
         t = self.tensors[name]
-        return self.read[name] / (t.numel() * t.element_size())
+        return self.read[name] / (t.numel() * t.element_size() * self.shared_by[name])
+
+    def float_ops_at_least(self, size) -> int:
+        """Float operations whose result has at least ``size`` elements, over all programs."""
+        return sum(n for s, n in self.float_ops.items() if s >= size)
 
     def times_written(self, name) -> float:
         t = self.tensors[name]
@@ -108,15 +124,26 @@ class Traffic:
         out = []
         for name in self.tensors:
             r, w = self.times_read(name), self.times_written(name)
-            read = f"read {r:.2f}x ({self.loads[name]} tl.load)" if r else "read 0x"
+            shared = self.shared_by[name]
+            per = (
+                f"; each element is needed by {shared} programs: 1.00x = once by each"
+                if shared > 1
+                else ""
+            )
+            read = f"read {r:.2f}x ({self.loads[name]} tl.load{per})" if r else "read 0x"
             written = f"written {w:.2f}x ({self.stores[name]} tl.store)" if w else "written 0x"
             out.append(f"{labels.get(name, name)}: {read}, {written}")
         return out
 
     def once_bytes(self) -> int:
         """Bytes moved if every named tensor were touched exactly once (inputs read, outputs
-        written): the floor for a kernel over this data."""
-        return sum(t.numel() * t.element_size() for t in self.tensors.values() if t is not None)
+        written; a shared tensor once by each program that needs it): the floor for a kernel
+        over this data."""
+        return sum(
+            t.numel() * t.element_size() * self.shared_by[name]
+            for name, t in self.tensors.items()
+            if t is not None
+        )
 
 
 @contextlib.contextmanager
@@ -136,6 +163,19 @@ def count_traffic(**tensors):
     builder = interp.interpreter_builder
     traffic = Traffic(tensors)
     load, store = builder.create_masked_load, builder.create_masked_store
+    binary, fma = builder.binary_op, builder.create_fma
+
+    def count_float(result):
+        if result.dtype.is_floating():
+            size = int(result.data.size)
+            traffic.float_ops[size] = traffic.float_ops.get(size, 0) + 1
+        return result
+
+    def counted_binary(lhs, rhs, op):  # create_fadd, create_fmul, ... all call binary_op
+        return count_float(binary(lhs, rhs, op))
+
+    def counted_fma(x, y, z):
+        return count_float(fma(x, y, z))
 
     def counted_load(ptrs, mask, other, *args, **kwargs):
         traffic._add(ptrs.data[mask.data.astype(bool)], traffic.read, traffic.loads)
@@ -146,11 +186,13 @@ def count_traffic(**tensors):
         return store(ptrs, value, mask, *args, **kwargs)
 
     builder.create_masked_load, builder.create_masked_store = counted_load, counted_store
+    builder.binary_op, builder.create_fma = counted_binary, counted_fma
     try:
         yield traffic
     finally:
         # the instance attributes shadowed the class methods; removing them restores those
         del builder.create_masked_load, builder.create_masked_store
+        del builder.binary_op, builder.create_fma
 
 
 def make_case(seed=0, device=None, **sizes) -> dict:
@@ -236,11 +278,26 @@ def _first_mismatch(got, want, tol=1e-4):
     )
 
 
-def _run(name, kernel, args, result, want, rules, labels=_LABELS):
+def _wrong_programs(got, want, tol=1e-4) -> str:
+    """Which programs (b, h) wrote a wrong or missing value, e.g. 'programs (b, h) (1, 0),
+    (1, 1), (1, 2) of 6 are wrong, the others right'."""
+    bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
+    per_program = bad.flatten(2).any(-1)  # (batch, H)
+    wrong = [tuple(int(i) for i in w) for w in per_program.nonzero()]
+    total = per_program.numel()
+    if len(wrong) == total:
+        return f"every program (b, h) of the {total} is wrong"
+    listed = ", ".join(str(w) for w in wrong)
+    return f"programs (b, h) {listed} of {total} are wrong, the others right"
+
+
+def _run(name, kernel, args, result, want, rules, labels=_LABELS, shared=(), work_rules=()):
     """Launch, compare, count; print a verdict and return True or False.
 
     args: (name, tensor-or-int) in the kernel's parameter order; result: the name of the output;
-    rules: (description, predicate(traffic)) that must hold for a pass (under the interpreter).
+    rules: (description, predicate(traffic)) that must hold for a pass (under the interpreter);
+    shared: tensors every sequence's program needs (A, D): read once per sequence;
+    work_rules: functions traffic -> None or the reason the kernel's arithmetic breaks a rule.
     """
     tensors = {n: v for n, v in args if isinstance(v, torch.Tensor)}
     batch, H = tensors["S"].shape[:2]
@@ -248,6 +305,7 @@ def _run(name, kernel, args, result, want, rules, labels=_LABELS):
     try:
         if interpreting():
             with count_traffic(**tensors) as traffic:
+                traffic.shared_by.update({n: batch for n in shared})
                 kernel[(batch, H)](*values)
         else:
             traffic = None
@@ -256,24 +314,31 @@ def _run(name, kernel, args, result, want, rules, labels=_LABELS):
         print(f"FAIL {name}: not yet implemented")
         return record(name, False)
     except Exception as err:  # a learner's kernel may fail to run: report, do not raise
-        print(f"FAIL {name}: the kernel raised {type(err).__name__}: {str(err)[-300:]}")
+        print(f"FAIL {name}: the kernel could not run: {describe_exception(err)}")
         return record(name, False)
     got = tensors[result]
     problems = []
     if torch.isnan(got).any():
         where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
-        problems.append(f"{labels[result]} not written everywhere (NaN left at {where})")
+        problems.append(
+            f"{labels[result]} not written everywhere (NaN left at {where}; "
+            f"{_wrong_programs(got, want)})"
+        )
     else:
         mismatch = _first_mismatch(got, want)
         if mismatch:
             problems.append(
                 f"{labels[result]} differs from the reference: max abs error "
-                f"{max_abs_error(got, want):.2e}; {mismatch}"
+                f"{max_abs_error(got, want):.2e}; {mismatch} ({_wrong_programs(got, want)})"
             )
     if traffic is not None:
         for description, ok in rules:
             if not ok(traffic):
                 problems.append(f"traffic rule broken: {description}")
+        for rule in work_rules:
+            reason = rule(traffic)
+            if reason:
+                problems.append(f"rule broken: {reason}")
         if traffic.unknown:
             problems.append(f"{traffic.unknown} accesses outside every input and output")
     ok = not problems
@@ -293,6 +358,7 @@ def _poisoned(shape, like):
     return torch.full(shape, float("nan"), dtype=torch.float32, device=like.device)
 
 
+@guarded("puzzle 1 (output from the checkpoint)")
 def check_output_kernel(kernel, seed=0) -> bool:
     """Puzzle 1. ``kernel[(batch, H)](S, x, dt, B, C, A, D, y, H, P, N)`` writes y (batch, H, P)
     = e^{Δ_t A} (S_c C_t) + Δ_t (B_t · C_t) x_t + D x_t: the output of the first token after a
@@ -309,14 +375,26 @@ def check_output_kernel(kernel, seed=0) -> bool:
         ("y is written exactly once", lambda t: abs(t.times_written("y") - 1) < 1e-9),
         ("inputs are not written", lambda t: all(t.written[n] == 0 for n in names)),
     ]
-    return _run("puzzle 1 (output from the checkpoint)", kernel, args, "y", output_ref(c), rules)
+    return _run(
+        "puzzle 1 (output from the checkpoint)",
+        kernel,
+        args,
+        "y",
+        output_ref(c),
+        rules,
+        shared=("A", "D"),
+    )
 
 
+@guarded("puzzle 2 (the log loop)")
 def check_log_output_kernel(kernel, seed=0) -> bool:
     """Puzzle 2. ``kernel[(batch, H)](S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P,
     N)`` writes y (batch, H, P) of the new token after the L logged ones, from the checkpoint
     and the log, writing no state. Pass: y correct, S read exactly once, nothing written but y,
-    y written once. The log's read count is scored: 1.00x is the fewest possible."""
+    y written once, and no (P, N) tile updated per logged token (fewer than L float operations
+    on (P, N)-sized values per program: the hint's P-vector v_s = S_s C_t; traffic alone cannot
+    tell, since a tile kept in registers moves the same bytes). The log's read count is scored:
+    1.00x is the fewest possible."""
     c = make_case(seed)
     batch, H, P, N = c["S"].shape
     L = c["log_x"].shape[1]
@@ -329,9 +407,30 @@ def check_log_output_kernel(kernel, seed=0) -> bool:
         ("y is written exactly once", lambda t: abs(t.times_written("y") - 1) < 1e-9),
         ("inputs and log are not written", lambda t: all(t.written[n] == 0 for n in names)),
     ]
-    return _run("puzzle 2 (the log loop)", kernel, args, "y", log_output_ref(c), rules)
+
+    def no_tile_per_token(t):
+        tile_ops = t.float_ops_at_least(P * N) / (batch * H)
+        if tile_ops < L:
+            return None
+        return (
+            f"the (P, N) state tile is updated per logged token: {tile_ops:.0f} float operations "
+            f"on (P, N) = ({P}, {N}) values per program for L = {L} logged tokens (fewer than L "
+            "allowed); carry the P-vector v_s = S_s C_t instead (the hint)"
+        )
+
+    return _run(
+        "puzzle 2 (the log loop)",
+        kernel,
+        args,
+        "y",
+        log_output_ref(c),
+        rules,
+        shared=("A", "D"),
+        work_rules=(no_tile_per_token,),
+    )
 
 
+@guarded("puzzle 3 (the fold)")
 def check_fold_kernel(kernel, seed=0) -> bool:
     """Puzzle 3. ``kernel[(batch, H)](S, log_x, log_dt, log_B, A, out, L, H, P, N)`` writes
     out (batch, H, P, N) = S_{c+L} = fold(S_c, log[:L]). Pass: out correct, S read exactly once
@@ -349,4 +448,4 @@ def check_fold_kernel(kernel, seed=0) -> bool:
         ("out is not read back", lambda t: t.read["out"] == 0),
         ("the log is not written", lambda t: all(t.written[n] == 0 for n in names)),
     ]
-    return _run("puzzle 3 (the fold)", kernel, args, "out", fold_ref(c), rules)
+    return _run("puzzle 3 (the fold)", kernel, args, "out", fold_ref(c), rules, shared=("A",))

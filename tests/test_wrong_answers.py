@@ -1,0 +1,634 @@
+"""Every exercise check against the usual wrong answers (issue 21).
+
+* Any exception the learner's code raises is a reported FAIL naming the exception and the
+  learner's line, never an exception out of the check: every ``check_*`` of the four check
+  modules (found by name, so a new check cannot be left out) is run against a stub that raises.
+* Each build-it exercise (a check that takes the learner's function, class or kernel) is run
+  against at least two plausible mistakes; each must fail with a message that points at it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from functools import partial
+
+import pytest
+import torch
+from test_exercises import _solution
+
+from replaylab import exercises, exercises_families, exercises_text, puzzles
+from replaylab.exercises import ScanInputs
+
+MODULES = (exercises, exercises_families, exercises_text, puzzles)
+CHECKS = {
+    f"{module.__name__.split('.')[-1]}.{name}": obj
+    for module in MODULES
+    for name, obj in vars(module).items()
+    if name.startswith("check_") and callable(obj) and obj.__module__ == module.__name__
+}
+
+
+class Raises:
+    """A stub that raises ``exc`` whatever the check does with it: call it (a function, a class,
+    a kernel launch ``kernel[grid](...)``), convert it (``int``, ``float``), iterate or compare it
+    (an answer). Only ``repr`` works, as the checks print answers."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def _raise(self, *args, **kwargs):
+        raise self.exc("stub went wrong on purpose")
+
+    __call__ = __getitem__ = __int__ = __float__ = __index__ = __iter__ = __len__ = _raise
+    __eq__ = __ne__ = __lt__ = __gt__ = __le__ = __ge__ = __bool__ = __round__ = _raise
+    __hash__ = None
+
+    def __repr__(self):
+        return f"Raises({self.exc.__name__})"
+
+
+def _extra_args(check, tiny_model):
+    """The required arguments after the answer: the tiny model and a prompt, as the notebooks
+    pass them."""
+    extra = []
+    for name, p in list(inspect.signature(check).parameters.items())[1:]:
+        if p.default is not inspect.Parameter.empty:
+            continue
+        if name == "model":
+            extra.append(tiny_model)
+        elif name == "prompt":
+            g = torch.Generator().manual_seed(0)
+            extra.append(torch.randint(0, tiny_model.cfg.vocab_size, (1, 12), generator=g))
+        else:
+            raise AssertionError(f"{check.__name__}: no test value for argument {name!r}")
+    return extra
+
+
+def test_the_four_modules_have_their_checks():
+    assert len(CHECKS) >= 29
+    for name in ("check_snapshot_store", "check_chunked_fold", "check_prompt_lookup"):
+        assert any(key.endswith(name) for key in CHECKS)
+    assert sum(key.startswith("puzzles.") for key in CHECKS) == 3
+
+
+@pytest.mark.parametrize("exc", [ValueError, IndexError])
+@pytest.mark.parametrize("key", sorted(CHECKS))
+def test_every_check_reports_an_exception_as_a_failure(key, exc, tiny_model, capsys):
+    check = CHECKS[key]
+    before = len(exercises.results())
+    ok = check(Raises(exc), *_extra_args(check, tiny_model))  # must not raise
+    out = capsys.readouterr().out
+    assert ok is False
+    assert "FAIL" in out and exc.__name__ in out, out
+    assert "stub went wrong on purpose" in out, out
+    assert "line" in out and "of _raise: `raise self.exc(" in out, out  # the stub's line
+    verdicts = exercises.results()[before:]
+    assert len(verdicts) == 1 and verdicts[0][1] is False, verdicts
+
+
+@pytest.mark.parametrize(
+    "key", sorted(k for k, c in CHECKS.items() if "model" not in inspect.signature(c).parameters)
+)
+def test_the_guard_records_under_the_checks_own_name(key, tiny_model, capsys):
+    """A raised exception is recorded under the name the check records itself (None as the
+    answer), so a notebook's stub run and solution run name the same checks. (The checks that
+    run the model are left to tests/test_notebook_solutions.py, which compares the names of
+    both runs, to keep this file fast.)"""
+    check = CHECKS[key]
+    extra = _extra_args(check, tiny_model)
+    before = len(exercises.results())
+    assert check(None, *extra) is False
+    assert check(Raises(ValueError), *extra) is False
+    (own, _), (guarded, _) = exercises.results()[before:]
+    assert own == guarded
+
+
+def test_the_learners_line_is_named(capsys):
+    def find_draft(context, k):
+        follow = context[len(context) :]
+        return follow[-1:] * k + [follow[-1]]
+
+    assert not exercises_text.check_prompt_lookup(find_draft)
+    out = capsys.readouterr().out
+    assert "IndexError" in out and "of find_draft: `return follow[-1:] * k + [follow[-1]]`" in out
+
+
+def test_a_value_the_check_cannot_read_is_reported(capsys):
+    assert not exercises.check_conv_state_bytes("a lot")
+    out = capsys.readouterr().out
+    assert "FAIL conv-state bytes" in out and "ValueError" in out and "your answer" in out
+
+
+# ---------------------------------------------------------------- notebook 01-02 functions
+
+
+def _out(capsys):
+    return capsys.readouterr().out
+
+
+def test_kv_truncate_wrong_answers(capsys):
+    assert exercises.check_kv_truncate(lambda keys, p: keys[:, :, :p])
+    _out(capsys)
+    assert not exercises.check_kv_truncate(lambda keys, p: keys[:, :p])  # the heads axis
+    assert "positions are dim 2" in _out(capsys)
+    assert not exercises.check_kv_truncate(lambda keys, p: keys[:, :, : p - 1])  # off by one
+    out = _out(capsys)
+    assert "shape (2, 3, 4, 4)" in out and "positions are dim 2" in out
+    assert not exercises.check_kv_truncate(lambda keys, p: keys[:, :, -p:])  # the last p
+    assert "not the keys of positions 0..4" in _out(capsys)
+
+
+def _my_step(state, x, dt, A, B, C, D, expand="interleave", y_from="new", skip=True):
+    H = x.shape[1]
+    if expand == "interleave":
+        B, C = (t.repeat_interleave(H // t.shape[1], dim=1) for t in (B, C))
+    else:  # the mistake: repeat tiles the groups, heads 0, 1 get groups 0, 1
+        B, C = (t.repeat(1, H // t.shape[1], 1) for t in (B, C))
+    decay = torch.exp(dt * A)[..., None, None]
+    new = decay * state + (dt[..., None] * x)[..., None] * B[:, :, None, :]
+    y = ((new if y_from == "new" else state) * C[:, :, None, :]).sum(-1)
+    return (y + D[:, None] * x if skip else y), new
+
+
+def test_ssd_step_wrong_answers(capsys):
+    assert exercises.check_ssd_step(_my_step)
+    _out(capsys)
+    assert not exercises.check_ssd_step(partial(_my_step, expand="repeat"))
+    assert "wrong in heads [1, 2] of 4" in _out(capsys)
+    assert not exercises.check_ssd_step(partial(_my_step, y_from="old"))  # y before the update
+    assert "new_state agrees, y differs" in _out(capsys)
+    assert not exercises.check_ssd_step(partial(_my_step, skip=False))  # forgot D x
+    assert "new_state agrees, y differs" in _out(capsys)
+
+
+def test_resume_wrong_answers(capsys):
+    from replaylab.scan import ssd_scan
+
+    def resume(checkpoint_state, x, dt, A, B, C):
+        return ssd_scan(x, dt, A, B, C, initial_state=checkpoint_state).y
+
+    assert exercises.check_resume(resume)
+    _out(capsys)
+
+    def from_zero(checkpoint_state, x, dt, A, B, C):  # re-runs from zeros
+        return ssd_scan(x, dt, A, B, C).y
+
+    assert not exercises.check_resume(from_zero)
+    assert "from a zero state" in _out(capsys)
+
+    def drops_first(checkpoint_state, x, dt, A, B, C):  # slices one token too many
+        return ssd_scan(x, dt, A, B, C, initial_state=checkpoint_state).y[:, 1:]
+
+    assert not exercises.check_resume(drops_first)
+    assert "shape (2, 4, 4, 3), expected (2, 5, 4, 3)" in _out(capsys)
+
+
+# ---------------------------------------------------------------- the mini stores (03-05)
+
+
+def _snapshot_base():
+    return _solution("03_branching_strategies", "snapshot_store")["MySnapshotStore"]
+
+
+def test_snapshot_store_that_clones_on_snapshot_but_not_on_restore_fails(capsys):
+    """The issue's wrong answer: copy on snapshot(), hand out the saved tensor on restore(),
+    advance in place; the first restore of a handle is right, the second is corrupted."""
+    base = _snapshot_base()
+
+    class AliasesOnRestore(base):
+        def advance(self, inputs):
+            result = self.layer.scan(self.state, inputs)
+            self.state.copy_(result.state)  # reuse the state's buffer
+            self.position += len(inputs)
+            return result.y
+
+        def restore(self, handle):
+            position, state = self.saved[handle]
+            self.state, self.position = state, position  # no .clone()
+
+    assert not exercises.check_snapshot_store(AliasesOnRestore)
+    out = _out(capsys)
+    assert "restore number 2 of this handle" in out
+    assert "restore() must give the store its own copy" in out
+
+
+def test_snapshot_store_wrong_answers(capsys):
+    base = _snapshot_base()
+
+    class SnapshotWithoutCopy(base):  # keeps a reference; advance writes into it
+        def advance(self, inputs):
+            result = self.layer.scan(self.state, inputs)
+            self.state.copy_(result.state)
+            self.position += len(inputs)
+            return result.y
+
+        def snapshot(self):
+            handle = len(self.saved)
+            self.saved[handle] = (self.position, self.state)
+            return handle
+
+    assert not exercises.check_snapshot_store(SnapshotWithoutCopy)
+    assert "snapshot() must keep its own copy" in _out(capsys)
+
+    class ForgetsPosition(base):
+        def restore(self, handle):
+            self.state = self.saved[handle][1].clone()
+
+    assert not exercises.check_snapshot_store(ForgetsPosition)
+    assert "position is 5, expected 2" in _out(capsys)
+
+    class ReturnsTheState(base):  # advance returns the new state instead of y
+        def advance(self, inputs):
+            super().advance(inputs)
+            return self.state
+
+    assert not exercises.check_snapshot_store(ReturnsTheState)
+    assert "y returned by advance: shape (2, 4, 3, 5), expected (2, 2, 4, 3)" in _out(capsys)
+
+
+def test_recompute_store_wrong_answers(capsys):
+    base = _solution("05_recompute_vs_replay", "recompute_store")["MyRecomputeStore"]
+
+    class RerunsFromStrictlyEarlier(base):  # the latest checkpoint < p, not <= p
+        def restore(self, p):
+            c = max((q for q in self.checkpoints if q < p), default=0)
+            kept = ScanInputs.cat(self.inputs)[:p] if self.inputs else None
+            state = self.checkpoints[c].clone()
+            if p > c:
+                state = self.layer.scan(state, kept[c:p]).state
+            self.checkpoints = {q: s for q, s in self.checkpoints.items() if q <= p}
+            self.inputs = [kept] if p else []
+            self.state, self.position = state, p
+            return p - c
+
+    assert not exercises.check_recompute_store(RerunsFromStrictlyEarlier)
+    out = _out(capsys)
+    assert "tokens re-run, expected 0" in out
+
+    class CheckpointOffByOne(base):  # numbers token j from 0: stores S_{p+1} under p
+        def advance(self, inputs):
+            result = self.layer.scan(self.state, inputs, return_states=True)
+            for j in range(len(inputs)):
+                p = self.position + j
+                if p % self.interval == 0:
+                    self.checkpoints[p] = result.states[:, j].clone()
+            self.inputs.append(inputs)
+            self.state, self.position = result.state, self.position + len(inputs)
+            return result.y
+
+    assert not exercises.check_recompute_store(CheckpointOffByOne)
+    assert "checkpoint at 0: max abs error" in _out(capsys)
+
+    class KeepsLaterCheckpoints(base):  # restore forgets to drop checkpoints past p
+        def restore(self, p):
+            old = dict(self.checkpoints)
+            rerun = super().restore(p)
+            self.checkpoints = old
+            return rerun
+
+    assert not exercises.check_recompute_store(KeepsLaterCheckpoints)
+    assert "checkpoints held at" in _out(capsys)
+
+
+def test_replay_log_wrong_answers(capsys):
+    base = _solution("05_recompute_vs_replay", "replay_log")["MyReplayLog"]
+
+    class TruncateKeepsOneMore(base):
+        def truncate_to(self, j):
+            self.entries = [ScanInputs.cat(self.entries)[: j + 1]]
+
+    assert not exercises.check_replay_log(TruncateKeepsOneMore)
+    assert "len(log) is" in _out(capsys)
+
+    class StateIgnoresJ(base):  # always folds the whole log
+        def state(self, j=None):
+            return super().state()
+
+    assert not exercises.check_replay_log(StateIgnoresJ)
+    out = _out(capsys)
+    assert "state after" in out and "logged tokens" in out
+
+    class FoldsIntoTheCheckpoint(base):
+        def state(self, j=None):
+            s = super().state(j)
+            self.checkpoint.copy_(s)
+            return s
+
+    assert not exercises.check_replay_log(FoldsIntoTheCheckpoint)
+    assert "the checkpoint was modified" in _out(capsys)
+
+
+def _rebuild_cost(items, item):
+    older = [i.position for i in items if i.position < item.position]
+    return item.position - (max(older) if older else 0)
+
+
+def test_cost_eviction_wrong_answers(capsys):
+    def ties_to_most_recent(items):
+        return min(items, key=lambda i: (_rebuild_cost(items, i), -i.last_used)).key
+
+    assert not exercises.check_cost_eviction(ties_to_most_recent)
+    assert "a tie in tokens goes to the least recently used" in _out(capsys)
+
+    def measures_to_newer(items):  # tokens to the next *newer* copy
+        def cost(item):
+            newer = [i.position for i in items if i.position > item.position]
+            return (min(newer) - item.position if newer else item.position, item.last_used)
+
+        return min(items, key=cost).key
+
+    assert not exercises.check_cost_eviction(measures_to_newer)
+    out = _out(capsys)
+    assert "rebuilt in" in out and "fewest tokens back to the next older kept position" in out
+
+    def never_evicts_the_oldest(items):  # "0 when none is older" read as "never"
+        def cost(item):
+            older = [i.position for i in items if i.position < item.position]
+            return (item.position - max(older) if older else float("inf"), item.last_used)
+
+        return min(items, key=cost).key
+
+    assert not exercises.check_cost_eviction(never_evicts_the_oldest)
+    assert "from 0" in _out(capsys)
+
+
+# ---------------------------------------------------------------- 10: prompt lookup
+
+
+def _lookup(context, k, starts="earlier", order="latest", pad=True):
+    for n in range(min(3, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        last = len(context) - n - (1 if starts == "earlier" else 0)  # "itself": off by one
+        search = range(last, -1, -1) if order == "latest" else range(0, last + 1)
+        for start in search:
+            if context[start : start + n] == tail:
+                follow = context[start + n : start + n + k]
+                return follow + [follow[-1]] * (k - len(follow)) if pad else follow
+    return [context[-1]] * k
+
+
+def test_prompt_lookup_that_matches_the_suffix_itself_fails_with_the_ngram(capsys):
+    assert exercises_text.check_prompt_lookup(_lookup)
+    _out(capsys)
+    assert not exercises_text.check_prompt_lookup(lambda c, k: _lookup(c, k, starts="itself"))
+    out = _out(capsys)
+    assert "IndexError" in out and "context [1, 2, 3, 4], k=3" in out
+    assert "the last 3-gram [2, 3, 4] at position 1 is the suffix" in out
+    assert "at most at len(context) - n - 1 = 0" in out
+
+
+def test_prompt_lookup_wrong_answers(capsys):
+    assert not exercises_text.check_prompt_lookup(lambda c, k: _lookup(c, k, order="first"))
+    out = _out(capsys)
+    assert "its latest earlier occurrence" in out and "your drafts follow the" in out
+    assert not exercises_text.check_prompt_lookup(lambda c, k: _lookup(c, k, pad=False))
+    out = _out(capsys)
+    assert "ids, not k=" in out and "(the last one repeated)" in out
+
+    def shortest_first(context, k):  # tries n = 1 first
+        for n in range(1, min(3, len(context) - 1) + 1):
+            for start in range(len(context) - n - 1, -1, -1):
+                if context[start : start + n] == context[-n:]:
+                    follow = context[start + n : start + n + k]
+                    return follow + [follow[-1]] * (k - len(follow))
+        return [context[-1]] * k
+
+    assert not exercises_text.check_prompt_lookup(shortest_first)
+    assert "-gram" in _out(capsys)
+
+
+# ---------------------------------------------------------------- 11: the chunked fold
+
+
+def _chunked(chunk_mistake=None):
+    fold = _solution("11_beyond_mamba2", "chunked_fold", torch=torch)["chunked_fold"]
+    if chunk_mistake == "repeat":
+
+        def wrong(state, k, v, g, beta, chunk_size):  # tiles key heads instead of interleaving
+            k = k.repeat(1, 1, v.shape[2] // k.shape[2], 1)
+            return fold(state, k, v, g, beta, chunk_size)
+
+        return wrong
+    if chunk_mistake == "drop_last":
+
+        def wrong(state, k, v, g, beta, chunk_size):  # whole chunks only
+            T = (k.shape[1] // chunk_size) * chunk_size
+            if T == 0:
+                return state
+            return fold(state, k[:, :T], v[:, :T], g[:, :T], beta[:, :T], chunk_size)
+
+        return wrong
+    return fold
+
+
+def test_chunked_fold_wrong_answers(capsys):
+    assert exercises_families.check_chunked_fold(_chunked())
+    _out(capsys)
+    assert not exercises_families.check_chunked_fold(_chunked("repeat"))
+    out = _out(capsys)
+    assert "chunk_size=1" in out and "wrong in heads [1, 2] of 4" in out
+    assert not exercises_families.check_chunked_fold(_chunked("drop_last"))
+    assert "T=11, chunk_size=4" in _out(capsys)
+
+
+# ---------------------------------------------------------------- 06: the Triton puzzles
+
+interpreter_only = pytest.mark.skipif(
+    not puzzles.interpreting(), reason="traffic is counted only under Triton's interpreter"
+)
+
+_WRONG_KERNELS = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def batch_stride_forgotten(S, x, dt, B, C, A, D, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    S_c = tl.load(S + (row * P + p[:, None]) * N + n[None, :])
+    x_t, C_t = tl.load(x + h * P + p), tl.load(C + row * N + n)  # h, not b * H + h
+    d_t, a = tl.load(dt + row), tl.load(A + h)
+    out = tl.exp(d_t * a) * tl.sum(S_c * C_t[None, :], axis=1)
+    out += d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, out + tl.load(D + h) * x_t)
+
+
+@triton.jit
+def skip_forgotten(S, x, dt, B, C, A, D, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    S_c = tl.load(S + (row * P + p[:, None]) * N + n[None, :])
+    x_t, C_t = tl.load(x + row * P + p), tl.load(C + row * N + n)
+    d_t, a = tl.load(dt + row), tl.load(A + h)
+    out = tl.exp(d_t * a) * tl.sum(S_c * C_t[None, :], axis=1)
+    out += d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, out)  # no D x_t
+
+
+@triton.jit
+def tile_per_token(
+    S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    a = tl.load(A + h)
+    state = tl.load(S + (row * P + p[:, None]) * N + n[None, :])  # the (P, N) tile, once
+    for s in range(L):  # what the hint forbids: a (P, N) update per logged token
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        x_s, B_s = tl.load(log_x + e * P + p), tl.load(log_B + e * N + n)
+        state = tl.exp(d_s * a) * state + (d_s * x_s)[:, None] * B_s[None, :]
+    d_t, x_t = tl.load(dt + row), tl.load(x + row * P + p)
+    B_t, C_t = tl.load(B + row * N + n), tl.load(C + row * N + n)
+    state = tl.exp(d_t * a) * state + (d_t * x_t)[:, None] * B_t[None, :]
+    tl.store(y + row * P + p, tl.sum(state * C_t[None, :], axis=1) + tl.load(D + h) * x_t)
+
+
+@triton.jit
+def log_loop_one_short(
+    S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    a = tl.load(A + h)
+    C_t = tl.load(C + row * N + n)
+    v = tl.sum(tl.load(S + (row * P + p[:, None]) * N + n[None, :]) * C_t[None, :], axis=1)
+    for s in range(L - 1):  # off by one: the last logged token is skipped
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        B_s, x_s = tl.load(log_B + e * N + n), tl.load(log_x + e * P + p)
+        v = tl.exp(d_s * a) * v + d_s * tl.sum(B_s * C_t) * x_s
+    d_t, x_t = tl.load(dt + row), tl.load(x + row * P + p)
+    v = tl.exp(d_t * a) * v + d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, v + tl.load(D + h) * x_t)
+
+
+@triton.jit
+def log_loop_decay_after_input(
+    S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    a = tl.load(A + h)
+    C_t = tl.load(C + row * N + n)
+    v = tl.sum(tl.load(S + (row * P + p[:, None]) * N + n[None, :]) * C_t[None, :], axis=1)
+    for s in range(L):
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        B_s, x_s = tl.load(log_B + e * N + n), tl.load(log_x + e * P + p)
+        v = tl.exp(d_s * a) * (v + d_s * tl.sum(B_s * C_t) * x_s)  # decays its own input
+    d_t, x_t = tl.load(dt + row), tl.load(x + row * P + p)
+    v = tl.exp(d_t * a) * v + d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, v + tl.load(D + h) * x_t)
+
+
+@triton.jit
+def fold_stores_every_token(
+    S, log_x, log_dt, log_B, A, out, L, H, P: tl.constexpr, N: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    tile = ((b * H + h) * P + p[:, None]) * N + n[None, :]
+    a = tl.load(A + h)
+    state = tl.load(S + tile)
+    for s in range(L):
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        x_s, B_s = tl.load(log_x + e * P + p), tl.load(log_B + e * N + n)
+        state = tl.exp(d_s * a) * state + (d_s * x_s)[:, None] * B_s[None, :]
+        tl.store(out + tile, state)  # inside the loop: L writes of the tile
+
+
+@triton.jit
+def fold_skips_first(S, log_x, log_dt, log_B, A, out, L, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    tile = ((b * H + h) * P + p[:, None]) * N + n[None, :]
+    a = tl.load(A + h)
+    state = tl.load(S + tile)
+    for s in range(1, L):  # off by one: starts at the second logged token
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        x_s, B_s = tl.load(log_x + e * P + p), tl.load(log_B + e * N + n)
+        state = tl.exp(d_s * a) * state + (d_s * x_s)[:, None] * B_s[None, :]
+    tl.store(out + tile, state)
+"""
+
+
+@pytest.fixture(scope="module")
+def wrong_kernels(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kernels") / "wrong_kernels.py"
+    path.write_text(_WRONG_KERNELS)  # the interpreter reads a kernel's source from its file
+    spec = importlib.util.spec_from_file_location("wrong_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@interpreter_only
+def test_puzzle_solutions_read_every_tensor_once(tmp_path, capsys):
+    """What notebook 06 says: "read 2.00x" means read twice, so the reference kernels read every
+    input 1.00x (A and D once by each sequence's program) and move the floor's bytes."""
+    for key, name, check in [
+        ("puzzle_output", "output_kernel", puzzles.check_output_kernel),
+        ("puzzle_log", "log_output_kernel", puzzles.check_log_output_kernel),
+        ("puzzle_fold", "fold_kernel", puzzles.check_fold_kernel),
+    ]:
+        assert check(_solution("06_replay_kernel", key, tmp_path)[name])
+        out = _out(capsys)
+        reads = [line for line in out.splitlines() if ": read " in line]
+        assert reads and all("read 1.00x" in r or "read 0x" in r for r in reads), out
+        assert "A: read 1.00x" in out and "2.00x" not in out
+        total = out.split("total bytes moved: ")[1]
+        assert total.split(" ")[0] == total.split("touched once: ")[1].rstrip(")\n")
+
+
+@interpreter_only
+def test_puzzle_1_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_output_kernel(wrong_kernels.batch_stride_forgotten)
+    out = _out(capsys)
+    assert "programs (b, h) (1, 0), (1, 1), (1, 2) of 6 are wrong, the others right" in out
+    assert not puzzles.check_output_kernel(wrong_kernels.skip_forgotten)
+    out = _out(capsys)
+    assert "output y differs from the reference" in out and "every program (b, h)" in out
+    assert "D: read 0x" in out
+
+
+@interpreter_only
+def test_puzzle_2_per_token_tile_fails_with_the_reason(wrong_kernels, capsys):
+    assert not puzzles.check_log_output_kernel(wrong_kernels.tile_per_token)
+    out = _out(capsys)
+    assert "differs" not in out  # right values, right traffic: only the arithmetic tells
+    assert "checkpoint S: read 1.00x" in out
+    assert "the (P, N) state tile is updated per logged token" in out
+    assert "for L = 5 logged tokens" in out
+
+
+@interpreter_only
+def test_puzzle_2_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_log_output_kernel(wrong_kernels.log_loop_one_short)
+    out = _out(capsys)
+    assert "output y differs" in out and "log x: read 0.80x" in out
+    assert not puzzles.check_log_output_kernel(wrong_kernels.log_loop_decay_after_input)
+    out = _out(capsys)
+    assert "output y differs" in out and "every program (b, h)" in out
+    assert "rule broken" not in out  # the traffic and the arithmetic are right
+
+
+@interpreter_only
+def test_puzzle_3_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_fold_kernel(wrong_kernels.fold_stores_every_token)
+    out = _out(capsys)
+    assert (
+        "out is written exactly once" in out and "folded state out: read 0x, written 5.00x" in out
+    )
+    assert not puzzles.check_fold_kernel(wrong_kernels.fold_skips_first)
+    out = _out(capsys)
+    assert "folded state out differs" in out and "log x: read 0.80x" in out
