@@ -1,4 +1,4 @@
-"""Fused decode operations for ``replaylab.engine.DecodeEngine`` on a GPU, each beside the
+"""Fused decode operations for ``replaylab.serving.DecodeEngine`` on a GPU, each beside the
 PyTorch expression it replaces (the teaching model's), with the same rounding points.
 
 A decode step at small batch moves little data per operation, so its time is set by how many
@@ -143,6 +143,7 @@ def _conv_step_kernel(
     C_out,  # (B*T, GN)
     dt_out,  # (B*T, H)
     drafts,  # (slots, max_verify, K, C): the window after each token (KEEP_DRAFTS)
+    counts,  # (B,) int32: the window advances by counts[b] tokens (HAS_COUNTS; else T)
     W,
     xbc_col,
     dt_col,
@@ -157,6 +158,7 @@ def _conv_step_kernel(
     BLOCK_H: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     KEEP_DRAFTS: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
 ):
     b, pid_c = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -193,22 +195,34 @@ def _conv_step_kernel(
                     v = tl.load(zx + (b * T + t + 1 + j - K) * W + xbc_col + offs, mask=mc)
                 dst = drafts + ((b * max_verify + t) * K + j) * C
                 tl.store(dst + offs, v.to(drafts.dtype.element_ty), mask=mc)
-    # the window advances in place: new row j is old row T + j (read before it is written,
-    # since T >= 1) or a new token
-    for j in tl.static_range(K):
-        if T + j < K:
-            v = tl.load(win + (T + j) * C + offs, mask=mc, other=0.0)
-        else:
-            v = tl.load(zx + (b * T + T + j - K) * W + xbc_col + offs, mask=mc, other=0.0)
-        tl.store(win + j * C + offs, v.to(window.dtype.element_ty), mask=mc)
+    # the window advances in place by n tokens: new row j is old row n + j (read before it is
+    # written, since n >= 0 and rows are written in order) or a new token
+    if HAS_COUNTS:
+        n = tl.load(counts + b)
+        for j in tl.static_range(K):
+            src = n + j + offs * 0  # the sequence row, as a vector for the masks
+            old = src < K
+            v_old = tl.load(win + src * C + offs, mask=mc & old, other=0.0)
+            v_new = tl.load(zx + (b * T + src - K) * W + xbc_col + offs, mask=mc & (src >= K), other=0.0)
+            v = tl.where(old, v_old.to(window.dtype.element_ty), v_new.to(window.dtype.element_ty))
+            tl.store(win + j * C + offs, v, mask=mc)
+    else:
+        for j in tl.static_range(K):
+            if T + j < K:
+                v = tl.load(win + (T + j) * C + offs, mask=mc, other=0.0)
+            else:
+                v = tl.load(zx + (b * T + T + j - K) * W + xbc_col + offs, mask=mc, other=0.0)
+            tl.store(win + j * C + offs, v.to(window.dtype.element_ty), mask=mc)
 
 
-def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=None):
+def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=None, counts=None):
     """One causal-conv step of a Mamba-2 layer over the window and T new tokens.
 
     zx: (B*T, W) the in_proj output (xBC at ``xbc_col``, raw dt at ``dt_col``); window:
-    (B, K, C) contiguous, advanced by T in place; weight (C, K+1); bias (C,) or None;
-    drafts: (slots, max_verify, K, C) to keep the window after each token, or None.
+    (B, K, C) contiguous, advanced in place by T, or by ``counts[b]`` (B,) int32 tokens per
+    sequence (0 <= counts <= T: the rest are padding of a ragged step); weight (C, K+1);
+    bias (C,) or None; drafts: (slots, max_verify, K, C) to keep the window after each
+    token, or None.
     Returns x (B, T, XP), B (B, T, GN), C (B, T, GN) after SiLU and dt (B, T, H), contiguous.
     """
     rows, W = zx.shape
@@ -219,6 +233,7 @@ def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=No
         raise ValueError(
             f"drafts: {tuple(drafts.shape[:2])} slots x tokens, need at least ({batch}, {T})"
         )
+    _check_counts(counts, batch)
     new = lambda width: torch.empty(rows, width, dtype=zx.dtype, device=zx.device)  # noqa: E731
     x, B, Cm, dt = new(XP), new(GN), new(GN), new(H)
     BLOCK_C = 256
@@ -232,6 +247,7 @@ def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=No
         Cm,
         dt,
         drafts if drafts is not None else window,
+        counts if counts is not None else window,
         W,
         xbc_col,
         dt_col,
@@ -246,6 +262,7 @@ def conv_step(zx, window, weight, bias, xbc_col, dt_col, XP, GN, H, T, drafts=No
         BLOCK_H=triton.next_power_of_2(H),
         HAS_BIAS=bias is not None,
         KEEP_DRAFTS=drafts is not None,
+        HAS_COUNTS=counts is not None,
         num_warps=4,
     )
     return (
@@ -262,6 +279,16 @@ def _relu2_kernel(u, out, n, BLOCK: tl.constexpr):
     m = offs < n
     v = tl.maximum(tl.load(u + offs, mask=m, other=0.0), 0.0)
     tl.store(out + offs, v * v, mask=m)
+
+
+def _check_counts(counts, batch):
+    if counts is not None and (
+        counts.dtype != torch.int32 or counts.shape != (batch,) or not counts.is_contiguous()
+    ):
+        raise ValueError(
+            f"counts: expected contiguous int32 of shape ({batch},), got {counts.dtype} "
+            f"{tuple(counts.shape)}"
+        )
 
 
 def relu2(u):
@@ -289,6 +316,7 @@ def _state_update_kernel(
     dt_bias,  # (H,) fp32
     y,  # (B, T, H, P)
     drafts,  # (slots, max_verify, H, P, N) fp32: the state after each token (KEEP_DRAFTS)
+    counts,  # (B,) int32: the state kept is the one after counts[b] tokens (HAS_COUNTS)
     dt_lo,
     dt_hi,
     H,
@@ -301,6 +329,7 @@ def _state_update_kernel(
     BLOCK_N: tl.constexpr,
     SOFTPLUS: tl.constexpr,
     KEEP_DRAFTS: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
 ):
     b, h, pid_p = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     g = h // (H // G)
@@ -313,6 +342,10 @@ def _state_update_kernel(
     bias = tl.load(dt_bias + h).to(tl.float32)
     d_h = tl.load(D + h).to(tl.float32)
     S = tl.load(state + (b * H + h) * P * N + tile, mask=mask, other=0.0)
+    kept = S  # the state after counts[b] tokens (HAS_COUNTS)
+    n = 0
+    if HAS_COUNTS:
+        n = tl.load(counts + b)
     for t in tl.static_range(T):
         row = b * T + t
         delta = _delta(tl.load(dt + row * H + h).to(tl.float32), bias, dt_lo, dt_hi, SOFTPLUS)
@@ -324,16 +357,35 @@ def _state_update_kernel(
         tl.store(y + (row * H + h) * P + offs_p, out.to(y.dtype.element_ty), mask=mp)
         if KEEP_DRAFTS:
             tl.store(drafts + ((b * max_verify + t) * H + h) * P * N + tile, S, mask=mask)
-    tl.store(state + (b * H + h) * P * N + tile, S, mask=mask)
+        if HAS_COUNTS:
+            kept = tl.where(n == t + 1, S, kept)
+    if HAS_COUNTS:
+        tl.store(state + (b * H + h) * P * N + tile, kept, mask=mask)
+    else:
+        tl.store(state + (b * H + h) * P * N + tile, S, mask=mask)
 
 
 def state_update(
-    state, x, dt, B, C, A, D, dt_bias, dt_limit, drafts=None, block_p=None, num_warps=None
+    state,
+    x,
+    dt,
+    B,
+    C,
+    A,
+    D,
+    dt_bias,
+    dt_limit,
+    drafts=None,
+    block_p=None,
+    num_warps=None,
+    counts=None,
 ):
     """The snapshot strategy's decode / verify step of a Mamba-2 layer, fused: for each of the
     T new tokens S <- exp(Δ A) S + Δ x B^T and y = S C + D x; ``state`` (batch rows of a
     (slots, H, P, N) fp32 pool) is written in place, and with ``drafts``
-    (slots, max_verify, H, P, N) the state after each token is kept for a rollback.
+    (slots, max_verify, H, P, N) the state after each token is kept for a rollback. With
+    ``counts`` (B,) int32 the state written is the one after counts[b] tokens (0: unchanged),
+    the other tokens being padding of a ragged step.
     x (B, T, H, P), dt (B, T, H) raw, B/C (B, T, G, N), contiguous. Returns y (B, T, H, P)."""
     batch, T, H, P = x.shape
     G, N = B.shape[2], B.shape[3]
@@ -345,6 +397,7 @@ def state_update(
         raise ValueError(
             f"drafts: {tuple(drafts.shape[:2])} slots x tokens, need at least ({batch}, {T})"
         )
+    _check_counts(counts, batch)
     y = torch.empty_like(x)
     default_p, default_w = next((p, w) for bound, p, w in LAUNCH_STATE_UPDATE if batch <= bound)
     BLOCK_P = min(block_p or default_p, triton.next_power_of_2(P))
@@ -359,6 +412,7 @@ def state_update(
         dt_bias,
         y,
         drafts if drafts is not None else state,
+        counts if counts is not None else state,
         float(dt_limit[0]),
         float(min(dt_limit[1], 3.0e38)),
         H,
@@ -371,6 +425,7 @@ def state_update(
         BLOCK_N=triton.next_power_of_2(N),
         SOFTPLUS=True,
         KEEP_DRAFTS=drafts is not None,
+        HAS_COUNTS=counts is not None,
         num_warps=num_warps or default_w,
     )
     return y
@@ -382,7 +437,7 @@ def _attention_kernel(
     k,  # (slots, Hkv, max_len, Dh)
     v,
     out,  # (B, T, Hq, Dh)
-    position,  # () int64: the position of token 0
+    position,  # (B,) int64: the position of each sequence's token 0 (stride POS_STRIDE)
     scale,
     q_row,
     Hq,
@@ -391,10 +446,11 @@ def _attention_kernel(
     T: tl.constexpr,
     Dh: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    POS_STRIDE: tl.constexpr,  # 0: one position for all sequences, 1: one each
 ):
     b, hq, t = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     kv = hq // (Hq // Hkv)
-    last = tl.load(position) + t  # rows 0 .. last are visible to token t
+    last = tl.load(position + b * POS_STRIDE) + t  # rows 0 .. last are visible to token t
     offs_d = tl.arange(0, Dh)
     qv = tl.load(q + (b * T + t) * q_row + hq * Dh + offs_d).to(tl.float32)
     base = (b * Hkv + kv) * max_len * Dh
@@ -422,9 +478,9 @@ def attention(q, k, v, position, scale):
     """Causal attention of T new tokens over a static KV buffer: q (B, T, Hq, Dh) (heads
     contiguous; token rows may be a column slice of a wider matrix),
     k/v (slots, Hkv, max_len, Dh) holding rows 0 .. position + T - 1 of the first B slots,
-    ``position`` a 0-d int64 tensor (the first new token's position; on the device, so a
-    CUDA graph replays it). Query head h reads KV head h // (Hq // Hkv). Returns
-    (B, T, Hq, Dh) in q's dtype."""
+    ``position`` an int64 tensor on the device (so a CUDA graph replays it): 0-d, the first
+    new token's position in every sequence, or (B,), one per sequence (a ragged batch).
+    Query head h reads KV head h // (Hq // Hkv). Returns (B, T, Hq, Dh) in q's dtype."""
     batch, T, Hq, Dh = q.shape
     Hkv, max_len = k.shape[1], k.shape[2]
     q_row = q.stride(1) if T > 1 else q.stride(0)  # a size-1 dim's stride is arbitrary
@@ -433,6 +489,11 @@ def attention(q, k, v, position, scale):
     rows_ok = q.stride(0) == T * q_row and q.stride(2) == Dh and q.stride(3) == 1
     if not rows_ok or Dh & (Dh - 1):
         raise ValueError("q: expected contiguous heads, evenly spaced rows, Dh a power of two")
+    if position.dtype != torch.int64 or position.shape not in ((), (batch,)):
+        raise ValueError(
+            f"position: expected int64 of shape () or ({batch},), got {position.dtype} "
+            f"{tuple(position.shape)}"
+        )
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     _attention_kernel[(batch, Hq, T)](
         q,
@@ -448,6 +509,7 @@ def attention(q, k, v, position, scale):
         T=T,
         Dh=Dh,
         BLOCK_S=64,
+        POS_STRIDE=1 if position.dim() else 0,
         num_warps=4,
     )
     return out

@@ -50,6 +50,7 @@ def _replay_step_kernel(
     log_B,
     log_C,  # logs (batch, Lmax, ...); appended to when APPEND
     log_len,  # (batch,) valid entries per sequence
+    log_head,  # (batch,) ring offset: entry i of sequence b sits at row (head + i) % Lmax
     x,
     dt,
     B,
@@ -78,6 +79,7 @@ def _replay_step_kernel(
     g = h // (H // G)
     slot = tl.load(slots + b).to(tl.int64)
     L = tl.load(log_len + b)
+    head = tl.load(log_head + b)
     a_h = tl.load(A + h).to(tl.float32)
     bias = tl.load(dt_bias + h).to(tl.float32)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -101,8 +103,9 @@ def _replay_step_kernel(
         for l0 in range(0, Lt, BLOCK_L):
             offs_l = l0 + tl.arange(0, BLOCK_L)
             ml, old = offs_l < Lt, offs_l < L
+            ring = b * Lmax + (head + offs_l) % Lmax  # log rows of entries offs_l
             dl = tl.load(
-                tl.where(old, log_dt + (b * Lmax + offs_l) * H, dt + (b * T + offs_l - L) * H) + h,
+                tl.where(old, log_dt + ring * H, dt + (b * T + offs_l - L) * H) + h,
                 mask=ml,
                 other=0.0,
             ).to(tl.float32)
@@ -129,8 +132,9 @@ def _replay_step_kernel(
         for l0 in range(0, Lt, BLOCK_L):
             offs_l = l0 + tl.arange(0, BLOCK_L)
             ml, old = offs_l < Lt, offs_l < L
+            ring = b * Lmax + (head + offs_l) % Lmax  # log rows of entries offs_l
             dl = tl.load(
-                tl.where(old, log_dt + (b * Lmax + offs_l) * H, dt + (b * T + offs_l - L) * H) + h,
+                tl.where(old, log_dt + ring * H, dt + (b * T + offs_l - L) * H) + h,
                 mask=ml,
                 other=0.0,
             ).to(tl.float32)
@@ -140,7 +144,7 @@ def _replay_step_kernel(
             Bl = tl.load(
                 tl.where(
                     old[:, None],
-                    log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N,
+                    log_B + (ring[:, None] * G + g) * N,
                     B + ((b * T + offs_l[:, None] - L) * G + g) * N,
                 )
                 + offs_n[None, :],
@@ -151,7 +155,7 @@ def _replay_step_kernel(
             xl = tl.load(
                 tl.where(
                     old[:, None],
-                    log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P,
+                    log_x + (ring[:, None] * H + h) * P,
                     x + ((b * T + offs_l[:, None] - L) * H + h) * P,
                 )
                 + offs_p[None, :],
@@ -167,7 +171,7 @@ def _replay_step_kernel(
             out += tl.load(D + h).to(tl.float32) * x_t
         tl.store(y + ((b * T + t) * H + h) * P + offs_p, out.to(y.dtype.element_ty), mask=mp)
         if APPEND:
-            row = b * Lmax + L + t
+            row = b * Lmax + (head + L + t) % Lmax
             tl.store(log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=mp)
             lane = tl.arange(0, 1)
             first = (lane + pid_p) == 0  # one program per head writes dt
@@ -191,6 +195,7 @@ def _replay_verify_kernel(
     log_B,
     log_C,
     log_len,
+    log_head,
     x,
     dt,
     B,
@@ -221,6 +226,7 @@ def _replay_verify_kernel(
     g = h // (H // G)
     slot = tl.load(slots + b).to(tl.int64)
     L = tl.load(log_len + b)
+    head = tl.load(log_head + b)
     a_h = tl.load(A + h).to(tl.float32)
     bias = tl.load(dt_bias + h).to(tl.float32)
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -236,7 +242,8 @@ def _replay_verify_kernel(
     for l0 in range(0, L, BLOCK_L):
         offs_l = l0 + tl.arange(0, BLOCK_L)
         ml = offs_l < L
-        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        ring = b * Lmax + (head + offs_l) % Lmax
+        dl = tl.load(log_dt + ring * H + h, mask=ml, other=0.0).to(tl.float32)
         total += tl.sum(tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS) * a_h, 0.0))
     tn = (b * T + offs_t) * H + h  # new tokens' (batch, t, head) rows
     dn = tl.load(dt + tn, mask=mt, other=0.0).to(tl.float32)
@@ -256,17 +263,18 @@ def _replay_verify_kernel(
     for l0 in range(0, L, BLOCK_L):  # the log: scores C_t . B_s, decayed, times x_s
         offs_l = l0 + tl.arange(0, BLOCK_L)
         ml = offs_l < L
-        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
+        ring = b * Lmax + (head + offs_l) % Lmax
+        dl = tl.load(log_dt + ring * H + h, mask=ml, other=0.0).to(tl.float32)
         delta_l = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
         cum_l = run + tl.cumsum(delta_l * a_h, axis=0)
         run += tl.sum(delta_l * a_h)
         Bl = tl.load(
-            log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
+            log_B + (ring[:, None] * G + g) * N + offs_n[None, :],
             mask=ml[:, None] & mn[None, :],
             other=0.0,
         ).to(tl.float32)
         xl = tl.load(
-            log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
+            log_x + (ring[:, None] * H + h) * P + offs_p[None, :],
             mask=ml[:, None] & mp[None, :],
             other=0.0,
         ).to(tl.float32)
@@ -282,7 +290,7 @@ def _replay_verify_kernel(
     mtp = mt[:, None] & mp[None, :]
     tl.store(y + tn[:, None] * P + offs_p[None, :], out.to(y.dtype.element_ty), mask=mtp)
     if APPEND:
-        rows = b * Lmax + L + offs_t
+        rows = b * Lmax + (head + L + offs_t) % Lmax
         tl.store(
             log_x + (rows[:, None] * H + h) * P + offs_p[None, :],
             xn.to(log_x.dtype.element_ty),
@@ -305,7 +313,8 @@ def _fold_kernel(
     log_x,
     log_dt,
     log_B,  # logs (batch, Lmax, ...)
-    fold_len,  # (batch,) entries to fold per sequence
+    fold_len,  # (batch,) entries to fold per sequence; 0: the program returns at once
+    log_head,  # (batch,) ring offset of entry 0 (see _replay_step_kernel)
     A,
     dt_bias,  # (H,)
     dt_lo,
@@ -325,34 +334,39 @@ def _fold_kernel(
     src = tl.load(src_slots + b).to(tl.int64)
     dst = tl.load(dst_slots + b).to(tl.int64)
     J = tl.load(fold_len + b)
-    a_h = tl.load(A + h).to(tl.float32)
-    bias = tl.load(dt_bias + h).to(tl.float32)
-    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-    offs_n = tl.arange(0, BLOCK_N)
-    mp, mn = offs_p < P, offs_n < N
-    tile = offs_p[:, None] * N + offs_n[None, :]
-    mask = mp[:, None] & mn[None, :]
-    S = tl.load(states + (src * H + h) * P * N + tile, mask=mask, other=0.0)
-    for l0 in range(0, J, BLOCK_L):  # a block of tokens: S <- e^{sum} S + X^T diag(w) B
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        ml = offs_l < J
-        dl = tl.load(log_dt + (b * Lmax + offs_l) * H + h, mask=ml, other=0.0).to(tl.float32)
-        delta = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
-        cum = tl.cumsum(delta * a_h, axis=0)
-        block_total = tl.sum(delta * a_h)
-        w = tl.where(ml, tl.exp(block_total - cum) * delta, 0.0)
-        xl = tl.load(
-            log_x + ((b * Lmax + offs_l[:, None]) * H + h) * P + offs_p[None, :],
-            mask=ml[:, None] & mp[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        Bl = tl.load(
-            log_B + ((b * Lmax + offs_l[:, None]) * G + g) * N + offs_n[None, :],
-            mask=ml[:, None] & mn[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        S = tl.exp(block_total) * S + tl.dot(tl.trans(xl * w[:, None]), Bl, input_precision="ieee")
-    tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
+    if (J > 0) | (src != dst):  # nothing to fold in place: read and write nothing
+        head = tl.load(log_head + b)
+        a_h = tl.load(A + h).to(tl.float32)
+        bias = tl.load(dt_bias + h).to(tl.float32)
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        mp, mn = offs_p < P, offs_n < N
+        tile = offs_p[:, None] * N + offs_n[None, :]
+        mask = mp[:, None] & mn[None, :]
+        S = tl.load(states + (src * H + h) * P * N + tile, mask=mask, other=0.0)
+        for l0 in range(0, J, BLOCK_L):  # a block of tokens: S <- e^{sum} S + X^T diag(w) B
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            ml = offs_l < J
+            ring = b * Lmax + (head + offs_l) % Lmax
+            dl = tl.load(log_dt + ring * H + h, mask=ml, other=0.0).to(tl.float32)
+            delta = tl.where(ml, _delta(dl, bias, dt_lo, dt_hi, SOFTPLUS), 0.0)
+            cum = tl.cumsum(delta * a_h, axis=0)
+            block_total = tl.sum(delta * a_h)
+            w = tl.where(ml, tl.exp(block_total - cum) * delta, 0.0)
+            xl = tl.load(
+                log_x + (ring[:, None] * H + h) * P + offs_p[None, :],
+                mask=ml[:, None] & mp[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            Bl = tl.load(
+                log_B + (ring[:, None] * G + g) * N + offs_n[None, :],
+                mask=ml[:, None] & mn[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            S = tl.exp(block_total) * S + tl.dot(
+                tl.trans(xl * w[:, None]), Bl, input_precision="ieee"
+            )
+        tl.store(out + (dst * H + h) * P * N + tile, S, mask=mask)
 
 
 # (BLOCK_P, num_warps) per kernel on a GPU, by batch: rows (up to batch, BLOCK_P, num_warps),
@@ -393,6 +407,19 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
         raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got {slots.tolist()}")
 
 
+def _ring_head(log_head, batch, device):
+    return torch.zeros(batch, dtype=torch.int32, device=device) if log_head is None else log_head
+
+
+def _check_head(head, batch, Lmax):
+    if head.shape != (batch,) or head.dtype != torch.int32:
+        raise ValueError(
+            f"log_head: expected int32 of shape ({batch},), got {head.dtype} {tuple(head.shape)}"
+        )
+    if batch and (int(head.min()) < 0 or int(head.max()) >= Lmax):
+        raise ValueError(f"log_head: expected values in [0, {Lmax}), got {head.tolist()}")
+
+
 def replay_step(
     states,
     slots,
@@ -417,6 +444,7 @@ def replay_step(
     num_warps=None,
     kernel="auto",
     advance=True,
+    log_head=None,
 ):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
@@ -427,7 +455,9 @@ def replay_step(
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
     (the caller keeps room: ``log_len + T <= Lmax``); ``advance=False`` leaves ``log_len``
-    for the caller to move (one counter shared by several layers).
+    for the caller to move (one counter shared by several layers). ``log_head`` (batch,)
+    int32 makes each log a ring: entry i of sequence b is row (log_head[b] + i) % Lmax, so a
+    fold of the oldest entries is a move of the head, not a copy of the rest (None: 0).
     """
     batch, T, H, P = x.shape
     Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
@@ -435,8 +465,10 @@ def replay_step(
     y_dtype = x.dtype
     # the kernel reads log rows and new inputs through one pointer: one dtype per field
     x, dt, B, C = x.to(log_x.dtype), dt.to(log_dt.dtype), B.to(log_B.dtype), C.to(log_C.dtype)
+    head = _ring_head(log_head, batch, x.device)
     if check:
         _check(states, slots, log_x, log_dt, log_B, log_len)
+        _check_head(head, batch, Lmax)
     if check and append and int(log_len.max()) + T > Lmax:
         raise ValueError(
             f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
@@ -461,6 +493,7 @@ def replay_step(
         log_B,
         log_C,
         log_len,
+        head,
         x.contiguous(),
         dt.contiguous(),
         B.contiguous(),
@@ -517,10 +550,13 @@ def fold(
     check=True,
     block_p=None,
     num_warps=None,
+    log_head=None,
 ):
     """Write S_{c+j} = fold(S_c, log[:j]) to ``out[dst_slots[b]]`` (``out`` may be ``states``;
     then no slot may be both read and written), S_c = ``states[src_slots[b]]``, j = ``fold_len[b]``.
-    Returns ``out``. ``check=False`` skips the checks (see ``replay_step``)."""
+    A sequence with j = 0 folding in place costs nothing (its programs return at once).
+    ``log_head``: ring offsets (see ``replay_step``). Returns ``out``. ``check=False`` skips
+    the checks (see ``replay_step``)."""
     if check:
         _check(states, src_slots, log_x, log_dt, log_B, fold_len)
         _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
@@ -531,6 +567,9 @@ def fold(
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
     _check_offsets(batch, Lmax, H, P)
+    head = _ring_head(log_head, batch, log_x.device)
+    if check:
+        _check_head(head, batch, Lmax)
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "fold", block_p, num_warps, batch)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=log_x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
@@ -543,6 +582,7 @@ def fold(
         log_dt,
         log_B,
         fold_len,
+        head,
         A,
         bias,
         float(dt_limit[0]),
@@ -584,19 +624,24 @@ def replay_step_ref(
     block_p=None,
     num_warps=None,
     kernel="auto",
+    advance=True,
+    log_head=None,
 ):
     """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
     the new tokens from the folded state (float32)."""
     batch, T = x.shape[:2]
+    Lmax = log_x.shape[1]
     ys = []
     for b in range(batch):
         n = int(log_len[b])
+        rows = _ring_rows(log_head, b, n + T, Lmax, x.device)
+        old = rows[:n]
         state = ssd_scan(
-            log_x[b : b + 1, :n],
-            log_dt[b : b + 1, :n],
+            log_x[b : b + 1, old],
+            log_dt[b : b + 1, old],
             A,
-            log_B[b : b + 1, :n],
-            log_C[b : b + 1, :n],
+            log_B[b : b + 1, old],
+            log_C[b : b + 1, old],
             dt_bias=dt_bias,
             dt_softplus=dt_softplus,
             dt_limit=dt_limit,
@@ -618,11 +663,17 @@ def replay_step_ref(
         )
         if append:
             for log, new in ((log_x, x), (log_dt, dt), (log_B, B), (log_C, C)):
-                log[b, n : n + T] = new[b]
-    if append:
+                log[b, rows[n:]] = new[b].to(log.dtype)
+    if append and advance:
         log_len += T
     y = torch.cat(ys)
     return y if out is None else out.copy_(y)
+
+
+def _ring_rows(log_head, b, n, Lmax, device):
+    """Log rows of entries 0 .. n-1 of sequence b (a ring from ``log_head[b]``)."""
+    head = 0 if log_head is None else int(log_head[b])
+    return (head + torch.arange(n, device=device)) % Lmax
 
 
 def fold_ref(
@@ -641,18 +692,20 @@ def fold_ref(
     check=True,
     block_p=None,
     num_warps=None,
+    log_head=None,
 ):
     """PyTorch reference of ``fold`` (the reference scan over the first j log entries)."""
     folded = []
     for b in range(log_x.shape[0]):
         j = int(fold_len[b])
+        rows = _ring_rows(log_head, b, j, log_x.shape[1], log_x.device)
         folded.append(
             ssd_scan(
-                log_x[b : b + 1, :j],
-                log_dt[b : b + 1, :j],
+                log_x[b : b + 1, rows],
+                log_dt[b : b + 1, rows],
                 A,
-                log_B[b : b + 1, :j],
-                torch.zeros_like(log_B[b : b + 1, :j]),  # C: shapes only the discarded outputs
+                log_B[b : b + 1, rows],
+                torch.zeros_like(log_B[b : b + 1, rows]),  # C: shapes only the discarded outputs
                 dt_bias=dt_bias,
                 dt_softplus=dt_softplus,
                 dt_limit=dt_limit,

@@ -151,8 +151,7 @@ def _one_read_key():
 
 
 def _best_log_length(batch=128):
-    from replaylab.bench.kernels import amortised_decode
-    from replaylab.results import load_bench
+    from replaylab.results import amortised_decode, load_bench
 
     rows = [r for r in amortised_decode(load_bench()) if r["batch"] == batch]
     return min(rows, key=lambda r: r["amortised_us"])["L"]

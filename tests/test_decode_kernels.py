@@ -10,12 +10,12 @@ import torch
 
 from replaylab.cache import CacheConfig
 from replaylab.decoding import SyntheticDrafter, greedy
-from replaylab.engine import DecodeEngine
 from replaylab.kernels.decode import add_rmsnorm, conv_step, gated_rmsnorm, relu2, state_update
 from replaylab.mamba2 import GatedRMSNorm
 from replaylab.model import HybridLM, RMSNorm, preset
 from replaylab.recurrent import windows_per_token
 from replaylab.scan import ssd_scan
+from replaylab.serving import DecodeEngine
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
 GEN = torch.Generator().manual_seed(0)

@@ -1,99 +1,289 @@
-"""The fast decode path gives the teaching cache's tokens (CPU, graphs off; the GPU run checks
-the same with graphs on), and refuses bad input without touching its other slots."""
+"""The serving engine (``replaylab.serving.DecodeEngine``) against the teaching cache, on CPU:
+the same tokens, the same logits under ragged programs of admit / step / rollback / retire,
+replay's folds on a fixed grid, speculative decoding equal to the engine's own greedy decoding
+bit for bit, and bad input refused with every slot left as it was.
+
+On a GPU machine the tiny model runs on the device (the fused kernels compiled); on CPU the
+fused path runs through Triton's interpreter."""
+
+import random
 
 import pytest
 import torch
 
 from replaylab.cache import CacheConfig
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy, speculative
-from replaylab.engine import DecodeEngine
 from replaylab.model import HybridLM, preset
+from replaylab.serving import STRATEGIES, DecodeEngine
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TEACHING = {"snapshot": "snapshot", "recompute": "recompute", "replay": "replay"}
 
 
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+def engine_model():
+    return MODEL.to(DEVICE)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_greedy_tokens_equal_the_teaching_path(strategy):
     prompts = torch.randint(0, 128, (3, 9), generator=torch.Generator().manual_seed(0))
-    ref = greedy(MODEL, prompts, 24, CacheConfig(strategy, log_length=4)).tokens
-    engine = DecodeEngine(MODEL, max_batch=4, max_len=48, strategy=strategy, log_length=4)
+    ref = greedy(MODEL.cpu(), prompts, 24, CacheConfig(strategy, log_length=4)).tokens
+    engine = DecodeEngine(MODEL, 4, 48, strategy, log_length=4, max_verify=4)
     assert torch.equal(engine.greedy(prompts, 24), ref)
-    if strategy == "replay":
-        assert engine.stats.folds == 23 // 4 and engine.stats.folded_tokens == 3 * 4 * (23 // 4)
+    if strategy == "replay":  # checkpoint at the largest multiple of L held at a step's start
+        per_slot = (9 + 22) // 4
+        assert engine.stats.folds == 3 * per_slot
+        assert engine.stats.folded_tokens == 3 * 4 * per_slot
 
 
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
-@pytest.mark.parametrize("kernels", [False, True])
-def test_speculative_tokens_equal_greedy(strategy, kernels):
-    prompt = torch.tensor([[5, 9, 2, 5, 9, 2, 7, 5, 9]])
-    ref = greedy(MODEL, prompt, 16, "snapshot").tokens
-    full = torch.cat([prompt, ref], 1)
-    engine = DecodeEngine(MODEL, 1, 40, strategy, log_length=6, use_kernels=kernels)
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("fused", [False, True])
+def test_speculative_tokens_equal_greedy_bit_for_bit(strategy, fused):
+    """Within one arithmetic, speculation (verify steps, ragged rollbacks) gives the engine's
+    own greedy tokens; the drafter and acceptance counts match the teaching loop's."""
+    model = engine_model() if fused else MODEL.cpu()
+    prompt = torch.tensor([[5, 9, 2, 5, 9, 2, 7, 5, 9]], device=model.lm_head.weight.device)
+    kw = dict(log_length=6, use_kernels=fused, fused=fused)
+    engine = DecodeEngine(model, 1, 40, strategy, **kw)
+    ref = engine.greedy(prompt, 16)
+    full = torch.cat([prompt, ref], 1).cpu()
     tokens, proposed, accepted = engine.speculative(prompt, 16, SyntheticDrafter(full, 0.6, 1))
-    assert torch.equal(tokens, ref) and engine.stats.rollbacks > 0
-    teaching = speculative(MODEL, prompt, 16, SyntheticDrafter(full, 0.6, 1), k=4, cache=strategy)
-    assert (proposed, accepted) == (teaching.proposed, teaching.accepted)
-    if not kernels:
+    assert torch.equal(tokens.cpu(), ref.cpu()) and engine.stats.rollbacks > 0
+    if not fused:
+        teaching = speculative(
+            MODEL, prompt, 16, SyntheticDrafter(full, 0.6, 1), k=4, cache=TEACHING[strategy]
+        )
+        assert (proposed, accepted) == (teaching.proposed, teaching.accepted)
+        assert torch.equal(teaching.tokens, ref)
         tokens, _, _ = engine.speculative(prompt, 16, PromptLookupDrafter(), k=4)
         assert torch.equal(tokens, ref)
+    if strategy == "recompute":
+        assert engine.stats.reruns > 0 and engine.stats.rerun_tokens > 0
+
+
+class Teaching:
+    """One teaching cache per sequence: the oracle the engine's ragged programs follow."""
+
+    def __init__(self, strategy, L):
+        self.strategy, self.L, self.seqs = strategy, L, {}
+
+    @torch.no_grad()
+    def admit(self, slot, prompt):
+        cache = CacheConfig(TEACHING[self.strategy], log_length=self.L).build(MODEL.cpu(), 1)
+        self.seqs[slot] = [cache, prompt.tolist(), []]
+        return MODEL.cpu()(prompt[None], cache)[0, -1]
+
+    @torch.no_grad()
+    def step(self, slot, tokens):
+        cache, held, last = self.seqs[slot][:3]
+        if len(self.seqs[slot]) > 3:
+            cache.release(self.seqs[slot].pop())
+        self.seqs[slot].append(cache.snapshot())  # so a rollback into this step can be served
+        out = MODEL.cpu()(torch.tensor([tokens]), cache)[0]
+        held += tokens
+        self.seqs[slot][2] = tokens
+        return out
+
+    @torch.no_grad()
+    def rollback(self, slot, keep):
+        cache, held, last = self.seqs[slot][:3]
+        drop = len(last) - keep
+        if drop:
+            del held[len(held) - drop :]
+            cache.truncate_to(len(held))
+        self.seqs[slot][2] = last[:keep]
+
+
+def run_program(strategy, fused, seed, n_ops=24, slots=3, L=4, max_verify=3, max_len=40):
+    """A random program of admit / step (per-slot T and counts) / rollback (per-slot keep) /
+    retire, on the engine and on teaching caches, comparing every logit the engine returns."""
+    rng = random.Random(seed)
+    model = engine_model() if fused else MODEL.cpu()
+    engine = DecodeEngine(
+        model,
+        slots,
+        max_len,
+        strategy,
+        log_length=L,
+        max_verify=max_verify,
+        use_kernels=fused,
+        fused=fused,
+    )
+    oracle, worst = Teaching(strategy, L), 0.0
+
+    def compare(got, want):
+        nonlocal worst
+        worst = max(worst, float((got.cpu().float() - want.float()).abs().max()))
+        torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-4, rtol=2e-4)
+
+    for i in range(n_ops):
+        live = engine.slots
+        op = (
+            "admit"
+            if i < 2
+            else rng.choice(["admit", "step", "step", "step", "rollback", "retire"])
+        )
+        if op == "admit" and len(live) < slots:
+            prompt = torch.tensor([rng.randrange(128) for _ in range(rng.randint(1, 9))])
+            slot, logits = engine.admit(prompt.to(model.lm_head.weight.device))
+            compare(logits, oracle.admit(slot, prompt))
+        elif op == "retire" and len(live) > 1:
+            slot = rng.choice(live)
+            engine.retire(slot)
+        elif op == "rollback" and live and all(engine.last[s] for s in live):
+            keep = [rng.randint(1, engine.last[s]) for s in live]
+            engine.rollback(keep)
+            for s, k in zip(live, keep):
+                oracle.rollback(s, k)
+        elif live:
+            chosen = [s for s in live if rng.random() < 0.8] or live[:1]
+            T = rng.randint(1, max_verify)
+            room = [min(T, max_len - engine.pos[s]) for s in chosen]
+            if min(room) < 1:
+                continue
+            counts = [rng.randint(1, r) for r in room]
+            tokens = torch.tensor([[rng.randrange(128) for _ in range(T)] for _ in chosen])
+            logits = engine.step(tokens.to(model.lm_head.weight.device), counts, slots=chosen)
+            for i, (s, c) in enumerate(zip(chosen, counts)):
+                compare(logits[i, :c], oracle.step(s, tokens[i, :c].tolist()))
+        for s in engine.slots:  # replay: every checkpoint on the grid
+            assert engine.pos[s] == len(oracle.seqs[s][1])
+            if strategy == "replay":
+                assert (engine.pos[s] - engine.log_len[s]) % L == 0
+                assert 0 <= engine.log_len[s] < L + max_verify
+    return engine, worst
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("seed", range(4))
+def test_ragged_programs_give_the_teaching_logits(strategy, seed):
+    engine, worst = run_program(strategy, fused=False, seed=seed)
+    assert engine.stats.steps > 0 and worst < 2e-4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_ragged_programs_fused(strategy):
+    """The fused kernels (interpreter on CPU) in lockstep with the teaching caches."""
+    engine, worst = run_program(strategy, fused=True, seed=11, n_ops=10, slots=2)
+    assert engine.stats.steps > 0 and worst < 2e-4
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_speculative_batch_equals_greedy_with_per_sequence_acceptance(strategy):
+    """Sequences at different positions, each accepting its own number of drafts per round,
+    give each sequence's greedy tokens."""
+    engine = DecodeEngine(MODEL.cpu(), 3, 48, strategy, log_length=5, max_verify=5)
+    prompts = [torch.tensor(p) for p in ([3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9])]
+    refs = []
+    for p in prompts:
+        refs.append(engine.greedy(p[None], 20)[0])
+    for s in engine.slots:
+        engine.retire(s)
+    pending, drafters = [], []
+    for p, ref, a in zip(prompts, refs, (0.9, 0.5, 0.7)):
+        _, logits = engine.admit(p)
+        pending.append(logits.argmax())
+        drafters.append(SyntheticDrafter(torch.cat([p, ref]), a, seed=int(a * 10)))
+    tokens, proposed, accepted = engine.speculate_batch(
+        prompts, torch.stack(pending)[:, None], 20, drafters, k=4
+    )
+    for got, ref in zip(tokens, refs):
+        assert torch.equal(got, ref)
+    rates = [a / p for a, p in zip(accepted, proposed)]
+    assert rates[0] > rates[1]  # each sequence kept its own acceptance
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_freed_slot_keeps_nothing_of_its_last_tenant(strategy):
+    engine = DecodeEngine(MODEL.cpu(), 2, 32, strategy, log_length=4, max_verify=3)
+    slot, _ = engine.admit(torch.tensor([7, 7, 7, 7, 7, 7]))
+    for _ in range(3):
+        engine.step(torch.tensor([[1, 2, 3]]), [2])
+    engine.retire(slot)
+    again, logits = engine.admit(torch.tensor([4, 2]))
+    fresh = DecodeEngine(MODEL.cpu(), 2, 32, strategy, log_length=4, max_verify=3)
+    _, want = fresh.admit(torch.tensor([4, 2]))
+    assert again == slot and torch.equal(logits, want)
+    got = engine.step(torch.tensor([[5, 6, 1]]), [3])
+    assert torch.equal(got, fresh.step(torch.tensor([[5, 6, 1]]), [3]))
 
 
 def pools(engine):
-    out = {"position": engine.position, "log_len": engine.log_len, "batch": engine.batch}
+    out = {
+        "live": list(engine.live),
+        "pos": list(engine.pos),
+        "log_len": list(engine.log_len),
+        "head": list(engine.head),
+        "last": list(engine.last),
+    }
     for l, p in engine.ssm.items():
         out[f"s{l}"], out[f"c{l}"] = p.state.clone(), p.conv.clone()
+        for k, v in p.log.items():
+            out[f"log{l}{k}"] = v.clone()
     for l, p in engine.kv.items():
-        out[f"k{l}"] = p.k[:, :, : engine.position].clone()
+        out[f"k{l}"] = p.k.clone()
     return out
 
 
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
-def test_bad_input_is_refused_and_the_pools_stay_intact(strategy):
-    engine = DecodeEngine(MODEL, 2, 16, strategy, log_length=4, max_verify=3)
-    with pytest.raises(ValueError, match=r"no slot was filled: call prefill first"):
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bad_input_is_refused_and_every_slot_stays_as_it_was(strategy):
+    engine = DecodeEngine(MODEL.cpu(), 2, 16, strategy, log_length=4, max_verify=3)
+    with pytest.raises(ValueError, match=r"slots: no live sequence: admit one"):
         engine.step(torch.tensor([[1], [2]]))
     with pytest.raises(
-        ValueError,
-        match=r"batch 3 does not fit the pools: expected 1 <= batch "
-        r"<= max_batch=2",
+        ValueError, match=r"batch 3 does not fit the pools: expected 1 <= batch <= max_batch=2"
     ):
         engine.prefill(torch.zeros(3, 4, dtype=torch.long))
-    engine.prefill(torch.randint(0, 128, (2, 5)))
-    engine.step(torch.tensor([[1, 2], [3, 4]]))
+    a, _ = engine.admit(torch.tensor([1, 2, 3, 4, 5]))
+    b, _ = engine.admit(torch.tensor([6, 7]))
+    engine.step(torch.tensor([[1, 2], [3, 4]]), [2, 1])
     before = pools(engine)
     bad = [
+        (lambda: engine.admit(torch.tensor([1, 2])), r"all max_batch=2 slots are in use"),
         (
             lambda: engine.step(torch.zeros(2, 4, dtype=torch.long)),
-            ValueError,
             r"4 per step, expected 1 <= T <= max_verify=3 \(the captured verify size\)",
         ),
-        (lambda: engine.rollback(3), ValueError, r"keep: expected 0 <= keep <= 2, got 3"),
-        (lambda: engine.rollback(0), ValueError, r"keep at least the first"),
-        (lambda: engine.step(torch.tensor([[128], [0]])), ValueError, r"ids in \[0, 128\)"),
-        (lambda: engine.step(torch.tensor([[1]])), ValueError, r"shape \(batch=2, T\)"),
+        (lambda: engine.rollback([3, 1]), r"keep of slot 0: expected 1 <= keep of slot 0 <= 2"),
+        (lambda: engine.rollback([1, 2]), r"keep of slot 1: expected 1 <= keep of slot 1 <= 1"),
+        (lambda: engine.rollback([0, 1]), r"keep of slot 0: expected 1 <= "),
+        (lambda: engine.rollback([1, 1, 1]), r"keep: expected 2 values, one per slot, got 3"),
+        (lambda: engine.step(torch.tensor([[128], [0]])), r"ids in \[0, 128\)"),
+        (lambda: engine.step(torch.tensor([[1]])), r"shape \(slots=2, T\)"),
+        (lambda: engine.step(torch.tensor([[1, 2]]), [1, 1], slots=[a]), r"expected 1 values"),
+        (lambda: engine.step(torch.tensor([[1, 2]]), [3], slots=[a]), r"counts of slot 0: "),
+        (lambda: engine.step(torch.tensor([[1]]), slots=[a, a]), r"distinct live slots"),
         (
             lambda: engine.speculative(torch.tensor([[1, 2]]), 4, PromptLookupDrafter(), k=3),
-            ValueError,
             r"k \+ 1 = 4 tokens exceeds max_verify=3",
         ),
     ]
-    for call, error, message in bad:
-        with pytest.raises(error, match=message):
+    for call, message in bad:
+        with pytest.raises(ValueError, match=message):
             call()
         after = pools(engine)
-        assert all(
-            torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v
-            for k, v in before.items()
-        )
-    for _ in range(4):
-        engine.step(torch.tensor([[1, 2], [3, 4]]))  # 5 + 2 + 8 = 15 positions
-    with pytest.raises(ValueError, match=r"15 \+ 2 exceeds max_len=16"):
-        engine.step(torch.tensor([[1, 2], [3, 4]]))
+        for k, v in before.items():
+            same = torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v
+            assert same, f"{message}: {k} changed"
+    engine.retire(b)
+    with pytest.raises(ValueError, match=r"slots: slot 1 is not live \(live slots: \[0\]\)"):
+        engine.step(torch.tensor([[1]]), slots=[b])
+    with pytest.raises(ValueError, match=r"slot: 1 is not live \(live slots: \[0\]\)"):
+        engine.retire(b)
+    with pytest.raises(ValueError, match=r"prompt: length 16: expected 1 <= length < max_len=16"):
+        engine.admit(torch.zeros(16, dtype=torch.long))
+    for _ in range(3):
+        engine.step(torch.tensor([[1, 2, 3]]), slots=[a])  # 7 + 9 = 16 positions
+    with pytest.raises(ValueError, match=r"slot 0 at position 16 \+ 1 exceeds max_len=16"):
+        engine.step(torch.tensor([[1]]), slots=[a])
 
 
 def test_engine_configuration_errors():
-    with pytest.raises(ValueError, match=r"strategy: expected one of \('snapshot', 'replay'\)"):
-        DecodeEngine(MODEL, 1, 8, "recompute")
+    with pytest.raises(ValueError, match=r"strategy: expected one of \('snapshot', 'recompute'"):
+        DecodeEngine(MODEL, 1, 8, "revolve")
+    with pytest.raises(ValueError, match=r"log_length: 3 is shorter than max_verify=5"):
+        DecodeEngine(MODEL, 1, 8, "replay", log_length=3)
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match=r"graphs: CUDA graphs need a CUDA device"):
             DecodeEngine(MODEL, 1, 8, graphs=True)

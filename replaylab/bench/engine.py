@@ -27,8 +27,9 @@ import torch
 
 from replaylab.bench.timing import copy_bandwidth_gbs, spread
 from replaylab.costmodel import decode_step_bytes
-from replaylab.engine import DecodeEngine, measured_log_length
 from replaylab.model import HybridLM, preset
+from replaylab.results import measured_log_length
+from replaylab.serving import DecodeEngine
 
 __all__ = ["run_engine", "engine_summary"]
 

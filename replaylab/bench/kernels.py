@@ -25,6 +25,7 @@ import torch
 from replaylab.bench.peers import load_kernel_peers
 from replaylab.bench.timing import copy_bandwidth_gbs, time_ms
 from replaylab.costmodel import kernel_bytes
+from replaylab.results import amortised_decode  # noqa: F401  (re-exported: notebooks read it here)
 
 __all__ = ["SHAPE", "run_kernels", "sweep", "summary", "amortised_decode"]
 
@@ -286,33 +287,6 @@ def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None
             ms, graph = time_ms(lambda: dst.copy_(src))
             record("fold", "copy", batch, L, 0, ms, graph)
     return dict(rows=rows, copy_bandwidth_gbs=bw, peer_errors=errors)
-
-
-def amortised_decode(result):
-    """Rows (batch, L, step_us, fold_us, amortised_us, ssu_us, speedup): replay's decode cost
-    step + fold(L)/L against mamba-ssm's selective_state_update, from one run's rows."""
-    rows = [r for r in result["rows"] if "us" in r]
-    get = lambda **k: next((r for r in rows if all(r[a] == v for a, v in k.items())), None)  # noqa: E731
-    out = []
-    for batch in sorted({r["batch"] for r in rows}):
-        ssu = get(provider="ssu", batch=batch, T=1)
-        for L in sorted({r["log_len"] for r in rows if r["kind"] == "decode"}):
-            step = get(provider="replay_step", batch=batch, log_len=L, T=1)
-            fold = get(provider="fold", batch=batch, log_len=L)
-            if ssu and step and fold:
-                amortised = step["us"] + fold["us"] / L
-                out.append(
-                    dict(
-                        batch=batch,
-                        L=L,
-                        step_us=step["us"],
-                        fold_us=fold["us"],
-                        amortised_us=amortised,
-                        ssu_us=ssu["us"],
-                        speedup=ssu["us"] / amortised,
-                    )
-                )
-    return out
 
 
 def summary(result):

@@ -1,0 +1,796 @@
+"""The serving engine: preallocated pools indexed by slot, every slot at its own position,
+steps of a per-slot number of tokens, per-slot rollback, sequences admitted and retired
+between steps, under snapshot, recompute or replay, with steps captured in CUDA graphs.
+
+The teaching ``HybridCache`` grows dictionaries, gathers KV segments and runs the model through
+Python on every token; that is what the notebooks read. ``DecodeEngine`` runs the same model
+(``HybridLM``, NemotronH layout) over the fixed buffers of ``serving.pools``, so a step is one
+graph replay on a GPU. What each slot holds, on the host and as device tensors the graphs read:
+
+    position   tokens held (KV rows in use); the next token's position
+    log_len    replay: entries in the log since the checkpoint
+    head       replay: where the log's ring starts
+    last       tokens of the last step that a rollback may drop
+
+A step takes (S, T) tokens for S slots and a count per slot (1 <= count <= T): a slot's tokens
+past its count are padding, computed and thrown away (a ragged batch padded to the captured T;
+slots not in the step get count 0 and are left as they were). Strategies:
+
+- "snapshot": the state is read and written every token; a verify keeps a copy of the state
+  after each token (the per-draft-snapshot path), and a rollback copies one back.
+- "recompute": the state is read and written every token; a verify keeps one copy of the state
+  before it, and a rollback copies it back and re-runs the kept tokens through the model.
+- "replay": outputs come from checkpoint + log (``replay_step``: no state write); a rollback is
+  a cursor move. Folds sit on a fixed grid: a slot whose log holds at least L entries at the
+  start of a step folds exactly its oldest L into the checkpoint (the log is a ring, so the
+  rest stay where they are). Checkpoints are then at positions that do not depend on how the
+  tokens were grouped into steps, which is what lets speculative decoding reproduce the
+  engine's own greedy decoding bit for bit: every fused kernel computes a row of a verify as a
+  single-token step would.
+
+On CPU (graphs off) the engine runs the teaching model's reference operations. On a GPU it runs
+fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel.
+What can still round differently between a decode step and a verify is a matrix product over
+another number of rows (cuBLAS may reduce in another order): ``replaylab bench engine``
+records whether speculative tokens equal greedy ones.
+
+Glossary: S slots in a step, T tokens per step (1 decode, k + 1 verify), L log length, bucket:
+the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replaylab.cache import HybridCache
+from replaylab.recurrent import windows_per_token
+from replaylab.results import measured_log_length
+from replaylab.serving.pools import KVPool, MambaPool
+from replaylab.validation import as_int, check_token_ids
+
+__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES"]
+
+STRATEGIES = ("snapshot", "recompute", "replay")
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    verify_steps: int = 0
+    folds: int = 0  # slot folds (one slot's L entries into its checkpoint)
+    folded_tokens: int = 0
+    rollbacks: int = 0  # slots rolled back
+    reruns: int = 0  # recompute: forwards that re-ran kept tokens
+    rerun_tokens: int = 0
+    graph_replays: int = 0
+    admitted: int = 0
+    retired: int = 0
+
+
+class DecodeEngine:
+    """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens each.
+
+    model: a ``HybridLM`` without RoPE (NemotronH layout). strategy: "snapshot", "recompute"
+    or "replay". log_length: replay's L (>= max_verify), or "auto": the L of lowest measured
+    amortised decode cost at this batch (``results.measured_log_length``). max_verify: the
+    most tokens one step may take (k + 1). use_kernels: replay through the Triton kernels
+    (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA graph (default: on a
+    GPU). fused: the fused decode kernels (default: on a GPU; on CPU they run through Triton's
+    interpreter, for the tests).
+
+    >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
+    >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
+    >>> logits = engine.step(tokens, counts)   # (S, T), (S,) -> (S, T, vocab)
+    >>> engine.rollback(keep)                  # keep the first keep[i] tokens of the last step
+    >>> engine.retire(slot)
+    """
+
+    def __init__(
+        self,
+        model,
+        max_batch,
+        max_len,
+        strategy="replay",
+        log_length=16,
+        max_verify=5,
+        use_kernels=None,
+        graphs=None,
+        fused=None,
+    ):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
+        cfg = model.cfg
+        if cfg.rotary_dim:
+            raise ValueError(
+                "DecodeEngine: models with RoPE (Bamba) are not supported yet; use "
+                "the teaching HybridCache"
+            )
+        unsupported = set(cfg.pattern) - set("M*-")
+        if unsupported or cfg.mlp != "relu2":
+            raise ValueError(
+                f"DecodeEngine: NemotronH layouts only (Mamba-2 'M', attention '*', relu2 MLP "
+                f"'-'); got pattern {cfg.pattern!r}, mlp {cfg.mlp!r}"
+            )
+        self.max_batch = as_int("max_batch", max_batch, low=1)
+        self.max_len = as_int("max_len", max_len, low=2)
+        if log_length == "auto":
+            log_length = measured_log_length(self.max_batch)
+        self.L = as_int("log_length", log_length, low=1)
+        self.max_verify = as_int("max_verify", max_verify, low=1)
+        if strategy == "replay" and self.L < self.max_verify:
+            raise ValueError(
+                f"log_length: {self.L} is shorter than max_verify={self.max_verify}: a fold of "
+                f"L entries must leave room for a verify; expected log_length >= max_verify"
+            )
+        param = next(model.parameters())
+        self.model, self.cfg, self.strategy = model, cfg, strategy
+        self.dtype, self.device = param.dtype, param.device
+        cuda = self.device.type == "cuda"
+        self.use_kernels = cuda if use_kernels is None else use_kernels
+        self.graphs = cuda if graphs is None else graphs
+        self.fused = (cuda and self.use_kernels) if fused is None else fused
+        if self.graphs and not cuda:
+            raise ValueError("graphs: CUDA graphs need a CUDA device")
+        if self.fused and not self.use_kernels:
+            raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
+        slots, Tm = self.max_batch, self.max_verify
+        self.capacity = self.L + Tm  # log ring rows: < L entries after a fold, plus a verify
+        layers = model.model.layers
+        self.ssm = {
+            l: MambaPool(
+                layers[l].mixer,
+                slots,
+                strategy,
+                self.capacity,
+                Tm,
+                self.dtype,
+                self.device,
+                self.fused,
+            )
+            for l in cfg.ssm_layers
+        }
+        self._qkv_weight = {  # fused: one matrix product for q, k and v
+            l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
+            for l in (cfg.attn_layers if self.fused else ())
+        }
+        self.kv = {
+            l: KVPool(cfg, slots, max_len + Tm, self.dtype, self.device) for l in cfg.attn_layers
+        }
+        # the host's view of every slot
+        self.live = [False] * slots
+        self.pos, self.log_len, self.head, self.last = ([0] * slots for _ in range(4))
+        # what the kernels read, uploaded before each step: log_len (after this step's folds),
+        # head (after them), head_pre (before them), fold_len, counts; and positions
+        dev = dict(device=self.device)
+        self._meta = torch.zeros(5, slots, dtype=torch.int32, **dev)
+        self._log_len, self._head, self._head_pre, self._fold_len, self._counts = self._meta
+        self._pos = torch.zeros(slots, dtype=torch.long, **dev)
+        self._rows = torch.arange(slots, dtype=torch.int32, **dev)
+        self._steps = torch.arange(Tm, **dev)
+        self._last_tokens = torch.zeros(slots, Tm, dtype=torch.long, **dev)  # recompute
+        self._plan = None  # the host's fold plan of the running step (reference path)
+        self._graphs = {}  # (bucket, T, folds, save) -> (graph, static tokens, static logits)
+        self.buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
+        self.stats = EngineStats()
+
+    # --- slots ---------------------------------------------------------------------------
+    @property
+    def slots(self):
+        """The live slots, in order."""
+        return [s for s, on in enumerate(self.live) if on]
+
+    @property
+    def batch(self):
+        return sum(self.live)
+
+    @property
+    def position(self):
+        """The position every live slot is at (lock-step use); an error if they differ."""
+        at = {self.pos[s] for s in self.slots}
+        if len(at) != 1:
+            raise ValueError(f"position: the live slots are at positions {sorted(at)}")
+        return at.pop()
+
+    def nbytes_per_slot(self):
+        """Bytes one slot holds in the pools (state, windows, logs or copies, KV)."""
+        return sum(p.nbytes_per_slot() for p in (*self.ssm.values(), *self.kv.values()))
+
+    @torch.no_grad()
+    def admit(self, prompt):
+        """Prefill ``prompt`` (T0,) or (1, T0) into the lowest free slot; returns (slot, the
+        last logits (vocab,)). Raises if every slot is in use or T0 >= max_len."""
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2):
+            raise TypeError("prompt: expected an integer tensor (T0,) or (1, T0)")
+        if prompt.dim() == 2:
+            if prompt.shape[0] != 1:
+                raise ValueError(f"prompt: one sequence, got batch {prompt.shape[0]}")
+            prompt = prompt[0]
+        T0 = prompt.numel()
+        if not 1 <= T0 < self.max_len:
+            raise ValueError(f"prompt: length {T0}: expected 1 <= length < max_len={self.max_len}")
+        check_token_ids(prompt[None], 1, self.cfg.vocab_size)
+        free = [s for s, on in enumerate(self.live) if not on]
+        if not free:
+            raise ValueError(
+                f"admit: all max_batch={self.max_batch} slots are in use; retire one first"
+            )
+        slot = free[0]
+        for pool in (*self.ssm.values(), *self.kv.values()):
+            pool.clear(slot)
+        logits = self._prefill(slot, prompt.to(self.device))
+        self.live[slot], self.pos[slot], self.last[slot] = True, T0, 0
+        self.stats.admitted += 1
+        return slot, logits
+
+    def retire(self, slot):
+        """Free ``slot``; its memory is cleared when the next sequence is admitted there."""
+        slot = as_int("slot", slot, 0, self.max_batch - 1)
+        if not self.live[slot]:
+            raise ValueError(f"slot: {slot} is not live (live slots: {self.slots})")
+        self.live[slot] = False
+        self.pos[slot] = self.log_len[slot] = self.head[slot] = self.last[slot] = 0
+        self.stats.retired += 1
+
+    def _prefill(self, slot, prompt):
+        """The prompt runs once through the teaching cache (snapshot, or replay without folds),
+        and what it holds is copied into the slot: the state and window; under replay the
+        checkpoint on the grid (the first floor(T0 / L) * L entries folded L at a time, as
+        decode folds them) and the rest of the log."""
+        T0 = prompt.numel()
+        teaching = "replay" if self.strategy == "replay" else "snapshot"
+        cache = HybridCache(
+            self.model, 1, teaching, log_length=self.max_len + 1, use_kernels=self.use_kernels
+        )
+        logits = self.model(prompt[None], cache)[0, -1]
+        for l, pool in self.ssm.items():
+            if self.strategy != "replay":
+                held = cache.state(l)
+                pool.state[slot].copy_(held.ssm[0])
+                pool.conv[slot].copy_(held.conv[0])
+                continue
+            store = cache.ssm
+            pool.conv[slot].copy_(store._window(l, T0)[0])
+            entries = {k: store.log[l][k][:, :T0] for k in pool.log}
+            state = store.checkpoint[l].ssm[store.rows]
+            grid = T0 // self.L * self.L
+            for j in range(0, grid, self.L):
+                state = self._fold_entries(
+                    pool, state, {k: v[:, j : j + self.L] for k, v in entries.items()}
+                )
+            pool.state[slot].copy_(state[0])
+            for k, buf in pool.log.items():
+                buf[slot, : T0 - grid].copy_(entries[k][0, grid:])
+            self.log_len[slot], self.head[slot] = T0 - grid, 0
+        if self.strategy == "replay":
+            self.stats.folds += T0 // self.L
+            self.stats.folded_tokens += T0 // self.L * self.L
+        for l, pool in self.kv.items():
+            k, v = cache.kv[l].keys_values()
+            pool.k[slot, :, :T0].copy_(k[0])
+            pool.v[slot, :, :T0].copy_(v[0])
+        return logits
+
+    def _fold_entries(self, pool, state, entries):
+        """fold(state (1, H, P, N), entries (1, L, ...)) with the fold the decode steps use."""
+        if not self.use_kernels:
+            return pool.spec.fold(state, entries)
+        from replaylab.kernels.replay import fold
+
+        one = torch.zeros(1, dtype=torch.int32, device=self.device)
+        n = torch.full((1,), entries["x"].shape[1], dtype=torch.int32, device=self.device)
+        out = state.clone()
+        log = [entries[k].contiguous() for k in ("x", "dt", "B")]
+        return fold(out, one, out, one, *log, n, pool.A, pool.dt_bias, True, pool.dt_limit)
+
+    # --- one step ------------------------------------------------------------------------
+    def _check_slots(self, slots, name="slots"):
+        live = self.slots
+        if slots is None:
+            if not live:
+                raise ValueError(f"{name}: no live sequence: admit one (or prefill) first")
+            return live
+        slots = [as_int(name, s, 0, self.max_batch - 1) for s in slots]
+        for s in slots:
+            if not self.live[s]:
+                raise ValueError(f"{name}: slot {s} is not live (live slots: {live})")
+        if len(set(slots)) != len(slots) or not slots:
+            raise ValueError(f"{name}: expected distinct live slots, got {slots}")
+        return slots
+
+    def _per_slot(self, name, values, slots, low, high):
+        """One int per slot (an int for all); each in [low, high] (high may be per slot)."""
+        if isinstance(values, torch.Tensor):
+            values = values.tolist()
+        if isinstance(values, int):
+            values = [values] * len(slots)
+        values = list(values)
+        if len(values) != len(slots):
+            raise ValueError(
+                f"{name}: expected {len(slots)} values, one per slot, got {len(values)}"
+            )
+        out = []
+        for s, v, hi in zip(slots, values, high if isinstance(high, list) else [high] * len(slots)):
+            out.append(as_int(f"{name} of slot {s}", v, low, hi))
+        return out
+
+    @torch.no_grad()
+    def step(self, tokens, counts=None, slots=None, check=True):
+        """Logits (S, T, vocab) of ``tokens`` (S, T) for ``slots`` (default: every live slot,
+        in order), advancing slot i by ``counts[i]`` tokens (1 <= counts[i] <= T, default T;
+        the rest of its row is padding). ``check=False`` skips the id range check, which reads
+        the ids back from the device; shapes are always checked."""
+        slots = self._check_slots(slots)
+        if (
+            not isinstance(tokens, torch.Tensor)
+            or tokens.dim() != 2
+            or tokens.shape[0] != len(slots)
+        ):
+            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens)
+            raise ValueError(f"tokens: expected shape (slots={len(slots)}, T), got {shape}")
+        T = tokens.shape[1]
+        if not 1 <= T <= self.max_verify:
+            raise ValueError(
+                f"tokens: {T} per step, expected 1 <= T <= max_verify="
+                f"{self.max_verify} (the captured verify size)"
+            )
+        if check:
+            check_token_ids(tokens, len(slots), self.cfg.vocab_size)
+        counts = (
+            [T] * len(slots) if counts is None else self._per_slot("counts", counts, slots, 1, T)
+        )
+        for s, c in zip(slots, counts):
+            if self.pos[s] + c > self.max_len:
+                raise ValueError(
+                    f"tokens: slot {s} at position {self.pos[s]} + {c} exceeds max_len={self.max_len}"
+                )
+        bucket = next(b for b in self.buckets if b > max(slots))
+        full = torch.zeros(bucket, T, dtype=torch.long, device=self.device)
+        index = torch.tensor(slots, device=self.device)
+        full[index] = tokens.to(self.device)
+        step_counts = dict(zip(slots, counts))
+        folds = self._plan_folds(slots) if self.strategy == "replay" else []
+        self._upload(step_counts, folds)
+        logits = self._run(full, bool(folds), save=True)
+        if self.strategy == "recompute":
+            self._last_tokens[:bucket, :T] = full
+        self.last = [0] * self.max_batch
+        for s, c in step_counts.items():
+            self.pos[s] += c
+            self.last[s] = c
+            if self.strategy == "replay":
+                self.log_len[s] += c
+        self.stats.steps += 1
+        self.stats.verify_steps += int(T > 1)
+        return logits[index]
+
+    def _plan_folds(self, slots):
+        """Replay's fold grid: the slots whose log holds at least L entries fold their oldest L
+        (host lengths move now; the kernels read the old head from ``_head_pre``)."""
+        folds = [s for s in slots if self.log_len[s] >= self.L]
+        self._plan = {s: self.head[s] for s in folds}  # slot -> ring head before the fold
+        for s in folds:
+            self.head[s] = (self.head[s] + self.L) % self.capacity
+            self.log_len[s] -= self.L
+        self.stats.folds += len(folds)
+        self.stats.folded_tokens += self.L * len(folds)
+        return folds
+
+    def _upload(self, step_counts, folds, positions=None):
+        """Copy the host's per-slot numbers to the device tensors the step reads."""
+        n = self.max_batch
+        head_pre = list(self.head)
+        for s, h in (self._plan or {}).items():
+            head_pre[s] = h
+        fold_len = [self.L if s in folds else 0 for s in range(n)]
+        counts = [step_counts.get(s, 0) for s in range(n)]
+        meta = torch.tensor(
+            [self.log_len, self.head, head_pre, fold_len, counts], dtype=torch.int32
+        )
+        self._meta.copy_(meta, non_blocking=True)
+        self._pos.copy_(torch.tensor(positions or self.pos, dtype=torch.long), non_blocking=True)
+
+    def _run(self, tokens, folds, save):
+        if self.graphs:
+            return self._graph_step(tokens, folds, save)
+        return self._forward(tokens, folds, save)
+
+    def rollback(self, keep, slots=None):
+        """Keep the first ``keep[i]`` tokens of the last step of ``slots[i]`` (an int: the same
+        for every slot; 1 <= keep <= that slot's tokens in the last step) and drop the rest."""
+        slots = self._check_slots(slots)
+        lasts = [self.last[s] for s in slots]
+        for s, n in zip(slots, lasts):
+            if n == 0:
+                raise ValueError(f"keep: slot {s} took no tokens in the last step: nothing to keep")
+        keep = self._per_slot("keep", keep, slots, 1, lasts)
+        dropped = [(s, k) for s, k in zip(slots, keep) if k < self.last[s]]
+        if not dropped:
+            return
+        index = torch.tensor([s for s, _ in dropped], device=self.device)
+        kept = torch.tensor([k - 1 for _, k in dropped], device=self.device)
+        for pool in self.ssm.values():
+            if self.strategy == "recompute":
+                pool.state[index] = pool.saved_state[index]
+                pool.conv[index] = pool.saved_conv[index]
+                continue
+            pool.conv[index] = pool.draft_conv[index, kept]
+            if self.strategy == "snapshot":
+                pool.state[index] = pool.draft_state[index, kept]
+        for s, k in dropped:
+            drop = self.last[s] - k
+            self.pos[s] -= drop
+            self.last[s] = k
+            if self.strategy == "replay":  # a cursor move
+                self.log_len[s] -= drop
+        self.stats.rollbacks += len(dropped)
+        if self.strategy == "recompute":
+            self._rerun(dropped)
+
+    def _rerun(self, dropped):
+        """Recompute: re-run each slot's kept tokens from the state saved before the verify
+        (other slots get count 0 and stay as they are)."""
+        T = max(k for _, k in dropped)
+        bucket = next(b for b in self.buckets if b > max(s for s, _ in dropped))
+        positions = list(self.pos)
+        for s, k in dropped:
+            positions[s] -= k
+        self._plan = None
+        self._upload(dict(dropped), [], positions)
+        self._run(self._last_tokens[:bucket, :T].clone(), False, save=False)
+        self.stats.reruns += 1
+        self.stats.rerun_tokens += sum(k for _, k in dropped)
+
+    # --- the model over the pools --------------------------------------------------------
+    def _forward(self, tokens, folds, save):
+        """One step over slots 0 .. bucket-1 (``tokens`` (bucket, T)); reads the uploaded
+        per-slot numbers; returns logits (bucket, T, vocab)."""
+        bucket, T = tokens.shape
+        if folds:
+            self._fold(bucket)
+        if self.strategy == "recompute" and save and T > 1:
+            for pool in self.ssm.values():
+                pool.saved_state[:bucket].copy_(pool.state[:bucket])
+                pool.saved_conv[:bucket].copy_(pool.conv[:bucket])
+        if self.fused:
+            return self._forward_fused(tokens)
+        h = self.model.model.embeddings(tokens)
+        for i, block in enumerate(self.model.model.layers):
+            x = block.norm(h)
+            kind = self.cfg.pattern[i]
+            if kind == "M":
+                h = h + self._mamba(i, x, bucket, T)
+            elif kind == "*":
+                h = h + self._attention(i, x, bucket, T)
+            else:
+                h = h + block.mixer(x, None)
+        return self.model.lm_head(self.model.model.norm_f(h))
+
+    def _fold(self, bucket):
+        """Fold L entries of each slot that ``_fold_len`` names into its checkpoint."""
+        for pool in self.ssm.values():
+            if self.use_kernels:
+                from replaylab.kernels.replay import fold
+
+                rows = self._rows[:bucket]
+                fold(
+                    pool.state,
+                    rows,
+                    pool.state,
+                    rows,
+                    pool.log["x"][:bucket],
+                    pool.log["dt"][:bucket],
+                    pool.log["B"][:bucket],
+                    self._fold_len[:bucket],
+                    pool.A,
+                    pool.dt_bias,
+                    True,
+                    pool.dt_limit,
+                    check=False,
+                    log_head=self._head_pre[:bucket],
+                )
+                continue
+            for s, head in self._plan.items():
+                rows = (head + torch.arange(self.L, device=self.device)) % self.capacity
+                log = {k: v[s : s + 1, rows] for k, v in pool.log.items()}
+                pool.state[s : s + 1] = pool.spec.fold(pool.state[s : s + 1], log)
+
+    def _mamba(self, layer, h, bucket, T):
+        """The reference path: the teaching mixer's operations, per-slot counts and logs."""
+        pool = self.ssm[layer]
+        mixer, c = pool.mixer, self.cfg
+        inner = c.ssm_heads * c.ssm_head_dim
+        gate, xBC, dt = mixer.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
+        window = pool.conv[:bucket]
+        entries = pool.spec.prepare(window, dict(xBC=xBC, dt=dt))
+        counts = self._counts[:bucket].long()
+        rows = torch.arange(bucket, device=self.device)
+        if self.strategy != "replay":
+            result = pool.spec.scan(pool.state[:bucket], entries, return_states=True)
+            if self.strategy == "snapshot" and T > 1:
+                pool.draft_state[:bucket, :T].copy_(result.states)
+            states = torch.cat([pool.state[:bucket, None], result.states], 1)
+            pool.state[:bucket] = states[rows, counts]
+            y = result.y
+        else:
+            y = self._replay_outputs(pool, bucket, T, entries)
+        K = window.shape[1]
+        if K:
+            windows = windows_per_token(window, xBC)  # (bucket, T, K, C)
+            if T > 1:
+                pool.draft_conv[:bucket, :T].copy_(windows)
+            windows = torch.cat([window[:, None], windows], 1)
+            pool.conv[:bucket] = windows[rows, counts]
+        return mixer.out_proj(mixer.norm(y.flatten(-2), gate))
+
+    def _replay_outputs(self, pool, bucket, T, entries):
+        """y of the new tokens from checkpoint + log, slot by slot; appends to each ring."""
+        ys, steps = [], torch.arange(T, device=self.device)
+        for s in range(bucket):
+            n, head = self.log_len[s], self.head[s]
+            state = pool.state[s : s + 1]
+            if n:
+                old = (head + torch.arange(n, device=self.device)) % self.capacity
+                state = pool.spec.fold(state, {k: v[s : s + 1, old] for k, v in pool.log.items()})
+            mine = {k: v[s : s + 1] for k, v in entries.items()}
+            ys.append(pool.spec.scan(state, mine).y)
+            new = (head + n + steps) % self.capacity
+            for k, buf in pool.log.items():
+                buf[s, new] = entries[k][s].to(buf.dtype)
+        return torch.cat(ys)
+
+    def _write_kv(self, pool, k, v, bucket, T):
+        """k, v (bucket, T, Hkv, Dh) into each slot's rows position .. position + T - 1."""
+        at = self._pos[:bucket, None] + self._steps[:T]  # (bucket, T)
+        rows = torch.arange(bucket, device=self.device)[:, None]
+        pool.k[rows, :, at] = k.to(pool.k.dtype)
+        pool.v[rows, :, at] = v.to(pool.v.dtype)
+        return at
+
+    def _attention(self, layer, h, bucket, T):
+        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
+        q = att.q_proj(h).view(bucket, T, c.attn_heads, c.head_dim).transpose(1, 2)
+        k = att.k_proj(h).view(bucket, T, c.kv_heads, c.head_dim)
+        v = att.v_proj(h).view(bucket, T, c.kv_heads, c.head_dim)
+        at = self._write_kv(pool, k, v, bucket, T)
+        rep = c.attn_heads // c.kv_heads
+        keys = pool.k[:bucket].repeat_interleave(rep, 1)
+        values = pool.v[:bucket].repeat_interleave(rep, 1)
+        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5  # (bucket, heads, T, rows)
+        visible = torch.arange(pool.k.shape[2], device=self.device) <= at[:, :, None]
+        scores = scores.masked_fill(~visible[:, None], float("-inf"))
+        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+        return att.o_proj(out.transpose(1, 2).reshape(bucket, T, -1))
+
+    # --- the fused path (GPU) ------------------------------------------------------------
+    def _forward_fused(self, tokens):
+        """The forward with the fused kernels: the residual add and the next block's norm are
+        one kernel, and so on (see the module docstring)."""
+        from replaylab.kernels.decode import add_rmsnorm, relu2
+
+        bucket, T = tokens.shape
+        layers = self.model.model.layers
+        norms = [block.norm for block in layers[1:]] + [self.model.model.norm_f]
+        h, x = add_rmsnorm(
+            self.model.model.embeddings(tokens), layers[0].norm.weight, layers[0].norm.eps
+        )
+        for i, block in enumerate(layers):
+            kind = self.cfg.pattern[i]
+            if kind == "M":
+                out = self._mamba_fused(i, x, bucket, T)
+            elif kind == "*":
+                out = self._attention_fused(i, x, bucket, T)
+            else:
+                mlp = block.mixer
+                out = mlp.down_proj(relu2(mlp.up_proj(x)))
+            h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
+        return self.model.lm_head(x)
+
+    def _mamba_fused(self, layer, h, bucket, T):
+        from replaylab.kernels.decode import conv_step, gated_rmsnorm, state_update
+        from replaylab.kernels.replay import replay_step
+
+        pool, c = self.ssm[layer], self.cfg
+        mixer = pool.mixer
+        H, P, N, G = c.ssm_heads, c.ssm_head_dim, c.d_state, c.n_groups
+        inner = H * P
+        counts = self._counts[:bucket]
+        zx = mixer.in_proj(h).view(bucket * T, -1)  # gate | xBC | dt
+        x, Bm, Cm, dt = conv_step(
+            zx,
+            pool.conv[:bucket],
+            pool.conv_weight,
+            pool.conv_bias,
+            inner,
+            inner + c.conv_dim,
+            inner,
+            G * N,
+            H,
+            T,
+            drafts=pool.draft_conv if T > 1 else None,
+            counts=counts,
+        )
+        x, Bm, Cm = x.view(bucket, T, H, P), Bm.view(bucket, T, G, N), Cm.view(bucket, T, G, N)
+        if self.strategy == "replay":
+            y = replay_step(
+                pool.state,
+                self._rows[:bucket],
+                pool.log["x"],
+                pool.log["dt"],
+                pool.log["B"],
+                pool.log["C"],
+                self._log_len[:bucket],
+                x,
+                dt,
+                Bm,
+                Cm,
+                pool.A,
+                pool.D,
+                pool.dt_bias,
+                True,
+                pool.dt_limit,
+                append=True,
+                advance=False,
+                check=False,
+                kernel="per_token",  # a verify rounds as single steps do
+                log_head=self._head[:bucket],
+            )
+        else:
+            y = state_update(
+                pool.state,
+                x,
+                dt,
+                Bm,
+                Cm,
+                pool.A,
+                pool.D,
+                pool.dt_bias,
+                pool.dt_limit,
+                drafts=pool.draft_state if self.strategy == "snapshot" and T > 1 else None,
+                counts=counts,
+            )
+        y = gated_rmsnorm(
+            y.view(bucket * T, inner), zx[:, :inner], mixer.norm.weight, G, mixer.norm.eps
+        )
+        return mixer.out_proj(y).view(bucket, T, -1)
+
+    def _attention_fused(self, layer, h, bucket, T):
+        """Attention over the static KV buffer with ``kernels.decode.attention``: each token
+        reads only the rows up to its own slot's position."""
+        from replaylab.kernels.decode import attention
+
+        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
+        Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
+        q, k, v = torch.nn.functional.linear(h, self._qkv_weight[layer]).split(
+            [Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1
+        )
+        self._write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
+        out = attention(q.reshape(bucket, T, Hq, Dh), pool.k, pool.v, self._pos[:bucket], Dh**-0.5)
+        return att.o_proj(out.view(bucket, T, Hq * Dh))
+
+    # --- CUDA graphs ---------------------------------------------------------------------
+    def _graph_step(self, tokens, folds, save):
+        bucket, T = tokens.shape
+        key = (bucket, T, folds, save and self.strategy == "recompute" and T > 1)
+        if key not in self._graphs:
+            static = tokens.clone()
+            saved = self._save_for_capture(bucket)
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())  # after the copies above
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: Triton compiles, allocator settles
+                    self._forward(static, folds, save)
+                    self._restore_after_capture(saved, bucket)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self._forward(static, folds, save)
+            self._restore_after_capture(saved, bucket)
+            self._graphs[key] = (graph, static, out)
+        graph, static, out = self._graphs[key]
+        static.copy_(tokens)
+        graph.replay()
+        self.stats.graph_replays += 1
+        return out
+
+    def _save_for_capture(self, bucket):
+        """The warm-up runs the step for real (capture records without running): keep what it
+        overwrites in place (states and windows); log, draft and KV rows past each slot's
+        position are rewritten by the real step before anything reads them."""
+        return {l: (p.state[:bucket].clone(), p.conv[:bucket].clone()) for l, p in self.ssm.items()}
+
+    def _restore_after_capture(self, saved, bucket):
+        for l, (state, conv) in saved.items():
+            self.ssm[l].state[:bucket].copy_(state)
+            self.ssm[l].conv[:bucket].copy_(conv)
+
+    # --- lock-step workloads -------------------------------------------------------------
+    @torch.no_grad()
+    def prefill(self, prompts):
+        """Retire every slot and admit the rows of ``prompts`` (B, T0) into slots 0 .. B-1;
+        returns their last logits (B, vocab)."""
+        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
+            raise TypeError("prompts: expected an integer tensor (batch, T0)")
+        B, T0 = prompts.shape
+        if not 1 <= B <= self.max_batch:
+            raise ValueError(
+                f"prompts: batch {B} does not fit the pools: expected 1 <= batch "
+                f"<= max_batch={self.max_batch}"
+            )
+        if not 1 <= T0 < self.max_len:
+            raise ValueError(f"prompts: length {T0}: expected 1 <= length < max_len={self.max_len}")
+        check_token_ids(prompts, B, self.cfg.vocab_size)
+        for s in self.slots:
+            self.retire(s)
+        return torch.stack([self.admit(p)[1] for p in prompts])
+
+    @torch.no_grad()
+    def greedy(self, prompts, n_new):
+        """Greedy decoding of ``n_new`` tokens after ``prompts`` (B, T0): (B, n_new)."""
+        logits = self.prefill(prompts)
+        out = []
+        for i in range(n_new):
+            tok = logits.argmax(-1, keepdim=True)
+            out.append(tok)
+            if i < n_new - 1:
+                logits = self.step(tok, check=False)[:, -1]
+        return torch.cat(out, 1)
+
+    @torch.no_grad()
+    def speculative(self, prompt, n_new, drafter, k=4):
+        """Greedy speculative decoding of one sequence with ``drafter.propose(context, k,
+        vocab)``: (1, n_new) tokens, equal to ``greedy``'s. Returns (tokens, proposed,
+        accepted)."""
+        self._check_k(k)
+        if prompt.shape[0] != 1:
+            raise ValueError(f"prompt: one sequence, got batch {prompt.shape[0]}")
+        pending = self.prefill(prompt).argmax(-1, keepdim=True)
+        return self.speculate(prompt, pending, n_new, drafter, k)
+
+    def _check_k(self, k):
+        if k + 1 > self.max_verify:
+            raise ValueError(
+                f"k: a verify of k + 1 = {k + 1} tokens exceeds max_verify={self.max_verify}"
+            )
+
+    @torch.no_grad()
+    def speculate(self, prompt, pending, n_new, drafter, k=4):
+        """The decode part of ``speculative``, after ``prefill(prompt)`` gave the first token
+        ``pending`` (1, 1): (tokens (1, n_new), proposed, accepted)."""
+        self._check_k(k)
+        tokens, proposed, accepted = self.speculate_batch([prompt[0]], pending, n_new, [drafter], k)
+        return tokens[0][None], proposed[0], accepted[0]
+
+    @torch.no_grad()
+    def speculate_batch(self, prompts, pending, n_new, drafters, k=4, slots=None):
+        """Speculative decoding of the live ``slots`` (default: all) together, each sequence
+        accepting its own number of drafts per round: ``prompts`` the prompts (list of (T0,)),
+        ``pending`` (S, 1) their first tokens, one drafter each. Every round is one step of
+        k + 1 tokens per sequence and one rollback with a keep per sequence; a finished
+        sequence stops taking part. Returns (list of (n_new,) tokens, proposed, accepted), the
+        last two per sequence."""
+        self._check_k(k)
+        slots = self._check_slots(slots)
+        outs = [[int(t)] for t in pending.flatten().tolist()]
+        proposed, accepted = [0] * len(slots), [0] * len(slots)
+        while True:
+            going = [i for i in range(len(slots)) if len(outs[i]) < n_new]
+            if not going:
+                break
+            rows = []
+            for i in going:
+                context = torch.cat([prompts[i].cpu(), torch.tensor(outs[i])])
+                drafts = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
+                rows.append(torch.cat([torch.tensor(outs[i][-1:]), drafts.cpu()]))
+            batch = torch.stack(rows).to(self.device)
+            pred = self.step(batch, slots=[slots[i] for i in going], check=False).argmax(-1).cpu()
+            keep = []
+            for j, i in enumerate(going):
+                drafts, p = batch[j, 1:].cpu(), pred[j]
+                a = int((drafts == p[:k]).long().cumprod(0).sum())
+                proposed[i], accepted[i] = proposed[i] + k, accepted[i] + a
+                outs[i] += drafts[:a].tolist() + [int(p[a])]
+                keep.append(1 + a)
+            self.rollback(keep, slots=[slots[i] for i in going])
+        return [torch.tensor(o[:n_new]) for o in outs], proposed, accepted
