@@ -3,7 +3,8 @@ against the teaching model's own modules, and the fused engine against the teach
 
 The interpreter rounds fp32 -> bf16 toward zero where a GPU rounds to nearest even, so bf16
 results are compared within a bf16 step here; ``test_bf16_rounding_on_gpu`` checks them
-bitwise on a GPU."""
+bitwise on a GPU. On a GPU machine every tensor here lives on the device (Triton's
+interpreter is off there and cannot read CPU tensors)."""
 
 import pytest
 import torch
@@ -17,12 +18,17 @@ from replaylab.recurrent import windows_per_token
 from replaylab.scan import ssd_scan
 from replaylab.serving import DecodeEngine
 
-MODEL = HybridLM(preset("tiny"), seed=0).eval()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MODEL = HybridLM(preset("tiny"), seed=0).eval().to(DEVICE)
 GEN = torch.Generator().manual_seed(0)
 
 
 def randn(*shape, dtype=torch.float32):
-    return torch.randn(*shape, generator=GEN).to(dtype)
+    return torch.randn(*shape, generator=GEN).to(DEVICE, dtype)
+
+
+def zeros(*shape):
+    return torch.zeros(*shape, device=DEVICE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -65,7 +71,7 @@ def test_conv_step_equals_the_mixer_conv(T, bias):
     b = mixer.conv1d.bias.detach() if bias and mixer.conv1d.bias is not None else None
     if b is None and bias:
         b = randn(C)
-    drafts = torch.zeros(batch + 1, 4, K, C)
+    drafts = zeros(batch + 1, 4, K, C)
     xBC = zx.view(batch, T, W)[..., inner : inner + C]
     ref_conv = torch.nn.functional.silu(
         torch.nn.functional.conv1d(
@@ -100,10 +106,10 @@ def test_state_update_equals_the_scan(T):
     batch, H, P, N, G = 2, 4, 8, 16, 2
     x, dt = randn(batch, T, H, P), randn(batch, T, H)
     Bm, Cm = randn(batch, T, G, N), randn(batch, T, G, N)
-    A, D, bias = -torch.rand(H, generator=GEN) - 0.5, randn(H), randn(H)
+    A, D, bias = (-torch.rand(H, generator=GEN) - 0.5).to(DEVICE), randn(H), randn(H)
     state = randn(batch + 1, H, P, N)
     before = state.clone()
-    drafts = torch.zeros(batch + 1, 5, H, P, N)
+    drafts = zeros(batch + 1, 5, H, P, N)
     ref = ssd_scan(
         x,
         dt,
@@ -127,16 +133,16 @@ def test_state_update_equals_the_scan(T):
         torch.testing.assert_close(drafts[:batch, :T], ref.states, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
 def test_fused_engine_gives_the_teaching_tokens(strategy):
-    prompts = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3))
-    ref = greedy(MODEL, prompts, 12, CacheConfig(strategy, log_length=4)).tokens
-    engine = DecodeEngine(MODEL, 3, 32, strategy, log_length=4, use_kernels=True, fused=True)
-    assert torch.equal(engine.greedy(prompts, 12), ref)
+    prompts = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    ref = greedy(MODEL, prompts, 12, CacheConfig(strategy, log_length=5)).tokens
+    engine = DecodeEngine(MODEL, 3, 32, strategy, log_length=5, use_kernels=True, fused=True)
+    assert torch.equal(engine.greedy(prompts, 12).cpu(), ref.cpu())
     prompt = prompts[:1]
-    full = torch.cat([prompt, greedy(MODEL, prompt, 12, "snapshot").tokens], 1)
+    full = torch.cat([prompt, greedy(MODEL, prompt, 12, "snapshot").tokens], 1).cpu()
     tokens, proposed, accepted = engine.speculative(prompt, 12, SyntheticDrafter(full, 0.6, 1))
-    assert torch.equal(tokens, full[:, 7:]) and 0 < accepted < proposed
+    assert torch.equal(tokens.cpu(), full[:, 7:]) and 0 < accepted < proposed
 
 
 def test_fused_needs_the_kernels():
@@ -166,31 +172,36 @@ def test_attention_equals_the_model_and_rows_do_not_depend_on_T(pos):
     batch, Hq, Hkv, Dh, max_len = 2, 4, 2, 16, 160
     k, v = randn(batch + 1, Hkv, max_len, Dh), randn(batch + 1, Hkv, max_len, Dh)
     q = randn(batch, 3, Hq, Dh)
-    position = torch.tensor(pos)
+    position = torch.tensor(pos, device=DEVICE)
     got = attention(q, k, v, position, Dh**-0.5)
     keys = k[:batch].repeat_interleave(Hq // Hkv, 1)[:, :, : pos + 3]
     values = v[:batch].repeat_interleave(Hq // Hkv, 1)[:, :, : pos + 3]
     scores = q.transpose(1, 2) @ keys.transpose(2, 3) * Dh**-0.5
-    causal = torch.arange(pos + 3)[None, :] > (pos + torch.arange(3))[:, None]
+    causal = (
+        torch.arange(pos + 3, device=DEVICE)[None, :]
+        > (pos + torch.arange(3, device=DEVICE))[:, None]
+    )
     ref = torch.softmax(scores.masked_fill(causal, float("-inf")), -1) @ values
     torch.testing.assert_close(got, ref.transpose(1, 2), atol=1e-5, rtol=1e-5)
     for t in range(3):  # one token at a time: the same rows, bit for bit
-        one = attention(q[:, t : t + 1].contiguous(), k, v, torch.tensor(pos + t), Dh**-0.5)
+        at = torch.tensor(pos + t, device=DEVICE)
+        one = attention(q[:, t : t + 1].contiguous(), k, v, at, Dh**-0.5)
         assert torch.equal(one[:, 0], got[:, t])
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
 def test_fused_engine_on_gpu_speculative_returns_its_greedy_tokens(strategy):
     """Compiled, bf16, CUDA graphs: speculative decoding returns the engine's own greedy
     tokens for this prompt (the fused kernels round a verify as single steps do; the matrix
     products and, under replay, the fold schedule may still part them at a near-tie: see
-    ``replaylab.engine``)."""
+    ``replaylab.serving.engine``)."""
     model = HybridLM(preset("1b"), seed=0).to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(0, 32000, (1, 24), generator=torch.Generator().manual_seed(5)).cuda()
     engine = DecodeEngine(model, 1, 24 + 48 + 6, strategy, log_length=16)
     ref = engine.greedy(prompt, 48)
     full = torch.cat([prompt, ref], 1).cpu()
     tokens, proposed, accepted = engine.speculative(prompt, 48, SyntheticDrafter(full, 0.8, 2))
+    ref = ref.cpu()
     assert torch.equal(tokens, ref), (tokens != ref).nonzero()[:1]
     assert 0 < accepted < proposed

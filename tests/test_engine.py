@@ -6,6 +6,7 @@ bit for bit, and bad input refused with every slot left as it was.
 On a GPU machine the tiny model runs on the device (the fused kernels compiled); on CPU the
 fused path runs through Triton's interpreter."""
 
+import copy
 import random
 
 import pytest
@@ -21,14 +22,17 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TEACHING = {"snapshot": "snapshot", "recompute": "recompute", "replay": "replay"}
 
 
+DEVICE_MODEL = copy.deepcopy(MODEL).to(DEVICE)  # the fused path's: compiled on a GPU
+
+
 def engine_model():
-    return MODEL.to(DEVICE)
+    return DEVICE_MODEL
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_greedy_tokens_equal_the_teaching_path(strategy):
     prompts = torch.randint(0, 128, (3, 9), generator=torch.Generator().manual_seed(0))
-    ref = greedy(MODEL.cpu(), prompts, 24, CacheConfig(strategy, log_length=4)).tokens
+    ref = greedy(MODEL, prompts, 24, CacheConfig(strategy, log_length=4)).tokens
     engine = DecodeEngine(MODEL, 4, 48, strategy, log_length=4, max_verify=4)
     assert torch.equal(engine.greedy(prompts, 24), ref)
     if strategy == "replay":  # checkpoint at the largest multiple of L held at a step's start
@@ -42,7 +46,7 @@ def test_greedy_tokens_equal_the_teaching_path(strategy):
 def test_speculative_tokens_equal_greedy_bit_for_bit(strategy, fused):
     """Within one arithmetic, speculation (verify steps, ragged rollbacks) gives the engine's
     own greedy tokens; the drafter and acceptance counts match the teaching loop's."""
-    model = engine_model() if fused else MODEL.cpu()
+    model = engine_model() if fused else MODEL
     prompt = torch.tensor([[5, 9, 2, 5, 9, 2, 7, 5, 9]], device=model.lm_head.weight.device)
     kw = dict(log_length=6, use_kernels=fused, fused=fused)
     engine = DecodeEngine(model, 1, 40, strategy, **kw)
@@ -70,9 +74,9 @@ class Teaching:
 
     @torch.no_grad()
     def admit(self, slot, prompt):
-        cache = CacheConfig(TEACHING[self.strategy], log_length=self.L).build(MODEL.cpu(), 1)
+        cache = CacheConfig(TEACHING[self.strategy], log_length=self.L).build(MODEL, 1)
         self.seqs[slot] = [cache, prompt.tolist(), []]
-        return MODEL.cpu()(prompt[None], cache)[0, -1]
+        return MODEL(prompt[None], cache)[0, -1]
 
     @torch.no_grad()
     def step(self, slot, tokens):
@@ -80,7 +84,7 @@ class Teaching:
         if len(self.seqs[slot]) > 3:
             cache.release(self.seqs[slot].pop())
         self.seqs[slot].append(cache.snapshot())  # so a rollback into this step can be served
-        out = MODEL.cpu()(torch.tensor([tokens]), cache)[0]
+        out = MODEL(torch.tensor([tokens]), cache)[0]
         held += tokens
         self.seqs[slot][2] = tokens
         return out
@@ -99,7 +103,7 @@ def run_program(strategy, fused, seed, n_ops=24, slots=3, L=4, max_verify=3, max
     """A random program of admit / step (per-slot T and counts) / rollback (per-slot keep) /
     retire, on the engine and on teaching caches, comparing every logit the engine returns."""
     rng = random.Random(seed)
-    model = engine_model() if fused else MODEL.cpu()
+    model = engine_model() if fused else MODEL
     engine = DecodeEngine(
         model,
         slots,
@@ -173,7 +177,7 @@ def test_ragged_programs_fused(strategy):
 def test_speculative_batch_equals_greedy_with_per_sequence_acceptance(strategy):
     """Sequences at different positions, each accepting its own number of drafts per round,
     give each sequence's greedy tokens."""
-    engine = DecodeEngine(MODEL.cpu(), 3, 48, strategy, log_length=5, max_verify=5)
+    engine = DecodeEngine(MODEL, 3, 48, strategy, log_length=5, max_verify=5)
     prompts = [torch.tensor(p) for p in ([3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9])]
     refs = []
     for p in prompts:
@@ -196,13 +200,13 @@ def test_speculative_batch_equals_greedy_with_per_sequence_acceptance(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_freed_slot_keeps_nothing_of_its_last_tenant(strategy):
-    engine = DecodeEngine(MODEL.cpu(), 2, 32, strategy, log_length=4, max_verify=3)
+    engine = DecodeEngine(MODEL, 2, 32, strategy, log_length=4, max_verify=3)
     slot, _ = engine.admit(torch.tensor([7, 7, 7, 7, 7, 7]))
     for _ in range(3):
         engine.step(torch.tensor([[1, 2, 3]]), [2])
     engine.retire(slot)
     again, logits = engine.admit(torch.tensor([4, 2]))
-    fresh = DecodeEngine(MODEL.cpu(), 2, 32, strategy, log_length=4, max_verify=3)
+    fresh = DecodeEngine(MODEL, 2, 32, strategy, log_length=4, max_verify=3)
     _, want = fresh.admit(torch.tensor([4, 2]))
     assert again == slot and torch.equal(logits, want)
     got = engine.step(torch.tensor([[5, 6, 1]]), [3])
@@ -228,7 +232,7 @@ def pools(engine):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_bad_input_is_refused_and_every_slot_stays_as_it_was(strategy):
-    engine = DecodeEngine(MODEL.cpu(), 2, 16, strategy, log_length=4, max_verify=3)
+    engine = DecodeEngine(MODEL, 2, 16, strategy, log_length=4, max_verify=3)
     with pytest.raises(ValueError, match=r"slots: no live sequence: admit one"):
         engine.step(torch.tensor([[1], [2]]))
     with pytest.raises(
