@@ -123,6 +123,22 @@ def _engine(args):
     return 0
 
 
+def _serve(args):
+    from replaylab.bench.provenance import provenance
+    from replaylab.bench.serve import matmul_row_invariance, run_lossless, run_ragged, serve_summary
+
+    _need_gpu("serve")
+    t0 = time.time()
+    result = dict(matmul_rows=matmul_row_invariance())
+    result["lossless"] = run_lossless(presets=args.presets, batches=args.batches)
+    result["ragged"] = run_ragged()
+    result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
+    _write(result, args.out or "data/bench_serve.json")
+    for line in serve_summary(result["lossless"], result["ragged"]):
+        print(line)
+    return 0
+
+
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
     bench = subparsers.add_parser(
@@ -166,7 +182,13 @@ def add_bench_parser(subparsers):
     )
     e.add_argument("--no-baselines", action="store_true", help="skip transformers and mamba-ssm")
     e.set_defaults(run=_engine)
-    for p in (k, s, d, e):
+    v = sub.add_parser(
+        "serve", help="the serving engine: lossless speculation, ragged decode per strategy (GPU)"
+    )
+    v.add_argument("--presets", type=lambda t: t.split(","), default=["8b-layers", "1b"])
+    v.add_argument("--batches", type=_ints, default=[1, 8, 64])
+    v.set_defaults(run=_serve)
+    for p in (k, s, d, e, v):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 
