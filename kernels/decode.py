@@ -203,7 +203,9 @@ def _conv_step_kernel(
             src = n + j + offs * 0  # the sequence row, as a vector for the masks
             old = src < K
             v_old = tl.load(win + src * C + offs, mask=mc & old, other=0.0)
-            v_new = tl.load(zx + (b * T + src - K) * W + xbc_col + offs, mask=mc & (src >= K), other=0.0)
+            v_new = tl.load(
+                zx + (b * T + src - K) * W + xbc_col + offs, mask=mc & (src >= K), other=0.0
+            )
             v = tl.where(old, v_old.to(window.dtype.element_ty), v_new.to(window.dtype.element_ty))
             tl.store(win + j * C + offs, v, mask=mc)
     else:

@@ -449,9 +449,12 @@ def replay_step(
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
     from the device (needed inside a CUDA graph capture). ``kernel``: "per_token" (a loop over
-    the T tokens, best for decode and short verification), "verify" (all T at once as matrix
-    products on tensor cores; needs P, N >= 16 on a GPU) or "auto" (verify for T >= 8, where
-    the H200 measurements in data/bench_kernels_verify.json show it faster).
+    the T tokens in one launch, best for decode and short verification), "verify" (all T at
+    once as matrix products on tensor cores; needs P, N >= 16 on a GPU), "exact" (T launches
+    of the one-token kernel, each appending before the next: bit for bit what T decode steps
+    give, at T reads of the checkpoint; the one-launch loop rounds differently from single
+    steps on a GPU in fp32) or "auto" (verify for T >= 8, where the H200 measurements in
+    data/bench_kernels_verify.json show it faster).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
     (the caller keeps room: ``log_len + T <= Lmax``); ``advance=False`` leaves ``log_len``
@@ -481,8 +484,15 @@ def replay_step(
     BLOCK_P, BLOCK_N, warps = _blocks(P, N, "replay_step", block_p, num_warps, batch)
     bias = dt_bias if dt_bias is not None else torch.zeros(H, device=x.device)
     grid = (batch, H, triton.cdiv(P, BLOCK_P))
-    if kernel not in ("auto", "per_token", "verify"):
-        raise ValueError(f"kernel: expected 'auto', 'per_token' or 'verify', got {kernel!r}")
+    if kernel not in ("auto", "per_token", "verify", "exact"):
+        raise ValueError(
+            f"kernel: expected 'auto', 'per_token', 'verify' or 'exact', got {kernel!r}"
+        )
+    if kernel == "exact" and T > 1:
+        return _replay_exact(
+            states, slots, (log_x, log_dt, log_B, log_C), log_len, (x, dt, B, C), A, D,
+            dt_bias, dt_softplus, dt_limit, y, append, advance, block_p, num_warps, log_head,
+        )  # fmt: skip
     if kernel == "auto":
         kernel = "verify" if T >= 8 and P >= 16 and N >= 16 else "per_token"
     args = (
@@ -531,6 +541,25 @@ def replay_step(
         _replay_step_kernel[grid](*args, **common, BLOCK_T=2, num_warps=warps)
     if append and advance:
         log_len += T
+    return y
+
+
+def _replay_exact(
+    states, slots, logs, log_len, new, A, D, dt_bias, dt_softplus, dt_limit, y, append, advance,
+    block_p, num_warps, log_head,
+):  # fmt: skip
+    """``replay_step(kernel="exact")``: token t is a one-token step after tokens 0 .. t-1."""
+    if not append:
+        raise ValueError("kernel='exact' appends each token before the next: needs append=True")
+    for t in range(new[0].shape[1]):
+        one = [v[:, t : t + 1].contiguous() for v in new]
+        y[:, t] = replay_step(
+            states, slots, *logs, log_len + t, *one, A, D, dt_bias, dt_softplus, dt_limit,
+            append=True, check=False, block_p=block_p, num_warps=num_warps, kernel="per_token",
+            advance=False, log_head=log_head,
+        )[:, 0]  # fmt: skip
+    if advance:
+        log_len += new[0].shape[1]
     return y
 
 

@@ -267,6 +267,8 @@ def test_replay_holds_less_than_snapshot_when_speculating_on_a_wide_state():
 
 
 def test_replay_with_the_triton_fold_gives_the_same_tokens_and_states():
+    if torch.cuda.is_available():  # the kernels on CPU tensors need the interpreter
+        pytest.skip("CPU tensors through Triton's interpreter (off on a GPU machine)")
     prompt = torch.tensor([[3, 7, 1, 3, 7, 2, 9]])
     ref = greedy(MODEL, prompt, 10, both("replay", 4))
     full = torch.cat([prompt, ref.tokens], 1)

@@ -129,11 +129,14 @@ def _serve(args):
 
     _need_gpu("serve")
     t0 = time.time()
-    result = dict(matmul_rows=matmul_row_invariance())
+    out = args.out or "data/bench_serve.json"
+    result = dict(provenance(args.argv), matmul_rows=matmul_row_invariance(), lossless=None)
+    _write(result, out)  # each phase written as it ends: a cut run keeps what it measured
     result["lossless"] = run_lossless(presets=args.presets, batches=args.batches)
+    _write(result, out)
     result["ragged"] = run_ragged()
-    result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
-    _write(result, args.out or "data/bench_serve.json")
+    result.update(seconds=round(time.time() - t0, 1))
+    _write(result, out)
     for line in serve_summary(result["lossless"], result["ragged"]):
         print(line)
     return 0
@@ -186,7 +189,7 @@ def add_bench_parser(subparsers):
         "serve", help="the serving engine: lossless speculation, ragged decode per strategy (GPU)"
     )
     v.add_argument("--presets", type=lambda t: t.split(","), default=["8b-layers", "1b"])
-    v.add_argument("--batches", type=_ints, default=[1, 8, 64])
+    v.add_argument("--batches", type=_ints, default=[1, 8, 32])
     v.set_defaults(run=_serve)
     for p in (k, s, d, e, v):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")

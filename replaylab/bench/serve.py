@@ -58,10 +58,10 @@ def _greedy_ragged(engine, prompts, n_new):
 
 def run_lossless(
     presets=("8b-layers", "1b"),
-    batches=(1, 8, 64),
+    batches=(1, 8, 32),
     ks=(1, 2, 4),
     acceptances=(0.5, 0.8, 1.0),
-    n_new=64,
+    n_new=48,
     log_length=16,
 ):
     rows = []
@@ -152,12 +152,12 @@ def matmul_row_invariance(name="8b-layers", batches=(1, 8, 64, 128), ks=(1, 2, 4
 
 def run_ragged(
     name="8b-layers",
-    batches=(1, 8, 32, 64, 128, 256),
+    batches=(1, 8, 64, 128, 256),
     n_steps=32,
     k=4,
     acceptance=0.8,
     log_length=16,
-    spec_batches=(1, 8, 32, 64, 128),
+    spec_batches=(1, 8, 64, 128),
 ):
     model = _model(name)
     vocab = model.cfg.vocab_size

@@ -633,7 +633,7 @@ class DecodeEngine:
                 append=True,
                 advance=False,
                 check=False,
-                kernel="per_token",  # a verify rounds as single steps do
+                kernel="exact",  # each verify row bit for bit a single step
                 log_head=self._head[:bucket],
             )
         else:
