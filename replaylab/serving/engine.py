@@ -768,8 +768,8 @@ class DecodeEngine:
         accepting its own number of drafts per round: ``prompts`` the prompts (list of (T0,)),
         ``pending`` (S, 1) their first tokens, one drafter each. Every round is one step of
         k + 1 tokens per sequence and one rollback with a keep per sequence; a finished
-        sequence stops taking part. Returns (list of (n_new,) tokens, proposed, accepted), the
-        last two per sequence."""
+        sequence stops taking part. Returns (list of (n_new,) tokens on the engine's device,
+        proposed, accepted), the last two per sequence."""
         self._check_k(k)
         slots = self._check_slots(slots)
         outs = [[int(t)] for t in pending.flatten().tolist()]
@@ -793,4 +793,4 @@ class DecodeEngine:
                 outs[i] += drafts[:a].tolist() + [int(p[a])]
                 keep.append(1 + a)
             self.rollback(keep, slots=[slots[i] for i in going])
-        return [torch.tensor(o[:n_new]) for o in outs], proposed, accepted
+        return [torch.tensor(o[:n_new], device=self.device) for o in outs], proposed, accepted
