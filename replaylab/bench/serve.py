@@ -89,9 +89,9 @@ def run_lossless(
                         torch.cuda.synchronize()
                         seconds = time.perf_counter() - t0
                         parted = [
-                            (i, int((t != r).nonzero()[0]))
+                            (i, int((t.cpu() != r).nonzero()[0]))
                             for i, (t, r) in enumerate(zip(toks, ref))
-                            if not torch.equal(t, r)
+                            if not torch.equal(t.cpu(), r)
                         ]
                         first = parted[0] if parted else None
                         rows.append(
@@ -202,7 +202,9 @@ def run_ragged(
                 torch.cuda.synchronize()
                 row.update(
                     speculative_tokens_per_s=batch * 2 * n_steps / (time.perf_counter() - t0),
-                    speculative_equal_greedy=all(torch.equal(t, r) for t, r in zip(toks, ref)),
+                    speculative_equal_greedy=all(
+                        torch.equal(t.cpu(), r) for t, r in zip(toks, ref)
+                    ),
                     measured_acceptance=sum(accepted) / sum(proposed),
                     rollbacks=engine.stats.rollbacks,
                     reruns=engine.stats.reruns,
