@@ -31,8 +31,11 @@ slots not in the step get count 0 and are left as they were). Strategies:
 On CPU (graphs off) the engine runs the teaching model's reference operations. On a GPU it runs
 fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel.
 What can still round differently between a decode step and a verify is a matrix product over
-another number of rows (cuBLAS may reduce in another order): ``replaylab bench engine``
-records whether speculative tokens equal greedy ones.
+another number of rows: on an H200, cuBLAS bf16 rows are invariant to the row count at batch 1
+and 8 but not at 64 and 128 (``data/bench_serve_matmul_rows.json``), so there speculative
+tokens part from greedy ones at the first near-tie under every strategy. ``replaylab bench
+serve`` records where (``data/bench_serve_lossless.json``: 47 of 48 configurations at batch
+1 and 8 bit for bit; one replay run on the 1b preset parts, cause not yet found).
 
 Glossary: S slots in a step, T tokens per step (1 decode, k + 1 verify), L log length, bucket:
 the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
