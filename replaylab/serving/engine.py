@@ -322,8 +322,9 @@ class DecodeEngine:
     def step(self, tokens, counts=None, slots=None, check=True):
         """Logits (S, T, vocab) of ``tokens`` (S, T) for ``slots`` (default: every live slot,
         in order), advancing slot i by ``counts[i]`` tokens (1 <= counts[i] <= T, default T;
-        the rest of its row is padding). ``check=False`` skips the id range check, which reads
-        the ids back from the device; shapes are always checked."""
+        the rest of its row is padding). A rollback afterwards applies to this step: slots left
+        out of it can no longer roll back an earlier one. ``check=False`` skips the id range
+        check, which reads the ids back from the device; shapes are always checked."""
         slots = self._check_slots(slots)
         if (
             not isinstance(tokens, torch.Tensor)
