@@ -51,6 +51,7 @@ def _replay_step_kernel(
     log_C,  # logs (batch, Lmax, ...); appended to when APPEND
     log_len,  # (batch,) valid entries per sequence
     log_head,  # (batch,) ring offset: entry i of sequence b sits at row (head + i) % Lmax
+    append_count,  # (batch,) with HAS_COUNT: append only tokens t < append_count[b]
     x,
     dt,
     B,
@@ -74,11 +75,13 @@ def _replay_step_kernel(
     SOFTPLUS: tl.constexpr,
     HAS_D: tl.constexpr,
     APPEND: tl.constexpr,
+    HAS_COUNT: tl.constexpr,
 ):
     b, h, pid_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     g = h // (H // G)
     slot = tl.load(slots + b).to(tl.int64)
     L = tl.load(log_len + b)
+    n_append = tl.load(append_count + b) if HAS_COUNT else T
     head = tl.load(log_head + b)
     a_h = tl.load(A + h).to(tl.float32)
     bias = tl.load(dt_bias + h).to(tl.float32)
@@ -172,13 +175,17 @@ def _replay_step_kernel(
         tl.store(y + ((b * T + t) * H + h) * P + offs_p, out.to(y.dtype.element_ty), mask=mp)
         if APPEND:
             row = b * Lmax + (head + L + t) % Lmax
-            tl.store(log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=mp)
+            keep_p = mp & ((offs_p * 0 + t) < n_append)  # padding leaves the ring alone
+            tl.store(
+                log_x + (row * H + h) * P + offs_p, x_t.to(log_x.dtype.element_ty), mask=keep_p
+            )
             lane = tl.arange(0, 1)
-            first = (lane + pid_p) == 0  # one program per head writes dt
+            first = ((lane + pid_p) == 0) & ((lane + t) < n_append)  # one per head writes dt
             tl.store(
                 log_dt + row * H + h + lane, tl.load(dt + (b * T + t) * H + h + lane), mask=first
             )
             owner = (offs_n * 0 + pid_p + h % (H // G)) == 0  # one per group writes B and C
+            owner = owner & ((offs_n * 0 + t) < n_append)
             B_t = tl.load(B + ((b * T + t) * G + g) * N + offs_n, mask=mn, other=0.0)
             tl.store(log_B + (row * G + g) * N + offs_n, B_t, mask=mn & owner)
             tl.store(
@@ -445,6 +452,7 @@ def replay_step(
     kernel="auto",
     advance=True,
     log_head=None,
+    append_count=None,
 ):
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
@@ -461,6 +469,9 @@ def replay_step(
     for the caller to move (one counter shared by several layers). ``log_head`` (batch,)
     int32 makes each log a ring: entry i of sequence b is row (log_head[b] + i) % Lmax, so a
     fold of the oldest entries is a move of the head, not a copy of the rest (None: 0).
+    ``append_count`` (batch,) int32 ("per_token" and "exact"): sequence b appends only its
+    first append_count[b] tokens, the rest are padding of a ragged batch and leave its ring
+    as it was (None: all T).
     """
     batch, T, H, P = x.shape
     Lmax, G, N = log_x.shape[1], B.shape[2], B.shape[3]
@@ -472,11 +483,13 @@ def replay_step(
     if check:
         _check(states, slots, log_x, log_dt, log_B, log_len)
         _check_head(head, batch, Lmax)
-    if check and append and int(log_len.max()) + T > Lmax:
-        raise ValueError(
-            f"log_len: appending {T} tokens needs log_len + T <= Lmax={Lmax}, "
-            f"got max log_len {int(log_len.max())}"
-        )
+    if check and append:
+        ends = log_len + (T if append_count is None else append_count.clamp(0, T))
+        if int(ends.max()) > Lmax:
+            raise ValueError(
+                f"log_len: appending needs log_len + tokens appended <= Lmax={Lmax}, got "
+                f"log_len {log_len.tolist()} + {T if append_count is None else append_count.tolist()}"
+            )
     # not empty_like: x may be a permuted view, and the kernel writes y row-major
     y = torch.empty(x.shape, dtype=y_dtype, device=x.device) if out is None else out
     if not y.is_contiguous():
@@ -492,9 +505,12 @@ def replay_step(
         return _replay_exact(
             states, slots, (log_x, log_dt, log_B, log_C), log_len, (x, dt, B, C), A, D,
             dt_bias, dt_softplus, dt_limit, y, append, advance, block_p, num_warps, log_head,
+            append_count,
         )  # fmt: skip
     if kernel == "auto":
         kernel = "verify" if T >= 8 and P >= 16 and N >= 16 else "per_token"
+    if kernel == "verify" and append_count is not None:
+        raise ValueError("append_count: the 'verify' kernel appends all T tokens; use 'per_token'")
     args = (
         states,
         slots,
@@ -538,7 +554,11 @@ def replay_step(
             num_warps=4,
         )
     else:  # one token at a time, each as a single step (BLOCK_T: a block of one token)
-        _replay_step_kernel[grid](*args, **common, BLOCK_T=2, num_warps=warps)
+        counted = append_count is not None
+        step_args = (*args[:8], append_count if counted else log_len, *args[8:])
+        _replay_step_kernel[grid](
+            *step_args, **common, BLOCK_T=2, HAS_COUNT=counted, num_warps=warps
+        )
     if append and advance:
         log_len += T
     return y
@@ -546,17 +566,18 @@ def replay_step(
 
 def _replay_exact(
     states, slots, logs, log_len, new, A, D, dt_bias, dt_softplus, dt_limit, y, append, advance,
-    block_p, num_warps, log_head,
+    block_p, num_warps, log_head, append_count,
 ):  # fmt: skip
     """``replay_step(kernel="exact")``: token t is a one-token step after tokens 0 .. t-1."""
     if not append:
         raise ValueError("kernel='exact' appends each token before the next: needs append=True")
     for t in range(new[0].shape[1]):
         one = [v[:, t : t + 1].contiguous() for v in new]
+        count = None if append_count is None else (append_count - t).clamp(0, 1)
         y[:, t] = replay_step(
             states, slots, *logs, log_len + t, *one, A, D, dt_bias, dt_softplus, dt_limit,
             append=True, check=False, block_p=block_p, num_warps=num_warps, kernel="per_token",
-            advance=False, log_head=log_head,
+            advance=False, log_head=log_head, append_count=count,
         )[:, 0]  # fmt: skip
     if advance:
         log_len += new[0].shape[1]
@@ -655,6 +676,7 @@ def replay_step_ref(
     kernel="auto",
     advance=True,
     log_head=None,
+    append_count=None,
 ):
     """PyTorch reference of ``replay_step``: fold the log with the reference scan, then scan
     the new tokens from the folded state (float32)."""
@@ -691,8 +713,9 @@ def replay_step_ref(
             ).y
         )
         if append:
+            kept = T if append_count is None else min(int(append_count[b]), T)
             for log, new in ((log_x, x), (log_dt, dt), (log_B, B), (log_C, C)):
-                log[b, rows[n:]] = new[b].to(log.dtype)
+                log[b, rows[n : n + kept]] = new[b, :kept].to(log.dtype)
     if append and advance:
         log_len += T
     y = torch.cat(ys)

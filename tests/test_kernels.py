@@ -140,7 +140,7 @@ def test_bad_input_is_named():
     with pytest.raises(ValueError, match=r"slots: expected values in \[0, 2\), got \[1, 0, 5\]"):
         replay_step(**{**c, "slots": torch.tensor([1, 0, 5], dtype=torch.int32)})
     with pytest.raises(
-        ValueError, match=r"log_len: appending 3 tokens needs log_len \+ T <= Lmax=24"
+        ValueError, match=r"log_len: appending needs log_len \+ tokens appended <= Lmax=24"
     ):
         replay_step(**{**c, "log_len": torch.tensor([0, 1, 22], dtype=torch.int32)})
     with pytest.raises(ValueError, match=r"states: expected float32 checkpoint states"):
@@ -206,6 +206,28 @@ def test_full_size_append_equals_a_separate_append(T):
             log = appended[f"log_{name}"][b]
             assert torch.equal(log[n : n + T], c[name][b]), (name, b)
             assert torch.equal(log[:n], c[f"log_{name}"][b, :n]), (name, b)
+
+
+@pytest.mark.parametrize("kernel", ["exact", "per_token"])
+def test_padding_tokens_leave_the_ring_as_it_was(kernel):
+    """A ragged batch: sequence b appends only its first append_count[b] tokens (0: none);
+    the outputs of those tokens do not change, and the ring rows past them keep their values.
+    (Under "exact" a padding token after the first reads the rows padding did not write: its
+    output is undefined, as a padding token's is.)"""
+    c = case(T=3, log_len=(0, 20, 19), Lmax=22)  # 19 + 3 would wrap onto entry 0
+    count = torch.tensor([3, 1, 0], dtype=torch.int32, device=DEVICE)
+    tri, ref = cloned(c), cloned(c)
+    tri_y = replay_step(**tri, kernel=kernel, advance=False, append_count=count)
+    ref_y = replay_step_ref(**ref, advance=False, append_count=count)
+    defined = torch.arange(3, device=DEVICE)[None, :] <= count[:, None]  # up to the first pad
+    defined = defined[:, :, None, None].expand_as(tri_y)
+    assert_close(tri_y[defined], ref_y[defined], name="y")
+    for name in ("log_x", "log_dt", "log_B", "log_C"):
+        assert torch.equal(tri[name], ref[name]), name
+        for b, (n, k) in enumerate(zip(c["log_len"].tolist(), count.tolist())):
+            new, untouched = torch.arange(n, n + k) % 22, torch.arange(n + k, n + 3) % 22
+            assert torch.equal(tri[name][b, new], c[name[4:]][b, :k].to(tri[name].dtype)), name
+            assert torch.equal(tri[name][b, untouched], c[name][b, untouched]), (name, b)
 
 
 @pytest.mark.parametrize("kernel", ["exact", "per_token"])

@@ -21,12 +21,16 @@ slots not in the step get count 0 and are left as they were). Strategies:
 - "recompute": the state is read and written every token; a verify keeps one copy of the state
   before it, and a rollback copies it back and re-runs the kept tokens through the model.
 - "replay": outputs come from checkpoint + log (``replay_step``: no state write); a rollback is
-  a cursor move. Folds sit on a fixed grid: a slot whose log holds at least L entries at the
-  start of a step folds exactly its oldest L into the checkpoint (the log is a ring, so the
-  rest stay where they are). Checkpoints are then at positions that do not depend on how the
-  tokens were grouped into steps, which is what lets speculative decoding reproduce the
-  engine's own greedy decoding bit for bit: every fused kernel computes a row of a verify as a
-  single-token step would.
+  a cursor move. Folds sit on a fixed grid: the checkpoint is always at a multiple of L. A
+  slot whose log holds L entries at the start of a step folds them into the checkpoint, and a
+  step never crosses the grid: a slot may take at most ``room(slot)`` tokens in one step (the
+  tokens left before its next fold), so a speculating slot near the grid verifies fewer
+  drafts that round. The token at position p is then always computed from the checkpoint at
+  L * floor(p / L) and the entries after it, however the tokens were grouped into steps; with
+  every fused kernel computing a row of a verify as a single-token step would, that is what
+  lets speculative decoding reproduce the engine's own greedy decoding bit for bit. (Folding
+  in the middle of a verify cannot do it without a second checkpoint per slot: a rollback to
+  before the fold would need the old one back.)
 
 On CPU (graphs off) the engine runs the teaching model's reference operations. On a GPU it runs
 fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel.
@@ -122,11 +126,6 @@ class DecodeEngine:
             log_length = measured_log_length(self.max_batch)
         self.L = as_int("log_length", log_length, low=1)
         self.max_verify = as_int("max_verify", max_verify, low=1)
-        if strategy == "replay" and self.L < self.max_verify:
-            raise ValueError(
-                f"log_length: {self.L} is shorter than max_verify={self.max_verify}: a fold of "
-                f"L entries must leave room for a verify; expected log_length >= max_verify"
-            )
         param = next(model.parameters())
         self.model, self.cfg, self.strategy = model, cfg, strategy
         self.dtype, self.device = param.dtype, param.device
@@ -139,7 +138,7 @@ class DecodeEngine:
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
         slots, Tm = self.max_batch, self.max_verify
-        self.capacity = self.L + Tm  # log ring rows: < L entries after a fold, plus a verify
+        self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
         layers = model.model.layers
         self.ssm = {
             l: MambaPool(
@@ -195,6 +194,15 @@ class DecodeEngine:
         if len(at) != 1:
             raise ValueError(f"position: the live slots are at positions {sorted(at)}")
         return at.pop()
+
+    def room(self, slot):
+        """The most tokens ``slot`` may take in its next step: max_verify, and under replay no
+        more than are left before its next fold (a step never crosses the fold grid)."""
+        slot = as_int("slot", slot, 0, self.max_batch - 1)
+        if self.strategy != "replay":
+            return self.max_verify
+        held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
+        return min(self.max_verify, self.L - held)
 
     def nbytes_per_slot(self):
         """Bytes one slot holds in the pools (state, windows, logs or copies, KV)."""
@@ -348,6 +356,12 @@ class DecodeEngine:
             if self.pos[s] + c > self.max_len:
                 raise ValueError(
                     f"tokens: slot {s} at position {self.pos[s]} + {c} exceeds max_len={self.max_len}"
+                )
+            if c > self.room(s):
+                raise ValueError(
+                    f"counts: slot {s} may take at most room={self.room(s)} tokens in this step "
+                    f"(replay folds its log every L={self.L} tokens and a step may not cross a "
+                    f"fold), got {c}"
                 )
         bucket = next(b for b in self.buckets if b > max(slots))
         full = torch.zeros(bucket, T, dtype=torch.long, device=self.device)
@@ -531,6 +545,7 @@ class DecodeEngine:
     def _replay_outputs(self, pool, bucket, T, entries):
         """y of the new tokens from checkpoint + log, slot by slot; appends to each ring."""
         ys, steps = [], torch.arange(T, device=self.device)
+        counted = self._counts[:bucket].tolist()
         for s in range(bucket):
             n, head = self.log_len[s], self.head[s]
             state = pool.state[s : s + 1]
@@ -539,9 +554,9 @@ class DecodeEngine:
                 state = pool.spec.fold(state, {k: v[s : s + 1, old] for k, v in pool.log.items()})
             mine = {k: v[s : s + 1] for k, v in entries.items()}
             ys.append(pool.spec.scan(state, mine).y)
-            new = (head + n + steps) % self.capacity
+            new = (head + n + steps[: counted[s]]) % self.capacity  # padding appends nothing
             for k, buf in pool.log.items():
-                buf[s, new] = entries[k][s].to(buf.dtype)
+                buf[s, new] = entries[k][s, : counted[s]].to(buf.dtype)
         return torch.cat(ys)
 
     def _write_kv(self, pool, k, v, bucket, T):
@@ -639,6 +654,7 @@ class DecodeEngine:
                 check=False,
                 kernel="exact",  # each verify row bit for bit a single step
                 log_head=self._head[:bucket],
+                append_count=counts,  # a slot's padding and slots left out append nothing
             )
         else:
             y = state_update(
@@ -782,18 +798,22 @@ class DecodeEngine:
             going = [i for i in range(len(slots)) if len(outs[i]) < n_new]
             if not going:
                 break
-            rows = []
+            rows, ks = [], []
             for i in going:
                 context = torch.cat([prompts[i].cpu(), torch.tensor(outs[i])])
                 drafts = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
                 rows.append(torch.cat([torch.tensor(outs[i][-1:]), drafts.cpu()]))
+                ks.append(self.room(slots[i]) - 1)  # fewer drafts just before a fold
             batch = torch.stack(rows).to(self.device)
-            pred = self.step(batch, slots=[slots[i] for i in going], check=False).argmax(-1).cpu()
+            step_slots = [slots[i] for i in going]
+            counts = [kj + 1 for kj in ks]
+            pred = self.step(batch, counts, slots=step_slots, check=False).argmax(-1).cpu()
             keep = []
             for j, i in enumerate(going):
-                drafts, p = batch[j, 1:].cpu(), pred[j]
-                a = int((drafts == p[:k]).long().cumprod(0).sum())
-                proposed[i], accepted[i] = proposed[i] + k, accepted[i] + a
+                kj = ks[j]
+                drafts, p = batch[j, 1 : 1 + kj].cpu(), pred[j]
+                a = int((drafts == p[:kj]).long().cumprod(0).sum())
+                proposed[i], accepted[i] = proposed[i] + kj, accepted[i] + a
                 outs[i] += drafts[:a].tolist() + [int(p[a])]
                 keep.append(1 + a)
             self.rollback(keep, slots=[slots[i] for i in going])
