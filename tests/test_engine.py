@@ -304,3 +304,30 @@ def test_engine_configuration_errors():
             DecodeEngine(MODEL, 1, 8, graphs=True)
     with pytest.raises(TypeError, match=r"max_batch: expected an integer"):
         DecodeEngine(MODEL, 1.5, 8)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_chunked_prefill_gives_the_teaching_logits_and_the_decode_grid(strategy):
+    """Prompts of several lengths prefilled in chunks of any size (through the engine's pools,
+    the chunked scan for long chunks) give the teaching model's logits, and decoding after
+    them too; under replay the checkpoint lands on the grid and the log holds the rest."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 128, (n,), generator=gen) for n in (1, 9, 23, 70)]
+    want = [MODEL(p[None], CacheConfig(strategy, log_length=4).build(MODEL, 1)) for p in prompts]
+    for chunk in (1, 5, 64, 256):
+        engine = DecodeEngine(MODEL, 4, 96, strategy, log_length=4, prefill_chunk=chunk)
+        for p, w in zip(prompts, want):
+            slot, logits = engine.admit(p)
+            torch.testing.assert_close(logits, w[0, -1], atol=2e-4, rtol=2e-4)
+            if strategy == "replay":
+                assert engine.log_len[slot] == len(p) % 4 and engine.head[slot] == 0
+        ref = [
+            greedy(MODEL, p[None], 6, CacheConfig(strategy, log_length=4)).tokens[0]
+            for p in prompts
+        ]
+        tokens = torch.stack([w[0, -1].argmax() for w in want])[:, None]
+        out = [tokens]
+        for _ in range(5):
+            tokens = engine.step(tokens).argmax(-1)
+            out.append(tokens)
+        assert torch.equal(torch.cat(out, 1), torch.stack(ref)), chunk

@@ -51,7 +51,6 @@ from dataclasses import dataclass
 
 import torch
 
-from replaylab.cache import HybridCache
 from replaylab.recurrent import windows_per_token
 from replaylab.results import measured_log_length
 from replaylab.serving.pools import KVPool, MambaPool
@@ -85,7 +84,11 @@ class DecodeEngine:
     most tokens one step may take (k + 1). use_kernels: replay through the Triton kernels
     (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA graph (default: on a
     GPU). fused: the fused decode kernels (default: on a GPU; on CPU they run through Triton's
-    interpreter, for the tests).
+    interpreter, for the tests). matmul (fused path): "row_invariant" (default;
+    ``kernels.matmul.linear``: a row's bits do not depend on the row count, so a verify
+    rounds as decode steps do at every batch) or "torch" (cuBLAS: faster at some shapes, but
+    its rows change with the row count at batch 64 and up on an H200). prefill_chunk: the
+    tokens of a prompt run through the model at once in ``admit`` (the chunked SSD scan).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -105,6 +108,8 @@ class DecodeEngine:
         use_kernels=None,
         graphs=None,
         fused=None,
+        matmul=None,
+        prefill_chunk=256,
     ):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
@@ -126,6 +131,7 @@ class DecodeEngine:
             log_length = measured_log_length(self.max_batch)
         self.L = as_int("log_length", log_length, low=1)
         self.max_verify = as_int("max_verify", max_verify, low=1)
+        self.prefill_chunk = as_int("prefill_chunk", prefill_chunk, low=1)
         param = next(model.parameters())
         self.model, self.cfg, self.strategy = model, cfg, strategy
         self.dtype, self.device = param.dtype, param.device
@@ -137,6 +143,11 @@ class DecodeEngine:
             raise ValueError("graphs: CUDA graphs need a CUDA device")
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
+        self.matmul = ("row_invariant" if self.fused else "torch") if matmul is None else matmul
+        if self.matmul not in ("torch", "row_invariant"):
+            raise ValueError(f"matmul: expected 'torch' or 'row_invariant', got {self.matmul!r}")
+        if self.matmul == "row_invariant" and not self.fused:
+            raise ValueError("matmul: 'row_invariant' is the fused path's; use fused=True")
         slots, Tm = self.max_batch, self.max_verify
         self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
         layers = model.model.layers
@@ -245,43 +256,97 @@ class DecodeEngine:
         self.stats.retired += 1
 
     def _prefill(self, slot, prompt):
-        """The prompt runs once through the teaching cache (snapshot, or replay without folds),
-        and what it holds is copied into the slot: the state and window; under replay the
-        checkpoint on the grid (the first floor(T0 / L) * L entries folded L at a time, as
-        decode folds them) and the rest of the log."""
-        T0 = prompt.numel()
-        teaching = "replay" if self.strategy == "replay" else "snapshot"
-        cache = HybridCache(
-            self.model, 1, teaching, log_length=self.max_len + 1, use_kernels=self.use_kernels
-        )
-        logits = self.model(prompt[None], cache)[0, -1]
-        for l, pool in self.ssm.items():
-            if self.strategy != "replay":
-                held = cache.state(l)
-                pool.state[slot].copy_(held.ssm[0])
-                pool.conv[slot].copy_(held.conv[0])
-                continue
-            store = cache.ssm
-            pool.conv[slot].copy_(store._window(l, T0)[0])
-            entries = {k: store.log[l][k][:, :T0] for k in pool.log}
-            state = store.checkpoint[l].ssm[store.rows]
-            grid = T0 // self.L * self.L
-            for j in range(0, grid, self.L):
-                state = self._fold_entries(
-                    pool, state, {k: v[:, j : j + self.L] for k, v in entries.items()}
-                )
-            pool.state[slot].copy_(state[0])
+        """Run ``prompt`` (T0,) through the engine's own pools in chunks of ``prefill_chunk``
+        tokens (the chunked SSD scan, attention over the slot's KV rows); returns the last
+        logits (vocab,). Snapshot and recompute end with the state after the prompt. Replay
+        logs every token and folds its log L entries at a time with the fold decode uses, so
+        the checkpoint lands on the decode grid (the largest multiple of L) with the same bits
+        a decode of those tokens would fold to; the state the chunks carry is thrown away."""
+        T0, C = prompt.numel(), self.prefill_chunk
+        carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
+        layers = self.model.model.layers
+        for start in range(0, T0, C):
+            h = self.model.model.embeddings(prompt[None, start : start + C])
+            for i, block in enumerate(layers):
+                x = block.norm(h)
+                kind = self.cfg.pattern[i]
+                if kind == "M":
+                    h = h + self._prefill_mamba(i, x, slot, carried)
+                elif kind == "*":
+                    h = h + self._prefill_attention(i, x, slot, start)
+                else:
+                    h = h + block.mixer(x, None)
+            if self.strategy == "replay":
+                self._prefill_fold_counts(slot, h.shape[1])
+        return self.model.lm_head(self.model.model.norm_f(h[:, -1]))[0]
+
+    def _prefill_mamba(self, layer, h, slot, carried):
+        pool, c = self.ssm[layer], self.cfg
+        mixer, one = pool.mixer, slice(slot, slot + 1)
+        inner = c.ssm_heads * c.ssm_head_dim
+        gate, xBC, dt = mixer.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
+        window = pool.conv[one]
+        entries = pool.spec.prepare(window, dict(xBC=xBC, dt=dt))
+        K = window.shape[1]
+        if K:
+            pool.conv[slot] = torch.cat([window, xBC.to(window.dtype)], 1)[0, -K:]
+        if self.strategy != "replay":
+            result = pool.spec.scan(pool.state[one], entries)
+            pool.state[one] = result.state
+        else:
+            result = pool.spec.scan(carried[layer], entries)
+            carried[layer] = result.state
+            self._prefill_log(pool, slot, entries)
+        return mixer.out_proj(mixer.norm(result.y.flatten(-2), gate))
+
+    def _prefill_log(self, pool, slot, entries):
+        """Append a chunk's entries to the slot's ring, folding each time it holds L."""
+        n, head, T = self.log_len[slot], self.head[slot], entries["x"].shape[1]
+        done = 0
+        while done < T:
+            m = min(self.L - n, T - done)
+            rows = (head + n + torch.arange(m, device=self.device)) % self.capacity
             for k, buf in pool.log.items():
-                buf[slot, : T0 - grid].copy_(entries[k][0, grid:])
-            self.log_len[slot], self.head[slot] = T0 - grid, 0
-        if self.strategy == "replay":
-            self.stats.folds += T0 // self.L
-            self.stats.folded_tokens += T0 // self.L * self.L
-        for l, pool in self.kv.items():
-            k, v = cache.kv[l].keys_values()
-            pool.k[slot, :, :T0].copy_(k[0])
-            pool.v[slot, :, :T0].copy_(v[0])
-        return logits
+                buf[slot, rows] = entries[k][0, done : done + m].to(buf.dtype)
+            n, done = n + m, done + m
+            if n == self.L:
+                rows = (head + torch.arange(self.L, device=self.device)) % self.capacity
+                log = {k: v[slot : slot + 1, rows] for k, v in pool.log.items()}
+                pool.state[slot : slot + 1] = self._fold_entries(
+                    pool, pool.state[slot : slot + 1], log
+                )
+                head, n = (head + self.L) % self.capacity, 0
+
+    def _prefill_fold_counts(self, slot, T):
+        """The host's log length and head after a chunk of T tokens (every layer did the same)."""
+        total = self.log_len[slot] + T
+        folds = total // self.L
+        self.log_len[slot] = total - folds * self.L
+        self.head[slot] = (self.head[slot] + folds * self.L) % self.capacity
+        self.stats.folds += folds
+        self.stats.folded_tokens += folds * self.L
+
+    def _prefill_attention(self, layer, h, slot, start):
+        """The chunk's queries against the slot's KV rows 0 .. start + T - 1 (causal)."""
+        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
+        T = h.shape[1]
+        q = att.q_proj(h).view(1, T, c.attn_heads, c.head_dim).transpose(1, 2)
+        k = att.k_proj(h).view(T, c.kv_heads, c.head_dim).transpose(0, 1)
+        v = att.v_proj(h).view(T, c.kv_heads, c.head_dim).transpose(0, 1)
+        end = start + T
+        pool.k[slot, :, start:end] = k.to(pool.k.dtype)
+        pool.v[slot, :, start:end] = v.to(pool.v.dtype)
+        rep = c.attn_heads // c.kv_heads
+        keys = pool.k[slot : slot + 1, :, :end].repeat_interleave(rep, 1)
+        values = pool.v[slot : slot + 1, :, :end].repeat_interleave(rep, 1)
+        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5  # (1, heads, T, end)
+        visible = (
+            torch.arange(end, device=self.device)
+            <= start + torch.arange(T, device=self.device)[:, None]
+        )
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+        return att.o_proj(out.transpose(1, 2).reshape(1, T, -1))
 
     def _fold_entries(self, pool, state, entries):
         """fold(state (1, H, P, N), entries (1, L, ...)) with the fold the decode steps use."""
@@ -602,9 +667,17 @@ class DecodeEngine:
                 out = self._attention_fused(i, x, bucket, T)
             else:
                 mlp = block.mixer
-                out = mlp.down_proj(relu2(mlp.up_proj(x)))
+                out = self._linear(mlp.down_proj.weight, relu2(self._linear(mlp.up_proj.weight, x)))
             h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
-        return self.model.lm_head(x)
+        return self._linear(self.model.lm_head.weight, x)
+
+    def _linear(self, weight, x):
+        """x @ weight.T with the engine's matrix product (see ``matmul``)."""
+        if self.matmul == "row_invariant":
+            from replaylab.kernels.matmul import linear
+
+            return linear(x, weight)
+        return torch.nn.functional.linear(x, weight)
 
     def _mamba_fused(self, layer, h, bucket, T):
         from replaylab.kernels.decode import conv_step, gated_rmsnorm, state_update
@@ -615,7 +688,7 @@ class DecodeEngine:
         H, P, N, G = c.ssm_heads, c.ssm_head_dim, c.d_state, c.n_groups
         inner = H * P
         counts = self._counts[:bucket]
-        zx = mixer.in_proj(h).view(bucket * T, -1)  # gate | xBC | dt
+        zx = self._linear(mixer.in_proj.weight, h).view(bucket * T, -1)  # gate | xBC | dt
         x, Bm, Cm, dt = conv_step(
             zx,
             pool.conv[:bucket],
@@ -673,7 +746,7 @@ class DecodeEngine:
         y = gated_rmsnorm(
             y.view(bucket * T, inner), zx[:, :inner], mixer.norm.weight, G, mixer.norm.eps
         )
-        return mixer.out_proj(y).view(bucket, T, -1)
+        return self._linear(mixer.out_proj.weight, y).view(bucket, T, -1)
 
     def _attention_fused(self, layer, h, bucket, T):
         """Attention over the static KV buffer with ``kernels.decode.attention``: each token
@@ -682,12 +755,12 @@ class DecodeEngine:
 
         att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
         Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
-        q, k, v = torch.nn.functional.linear(h, self._qkv_weight[layer]).split(
+        q, k, v = self._linear(self._qkv_weight[layer], h).split(
             [Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1
         )
         self._write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
         out = attention(q.reshape(bucket, T, Hq, Dh), pool.k, pool.v, self._pos[:bucket], Dh**-0.5)
-        return att.o_proj(out.view(bucket, T, Hq * Dh))
+        return self._linear(att.o_proj.weight, out.view(bucket, T, Hq * Dh))
 
     # --- CUDA graphs ---------------------------------------------------------------------
     def _graph_step(self, tokens, folds, save):

@@ -1,0 +1,52 @@
+"""The row-invariant matrix product (``kernels.matmul.linear``) against fp32 accumulation, and
+its contract: a row's bits do not depend on how many rows are computed with it. Under the
+interpreter on CPU (small shapes), natively on a GPU (the serving engine's shapes too)."""
+
+import pytest
+import torch
+
+from replaylab import assert_close
+from replaylab.kernels.matmul import linear, linear_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 40, 24), (70, 33, 100)])
+def test_linear_matches_fp32_accumulation(dtype, shape):
+    M, K, N = shape  # K and N not multiples of the tiles, M across two row tiles
+    x = torch.randn(M, K, device=DEVICE).to(dtype)
+    w = torch.randn(N, K, device=DEVICE).to(dtype)
+    assert_close(linear(x, w), linear_ref(x, w), dtype=dtype, name="y")
+
+
+def test_a_rows_bits_do_not_depend_on_the_row_count():
+    x = torch.randn(67, 48, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(40, 48, device=DEVICE).to(torch.bfloat16)
+    every = linear(x, w)
+    for m in (1, 5, 8, 40, 64, 66):
+        assert torch.equal(linear(x[:m], w), every[:m]), m
+    assert torch.equal(linear(x[None, 3:8], w)[0], every[3:8])  # leading dims, an offset view
+
+
+def test_bad_input_is_named():
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match=r"x has 8 features, weight \(N, K\) = \(4, 6\)"):
+        linear(x, torch.randn(4, 6, device=DEVICE))
+    with pytest.raises(ValueError, match=r"x is torch.float32 and weight torch.bfloat16"):
+        linear(x, torch.randn(4, 8, device=DEVICE).to(torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("NK", [(4096, 21504), (21504, 4096), (18560, 4096), (131072, 4096)])
+def test_row_invariant_at_8b_shapes(NK):
+    """Nemotron-H 8B layer shapes: rows of a decode step at batch 1 .. 128 equal the same rows
+    of a 5-token verify of that batch, bit for bit."""
+    N, K = NK
+    w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * K**-0.5
+    x = torch.randn(640, K, device=DEVICE, dtype=torch.bfloat16)
+    every = linear(x, w)
+    for m in (1, 8, 64, 128, 320):
+        assert torch.equal(linear(x[:m], w), every[:m]), m
+    assert_close(every[:8], linear_ref(x[:8], w), dtype=torch.bfloat16, name="y")
