@@ -63,6 +63,12 @@ def _add_generate(sub):
     gen.add_argument("--k", type=int, default=4, help="draft length")
     gen.add_argument("--device", default=None)
     gen.add_argument(
+        "--engine",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="decode with the serving engine (auto: on a GPU for the layouts it serves)",
+    )
+    gen.add_argument(
         "--ignore-eos",
         action="store_true",
         help="decode max-new-tokens tokens even past the checkpoint's end-of-sequence token",
@@ -90,6 +96,7 @@ def _generate(args):
             progress=sys.stderr.isatty(),
             prompt=args.prompt,
             stop_at_eos=not args.ignore_eos,
+            engine={"auto": "auto", "on": True, "off": False}[args.engine],
         )
     except (ValueError, OSError) as err:
         print(f"replaylab generate: {err}", file=sys.stderr)

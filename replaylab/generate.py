@@ -99,6 +99,7 @@ def generate(
     prompt=None,
     stop_at_eos=True,
     dtype=None,
+    engine="auto",
 ):
     """Tokens after a prompt from a NemotronH or Bamba checkpoint folder.
 
@@ -107,7 +108,9 @@ def generate(
     draft: None (greedy), "prompt-lookup", or a checkpoint folder of a smaller hybrid with the
     same tokenizer. stop_at_eos: end the output at the first EOS id of the checkpoint's
     (generation) config, as transformers does. dtype: compute dtype (default: the stored one,
-    float32 on a CPU for half-precision weights).
+    float32 on a CPU for half-precision weights). engine: "auto" (the serving engine,
+    ``replaylab.serving.DecodeEngine``, on a GPU for the layouts it serves; the teaching cache
+    otherwise), True (the engine, on any device) or False (the teaching cache).
 
     Returns a ``DecodeResult``: tokens (1, n) with n <= max_new_tokens, acceptance, restores,
     peak bytes, rollback seconds; ``extra`` holds ``text`` (the new tokens decoded, when the
@@ -139,8 +142,12 @@ def generate(
             f"prompt_ids: expected a non-empty list of ids in [0, "
             f"{model.cfg.vocab_size}), got {prompt_ids}"
         )
+    use_engine = _use_engine(engine, model, cache)
     if draft is None or draft == "none":
-        run = greedy(model, prompt_t, max_new_tokens, cache, progress=progress)
+        if use_engine:
+            run = _engine_decode(model, prompt_t, max_new_tokens, cache, None, k)
+        else:
+            run = greedy(model, prompt_t, max_new_tokens, cache, progress=progress)
     else:
         if draft == "prompt-lookup":
             drafter = PromptLookupDrafter()
@@ -166,9 +173,12 @@ def generate(
                     f"expected the target's {model.cfg.vocab_size}"
                 )
             drafter = ModelDrafter(draft_model, cache)
-        run = speculative(
-            model, prompt_t, max_new_tokens, drafter, k=k, cache=cache, progress=progress
-        )
+        if use_engine:
+            run = _engine_decode(model, prompt_t, max_new_tokens, cache, drafter, k)
+        else:
+            run = speculative(
+                model, prompt_t, max_new_tokens, drafter, k=k, cache=cache, progress=progress
+            )
     decoded = run.tokens.shape[1]
     stopped = False
     eos = eos_token_ids(folder) if (stop_at_eos and folder is not None) else []
@@ -182,3 +192,46 @@ def generate(
         run.extra["text"] = tokenizer.decode(run.tokens[0].tolist(), skip_special_tokens=False)
         run.extra["prompt_text"] = tokenizer.decode(prompt_ids, skip_special_tokens=False)
     return run
+
+
+def _use_engine(engine, model, cache):
+    """Whether ``generate`` decodes with the serving engine (see its ``engine`` argument)."""
+    from replaylab.serving import STRATEGIES, unsupported_reason
+
+    if engine not in ("auto", True, False):
+        raise ValueError(f"engine: expected 'auto', True or False, got {engine!r}")
+    reason = unsupported_reason(model.cfg)
+    if cache.strategy not in STRATEGIES:
+        reason = f"strategy {cache.strategy!r} is not one of the engine's {STRATEGIES}"
+    if engine is True and reason:
+        raise ValueError(f"engine: the serving engine cannot decode this: {reason}")
+    if engine == "auto":
+        return reason is None and next(model.parameters()).is_cuda
+    return engine
+
+
+def _engine_decode(model, prompt, max_new_tokens, config, drafter, k):
+    """Greedy (no drafter) or speculative decoding of one prompt (1, T0) on a
+    ``DecodeEngine``; a ``DecodeResult`` like the teaching loops' (its stats: the engine's
+    rollbacks as restores, the slot's pool bytes as peak bytes)."""
+    import time
+
+    from replaylab.decoding import DecodeResult
+    from replaylab.serving import DecodeEngine
+
+    t0 = time.perf_counter()
+    max_len = prompt.shape[1] + max_new_tokens + k + 1
+    engine = DecodeEngine(
+        model, 1, max_len, config.strategy, log_length=config.log_length, max_verify=k + 1
+    )
+    if drafter is None:
+        tokens, proposed, accepted = engine.greedy(prompt, max_new_tokens), 0, 0
+    else:
+        tokens, proposed, accepted = engine.speculative(prompt, max_new_tokens, drafter, k=k)
+    if tokens.is_cuda:
+        torch.cuda.synchronize()
+    result = DecodeResult(tokens, config, proposed, accepted, time.perf_counter() - t0)
+    result.stats.restores = engine.stats.rollbacks
+    result.stats.peak_bytes = engine.nbytes_per_slot()
+    result.extra["engine"] = dict(vars(engine.stats))
+    return result

@@ -73,6 +73,35 @@ def test_generate_reproduces_transformers_greedy_with_every_draft(checkpoints, c
             assert out["proposed"] > 0
 
 
+def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoints, capsys):
+    """``--engine on`` decodes with ``DecodeEngine`` (here its reference path, on CPU): the
+    same tokens as transformers, greedy and speculative; "auto" keeps the teaching cache on a
+    CPU; a layout the engine cannot serve is refused by name."""
+    root, target, _ = checkpoints
+    want = hf_greedy(target, PROMPT, 12)
+    for strategy in ("snapshot", "recompute", "replay"):
+        for draft in ("none", "prompt-lookup", root / "draft"):
+            run = generate(
+                root / "target", PROMPT, 12, strategy, draft if draft != "none" else None, 3,
+                engine=True,
+            )  # fmt: skip
+            assert run.tokens[0].tolist() == want and "engine" in run.extra, (strategy, draft)
+            assert run.extra["engine"]["steps"] > 0
+            if draft != "none":
+                assert run.proposed > 0 and run.restores == run.extra["engine"]["rollbacks"]
+    auto = generate(root / "target", PROMPT, 4, "replay", engine="auto")
+    assert ("engine" in auto.extra) == torch.cuda.is_available()
+    with pytest.raises(ValueError, match=r"engine: the serving engine cannot decode this: models"):
+        generate(root / "bamba", PROMPT, 4, "replay", engine=True)
+    with pytest.raises(ValueError, match=r"engine: expected 'auto', True or False, got 'yes'"):
+        generate(root / "target", PROMPT, 4, "replay", engine="yes")
+    code, out = run_cli(
+        capsys, "generate", root / "target", "--prompt-ids", ",".join(map(str, PROMPT)),
+        "--max-new-tokens", 12, "--engine", "on", "--json",
+    )  # fmt: skip
+    assert code == 0 and out["tokens"] == want
+
+
 def test_generate_a_bamba_checkpoint(checkpoints, capsys):
     root, _, bamba = checkpoints
     code, out = run_cli(

@@ -56,7 +56,7 @@ from replaylab.results import measured_log_length
 from replaylab.serving.pools import KVPool, MambaPool
 from replaylab.validation import as_int, check_token_ids
 
-__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES"]
+__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES", "unsupported_reason"]
 
 STRATEGIES = ("snapshot", "recompute", "replay")
 
@@ -73,6 +73,18 @@ class EngineStats:
     graph_replays: int = 0
     admitted: int = 0
     retired: int = 0
+
+
+def unsupported_reason(cfg):
+    """Why the engine cannot serve a model of config ``cfg`` (None: it can)."""
+    if cfg.rotary_dim:
+        return "models with RoPE (Bamba) are not supported yet"
+    if set(cfg.pattern) - set("M*-") or cfg.mlp != "relu2":
+        return (
+            f"NemotronH layouts only (Mamba-2 'M', attention '*', relu2 MLP '-'); got pattern "
+            f"{cfg.pattern!r}, mlp {cfg.mlp!r}"
+        )
+    return None
 
 
 class DecodeEngine:
@@ -114,17 +126,9 @@ class DecodeEngine:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy: expected one of {STRATEGIES}, got {strategy!r}")
         cfg = model.cfg
-        if cfg.rotary_dim:
-            raise ValueError(
-                "DecodeEngine: models with RoPE (Bamba) are not supported yet; use "
-                "the teaching HybridCache"
-            )
-        unsupported = set(cfg.pattern) - set("M*-")
-        if unsupported or cfg.mlp != "relu2":
-            raise ValueError(
-                f"DecodeEngine: NemotronH layouts only (Mamba-2 'M', attention '*', relu2 MLP "
-                f"'-'); got pattern {cfg.pattern!r}, mlp {cfg.mlp!r}"
-            )
+        reason = unsupported_reason(cfg)
+        if reason:
+            raise ValueError(f"DecodeEngine: {reason}; use the teaching HybridCache")
         self.max_batch = as_int("max_batch", max_batch, low=1)
         self.max_len = as_int("max_len", max_len, low=2)
         if log_length == "auto":
