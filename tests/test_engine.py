@@ -331,3 +331,20 @@ def test_chunked_prefill_gives_the_teaching_logits_and_the_decode_grid(strategy)
             tokens = engine.step(tokens).argmax(-1)
             out.append(tokens)
         assert torch.equal(torch.cat(out, 1), torch.stack(ref)), chunk
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_fewer_drafts_than_the_engine_verifies(strategy):
+    """k + 1 below max_verify: each round verifies at most k drafts, and the tokens are still
+    greedy's (a replay round near its fold grid verifies fewer)."""
+    engine = DecodeEngine(MODEL, 2, 40, strategy, log_length=5, max_verify=5)
+    prompts = [torch.tensor([3, 1, 4, 1, 5]), torch.tensor([9, 2, 6])]
+    refs = [engine.greedy(p[None], 12)[0] for p in prompts]
+    for s in engine.slots:
+        engine.retire(s)
+    pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
+    drafters = [SyntheticDrafter(torch.cat([p, r]), 1.0, seed=0) for p, r in zip(prompts, refs)]
+    tokens, proposed, _ = engine.speculate_batch(prompts, pending, 12, drafters, k=2)
+    assert all(torch.equal(t, r) for t, r in zip(tokens, refs))
+    rounds = engine.stats.verify_steps
+    assert 0 < max(proposed) <= 2 * rounds

@@ -124,20 +124,32 @@ def _engine(args):
 
 
 def _serve(args):
+    from replaylab.bench import serve
     from replaylab.bench.provenance import provenance
-    from replaylab.bench.serve import matmul_row_invariance, run_lossless, run_ragged, serve_summary
 
     _need_gpu("serve")
     t0 = time.time()
     out = args.out or "data/bench_serve.json"
-    result = dict(provenance(args.argv), matmul_rows=matmul_row_invariance(), lossless=None)
-    _write(result, out)  # each phase written as it ends: a cut run keeps what it measured
-    result["lossless"] = run_lossless(presets=args.presets, batches=args.batches)
-    _write(result, out)
-    result["ragged"] = run_ragged()
+    result = dict(provenance(args.argv), matmul=args.matmul)
+    phases = {
+        "matmul": lambda: serve.matmul_row_invariance(),
+        "lossless": lambda: serve.run_lossless(
+            presets=args.presets, batches=args.batches, matmul=args.matmul
+        ),
+        "ragged": lambda: [serve.run_ragged(matmul=m) for m in args.ragged_matmuls],
+        "prefill": lambda: serve.run_prefill(),
+        "logit_error": lambda: serve.run_logit_error(),
+    }
+    names = {"matmul": "matmul_rows"}
+    for phase in args.phases:
+        t = time.time()
+        result[names.get(phase, phase)] = phases[phase]()
+        result.setdefault("phase_seconds", {})[phase] = round(time.time() - t, 1)
+        _write(result, out)  # each phase written as it ends: a cut run keeps what it measured
+        print(f"{phase}: {time.time() - t:.0f} s", flush=True)
     result.update(seconds=round(time.time() - t0, 1))
     _write(result, out)
-    for line in serve_summary(result["lossless"], result["ragged"]):
+    for line in serve.serve_summary(result):
         print(line)
     return 0
 
@@ -190,6 +202,21 @@ def add_bench_parser(subparsers):
     )
     v.add_argument("--presets", type=lambda t: t.split(","), default=["8b-layers", "1b"])
     v.add_argument("--batches", type=_ints, default=[1, 8, 32])
+    v.add_argument(
+        "--phases",
+        type=lambda t: t.split(","),
+        default=["matmul", "lossless", "ragged", "prefill", "logit_error"],
+        help="comma-separated: matmul, lossless, ragged, prefill, logit_error",
+    )
+    v.add_argument(
+        "--matmul", default="row_invariant", help="the engine's matrix product (lossless runs)"
+    )
+    v.add_argument(
+        "--ragged-matmuls",
+        type=lambda t: t.split(","),
+        default=["row_invariant", "torch"],
+        help="the matrix products the ragged decode runs compare",
+    )
     v.set_defaults(run=_serve)
     for p in (k, s, d, e, v):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")

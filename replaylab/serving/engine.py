@@ -880,7 +880,7 @@ class DecodeEngine:
                 context = torch.cat([prompts[i].cpu(), torch.tensor(outs[i])])
                 drafts = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
                 rows.append(torch.cat([torch.tensor(outs[i][-1:]), drafts.cpu()]))
-                ks.append(self.room(slots[i]) - 1)  # fewer drafts just before a fold
+                ks.append(min(k, self.room(slots[i]) - 1))  # fewer drafts just before a fold
             batch = torch.stack(rows).to(self.device)
             step_slots = [slots[i] for i in going]
             counts = [kj + 1 for kj in ks]
