@@ -132,9 +132,13 @@ def _serve(args):
     out = args.out or "data/bench_serve.json"
     result = dict(provenance(args.argv), matmul=args.matmul)
     phases = {
-        "matmul": lambda: serve.matmul_row_invariance(),
+        "matmul": lambda: serve.matmul_row_invariance(ks=(4,)),
         "lossless": lambda: serve.run_lossless(
-            presets=args.presets, batches=args.batches, matmul=args.matmul
+            presets=args.presets,
+            batches=args.batches,
+            ks=args.ks,
+            acceptances=args.acceptances,
+            matmul=args.matmul,
         ),
         "ragged": lambda: [serve.run_ragged(matmul=m) for m in args.ragged_matmuls],
         "prefill": lambda: serve.run_prefill(),
@@ -202,6 +206,13 @@ def add_bench_parser(subparsers):
     )
     v.add_argument("--presets", type=lambda t: t.split(","), default=["8b-layers", "1b"])
     v.add_argument("--batches", type=_ints, default=[1, 8, 32])
+    v.add_argument("--ks", type=_ints, default=[1, 4], help="draft lengths (lossless)")
+    v.add_argument(
+        "--acceptances",
+        type=lambda t: [float(v) for v in t.split(",")],
+        default=[0.5, 1.0],
+        help="per-sequence acceptances (lossless)",
+    )
     v.add_argument(
         "--phases",
         type=lambda t: t.split(","),

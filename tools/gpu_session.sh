@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call of this session's GPU measurements (see data/README.md for what each writes):
+#   bash tools/gpu_session.sh tests|serve|ragged|suite     (on the GPU machine, $OUT set)
+# Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
+set -uo pipefail
+mode=${1:?tests, serve, ragged or suite}
+ln -sfn ../kernels replaylab/kernels  # replaylab.kernels without installing the package
+MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
+  --no-build-isolation --target /tmp/site .whl/* >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+stamp() {
+  echo "# $*"
+  echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton, transformers; print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}")'), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+}
+case "$mode" in
+  tests)
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py tests/test_kernels.py tests/test_decode_kernels.py tests/test_engine.py"
+    { stamp "$cmd"; timeout 240 $cmd; } >"$OUT/gpu_engine_tests.log" 2>&1
+    tail -4 "$OUT/gpu_engine_tests.log"
+    timeout 330 python3 -m replaylab.bench serve --out "$OUT/bench_serve.json" \
+      --phases matmul,lossless,prefill,logit_error --batches 1,8,64 2>&1 | tail -60 ;;
+  ragged)
+    timeout 560 python3 -m replaylab.bench serve --out "$OUT/bench_serve_ragged.json" \
+      --phases ragged 2>&1 | tail -45 ;;
+  suite)
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
+    { stamp "$cmd"; timeout 570 $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -40 "$OUT/gpu_tests.log" ;;
+esac
