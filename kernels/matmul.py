@@ -36,6 +36,7 @@ def _linear_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # M tiles that run together on one weight tile (L2 reuse)
     UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,  # fp32 inputs: "ieee" (no TF32 rounding of the inputs)
 ):
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -63,7 +64,7 @@ def _linear_kernel(
         )
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc)
+        acc = tl.dot(a, b, acc, input_precision=PRECISION)
     tl.store(
         y + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
         acc.to(y.dtype.element_ty),
@@ -99,7 +100,8 @@ def linear(x, weight):
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
     _linear_kernel[grid](
         x2, w, y, M, N, K, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GM,
-        UPCAST=not x.is_cuda, num_warps=warps, num_stages=stages,
+        UPCAST=not x.is_cuda, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=warps, num_stages=stages,
     )  # fmt: skip
     return y.view(*lead, N)
 

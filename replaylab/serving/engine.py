@@ -793,14 +793,23 @@ class DecodeEngine:
 
     def _save_for_capture(self, bucket):
         """The warm-up runs the step for real (capture records without running): keep what it
-        overwrites in place (states and windows); log, draft and KV rows past each slot's
-        position are rewritten by the real step before anything reads them."""
-        return {l: (p.state[:bucket].clone(), p.conv[:bucket].clone()) for l, p in self.ssm.items()}
+        overwrites in place (states, windows and, under replay, the log rings: a step's
+        appends can land on the ring rows its fold reads, so a second warm-up or the real step
+        after them would fold the wrong entries); draft and KV rows past each slot's position
+        are rewritten by the real step before anything reads them."""
+        return {
+            l: (p.state[:bucket].clone(), p.conv[:bucket].clone())
+            + tuple(v[:bucket].clone() for v in p.log.values())
+            for l, p in self.ssm.items()
+        }
 
     def _restore_after_capture(self, saved, bucket):
-        for l, (state, conv) in saved.items():
-            self.ssm[l].state[:bucket].copy_(state)
-            self.ssm[l].conv[:bucket].copy_(conv)
+        for l, (state, conv, *log) in saved.items():
+            pool = self.ssm[l]
+            pool.state[:bucket].copy_(state)
+            pool.conv[:bucket].copy_(conv)
+            for buf, kept in zip(pool.log.values(), log):
+                buf[:bucket].copy_(kept)
 
     # --- lock-step workloads -------------------------------------------------------------
     @torch.no_grad()
