@@ -140,7 +140,12 @@ def _serve(args):
             acceptances=args.acceptances,
             matmul=args.matmul,
         ),
-        "ragged": lambda: [serve.run_ragged(matmul=m) for m in args.ragged_matmuls],
+        "ragged": lambda: [
+            serve.run_ragged(matmul=m)
+            if m == args.matmul
+            else serve.run_ragged(matmul=m, batches=(1, 64, 256), spec_batches=(64,))
+            for m in args.ragged_matmuls
+        ],
         "prefill": lambda: serve.run_prefill(),
         "logit_error": lambda: serve.run_logit_error(),
     }
@@ -226,7 +231,8 @@ def add_bench_parser(subparsers):
         "--ragged-matmuls",
         type=lambda t: t.split(","),
         default=["row_invariant", "torch"],
-        help="the matrix products the ragged decode runs compare",
+        help="the matrix products the ragged decode runs compare (all but --matmul at batch "
+        "1, 64 and 256 only)",
     )
     v.set_defaults(run=_serve)
     for p in (k, s, d, e, v):
