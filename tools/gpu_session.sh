@@ -15,9 +15,9 @@ stamp() {
 case "$mode" in
   tests)
     cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py tests/test_kernels.py tests/test_decode_kernels.py tests/test_engine.py"
-    { stamp "$cmd"; timeout 240 $cmd; } >"$OUT/gpu_engine_tests.log" 2>&1
+    { stamp "$cmd"; timeout 170 $cmd; } >"$OUT/gpu_engine_tests.log" 2>&1
     tail -4 "$OUT/gpu_engine_tests.log"
-    timeout 330 python3 -m replaylab.bench serve --out "$OUT/bench_serve.json" \
+    timeout 390 python3 -m replaylab.bench serve --out "$OUT/bench_serve.json" \
       --phases lossless,prefill,logit_error --batches 1,8,64 2>&1 | tail -40 ;;
   ragged)
     timeout 560 python3 -m replaylab.bench serve --out "$OUT/bench_serve_ragged.json" \
