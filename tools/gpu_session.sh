@@ -10,7 +10,7 @@ MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 stamp() {
   echo "# $*"
-  echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton, transformers; print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}")'), $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton, transformers; print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}")'), $(date -u +%FT%TZ), tree of commit ${COMMIT:-unknown}"
 }
 case "$mode" in
   tests)
@@ -19,9 +19,13 @@ case "$mode" in
     tail -4 "$OUT/gpu_engine_tests.log"
     timeout 390 python3 -m replaylab.bench serve --out "$OUT/bench_serve.json" \
       --phases lossless,prefill,logit_error --batches 1,8,64 2>&1 | tail -40 ;;
-  ragged)
-    timeout 560 python3 -m replaylab.bench serve --out "$OUT/bench_serve_ragged.json" \
-      --phases ragged 2>&1 | tail -45 ;;
+  ragged)  # ragged decode, then the whole suite in what is left (SIGINT: pytest summarises)
+    timeout 210 python3 -m replaylab.bench serve --out "$OUT/bench_serve_ragged.json" \
+      --phases ragged --ragged-batches 1,8,64,128 --spec-batches 8,64,128 \
+      --other-batches 1,128 2>&1 | tail -30
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
+    { stamp "$cmd"; timeout -s INT 320 $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -30 "$OUT/gpu_tests.log" ;;
   suite)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
     { stamp "$cmd"; timeout 570 $cmd; } >"$OUT/gpu_tests.log" 2>&1

@@ -141,9 +141,9 @@ def _serve(args):
             matmul=args.matmul,
         ),
         "ragged": lambda: [
-            serve.run_ragged(matmul=m)
+            serve.run_ragged(matmul=m, batches=args.ragged_batches, spec_batches=args.spec_batches)
             if m == args.matmul
-            else serve.run_ragged(matmul=m, batches=(1, 64, 256), spec_batches=(64,))
+            else serve.run_ragged(matmul=m, batches=args.other_batches, spec_batches=())
             for m in args.ragged_matmuls
         ],
         "prefill": lambda: serve.run_prefill(),
@@ -211,6 +211,11 @@ def add_bench_parser(subparsers):
     )
     v.add_argument("--presets", type=lambda t: t.split(","), default=["8b-layers", "1b"])
     v.add_argument("--batches", type=_ints, default=[1, 8, 32])
+    v.add_argument("--ragged-batches", type=_ints, default=[1, 8, 64, 128, 256])
+    v.add_argument("--spec-batches", type=_ints, default=[1, 8, 32, 64, 128])
+    v.add_argument(
+        "--other-batches", type=_ints, default=[1, 64, 256], help="ragged, other matmuls"
+    )
     v.add_argument("--ks", type=_ints, default=[1, 4], help="draft lengths (lossless)")
     v.add_argument(
         "--acceptances",
@@ -231,8 +236,8 @@ def add_bench_parser(subparsers):
         "--ragged-matmuls",
         type=lambda t: t.split(","),
         default=["row_invariant", "torch"],
-        help="the matrix products the ragged decode runs compare (all but --matmul at batch "
-        "1, 64 and 256 only)",
+        help="the matrix products the ragged decode runs compare (all but --matmul at "
+        "--other-batches, decode only)",
     )
     v.set_defaults(run=_serve)
     for p in (k, s, d, e, v):
