@@ -222,7 +222,8 @@ def verify_round_diagram(k=4, accepted=2) -> go.Figure:
     """One speculative round under replay: the pending token and ``k`` drafts are verified in
     one forward (k + 1 log entries written, no state write); the target agrees with the first
     ``accepted`` drafts, emits its own token after them, and the rest are rolled back by moving
-    the cursor (snapshot would restore a copy and re-run the accepted ones instead)."""
+    the cursor (snapshot would load the copy it kept at that position, recompute re-run the
+    model from its last checkpoint)."""
     if not 0 <= accepted <= k:
         raise ValueError(f"need 0 <= accepted <= k, got {accepted}, {k}")
     fig = _canvas(
@@ -262,7 +263,7 @@ def verify_round_diagram(k=4, accepted=2) -> go.Figure:
         fig,
         k + 1.2,
         -0.5,
-        "(snapshot: restore a copy,<br>re-run the accepted tokens)",
+        "(snapshot: load the copy kept there;<br>recompute: re-run from a checkpoint)",
         anchor="left",
         font=11,
     )

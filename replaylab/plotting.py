@@ -51,13 +51,16 @@ def static_image(fig, width=None, height=None) -> str | None:
         return None
     layout = (fig.get("layout", {}) if isinstance(fig, dict) else fig.layout.to_plotly_json()) or {}
     try:
-        svg = pio.to_image(
-            fig,
-            format="svg",
-            width=width or layout.get("width") or 900,
-            height=height or layout.get("height") or 450,
-            validate=False,
-        )
+        _start_browser()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The kopts argument is ignored")
+            svg = pio.to_image(
+                fig,
+                format="svg",
+                width=width or layout.get("width") or 900,
+                height=height or layout.get("height") or 450,
+                validate=False,
+            )
     except Exception as err:  # no kaleido, no browser, a browser that fails to start
         if not _STATIC["warned"]:
             _STATIC["warned"] = True
@@ -68,6 +71,21 @@ def static_image(fig, width=None, height=None) -> str | None:
             )
         return None
     return svg.decode("utf-8") if isinstance(svg, bytes) else svg
+
+
+def _start_browser():
+    """One browser for every figure of this process (kaleido's sync server), not one per figure:
+    a Chromium start costs seconds, an export after it a fraction of one."""
+    if _STATIC.get("server"):
+        return
+    import atexit
+
+    import kaleido
+
+    if hasattr(kaleido, "start_sync_server"):  # kaleido >= 1.1
+        kaleido.start_sync_server(silence_warnings=True)
+        atexit.register(kaleido.stop_sync_server, silence_warnings=True)
+    _STATIC["server"] = True
 
 
 class StaticImageRenderer(_MimetypeRenderer):

@@ -82,6 +82,7 @@ def test_static_export_falls_back_with_one_warning(monkeypatch):
         raise RuntimeError("no browser")
 
     monkeypatch.setenv("REPLAYLAB_STATIC_FIGURES", "1")
+    monkeypatch.setattr(plotting, "_start_browser", lambda: None)
     monkeypatch.setattr(plotting.pio, "to_image", broken)
     monkeypatch.setitem(plotting._STATIC, "warned", False)
     with pytest.warns(UserWarning, match="without a static image"):
