@@ -59,3 +59,26 @@ def test_verify_round_diagram_accepts_then_rolls_back():
     assert ok[1].x1 < cursor.x0 < bad[0].x0
     with pytest.raises(ValueError):
         d.verify_round_diagram(k=2, accepted=3)
+
+
+WHERE_TAUGHT = {
+    "memory_diagram": "01_two_memories.ipynb",
+    "strategies_diagram": "03_branching_strategies.ipynb",
+    "replay_log_diagram": "05_recompute_vs_replay.ipynb",
+    "verify_round_diagram": "07_speculative_rollback.ipynb",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHERE_TAUGHT))
+def test_each_diagram_is_drawn_where_its_idea_is_taught(name):
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / WHERE_TAUGHT[name]
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [
+        c for c in nb["cells"] if c["cell_type"] == "code" and f"{name}(" in "".join(c["source"])
+    ]
+    assert cells, f"{path.name} does not draw {name}"
+    saved = [o.get("data", {}) for c in cells for o in c.get("outputs", [])]
+    assert any("image/svg+xml" in d for d in saved), f"{path.name}: {name} saved without its image"
