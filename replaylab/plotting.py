@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.io._base_renderers import MimetypeRenderer as _MimetypeRenderer
 
 from replaylab.results import load_bench
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
@@ -11,6 +12,9 @@ from replaylab.strategies import STRATEGY_NAMES
 
 __all__ = [
     "use_notebook_renderer",
+    "show",
+    "static_image",
+    "StaticImageRenderer",
     "memory_vs_context_figure",
     "load_bench",
     "kernel_time_vs_batch_figure",
@@ -30,14 +34,95 @@ __all__ = [
 MIB = 2**20
 
 
+STATIC_FORMAT = "image/svg+xml"  # the static copy saved beside each figure's plotly JSON
+_STATIC = {"warned": False}
+
+
+def static_image(fig, width=None, height=None) -> str | None:
+    """The figure as an SVG string, drawn by plotly's static export (``kaleido``, which drives
+    a local Chrome or Chromium), or ``None`` when that exporter is missing or fails: a warning
+    is issued once, and the figure still shows as plotly JSON. ``REPLAYLAB_STATIC_FIGURES=0``
+    switches the export off (the test suite does: the saved notebooks already carry the images,
+    and ``tests/test_static_figures.py`` checks them)."""
+    import os
+    import warnings
+
+    if os.environ.get("REPLAYLAB_STATIC_FIGURES") == "0":
+        return None
+    layout = (fig.get("layout", {}) if isinstance(fig, dict) else fig.layout.to_plotly_json()) or {}
+    try:
+        _start_browser()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The kopts argument is ignored")
+            svg = pio.to_image(
+                fig,
+                format="svg",
+                width=width or layout.get("width") or 900,
+                height=height or layout.get("height") or 450,
+                validate=False,
+            )
+    except Exception as err:  # no kaleido, no browser, a browser that fails to start
+        if not _STATIC["warned"]:
+            _STATIC["warned"] = True
+            warnings.warn(
+                f"figures are shown without a static image ({type(err).__name__}: {err}); "
+                "install kaleido and Chrome/Chromium to save one with the notebook",
+                stacklevel=2,
+            )
+        return None
+    return svg.decode("utf-8") if isinstance(svg, bytes) else svg
+
+
+def _start_browser():
+    """One browser for every figure of this process (kaleido's sync server), not one per figure:
+    a Chromium start costs seconds, an export after it a fraction of one."""
+    if _STATIC.get("server"):
+        return
+    import atexit
+
+    import kaleido
+
+    if hasattr(kaleido, "start_sync_server"):  # kaleido >= 1.1
+        kaleido.start_sync_server(silence_warnings=True)
+        atexit.register(kaleido.stop_sync_server, silence_warnings=True)
+    _STATIC["server"] = True
+
+
+class StaticImageRenderer(_MimetypeRenderer):
+    """A plotly renderer that adds the static SVG to the figure's MIME bundle (or nothing when
+    ``static_image`` returns ``None``): combined with ``plotly_mimetype`` one output holds both,
+    so JupyterLab shows the interactive figure and GitHub, nbviewer and HTML the image."""
+
+    def to_mimebundle(self, fig_dict):
+        svg = static_image(fig_dict)
+        return {STATIC_FORMAT: svg} if svg else {}
+
+
+pio.renderers["replaylab_static"] = StaticImageRenderer()
+
+
 def use_notebook_renderer():
-    """Figures render in JupyterLab (mimetype). For HTML written by ``./run.sh notebooks``
-    (``REPLAYLAB_OFFLINE_HTML=1``) plotly.js is embedded, so the pages work offline; the
-    notebooks saved in the repository stay small (no embedded plotly.js)."""
+    """Figures render in JupyterLab (mimetype), each with a static SVG copy in the same output
+    (``StaticImageRenderer``), so a saved notebook shows its figures where plotly.js does not
+    run. For HTML written by ``./run.sh notebooks`` (``REPLAYLAB_OFFLINE_HTML=1``) plotly.js is
+    embedded, so the pages work offline; the notebooks saved in the repository stay small (no
+    embedded plotly.js)."""
     import os
 
     offline = os.environ.get("REPLAYLAB_OFFLINE_HTML") == "1"
-    pio.renderers.default = "plotly_mimetype+notebook" if offline else "plotly_mimetype"
+    renderers = ["plotly_mimetype", "replaylab_static"] + (["notebook"] if offline else [])
+    pio.renderers.default = "+".join(renderers)
+
+
+def show(fig):
+    """Display ``fig`` as one output holding the plotly JSON and its static SVG, whatever the
+    default renderer is (``fig.show()`` does the same after ``use_notebook_renderer()``)."""
+    from IPython.display import display
+
+    bundle = {"text/plain": f"<{type(fig).__name__}: {fig.layout.title.text or 'untitled'}>"}
+    bundle.update(pio.renderers["plotly_mimetype"].to_mimebundle(fig.to_dict()))
+    bundle.update(pio.renderers["replaylab_static"].to_mimebundle(fig.to_dict()))
+    display(bundle, raw=True)
 
 
 def memory_vs_context_figure(context_lens, shapes=None) -> go.Figure:

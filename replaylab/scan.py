@@ -486,11 +486,12 @@ def ssd_chunked_scan(
 #     beta     β_t        (batch, T, H)      the delta rule's step size, in (0, 1)
 #     recurrence:  S_t = α_t (I - β_t k_t k_t^T) S_{t-1} + β_t k_t v_t^T;   o_t = S_t^T q_t
 # (the issue's S_t = α_t S_{t-1}(I - β_t k_t k_t^T) + β_t v_t k_t^T is the transpose).
-#     chunked (WY / UT) form, chunk of C tokens from S_0, γ_t = α_1 ... α_t inside the chunk:
-#         u_t = β_t (v_t - α_t S_{t-1}^T k_t)  solves (I + A) U = diag(β) V - diag(βγ) K S_0,
-#         A[t, s] = β_t (γ_t / γ_s) k_t . k_s (s < t): a unit lower-triangular solve;
+#     chunked (WY / UT) form, chunk of m tokens from S_0, γ_t = α_1 ... α_t inside the chunk
+#     (notebook 11's names: M, not A, so that A stays the Mamba decay):
+#         u_t = β_t (v_t - α_t S_{t-1}^T k_t)  solves (I + M) U = diag(β) V - diag(βγ) K S_0,
+#         M[t, s] = β_t (γ_t / γ_s) k_t . k_s (s < t): a unit lower-triangular solve;
 #         o_t = γ_t S_0^T q_t + sum_{s<=t} (γ_t / γ_s)(q_t . k_s) u_s;
-#         S_C = γ_C S_0 + sum_s (γ_C / γ_s) k_s u_s^T.
+#         S_m = γ_m S_0 + sum_s (γ_m / γ_s) k_s u_s^T.
 #     backward query recursion (``gdn_replay_outputs``): S_t^T q = S_{t-1}^T q' + β_t (k_t . q) v_t
 #         with q' = α_t (q - β_t k_t (k_t . q)); carried from t down to the checkpoint c it
 #         gives S_t^T q from one read of S_c, O(L (K + V)) per head and no state written.

@@ -46,10 +46,22 @@ class _Explorer:
     def widget(self):
         return widgets.VBox([widgets.HBox(list(self.controls.values())), self.figure])
 
-    def _ipython_display_(self):
-        from IPython.display import display
+    def static_figure(self):
+        """A plain plotly copy of the figure as it stands (for the saved notebook)."""
+        return go.Figure(self.figure)
 
-        display(self.widget())
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        """One output: the live widget, and a static SVG of the figure as it starts. JupyterLab
+        with a kernel shows the widget; a saved notebook (widget views are stripped on save,
+        ``tools/notebook_hygiene.py``), GitHub and nbviewer show the image."""
+        from replaylab.plotting import STATIC_FORMAT, static_image
+
+        bundle = dict(self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {})
+        bundle["text/plain"] = f"{type(self).__name__}: run the notebook to use its controls"
+        svg = static_image(self.static_figure())
+        if svg:
+            bundle[STATIC_FORMAT] = svg
+        return bundle
 
 
 class IntervalExplorer(_Explorer):
@@ -589,10 +601,6 @@ class SpeculativeExplorer(_Explorer):
             ]
         )
 
-    def static_figure(self):
-        """A plain plotly copy of the figure as it stands (for the saved notebook)."""
-        return go.Figure(self.figure)
-
 
 # ---------------------------------------------------------------------------------------------
 # Replay's log length on an H200: measured points beside the cost model
@@ -823,7 +831,3 @@ class LogLengthExplorer(_Explorer):
     def widget(self):
         c = self.controls
         return widgets.VBox([widgets.HBox([c["L"], c["batch"]]), self.figure])
-
-    def static_figure(self):
-        """A plain plotly copy of the figure as it stands (for the saved notebook)."""
-        return go.Figure(self.figure)

@@ -1,12 +1,14 @@
 """Shared fixtures and markers.
 
-The session fails if the suite changed a file in the checkout (``checkout_guard``).
+The session fails if the suite changed a file in the checkout (``checkout_guard``). Figures
+skip their static export under the suite (``REPLAYLAB_STATIC_FIGURES=0``, see below).
 
 Markers (registered in pyproject.toml):
     gpu        needs a CUDA device; skipped here with that reason
     mamba_ssm  needs mamba-ssm's references (an optional oracle); skipped with the import error
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,12 @@ from checkout_guard import changed_files, fingerprint
 from replaylab.testing import tiny_hybrid
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Notebook kernels started by the suite (nbval, nbclient, JupyterLab) inherit this: they skip
+# the static SVG export of each figure (a Chromium start per kernel, then ~0.3 s a figure). The
+# saved notebooks carry the images (tests/test_static_figures.py checks), and that test file
+# runs the exporter itself.
+os.environ.setdefault("REPLAYLAB_STATIC_FIGURES", "0")
 _CHECKOUT = {}
 
 

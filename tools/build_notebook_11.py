@@ -69,7 +69,7 @@ One token, one layer; $S$ is the recurrent state.
 | family | state | update | output |
 |---|---|---|---|
 | Mamba-2 (Nemotron-H, Bamba) | $(H, P, N)$ | $S_t = a_t\,S_{t-1} + \Delta_t x_t B_t^\top$, $a_t = e^{\Delta_t A}$ **one scalar per head** | $y_t = S_t C_t + D x_t$ |
-| Mamba-1 (Jamba) | $(D, N)$ | $S_t = e^{\Delta_t \odot A} \odot S_{t-1} + \Delta_t x_t B_t^\top$: **elementwise** decay over $(D, N)$ | $y_t = S_t C_t + D x_t$ |
+| Mamba-1 (Jamba) | $(d_{\mathrm{in}}, N)$ | $S_t = e^{\Delta_t \odot A} \odot S_{t-1} + \Delta_t x_t B_t^\top$: **elementwise** decay over $(d_{\mathrm{in}}, N)$ | $y_t = S_t C_t + D x_t$ |
 | Gated DeltaNet (Qwen3-Next, Qwen3.5) | $(H, K, V)$ | $S_t = \alpha_t (I - \beta_t k_t k_t^\top) S_{t-1} + \beta_t k_t v_t^\top$: a **$K \times K$ matrix** per head | $o_t = S_t^\top q_t$ |
 
 The Gated DeltaNet update first decays the state, then *corrects* what it predicts for $k_t$
@@ -86,7 +86,7 @@ r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
 # Mamba-2: H=4 heads of width P=8, state N=16, G=1 group
 y2, S2 = ssd_step(r(1, 4, 8, 16), r(1, 4, 8), r(1, 4), -torch.rand(4), r(1, 1, 16), r(1, 1, 16),
                   dt_softplus=True)
-# Mamba-1: D=32 channels, state N=16
+# Mamba-1: d_in=32 channels, state N=16
 y1, S1 = s6_step(r(1, 32, 16), r(1, 32), r(1, 32), -torch.rand(32, 16), r(1, 16), r(1, 16),
                  dt_softplus=True)
 # Gated DeltaNet: Hk=2 key heads, H=4 value heads, K=8, V=8
@@ -113,7 +113,7 @@ $$S_{c+j} = \Big(\prod_{s \le j} a_s\Big) S_c + \sum_{s \le j} \Big(\prod_{s < u
 
 The output reads $S_c$ once, times a prefix product, plus a sum over the logged inputs: no
 state is written (notebook 06 turns this into a kernel). **Mamba-1** keeps the same form
-elementwise: every one of the $D \times N$ entries has its own product of decays
+elementwise: every one of the $d_{\mathrm{in}} \times N$ entries has its own product of decays
 (`replaylab.scan.s6_replay_outputs`).
 
 **A delta rule** has no such product: the matrices $\alpha_s(I - \beta_s k_s k_s^\top)$ do not
@@ -126,8 +126,39 @@ $$S_t^\top q = S_{t-1}^\top \underbrace{\alpha_t (q - \beta_t k_t (k_t^\top q))}
 So carry the *query* backward through the log, $q \leftarrow \alpha_s(q - \beta_s k_s (k_s^\top
 q))$, accumulating $\beta_s (k_s^\top q)\, v_s$ at each step, and finish with one read of the
 checkpoint: $o_t = \text{acc} + S_c^\top q$. Work $O(L(K + V))$ per head for a log of $L$
-tokens, no state written (`replaylab.scan.gdn_replay_outputs`). Checked here against the
-forward recurrence in float64:""",
+tokens, no state written. For one head and one new token, line by line, against the forward
+recurrence that writes a state per token:""",
+    ),
+    (
+        "code",
+        r"""# NBVAL_CHECK_OUTPUT
+g1 = torch.Generator().manual_seed(3)
+K_, V_, n_log = 16, 8, 24  # key and value widths, logged tokens (the new one is the last)
+rnd = lambda *s: torch.randn(*s, generator=g1, dtype=torch.float64)  # noqa: E731
+S0 = rnd(K_, V_)  # the checkpoint S_c of one head
+keys, vals = F.normalize(rnd(n_log + 1, K_), dim=-1), rnd(n_log + 1, V_)
+alphas = torch.rand(n_log + 1, generator=g1, dtype=torch.float64)  # decays α_s
+betas = torch.rand(n_log + 1, generator=g1, dtype=torch.float64)  # steps β_s
+query = rnd(K_)
+
+S = S0.clone()  # forward: S_s = α_s (I - β_s k_s k_sᵀ) S_{s-1} + β_s k_s v_sᵀ, a state per token
+for k_s, v_s, a_s, b_s in zip(keys, vals, alphas, betas):
+    S = a_s * (S - b_s * torch.outer(k_s, k_s @ S)) + b_s * torch.outer(k_s, v_s)
+o_forward = S.T @ query
+
+q, acc = query.clone(), torch.zeros(V_, dtype=torch.float64)  # backward: newest token first
+for k_s, v_s, a_s, b_s in zip(keys.flip(0), vals.flip(0), alphas.flip(0), betas.flip(0)):
+    kq = k_s @ q
+    acc += b_s * kq * v_s  # accumulate β_s (k_sᵀ q) v_s
+    q = a_s * (q - b_s * kq * k_s)  # q ← α_s (q - β_s k_s (k_sᵀ q))
+o_backward = acc + S0.T @ q  # the one read of the checkpoint
+print("backward recursion == forward recurrence within 1e-12:",
+      bool((o_backward - o_forward).abs().max() < 1e-12))""",
+    ),
+    (
+        "md",
+        r"""The library's version (`replaylab.scan.gdn_replay_outputs`, any batch, heads and number of new
+tokens), checked against the forward recurrence in float64:""",
     ),
     (
         "code",
@@ -218,17 +249,39 @@ for name, build in builders.items():
 
 Writing the state back (the fold, every $L$ tokens) cannot skip the $K \times V$ state. Token by
 token it is $L$ rank-one corrections, each reading the state it just wrote. The chunked
-**WY / UT form** turns a chunk of $C$ tokens into matrix products. Inside a chunk starting
+**WY / UT form** turns a chunk of $m$ tokens into matrix products. Inside a chunk starting
 from $S_0$, with $\gamma_t = \alpha_1 \cdots \alpha_t$, the corrections
 $u_t = \beta_t (v_t - \alpha_t S_{t-1}^\top k_t)$ satisfy
 
-$$(I + A)\,U = \mathrm{diag}(\beta) V - \mathrm{diag}(\beta \gamma) K S_0, \qquad
-A_{ts} = \beta_t \tfrac{\gamma_t}{\gamma_s}\, k_t^\top k_s \;(s < t),$$
+$$(I + M)\,U = \mathrm{diag}(\beta) V - \mathrm{diag}(\beta \gamma) K S_0, \qquad
+M_{ts} = \beta_t \tfrac{\gamma_t}{\gamma_s}\, k_t^\top k_s \;(s < t),$$
 
-one unit lower-triangular solve for all $C$ tokens; then
-$S_C = \gamma_C S_0 + \sum_s \tfrac{\gamma_C}{\gamma_s} k_s u_s^\top$ in one product. Outputs
-follow the same way (`replaylab.scan.gdn_chunked_scan`). It agrees with the token loop to
-rounding, for any chunk size:""",
+($U$, $V$, $K$: the chunk's $u_t$, $v_t$, $k_t$ as rows), one unit lower-triangular solve for all
+$m$ tokens; then $S_m = \gamma_m S_0 + \sum_s \tfrac{\gamma_m}{\gamma_s} k_s u_s^\top$ in one product. Outputs
+follow the same way. One chunk of one head, line by line, against the token loop:""",
+    ),
+    (
+        "code",
+        r"""# NBVAL_CHECK_OUTPUT
+m = 6  # tokens in the chunk: the first m of the log above, from the state S0
+Kc, Vc, a, b = keys[:m], vals[:m], alphas[:m], betas[:m]
+gamma = torch.cumprod(a, 0)  # γ_t = α_1 ⋯ α_t
+M = torch.tril(b[:, None] * (gamma[:, None] / gamma[None, :]) * (Kc @ Kc.T), diagonal=-1)
+R = b[:, None] * Vc - (b * gamma)[:, None] * (Kc @ S0)  # diag(β) V - diag(βγ) K S_0
+U = torch.linalg.solve_triangular(torch.eye(m, dtype=torch.float64) + M, R, upper=False,
+                                  unitriangular=True)  # (I + M) U = R: rows u_t
+S_wy = gamma[-1] * S0 + Kc.T @ ((gamma[-1] / gamma)[:, None] * U)  # S_m in one product
+
+S = S0.clone()  # the token loop: m rank-one corrections, each reading the state just written
+for k_s, v_s, a_s, b_s in zip(Kc, Vc, a, b):
+    S = a_s * (S - b_s * torch.outer(k_s, k_s @ S)) + b_s * torch.outer(k_s, v_s)
+print(f"WY / UT form == token loop for a chunk of {m} within 1e-12:",
+      bool((S_wy - S).abs().max() < 1e-12))""",
+    ),
+    (
+        "md",
+        r"""The library's chunked scan (`replaylab.scan.gdn_chunked_scan`: outputs too, every head and
+sequence, chunk after chunk) agrees with the token loop to rounding, for any chunk size:""",
     ),
     (
         "code",
@@ -401,7 +454,7 @@ the $T$ logged tokens, from `state` (batch, H, K, V), with keys `k` (batch, T, H
 norm; each key head serves H / Hk value heads: `repeat_interleave`), values `v`
 (batch, T, H, V), log decays `g` and steps `beta` (batch, T, H). Use the WY / UT form of
 section 3 per chunk of `chunk_size` tokens (the last chunk may be shorter):
-`torch.linalg.solve_triangular(..., upper=False, unitriangular=True)` solves $(I + A) X = R$.""",
+`torch.linalg.solve_triangular(..., upper=False, unitriangular=True)` solves $(I + M) X = R$; section 3's lines do one chunk of one head.""",
     ),
     (
         "exercise",

@@ -2,7 +2,9 @@
 
 Interactive explorers render only in a live kernel: a saved widget view without its state shows
 as raw ``VBox(children=...)`` text when the notebook is opened. So no saved output may be a
-widget view, and no notebook may carry saved widget state (megabytes of JavaScript).
+widget view, and no notebook may carry saved widget state (megabytes of JavaScript). An
+explorer's output also holds a static SVG of its figure (``replaylab.widgets``): ``--fix`` keeps
+that, so the saved notebook shows the explorer's starting view.
 
     python tools/notebook_hygiene.py --check notebooks/*.ipynb   exit 1 and name the cells
     python tools/notebook_hygiene.py --fix notebooks/*.ipynb     strip them in place
@@ -29,10 +31,24 @@ def problems(nb) -> list[str]:
 
 
 def strip(nb):
+    """Drop saved widget state and every widget view. An output that also holds something a
+    reader can see without a kernel (an explorer's static SVG) keeps that; one left with only
+    the widget's raw text goes."""
     nb.get("metadata", {}).pop("widgets", None)
     for cell in nb["cells"]:
-        if any(WIDGET_VIEW in out.get("data", {}) for out in cell.get("outputs", [])):
-            cell["outputs"] = []
+        outputs = cell.get("outputs", [])
+        if not any(WIDGET_VIEW in out.get("data", {}) for out in outputs):
+            continue
+        kept = []
+        for out in outputs:
+            data = out.get("data", {})
+            if WIDGET_VIEW in data:
+                data.pop(WIDGET_VIEW)
+                if set(data) <= {"text/plain"}:
+                    continue
+            kept.append(out)
+        cell["outputs"] = kept
+        if not kept:
             cell["execution_count"] = None
     return nb
 

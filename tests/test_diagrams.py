@@ -1,0 +1,84 @@
+"""The code-drawn diagrams hold the shapes and labels that carry their idea."""
+
+import pytest
+
+from replaylab import diagrams as d
+
+
+def _rects(fig):
+    return [s for s in fig.layout.shapes if s.type == "rect"]
+
+
+def test_memory_diagram_kv_grows_and_the_state_does_not():
+    fig = d.memory_diagram(steps=(2, 4, 8))
+    rects = _rects(fig)
+    kv = [r for r in rects if r.fillcolor == d.COLORS["kv"]]
+    state = [r for r in rects if r.fillcolor == d.COLORS["state"]]
+    assert len(kv) == 2 + 4 + 8  # one row per token
+    assert len(state) == 3 and len({(r.y1 - r.y0) for r in state}) == 1  # one size
+    text = " ".join(d.labels(fig))
+    for t in (2, 4, 8):
+        assert f"KV: {t} rows" in text and f"after t = {t} tokens" in text
+
+
+def test_strategies_diagram_one_row_per_strategy():
+    fig = d.strategies_diagram(trunk=6, branch_at=4, branch_len=3)
+    text = " ".join(d.labels(fig))
+    for name in ("snapshot", "recompute", "replay"):
+        assert f"<b>{name}</b>" in text
+    assert "state copies" in text and "log of inputs" in text and "re-run the model" in text
+    copies = [r for r in _rects(fig) if r.fillcolor == d.COLORS["snapshot"]]
+    logs = [r for r in _rects(fig) if r.fillcolor == d.COLORS["log"]]
+    assert len(copies) == 5 and len(logs) == 5  # a copy / a log entry after each token
+    assert sum(1 for r in _rects(fig) if r.fillcolor == d.COLORS["recompute"]) == 1
+
+
+def test_replay_log_diagram_cursor_and_entries():
+    fig = d.replay_log_diagram(L=8, filled=6, cursor=4)
+    full = [r for r in _rects(fig) if r.fillcolor == d.COLORS["log"]]
+    empty = [r for r in _rects(fig) if r.fillcolor == "white"]
+    assert (len(full), len(empty)) == (6, 2)
+    (cursor,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert full[3].x1 < cursor.x0 < full[4].x0  # after the 4th entry
+    text = " ".join(d.labels(fig))
+    assert "cursor j = 4" in text and "fold" in text and "rollback" in text
+    with pytest.raises(ValueError):
+        d.replay_log_diagram(L=4, filled=6, cursor=2)
+
+
+def test_verify_round_diagram_accepts_then_rolls_back():
+    fig = d.verify_round_diagram(k=4, accepted=2)
+    ok = [r for r in _rects(fig) if r.fillcolor == d.COLORS["accepted"] and r.x0 >= 0]
+    bad = [r for r in _rects(fig) if r.fillcolor == d.COLORS["rejected"]]
+    assert len(bad) == 2 and len(ok) == 2 + 1  # two drafts accepted, the target's own token
+    text = d.labels(fig)
+    assert text.count("accept") == 2 and text.count("reject") == 2
+    assert any("5 log entries written" in t for t in text)
+    assert any("rollback" in t for t in text)
+    (cursor,) = [s for s in fig.layout.shapes if s.type == "line"]
+    assert ok[1].x1 < cursor.x0 < bad[0].x0
+    with pytest.raises(ValueError):
+        d.verify_round_diagram(k=2, accepted=3)
+
+
+WHERE_TAUGHT = {
+    "memory_diagram": "01_two_memories.ipynb",
+    "strategies_diagram": "03_branching_strategies.ipynb",
+    "replay_log_diagram": "05_recompute_vs_replay.ipynb",
+    "verify_round_diagram": "07_speculative_rollback.ipynb",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WHERE_TAUGHT))
+def test_each_diagram_is_drawn_where_its_idea_is_taught(name):
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / WHERE_TAUGHT[name]
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [
+        c for c in nb["cells"] if c["cell_type"] == "code" and f"{name}(" in "".join(c["source"])
+    ]
+    assert cells, f"{path.name} does not draw {name}"
+    saved = [o.get("data", {}) for c in cells for o in c.get("outputs", [])]
+    assert any("image/svg+xml" in d for d in saved), f"{path.name}: {name} saved without its image"
