@@ -123,14 +123,15 @@ class Scheduler:
     budget_bytes: the byte budget for KV + state + logs of the running requests (default: the
     engine's pools, max_batch x nbytes_per_slot); k: drafts per verify round (0: plain
     decode; 1 <= k + 1 <= engine.max_verify), used by requests that carry a drafter;
-    kv_accounting: "request" or "slot" (``request_bytes``).
+    kv_accounting: "request" or "slot" (``request_bytes``); max_running: at most this many
+    requests at once (default: the engine's max_batch).
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
     >>> finished = sched.run()          # every request, served; or sched.step() one by one
     """
 
-    def __init__(self, engine, budget_bytes=None, k=0, kv_accounting="request"):
+    def __init__(self, engine, budget_bytes=None, k=0, kv_accounting="request", max_running=None):
         if engine.batch:
             raise ValueError(
                 f"engine: {engine.batch} slots are live ({engine.slots}); the scheduler needs "
@@ -152,6 +153,12 @@ class Scheduler:
                 f"least {smallest} bytes ({self.sizes.recurrent} recurrent + KV) under "
                 f"{engine.strategy}; expected budget_bytes >= {smallest}"
             )
+        self.max_running = as_int(
+            "max_running",
+            engine.max_batch if max_running is None else max_running,
+            1,
+            engine.max_batch,
+        )
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -188,11 +195,12 @@ class Scheduler:
         check_token_ids(prompt[None], 1, self.engine.cfg.vocab_size)
         T0 = prompt.numel()
         n = as_int(f"request {request.id}: max_new_tokens", request.max_new_tokens, low=1)
-        if not 1 <= T0 or T0 + n - 1 > self.engine.max_len:
+        max_len = self.engine.max_len
+        if not 1 <= T0 < max_len or T0 + n - 1 > max_len:
             raise ValueError(
                 f"request {request.id}: prompt of {T0} tokens + max_new_tokens={n} needs "
-                f"{T0 + n - 1} positions: expected 1 <= prompt and prompt + max_new_tokens - 1 "
-                f"<= max_len={self.engine.max_len}"
+                f"{T0 + n - 1} positions: expected 1 <= prompt < max_len and prompt + "
+                f"max_new_tokens - 1 <= max_len={max_len}"
             )
         arrival = float(request.arrival)
         if not arrival >= 0:
@@ -247,7 +255,7 @@ class Scheduler:
 
     def _admit(self, record, t0, start):
         arrived = [r for r in self.waiting if r.arrival <= start]
-        free = self.engine.max_batch - self.engine.batch
+        free = min(self.engine.max_batch - self.engine.batch, self.max_running - len(self.running))
         n = admissible([r.reserved for r in arrived], self.used, self.budget, free)
         done = []
         for r in arrived[:n]:
