@@ -259,8 +259,9 @@ def sustainable_rate(probe, start, objective, probes=6):
 
 def _closed_batch(engine, reqs, k, budget=None):
     """``reqs`` arriving at once, all running together (concurrency capped at their number).
-    Returns (decode-only tokens/s: the iterations after the first, which admits them;
-    acceptance or None)."""
+    Returns (tokens/s on the scheduler's clock, tokens/s of engine time alone (its steps and
+    rollbacks, without the drafters and the scheduler's own work), acceptance or None), all
+    over the iterations after the first, which admits them."""
     sched = Scheduler(engine, budget_bytes=budget, k=k, max_running=len(reqs))
     for r in reqs:
         sched.add(r)
@@ -274,38 +275,45 @@ def _closed_batch(engine, reqs, k, budget=None):
     t0, tokens0 = sched.now, sum(len(r.tokens) for r in reqs)
     sched.run()
     tokens = sum(len(r.tokens) for r in reqs) - tokens0
+    engine_s = sum(h.step_s + h.rollback_s for h in sched.history[1:])
     proposed = sum(r.proposed for r in reqs)
     acc = sum(r.accepted for r in reqs) / proposed if proposed else None
-    return tokens / (sched.now - t0), acc
+    return tokens / (sched.now - t0), tokens / engine_s, acc
 
 
 def crossover_sweep(engine, stream, batches, n_new, k, acceptance=0.8, budget=None, seed=0):
-    """Per batch B: decode-only tokens/s of B requests decoding together (the stream's first
-    prompts, ``n_new`` tokens each) and of the same requests speculating, each with its own
-    synthetic drafter over the tokens plain decoding gave it; and the smallest batch of the
-    sweep from which speculation is slower (None: faster at every batch)."""
+    """Per batch B: tokens/s of B requests decoding together (the stream's first prompts,
+    ``n_new`` tokens each) and of the same requests speculating, each with its own synthetic
+    drafter over the tokens plain decoding gave it; both on the scheduler's clock (drafters
+    and scheduling included) and in engine time alone. Returns (rows, the smallest batch of
+    the sweep from which speculation is slower in engine time, the same on the clock; None:
+    faster at every batch)."""
     prompts = stream[0]
     rows = []
     for b in batches:
         sub = ([prompts[i % len(prompts)] for i in range(b)], [n_new] * b, [0.0] * b)
         plain = stream_requests(sub, math.inf)
-        dec, _ = _closed_batch(engine, plain, 0, budget)
+        dec, dec_engine, _ = _closed_batch(engine, plain, 0, budget)
         refs = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in plain]
         spec_reqs = stream_requests(sub, math.inf, "synthetic", refs, acceptance, seed)
-        spec, acc = _closed_batch(engine, spec_reqs, k, budget)
+        spec, spec_engine, acc = _closed_batch(engine, spec_reqs, k, budget)
         differ = sum(s.tokens != r.tokens for s, r in zip(spec_reqs, plain))
         rows.append(
             dict(
                 batch=b,
                 decode_tokens_per_s=dec,
                 speculative_tokens_per_s=spec,
+                decode_engine_tokens_per_s=dec_engine,
+                speculative_engine_tokens_per_s=spec_engine,
                 acceptance=acc,
-                speculation_faster=spec > dec,
+                speculation_faster=spec_engine > dec_engine,
+                speculation_faster_on_the_clock=spec > dec,
                 speculative_tokens_differ=differ,
             )
         )
     cross = next((r["batch"] for r in rows if not r["speculation_faster"]), None)
-    return rows, cross
+    wall = next((r["batch"] for r in rows if not r["speculation_faster_on_the_clock"]), None)
+    return rows, cross, wall
 
 
 def _matmul_params(model):
@@ -406,12 +414,12 @@ def _model(name, device):
     return model
 
 
-def _warm_up(engine, stream, k, n_new):
+def _warm_up(engine, stream, k, n_new, buckets=None):
     """Capture every CUDA graph the timed runs can meet before timing them: each batch bucket
-    decoding and speculating past a fold (replay) and through rollbacks (recompute's
-    re-runs)."""
+    (default: all of the engine's) decoding and speculating past a fold (replay) and through
+    rollbacks (recompute's re-runs)."""
     prompts = stream[0]
-    for b in engine.buckets:
+    for b in buckets or engine.buckets:
         sub = ([prompts[i % len(prompts)] for i in range(b)], [n_new] * b, [0.0] * b)
         plain = stream_requests(sub, math.inf)
         _closed_batch(engine, plain, 0)
@@ -508,7 +516,7 @@ def run_stream_bench(
     for strategy in strategies:
         engine = engine_for(strategy)
         if warm_up:
-            _warm_up(engine, stream, k, L + k + 2)
+            _warm_up(engine, stream, k, L + k + 2, buckets=[1])
         alone, sched = serve_stream(engine, stream_requests(alone_stream, math.inf), max_running=1)
         b1 = _slim(stream_metrics(alone, sched))
         b1["request_latency_s"] = sum(r.finished_at - r.admitted_at for r in alone) / n1
@@ -572,7 +580,7 @@ def run_stream_bench(
                 f"{m['tokens_per_s']:.0f} tok/s, sustainable {m.get('sustainable_rate')}"
             )
         if sweep:
-            rows, cross = crossover_sweep(
+            rows, cross, wall = crossover_sweep(
                 engine, stream, cfg_run["sweep_batches"], cfg_run["sweep_tokens"], k, acceptance
             )
             ctx = sum(spec.prompt_len) / 2 + cfg_run["sweep_tokens"] / 2
@@ -589,6 +597,9 @@ def run_stream_bench(
             row["crossover"] = dict(
                 measured_rows=rows,
                 measured_batch=cross,
+                measured_batch_on_the_clock=wall,
+                measured="engine time (steps and rollbacks); *_on_the_clock: the scheduler's "
+                "clock, with the Python drafters and the scheduler's own work",
                 predicted_rows=pred,
                 predicted_batch=pcross,
                 verify_compute_bound_from_batch=bound,
@@ -634,7 +645,8 @@ def stream_summary(result):
         c = row.get("crossover")
         if c:
             lines.append(
-                f"crossover {strategy}: measured batch {c['measured_batch']}, predicted "
+                f"crossover {strategy}: measured batch {c['measured_batch']} (engine time; "
+                f"{c['measured_batch_on_the_clock']} on the clock), predicted "
                 f"{c['predicted_batch']}, verify compute-bound from batch "
                 f"{c['verify_compute_bound_from_batch']}"
             )

@@ -275,49 +275,53 @@ class Scheduler:
         self.peak_running = max(self.peak_running, len(self.running))
         return done
 
+    def _drafts(self, r, n, vocab):
+        """The first ``n`` of ``r``'s drafter's k proposals, as a list of ids."""
+        d = torch.as_tensor(r.drafter.propose(r.context(), self.k, vocab)).reshape(-1)
+        d = d[:n].tolist()
+        if d and (min(d) < 0 or max(d) >= vocab):
+            raise ValueError(
+                f"request {r.id}: its drafter proposed ids from {min(d)} to {max(d)}: expected "
+                f"ids in [0, {vocab})"
+            )
+        return [int(t) for t in d]
+
     def _decode(self, record, t0, start):
+        """One engine step of every running request: a row (S, T) of its last token and its
+        drafts (T = k + 1 when any running request speculates, padded past its count), then
+        each keeps its accepted prefix and the target's next token."""
         going = [r for r in self.running if not r.done]
         if not going:
             return []
-        T = self.k + 1 if any(r.drafter is not None for r in going) else 1
+        T = self.k + 1 if self.k and any(r.drafter is not None for r in going) else 1
         vocab = self.engine.cfg.vocab_size
-        rows, counts, drafts = [], [], []
+        rows, drafts = [], []
         for r in going:
-            c = 1 if r.drafter is None or T == 1 else 1 + min(self.k, r.remaining - 1)
-            d = torch.zeros(0, dtype=torch.long)
-            if c > 1:
-                d = torch.as_tensor(r.drafter.propose(r.context(), self.k, vocab)).reshape(-1)
-                d = d[: c - 1].long().cpu()
-                if d.numel() and (int(d.min()) < 0 or int(d.max()) >= vocab):
-                    raise ValueError(
-                        f"request {r.id}: its drafter proposed ids from {int(d.min())} to "
-                        f"{int(d.max())}: expected ids in [0, {vocab})"
-                    )
-                c = 1 + d.numel()
-            row = torch.zeros(T, dtype=torch.long)
-            row[0] = r.tokens[-1]
-            row[1:c] = d
-            rows.append(row)
-            counts.append(c)
+            d = []
+            if T > 1 and r.drafter is not None and r.remaining > 1:
+                d = self._drafts(r, min(self.k, r.remaining - 1), vocab)
+            rows.append([r.tokens[-1], *d] + [0] * (T - 1 - len(d)))
             drafts.append(d)
+        counts = [1 + len(d) for d in drafts]
         slots = [r.slot for r in going]
-        tokens = torch.stack(rows).to(self.engine.device)
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.engine.device)
         self._sync()
         s0 = time.perf_counter()
         logits = self.engine.step(
             tokens, counts=counts if T > 1 else None, slots=slots, check=False
         )
-        pred = logits.argmax(-1).cpu()  # reads back: the step is done
+        pred = logits.argmax(-1).tolist()  # (S, T) ids; reading them back ends the step
         record.step_s = time.perf_counter() - s0
         keep = []
-        for j, r in enumerate(going):
-            d, p = drafts[j], pred[j]
-            a = int((d == p[: d.numel()]).long().cumprod(0).sum()) if d.numel() else 0
-            r.tokens += d[:a].tolist() + [int(p[a])]
-            r.proposed, r.accepted, r.rounds = r.proposed + d.numel(), r.accepted + a, r.rounds + 1
+        for r, d, p, c in zip(going, drafts, pred, counts):
+            a = 0
+            while a < len(d) and d[a] == p[a]:
+                a += 1
+            r.tokens += d[:a] + [p[a]]
+            r.proposed, r.accepted, r.rounds = r.proposed + len(d), r.accepted + a, r.rounds + 1
             keep.append(1 + a)
-            record.rejected += d.numel() - a
-            record.rolled_back += int(1 + a < counts[j])
+            record.rejected += len(d) - a
+            record.rolled_back += int(1 + a < c)
         if T > 1:
             self._sync()
             r0 = time.perf_counter()
@@ -325,8 +329,8 @@ class Scheduler:
             self._sync()
             record.rollback_s = time.perf_counter() - r0
         now = self._clock(t0, start)
-        for j, r in enumerate(going):
-            r.token_times += [now] * keep[j]
+        for r, n in zip(going, keep):
+            r.token_times += [now] * n
         record.running, record.T, record.tokens = len(going), T, sum(keep)
         return [r for r in going if r.done]
 
