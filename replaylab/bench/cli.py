@@ -170,6 +170,7 @@ def _serve_stream(args):
         budget_bytes=None if args.budget_gib is None else int(args.budget_gib * 2**30),
         sweep=not args.no_sweep,
         log=lambda line: print(line, flush=True),
+        checkpoint=lambda partial: _write(dict(provenance(args.argv), **partial), out),
         **overrides,
     )
     result = dict(provenance(args.argv), **result)

@@ -79,16 +79,16 @@ PRESETS = {
     ),
     "8b-layers": dict(
         model="8b-layers",
-        n_requests=48,
+        n_requests=40,
         prompt_len=(32, 128),
-        output_len=(32, 96),
+        output_len=(16, 64),
         rate=100.0,
         max_batch=64,
         budget_gib=3.0,
         log_length=16,
         sweep_batches=(1, 4, 8, 16, 32, 64),
         sweep_tokens=32,
-        rate_probes=6,
+        rate_probes=5,
     ),
 }
 
@@ -441,12 +441,15 @@ def run_stream_bench(
     rate_search=("decode", "synthetic"),
     warm_up=None,
     log=None,
+    checkpoint=None,
     **overrides,
 ):
     """The whole benchmark for one ``PRESETS`` entry (``overrides`` replace its fields);
     returns a JSON-ready dict (without provenance; the CLI adds it). ``warm_up``: capture
     the graphs before timing (default: on a GPU); ``log``: a function that takes a progress
-    line (default: none)."""
+    line (default: none); ``checkpoint``: a function called with the result so far after
+    the batch-1 pass and after each strategy (the CLI writes it, so a cut run keeps what it
+    measured)."""
     if preset not in PRESETS:
         raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
     unknown = set(overrides) - set(PRESETS[preset])
@@ -544,6 +547,8 @@ def run_stream_bench(
         "wait for admission <= the longest batch-1 mean time to serve one request",
     )
     result["objective"] = objective
+    if checkpoint is not None:
+        checkpoint(result)
     # pass 2: the stream, per strategy and mode; the rate search; the crossover sweep
     for strategy in strategies:
         row = result["strategies"][strategy]
@@ -615,6 +620,9 @@ def run_stream_bench(
             ) / cfg_run["max_batch"]
         row["engine_stats"] = asdict(engine.stats)
         del engine
+        result["seconds"] = round(time.perf_counter() - t_start, 2)
+        if checkpoint is not None:
+            checkpoint(result)
     result["seconds"] = round(time.perf_counter() - t_start, 2)
     return result
 
