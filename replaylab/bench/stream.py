@@ -12,10 +12,11 @@ its own Bernoulli drafter of per-draft acceptance 0.8 over the greedy continuati
   sequence (pool bytes of a slot and the request's accounted bytes; on a GPU the device's
   peak memory less the weights, per slot), rollback cost, whether every request's tokens equal
   its greedy tokens;
-- the largest sustainable request rate: a geometric search over rates for the largest one at
-  which p99 TPOT <= 2x the batch-1 TPOT (one objective for every row: twice the lowest
-  batch-1 median TPOT among the strategies) and the queue keeps up (p90 wait for admission
-  <= the batch-1 time to serve one request);
+- the largest sustainable request rate: a geometric search over rates (from the rate that
+  keeps about two requests in flight at batch-1 latency, doubling or halving, then
+  bisecting) for the largest one at which p99 TPOT <= 2x the batch-1 TPOT (one objective for
+  every row: twice the lowest batch-1 median TPOT among the strategies) and the queue keeps up
+  (p90 wait for admission <= the batch-1 time to serve one request);
 - the crossover: decode and speculative (synthetic, 0.8, k = 4) tokens/s over a sweep of
   batches (every request arriving at once, concurrency capped at the batch, decode-only time:
   iterations after the one that admitted them), and the batch from which speculation stops
@@ -82,7 +83,7 @@ PRESETS = {
         n_requests=40,
         prompt_len=(32, 128),
         output_len=(16, 64),
-        rate=100.0,
+        rate=50.0,
         max_batch=64,
         budget_gib=3.0,
         log_length=16,
@@ -575,7 +576,8 @@ def run_stream_bench(
                     done, sched = serve_stream(engine, reqs, kk, budget)
                     return stream_metrics(done, sched)
 
-                best, tried = sustainable_rate(probe, rate, objective, cfg_run["rate_probes"])
+                start = 2.0 / objective["wait_p90_max_s"]  # about two requests in flight
+                best, tried = sustainable_rate(probe, start, objective, cfg_run["rate_probes"])
                 m["sustainable_rate"] = best
                 m["rate_probes"] = tried
             if mode in modes:
