@@ -11,7 +11,13 @@ import random
 import pytest
 import torch
 
-from replaylab.bench.stream import StreamSpec, make_stream, run_stream_bench, stream_requests
+from replaylab.bench.stream import (
+    StreamSpec,
+    make_stream,
+    run_stream_bench,
+    stream_metrics,
+    stream_requests,
+)
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy
 from replaylab.serving import (
     STRATEGIES,
@@ -347,3 +353,27 @@ def test_run_stream_bench_refuses_unknown_settings():
         run_stream_bench("cpu", n_reqs=3)
     with pytest.raises(ValueError, match=r"modes: expected some of"):
         run_stream_bench("cpu", modes=("beam",))
+
+
+def test_the_serving_figures_draw_a_stream_and_the_committed_result():
+    from replaylab.plotting_serving import (
+        crossover_figure,
+        latency_figure,
+        load_stream_result,
+        slot_timeline_figure,
+    )
+
+    engine = DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5)
+    sched = Scheduler(engine)
+    done = sched.run(_requests("decode", _arrivals(rate=400.0)))
+    run = {"replay": stream_metrics(done, sched)}
+    fig = latency_figure(run)
+    assert len(fig.data) == 2 and len(fig.data[0].y) == len(done)
+    timeline = slot_timeline_figure(done)
+    bars = [t for t in timeline.data if t.type == "bar"]
+    assert len(bars) == len(done) and {b.y[0] for b in bars} <= {0, 1}
+    result, path = load_stream_result(gpu="data/no_such_file.json")
+    assert path.endswith("bench_serve_stream_cpu.json")
+    fig = crossover_figure(result)
+    assert len(fig.data) == 2 * len(result["strategies"]) and "CPU" in fig.layout.title.text
+    assert run["replay"]["requests"] == len(done)
