@@ -377,3 +377,33 @@ def test_the_serving_figures_draw_a_stream_and_the_committed_result():
     fig = crossover_figure(result)
     assert len(fig.data) == 2 * len(result["strategies"]) and "CPU" in fig.layout.title.text
     assert run["replay"]["requests"] == len(done)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_streams_of_mixed_requests_keep_every_requests_tokens(strategy, seed):
+    """Random arrivals, budgets, concurrency caps and k; requests with a synthetic drafter
+    (acceptance from 0 to 1), prompt lookup or none, in one stream."""
+    rng = random.Random(seed)
+    k = rng.randint(1, 4)
+    engine = DecodeEngine(MODEL, 4, 28, strategy, log_length=5, max_verify=5)
+    watch = Watched(engine)
+    need = request_bytes(slot_bytes(engine), max(map(len, PROMPTS)), max(OUTS), k)
+    sched = Scheduler(
+        engine, budget_bytes=rng.randint(need, 4 * need), k=k, max_running=rng.randint(1, 4)
+    )
+    watch.sched = sched
+    t = 0.0
+    for i, (p, n) in enumerate(zip(PROMPTS, OUTS)):
+        t += rng.expovariate(300.0) * rng.choice([0, 1, 3])
+        kind = rng.choice(["none", "synthetic", "lookup"])
+        drafter = {
+            "none": None,
+            "synthetic": SyntheticDrafter(torch.cat([p, ALONE[i]]), rng.random(), seed=i),
+            "lookup": PromptLookupDrafter(),
+        }[kind]
+        sched.add(Request(i, p, n, arrival=t, drafter=drafter))
+    finished = sched.run()
+    assert len(finished) == len(PROMPTS) and watch.checked > 0
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"

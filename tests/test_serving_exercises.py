@@ -76,23 +76,6 @@ def _in_place(pos, log_len, last, keep):
     return pos, log_len
 
 
-@pytest.mark.parametrize(
-    "wrong, pointer",
-    [
-        (_subtracts_keep, r"so it drops last - keep = 0"),
-        (_forgets_the_log, r"new_log_len of slot 0 expected .* the log moves back with the"),
-        (_counts_accepted_drafts, r"new_pos of slot 0 expected 10, got 9"),
-        (_in_place, r"your function changed its arguments"),
-    ],
-)
-def test_rollback_cursor_wrong_answers(wrong, pointer, capsys):
-    import re
-
-    assert check_rollback_cursor(wrong) is False
-    out = _out(capsys)
-    assert "FAIL rollback cursor" in out and re.search(pointer, out), out
-
-
 # ------------------------------------------------------------------ the admission rule
 
 
@@ -125,17 +108,24 @@ def _strict_budget(needs, used, budget, free_slots):
     return n
 
 
+CURSOR, ADMISSION = check_rollback_cursor, check_admission_rule
+
+
 @pytest.mark.parametrize(
-    "wrong, pointer",
+    "check, wrong, pointer",
     [
-        (_skips_ahead, r"needs=\[20, 1, 1\].*expected 0, got 2: .*first come, first served"),
-        (_ignores_slots, r"free_slots=2: expected 2, got 3: only free_slots=2 slots are free"),
-        (_strict_budget, r"expected 3, got 2: .*\(an exact fit is allowed\)"),
+        (CURSOR, _subtracts_keep, r"so it drops last - keep = 0"),
+        (CURSOR, _forgets_the_log, r"new_log_len of slot 0 expected .* the log moves back with"),
+        (CURSOR, _counts_accepted_drafts, r"new_pos of slot 0 expected 10, got 9"),
+        (CURSOR, _in_place, r"your function changed its arguments"),
+        (ADMISSION, _skips_ahead, r"needs=\[20, 1, 1\].*expected 0, got 2: .*first come, first"),
+        (ADMISSION, _ignores_slots, r"free_slots=2: expected 2, got 3: only free_slots=2 slots"),
+        (ADMISSION, _strict_budget, r"expected 3, got 2: .*\(an exact fit is allowed\)"),
     ],
 )
-def test_admission_rule_wrong_answers(wrong, pointer, capsys):
+def test_wrong_answers_fail_with_a_pointed_message(check, wrong, pointer, capsys):
     import re
 
-    assert check_admission_rule(wrong) is False
+    assert check(wrong) is False
     out = _out(capsys)
-    assert "FAIL admission rule" in out and re.search(pointer, out), out
+    assert f"FAIL {check.verdict_name()}" in out and re.search(pointer, out), out
