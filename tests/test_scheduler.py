@@ -313,6 +313,7 @@ def test_the_stream_benchmark_writes_its_fields(tmp_path):
             assert r["speculative_tokens_differ"] == 0
             assert r["decode_engine_tokens_per_s"] >= r["decode_tokens_per_s"] > 0
             assert r["speculative_engine_tokens_per_s"] >= r["speculative_tokens_per_s"] > 0
+            assert r["verify_over_decode_step"] > 0
         assert "measured_batch_on_the_clock" in c
         assert {"predicted_batch", "verify_compute_bound_from_batch"} <= set(c)
         assert [r["batch"] for r in c["predicted_rows"]] == [1, 2]

@@ -182,6 +182,8 @@ def stream_metrics(finished, sched, references=None):
         tpot_s=_dist([r.tpot for r in finished]),
         wait_s=_dist([r.admitted_at - r.arrival for r in finished]),
         acceptance=accepted / proposed if proposed else None,
+        tokens_per_round=sum(len(r.tokens) - 1 for r in finished)
+        / max(1, sum(r.rounds for r in finished)),
         proposed=proposed,
         accepted=accepted,
         rollback=dict(
@@ -261,8 +263,9 @@ def sustainable_rate(probe, start, objective, probes=6):
 def _closed_batch(engine, reqs, k, budget=None):
     """``reqs`` arriving at once, all running together (concurrency capped at their number).
     Returns (tokens/s on the scheduler's clock, tokens/s of engine time alone (its steps and
-    rollbacks, without the drafters and the scheduler's own work), acceptance or None), all
-    over the iterations after the first, which admits them."""
+    rollbacks, without the drafters and the scheduler's own work), acceptance or None, the
+    mean ms of an engine step while every request takes part), all over the iterations after
+    the first, which admits them."""
     sched = Scheduler(engine, budget_bytes=budget, k=k, max_running=len(reqs))
     for r in reqs:
         sched.add(r)
@@ -276,17 +279,20 @@ def _closed_batch(engine, reqs, k, budget=None):
     t0, tokens0 = sched.now, sum(len(r.tokens) for r in reqs)
     sched.run()
     tokens = sum(len(r.tokens) for r in reqs) - tokens0
+    full = [h for h in sched.history[1:] if h.running == len(reqs)]  # every request in it
     engine_s = sum(h.step_s + h.rollback_s for h in sched.history[1:])
     proposed = sum(r.proposed for r in reqs)
     acc = sum(r.accepted for r in reqs) / proposed if proposed else None
-    return tokens / (sched.now - t0), tokens / engine_s, acc
+    step_ms = 1e3 * sum(h.step_s for h in full) / len(full) if full else None
+    return tokens / (sched.now - t0), tokens / engine_s, acc, step_ms
 
 
 def crossover_sweep(engine, stream, batches, n_new, k, acceptance=0.8, budget=None, seed=0):
     """Per batch B: tokens/s of B requests decoding together (the stream's first prompts,
     ``n_new`` tokens each) and of the same requests speculating, each with its own synthetic
     drafter over the tokens plain decoding gave it; both on the scheduler's clock (drafters
-    and scheduling included) and in engine time alone. Returns (rows, the smallest batch of
+    and scheduling included) and in engine time alone; and the time of one (k+1)-token verify
+    step over one decode step at that batch (the measured side of "compute-bound"). Returns (rows, the smallest batch of
     the sweep from which speculation is slower in engine time, the same on the clock; None:
     faster at every batch)."""
     prompts = stream[0]
@@ -294,10 +300,10 @@ def crossover_sweep(engine, stream, batches, n_new, k, acceptance=0.8, budget=No
     for b in batches:
         sub = ([prompts[i % len(prompts)] for i in range(b)], [n_new] * b, [0.0] * b)
         plain = stream_requests(sub, math.inf)
-        dec, dec_engine, _ = _closed_batch(engine, plain, 0, budget)
+        dec, dec_engine, _, dec_ms = _closed_batch(engine, plain, 0, budget)
         refs = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in plain]
         spec_reqs = stream_requests(sub, math.inf, "synthetic", refs, acceptance, seed)
-        spec, spec_engine, acc = _closed_batch(engine, spec_reqs, k, budget)
+        spec, spec_engine, acc, ver_ms = _closed_batch(engine, spec_reqs, k, budget)
         differ = sum(s.tokens != r.tokens for s, r in zip(spec_reqs, plain))
         rows.append(
             dict(
@@ -307,6 +313,11 @@ def crossover_sweep(engine, stream, batches, n_new, k, acceptance=0.8, budget=No
                 decode_engine_tokens_per_s=dec_engine,
                 speculative_engine_tokens_per_s=spec_engine,
                 acceptance=acc,
+                decode_step_ms=dec_ms,
+                verify_step_ms=ver_ms,
+                # 1 while a (k+1)-row verify costs what a decode step does (memory-bound);
+                # towards k + 1 as its matrix products turn compute-bound
+                verify_over_decode_step=ver_ms / dec_ms if dec_ms and ver_ms else None,
                 speculation_faster=spec_engine > dec_engine,
                 speculation_faster_on_the_clock=spec > dec,
                 speculative_tokens_differ=differ,
