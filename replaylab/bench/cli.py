@@ -159,6 +159,12 @@ def _serve_stream(args):
     if args.rate_probes is not None:
         overrides["rate_probes"] = args.rate_probes
     cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.preset != "cpu" and not cuda and args.device is None:
+        sys.exit(
+            f"replaylab bench serve-stream --preset {args.preset} is the GPU run: no CUDA "
+            "device here (pass --device cpu to run it on the CPU anyway, slowly; --preset cpu "
+            "is the CPU smoke run)"
+        )
     default = "data/bench_serve_stream.json" if cuda else "data/bench_serve_stream_cpu.json"
     out = args.out or default
     result = run_stream_bench(
@@ -235,7 +241,12 @@ def add_bench_parser(subparsers):
         help="a Poisson request stream under continuous batching, per strategy, with and "
         "without speculation; sustainable rate and the speculation crossover (GPU or CPU)",
     )
-    ss.add_argument("--preset", default="cpu", help="cpu (tiny model, seconds) or 8b-layers")
+    ss.add_argument(
+        "--preset",
+        default="cpu",
+        choices=["cpu", "8b-layers"],
+        help="cpu (tiny model, seconds) or 8b-layers (GPU)",
+    )
     ss.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     ss.add_argument(
         "--strategies",

@@ -26,7 +26,7 @@ __all__ = ["Request", "WAITING", "RUNNING", "FINISHED", "percentile"]
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
-@dataclass
+@dataclass(eq=False)  # requests are compared by identity (the queue removes them by it)
 class Request:
     """A request: ``prompt`` (T0,) token ids, ``max_new_tokens`` >= 1 tokens to generate,
     ``arrival`` in seconds on the scheduler's clock, ``drafter`` (optional) with
