@@ -301,7 +301,8 @@ def test_the_stream_benchmark_writes_its_fields(tmp_path):
         assert set(row["modes"]) == {"decode", "synthetic", "lookup"}
         for mode, m in row["modes"].items():
             assert set(FIELDS) <= set(m), (strategy, mode)
-            assert m["requests"] == 3 and m["tokens_equal_greedy"] == 3, (strategy, mode)
+            assert m["requests"] == 3 and m["tokens_equal_decode_stream"] == 3, (strategy, mode)
+            assert m["tokens_equal_alone"] == m["requests_served_alone"] == 3, (strategy, mode)
             assert 0 < m["ttft_s"]["p50"] <= m["ttft_s"]["p99"]
             assert m["peak_used_bytes"] <= m["budget_bytes"]
             assert (m["acceptance"] is None) == (mode == "decode")

@@ -10,8 +10,9 @@ its own Bernoulli drafter of per-draft acceptance 0.8 over the greedy continuati
 - at the reference rate: TTFT and TPOT at p50 / p99 (and their per-request values, for the
   distributions), output tokens/s, acceptance (accepted / proposed drafts), bytes per
   sequence (pool bytes of a slot and the request's accounted bytes; on a GPU the device's
-  peak memory less the weights, per slot), rollback cost, whether every request's tokens equal
-  its greedy tokens;
+  peak memory less the weights, per slot, CUDA graph pools and activations included),
+  rollback cost, how many requests' tokens equal their tokens in the plain-decode stream and,
+  for the first eight requests, their tokens when served alone (batch 1);
 - the largest sustainable request rate: a geometric search over rates (from the rate that
   keeps about two requests in flight at batch-1 latency, doubling or halving, then
   bisecting) for the largest one at which p99 TPOT <= 2x the batch-1 TPOT (one objective for
@@ -163,8 +164,12 @@ def _dist(values):
     )
 
 
-def stream_metrics(finished, sched, references=None):
-    """The distributions and totals of one served stream (see the module docstring)."""
+def stream_metrics(finished, sched, references=None, alone=None):
+    """The distributions and totals of one served stream (see the module docstring).
+    ``references``: per request id, its prompt and tokens from the plain-decode stream
+    (``tokens_equal_decode_stream`` counts the requests whose tokens equal them); ``alone``:
+    {request id: tokens (list) when that request was served alone} (``tokens_equal_alone``
+    counts those requests whose tokens equal them)."""
     first = min(r.arrival for r in finished)
     last = max(r.finished_at for r in finished)
     tokens = sum(len(r.tokens) for r in finished)
@@ -200,10 +205,13 @@ def stream_metrics(finished, sched, references=None):
         engine_steps=len(sched.history),
     )
     if references is not None:
-        out["tokens_equal_greedy"] = sum(
+        out["tokens_equal_decode_stream"] = sum(
             torch.equal(torch.tensor(r.tokens), references[r.id][-len(r.tokens) :])
             for r in finished
         )
+    if alone is not None:
+        out["tokens_equal_alone"] = sum(r.tokens == alone[r.id] for r in finished if r.id in alone)
+        out["requests_served_alone"] = sum(r.id in alone for r in finished)
     return out
 
 
@@ -528,6 +536,7 @@ def run_stream_bench(
     # pass 1: batch 1 (the first requests, each served alone), for the common objective
     n1 = min(len(stream[0]), 8)
     alone_stream = tuple(x[:n1] for x in stream)
+    alone_tokens = {}
     for strategy in strategies:
         engine = engine_for(strategy)
         if warm_up:
@@ -538,6 +547,7 @@ def run_stream_bench(
         result["strategies"][strategy] = dict(
             pool_bytes_per_slot=engine.nbytes_per_slot(), batch1=b1
         )
+        alone_tokens[strategy] = {r.id: r.tokens for r in alone}
         say(f"{strategy}: batch 1, TPOT {1e3 * b1['tpot_s']['p50']:.2f} ms")
         del engine, sched
     if budget_bytes is not None:
@@ -579,7 +589,7 @@ def run_stream_bench(
             done, sched = serve_stream(engine, reqs, kk, budget)
             if mode == "decode":  # its tokens are greedy: the synthetic drafters' references
                 references = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in done]
-            m = stream_metrics(done, sched, references)
+            m = stream_metrics(done, sched, references, alone_tokens[strategy])
             if mode in rate_search:
 
                 def probe(r, mode=mode, kk=kk, references=references, engine=engine):
