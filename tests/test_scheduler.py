@@ -409,3 +409,35 @@ def test_random_streams_of_mixed_requests_keep_every_requests_tokens(strategy, s
     assert len(finished) == len(PROMPTS) and watch.checked > 0
     for r in finished:
         assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+
+
+def test_an_admission_rule_can_be_plugged_in_and_cannot_break_the_budget():
+    def one_at_a_time(needs, used, budget, free_slots):
+        return min(1, admissible(needs, used, budget, free_slots))
+
+    engine = DecodeEngine(MODEL, 3, 28, "replay", log_length=5, max_verify=5)
+    sched = Scheduler(engine, admission=one_at_a_time)
+    finished = sched.run(_requests("decode", [0.0] * len(PROMPTS)))
+    assert all(len(h.admitted) <= 1 for h in sched.history)
+    assert all(torch.equal(torch.tensor(r.tokens), ALONE[r.id]) for r in finished)
+
+    def greedy_rule(needs, used, budget, free_slots):
+        return len(needs)
+
+    budget = request_bytes(slot_bytes(engine), max(map(len, PROMPTS)), max(OUTS))
+    sched = Scheduler(engine, budget_bytes=budget, admission=greedy_rule)
+    for r in _requests("decode", [0.0] * len(PROMPTS)):
+        sched.add(r)
+    with pytest.raises(ValueError, match=r"admission: the rule's answer: expected 0 <= "):
+        sched.step()
+    assert engine.batch == 0 and sched.used == 0 and len(sched.waiting) == len(PROMPTS)
+    sched = Scheduler(
+        engine, budget_bytes=budget, admission=lambda needs, used, budget, free: min(2, free)
+    )
+    for r in _requests("decode", [0.0] * len(PROMPTS)):
+        sched.add(r)
+    with pytest.raises(ValueError, match=r"admitted 2 requests holding .* at most budget_bytes"):
+        sched.step()
+    assert engine.batch == 0 and sched.used == 0
+    with pytest.raises(TypeError, match=r"admission: expected a function, got int"):
+        Scheduler(engine, admission=3)

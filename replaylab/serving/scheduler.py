@@ -124,14 +124,25 @@ class Scheduler:
     engine's pools, max_batch x nbytes_per_slot); k: drafts per verify round (0: plain
     decode; 1 <= k + 1 <= engine.max_verify), used by requests that carry a drafter;
     kv_accounting: "request" or "slot" (``request_bytes``); max_running: at most this many
-    requests at once (default: the engine's max_batch).
+    requests at once (default: the engine's max_batch); admission: the rule, a function with
+    ``admissible``'s signature (notebook 13's exercise plugs in here); an answer that would
+    break the budget or the free slots is refused with a ValueError before anything is
+    admitted.
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
     >>> finished = sched.run()          # every request, served; or sched.step() one by one
     """
 
-    def __init__(self, engine, budget_bytes=None, k=0, kv_accounting="request", max_running=None):
+    def __init__(
+        self,
+        engine,
+        budget_bytes=None,
+        k=0,
+        kv_accounting="request",
+        max_running=None,
+        admission=admissible,
+    ):
         if engine.batch:
             raise ValueError(
                 f"engine: {engine.batch} slots are live ({engine.slots}); the scheduler needs "
@@ -159,6 +170,9 @@ class Scheduler:
             1,
             engine.max_batch,
         )
+        if not callable(admission):
+            raise TypeError(f"admission: expected a function, got {type(admission).__name__}")
+        self.admission = admission
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -256,7 +270,16 @@ class Scheduler:
     def _admit(self, record, t0, start):
         arrived = [r for r in self.waiting if r.arrival <= start]
         free = min(self.engine.max_batch - self.engine.batch, self.max_running - len(self.running))
-        n = admissible([r.reserved for r in arrived], self.used, self.budget, free)
+        needs = [r.reserved for r in arrived]
+        n = self.admission(list(needs), self.used, self.budget, free)
+        if self.admission is not admissible:
+            n = as_int("admission: the rule's answer", n, 0, min(free, len(needs)))
+            if self.used + sum(needs[:n]) > self.budget:
+                raise ValueError(
+                    f"admission: the rule admitted {n} requests holding "
+                    f"{self.used + sum(needs[:n])} bytes with the running ones; expected at "
+                    f"most budget_bytes={self.budget}"
+                )
         done = []
         for r in arrived[:n]:
             self.waiting.remove(r)
