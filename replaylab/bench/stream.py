@@ -660,7 +660,7 @@ def stream_summary(result):
         f"{'tok/s':>9} {'accept':>6} {'rb ms/rej':>9} {'rate req/s':>10}",
     ]
     for strategy, row in result["strategies"].items():
-        for mode, m in row["modes"].items():
+        for mode, m in row.get("modes", {}).items():
             rb = m["rollback"]["ms_per_rejected_draft"]
             acc = m["acceptance"]
             sus = m.get("sustainable_rate")
@@ -672,6 +672,18 @@ def stream_summary(result):
                 f"{'' if rb is None else f'{rb:.3f}':>9} "
                 f"{'' if sus is None else f'{sus:.1f}':>10}"
             )
+    st = result["strategies"]
+    if (
+        "replay" in st
+        and "snapshot" in st
+        and "modes" in st["replay"]
+        and "modes" in st["snapshot"]
+    ):
+        for mode in st["replay"]["modes"]:
+            a = st["replay"]["modes"][mode].get("sustainable_rate")
+            b = st["snapshot"]["modes"].get(mode, {}).get("sustainable_rate")
+            if a and b:
+                lines.append(f"sustainable rate, replay / snapshot ({mode}): {a / b:.2f}x")
     for strategy, row in result["strategies"].items():
         c = row.get("crossover")
         if c:
