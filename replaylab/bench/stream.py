@@ -287,7 +287,7 @@ def _closed_batch(engine, reqs, k, budget=None):
     t0, tokens0 = sched.now, sum(len(r.tokens) for r in reqs)
     sched.run()
     tokens = sum(len(r.tokens) for r in reqs) - tokens0
-    full = [h for h in sched.history[1:] if h.running == len(reqs)]  # every request in it
+    full = [h for h in sched.history[1:] if h.running == len(reqs)] or sched.history[1:]
     engine_s = sum(h.step_s + h.rollback_s for h in sched.history[1:])
     proposed = sum(r.proposed for r in reqs)
     acc = sum(r.accepted for r in reqs) / proposed if proposed else None
