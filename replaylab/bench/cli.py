@@ -3,6 +3,7 @@
 replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
 replaylab bench sweep
 replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
+replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
 """
 
 from __future__ import annotations
@@ -163,6 +164,50 @@ def _serve(args):
     return 0
 
 
+def _serve_stream(args):
+    import torch
+
+    from replaylab.bench.provenance import provenance
+    from replaylab.bench.stream import run_stream_bench, stream_summary
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    overrides = {}
+    if args.n_requests is not None:
+        overrides["n_requests"] = args.n_requests
+    if args.sweep_batches is not None:
+        overrides["sweep_batches"] = tuple(args.sweep_batches)
+    if args.rate_probes is not None:
+        overrides["rate_probes"] = args.rate_probes
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    if args.preset != "cpu" and not cuda and args.device is None:
+        sys.exit(
+            f"replaylab bench serve-stream --preset {args.preset} is the GPU run: no CUDA "
+            "device here (pass --device cpu to run it on the CPU anyway, slowly; --preset cpu "
+            "is the CPU smoke run)"
+        )
+    default = "data/bench_serve_stream.json" if cuda else "data/bench_serve_stream_cpu.json"
+    out = args.out or default
+    result = run_stream_bench(
+        args.preset,
+        device=args.device,
+        strategies=args.strategies,
+        modes=args.modes,
+        rate=args.rate,
+        budget_bytes=None if args.budget_gib is None else int(args.budget_gib * 2**30),
+        sweep=not args.no_sweep,
+        log=lambda line: print(line, flush=True),
+        checkpoint=lambda partial: _write(dict(provenance(args.argv), **partial), out),
+        **overrides,
+    )
+    result = dict(provenance(args.argv), **result)
+    _write(result, out)
+    for line in stream_summary(result):
+        print(line)
+    print(f"wrote {out}")
+    return 0
+
+
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
     bench = subparsers.add_parser(
@@ -240,7 +285,38 @@ def add_bench_parser(subparsers):
         "--other-batches, decode only)",
     )
     v.set_defaults(run=_serve)
-    for p in (k, s, d, e, v):
+    ss = sub.add_parser(
+        "serve-stream",
+        help="a Poisson request stream under continuous batching, per strategy, with and "
+        "without speculation; sustainable rate and the speculation crossover (GPU or CPU)",
+    )
+    ss.add_argument(
+        "--preset",
+        default="cpu",
+        choices=["cpu", "8b-layers"],
+        help="cpu (tiny model, seconds) or 8b-layers (GPU)",
+    )
+    ss.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    ss.add_argument(
+        "--strategies",
+        type=lambda t: tuple(t.split(",")),
+        default=("snapshot", "recompute", "replay"),
+    )
+    ss.add_argument(
+        "--modes",
+        type=lambda t: tuple(t.split(",")),
+        default=("decode", "synthetic", "lookup"),
+        help="decode, synthetic (Bernoulli 0.8, k=4), lookup (prompt lookup, k=4)",
+    )
+    ss.add_argument("--rate", type=float, default=None, help="reference rate, requests/s")
+    ss.add_argument("--budget-gib", type=float, default=None, help="byte budget, GiB")
+    ss.add_argument("--n-requests", type=int, default=None, help="requests per stream")
+    ss.add_argument("--sweep-batches", type=_ints, default=None, help="crossover batches")
+    ss.add_argument("--rate-probes", type=int, default=None, help="streams per rate search")
+    ss.add_argument("--no-sweep", action="store_true", help="skip the crossover sweep")
+    ss.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
+    ss.set_defaults(run=_serve_stream)
+    for p in (k, s, d, e, v, ss):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

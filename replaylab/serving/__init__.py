@@ -1,6 +1,22 @@
-"""The serving engine beside the teaching cache: preallocated pools (``pools``) and the engine
-that decodes, verifies and rolls back every slot at its own position (``engine``)."""
+"""The serving engine beside the teaching cache: preallocated pools (``pools``), the engine
+that decodes, verifies and rolls back every slot at its own position (``engine``), the
+per-slot rollback cursor (``cursor``), requests (``request``) and continuous batching under
+one byte budget (``scheduler``)."""
 
+from replaylab.serving.cursor import rollback_cursor
 from replaylab.serving.engine import STRATEGIES, DecodeEngine, EngineStats, unsupported_reason
+from replaylab.serving.request import Request
+from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, slot_bytes
 
-__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES", "unsupported_reason"]
+__all__ = [
+    "DecodeEngine",
+    "EngineStats",
+    "STRATEGIES",
+    "Request",
+    "Scheduler",
+    "admissible",
+    "request_bytes",
+    "slot_bytes",
+    "rollback_cursor",
+    "unsupported_reason",
+]

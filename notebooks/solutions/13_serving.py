@@ -1,0 +1,23 @@
+# Reference answers for notebook 13 (format: see 03_branching_strategies.py).
+
+# %% rollback_cursor
+def my_rollback_cursor(pos, log_len, last, keep):
+    """The cursor after a rollback: each slot drops last - keep tokens (see the stub)."""
+    new_pos, new_log_len = [], []
+    for p, n, lst, k in zip(pos, log_len, last, keep):
+        drop = lst - k
+        new_pos.append(p - drop)
+        new_log_len.append(n - drop)
+    return new_pos, new_log_len
+
+
+# %% admission_rule
+def my_admissible(needs, used, budget, free_slots):
+    """How many requests from the head of the queue to admit (see the stub)."""
+    n = 0
+    for need in needs:
+        if n == free_slots or used + need > budget:
+            break  # first come, first served: the rest wait behind this one
+        used += need
+        n += 1
+    return n

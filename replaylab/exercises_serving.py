@@ -1,0 +1,168 @@
+"""Exercise checks of notebook 13 (serving): the per-slot rollback cursor and the scheduler's
+admission rule under a byte budget. Each check compares the learner's function with the
+library's (``serving.cursor.rollback_cursor``, ``serving.scheduler.admissible``) on fixed edge
+cases and then random ones, prints PASS or FAIL with the first mismatch and what it points at,
+and records its verdict (``exercises_common``).
+
+Glossary: pos (tokens a slot holds), log_len (replay's log entries since the checkpoint), last
+(tokens the slot took in its last step), keep (tokens of that step it keeps: the pending token
+plus the accepted drafts), needs (bytes of each waiting request, in queue order), used (bytes
+the running requests hold), budget (the byte budget), free_slots (engine slots free).
+"""
+
+from __future__ import annotations
+
+import random
+
+from replaylab.exercises_common import describe_exception, guarded, report
+from replaylab.serving.cursor import rollback_cursor
+from replaylab.serving.scheduler import admissible
+
+__all__ = ["check_rollback_cursor", "check_admission_rule"]
+
+
+def _cursor_cases(n_random, seed):
+    fixed = [
+        dict(pos=[10], log_len=[3], last=[5], keep=[5]),  # everything kept: nothing moves
+        dict(pos=[10], log_len=[5], last=[5], keep=[1]),  # only the pending token kept
+        dict(pos=[12, 7, 30], log_len=[6, 2, 9], last=[5, 1, 3], keep=[2, 1, 3]),
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        n = rng.randint(1, 6)
+        last = [rng.randint(1, 5) for _ in range(n)]
+        log_len = [lst + rng.randint(0, 12) for lst in last]  # the step appended `last`
+        pos = [lg + rng.randint(0, 60) for lg in log_len]
+        keep = [rng.randint(1, lst) for lst in last]
+        fixed.append(dict(pos=pos, log_len=log_len, last=last, keep=keep))
+    return fixed
+
+
+def _ints(values, name, n):
+    values = [int(v) for v in values]
+    if len(values) != n:
+        raise ValueError(f"{name}: {len(values)} values for {n} slots")
+    return values
+
+
+@guarded("rollback cursor")
+def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
+    """Exercise (notebook 13): ``fn(pos, log_len, last, keep) -> (new_pos, new_log_len)``,
+    each argument a list with one int per slot, compared with ``rollback_cursor``."""
+    name = "rollback cursor"
+    for case in _cursor_cases(cases, seed):
+        given = {k: list(v) for k, v in case.items()}
+        want_pos, want_log, _ = rollback_cursor(**case)
+        where = ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            got = fn(given["pos"], given["log_len"], given["last"], given["keep"])
+        except NotImplementedError:
+            raise
+        except Exception as err:  # the learner's code raised on this case
+            return report(name, False, f"on {where}: {describe_exception(err)}")
+        if given != case:
+            return report(
+                name,
+                False,
+                f"on {where}: your function changed its arguments (now {given}); return new "
+                "lists and leave the engine's own lists alone",
+            )
+        if got is None:
+            return report(name, False, "not done yet (the function returned None)")
+        try:
+            got_pos, got_log = got
+            n = len(case["pos"])
+            got_pos, got_log = _ints(got_pos, "new_pos", n), _ints(got_log, "new_log_len", n)
+        except (TypeError, ValueError) as err:
+            return report(
+                name, False, f"on {where}: expected (new_pos, new_log_len), two lists ({err})"
+            )
+        for i in range(len(case["pos"])):
+            drop = case["last"][i] - case["keep"][i]
+            hint = (
+                f"slot {i} took last={case['last'][i]} tokens and keeps keep={case['keep'][i]}, "
+                f"so it drops last - keep = {drop}"
+            )
+            if got_pos[i] != want_pos[i]:
+                return report(
+                    name,
+                    False,
+                    f"on {where}: new_pos of slot {i} expected {want_pos[i]}, got {got_pos[i]} "
+                    f"({hint}: pos - {drop})",
+                )
+            if got_log[i] != want_log[i]:
+                return report(
+                    name,
+                    False,
+                    f"on {where}: new_log_len of slot {i} expected {want_log[i]}, got "
+                    f"{got_log[i]} ({hint}: the log moves back with the position, "
+                    f"log_len - {drop}; the dropped entries are overwritten by the next step)",
+                )
+    return report(name, True, f"{cases + 3} cases give the engine's cursor")
+
+
+def _admission_cases(n_random, seed):
+    fixed = [
+        dict(needs=[5, 5, 5], used=0, budget=15, free_slots=3),  # an exact fit
+        dict(needs=[20, 1, 1], used=0, budget=10, free_slots=3),  # the head blocks the rest
+        dict(needs=[1, 1, 1], used=0, budget=100, free_slots=2),  # slots bind, not bytes
+        dict(needs=[], used=3, budget=10, free_slots=2),
+        dict(needs=[4], used=7, budget=10, free_slots=0),
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        needs = [rng.randint(1, 10) for _ in range(rng.randint(0, 6))]
+        used = rng.randint(0, 20)
+        budget = used + rng.randint(0, 30)
+        if needs and rng.random() < 0.3:  # an exact fit of a prefix
+            budget = used + sum(needs[: rng.randint(1, len(needs))])
+        fixed.append(dict(needs=needs, used=used, budget=budget, free_slots=rng.randint(0, 4)))
+    return fixed
+
+
+@guarded("admission rule")
+def check_admission_rule(fn, cases=300, seed=0) -> bool:
+    """Exercise (notebook 13): ``fn(needs, used, budget, free_slots) -> int``, how many
+    requests from the head of the queue to admit, compared with ``admissible``."""
+    name = "admission rule"
+    for case in _admission_cases(cases, seed):
+        needs = list(case["needs"])
+        want = admissible(**case)
+        where = ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            got = fn(needs, case["used"], case["budget"], case["free_slots"])
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            return report(name, False, f"on {where}: {describe_exception(err)}")
+        if got is None:
+            return report(name, False, "not done yet (the function returned None)")
+        if needs != case["needs"]:
+            return report(name, False, f"on {where}: your function changed the queue {needs}")
+        try:
+            got = int(got)
+        except (TypeError, ValueError):
+            return report(name, False, f"on {where}: expected a count (int), got {got!r}")
+        if got == want:
+            continue
+        used, budget, free = case["used"], case["budget"], case["free_slots"]
+        held = used + sum(case["needs"][:got])
+        if got > free:
+            why = f"only free_slots={free} slots are free"
+        elif got > len(case["needs"]):
+            why = f"only {len(case['needs'])} requests wait"
+        elif got > want:
+            why = (
+                f"admitting the first {got} would hold used + their bytes = {held} > "
+                f"budget={budget}: request {want} of the queue (needs {case['needs'][want]}) "
+                "does not fit, and first come, first served, every request behind it waits "
+                "too (no overtaking)"
+            )
+        else:
+            fits = used + sum(case["needs"][:want])
+            why = f"the first {want} fit: used + their bytes = {fits} <= budget={budget}"
+            if fits == budget:
+                why += " (an exact fit is allowed)"
+            why += f", and {free} slots are free"
+        return report(name, False, f"on {where}: expected {want}, got {got}: {why}")
+    return report(name, True, f"{cases + 5} queues give the library's admissions")

@@ -1,0 +1,147 @@
+"""Figures of notebook 13 (serving): latency distributions of a served stream, which request
+held which slot when, and the speculation crossover of ``replaylab bench serve-stream``.
+
+Glossary: TTFT time to first token, TPOT time per output token (``serving.request``); a
+"run" is one served stream, given as ``bench.stream.stream_metrics`` output or as the
+finished ``Request`` s.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from replaylab.results import load_bench
+
+__all__ = [
+    "load_stream_result",
+    "latency_figure",
+    "slot_timeline_figure",
+    "crossover_figure",
+    "STREAM_GPU",
+    "STREAM_CPU",
+]
+
+STREAM_GPU = "data/bench_serve_stream.json"
+STREAM_CPU = "data/bench_serve_stream_cpu.json"
+
+
+def load_stream_result(gpu=STREAM_GPU, cpu=STREAM_CPU):
+    """(result, path): the GPU request-stream result if it is committed, else the CPU smoke
+    run's (tiny model: no performance figure)."""
+    for path in (gpu, cpu):
+        try:
+            return load_bench(path), path
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(f"neither {gpu} nor {cpu} is committed")
+
+
+def latency_figure(runs, title="latency per request") -> go.Figure:
+    """Box plots of TTFT and TPOT in ms, one box per run: ``runs`` {label: stream_metrics
+    dict (with ``ttft_s`` / ``tpot_s`` value lists)}."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("TTFT (ms)", "TPOT (ms)"))
+    for label, m in runs.items():
+        for col, key in ((1, "ttft_s"), (2, "tpot_s")):
+            fig.add_trace(
+                go.Box(
+                    y=[1e3 * v for v in m[key]["values"]],
+                    name=label,
+                    boxpoints="all",
+                    showlegend=False,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.update_layout(title=title, height=380, margin=dict(t=60, b=40))
+    return fig
+
+
+def slot_timeline_figure(finished, title="which request held which slot") -> go.Figure:
+    """One bar per request on its slot's row, from admission to its last token; the thin
+    line before it is its wait in the queue. ``finished``: served ``Request`` s."""
+    fig = go.Figure()
+    for r in finished:
+        fig.add_trace(
+            go.Scatter(
+                x=[1e3 * r.arrival, 1e3 * r.admitted_at],
+                y=[r.slot, r.slot],
+                mode="lines",
+                line=dict(color="lightgray", width=2),
+                showlegend=False,
+                hoverinfo="skip",
+            )
+        )
+        fig.add_trace(
+            go.Bar(
+                x=[1e3 * (r.finished_at - r.admitted_at)],
+                base=[1e3 * r.admitted_at],
+                y=[r.slot],
+                orientation="h",
+                text=[f"#{r.id}"],
+                name=f"request {r.id}",
+                showlegend=False,
+                hovertemplate=f"request {r.id}: {len(r.tokens)} tokens<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        title=title,
+        xaxis_title="ms on the scheduler's clock",
+        yaxis=dict(title="slot", dtick=1),
+        barmode="overlay",
+        height=300,
+    )
+    return fig
+
+
+def _ratio(row):
+    """Speculative over plain tokens/s of a crossover row, in engine time where recorded."""
+    if "speculative_engine_tokens_per_s" in row:
+        return row["speculative_engine_tokens_per_s"] / row["decode_engine_tokens_per_s"]
+    return row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
+
+
+def crossover_figure(result) -> go.Figure:
+    """Speculative over plain tokens/s against batch, per strategy: measured in engine time
+    (solid; steps and rollbacks, without the Python drafters) and the
+    cost model's prediction for an H200 (dashed), a line at 1 (below it speculation loses),
+    and a dotted line where the cost model puts a (k+1)-row verify at compute-bound."""
+    fig = go.Figure()
+    colors = dict(snapshot="#636efa", recompute="#ef553b", replay="#00cc96")
+    for strategy, row in result["strategies"].items():
+        c = row.get("crossover")
+        if not c:
+            continue
+        color = colors.get(strategy)
+        meas = c["measured_rows"]
+        fig.add_trace(
+            go.Scatter(
+                x=[r["batch"] for r in meas],
+                y=[_ratio(r) for r in meas],
+                name=f"{strategy} measured (engine time)",
+                mode="lines+markers",
+                line=dict(color=color),
+            )
+        )
+        pred = c["predicted_rows"]
+        fig.add_trace(
+            go.Scatter(
+                x=[r["batch"] for r in pred],
+                y=[r["decode_s_per_token"] / r["speculative_s_per_token"] for r in pred],
+                name=f"{strategy} cost model (H200)",
+                mode="lines",
+                line=dict(color=color, dash="dash"),
+            )
+        )
+        bound = c.get("verify_compute_bound_from_batch")
+        if bound:
+            fig.add_vline(x=bound, line=dict(color=color, dash="dot"))
+    fig.add_hline(y=1, line=dict(color="gray"))
+    where = "GPU" if result.get("device_type") == "cuda" else "CPU, tiny model"
+    fig.update_layout(
+        title=f"speculative / plain tokens per second ({where}, k={result['k']})",
+        xaxis=dict(title="batch", type="log"),
+        yaxis_title="speedup of speculation",
+        height=420,
+    )
+    return fig

@@ -1,0 +1,43 @@
+"""The per-slot rollback cursor: what a rollback does to the host's view of each slot.
+
+After a step of ``last[i]`` tokens, slot i keeps the first ``keep[i]`` of them (the pending
+token and the accepted drafts, 1 <= keep[i] <= last[i]) and drops ``last[i] - keep[i]``. Under
+replay nothing but numbers move: the slot's position and its log length go back by what was
+dropped (the entries past the new log length are overwritten by the next step); the ring's
+head and the checkpoint stay where they are. ``DecodeEngine.rollback`` applies exactly this to
+``engine.pos``, ``engine.log_len`` and ``engine.last`` (and, under snapshot and recompute,
+copies state as well).
+
+Glossary: pos (tokens a slot holds, the next token's position), log_len (replay: entries in the
+log since the checkpoint), last (tokens the slot took in the last step), keep (tokens of that
+step it keeps).
+"""
+
+from __future__ import annotations
+
+from replaylab.validation import as_int
+
+__all__ = ["rollback_cursor"]
+
+
+def rollback_cursor(pos, log_len, last, keep):
+    """The cursor after a rollback, per slot: lists ``pos``, ``log_len``, ``last``, ``keep``
+    (one int per slot) -> (new pos, new log_len, new last), three new lists.
+
+    Slot i drops ``last[i] - keep[i]`` tokens: its position and log length go back by that
+    much and its last step now counts ``keep[i]`` tokens. Raises ValueError naming the slot
+    when keep[i] is outside 1 .. last[i] or the lists differ in length; the inputs are never
+    modified."""
+    n = len(pos)
+    for name, values in (("log_len", log_len), ("last", last), ("keep", keep)):
+        if len(values) != n:
+            raise ValueError(f"{name}: expected {n} values, one per slot, got {len(values)}")
+    new_pos, new_log, new_last = [], [], []
+    for i in range(n):
+        lst = as_int(f"last of slot {i}", last[i], low=1)
+        k = as_int(f"keep of slot {i}", keep[i], 1, lst)
+        drop = lst - k
+        new_pos.append(pos[i] - drop)
+        new_log.append(log_len[i] - drop)
+        new_last.append(k)
+    return new_pos, new_log, new_last

@@ -1,0 +1,376 @@
+"""Continuous batching over a ``DecodeEngine`` under one byte budget: requests arrive, wait in
+a first-come-first-served queue, are admitted between steps while the budget and the free
+slots allow, decode one token per step (or, speculating, verify k drafts of their own drafter
+and keep their own accepted prefix), and leave when they have their tokens.
+
+The split follows nano-vllm's: ``Request`` (``serving.request``) is the sequence, this module
+is the scheduler, and the engine is the model runner. The scheduler never touches the model:
+it only calls ``engine.admit``, ``engine.step``, ``engine.rollback`` and ``engine.retire``, so
+the tokens it produces are the engine's greedy tokens whatever the batch looks like.
+
+One byte budget covers KV + recurrent state + logs. A request holds (``request_bytes``):
+
+    recurrent   its slot's Mamba-2 pools, from the engine: state, conv window, the draft
+                windows, and per strategy the per-draft states (snapshot), the saved state
+                (recompute) or the log ring (replay)
+    KV          kv_token bytes x the rows it can write: T0 + max_new_tokens - 1 + k (the
+                last verify writes k padding rows past the last kept token)
+
+(``kv_accounting="slot"`` counts the engine's whole KV row of the slot instead: the engine
+preallocates max_len + max_verify rows per slot; a paged KV allocator would hold only the
+request's own.) The budget binds the three strategies differently: a snapshot slot carries
+k + 1 copies of the state, a replay slot a log of L + k + 1 entries.
+
+Clock: ``now`` is the scheduler's clock in seconds. Work is timed with ``time.perf_counter``
+(after ``torch.cuda.synchronize()`` on a GPU) and moves the clock by the time it took; when
+nothing runs and nobody waits, the clock jumps to the next arrival instead of sleeping (a
+server's idle time, skipped). Timings are therefore real except that idle gaps cost nothing.
+
+Glossary: S running requests in a step, k drafts per verify round (0: plain decode), T = k + 1
+tokens per step, keep = 1 + accepted drafts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from replaylab.serving.request import FINISHED, RUNNING, WAITING, Request
+from replaylab.validation import as_int, check_token_ids
+
+__all__ = ["Scheduler", "SlotBytes", "slot_bytes", "request_bytes", "admissible", "StepRecord"]
+
+
+@dataclass(frozen=True)
+class SlotBytes:
+    """What one engine slot holds, from the engine's pools: ``recurrent`` bytes (every SSM
+    layer's pools of the slot), ``kv_token`` bytes per KV row (every attention layer, K and
+    V), ``kv_rows`` rows per slot (max_len + max_verify)."""
+
+    recurrent: int
+    kv_token: int
+    kv_rows: int
+
+    @property
+    def slot(self) -> int:
+        """The whole slot: recurrent + every KV row (``engine.nbytes_per_slot()``)."""
+        return self.recurrent + self.kv_token * self.kv_rows
+
+
+def slot_bytes(engine) -> SlotBytes:
+    """``SlotBytes`` of a ``DecodeEngine``'s pools."""
+    recurrent = sum(p.nbytes_per_slot() for p in engine.ssm.values())
+    kv = sum(p.nbytes_per_slot() for p in engine.kv.values())
+    rows = engine.max_len + engine.max_verify
+    return SlotBytes(recurrent, kv // rows, rows)
+
+
+def request_bytes(sizes: SlotBytes, prompt_len, max_new_tokens, k=0, kv_accounting="request"):
+    """Bytes a request of ``prompt_len`` prompt tokens and ``max_new_tokens`` outputs holds
+    while it runs (see the module docstring): recurrent + kv_token x (prompt_len +
+    max_new_tokens - 1 + k), or the whole slot under ``kv_accounting="slot"``."""
+    if kv_accounting == "slot":
+        return sizes.slot
+    if kv_accounting != "request":
+        raise ValueError(f"kv_accounting: expected 'request' or 'slot', got {kv_accounting!r}")
+    rows = prompt_len + max_new_tokens - 1 + k
+    return sizes.recurrent + sizes.kv_token * rows
+
+
+def admissible(needs, used, budget, free_slots) -> int:
+    """The admission rule: how many requests from the head of the queue to admit now.
+
+    needs: bytes of each waiting request that has arrived, in queue order (FCFS); used: bytes
+    the running requests hold; budget: the byte budget; free_slots: engine slots free. Returns
+    the largest n with n <= free_slots and used + sum(needs[:n]) <= budget. First come, first
+    served: a request that does not fit blocks the ones behind it (no overtaking, so a large
+    request is not starved by small ones)."""
+    n, total = 0, used
+    for need in needs:
+        if n >= free_slots or total + need > budget:
+            break
+        total += need
+        n += 1
+    return n
+
+
+@dataclass
+class StepRecord:
+    """One scheduler iteration: ``start`` / ``end`` on the clock, ``admitted`` request ids,
+    ``running`` requests in the engine step (S), ``T`` its width, ``used`` bytes held after
+    admission (the most the iteration held), ``step_s`` / ``rollback_s`` seconds of the engine
+    step and of the rollback, ``rejected`` drafts rolled back, ``rolled_back`` slots rolled
+    back, ``tokens`` output tokens the step produced."""
+
+    start: float
+    end: float = 0.0
+    admitted: tuple = ()
+    running: int = 0
+    T: int = 0
+    used: int = 0
+    step_s: float = 0.0
+    rollback_s: float = 0.0
+    rejected: int = 0
+    rolled_back: int = 0
+    tokens: int = 0
+
+
+class Scheduler:
+    """Continuous batching of ``Request`` s over ``engine`` (an empty ``DecodeEngine``).
+
+    budget_bytes: the byte budget for KV + state + logs of the running requests (default: the
+    engine's pools, max_batch x nbytes_per_slot); k: drafts per verify round (0: plain
+    decode; 1 <= k + 1 <= engine.max_verify), used by requests that carry a drafter;
+    kv_accounting: "request" or "slot" (``request_bytes``); max_running: at most this many
+    requests at once (default: the engine's max_batch); admission: the rule, a function with
+    ``admissible``'s signature (notebook 13's exercise plugs in here); an answer that would
+    break the budget or the free slots is refused with a ValueError before anything is
+    admitted.
+
+    >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
+    >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
+    >>> finished = sched.run()          # every request, served; or sched.step() one by one
+    """
+
+    def __init__(
+        self,
+        engine,
+        budget_bytes=None,
+        k=0,
+        kv_accounting="request",
+        max_running=None,
+        admission=admissible,
+    ):
+        if engine.batch:
+            raise ValueError(
+                f"engine: {engine.batch} slots are live ({engine.slots}); the scheduler needs "
+                "an engine with every slot free (retire them first)"
+            )
+        self.engine = engine
+        self.k = as_int("k", k, 0, engine.max_verify - 1)
+        if kv_accounting not in ("request", "slot"):
+            raise ValueError(f"kv_accounting: expected 'request' or 'slot', got {kv_accounting!r}")
+        self.kv_accounting = kv_accounting
+        self.sizes = slot_bytes(engine)
+        smallest = request_bytes(self.sizes, 1, 1, self.k, kv_accounting)
+        if budget_bytes is None:
+            budget_bytes = engine.max_batch * self.sizes.slot
+        self.budget = as_int("budget_bytes", budget_bytes, low=1)
+        if self.budget < smallest:
+            raise ValueError(
+                f"budget_bytes: {self.budget} is smaller than one slot: a request holds at "
+                f"least {smallest} bytes ({self.sizes.recurrent} recurrent + KV) under "
+                f"{engine.strategy}; expected budget_bytes >= {smallest}"
+            )
+        self.max_running = as_int(
+            "max_running",
+            engine.max_batch if max_running is None else max_running,
+            1,
+            engine.max_batch,
+        )
+        if not callable(admission):
+            raise TypeError(f"admission: expected a function, got {type(admission).__name__}")
+        self.admission = admission
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []
+        self.finished: list[Request] = []
+        self.used = 0
+        self.now = 0.0
+        self.peak_used = 0
+        self.peak_running = 0
+        self.history: list[StepRecord] = []
+        self._ids = set()
+        self._cuda = engine.device.type == "cuda"
+
+    # --- requests ----------------------------------------------------------------------------
+    def need(self, request) -> int:
+        """Bytes ``request`` will hold while it runs."""
+        return request_bytes(
+            self.sizes, request.prompt_len, request.max_new_tokens, self.k, self.kv_accounting
+        )
+
+    def add(self, request):
+        """Queue ``request`` (FCFS by arrival; equal arrivals in the order added). Raises,
+        leaving the scheduler as it was, for a duplicate id, a prompt that is not (T0,)
+        integer ids in the vocabulary, max_new_tokens < 1, a request longer than the engine's
+        max_len, or one that needs more bytes than the whole budget."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request: expected a Request, got {type(request).__name__}")
+        if request.id in self._ids:
+            raise ValueError(f"request: id {request.id!r} was already added")
+        if request.status != WAITING or request.tokens:
+            raise ValueError(f"request {request.id}: already served (status {request.status})")
+        prompt = request.prompt
+        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1:
+            got = tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt)
+            raise ValueError(f"request {request.id}: prompt: expected ids (T0,), got {got}")
+        check_token_ids(prompt[None], 1, self.engine.cfg.vocab_size)
+        T0 = prompt.numel()
+        n = as_int(f"request {request.id}: max_new_tokens", request.max_new_tokens, low=1)
+        max_len = self.engine.max_len
+        if not 1 <= T0 < max_len or T0 + n - 1 > max_len:
+            raise ValueError(
+                f"request {request.id}: prompt of {T0} tokens + max_new_tokens={n} needs "
+                f"{T0 + n - 1} positions: expected 1 <= prompt < max_len and prompt + "
+                f"max_new_tokens - 1 <= max_len={max_len}"
+            )
+        arrival = float(request.arrival)
+        if not arrival >= 0:
+            raise ValueError(f"request {request.id}: arrival: expected >= 0 s, got {arrival}")
+        need = self.need(request)
+        if need > self.budget:
+            raise ValueError(
+                f"request {request.id}: needs {need} bytes, more than the whole "
+                f"budget_bytes={self.budget}: it could never be admitted"
+            )
+        request.arrival, request.reserved = arrival, need
+        at = len(self.waiting)
+        while at and self.waiting[at - 1].arrival > arrival:
+            at -= 1
+        self.waiting.insert(at, request)
+        self._ids.add(request.id)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing running."""
+        return not self.waiting and not self.running
+
+    # --- the clock -----------------------------------------------------------------------
+    def _sync(self):
+        if self._cuda:
+            torch.cuda.synchronize()
+
+    def _clock(self, t0, start):
+        """The scheduler clock now: ``start`` plus the seconds since ``t0``."""
+        self._sync()
+        return start + time.perf_counter() - t0
+
+    # --- one iteration -------------------------------------------------------------------
+    def step(self):
+        """One iteration: admit what the rule allows (prefill each, its first token), one
+        engine step for every running request, retire the finished. Returns the requests
+        that finished in it (a list, maybe empty)."""
+        if self.idle:
+            return []
+        if not self.running and self.waiting[0].arrival > self.now:
+            self.now = self.waiting[0].arrival  # idle: jump to the next arrival
+        start, t0 = self.now, time.perf_counter()
+        record = StepRecord(start=start)
+        done = self._admit(record, t0, start)
+        if self.running:
+            done += self._decode(record, t0, start)
+        for r in done:
+            self._retire(r, self._clock(t0, start))
+        self.now = record.end = self._clock(t0, start)
+        self.history.append(record)
+        return done
+
+    def _admit(self, record, t0, start):
+        arrived = [r for r in self.waiting if r.arrival <= start]
+        free = min(self.engine.max_batch - self.engine.batch, self.max_running - len(self.running))
+        needs = [r.reserved for r in arrived]
+        n = self.admission(list(needs), self.used, self.budget, free)
+        if self.admission is not admissible:
+            n = as_int("admission: the rule's answer", n, 0, min(free, len(needs)))
+            if self.used + sum(needs[:n]) > self.budget:
+                raise ValueError(
+                    f"admission: the rule admitted {n} requests holding "
+                    f"{self.used + sum(needs[:n])} bytes with the running ones; expected at "
+                    f"most budget_bytes={self.budget}"
+                )
+        done = []
+        for r in arrived[:n]:
+            self.waiting.remove(r)
+            r.admitted_at = self._clock(t0, start)
+            r.slot, logits = self.engine.admit(r.prompt.to(self.engine.device))
+            r.tokens.append(int(logits.argmax()))
+            r.token_times.append(self._clock(t0, start))
+            r.status = RUNNING
+            self.used += r.reserved
+            self.running.append(r)
+            if r.done:
+                done.append(r)
+        record.admitted = tuple(r.id for r in arrived[:n])
+        record.used = self.used
+        self.peak_used = max(self.peak_used, self.used)
+        self.peak_running = max(self.peak_running, len(self.running))
+        return done
+
+    def _drafts(self, r, n, vocab):
+        """The first ``n`` of ``r``'s drafter's k proposals, as a list of ids."""
+        d = torch.as_tensor(r.drafter.propose(r.context(), self.k, vocab)).reshape(-1)
+        d = d[:n].tolist()
+        if d and (min(d) < 0 or max(d) >= vocab):
+            raise ValueError(
+                f"request {r.id}: its drafter proposed ids from {min(d)} to {max(d)}: expected "
+                f"ids in [0, {vocab})"
+            )
+        return [int(t) for t in d]
+
+    def _decode(self, record, t0, start):
+        """One engine step of every running request: a row (S, T) of its last token and its
+        drafts (T = k + 1 when any running request speculates, padded past its count), then
+        each keeps its accepted prefix and the target's next token."""
+        going = [r for r in self.running if not r.done]
+        if not going:
+            return []
+        T = self.k + 1 if self.k and any(r.drafter is not None for r in going) else 1
+        vocab = self.engine.cfg.vocab_size
+        rows, drafts = [], []
+        for r in going:
+            d = []
+            if T > 1 and r.drafter is not None and r.remaining > 1:
+                d = self._drafts(r, min(self.k, r.remaining - 1), vocab)
+            rows.append([r.tokens[-1], *d] + [0] * (T - 1 - len(d)))
+            drafts.append(d)
+        counts = [1 + len(d) for d in drafts]
+        slots = [r.slot for r in going]
+        tokens = torch.tensor(rows, dtype=torch.long, device=self.engine.device)
+        self._sync()
+        s0 = time.perf_counter()
+        logits = self.engine.step(
+            tokens, counts=counts if T > 1 else None, slots=slots, check=False
+        )
+        pred = logits.argmax(-1).tolist()  # (S, T) ids; reading them back ends the step
+        record.step_s = time.perf_counter() - s0
+        keep = []
+        for r, d, p, c in zip(going, drafts, pred, counts):
+            a = 0
+            while a < len(d) and d[a] == p[a]:
+                a += 1
+            r.tokens += d[:a] + [p[a]]
+            r.proposed, r.accepted, r.rounds = r.proposed + len(d), r.accepted + a, r.rounds + 1
+            keep.append(1 + a)
+            record.rejected += len(d) - a
+            record.rolled_back += int(1 + a < c)
+        if T > 1:
+            self._sync()
+            r0 = time.perf_counter()
+            self.engine.rollback(keep, slots=slots)
+            self._sync()
+            record.rollback_s = time.perf_counter() - r0
+        now = self._clock(t0, start)
+        for r, n in zip(going, keep):
+            r.token_times += [now] * n
+        record.running, record.T, record.tokens = len(going), T, sum(keep)
+        return [r for r in going if r.done]
+
+    def _retire(self, r, now):
+        self.engine.retire(r.slot)
+        self.running.remove(r)
+        self.used -= r.reserved
+        r.status, r.finished_at = FINISHED, now
+        self.finished.append(r)
+
+    def run(self, requests=(), max_steps=None):
+        """Add ``requests`` and step until every request is served (or ``max_steps``
+        iterations); returns the finished requests in the order they finished."""
+        for r in requests:
+            self.add(r)
+        steps = 0
+        while not self.idle and (max_steps is None or steps < max_steps):
+            self.step()
+            steps += 1
+        return list(self.finished)

@@ -1,0 +1,443 @@
+"""Continuous batching (``replaylab.serving.Scheduler``) over the engine, on CPU: every
+request's tokens are its own greedy tokens decoded alone by the teaching path, with and
+without speculation; the byte budget holds at every engine step; admission is first come,
+first served; freed slots are reused; bad input is refused with the scheduler unchanged; the
+rollback cursor is the engine's; the request-stream benchmark writes its fields."""
+
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from replaylab.bench.stream import (
+    StreamSpec,
+    make_stream,
+    run_stream_bench,
+    stream_metrics,
+    stream_requests,
+)
+from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy
+from replaylab.serving import (
+    STRATEGIES,
+    DecodeEngine,
+    Request,
+    Scheduler,
+    admissible,
+    request_bytes,
+    rollback_cursor,
+    slot_bytes,
+)
+from replaylab.testing import tiny_hybrid
+
+MODEL = tiny_hybrid()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One CPU thread for these small models: on a busy two-core machine a second thread only
+    waits (restored afterwards)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+VOCAB = MODEL.cfg.vocab_size
+
+
+def _workload(n=9, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    prompts, outs = [], []
+    for _ in range(n):
+        prompts.append(torch.randint(0, VOCAB, (int(torch.randint(2, 14, (1,), generator=g)),)))
+        outs.append(int(torch.randint(1, 11, (1,), generator=g)))
+    return prompts, outs
+
+
+PROMPTS, OUTS = _workload()
+# each request decoded alone by the teaching cache (no engine), greedily
+ALONE = [greedy(MODEL, p[None], n, "snapshot").tokens[0] for p, n in zip(PROMPTS, OUTS)]
+
+
+class Watched:
+    """An engine whose every step checks the scheduler's budget and slot count first."""
+
+    def __init__(self, engine):
+        self.engine, self.sched, self.checked = engine, None, 0
+        inner = engine.step
+
+        def step(*args, **kwargs):
+            s = self.sched
+            held = sum(r.reserved for r in s.running)
+            assert held == s.used <= s.budget, (held, s.used, s.budget)
+            assert engine.batch == len(s.running) <= s.max_running
+            self.checked += 1
+            return inner(*args, **kwargs)
+
+        engine.step = step
+
+
+def _requests(mode, arrivals):
+    out = []
+    for i, (p, n) in enumerate(zip(PROMPTS, OUTS)):
+        drafter = None
+        if mode == "synthetic":
+            drafter = SyntheticDrafter(torch.cat([p, ALONE[i]]), 0.6, seed=i)
+        elif mode == "lookup":
+            drafter = PromptLookupDrafter()
+        out.append(Request(i, p, n, arrival=arrivals[i], drafter=drafter))
+    return out
+
+
+def _arrivals(rate, seed=1):
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in PROMPTS:
+        t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("mode", ["decode", "synthetic", "lookup"])
+def test_every_request_gets_its_own_greedy_tokens_under_a_binding_budget(strategy, mode):
+    engine = DecodeEngine(MODEL, 3, 28, strategy, log_length=5, max_verify=5)
+    watch = Watched(engine)
+    k = 0 if mode == "decode" else 4
+    sizes = slot_bytes(engine)
+    # room for two of the longest requests: the budget, not the slots, binds
+    budget = 2 * request_bytes(sizes, max(map(len, PROMPTS)), max(OUTS), k)
+    sched = Scheduler(engine, budget_bytes=budget, k=k)
+    watch.sched = sched
+    for r in _requests(mode, _arrivals(rate=400.0)):
+        sched.add(r)
+    finished = sched.run()
+    assert sorted(r.id for r in finished) == list(range(len(PROMPTS)))
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+        assert len(r.token_times) == r.max_new_tokens and r.ttft >= 0
+        assert r.token_times == sorted(r.token_times) and r.finished_at >= r.token_times[-1]
+    assert watch.checked > 0 and engine.batch == 0 and sched.used == 0
+    assert all(h.used <= budget for h in sched.history)
+    assert sched.peak_running == 2 < engine.max_batch  # the budget bound, not the slots
+    if mode == "synthetic":
+        assert sum(r.proposed for r in finished) > 0 and sum(r.accepted for r in finished) > 0
+        assert engine.stats.rollbacks > 0 and any(h.rejected for h in sched.history)
+
+
+def test_admission_is_first_come_first_served_and_blocks_behind_a_large_request():
+    engine = DecodeEngine(MODEL, 4, 40, "replay", log_length=5, max_verify=5)
+    sizes = slot_bytes(engine)
+    small = request_bytes(sizes, 3, 2)
+    big = request_bytes(sizes, 30, 8)
+    sched = Scheduler(engine, budget_bytes=big + small)
+    g = torch.Generator().manual_seed(0)
+    reqs = [
+        Request(0, torch.randint(0, VOCAB, (3,), generator=g), 2, arrival=0.0),
+        Request(1, torch.randint(0, VOCAB, (30,), generator=g), 8, arrival=0.001),
+        Request(2, torch.randint(0, VOCAB, (3,), generator=g), 2, arrival=0.002),
+    ]
+    for r in reversed(reqs):  # added out of order: the queue orders them by arrival
+        sched.add(r)
+    assert [r.id for r in sched.waiting] == [0, 1, 2]
+    sched.run()
+    assert [r.id for r in sorted(reqs, key=lambda r: r.admitted_at)] == [0, 1, 2]
+    # request 2 fits beside request 0 but not beside 1: it waits for 1 (no overtaking)
+    assert reqs[2].admitted_at >= reqs[0].finished_at
+    assert all(h.used <= sched.budget for h in sched.history)
+
+
+def test_admissible_is_the_longest_prefix_that_fits():
+    assert admissible([5, 5, 5], used=0, budget=10, free_slots=3) == 2
+    assert admissible([5, 5, 5], used=0, budget=15, free_slots=3) == 3  # an exact fit
+    assert admissible([5, 5, 5], used=1, budget=15, free_slots=3) == 2
+    assert admissible([5, 5, 5], used=0, budget=100, free_slots=1) == 1
+    assert admissible([20, 1, 1], used=0, budget=10, free_slots=3) == 0  # the head blocks
+    assert admissible([], used=0, budget=10, free_slots=3) == 0
+    assert admissible([1, 1], used=0, budget=10, free_slots=0) == 0
+
+
+def test_freed_slots_are_reused():
+    engine = DecodeEngine(MODEL, 2, 28, "snapshot", max_verify=1)
+    sched = Scheduler(engine)
+    slots = []
+    admit = engine.admit
+
+    def record(prompt):
+        slot, logits = admit(prompt)
+        slots.append(slot)
+        return slot, logits
+
+    engine.admit = record
+    finished = sched.run(_requests("decode", [0.0] * len(PROMPTS)))
+    assert len(finished) == len(PROMPTS) and engine.stats.admitted == len(PROMPTS)
+    assert set(slots) == {0, 1} and engine.stats.retired == len(PROMPTS)
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id])
+
+
+def _state(sched):
+    return (
+        [r.id for r in sched.waiting],
+        [r.id for r in sched.running],
+        sched.used,
+        sched.now,
+        len(sched.history),
+        sorted(sched._ids),
+    )
+
+
+def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
+    engine = DecodeEngine(MODEL, 2, 16, "replay", log_length=5, max_verify=5)
+    sizes = slot_bytes(engine)
+    smallest = request_bytes(sizes, 1, 1, 4)
+    with pytest.raises(ValueError, match=rf"budget_bytes: {smallest - 1} is smaller than one"):
+        Scheduler(engine, budget_bytes=smallest - 1, k=4)
+    with pytest.raises(ValueError, match=r"k: expected 0 <= k <= 4, got 5"):
+        Scheduler(engine, k=5)
+    with pytest.raises(ValueError, match=r"max_running: expected 1 <= max_running <= 2, got 3"):
+        Scheduler(engine, max_running=3)
+    budget = request_bytes(sizes, 10, 6)
+    sched = Scheduler(engine, budget_bytes=budget)
+    sched.add(Request(0, torch.tensor([1, 2, 3]), 4))
+    before = _state(sched)
+    bad = [
+        (Request(0, torch.tensor([1]), 2), r"id 0 was already added"),
+        (Request(1, torch.tensor([1, 2, VOCAB]), 2), rf"ids in \[0, {VOCAB}\)"),
+        (Request(2, torch.tensor([[1, 2]]), 2), r"prompt: expected ids \(T0,\), got \(1, 2\)"),
+        (Request(3, torch.tensor([1, 2]), 0), r"max_new_tokens: expected 1 <= .*, got 0"),
+        (
+            Request(4, torch.arange(12) % VOCAB, 6),
+            r"prompt of 12 tokens \+ max_new_tokens=6 needs 17 positions: .*max_len=16",
+        ),
+        (Request(5, torch.arange(16) % VOCAB, 1), r"expected 1 <= prompt < max_len"),
+        (
+            Request(6, torch.arange(10) % VOCAB, 7),
+            rf"needs {request_bytes(sizes, 10, 7)} bytes, more than the whole "
+            rf"budget_bytes={budget}",
+        ),
+        (Request(7, torch.tensor([1]), 2, arrival=-1.0), r"arrival: expected >= 0 s, got -1.0"),
+    ]
+    for request, message in bad:
+        with pytest.raises(ValueError, match=message):
+            sched.add(request)
+        assert _state(sched) == before, message
+    with pytest.raises(TypeError, match=r"expected a Request, got tuple"):
+        sched.add((8, torch.tensor([1]), 2))
+    assert _state(sched) == before
+    sched.run()
+    assert (
+        sched.finished[0].tokens == greedy(MODEL, torch.tensor([[1, 2, 3]]), 4).tokens[0].tolist()
+    )
+    engine.admit(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"engine: 1 slots are live \(\[0\]\)"):
+        Scheduler(engine)
+
+
+def test_a_drafter_proposing_ids_outside_the_vocabulary_is_named():
+    class Bad:
+        def propose(self, context, k, vocab):
+            return torch.full((k,), vocab)
+
+    engine = DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5)
+    sched = Scheduler(engine, k=4)
+    sched.add(Request(0, torch.tensor([1, 2]), 4, drafter=Bad()))
+    with pytest.raises(ValueError, match=rf"request 0: its drafter proposed ids from {VOCAB}"):
+        sched.run()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_rollback_cursor_is_the_engines(strategy):
+    rng = random.Random(3)
+    engine = DecodeEngine(MODEL, 3, 60, strategy, log_length=5, max_verify=5)
+    for n in (4, 9, 6):
+        engine.admit(torch.randint(0, VOCAB, (n,)))
+    for _ in range(8):
+        counts = [rng.randint(1, 5) for _ in range(3)]
+        engine.step(torch.randint(0, VOCAB, (3, 5)), counts)
+        keep = [rng.randint(1, c) for c in counts]
+        want = rollback_cursor(engine.pos, engine.log_len, engine.last, keep)
+        engine.rollback(keep)
+        assert (engine.pos, engine.last) == (want[0], want[2])
+        if strategy == "replay":
+            assert engine.log_len == want[1]
+    with pytest.raises(ValueError, match=r"keep of slot 1: expected 1 <= keep of slot 1 <= 2"):
+        rollback_cursor([5, 5], [1, 1], [3, 2], [1, 3])
+    with pytest.raises(ValueError, match=r"keep: expected 2 values, one per slot, got 1"):
+        rollback_cursor([5, 5], [1, 1], [3, 2], [1])
+
+
+def test_make_stream_is_seeded_and_poisson_shaped():
+    spec = StreamSpec(400, (6, 24), (4, 16), seed=5)
+    prompts, outs, arrivals = make_stream(spec, VOCAB)
+    again = make_stream(spec, VOCAB)
+    assert all(torch.equal(a, b) for a, b in zip(prompts, again[0])) and outs == again[1]
+    assert all(6 <= p.numel() <= 24 for p in prompts) and all(4 <= n <= 16 for n in outs)
+    gaps = [b - a for a, b in zip([0.0, *arrivals], arrivals)]
+    assert 0.85 < sum(gaps) / len(gaps) < 1.15  # Exp(1) gaps: mean 1
+    reqs = stream_requests((prompts, outs, arrivals), 20.0)
+    assert math.isclose(reqs[-1].arrival, arrivals[-1] / 20.0)
+
+
+FIELDS = ("ttft_s", "tpot_s", "tokens_per_s", "acceptance", "rollback", "peak_running")
+
+
+def test_the_stream_benchmark_writes_its_fields(tmp_path):
+    from replaylab.bench.cli import main
+
+    out = tmp_path / "stream.json"
+    argv = ["serve-stream", "--preset", "cpu", "--device", "cpu", "--n-requests", "3"]
+    argv += ["--sweep-batches", "1,2", "--rate-probes", "1", "--out", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert {"device", "versions", "date", "command"} <= set(result)
+    assert result["command"].startswith("replaylab bench serve-stream")
+    assert result["objective"]["tpot_p99_max_s"] > 0 and result["budget_bytes"] > 0
+    assert set(result["strategies"]) == set(STRATEGIES)
+    for strategy, row in result["strategies"].items():
+        assert row["pool_bytes_per_slot"] > 0 and row["batch1"]["tpot_s"]["p50"] > 0
+        assert set(row["modes"]) == {"decode", "synthetic", "lookup"}
+        for mode, m in row["modes"].items():
+            assert set(FIELDS) <= set(m), (strategy, mode)
+            assert m["requests"] == 3 and m["tokens_equal_decode_stream"] == 3, (strategy, mode)
+            assert m["tokens_equal_alone"] == m["requests_served_alone"] == 3, (strategy, mode)
+            assert 0 < m["ttft_s"]["p50"] <= m["ttft_s"]["p99"]
+            assert m["peak_used_bytes"] <= m["budget_bytes"]
+            assert (m["acceptance"] is None) == (mode == "decode")
+        assert "sustainable_rate" in row["modes"]["synthetic"]
+        assert len(row["modes"]["decode"]["rate_probes"]) == 1
+        c = row["crossover"]
+        assert [r["batch"] for r in c["measured_rows"]] == [1, 2]
+        for r in c["measured_rows"]:
+            assert r["speculative_tokens_differ"] == 0
+            assert r["decode_engine_tokens_per_s"] >= r["decode_tokens_per_s"] > 0
+            assert r["speculative_engine_tokens_per_s"] >= r["speculative_tokens_per_s"] > 0
+            assert r["verify_over_decode_step"] > 0
+        assert "measured_batch_on_the_clock" in c
+        assert {"predicted_batch", "verify_compute_bound_from_batch"} <= set(c)
+        assert [r["batch"] for r in c["predicted_rows"]] == [1, 2]
+
+
+def test_the_cost_model_predicts_a_compute_bound_verify_on_8b_layer_shapes():
+    """On Nemotron-H 8B layer shapes a 5-row verify becomes compute-bound near batch 40
+    (2 n (k+1) B / 790 TFLOP/s against the weights over the copy bandwidth)."""
+    from replaylab.bench.stream import predicted_crossover
+    from replaylab.model import HybridLM, preset
+
+    with torch.device("meta"):
+        model = HybridLM(preset("8b-layers"), seed=0)
+    n = sum(p.numel() for p in model.parameters()) - model.model.embeddings.weight.numel()
+    rows, cross, bound = predicted_crossover(
+        model.cfg, n, "replay", (1, 256), context_len=128, bandwidth=4.3e12
+    )
+    assert 30 <= bound <= 80 and rows[0]["verify_bound"] == "bytes"
+    assert rows[1]["verify_bound"] == "flops"
+    rows, cross, _ = predicted_crossover(model.cfg, n, "snapshot", (1,), bandwidth=4.3e12)
+    assert cross is not None and cross > 64
+
+
+def test_the_committed_cpu_stream_result_has_provenance():
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "bench_serve_stream_cpu.json"
+    result = json.loads(path.read_text())
+    assert result["device_type"] == "cpu" and result["model"] == "tiny"
+    assert result["date"] and result["versions"]["torch"]
+    assert set(result["strategies"]) == set(STRATEGIES)
+
+
+def test_run_stream_bench_refuses_unknown_settings():
+    with pytest.raises(ValueError, match=r"preset: expected one of \['8b-layers', 'cpu'\]"):
+        run_stream_bench("tiny")
+    with pytest.raises(ValueError, match=r"overrides: unknown fields \['n_reqs'\]"):
+        run_stream_bench("cpu", n_reqs=3)
+    with pytest.raises(ValueError, match=r"modes: expected some of"):
+        run_stream_bench("cpu", modes=("beam",))
+
+
+def test_the_serving_figures_draw_a_stream_and_the_committed_result():
+    from replaylab.plotting_serving import (
+        crossover_figure,
+        latency_figure,
+        load_stream_result,
+        slot_timeline_figure,
+    )
+
+    engine = DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5)
+    sched = Scheduler(engine)
+    done = sched.run(_requests("decode", _arrivals(rate=400.0)))
+    run = {"replay": stream_metrics(done, sched)}
+    fig = latency_figure(run)
+    assert len(fig.data) == 2 and len(fig.data[0].y) == len(done)
+    timeline = slot_timeline_figure(done)
+    bars = [t for t in timeline.data if t.type == "bar"]
+    assert len(bars) == len(done) and {b.y[0] for b in bars} <= {0, 1}
+    result, path = load_stream_result(gpu="data/no_such_file.json")
+    assert path.endswith("bench_serve_stream_cpu.json")
+    fig = crossover_figure(result)
+    assert len(fig.data) == 2 * len(result["strategies"]) and "CPU" in fig.layout.title.text
+    assert run["replay"]["requests"] == len(done)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_random_streams_of_mixed_requests_keep_every_requests_tokens(strategy, seed):
+    """Random arrivals, budgets, concurrency caps and k; requests with a synthetic drafter
+    (acceptance from 0 to 1), prompt lookup or none, in one stream."""
+    rng = random.Random(seed)
+    k = rng.randint(1, 4)
+    engine = DecodeEngine(MODEL, 4, 28, strategy, log_length=5, max_verify=5)
+    watch = Watched(engine)
+    need = request_bytes(slot_bytes(engine), max(map(len, PROMPTS)), max(OUTS), k)
+    sched = Scheduler(
+        engine, budget_bytes=rng.randint(need, 4 * need), k=k, max_running=rng.randint(1, 4)
+    )
+    watch.sched = sched
+    t = 0.0
+    for i, (p, n) in enumerate(zip(PROMPTS, OUTS)):
+        t += rng.expovariate(300.0) * rng.choice([0, 1, 3])
+        kind = rng.choice(["none", "synthetic", "lookup"])
+        drafter = {
+            "none": None,
+            "synthetic": SyntheticDrafter(torch.cat([p, ALONE[i]]), rng.random(), seed=i),
+            "lookup": PromptLookupDrafter(),
+        }[kind]
+        sched.add(Request(i, p, n, arrival=t, drafter=drafter))
+    finished = sched.run()
+    assert len(finished) == len(PROMPTS) and watch.checked > 0
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+
+
+def test_an_admission_rule_can_be_plugged_in_and_cannot_break_the_budget():
+    def one_at_a_time(needs, used, budget, free_slots):
+        return min(1, admissible(needs, used, budget, free_slots))
+
+    engine = DecodeEngine(MODEL, 3, 28, "replay", log_length=5, max_verify=5)
+    sched = Scheduler(engine, admission=one_at_a_time)
+    finished = sched.run(_requests("decode", [0.0] * len(PROMPTS)))
+    assert all(len(h.admitted) <= 1 for h in sched.history)
+    assert all(torch.equal(torch.tensor(r.tokens), ALONE[r.id]) for r in finished)
+
+    def greedy_rule(needs, used, budget, free_slots):
+        return len(needs)
+
+    budget = request_bytes(slot_bytes(engine), max(map(len, PROMPTS)), max(OUTS))
+    sched = Scheduler(engine, budget_bytes=budget, admission=greedy_rule)
+    for r in _requests("decode", [0.0] * len(PROMPTS)):
+        sched.add(r)
+    with pytest.raises(ValueError, match=r"admission: the rule's answer: expected 0 <= "):
+        sched.step()
+    assert engine.batch == 0 and sched.used == 0 and len(sched.waiting) == len(PROMPTS)
+    sched = Scheduler(
+        engine, budget_bytes=budget, admission=lambda needs, used, budget, free: min(2, free)
+    )
+    for r in _requests("decode", [0.0] * len(PROMPTS)):
+        sched.add(r)
+    with pytest.raises(ValueError, match=r"admitted 2 requests holding .* at most budget_bytes"):
+        sched.step()
+    assert engine.batch == 0 and sched.used == 0
+    with pytest.raises(TypeError, match=r"admission: expected a function, got int"):
+        Scheduler(engine, admission=3)

@@ -1,0 +1,131 @@
+"""Notebook 13's exercise checks (``replaylab.exercises_serving``): they pass on the reference
+answers in ``notebooks/solutions/13_serving.py``, fail on the stubs, report an exception as a
+failure, and fail on two plausible wrong answers each with a message that points at the
+mistake."""
+
+from pathlib import Path
+
+import pytest
+
+from replaylab.exercises import solution_sections
+from replaylab.exercises_serving import check_admission_rule, check_rollback_cursor
+
+SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "13_serving.py"
+
+
+def _solution(key, name):
+    scope = {}
+    exec(solution_sections(SOLUTIONS)[key], scope)
+    return scope[name]
+
+
+def _out(capsys):
+    return capsys.readouterr().out
+
+
+def test_the_reference_answers_pass(capsys):
+    assert check_rollback_cursor(_solution("rollback_cursor", "my_rollback_cursor"))
+    assert check_admission_rule(_solution("admission_rule", "my_admissible"))
+    out = _out(capsys)
+    assert "PASS rollback cursor" in out and "PASS admission rule" in out
+
+
+def _stub(*args):
+    raise NotImplementedError("write it")
+
+
+@pytest.mark.parametrize("check", [check_rollback_cursor, check_admission_rule])
+def test_stubs_and_exceptions_are_failures_not_errors(check, capsys):
+    assert check(_stub) is False
+    assert "not yet implemented" in _out(capsys)
+
+    def broken(*args):
+        return [][0]
+
+    assert check(broken) is False
+    out = _out(capsys)
+    assert "FAIL" in out and "IndexError" in out and "broken" in out
+    assert check(lambda *a: None) is False
+    assert "not done yet" in _out(capsys)
+
+
+# ------------------------------------------------------------------ the rollback cursor
+
+
+def _subtracts_keep(pos, log_len, last, keep):
+    """Moves back by what is kept, not by what is dropped."""
+    return [p - k for p, k in zip(pos, keep)], [n - k for n, k in zip(log_len, keep)]
+
+
+def _forgets_the_log(pos, log_len, last, keep):
+    """Moves the position back but leaves the log length where the step left it."""
+    return [p - (lst - k) for p, lst, k in zip(pos, last, keep)], list(log_len)
+
+
+def _counts_accepted_drafts(pos, log_len, last, keep):
+    """Takes keep for the accepted drafts alone (forgets the pending token): one too many."""
+    drop = [lst - (k - 1) for lst, k in zip(last, keep)]
+    return [p - d for p, d in zip(pos, drop)], [n - d for n, d in zip(log_len, drop)]
+
+
+def _in_place(pos, log_len, last, keep):
+    """Right numbers, but written into the engine's own lists."""
+    for i, (lst, k) in enumerate(zip(last, keep)):
+        pos[i] -= lst - k
+        log_len[i] -= lst - k
+    return pos, log_len
+
+
+# ------------------------------------------------------------------ the admission rule
+
+
+def _skips_ahead(needs, used, budget, free_slots):
+    """Admits every request that fits, in order, skipping the ones that do not."""
+    n = 0
+    for need in needs:
+        if n < free_slots and used + need <= budget:
+            used += need
+            n += 1
+    return n
+
+
+def _ignores_slots(needs, used, budget, free_slots):
+    n = 0
+    for need in needs:
+        if used + need > budget:
+            break
+        used, n = used + need, n + 1
+    return n
+
+
+def _strict_budget(needs, used, budget, free_slots):
+    """Refuses an exact fit (< instead of <=)."""
+    n = 0
+    for need in needs:
+        if n == free_slots or used + need >= budget:
+            break
+        used, n = used + need, n + 1
+    return n
+
+
+CURSOR, ADMISSION = check_rollback_cursor, check_admission_rule
+
+
+@pytest.mark.parametrize(
+    "check, wrong, pointer",
+    [
+        (CURSOR, _subtracts_keep, r"so it drops last - keep = 0"),
+        (CURSOR, _forgets_the_log, r"new_log_len of slot 0 expected .* the log moves back with"),
+        (CURSOR, _counts_accepted_drafts, r"new_pos of slot 0 expected 10, got 9"),
+        (CURSOR, _in_place, r"your function changed its arguments"),
+        (ADMISSION, _skips_ahead, r"needs=\[20, 1, 1\].*expected 0, got 2: .*first come, first"),
+        (ADMISSION, _ignores_slots, r"free_slots=2: expected 2, got 3: only free_slots=2 slots"),
+        (ADMISSION, _strict_budget, r"expected 3, got 2: .*\(an exact fit is allowed\)"),
+    ],
+)
+def test_wrong_answers_fail_with_a_pointed_message(check, wrong, pointer, capsys):
+    import re
+
+    assert check(wrong) is False
+    out = _out(capsys)
+    assert f"FAIL {check.verdict_name()}" in out and re.search(pointer, out), out
