@@ -255,7 +255,7 @@ def test_the_rollback_cursor_is_the_engines(strategy):
     for n in (4, 9, 6):
         engine.admit(torch.randint(0, VOCAB, (n,)))
     for _ in range(8):
-        counts = [rng.randint(1, 5) for _ in range(3)]
+        counts = [rng.randint(1, engine.room(s)) for s in range(3)]  # replay: up to its fold
         engine.step(torch.randint(0, VOCAB, (3, 5)), counts)
         keep = [rng.randint(1, c) for c in counts]
         want = rollback_cursor(engine.pos, engine.log_len, engine.last, keep)

@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 MODES = ("decode", "synthetic", "lookup")
-MATMUL_RATE = 790e12  # bf16 FLOP/s measured on the H200 on random data (DESIGN section 6)
+MATMUL_RATE = 790e12  # bf16 FLOP/s on an H200, random data (an earlier run; this session's: 673, bench_serve_ragged.json)
 
 # the runs' sizes: "cpu" is a smoke run in seconds (tiny model); "8b-layers" is the GPU run
 PRESETS = {
@@ -632,7 +632,7 @@ def run_stream_bench(
                 predicted_batch=pcross,
                 verify_compute_bound_from_batch=bound,
                 prediction_hardware="H200: copy bandwidth of costmodel.HARDWARE['H200'], "
-                f"{MATMUL_RATE / 1e12:.0f} TFLOP/s bf16 matrix rate (measured, DESIGN section 6)",
+                f"{MATMUL_RATE / 1e12:.0f} TFLOP/s bf16 matrix rate (measured on an H200, random data)",
             )
             say(f"{strategy} crossover: measured {cross}, predicted {pcross}")
         if cuda:

@@ -19,7 +19,7 @@ One byte budget covers KV + recurrent state + logs. A request holds (``request_b
 (``kv_accounting="slot"`` counts the engine's whole KV row of the slot instead: the engine
 preallocates max_len + max_verify rows per slot; a paged KV allocator would hold only the
 request's own.) The budget binds the three strategies differently: a snapshot slot carries
-k + 1 copies of the state, a replay slot a log of L + k + 1 entries.
+k + 1 copies of the state, a replay slot a log of L entries.
 
 Clock: ``now`` is the scheduler's clock in seconds. Work is timed with ``time.perf_counter``
 (after ``torch.cuda.synchronize()`` on a GPU) and moves the clock by the time it took; when
@@ -321,8 +321,10 @@ class Scheduler:
         rows, drafts = [], []
         for r in going:
             d = []
-            if T > 1 and r.drafter is not None and r.remaining > 1:
-                d = self._drafts(r, min(self.k, r.remaining - 1), vocab)
+            # fewer drafts than k near the end, and under replay near the fold grid (room)
+            n = min(self.k, r.remaining - 1, self.engine.room(r.slot) - 1)
+            if T > 1 and r.drafter is not None and n > 0:
+                d = self._drafts(r, n, vocab)
             rows.append([r.tokens[-1], *d] + [0] * (T - 1 - len(d)))
             drafts.append(d)
         counts = [1 + len(d) for d in drafts]
