@@ -33,13 +33,14 @@ slots not in the step get count 0 and are left as they were). Strategies:
   before the fold would need the old one back.)
 
 On CPU (graphs off) the engine runs the teaching model's reference operations. On a GPU it runs
-fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel.
-What can still round differently between a decode step and a verify is a matrix product over
-another number of rows: on an H200, cuBLAS bf16 rows are invariant to the row count at batch 1
-and 8 but not at 64 and 128 (``data/bench_serve_matmul_rows.json``), so there speculative
-tokens part from greedy ones at the first near-tie under every strategy. ``replaylab bench
-serve`` records where (``data/bench_serve_lossless.json``: 47 of 48 configurations at batch
-1 and 8 bit for bit; one replay run on the 1b preset parts, cause not yet found).
+fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel,
+and the matrix products go through ``kernels.matmul.linear`` (``matmul="row_invariant"``),
+whose rows do not depend on the row count: cuBLAS's bf16 rows do at batch 64 and 128 on an
+H200, and a verify through it parts from decode at the first near-tie. On the H200
+(``data/bench_serve.json``) speculative tokens equal greedy ones bit for bit in 72 of 72
+configurations (1b and 8b-layers, every strategy, batch 1 / 8 / 64, k 1 and 4, acceptance 0.5
+and 1.0); the row-invariant product costs 16-19% of decode throughput there
+(``data/bench_serve_ragged.json``).
 
 Glossary: S slots in a step, T tokens per step (1 decode, k + 1 verify), L log length, bucket:
 the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
