@@ -225,3 +225,18 @@ def test_chunked_prefill_equals_one_shot(tiny_model, generator, strategy):
     for end, state in trees[16].items():  # chunks of 16 break at every grid point of 8
         for layer, s in state.items():
             assert torch.equal(s.ssm, trees[8][end][layer].ssm)
+
+
+def test_prefix_bench_rows(tiny_model):
+    from replaylab.bench.prefix import prefix_summary, run_prefix_bench
+
+    result = run_prefix_bench(
+        tiny_model, block_sizes=(64,), strategies=("replay", "snapshot"), log=lambda line: None
+    )
+    rows = {(r["workload"], r["strategy"]): r for r in result["rows"]}
+    assert len(rows) == 8 and len(prefix_summary(result)) == 5
+    for name in ("shared_system", "multi_turn", "few_shot", "shared_docs"):
+        replay, align = rows[(name, "replay")], rows[(name, "snapshot")]
+        assert replay["token_hit_rate"] == replay["ideal_hit_rate"] > 0.5
+        assert align["token_hit_rate"] < replay["token_hit_rate"]
+        assert align["computed_tokens"] > replay["computed_tokens"]
