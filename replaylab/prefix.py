@@ -27,7 +27,8 @@ What each strategy holds per full node: KV rows (2 * kv_heads * b * head_dim per
 layer) + end_state (state + conv window per recurrent layer) + replay's log (b entries per
 recurrent layer). One byte budget covers all of it; eviction drops whole leaves (least recently
 used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
-its state can be rebuilt. The served cache holds copies: decoding, speculation and rollback on
+its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
+(those blocks then serve align-style hits). The served cache holds copies: decoding, speculation and rollback on
 it never touch the tree (copy on write).
 
 The cache API has no "load this state at position p"; ``_seat`` writes a fresh cache's stores
@@ -359,8 +360,11 @@ class PrefixCache:
         path, m, stop = self._match(tokens)
         usable = min(m, T - 1)  # the last token is always computed, for its logits
         grid = usable // b * b
+        log_gone = False
         if self.strategy == "replay":
             r, j = grid, usable - grid
+            if j and path[grid // b].log is None:  # its log was evicted: resume on the grid
+                r, j, log_gone = grid, 0, True
         else:
             r, j = usable // self.interval * self.interval, 0
         cache = self._fresh_cache()
@@ -368,6 +372,8 @@ class PrefixCache:
         cache, logits, states = self._prefill(tokens, cache, r + j, keep_every=self.interval)
         resumed = r + j
         limited = "not on the grid" if resumed < usable else stop
+        if log_gone:
+            limited = "evicted"
         if resumed == usable and usable < m:
             limited = "end of prompt"
         hit = PrefixHit(
@@ -415,6 +421,16 @@ class PrefixCache:
 
     def _evict_to_budget(self):
         while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
+            # replay: first the logs of blocks that later blocks extend (a hit passes through
+            # them on their end states; only a request diverging inside one needs its log)
+            logged = [n for n in self.nodes() if n.children and n.log is not None]
+            if logged:
+                victim = min(logged, key=lambda n: n.last_used)
+                self.held_bytes -= victim.nbytes
+                victim.log = None
+                victim.nbytes = _node_bytes(victim)
+                self.held_bytes += victim.nbytes
+                continue
             leaves = [n for n in self.nodes() if not n.children]
             if self.eviction == "lru":
                 victim = min(leaves, key=lambda n: n.last_used)
@@ -441,7 +457,7 @@ class PrefixCache:
                 assert k.shape[2] == v.shape[2] == len(node.tokens)
             full = len(node.tokens) == b
             assert (node.end_state is not None) == (full and node.end % self.interval == 0)
-            if self.strategy == "replay":
+            if self.strategy == "replay" and node.log is not None:
                 assert all(
                     t.shape[1] == len(node.tokens) for f in node.log.values() for t in f.values()
                 )

@@ -240,3 +240,22 @@ def test_prefix_bench_rows(tiny_model):
         assert replay["token_hit_rate"] == replay["ideal_hit_rate"] > 0.5
         assert align["token_hit_rate"] < replay["token_hit_rate"]
         assert align["computed_tokens"] > replay["computed_tokens"]
+
+
+def test_replay_drops_inner_logs_first_and_then_resumes_on_the_grid(tiny_model, generator):
+    first = random_tokens(generator, 37)
+    prefix = PrefixCache(tiny_model, "replay", block_size=8, max_len=64)
+    prefix.serve(first)
+    leaves = {n.start for n in prefix.nodes() if not n.children}
+    prefix.set_budget(prefix.held_bytes - 1)  # one log goes, no node
+    prefix.check_rebuildable()
+    bare = [n for n in prefix.nodes() if n.log is None]
+    assert len(bare) == 1 and bare[0].children and len(list(prefix.nodes())) == 5
+    assert {n.start for n in prefix.nodes() if not n.children} == leaves
+    diverge = bare[0].start + 3
+    second = first[:diverge] + [(first[diverge] + 1) % 50, 7, 7]
+    served = prefix.serve(second)
+    assert_close(served.logits, cold_logits(tiny_model, second)[-1], atol=ATOL, rtol=0)
+    hit = served.hit
+    assert (hit.matched, hit.resumed_from, hit.folded) == (diverge, bare[0].start, 0)
+    assert hit.limited_by == "evicted"

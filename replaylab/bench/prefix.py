@@ -16,7 +16,7 @@ import torch
 
 from replaylab.prefix import PrefixCache
 
-__all__ = ["WORKLOADS", "workload", "run_prefix_bench", "prefix_summary"]
+__all__ = ["WORKLOADS", "workload", "run_prefix_bench", "budget_sweep", "prefix_summary"]
 
 WORKLOADS = ("shared_system", "multi_turn", "few_shot", "shared_docs")
 
@@ -95,6 +95,42 @@ def run_prefix_bench(model, block_sizes=(16, 64, 256), strategies=None, log=prin
                     f"bytes {row['bytes_held']}"
                 )
     return {"model": "replaylab.testing.tiny_hybrid", "rows": rows}
+
+
+def budget_sweep(model, budgets, block_sizes=(16, 64), strategies=None, log=print) -> list:
+    """Token hit rate at equal bytes: every workload, strategy and block size under each byte
+    budget in ``budgets`` (LRU eviction; a budget under one block of a strategy is skipped and
+    recorded as such)."""
+    strategies = strategies or ("replay", "snapshot", "recompute")
+    rows = []
+    for name in WORKLOADS:
+        stream = workload(name)
+        total = sum(len(t) for t in stream)
+        max_len = max(max(len(t) for t in stream), *block_sizes)
+        for block in block_sizes:
+            for strategy in strategies:
+                for budget in budgets:
+                    row = dict(workload=name, strategy=strategy, block_size=block, budget=budget)
+                    try:
+                        prefix = PrefixCache(
+                            model, strategy, block_size=block, max_len=max_len, budget_bytes=budget
+                        )
+                    except ValueError as err:
+                        rows.append(dict(row, skipped=str(err)))
+                        continue
+                    hits = [prefix.serve(tokens).hit for tokens in stream]
+                    row.update(
+                        token_hit_rate=round(sum(h.resumed_from for h in hits) / total, 4),
+                        computed_tokens=sum(h.computed for h in hits),
+                        bytes_held=prefix.held_bytes,
+                        evicted_stops=sum(h.match_stop == "evicted" for h in hits),
+                    )
+                    rows.append(row)
+                    log(
+                        f"{name:13s} b={block:4d} {strategy:9s} budget {budget:8d} "
+                        f"hit {row['token_hit_rate']:.3f}"
+                    )
+    return rows
 
 
 def prefix_summary(result) -> list[str]:
