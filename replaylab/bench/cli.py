@@ -208,6 +208,28 @@ def _serve_stream(args):
     return 0
 
 
+def _prefix(args):
+    import torch
+
+    from replaylab.bench.prefix import budget_sweep, prefix_summary, run_prefix_bench
+    from replaylab.bench.provenance import provenance
+    from replaylab.testing import tiny_hybrid
+
+    torch.set_num_threads(args.threads or 1)
+    out = args.out or "data/bench_prefix_cpu.json"
+    t0 = time.time()
+    with torch.no_grad():
+        model = tiny_hybrid()
+        result = run_prefix_bench(model, block_sizes=tuple(args.block_sizes))
+        result["budget_sweep"] = budget_sweep(model, budgets=tuple(args.budgets))
+    result = dict(provenance(args.argv), **result, seconds=round(time.time() - t0, 1))
+    _write(result, out)
+    for line in prefix_summary(result):
+        print(line)
+    print(f"wrote {out}")
+    return 0
+
+
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
     bench = subparsers.add_parser(
@@ -316,7 +338,19 @@ def add_bench_parser(subparsers):
     ss.add_argument("--no-sweep", action="store_true", help="skip the crossover sweep")
     ss.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
     ss.set_defaults(run=_serve_stream)
-    for p in (k, s, d, e, v, ss):
+    px = sub.add_parser(
+        "prefix", help="prefix-cache token hit rates per strategy and block size (CPU)"
+    )
+    px.add_argument("--block-sizes", type=_ints, default=[16, 64, 256, 1024])
+    px.add_argument(
+        "--budgets",
+        type=_ints,
+        default=[50_000, 100_000, 200_000, 400_000, 800_000],
+        help="byte budgets of the equal-bytes sweep (block sizes 16, 64)",
+    )
+    px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    px.set_defaults(run=_prefix)
+    for p in (k, s, d, e, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

@@ -1,0 +1,467 @@
+"""A prefix cache for the hybrid teaching cache: a radix tree over token ids whose nodes hold, on
+a block grid of ``block_size`` tokens, what a later request needs to resume from there.
+
+    prefix = PrefixCache(model, "replay", block_size=16, budget_bytes=2**20, max_len=512)
+    served = prefix.serve(prompt)        # prompt: (T,) token ids
+    served.cache                         # a HybridCache positioned after the prompt
+    served.logits                        # (vocab,) logits of the prompt's last token
+    served.hit                           # PrefixHit: what was reused and why not more
+
+Glossary (code name -> meaning):
+    block_size  b      the grid: node i of a path holds tokens [i*b, (i+1)*b) (the last may be
+                       shorter); KV rows are held for every token, recurrent state only on it
+    grid position g    a multiple of b
+    end_state          per recurrent layer, the ``LayerState`` (ssm, conv) after the node's last
+                       token, kept when the node is a full block (recompute: only where
+                       g % checkpoint_interval == 0)
+    log                replay only: per recurrent layer the logged scan inputs of the node's
+                       tokens (the fields ``RecurrentSpec.log_fields`` names), so the state at
+                       g + j is fold(end_state of the parent, log[:j]) for any 0 <= j <= b
+    matched m          tokens of the prompt the tree holds (a prefix)
+    resumed r          the position the served cache starts computing from: replay r = m;
+                       snapshot ("align", vLLM's mamba_cache_mode=align) r = the last grid
+                       position <= m; recompute the last checkpoint <= m, then the model re-runs
+                       [r, m) ("recomputed") before prefilling [m, T)
+
+What each strategy holds per full node: KV rows (2 * kv_heads * b * head_dim per attention
+layer) + end_state (state + conv window per recurrent layer) + replay's log (b entries per
+recurrent layer). One byte budget covers all of it; eviction drops whole leaves (least recently
+used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
+its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
+(those blocks then serve align-style hits). The served cache holds copies: decoding, speculation and rollback on
+it never touch the tree (copy on write).
+
+The cache API has no "load this state at position p"; ``_seat`` writes a fresh cache's stores
+through their attributes (``ReplayStore.checkpoint/log/n/start``, ``CurrentStateStore.current``)
+and fills KV with ``LayerKV.append``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from replaylab.cache import HybridCache
+from replaylab.validation import as_int
+
+__all__ = ["PrefixCache", "PrefixHit", "Served", "PREFIX_STRATEGIES", "PREFIX_EVICTION"]
+
+PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
+PREFIX_EVICTION = ("lru", "cost")
+STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """One request's hit report.
+
+    prompt_length   T
+    matched         m: tokens of the prompt held by the tree
+    resumed_from    r: position the served cache started from (state restored there)
+    folded          replay: logged entries folded into the grid checkpoint (at most b)
+    recomputed      recompute: tokens [r, m) re-run through the model
+    prefilled       tokens [max(r, m), T) computed because the tree did not hold them
+                    (snapshot: [r, T), the matched tokens after the grid point included)
+    match_stop      why the match stopped at m: "end of prompt" (the last token is always
+                    computed, for its logits), "unique tokens" (no earlier request held the
+                    next token), "evicted" (one did, and its node was evicted)
+    limited_by      why reuse ended at r: "not on the grid" when r < m (snapshot, recompute),
+                    else ``match_stop``
+    """
+
+    prompt_length: int
+    matched: int
+    resumed_from: int
+    folded: int
+    recomputed: int
+    prefilled: int
+    match_stop: str
+    limited_by: str
+
+    @property
+    def computed(self) -> int:
+        """Tokens run through the model for this request."""
+        return self.recomputed + self.prefilled
+
+
+@dataclass
+class Served:
+    cache: HybridCache
+    logits: torch.Tensor  # (vocab,) after the prompt's last token
+    hit: PrefixHit
+
+
+@dataclass(eq=False)
+class _Node:
+    start: int  # grid position of the node's first token
+    tokens: tuple  # up to block_size ids
+    parent: _Node | None
+    kv: dict = field(default_factory=dict)  # layer -> (k, v) each (1, kv_heads, len, head_dim)
+    end_state: dict | None = None  # layer -> LayerState (1, ...) after the last token
+    log: dict | None = None  # replay: layer -> {field: (1, len, ...)}
+    children: list = field(default_factory=list)
+    nbytes: int = 0
+    last_used: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+
+def _tensor_bytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def _node_bytes(node) -> int:
+    total = sum(_tensor_bytes(k) + _tensor_bytes(v) for k, v in node.kv.values())
+    total += sum(s.nbytes() for s in (node.end_state or {}).values())
+    total += sum(_tensor_bytes(t) for fields in (node.log or {}).values() for t in fields.values())
+    return total
+
+
+def _common(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PrefixCache:
+    """A radix tree of prefixes of earlier requests for ``model`` (a ``HybridLM``), under
+    ``strategy`` ("replay", "snapshot" or "recompute"), on a grid of ``block_size`` tokens.
+
+    budget_bytes          cap on KV + states + logs held by the tree (None: no cap); at least
+                          one full block's bytes
+    max_len               longest request served
+    checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
+                          block_size; default block_size)
+    eviction              "lru" or "cost" (evict the leaf saving fewest tokens per byte)
+    chunk_size            prefill chunk (chunks also break at every grid position)
+
+    Raises ValueError naming the value and the allowed range for a block size the strategy
+    cannot serve, a budget under one block, a request longer than ``max_len``; nothing in the
+    tree changes when ``serve`` or ``set_budget`` refuses.
+    """
+
+    def __init__(
+        self,
+        model,
+        strategy="replay",
+        *,
+        block_size=16,
+        budget_bytes=None,
+        max_len=2048,
+        checkpoint_interval=None,
+        eviction="lru",
+        chunk_size=None,
+    ):
+        if strategy not in PREFIX_STRATEGIES:
+            raise ValueError(f"strategy: expected one of {PREFIX_STRATEGIES}, got {strategy!r}")
+        if eviction not in PREFIX_EVICTION:
+            raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
+        self.model, self.strategy, self.eviction = model, strategy, eviction
+        self.max_len = as_int("max_len", max_len, low=1)
+        self.block_size = self._check_block_size(block_size, checkpoint_interval)
+        self.interval = (
+            self.block_size
+            if strategy != "recompute" or checkpoint_interval is None
+            else checkpoint_interval
+        )
+        self.chunk_size = as_int("chunk_size", chunk_size or self.max_len, low=1)
+        self.vocab_size = model.cfg.vocab_size
+        self.root = _Node(0, (), None)
+        self.held_bytes = 0
+        self.evicted_prefixes: list[tuple] = []  # token prefixes of evicted nodes (newest last)
+        self._clock = itertools.count(1)
+        self.block_bytes = self._probe_block_bytes()
+        self.budget_bytes = None
+        self.set_budget(budget_bytes)
+
+    # --- validation ------------------------------------------------------------------------
+    def _check_block_size(self, block_size, checkpoint_interval):
+        b = as_int("block_size", block_size, low=1)
+        if self.strategy == "recompute" and checkpoint_interval is not None:
+            ci = as_int("checkpoint_interval", checkpoint_interval, low=1)
+            can = [d for d in range(1, min(ci, self.max_len) + 1) if ci % d == 0]
+            if b not in can:
+                raise ValueError(
+                    f"block_size: the recompute strategy with checkpoint_interval={ci} serves "
+                    f"block sizes that divide it: {can}; got {b}"
+                )
+        if b > self.max_len:
+            raise ValueError(
+                f"block_size: the {self.strategy} strategy serves block sizes 1..max_len="
+                f"{self.max_len}; got {b}"
+            )
+        return b
+
+    def _probe_block_bytes(self) -> int:
+        """Bytes of one full node (KV + end state + log), measured on a probe block."""
+        probe = torch.zeros(self.block_size, dtype=torch.long)
+        cache, _, states = self._prefill(probe, self._fresh_cache(), 0, keep_every=self.block_size)
+        node = self._make_node(probe.tolist(), 0, None, cache, states, log_start=0)
+        if node.end_state is None:  # recompute, block_size < checkpoint_interval: count one
+            node.end_state = states[self.block_size]
+        return _node_bytes(node)
+
+    def set_budget(self, budget_bytes):
+        """Set (None: lift) the byte budget; evicts at once if over it. A budget under one full
+        block (``block_bytes``) is refused and changes nothing."""
+        if budget_bytes is not None:
+            budget = as_int("budget_bytes", budget_bytes, low=1)
+            if budget < self.block_bytes:
+                raise ValueError(
+                    f"budget_bytes: expected at least one {self.strategy} block of "
+                    f"{self.block_size} tokens ({self.block_bytes} bytes), got {budget}"
+                )
+            budget_bytes = budget
+        self.budget_bytes = budget_bytes
+        self._evict_to_budget()
+
+    def _check_prompt(self, prompt) -> list:
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() == 2 and prompt.shape[0] == 1:
+                prompt = prompt[0]
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+                raise TypeError(
+                    f"prompt: expected integer token ids of shape (T,) or (1, T), got "
+                    f"{prompt.dtype} of shape {tuple(prompt.shape)}"
+                )
+            prompt = prompt.tolist()
+        tokens = [as_int("prompt token", t) for t in prompt]
+        if not 1 <= len(tokens) <= self.max_len:
+            raise ValueError(
+                f"prompt: expected 1..max_len={self.max_len} tokens, got {len(tokens)}"
+            )
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"prompt: token ids must lie in [0, {self.vocab_size}), got {bad[0]}")
+        return tokens
+
+    # --- the tree --------------------------------------------------------------------------
+    def nodes(self):
+        """Every node below the root, parents before children."""
+        stack = list(self.root.children)
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children)
+
+    def _match(self, tokens):
+        """(path, m, stop): ``path[i]`` the node holding block i of the match (the last one
+        possibly matched only in part), m the matched length, stop why it ended."""
+        node, path, b = self.root, [], self.block_size
+        while True:
+            pos = node.end
+            want = tokens[pos : pos + b]
+            best = max(node.children, key=lambda c: _common(c.tokens, want), default=None)
+            c = _common(best.tokens, want) if best is not None else 0
+            if c == 0:
+                break
+            path.append(best)
+            if c < b or len(best.tokens) < b:
+                pos += c
+                break
+            node = best
+        m = path[-1].start + _common(path[-1].tokens, tokens[path[-1].start :]) if path else 0
+        if m == len(tokens):
+            return path, m, "end of prompt"
+        nxt = tuple(tokens[: m + 1])
+        evicted = any(p[: m + 1] == nxt for p in self.evicted_prefixes if len(p) > m)
+        return path, m, "evicted" if evicted else "unique tokens"
+
+    def lookup(self, tokens):
+        """(matched length, why it stopped) for a prompt, without serving it or touching LRU."""
+        tokens = self._check_prompt(tokens)
+        _, m, stop = self._match(tokens)
+        return m, stop
+
+    def _grid_state(self, path, g):
+        """The state each recurrent layer had at grid position g of the path (None: zero)."""
+        return None if g == 0 else path[g // self.block_size - 1].end_state
+
+    # --- serving ---------------------------------------------------------------------------
+    def _fresh_cache(self):
+        # replay: a log long enough never to fold during a prompt, so the entries after the
+        # resume checkpoint can be read back for the tree
+        return HybridCache(self.model, 1, self.strategy, log_length=self.max_len + 1)
+
+    def _seat(self, cache, tokens, path, r, j):
+        """Position a fresh ``cache`` at r + j: KV rows [0, r + j) from the path, the state at
+        grid position r, and (replay) the first j log entries of the block starting at r."""
+        upto = r + j
+        for layer, kv in cache.kv.items():
+            parts = [n.kv[layer] for n in path if n.start < upto]
+            if parts:
+                k = torch.cat([p[0] for p in parts], dim=2)[:, :, :upto]
+                v = torch.cat([p[1] for p in parts], dim=2)[:, :, :upto]
+                kv.append(k.clone(), v.clone())
+        cache.tokens = torch.tensor([tokens[:upto]], dtype=torch.long, device=cache.device)
+        state = self._grid_state(path, r)
+        store = cache.ssm
+        for layer in cache.spec.recurrent:
+            if state is not None:
+                seated = state[layer].clone()
+                if self.strategy == "replay":
+                    store.checkpoint[layer] = seated
+                else:
+                    store.current[layer] = seated
+            if self.strategy == "replay" and j:
+                entries = path[r // self.block_size].log[layer]
+                store.log[layer] = {f: t[:, :j].clone() for f, t in entries.items()}
+                store.n[layer] = j
+        if self.strategy == "replay":
+            store.start = r
+
+    def _prefill(self, tokens, cache, start, keep_every):
+        """Run tokens[start:] through ``cache`` in chunks that break at every grid position and
+        every ``chunk_size`` tokens. Returns (cache, last logits (vocab,), {position: state})
+        with the state at each position > start that is a multiple of ``keep_every``."""
+        ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
+        T, states, logits = ids.shape[1], {}, None
+        pos = start
+        with torch.no_grad():
+            while pos < T:
+                step = min(self.chunk_size, self.block_size - pos % self.block_size)
+                nxt = min(T, pos + step)
+                logits = self.model(ids[:, pos:nxt], cache)[0, -1]
+                pos = nxt
+                if pos % keep_every == 0:
+                    states[pos] = {l: cache.state(l).clone() for l in cache.spec.recurrent}
+        return cache, logits, states
+
+    def _make_node(self, seg, g, parent, cache, states, log_start):
+        end = g + len(seg)
+        node = _Node(g, tuple(seg), parent)
+        for layer, kv in cache.kv.items():
+            k, v = kv.keys_values()
+            node.kv[layer] = (k[:, :, g:end].clone(), v[:, :, g:end].clone())
+        if len(seg) == self.block_size and end % self.interval == 0:
+            node.end_state = states[end]
+        if self.strategy == "replay":
+            store = cache.ssm
+            node.log = {
+                layer: {f: t[:, g - log_start : end - log_start].clone() for f, t in buf.items()}
+                for layer, buf in store.log.items()
+            }
+        node.nbytes = _node_bytes(node)
+        return node
+
+    def serve(self, prompt) -> Served:
+        """Serve one request: reuse what the tree holds of ``prompt`` (T,), prefill the rest,
+        insert the prompt's blocks, evict to the budget. The returned cache is the request's
+        own (a copy): decode on it freely."""
+        tokens = self._check_prompt(prompt)
+        T, b = len(tokens), self.block_size
+        path, m, stop = self._match(tokens)
+        usable = min(m, T - 1)  # the last token is always computed, for its logits
+        grid = usable // b * b
+        log_gone = False
+        if self.strategy == "replay":
+            r, j = grid, usable - grid
+            if j and path[grid // b].log is None:  # its log was evicted: resume on the grid
+                r, j, log_gone = grid, 0, True
+        else:
+            r, j = usable // self.interval * self.interval, 0
+        cache = self._fresh_cache()
+        self._seat(cache, tokens, path, r, j)
+        cache, logits, states = self._prefill(tokens, cache, r + j, keep_every=self.interval)
+        resumed = r + j
+        limited = "not on the grid" if resumed < usable else stop
+        if log_gone:
+            limited = "evicted"
+        if resumed == usable and usable < m:
+            limited = "end of prompt"
+        hit = PrefixHit(
+            prompt_length=T,
+            matched=m,
+            resumed_from=resumed,
+            folded=j,
+            recomputed=max(0, usable - resumed) if self.strategy == "recompute" else 0,
+            prefilled=T - usable if self.strategy == "recompute" else T - resumed,
+            match_stop=stop,
+            limited_by=limited,
+        )
+        self._insert(tokens, path, cache, states, log_start=r)
+        self._evict_to_budget()
+        return Served(cache, logits, hit)
+
+    def _insert(self, tokens, path, cache, states, log_start):
+        """Add the prompt's blocks the tree lacks (data from ``cache`` and ``states``)."""
+        parent, b = self.root, self.block_size
+        for g in range(0, len(tokens), b):
+            seg = tuple(tokens[g : g + b])
+            same = next((c for c in parent.children if c.tokens == seg), None)
+            if same is not None:
+                same.last_used = next(self._clock)
+                parent = same
+                continue
+            node = self._make_node(seg, g, parent, cache, states, log_start)
+            node.last_used = next(self._clock)
+            # a shorter tail node that this block extends is replaced (its children: none)
+            for old in list(parent.children):
+                if not old.children and seg[: len(old.tokens)] == old.tokens:
+                    parent.children.remove(old)
+                    self.held_bytes -= old.nbytes
+            parent.children.append(node)
+            self.held_bytes += node.nbytes
+            parent = node
+
+    # --- eviction --------------------------------------------------------------------------
+    def _prefix_of(self, node) -> tuple:
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.tokens)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def _evict_to_budget(self):
+        while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
+            # replay: first the logs of blocks that later blocks extend (a hit passes through
+            # them on their end states; only a request diverging inside one needs its log)
+            logged = [n for n in self.nodes() if n.children and n.log is not None]
+            if logged:
+                victim = min(logged, key=lambda n: n.last_used)
+                self.held_bytes -= victim.nbytes
+                victim.log = None
+                victim.nbytes = _node_bytes(victim)
+                self.held_bytes += victim.nbytes
+                continue
+            leaves = [n for n in self.nodes() if not n.children]
+            if self.eviction == "lru":
+                victim = min(leaves, key=lambda n: n.last_used)
+            else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
+                victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
+            victim.parent.children.remove(victim)
+            self.held_bytes -= victim.nbytes
+            self.evicted_prefixes.append(self._prefix_of(victim))
+            del self.evicted_prefixes[:-4096]
+
+    # --- checks ----------------------------------------------------------------------------
+    def check_rebuildable(self):
+        """Raise AssertionError unless every node can be rebuilt: its parent is in the tree,
+        its KV covers its tokens, the grid states the strategy needs are there (and, replay, a
+        log entry per token), and the bytes held add up and fit the budget."""
+        total, b = 0, self.block_size
+        in_tree = {id(self.root)} | {id(n) for n in self.nodes()}
+        for node in self.nodes():
+            assert id(node.parent) in in_tree and node in node.parent.children
+            assert node.start == node.parent.end and node.start % b == 0
+            assert 1 <= len(node.tokens) <= b
+            assert node.parent is self.root or len(node.parent.tokens) == b
+            for k, v in node.kv.values():
+                assert k.shape[2] == v.shape[2] == len(node.tokens)
+            full = len(node.tokens) == b
+            assert (node.end_state is not None) == (full and node.end % self.interval == 0)
+            if self.strategy == "replay" and node.log is not None:
+                assert all(
+                    t.shape[1] == len(node.tokens) for f in node.log.values() for t in f.values()
+                )
+            assert node.nbytes == _node_bytes(node)
+            total += node.nbytes
+        assert total == self.held_bytes, (total, self.held_bytes)
+        assert self.budget_bytes is None or total <= self.budget_bytes
