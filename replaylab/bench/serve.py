@@ -206,19 +206,13 @@ def matrix_rate_tflops(n=8192):
     return 2 * n**3 / (ms * 1e-3) / 1e12
 
 
-def step_flops(cfg, rows):
-    """Matrix-product FLOPs of one forward over ``rows`` tokens (2 per weight per row; the
-    attention scores and the scans are left out: they are small beside them at these shapes)."""
-    c = cfg
-    inner = c.ssm_heads * c.ssm_head_dim
-    per = {
-        "M": c.hidden_size * (inner + c.conv_dim + c.ssm_heads) + inner * c.hidden_size,
-        "*": c.hidden_size * (c.attn_heads + 2 * c.kv_heads) * c.head_dim
-        + c.attn_heads * c.head_dim * c.hidden_size,
-        "-": 2 * c.hidden_size * c.intermediate_size,
-    }
-    model_params = sum(per[kind] for kind in c.pattern) + c.hidden_size * c.vocab_size
-    return 2 * model_params * rows
+def matrix_weights(model):
+    """Weights a forward multiplies each token by (2 FLOPs each per token): every 2-D weight
+    but the embedding table, which a token only indexes (unless the LM head shares it)."""
+    out = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    if model.cfg.tie_word_embeddings:
+        out += model.lm_head.weight.numel()
+    return out
 
 
 def run_ragged(
@@ -244,8 +238,11 @@ def run_ragged(
     bandwidth = max(copy_bandwidth_gbs() for _ in range(3)) * 1e9  # clocks ramp up first
     rate = max(matrix_rate_tflops() for _ in range(3)) * 1e12
     rows = []
-    if batches and max(batches) < max(spec_batches or [0]):
-        raise ValueError("spec_batches: every batch speculated must also be decoded")
+    if set(spec_batches) - set(batches):
+        raise ValueError(
+            f"spec_batches: every batch speculated must also be decoded (batches {batches}), "
+            f"got {spec_batches}"
+        )
     for strategy in STRATEGIES:
         for batch in batches:
             engine = DecodeEngine(
@@ -267,7 +264,7 @@ def run_ragged(
                 model.cfg, "snapshot" if strategy != "replay" else "replay", batch, context,
                 log_length, weights,
             )  # fmt: skip
-            byte_s, flop_s = moved / bandwidth, step_flops(model.cfg, batch) / rate
+            byte_s, flop_s = moved / bandwidth, 2 * matrix_weights(model) * batch / rate
             row = dict(
                 strategy=strategy,
                 batch=batch,
