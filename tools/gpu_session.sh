@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|suite     (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|suite     (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged or suite}
+mode=${1:?tests, serve, ragged, gdn or suite}
 ln -sfn ../kernels replaylab/kernels  # replaylab.kernels without installing the package
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
   --no-build-isolation --target /tmp/site .whl/* >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
@@ -26,6 +26,12 @@ case "$mode" in
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
     { stamp "$cmd"; timeout -s INT 320 $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -30 "$OUT/gpu_tests.log" ;;
+  gdn)  # the Gated DeltaNet replay kernels: tests, then the bench against fla
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_gdn_kernels.py"
+    { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_gdn_tests.log" 2>&1
+    tail -4 "$OUT/gpu_gdn_tests.log"
+    timeout 400 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_kernels.json" \
+      ${GDN_ARGS:-} 2>&1 | tail -30 ;;
   suite)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
     { stamp "$cmd"; timeout 570 $cmd; } >"$OUT/gpu_tests.log" 2>&1

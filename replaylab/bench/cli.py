@@ -1,6 +1,7 @@
 """``replaylab bench``: one subcommand per benchmark; each writes JSON with provenance.
 
 replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
+replaylab bench gdn-kernels [--batches 1,128] [--log-lens 4,16,64]
 replaylab bench sweep
 replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
@@ -61,6 +62,19 @@ def _kernels(args):
     )
     for line in summary(result):
         print(line)
+    return 0
+
+
+def _gdn_kernels(args):
+    from replaylab.bench.gdn import run_gdn_kernels, summary
+
+    _need_gpu("gdn-kernels")
+    t0 = time.time()
+    result = run_gdn_kernels(batches=args.batches, log_lens=args.log_lens)
+    result["provenance"]["command"] = "replaylab bench " + " ".join(args.argv)
+    result["seconds"] = round(time.time() - t0, 1)
+    _write(result, args.out or "data/bench_gdn_kernels.json")
+    print(summary(result))
     return 0
 
 
@@ -245,6 +259,12 @@ def add_bench_parser(subparsers):
     k.add_argument("--ts", type=_ints, default=None, help="comma-separated new-token counts")
     k.add_argument("--no-fold", action="store_true", help="skip fold vs copy")
     k.set_defaults(run=_kernels)
+    gk = sub.add_parser(
+        "gdn-kernels", help="Gated DeltaNet replay kernels vs fla's recurrent and chunk (GPU)"
+    )
+    gk.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes")
+    gk.add_argument("--log-lens", type=_ints, default=None, help="comma-separated log lengths")
+    gk.set_defaults(run=_gdn_kernels)
     s = sub.add_parser("sweep", help="BLOCK_P x num_warps of the replay kernels (GPU)")
     s.set_defaults(run=_sweep)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")

@@ -1,0 +1,195 @@
+"""The Gated DeltaNet replay kernels (``replaylab.kernels.gdn``) against the float64 token
+recurrence (``replaylab.scan.gdn_scan``) and their PyTorch references, under Triton's
+interpreter on CPU and natively on a GPU. Sizes are awkward on purpose (K, V not powers of
+two, value heads sharing key heads, ragged and wrapped logs, branches sharing a slot)."""
+
+import pytest
+import torch
+
+from replaylab import assert_close
+from replaylab.gated_deltanet import l2_normalize
+from replaylab.kernels.gdn import (
+    corrected_updates,
+    fold,
+    fold_ref,
+    replay_step,
+    replay_step_ref,
+)
+from replaylab.scan import gdn_scan
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tokens(batch, T, H=4, Hk=2, K=12, V=10, dtype=torch.float32, seed=0):
+    """Random q, k (unit norm, q scaled as the model does), v, g <= 0, β in (0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q = l2_normalize(r(batch, T, Hk, K)) * K**-0.5
+    k = l2_normalize(r(batch, T, Hk, K))
+    out = dict(
+        q=q.to(dtype),
+        k=k.to(dtype),
+        v=r(batch, T, H, V).to(dtype),
+        g=-torch.rand(batch, T, H, generator=gen) * 0.5,
+        beta=torch.rand(batch, T, H, generator=gen).to(dtype),
+    )
+    return {name: t.to(DEVICE) for name, t in out.items()}
+
+
+def oracle(state, toks):
+    """o and final state in float64 by the token recurrence."""
+    f64 = {name: t.double() for name, t in toks.items()}
+    return gdn_scan(**f64, initial_state=state.double(), compute_dtype=torch.float64)
+
+
+def empty_log(batch, Lmax, H=4, Hk=2, K=12, V=10, dtype=torch.float32):
+    return dict(
+        log_k=torch.zeros(batch, Lmax, Hk, K, dtype=dtype, device=DEVICE),
+        log_u=torch.zeros(batch, Lmax, H, V, device=DEVICE),
+        log_g=torch.zeros(batch, Lmax, H, device=DEVICE),
+    )
+
+
+def run_tokens(step, states, slots, log, log_len, toks, head=None, chunk=1):
+    """Feed ``toks`` through ``step`` ``chunk`` tokens at a time; returns the outputs."""
+    T = toks["v"].shape[1]
+    outs = []
+    for start in range(0, T, chunk):
+        part = {name: t[:, start : start + chunk] for name, t in toks.items()}
+        outs.append(step(states, slots, **log, log_len=log_len, **part, log_head=head))
+    return torch.cat(outs, 1)
+
+
+@pytest.mark.parametrize("step", [replay_step, replay_step_ref], ids=["triton", "ref"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_from_checkpoint_and_log_equals_the_float64_recurrence(step, dtype):
+    batch, T, Lmax = 3, 13, 16
+    states = torch.randn(2, 4, 12, 10, device=DEVICE) * 0.3
+    slots = torch.tensor([1, 0, 1], dtype=torch.int32, device=DEVICE)  # rows 0, 2 share slot 1
+    toks = tokens(batch, T, dtype=dtype)
+    log = empty_log(batch, Lmax, dtype=dtype)
+    log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    head = torch.tensor([0, 5, 15], dtype=torch.int32, device=DEVICE)  # ring wraps
+    o = run_tokens(step, states, slots, log, log_len, toks, head)
+    assert log_len.tolist() == [T] * batch
+    want = oracle(states[slots.long()], toks).y
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    assert_close(o.double(), want, atol=tol, rtol=tol)
+
+
+def test_verify_rows_are_single_steps_bit_for_bit():
+    batch, Lmax = 2, 16
+    states = torch.randn(batch, 4, 12, 10, device=DEVICE) * 0.3
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, 9, dtype=torch.bfloat16, seed=1)
+    outs, logs = [], []
+    for chunk in (1, 3):
+        log = empty_log(batch, Lmax, dtype=torch.bfloat16)
+        log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+        outs.append(run_tokens(replay_step, states, slots, log, log_len, toks, chunk=chunk))
+        logs.append(log)
+    assert torch.equal(outs[0], outs[1])
+    for name in logs[0]:
+        assert torch.equal(logs[0][name], logs[1][name]), name
+
+
+@pytest.mark.parametrize("step", [replay_step, replay_step_ref], ids=["triton", "ref"])
+def test_padding_appends_nothing(step):
+    batch, Lmax = 2, 8
+    states = torch.randn(batch, 4, 12, 10, device=DEVICE)
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    log = empty_log(batch, Lmax)
+    for t in log.values():
+        t.normal_()
+    before = {name: t.clone() for name, t in log.items()}
+    log_len = torch.tensor([2, 5], dtype=torch.int32, device=DEVICE)
+    count = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
+    step(states, slots, **log, log_len=log_len, **tokens(batch, 3), append_count=count)
+    for name in log:
+        assert torch.equal(log[name][0], before[name][0]), name  # sequence 0: all padding
+        assert torch.equal(log[name][1, :5], before[name][1, :5]), name
+        assert torch.equal(log[name][1, 7:], before[name][1, 7:]), name  # its third token
+        assert not torch.equal(log[name][1, 5:7], before[name][1, 5:7]), name
+
+
+@pytest.mark.parametrize("fold_fn", [fold, fold_ref], ids=["triton", "ref"])
+def test_fold_writes_the_state_after_the_logged_tokens(fold_fn):
+    batch, T, Lmax = 3, 11, 16
+    states = torch.randn(3, 4, 12, 10, device=DEVICE) * 0.3
+    slots = torch.tensor([2, 0, 2], dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, T, seed=2)
+    log = empty_log(batch, Lmax)
+    log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    head = torch.tensor([9, 0, 3], dtype=torch.int32, device=DEVICE)
+    run_tokens(replay_step_ref, states, slots, log, log_len, toks, head)
+    fold_len = torch.tensor([11, 4, 0], dtype=torch.int32, device=DEVICE)
+    out = torch.full((4, 4, 12, 10), float("nan"), device=DEVICE)
+    dst = torch.tensor([1, 3, 0], dtype=torch.int32, device=DEVICE)
+    fold_fn(states, slots, out, dst, **log, fold_len=fold_len, log_head=head)
+    for b in range(batch):
+        j = int(fold_len[b])
+        part = {name: t[b : b + 1, :j] for name, t in toks.items()}
+        want = oracle(states[int(slots[b])][None], part).state[0]
+        assert_close(out[int(dst[b])].double(), want, atol=2e-5, rtol=2e-5)
+    assert out[2].isnan().all()  # no sequence writes slot 2
+
+
+def test_fold_in_place_folds_only_the_named_sequences():
+    batch, T, Lmax = 2, 6, 8
+    states = torch.randn(batch, 4, 12, 10, device=DEVICE) * 0.3
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, T, seed=3)
+    log = empty_log(batch, Lmax)
+    log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    run_tokens(replay_step, states, slots, log, log_len, toks)
+    before = states.clone()
+    fold(states, slots, states, slots, **log, fold_len=torch.tensor([T, 0]).int().to(DEVICE))
+    assert torch.equal(states[1], before[1])
+    assert_close(states[0].double(), oracle(before[:1], {n: t[:1] for n, t in toks.items()}).state[0], atol=2e-5, rtol=2e-5)  # fmt: skip
+
+
+def test_corrected_updates_fill_a_log_that_replays_like_decode():
+    batch, T, Lmax = 2, 7, 8
+    states = torch.randn(batch, 4, 12, 10, device=DEVICE) * 0.3
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, T + 1, seed=4)
+    prompt = {n: t[:, :T] for n, t in toks.items()}
+    u, final = corrected_updates(states, prompt["k"], prompt["v"], prompt["g"], prompt["beta"])
+    assert_close(final.double(), oracle(states, prompt).state, atol=2e-5, rtol=2e-5)
+    log = empty_log(batch, Lmax)
+    log["log_k"][:, :T], log["log_u"][:, :T], log["log_g"][:, :T] = prompt["k"], u, prompt["g"]
+    log_len = torch.full((batch,), T, dtype=torch.int32, device=DEVICE)
+    last = {n: t[:, T:] for n, t in toks.items()}
+    o = replay_step(states, slots, **log, log_len=log_len, **last)
+    assert_close(o.double(), oracle(states, toks).y[:, T:], atol=2e-5, rtol=2e-5)
+
+
+def test_bad_input_names_both_values():
+    batch, Lmax = 2, 4
+    states = torch.zeros(batch, 4, 12, 10, device=DEVICE)
+    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+    log = empty_log(batch, Lmax)
+    log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, 1)
+    with pytest.raises(ValueError, match=r"v: expected \(2, 1, 4, 10\).*got \(2, 1, 4, 9\)"):
+        replay_step(states, slots, **log, log_len=log_len, **{**toks, "v": toks["v"][..., :9]})
+    with pytest.raises(ValueError, match="states' H=4 is not a multiple of log_k's Hk=3"):
+        bad = {**log, "log_k": torch.zeros(batch, Lmax, 3, 12, device=DEVICE)}
+        replay_step(states, slots, **bad, log_len=log_len, **toks)
+    with pytest.raises(
+        ValueError, match="k: dtype torch.bfloat16 differs from log_k's torch.float32"
+    ):
+        replay_step(states, slots, **log, log_len=log_len, **{**toks, "k": toks["k"].bfloat16()})
+    with pytest.raises(ValueError, match="states: expected float32"):
+        replay_step(states.double(), slots, **log, log_len=log_len, **toks)
+    with pytest.raises(
+        ValueError, match=r"log_len: appending needs log_len \+ tokens appended <= Lmax=4"
+    ):
+        full = torch.full((batch,), Lmax, dtype=torch.int32, device=DEVICE)
+        replay_step(states, slots, **log, log_len=full, **toks)
+    with pytest.raises(ValueError, match=r"slots: expected values in \[0, 1\], got \[0, 2\]"):
+        far = torch.tensor([0, 2], dtype=torch.int32, device=DEVICE)
+        replay_step(states, far, **log, log_len=log_len, **toks)
+    with pytest.raises(ValueError, match=r"fold_len: expected values in \[0, 4\], got \[5, 0\]"):
+        over = torch.tensor([5, 0], dtype=torch.int32, device=DEVICE)
+        fold(states, slots, states, slots, **log, fold_len=over)
