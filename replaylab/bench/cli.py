@@ -370,7 +370,7 @@ def add_bench_parser(subparsers):
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     px.set_defaults(run=_prefix)
-    for p in (k, s, d, e, v, ss, px):
+    for p in (k, gk, s, d, e, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 
