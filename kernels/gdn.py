@@ -89,14 +89,12 @@ def _replay_step_kernel(
     v_t = tl.load(v + (b * H + h) * V + offs_v, mask=mv, other=0.0).to(tl.float32)
     g_t = tl.load(g + b * H + h).to(tl.float32)
     beta_t = tl.load(beta + b * H + h).to(tl.float32)
-    # the one read of the checkpoint: S_cᵀ q and S_cᵀ k over this block of V
+    # the one read of the checkpoint (used after the log pass, so the loads overlap)
     S = tl.load(
         states + ((slot * H + h) * K + offs_k[:, None]) * V + offs_v[None, :],
         mask=mk[:, None] & mv[None, :],
         other=0.0,
     )
-    Sq = tl.sum(S * q_t[:, None], axis=0)
-    Sk = tl.sum(S * k_t[:, None], axis=0)
     log_gamma = _log_decay_total(log_g, b, h, n, head, Lmax, H, BLOCK_L) + g_t  # log γ_t
     acc_q = tl.zeros([BLOCK_V], dtype=tl.float32)
     acc_k = tl.zeros([BLOCK_V], dtype=tl.float32)
@@ -120,6 +118,8 @@ def _replay_step_kernel(
         )
         acc_q += tl.sum((w * tl.sum(k_l * q_t[None, :], axis=1))[:, None] * u_l, axis=0)
         acc_k += tl.sum((w * tl.sum(k_l * k_t[None, :], axis=1))[:, None] * u_l, axis=0)
+    Sq = tl.sum(S * q_t[:, None], axis=0)  # S_cᵀ q and S_cᵀ k over this block of V
+    Sk = tl.sum(S * k_t[:, None], axis=0)
     gamma = tl.exp(log_gamma)
     u_t = beta_t * (v_t - (gamma * Sk + acc_k))  # β_t (v_t - α_t S_{t-1}ᵀ k_t)
     o_t = gamma * Sq + acc_q + tl.sum(k_t * q_t) * u_t
@@ -377,11 +377,14 @@ def fold(
     check=True,
     block_v=None,
     num_warps=None,
+    precision=None,
 ):
     """Write S_{c+j} = γ_j S_c + Σ_{s<=j} (γ_j/γ_s) k_s u_sᵀ to ``out[dst_slots[b]]`` from
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
     ``states``; then no slot may be both read by one sequence and written by another). A
-    sequence folding 0 entries in place costs nothing. Returns ``out``."""
+    sequence folding 0 entries in place costs nothing. ``precision``: tl.dot's input precision
+    (default "tf32x3" on a GPU, about fp32's accuracy; "ieee" under the interpreter). Returns
+    ``out``."""
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     head = torch.zeros_like(fold_len) if log_head is None else log_head
     if check:
@@ -414,7 +417,7 @@ def fold(
         BLOCK_K=max(16, triton.next_power_of_2(K)),
         BLOCK_V=BLOCK_V,
         BLOCK_L=16,
-        PRECISION="tf32x3" if states.is_cuda else "ieee",
+        PRECISION=precision or ("tf32x3" if states.is_cuda else "ieee"),
         IN_PLACE=out.data_ptr() == states.data_ptr(),
         num_warps=warps,
     )
@@ -512,6 +515,7 @@ def fold_ref(
     check=True,
     block_v=None,
     num_warps=None,
+    precision=None,
 ):
     """PyTorch reference of ``fold``: the decayed sum, one sequence at a time (fp32)."""
     H = log_u.shape[2]

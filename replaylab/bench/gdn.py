@@ -24,7 +24,7 @@ import torch
 
 from replaylab.bench.timing import copy_bandwidth_gbs, time_ms
 
-__all__ = ["SHAPE", "run_gdn_kernels", "summary", "step_bytes", "fold_bytes"]
+__all__ = ["SHAPE", "run_gdn_kernels", "sweep_launch", "summary", "step_bytes", "fold_bytes"]
 
 SHAPE = dict(H=32, Hk=16, K=128, V=128)
 BATCHES = [1, 8, 32, 128, 256]
@@ -223,6 +223,50 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
         rows=rows,
         decode=decode,
     )
+
+
+def sweep_launch(batches=(8, 128), L=16):
+    """BLOCK_V x num_warps of the step (at n = 0 and L/2) and BLOCK_V x num_warps x precision
+    of the fold (L entries), at each batch: the numbers behind ``kernels.gdn.LAUNCH``."""
+    from replaylab.kernels.gdn import fold, replay_step
+
+    H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
+    copy_gbs = copy_bandwidth_gbs()
+    rows = []
+    for batch in batches:
+        states = torch.randn(batch, H, K, V, device="cuda") * 0.05
+        one = _tokens(batch, 1)
+        log, _, slots, _ = _filled_log(batch, L + 1, L, states.clone())
+        head = torch.zeros(batch, dtype=torch.int32, device="cuda")
+        o = torch.empty_like(one["v"])
+        for block_v in (16, 32, 64, 128):
+            for warps in (1, 2, 4, 8):
+                for n in (0, L // 2):
+                    at = torch.full((batch,), n, dtype=torch.int32, device="cuda")
+                    ms, _ = time_ms(
+                        lambda at=at: replay_step(
+                            states, slots, **log, log_len=at, **one, log_head=head, out=o,
+                            advance=False, check=False, block_v=block_v, num_warps=warps,
+                        )
+                    )  # fmt: skip
+                    rows.append(
+                        _row("replay_step", batch, ms, step_bytes(batch, n), copy_gbs, n=n,
+                             block_v=block_v, num_warps=warps)
+                    )  # fmt: skip
+                full = torch.full((batch,), L, dtype=torch.int32, device="cuda")
+                work = states.clone()
+                for precision in ("tf32x3", "ieee"):
+                    ms, _ = time_ms(
+                        lambda p=precision: fold(
+                            work, slots, work, slots, **log, fold_len=full, log_head=head,
+                            check=False, block_v=block_v, num_warps=warps, precision=p,
+                        )
+                    )  # fmt: skip
+                    rows.append(
+                        _row("fold", batch, ms, fold_bytes(batch, L), copy_gbs, L=L,
+                             block_v=block_v, num_warps=warps, precision=precision)
+                    )  # fmt: skip
+    return dict(copy_GBs=copy_gbs, rows=rows)
 
 
 def summary(result):
