@@ -41,15 +41,50 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _s6_update(S, A, bias, x_ptr, dt_ptr, B_ptr, offs_d, offs_n, md, mn):
-    """One token on a (BLOCK_D, BLOCK_N) tile: S <- exp(Δ ⊙ A) ⊙ S + Δ x Bᵀ (fp32). Shared by
-    the log, the new tokens and the fold, so every path rounds alike. Returns (S, x)."""
-    x = tl.load(x_ptr + offs_d, mask=md, other=0.0).to(tl.float32)
-    d = tl.load(dt_ptr + offs_d, mask=md, other=0.0).to(tl.float32) + bias
-    delta = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))  # softplus
-    B = tl.load(B_ptr + offs_n, mask=mn, other=0.0).to(tl.float32)
-    S = tl.exp(delta[:, None] * A) * S + (delta * x)[:, None] * B[None, :]
-    return S, x
+def _load_token(x_ptr, dt_ptr, B_ptr, offs_d, offs_n, md, mn, i, n):
+    """Token i's x, raw dt (BLOCK_D,) and B (BLOCK_N,) in fp32; zeros unless i < n."""
+    ok_d, ok_n = md & ((offs_d * 0 + i) < n), mn & ((offs_n * 0 + i) < n)
+    x = tl.load(x_ptr + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    dt = tl.load(dt_ptr + offs_d, mask=ok_d, other=0.0).to(tl.float32)
+    B = tl.load(B_ptr + offs_n, mask=ok_n, other=0.0).to(tl.float32)
+    return x, dt, B
+
+
+@triton.jit
+def _s6_update(S, A, bias, x, dt, B):
+    """One token on a (BLOCK_D, BLOCK_N) tile: S <- exp(Δ ⊙ A) ⊙ S + Δ x Bᵀ, Δ = softplus(dt +
+    bias) (fp32). Every path (log, new tokens, fold) calls this, so all round alike."""
+    d = dt + bias
+    delta = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
+    return tl.exp(delta[:, None] * A) * S + (delta * x)[:, None] * B[None, :]
+
+
+@triton.jit
+def _fold_log(S, A, bias, log_x, log_dt, log_B, b, head, n, Lmax, D, N, offs_d, offs_n, md, mn):
+    """S after log entries 0 .. n-1 of sequence b (ring rows (head + i) % Lmax), oldest first.
+    Four entries' loads are issued before their four updates (one memory latency per four
+    entries, not per entry); an update past the end is discarded whole, so the arithmetic is
+    that of one entry at a time."""
+    row0 = offs_d[:, None] * 0  # entry indices as a tile, for the discards
+    for i in range(0, n, 4):
+        row0 = row0 * 0 + i
+        r0 = b * Lmax + (head + i) % Lmax
+        r1 = b * Lmax + (head + i + 1) % Lmax
+        r2 = b * Lmax + (head + i + 2) % Lmax
+        r3 = b * Lmax + (head + i + 3) % Lmax
+        x0, d0, B0 = _load_token(log_x + r0 * D, log_dt + r0 * D, log_B + r0 * N,
+                                 offs_d, offs_n, md, mn, i, n)  # fmt: skip
+        x1, d1, B1 = _load_token(log_x + r1 * D, log_dt + r1 * D, log_B + r1 * N,
+                                 offs_d, offs_n, md, mn, i + 1, n)  # fmt: skip
+        x2, d2, B2 = _load_token(log_x + r2 * D, log_dt + r2 * D, log_B + r2 * N,
+                                 offs_d, offs_n, md, mn, i + 2, n)  # fmt: skip
+        x3, d3, B3 = _load_token(log_x + r3 * D, log_dt + r3 * D, log_B + r3 * N,
+                                 offs_d, offs_n, md, mn, i + 3, n)  # fmt: skip
+        S = _s6_update(S, A, bias, x0, d0, B0)  # entry i < n: the loop bound
+        S = tl.where(row0 + 1 < n, _s6_update(S, A, bias, x1, d1, B1), S)
+        S = tl.where(row0 + 2 < n, _s6_update(S, A, bias, x2, d2, B2), S)
+        S = tl.where(row0 + 3 < n, _s6_update(S, A, bias, x3, d3, B3), S)
+    return S
 
 
 @triton.jit
@@ -93,14 +128,13 @@ def _replay_step_kernel(
     bias = tl.load(dt_bias + offs_d, mask=md, other=0.0).to(tl.float32)
     Dk = tl.load(Dskip + offs_d, mask=md, other=0.0).to(tl.float32)
     S = tl.load(states + slot * D * N + tile, mask=mtile, other=0.0)  # the one read of S_c
-    for i in range(0, L):  # the log, oldest first
-        row = b * Lmax + (head + i) % Lmax
-        S, _ = _s6_update(S, A_t, bias, log_x + row * D, log_dt + row * D, log_B + row * N,
-                          offs_d, offs_n, md, mn)  # fmt: skip
+    S = _fold_log(S, A_t, bias, log_x, log_dt, log_B, b, head, L, Lmax, D, N,
+                  offs_d, offs_n, md, mn)  # fmt: skip
     for t in tl.static_range(T):  # the new tokens, each as a one-token step would run it
         new = b * T + t
-        S, x_t = _s6_update(S, A_t, bias, x + new * D, dt + new * D, B + new * N,
-                            offs_d, offs_n, md, mn)  # fmt: skip
+        x_t, dt_t, B_t = _load_token(x + new * D, dt + new * D, B + new * N,
+                                     offs_d, offs_n, md, mn, 0, 1)  # fmt: skip
+        S = _s6_update(S, A_t, bias, x_t, dt_t, B_t)
         C_t = tl.load(C + new * N + offs_n, mask=mn, other=0.0).to(tl.float32)
         out = tl.sum(S * C_t[None, :], axis=1) + Dk * x_t
         tl.store(y + new * D + offs_d, out.to(y.dtype.element_ty), mask=md)
@@ -147,10 +181,8 @@ def _fold_kernel(
         A_t = tl.load(A + tile, mask=mtile, other=0.0).to(tl.float32)
         bias = tl.load(dt_bias + offs_d, mask=md, other=0.0).to(tl.float32)
         S = tl.load(states + src * D * N + tile, mask=mtile, other=0.0)
-        for i in range(0, J):
-            row = b * Lmax + (head + i) % Lmax
-            S, _ = _s6_update(S, A_t, bias, log_x + row * D, log_dt + row * D, log_B + row * N,
-                              offs_d, offs_n, md, mn)  # fmt: skip
+        S = _fold_log(S, A_t, bias, log_x, log_dt, log_B, b, head, J, Lmax, D, N,
+                      offs_d, offs_n, md, mn)  # fmt: skip
         tl.store(dest + dst * D * N + tile, S, mask=mtile)
 
 
