@@ -65,9 +65,8 @@ def _fold_log(S, A, bias, log_x, log_dt, log_B, b, head, n, Lmax, D, N, offs_d, 
     Four entries' loads are issued before their four updates (one memory latency per four
     entries, not per entry); an update past the end is discarded whole, so the arithmetic is
     that of one entry at a time."""
-    row0 = offs_d[:, None] * 0  # entry indices as a tile, for the discards
     for i in range(0, n, 4):
-        row0 = row0 * 0 + i
+        row0 = offs_d[:, None] * 0 + i  # entry i as a tile, for the discards
         r0 = b * Lmax + (head + i) % Lmax
         r1 = b * Lmax + (head + i + 1) % Lmax
         r2 = b * Lmax + (head + i + 2) % Lmax
@@ -163,15 +162,15 @@ def _fold_kernel(
     Lmax,
     D,
     N,
+    separate,  # 1: dest is not states (every row writes), 0: in place
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    SAME: tl.constexpr,  # dest is states
 ):
     b, pid_d = tl.program_id(0), tl.program_id(1)
     src = tl.load(src_slots + b).to(tl.int64)
     dst = tl.load(dest_slots + b).to(tl.int64)
     J = tl.load(fold_len + b)
-    if (J > 0) | (src != dst) | (not SAME):
+    if (J > 0) | (src != dst) | (separate != 0):
         head = tl.load(log_head + b)
         offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
         offs_n = tl.arange(0, BLOCK_N)
@@ -410,9 +409,9 @@ def fold(
         Lmax,
         Dn,
         N,
+        0 if same else 1,
         BLOCK_D=BD,
         BLOCK_N=triton.next_power_of_2(N),
-        SAME=same,
         num_warps=num_warps or NUM_WARPS,
     )
     return dest

@@ -300,3 +300,22 @@ def test_bad_fold_input_is_named():
         fold(**args(dest_slots=torch.tensor([0, 1, 3], **I32)))
     with pytest.raises(ValueError, match=r"dt_bias: expected shape \(D=20\), got \(19,\)"):
         fold_ref(**args(dt_bias=c["dt_bias"][:19]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU smoke test (interpreter)")
+def test_the_gpu_benchmark_runs_on_cpu_at_a_tiny_size():
+    from replaylab.bench.mamba1_kernels import run, summary
+
+    result = run(batches=(2,), Ls=(4,), shape=dict(D=16, N=4), device="cpu")
+    (entry,) = result["batches"]
+    res = entry["L"][4]
+    assert res["step"]["log_len"] == 2 and res["step_full"]["log_len"] == 3
+    amortised = res["step"]["us"] + res["fold"]["us"] / 4
+    assert res["amortised"]["us"] == pytest.approx(amortised)
+    assert res["amortised"]["bytes_per_token"] == res["step"]["bytes"] + res["fold"]["bytes"] / 4
+    assert entry["copy"]["bytes"] == 2 * 2 * 16 * 4 * 4
+    if "us" in entry.get("ssu", {}):  # mamba-ssm installed: its output agrees with ours
+        assert entry["check"]["max_abs_diff_vs_ssu"] < 0.05
+        assert "speedup_vs_ssu" in res["amortised"]
+    assert result["provenance"]["command"].startswith("replaylab.bench.mamba1_kernels.run(")
+    assert len(summary(result)) == 3
