@@ -209,9 +209,10 @@ def _check_common(states, log_x, log_dt, log_B, A, dt_bias, dims, device):
     if A.dtype != torch.float32:
         raise ValueError(f"A: expected float32 (-exp(A_log)), got {A.dtype}")
     check_tensor("dt_bias", dt_bias, ("D",), dims, floating=True)
-    for name, t in (("states", states), ("log_x", log_x), ("log_dt", log_dt), ("log_B", log_B)):
+    named = dict(states=states, log_x=log_x, log_dt=log_dt, log_B=log_B, A=A, dt_bias=dt_bias)
+    for name, t in named.items():
         if not t.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor (written in place)")
+            raise ValueError(f"{name}: expected a contiguous tensor (read by row offsets)")
         if t.device != device:
             raise ValueError(f"{name}: expected device {device}, got {t.device}")
     if dims["batch"] * dims["Lmax"] * dims["D"] >= 2**31:
@@ -312,7 +313,7 @@ def replay_step(
         B,
         C.contiguous(),
         A,
-        D,
+        D.contiguous(),
         dt_bias,
         y,
         Lmax,
