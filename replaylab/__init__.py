@@ -6,7 +6,7 @@ Modules (ARCHITECTURE.md says how they fit):
     mamba2, mamba1, gated_deltanet  layer families, each a mixer owning its state spec
     model, kv, cache, strategies    the hybrid LM (NemotronH, Bamba, Jamba, Qwen3-Next,
                                     Qwen3.5), the KV cache, one cache API over the strategies
-    replay_ops, kernels             replay in PyTorch for any family; Triton kernels (Mamba-2)
+    replay_ops, kernels             replay in PyTorch for any family; Triton kernels (Mamba-2, -1)
     engine                          the CUDA-graphed decode path over preallocated pools
     decoding, generate, train, cli  workloads; ``replaylab generate`` / ``train`` / ``bench``
     costmodel, shapes, families     predictions, published shapes, per-family byte counts

@@ -34,6 +34,7 @@ CORE = [
     "replaylab.decoding",
     "replaylab.costmodel",
     "replaylab.kernels.replay",
+    "replaylab.kernels.mamba1",
     "replaylab.generate",
     "replaylab.cli",
     "replaylab.bench.cli",
