@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|suite     (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|suite     (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn or suite}
@@ -32,6 +32,13 @@ case "$mode" in
     tail -4 "$OUT/gpu_gdn_tests.log"
     timeout 400 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_kernels.json" \
       ${GDN_ARGS:-} 2>&1 | tail -30 ;;
+  tune)  # kernel tests of the families, the GDN launch sweep, the Mamba-1 bench
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_gdn_kernels.py tests/test_mamba1_kernels.py"
+    { stamp "$cmd"; timeout 150 $cmd; } >"$OUT/gpu_family_kernel_tests.log" 2>&1
+    tail -4 "$OUT/gpu_family_kernel_tests.log"
+    timeout 200 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_sweep.json" \
+      --batches 128 --log-lens 16 --sweep 2>&1 | tail -12
+    timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
   suite)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py"
     { stamp "$cmd"; timeout 570 $cmd; } >"$OUT/gpu_tests.log" 2>&1
