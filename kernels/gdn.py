@@ -296,6 +296,7 @@ def replay_step(
     check=True,
     block_v=None,
     num_warps=None,
+    block_l=16,
 ):
     """Outputs o (batch, T, H, V) of T new tokens from checkpoint ``states[slots]`` and the
     log of ``log_len`` entries since it, writing no state (into ``out`` when given).
@@ -305,7 +306,9 @@ def replay_step(
     caller keeps room (log_len + T <= Lmax); ``advance=False`` leaves ``log_len`` for the
     caller to move. ``append_count`` (batch,) int32: sequence b appends only its first
     append_count[b] tokens (the rest are padding of a ragged batch). ``check=False`` skips the
-    checks that read values back from the device (inside a CUDA graph capture).
+    checks that read values back from the device (inside a CUDA graph capture). ``block_v``,
+    ``num_warps``, ``block_l``: the launch (default: ``LAUNCH`` by batch; 16 log entries a
+    block).
     """
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     T = _check_new(q, k, v, g, beta, batch, H, Hk, K, V, log_k) if check else q.shape[1]
@@ -352,7 +355,7 @@ def replay_step(
             V,
             BLOCK_K=triton.next_power_of_2(K),
             BLOCK_V=BLOCK_V,
-            BLOCK_L=16,
+            BLOCK_L=block_l,
             APPEND=append,
             HAS_COUNT=count is not None,
             num_warps=warps,
@@ -378,6 +381,7 @@ def fold(
     block_v=None,
     num_warps=None,
     precision=None,
+    block_l=16,
 ):
     """Write S_{c+j} = γ_j S_c + Σ_{s<=j} (γ_j/γ_s) k_s u_sᵀ to ``out[dst_slots[b]]`` from
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
@@ -416,7 +420,7 @@ def fold(
         V,
         BLOCK_K=max(16, triton.next_power_of_2(K)),
         BLOCK_V=BLOCK_V,
-        BLOCK_L=16,
+        BLOCK_L=block_l,
         PRECISION=precision or ("tf32x3" if states.is_cuda else "ieee"),
         IN_PLACE=out.data_ptr() == states.data_ptr(),
         num_warps=warps,
@@ -466,6 +470,7 @@ def replay_step_ref(
     check=True,
     block_v=None,
     num_warps=None,
+    block_l=16,
 ):
     """PyTorch reference of ``replay_step`` (fp32, one sequence and token at a time)."""
     batch, T, H, V = v.shape
@@ -516,6 +521,7 @@ def fold_ref(
     block_v=None,
     num_warps=None,
     precision=None,
+    block_l=16,
 ):
     """PyTorch reference of ``fold``: the decayed sum, one sequence at a time (fp32)."""
     H = log_u.shape[2]

@@ -71,19 +71,6 @@ def _gdn_kernels(args):
     _need_gpu("gdn-kernels")
     t0 = time.time()
     result = run_gdn_kernels(batches=args.batches, log_lens=args.log_lens)
-    if args.sweep:
-        from replaylab.bench.gdn import sweep_launch
-
-        result["launch_sweep"] = sweep_launch()
-        best = {}
-        for r in result["launch_sweep"]["rows"]:
-            key = (r["provider"], r["batch"], r.get("n"))
-            if key not in best or r["us"] < best[key]["us"]:
-                best[key] = r
-        for key, r in sorted(best.items(), key=str):
-            print(
-                key, {k: r.get(k) for k in ("block_v", "num_warps", "precision", "us", "of_copy")}
-            )
     result["provenance"]["command"] = "replaylab bench " + " ".join(args.argv)
     result["seconds"] = round(time.time() - t0, 1)
     _write(result, args.out or "data/bench_gdn_kernels.json")
@@ -277,7 +264,6 @@ def add_bench_parser(subparsers):
     )
     gk.add_argument("--batches", type=_ints, default=None, help="comma-separated batch sizes")
     gk.add_argument("--log-lens", type=_ints, default=None, help="comma-separated log lengths")
-    gk.add_argument("--sweep", action="store_true", help="also sweep BLOCK_V x num_warps")
     gk.set_defaults(run=_gdn_kernels)
     s = sub.add_parser("sweep", help="BLOCK_P x num_warps of the replay kernels (GPU)")
     s.set_defaults(run=_sweep)

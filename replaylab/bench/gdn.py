@@ -24,7 +24,15 @@ import torch
 
 from replaylab.bench.timing import copy_bandwidth_gbs, time_ms
 
-__all__ = ["SHAPE", "run_gdn_kernels", "sweep_launch", "summary", "step_bytes", "fold_bytes"]
+__all__ = [
+    "SHAPE",
+    "run_gdn_kernels",
+    "sweep_launch",
+    "best_launches",
+    "summary",
+    "step_bytes",
+    "fold_bytes",
+]
 
 SHAPE = dict(H=32, Hk=16, K=128, V=128)
 BATCHES = [1, 8, 32, 128, 256]
@@ -225,48 +233,69 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
     )
 
 
-def sweep_launch(batches=(8, 128), L=16):
-    """BLOCK_V x num_warps of the step (at n = 0 and L/2) and BLOCK_V x num_warps x precision
-    of the fold (L entries), at each batch: the numbers behind ``kernels.gdn.LAUNCH``."""
+STEP_LAUNCHES = [(bv, w, bl) for bv in (16, 32, 64) for w in (1, 2, 4, 8) for bl in (8, 16)]
+FOLD_LAUNCHES = [(bv, w, p) for bv in (16, 32, 64) for w in (2, 4, 8) for p in ("tf32x3", "ieee")]
+
+
+def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None):
+    """Launches of the step (at n = L/2: ``STEP_LAUNCHES``, BLOCK_V x num_warps x BLOCK_L)
+    and of the fold (L entries: ``FOLD_LAUNCHES``, BLOCK_V x num_warps x precision) at each
+    batch, until ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes
+    (write it out: a cut-off run keeps what it measured). The numbers behind
+    ``kernels.gdn.LAUNCH``."""
+    import time
+
     from replaylab.kernels.gdn import fold, replay_step
 
     H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
     copy_gbs = copy_bandwidth_gbs()
-    rows = []
+    rows, t0 = [], time.time()
+
+    def keep(row):
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
     for batch in batches:
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
         one = _tokens(batch, 1)
         log, _, slots, _ = _filled_log(batch, L + 1, L, states.clone())
         head = torch.zeros(batch, dtype=torch.int32, device="cuda")
         o = torch.empty_like(one["v"])
-        for block_v in (16, 32, 64, 128):
-            for warps in (1, 2, 4, 8):
-                for n in (0, L // 2):
-                    at = torch.full((batch,), n, dtype=torch.int32, device="cuda")
-                    ms, _ = time_ms(
-                        lambda at=at: replay_step(
-                            states, slots, **log, log_len=at, **one, log_head=head, out=o,
-                            advance=False, check=False, block_v=block_v, num_warps=warps,
-                        )
+        at = torch.full((batch,), L // 2, dtype=torch.int32, device="cuda")
+        full = torch.full((batch,), L, dtype=torch.int32, device="cuda")
+        work = states.clone()
+        for kind, launches in (("replay_step", STEP_LAUNCHES), ("fold", FOLD_LAUNCHES)):
+            for a, warps, c in launches:
+                if time.time() - t0 > budget_s:
+                    return dict(copy_GBs=copy_gbs, rows=rows, cut_at_s=budget_s)
+                if kind == "replay_step":
+                    fn = lambda a=a, w=warps, c=c: replay_step(  # noqa: E731
+                        states, slots, **log, log_len=at, **one, log_head=head, out=o,
+                        advance=False, check=False, block_v=a, num_warps=w, block_l=c,
                     )  # fmt: skip
-                    rows.append(
-                        _row("replay_step", batch, ms, step_bytes(batch, n), copy_gbs, n=n,
-                             block_v=block_v, num_warps=warps)
+                    extra = dict(n=L // 2, block_l=c)
+                    nbytes = step_bytes(batch, L // 2)
+                else:
+                    fn = lambda a=a, w=warps, c=c: fold(  # noqa: E731
+                        work, slots, work, slots, **log, fold_len=full, log_head=head,
+                        check=False, block_v=a, num_warps=w, precision=c,
                     )  # fmt: skip
-                full = torch.full((batch,), L, dtype=torch.int32, device="cuda")
-                work = states.clone()
-                for precision in ("tf32x3", "ieee"):
-                    ms, _ = time_ms(
-                        lambda p=precision: fold(
-                            work, slots, work, slots, **log, fold_len=full, log_head=head,
-                            check=False, block_v=block_v, num_warps=warps, precision=p,
-                        )
-                    )  # fmt: skip
-                    rows.append(
-                        _row("fold", batch, ms, fold_bytes(batch, L), copy_gbs, L=L,
-                             block_v=block_v, num_warps=warps, precision=precision)
-                    )  # fmt: skip
+                    extra = dict(L=L, precision=c)
+                    nbytes = fold_bytes(batch, L)
+                ms, _ = time_ms(fn)
+                keep(_row(kind, batch, ms, nbytes, copy_gbs, block_v=a, num_warps=warps, **extra))
     return dict(copy_GBs=copy_gbs, rows=rows)
+
+
+def best_launches(rows):
+    """(kernel, batch) -> the fastest row of a sweep."""
+    best = {}
+    for r in rows:
+        key = (r["provider"], r["batch"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    return best
 
 
 def summary(result):
