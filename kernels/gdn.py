@@ -204,10 +204,11 @@ def _fold_kernel(
         tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
 
 
-# (batch bound, BLOCK_V, num_warps): small V blocks at small batch keep the SMs busy
+# (batch bound, BLOCK_V, num_warps), from the H200 launch sweep in data/gdn_launch_sweep.jsonl
+# (tools/tune_families.py): one warp per 32 values for the step, 4 warps per 64 for the fold
 LAUNCH = {
-    "replay_step": [(8, 16, 2), (float("inf"), 32, 4)],
-    "fold": [(8, 16, 4), (float("inf"), 32, 4)],
+    "replay_step": [(float("inf"), 32, 1)],
+    "fold": [(float("inf"), 64, 4)],
 }
 
 
@@ -296,7 +297,7 @@ def replay_step(
     check=True,
     block_v=None,
     num_warps=None,
-    block_l=16,
+    block_l=8,
 ):
     """Outputs o (batch, T, H, V) of T new tokens from checkpoint ``states[slots]`` and the
     log of ``log_len`` entries since it, writing no state (into ``out`` when given).
@@ -307,7 +308,7 @@ def replay_step(
     caller to move. ``append_count`` (batch,) int32: sequence b appends only its first
     append_count[b] tokens (the rest are padding of a ragged batch). ``check=False`` skips the
     checks that read values back from the device (inside a CUDA graph capture). ``block_v``,
-    ``num_warps``, ``block_l``: the launch (default: ``LAUNCH`` by batch; 16 log entries a
+    ``num_warps``, ``block_l``: the launch (default: ``LAUNCH`` by batch; 8 log entries a
     block).
     """
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
@@ -387,7 +388,7 @@ def fold(
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
     ``states``; then no slot may be both read by one sequence and written by another). A
     sequence folding 0 entries in place costs nothing. ``precision``: tl.dot's input precision
-    (default "tf32x3" on a GPU, about fp32's accuracy; "ieee" under the interpreter). Returns
+    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3"). Returns
     ``out``."""
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     head = torch.zeros_like(fold_len) if log_head is None else log_head
@@ -421,7 +422,7 @@ def fold(
         BLOCK_K=max(16, triton.next_power_of_2(K)),
         BLOCK_V=BLOCK_V,
         BLOCK_L=block_l,
-        PRECISION=precision or ("tf32x3" if states.is_cuda else "ieee"),
+        PRECISION=precision or "ieee",
         IN_PLACE=out.data_ptr() == states.data_ptr(),
         num_warps=warps,
     )
@@ -470,7 +471,7 @@ def replay_step_ref(
     check=True,
     block_v=None,
     num_warps=None,
-    block_l=16,
+    block_l=8,
 ):
     """PyTorch reference of ``replay_step`` (fp32, one sequence and token at a time)."""
     batch, T, H, V = v.shape
