@@ -5,8 +5,11 @@
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn or suite}
 ln -sfn ../kernels replaylab/kernels  # replaylab.kernels without installing the package
+# WHEELS=.whl-gpu for the suite: no fla (transformers 5.17 routes its torch gated-delta rule
+# to fla when fla imports, on the tests' CPU tensors), no ruff (its test skips), with debugpy
+# and jedi (ipykernel needs them to run the notebooks)
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
-  --no-build-isolation --target /tmp/site .whl/* >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
+  --no-build-isolation --target /tmp/site ${WHEELS:-.whl}/* >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 stamp() {
   echo "# $*"
