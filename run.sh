@@ -49,7 +49,9 @@ case "$cmd" in
     echo "HTML written to build/html/" ;;
   test)
     setup
-    exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider "$@" ;;
+    # two workers (pytest-xdist), a file at a time each: a notebook's cells stay in one kernel
+    exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider \
+      -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *)
     sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     [ "$cmd" = help ] || exit 2 ;;

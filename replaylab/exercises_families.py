@@ -17,7 +17,7 @@ from replaylab.checks import max_abs_error
 from replaylab.exercises_common import NOT_IMPLEMENTED, describe_exception, guarded, report
 from replaylab.scan import gdn_scan
 
-__all__ = ["check_chunked_fold", "gdn_fold_inputs"]
+__all__ = ["check_chunked_fold", "check_gdn_step_kernel", "gdn_fold_inputs", "gdn_step_case"]
 
 
 def _done(name, ok, message) -> bool:
@@ -82,3 +82,91 @@ def check_chunked_fold(fold, atol=1e-4) -> bool:
                     f"{tuple(bad)}: {float(got[tuple(bad)]):.5g} vs {float(want[tuple(bad)]):.5g}",
                 )
     return _done(name, True, "the chunked fold equals the token loop for every chunk size")
+
+
+# the step puzzle: tiny, since the interpreter runs each program as Python over numpy arrays
+GDN_STEP_SIZES = dict(batch=2, H=3, K=8, V=4, n=5)
+
+_GDN_LABELS = dict(
+    S="checkpoint S",
+    log_k="log k",
+    log_u="log u",
+    log_g="log g",
+    q="new q",
+    k="new k",
+    v="new v",
+    g="new g",
+    beta="new beta",
+    o="output o",
+    u="new u",
+)
+
+
+def gdn_step_case(seed=0, **sizes) -> dict:
+    """The step puzzle's inputs (fp32, heads already expanded: one key per value head) and its
+    expected outputs, from n + 1 random tokens: S (batch, H, K, V); the log of the first n,
+    log_k (batch, n, H, K), log_u (batch, n, H, V) (their corrected updates, by the token
+    recurrence), log_g (batch, n, H); the last token q, k (batch, H, K), v (batch, H, V), g,
+    beta (batch, H); want_o: its output by ``replaylab.scan.gdn_scan`` in float64 from S;
+    want_u: its corrected update."""
+    from replaylab.kernels.gdn import corrected_updates
+
+    z = {**GDN_STEP_SIZES, **sizes}
+    batch, H, K, V, n = z["batch"], z["H"], z["K"], z["V"], z["n"]
+    gen = torch.Generator().manual_seed(seed)
+    unit = lambda t: t / t.norm(dim=-1, keepdim=True)  # noqa: E731
+    q = unit(torch.randn(batch, n + 1, H, K, generator=gen)) * K**-0.5
+    k = unit(torch.randn(batch, n + 1, H, K, generator=gen))
+    v = torch.randn(batch, n + 1, H, V, generator=gen)
+    g = -torch.rand(batch, n + 1, H, generator=gen) * 0.7
+    beta = torch.rand(batch, n + 1, H, generator=gen)
+    S = torch.randn(batch, H, K, V, generator=gen) * 0.5
+    u, _ = corrected_updates(S, k, v, g, beta)
+    f64 = [t.double() for t in (q, k, v, g, beta)]
+    o = gdn_scan(*f64, initial_state=S.double(), compute_dtype=torch.float64).y
+    return dict(
+        S=S,
+        log_k=k[:, :n].contiguous(),
+        log_u=u[:, :n].contiguous(),
+        log_g=g[:, :n].contiguous(),
+        q=q[:, n].contiguous(),
+        k=k[:, n].contiguous(),
+        v=v[:, n].contiguous(),
+        g=g[:, n].contiguous(),
+        beta=beta[:, n].contiguous(),
+        want_o=o[:, n].float(),
+        want_u=u[:, n],
+    )
+
+
+@guarded("GDN step kernel")
+def check_gdn_step_kernel(kernel, seed=0) -> bool:
+    """``kernel[(batch, H)](S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H, K, V)``
+    writes the new token's output o (batch, H, V) and corrected update u (batch, H, V) from
+    the checkpoint and the n logged tokens (``gdn_step_case``). Pass: both correct, S read
+    exactly once and never written, o and u written once, the log and the token not written."""
+    from replaylab.puzzles import _poisoned, _run
+
+    c = gdn_step_case(seed)
+    batch, H, K, V = c["S"].shape
+    n = c["log_k"].shape[1]
+    o, u = _poisoned((batch, H, V), c["S"]), _poisoned((batch, H, V), c["S"])
+    names = ("S", "log_k", "log_u", "log_g", "q", "k", "v", "g", "beta")
+    args = [(m, c[m]) for m in names] + [("o", o), ("u", u), ("n", n), ("H", H), ("K", K), ("V", V)]
+    rules = [
+        ("the checkpoint is read exactly once", lambda t: abs(t.times_read("S") - 1) < 1e-9),
+        ("no state is written", lambda t: t.written["S"] == 0),
+        ("o is written exactly once", lambda t: abs(t.times_written("o") - 1) < 1e-9),
+        ("u is written exactly once", lambda t: abs(t.times_written("u") - 1) < 1e-9),
+        ("the log and the token are not written", lambda t: all(t.written[m] == 0 for m in names)),
+    ]
+    return _run(
+        "GDN step kernel",
+        kernel,
+        args,
+        "o",
+        c["want_o"],
+        rules,
+        labels=_GDN_LABELS,
+        also=[("u", c["want_u"])],
+    )

@@ -291,10 +291,13 @@ def _wrong_programs(got, want, tol=1e-4) -> str:
     return f"programs (b, h) {listed} of {total} are wrong, the others right"
 
 
-def _run(name, kernel, args, result, want, rules, labels=_LABELS, shared=(), work_rules=()):
+def _run(
+    name, kernel, args, result, want, rules, labels=_LABELS, shared=(), work_rules=(), also=()
+):
     """Launch, compare, count; print a verdict and return True or False.
 
     args: (name, tensor-or-int) in the kernel's parameter order; result: the name of the output;
+    also: (name, expected) of further outputs, compared the same way;
     rules: (description, predicate(traffic)) that must hold for a pass (under the interpreter);
     shared: tensors every sequence's program needs (A, D): read once per sequence;
     work_rules: functions traffic -> None or the reason the kernel's arithmetic breaks a rule.
@@ -316,20 +319,22 @@ def _run(name, kernel, args, result, want, rules, labels=_LABELS, shared=(), wor
     except Exception as err:  # a learner's kernel may fail to run: report, do not raise
         print(f"FAIL {name}: the kernel could not run: {describe_exception(err)}")
         return record(name, False)
-    got = tensors[result]
     problems = []
-    if torch.isnan(got).any():
-        where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
-        problems.append(
-            f"{labels[result]} not written everywhere (NaN left at {where}; "
-            f"{_wrong_programs(got, want)})"
-        )
-    else:
-        mismatch = _first_mismatch(got, want)
+    for output, expected in ((result, want), *also):
+        got = tensors[output]
+        if torch.isnan(got).any():
+            where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
+            problems.append(
+                f"{labels[output]} not written everywhere (NaN left at {where}; "
+                f"{_wrong_programs(got, expected)})"
+            )
+            continue
+        mismatch = _first_mismatch(got, expected)
         if mismatch:
             problems.append(
-                f"{labels[result]} differs from the reference: max abs error "
-                f"{max_abs_error(got, want):.2e}; {mismatch} ({_wrong_programs(got, want)})"
+                f"{labels[output]} differs from the reference: max abs error "
+                f"{max_abs_error(got, expected):.2e}; {mismatch} "
+                f"({_wrong_programs(got, expected)})"
             )
     if traffic is not None:
         for description, ok in rules:

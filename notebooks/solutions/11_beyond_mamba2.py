@@ -23,3 +23,35 @@ def chunked_fold(state, k, v, g, beta, chunk_size):
         to_end = (log_gamma[..., -1:] - log_gamma).exp()[..., None]  # γ_C / γ_s
         S = log_gamma[..., -1].exp()[..., None, None] * S + (to_end * kc).transpose(-1, -2) @ U
     return S
+
+
+# %% gdn_step_kernel
+@triton.jit
+def gdn_step_kernel(S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H,
+                    K: tl.constexpr, V: tl.constexpr):
+    """Program (b, h): o[b, h] and u[b, h] of the new token from S[b, h] and the n logged
+    tokens. S is read once and never written."""
+    b, h = tl.program_id(0), tl.program_id(1)
+    ks, vs = tl.arange(0, K), tl.arange(0, V)
+    q_t = tl.load(q + (b * H + h) * K + ks)
+    k_t = tl.load(k + (b * H + h) * K + ks)
+    log_gamma = tl.load(g + b * H + h)  # log γ_t: the whole log's decays and the token's
+    for s in range(n):
+        log_gamma += tl.load(log_g + (b * n + s) * H + h)
+    read_q = tl.zeros([V], dtype=tl.float32)  # Σ_s (γ_t / γ_s) (k_s · q_t) u_s
+    read_k = tl.zeros([V], dtype=tl.float32)  # Σ_s (γ_t / γ_s) (k_s · k_t) u_s
+    run = 0.0  # log γ_s
+    for s in range(n):
+        run += tl.load(log_g + (b * n + s) * H + h)
+        w = tl.exp(log_gamma - run)
+        k_s = tl.load(log_k + ((b * n + s) * H + h) * K + ks)
+        u_s = tl.load(log_u + ((b * n + s) * H + h) * V + vs)
+        read_q += w * tl.sum(k_s * q_t) * u_s
+        read_k += w * tl.sum(k_s * k_t) * u_s
+    tile = tl.load(S + ((b * H + h) * K + ks[:, None]) * V + vs[None, :])  # the one read
+    gamma = tl.exp(log_gamma)
+    v_t = tl.load(v + (b * H + h) * V + vs)
+    u_t = tl.load(beta + b * H + h) * (v_t - gamma * tl.sum(tile * k_t[:, None], 0) - read_k)
+    o_t = gamma * tl.sum(tile * q_t[:, None], 0) + read_q + tl.sum(k_t * q_t) * u_t
+    tl.store(u + (b * H + h) * V + vs, u_t)
+    tl.store(o + (b * H + h) * V + vs, o_t)
