@@ -50,13 +50,13 @@ What is served where:
   the kernels lack (``fused_reason``).
 
 On a GPU the fused path runs ``replaylab.kernels.decode``, which folds each group of
-element-wise operations into one kernel, and its matrix products go through ``kernels.matmul.linear`` (``matmul="row_invariant"``),
-whose rows do not depend on the row count: cuBLAS's bf16 rows do at batch 64 and 128 on an
-H200, and a verify through it parts from decode at the first near-tie. On the H200
-(``data/bench_serve.json``) speculative tokens equal greedy ones bit for bit in 72 of 72
-configurations (1b and 8b-layers, every strategy, batch 1 / 8 / 64, k 1 and 4, acceptance 0.5
-and 1.0); the row-invariant product costs 16-19% of decode throughput there
-(``data/bench_serve_ragged.json``).
+element-wise operations into one kernel, and its matrix products go through
+``kernels.matmul.linear`` (``matmul="row_invariant"``), whose rows do not depend on the row
+count: cuBLAS's bf16 rows do at batch 64 and 128 on an H200, and a verify through it parts
+from decode at the first near-tie. On the H200 (``data/bench_serve.json``) speculative tokens
+equal greedy ones bit for bit in 72 of 72 configurations (1b and 8b-layers, every strategy,
+batch 1 / 8 / 64, k 1 and 4, acceptance 0.5 and 1.0); the row-invariant product costs 16-19%
+of decode throughput there (``data/bench_serve_ragged.json``).
 
 Glossary: S slots in a step, T tokens per step (1 decode, k + 1 verify), L log length, bucket:
 the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
@@ -129,19 +129,19 @@ def fused_reason(cfg):
 class DecodeEngine:
     """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens each.
 
-    model: a ``HybridLM`` (any layout; the fused path: NemotronH). strategy: "snapshot", "recompute"
-    or "replay". log_length: replay's L (>= max_verify), or "auto": the L of lowest measured
-    amortised decode cost at this batch (``results.measured_log_length``). max_verify: the
-    most tokens one step may take (k + 1). use_kernels: Mamba-2 replay folds through the Triton
-    kernels (default: on a GPU; other families fold by their spec). graphs: capture each
-    (bucket, T) step in a CUDA graph (default: on a GPU, for NemotronH layouts). fused: the
-    fused decode kernels (default: on a GPU, for NemotronH layouts; on CPU they run through
-    Triton's interpreter, for the tests). matmul (fused path): "row_invariant" (default;
-    ``kernels.matmul.linear``: a row's bits do not depend on the row count, so a verify
-    rounds as decode steps do at every batch) or "torch" (cuBLAS: faster at some shapes, but
-    its rows change with the row count at batch 64 and up on an H200). prefill_chunk: the
-    tokens of a prompt run through the model at once in ``admit`` (the spec's scan, chunked
-    for long chunks).
+    model: a ``HybridLM`` (any layout; the fused path: NemotronH layouts). strategy:
+    "snapshot", "recompute" or "replay". log_length: replay's L (>= max_verify), or "auto":
+    the L of lowest measured amortised decode cost at this batch
+    (``results.measured_log_length``). max_verify: the most tokens one step may take
+    (k + 1). use_kernels: Mamba-2 replay folds through the Triton kernels (default: on a
+    GPU; other families fold by their spec). graphs: capture each (bucket, T) step in a CUDA
+    graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
+    (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
+    for the tests). matmul (fused path): "row_invariant" (default; ``kernels.matmul.linear``:
+    a row's bits do not depend on the row count, so a verify rounds as decode steps do at
+    every batch) or "torch" (cuBLAS: faster at some shapes, but its rows change with the row
+    count at batch 64 and up on an H200). prefill_chunk: the tokens of a prompt run through
+    the model at once in ``admit`` (the spec's scan, chunked for long chunks).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -313,11 +313,12 @@ class DecodeEngine:
 
     def _prefill(self, slot, prompt):
         """Run ``prompt`` (T0,) through the engine's own pools in chunks of ``prefill_chunk``
-        tokens (the chunked SSD scan, attention over the slot's KV rows); returns the last
-        logits (vocab,). Snapshot and recompute end with the state after the prompt. Replay
-        logs every token and folds its log L entries at a time with the fold decode uses, so
-        the checkpoint lands on the decode grid (the largest multiple of L) with the same bits
-        a decode of those tokens would fold to; the state the chunks carry is thrown away."""
+        tokens (each recurrent layer's scan, chunked for long chunks; attention over the
+        slot's KV rows); returns the last logits (vocab,). Snapshot and recompute end with the
+        state after the prompt. Replay logs every token and folds its log L entries at a time
+        with the fold decode uses, so the checkpoint lands on the decode grid (the largest
+        multiple of L) with the same bits a decode of those tokens would fold to; the state
+        the chunks carry is thrown away."""
         T0, C = prompt.numel(), self.prefill_chunk
         carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
         pools = _PoolCache(lambda l, inputs: self._prefill_advance(l, inputs, slot, carried))
