@@ -22,7 +22,9 @@ state written) and the fold is the chunked WY / UT form (``scan.gdn_chunked_scan
 Parameter names equal transformers' Qwen3.5 (Qwen3-Next's fused projections are split on load).
 
 ``GatedAttention`` is the models' softmax attention: q and k RMS-normalised per head, partial
-RoPE, and a sigmoid output gate projected together with q.
+RoPE, and a sigmoid output gate projected together with q (``project``, then ``kv.attend``
+over the KV rows, then ``finish``: the serving engine runs the same three at each slot's
+positions).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from replaylab.kv import attend, causal_mask
 from replaylab.recurrent import RecurrentSpec
 from replaylab.replay_ops import ReferenceReplayOps
 from replaylab.scan import gdn_chunked_scan, gdn_replay_outputs, gdn_scan
@@ -236,37 +239,47 @@ class GatedAttention(nn.Module):
         self.q_norm = _RMSNorm(hd, cfg.eps)
         self.k_norm = _RMSNorm(hd, cfg.eps)
 
-    def rotate(self, t, start):
+    def rotate(self, t, positions):
         """RoPE (halves rotated) on the first ``rotary_dim`` dims of t (batch, heads, T, hd)
-        at positions start, start + 1, ..."""
+        at ``positions``: an int start (start, start + 1, ...) or a tensor (T,) or (batch, T)."""
         c = self.cfg
         if not c.rotary_dim:
             return t
+        if isinstance(positions, int):
+            positions = torch.arange(positions, positions + t.shape[2], device=t.device)
         freq = 1.0 / c.rope_theta ** (
             torch.arange(0, c.rotary_dim, 2, device=t.device).float() / c.rotary_dim
         )
-        pos = torch.arange(start, start + t.shape[2], device=t.device).float()
-        angle = (pos[:, None] * freq).repeat(1, 2)
+        angle = positions.float()[..., None] * freq
+        angle = torch.cat([angle, angle], -1)
+        if angle.dim() == 3:  # per row: (batch, 1, T, rotary_dim) against the heads
+            angle = angle[:, None]
         cos, sin = angle.cos().to(t.dtype), angle.sin().to(t.dtype)
         rot, rest = t[..., : c.rotary_dim], t[..., c.rotary_dim :]
         first, second = rot.chunk(2, dim=-1)
         return torch.cat([rot * cos + torch.cat([-second, first], -1) * sin, rest], -1)
 
-    def forward(self, h, cache):
+    def project(self, h, positions):
+        """h (batch, T, hidden) at ``positions`` (T,) or (batch, T) -> q (batch, heads, T, hd),
+        k, v (batch, Hkv, T, hd), normalised and rotated, and the output gate
+        (batch, T, heads * hd)."""
         c = self.cfg
         batch, T, _ = h.shape
         q, gate = self.q_proj(h).view(batch, T, c.attn_heads, 2 * c.head_dim).chunk(2, dim=-1)
         q = self.q_norm(q).transpose(1, 2)
         k = self.k_norm(self.k_proj(h).view(batch, T, c.kv_heads, c.head_dim)).transpose(1, 2)
         v = self.v_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
-        q, k = self.rotate(q, cache.position), self.rotate(k, cache.position)
+        q, k = self.rotate(q, positions), self.rotate(k, positions)
+        return q, k, v, gate.reshape(batch, T, -1)
+
+    def finish(self, out, gate):
+        """The attention output (batch, T, heads * hd) -> gated by sigmoid(gate), projected
+        out (batch, T, hidden)."""
+        return self.o_proj(out * torch.sigmoid(gate))
+
+    def forward(self, h, cache):
+        positions = torch.arange(cache.position, cache.position + h.shape[1], device=h.device)
+        q, k, v, gate = self.project(h, positions)
         keys, values = cache.layer(self.layer).append(k, v)
-        rep = c.attn_heads // c.kv_heads
-        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5
-        total = keys.shape[2]
-        causal = torch.ones(T, total, dtype=torch.bool, device=h.device).tril(total - T)
-        scores = scores.masked_fill(~causal, float("-inf"))
-        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
-        out = out.transpose(1, 2).reshape(batch, T, -1) * torch.sigmoid(gate.reshape(batch, T, -1))
-        return self.o_proj(out)
+        out = attend(q, keys, values, causal_mask(h.shape[1], keys.shape[2], h.device))
+        return self.finish(out, gate)

@@ -109,8 +109,8 @@ def generate(
     same tokenizer. stop_at_eos: end the output at the first EOS id of the checkpoint's
     (generation) config, as transformers does. dtype: compute dtype (default: the stored one,
     float32 on a CPU for half-precision weights). engine: "auto" (the serving engine,
-    ``replaylab.serving.DecodeEngine``, on a GPU for the layouts it serves; the teaching cache
-    otherwise), True (the engine, on any device) or False (the teaching cache).
+    ``replaylab.serving.DecodeEngine``, on a GPU for the layouts its fused path serves: NemotronH;
+    the teaching cache otherwise), True (the engine, on any device) or False (the teaching cache).
 
     Returns a ``DecodeResult``: tokens (1, n) with n <= max_new_tokens, acceptance, restores,
     peak bytes, rollback seconds; ``extra`` holds ``text`` (the new tokens decoded, when the
@@ -196,7 +196,7 @@ def generate(
 
 def _use_engine(engine, model, cache):
     """Whether ``generate`` decodes with the serving engine (see its ``engine`` argument)."""
-    from replaylab.serving import STRATEGIES, unsupported_reason
+    from replaylab.serving import STRATEGIES, fused_reason, unsupported_reason
 
     if engine not in ("auto", True, False):
         raise ValueError(f"engine: expected 'auto', True or False, got {engine!r}")
@@ -205,8 +205,9 @@ def _use_engine(engine, model, cache):
         reason = f"strategy {cache.strategy!r} is not one of the engine's {STRATEGIES}"
     if engine is True and reason:
         raise ValueError(f"engine: the serving engine cannot decode this: {reason}")
-    if engine == "auto":
-        return reason is None and next(model.parameters()).is_cuda
+    if engine == "auto":  # the engine where its fused path serves the model on a GPU
+        fast = fused_reason(model.cfg) is None
+        return reason is None and fast and next(model.parameters()).is_cuda
     return engine
 
 

@@ -12,6 +12,9 @@ The operations a branching decoder needs, and what they cost here:
     fork(n)        every branch becomes n branches sharing everything so far: no copy
     reorder(idx)   beam search: frozen segments remap their rows (no copy); the open
                    segment, the tokens since the last fork, is gathered
+
+``attend`` is softmax attention of queries over KV rows, each query seeing the rows a mask
+allows: the one attention product the models and the serving engine share.
 """
 
 from __future__ import annotations
@@ -22,7 +25,27 @@ import torch
 
 from replaylab.validation import branch_indices, check_tensor, fork_indices
 
-__all__ = ["LayerKV"]
+__all__ = ["LayerKV", "attend", "causal_mask"]
+
+
+def causal_mask(T, total, device):
+    """(T, total) bool: the last T of ``total`` rows are the queries' own; each sees the rows
+    up to its own."""
+    return torch.ones(T, total, dtype=torch.bool, device=device).tril(total - T)
+
+
+def attend(q, keys, values, visible):
+    """Softmax attention: q (batch, heads, T, Dh) over keys, values (batch, Hkv, rows, Dh)
+    (each KV head serves heads / Hkv query heads), scaled by Dh^-1/2; ``visible`` (bool,
+    broadcast to (batch, heads, T, rows)) says which rows each query sees. Softmax in fp32.
+    Returns (batch, T, heads * Dh)."""
+    batch, heads, T, Dh = q.shape
+    rep = heads // keys.shape[1]
+    keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
+    scores = (q @ keys.transpose(2, 3)) * Dh**-0.5
+    scores = scores.masked_fill(~visible, float("-inf"))
+    out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
+    return out.transpose(1, 2).reshape(batch, T, -1)
 
 
 @dataclass

@@ -33,6 +33,7 @@ from torch import nn
 
 from replaylab.cache import CacheSpec
 from replaylab.gated_deltanet import GatedAttention, GatedDeltaNetMixer, GDNConfig
+from replaylab.kv import attend, causal_mask
 from replaylab.mamba1 import Mamba1Config, Mamba1Mixer
 from replaylab.mamba2 import Mamba2Mixer
 from replaylab.validation import check_token_ids
@@ -157,6 +158,11 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Softmax attention, RoPE on the first ``rotary_dim`` dims (Bamba) or none (NemotronH).
+    ``project`` and ``finish`` are the math before and after the product with the KV rows
+    (``kv.attend``); ``forward`` runs them over a cache, the serving engine over its pools at
+    each slot's own positions."""
+
     def __init__(self, cfg: HybridConfig, layer: int):
         super().__init__()
         self.cfg, self.layer = cfg, layer
@@ -165,33 +171,43 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(cfg.hidden_size, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.attn_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, h, cache):
+    def project(self, h, positions):
+        """h (batch, T, hidden) at ``positions`` (T,) or (batch, T) -> q (batch, heads, T, Dh),
+        k, v (batch, Hkv, T, Dh) with RoPE applied, and the output gate (None: no gate)."""
         c = self.cfg
         batch, T, _ = h.shape
         q = self.q_proj(h).view(batch, T, c.attn_heads, c.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(batch, T, c.kv_heads, c.head_dim).transpose(1, 2)
         if c.rotary_dim:
-            q, k = self.rotate(q, cache.position), self.rotate(k, cache.position)
-        keys, values = cache.layer(self.layer).append(k, v)
-        rep = c.attn_heads // c.kv_heads
-        keys, values = keys.repeat_interleave(rep, 1), values.repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5
-        total = keys.shape[2]
-        causal = torch.ones(T, total, dtype=torch.bool, device=h.device).tril(total - T)
-        scores = scores.masked_fill(~causal, float("-inf"))
-        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
-        return self.o_proj(out.transpose(1, 2).reshape(batch, T, -1))
+            q, k = self.rotate(q, positions), self.rotate(k, positions)
+        return q, k, v, None
 
-    def rotate(self, t, start):
-        """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at positions start.."""
+    def finish(self, out, gate):
+        """The attention output (batch, T, heads * Dh) -> (batch, T, hidden)."""
+        return self.o_proj(out)
+
+    def forward(self, h, cache):
+        positions = torch.arange(cache.position, cache.position + h.shape[1], device=h.device)
+        q, k, v, gate = self.project(h, positions)
+        keys, values = cache.layer(self.layer).append(k, v)
+        out = attend(q, keys, values, causal_mask(h.shape[1], keys.shape[2], h.device))
+        return self.finish(out, gate)
+
+    def rotate(self, t, positions):
+        """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at ``positions``:
+        an int start (start, start + 1, ...) or a tensor (T,) or (batch, T)."""
         c = self.cfg
+        if isinstance(positions, int):
+            positions = torch.arange(positions, positions + t.shape[2], device=t.device)
         half = c.rotary_dim // 2
         inv_freq = 1.0 / c.rope_theta ** (
             torch.arange(0, c.rotary_dim, 2, device=t.device).float() / c.rotary_dim
         )
-        pos = torch.arange(start, start + t.shape[2], device=t.device).float()
-        angles = torch.cat([pos[:, None] * inv_freq] * 2, dim=-1)
+        pos = positions.float()
+        angles = torch.cat([pos[..., None] * inv_freq] * 2, dim=-1)
+        if angles.dim() == 3:  # per row: (batch, 1, T, rotary_dim) against the heads
+            angles = angles[:, None]
         cos, sin = angles.cos().to(t.dtype), angles.sin().to(t.dtype)
         rot, rest = t[..., : c.rotary_dim], t[..., c.rotary_dim :]
         rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)

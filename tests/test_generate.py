@@ -9,8 +9,10 @@ import pytest
 import torch
 from test_model import tiny_bamba, tiny_nemotron_h
 
+from replaylab.cache import CacheConfig
 from replaylab.cli import main
-from replaylab.generate import generate
+from replaylab.generate import _use_engine, generate
+from replaylab.model import HybridConfig, HybridLM
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ PROMPT = [5, 17, 3, 5, 17, 3, 9, 5, 17, 0, 3]
 
 @pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
 def test_generate_reproduces_transformers_greedy_with_every_draft(checkpoints, capsys, strategy):
-    root, target, _ = checkpoints
+    root, target, bamba = checkpoints
     want = hf_greedy(target, PROMPT, 12)
     for draft in ("none", "prompt-lookup", root / "draft"):
         code, out = run_cli(
@@ -76,8 +78,9 @@ def test_generate_reproduces_transformers_greedy_with_every_draft(checkpoints, c
 def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoints, capsys):
     """``--engine on`` decodes with ``DecodeEngine`` (here its reference path, on CPU): the
     same tokens as transformers, greedy and speculative; "auto" keeps the teaching cache on a
-    CPU; a layout the engine cannot serve is refused by name."""
-    root, target, _ = checkpoints
+    CPU; Bamba (RoPE, SwiGLU) decodes on the engine too; a layout the engine cannot serve is
+    refused by name."""
+    root, target, bamba = checkpoints
     want = hf_greedy(target, PROMPT, 12)
     for strategy in ("snapshot", "recompute", "replay"):
         for draft in ("none", "prompt-lookup", root / "draft"):
@@ -94,8 +97,14 @@ def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoin
     if torch.cuda.is_available():
         auto = generate(root / "target", PROMPT, 4, "replay", engine="auto", device="cuda")
         assert "engine" in auto.extra and auto.tokens[0].tolist() == want[:4]
-    with pytest.raises(ValueError, match=r"engine: the serving engine cannot decode this: models"):
-        generate(root / "bamba", PROMPT, 4, "replay", engine=True)
+    bamba_want = hf_greedy(bamba, PROMPT, 6)  # RoPE + SwiGLU: the engine's reference path
+    for draft in (None, "prompt-lookup"):
+        run = generate(root / "bamba", PROMPT, 6, "replay", draft, 3, engine=True)
+        assert "engine" in run.extra and run.tokens[0].tolist() == bamba_want, draft
+    odd = HybridLM(HybridConfig(), seed=None)
+    odd.cfg.mlp = "gelu"  # past the config's own check: a layout the engine cannot serve
+    with pytest.raises(ValueError, match=r"engine: the serving engine cannot decode this: mlp"):
+        _use_engine(True, odd, CacheConfig("replay"))
     with pytest.raises(ValueError, match=r"engine: expected 'auto', True or False, got 'yes'"):
         generate(root / "target", PROMPT, 4, "replay", engine="yes")
     code, out = run_cli(

@@ -4,7 +4,13 @@ per-slot rollback cursor (``cursor``), requests (``request``) and continuous bat
 one byte budget (``scheduler``)."""
 
 from replaylab.serving.cursor import rollback_cursor
-from replaylab.serving.engine import STRATEGIES, DecodeEngine, EngineStats, unsupported_reason
+from replaylab.serving.engine import (
+    STRATEGIES,
+    DecodeEngine,
+    EngineStats,
+    fused_reason,
+    unsupported_reason,
+)
 from replaylab.serving.request import Request
 from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, slot_bytes
 
@@ -18,5 +24,6 @@ __all__ = [
     "request_bytes",
     "slot_bytes",
     "rollback_cursor",
+    "fused_reason",
     "unsupported_reason",
 ]

@@ -4,8 +4,8 @@ between steps, under snapshot, recompute or replay, with steps captured in CUDA 
 
 The teaching ``HybridCache`` grows dictionaries, gathers KV segments and runs the model through
 Python on every token; that is what the notebooks read. ``DecodeEngine`` runs the same model
-(``HybridLM``, NemotronH layout) over the fixed buffers of ``serving.pools``, so a step is one
-graph replay on a GPU. What each slot holds, on the host and as device tensors the graphs read:
+(``HybridLM``) over the fixed buffers of ``serving.pools``, so a step is one graph replay on a
+GPU. What each slot holds, on the host and as device tensors the graphs read:
 
     position   tokens held (KV rows in use); the next token's position
     log_len    replay: entries in the log since the checkpoint
@@ -32,15 +32,31 @@ slots not in the step get count 0 and are left as they were). Strategies:
   in the middle of a verify cannot do it without a second checkpoint per slot: a rollback to
   before the fold would need the old one back.)
 
-On CPU (graphs off) the engine runs the teaching model's reference operations. On a GPU it runs
-fused: ``replaylab.kernels.decode`` folds each group of element-wise operations into one kernel,
-and the matrix products go through ``kernels.matmul.linear`` (``matmul="row_invariant"``),
-whose rows do not depend on the row count: cuBLAS's bf16 rows do at batch 64 and 128 on an
-H200, and a verify through it parts from decode at the first near-tie. On the H200
-(``data/bench_serve.json``) speculative tokens equal greedy ones bit for bit in 72 of 72
-configurations (1b and 8b-layers, every strategy, batch 1 / 8 / 64, k 1 and 4, acceptance 0.5
-and 1.0); the row-invariant product costs 16-19% of decode throughput there
-(``data/bench_serve_ragged.json``).
+What is served where:
+
+- The reference path (``fused=False``, ``graphs=False``; the default on CPU) serves every
+  family the teaching cache does: Mamba-2 ("M": NemotronH, Bamba), Mamba-1 ("S": Jamba) and
+  Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or gated attention with or without
+  RoPE, relu2 or SwiGLU MLPs. It runs the teaching modules themselves: each recurrent mixer
+  meets, in place of a cache, an adapter whose ``layer(l).advance(**inputs)`` does the pool
+  work through the layer's ``RecurrentSpec`` alone (``prepare`` over each slot's window, the
+  token-loop ``scan`` under snapshot / recompute, ``outputs`` from checkpoint + log and
+  ``fold`` on the grid under replay); attention runs its module's ``project`` and ``finish``
+  around ``kv.attend`` at each slot's own positions. It reads host values during a step
+  (replay's log lengths and fold plan), so for these layouts it is not captured in CUDA graphs.
+- The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
+  Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
+  layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
+  the kernels lack (``fused_reason``).
+
+On a GPU the fused path runs ``replaylab.kernels.decode``, which folds each group of
+element-wise operations into one kernel, and its matrix products go through
+``kernels.matmul.linear`` (``matmul="row_invariant"``), whose rows do not depend on the row
+count: cuBLAS's bf16 rows do at batch 64 and 128 on an H200, and a verify through it parts
+from decode at the first near-tie. On the H200 (``data/bench_serve.json``) speculative tokens
+equal greedy ones bit for bit in 72 of 72 configurations (1b and 8b-layers, every strategy,
+batch 1 / 8 / 64, k 1 and 4, acceptance 0.5 and 1.0); the row-invariant product costs 16-19%
+of decode throughput there (``data/bench_serve_ragged.json``).
 
 Glossary: S slots in a step, T tokens per step (1 decode, k + 1 verify), L log length, bucket:
 the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
@@ -52,12 +68,13 @@ from dataclasses import dataclass
 
 import torch
 
-from replaylab.recurrent import windows_per_token
+from replaylab.kv import attend
+from replaylab.recurrent import window_after, windows_per_token
 from replaylab.results import measured_log_length
-from replaylab.serving.pools import KVPool, MambaPool
+from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.validation import as_int, check_token_ids
 
-__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES", "unsupported_reason"]
+__all__ = ["DecodeEngine", "EngineStats", "STRATEGIES", "unsupported_reason", "fused_reason"]
 
 STRATEGIES = ("snapshot", "recompute", "replay")
 
@@ -76,32 +93,55 @@ class EngineStats:
     retired: int = 0
 
 
+LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
+
+
 def unsupported_reason(cfg):
-    """Why the engine cannot serve a model of config ``cfg`` (None: it can)."""
-    if cfg.rotary_dim:
-        return "models with RoPE (Bamba) are not supported yet"
-    if set(cfg.pattern) - set("M*-") or cfg.mlp != "relu2":
+    """Why the engine cannot serve a model of config ``cfg`` (None: it can). The reference
+    path serves every layer kind of ``LAYER_KINDS``, plain or gated attention with or without
+    RoPE, relu2 or SwiGLU MLPs."""
+    unknown = sorted(set(cfg.pattern) - set(LAYER_KINDS))
+    if unknown:
         return (
-            f"NemotronH layouts only (Mamba-2 'M', attention '*', relu2 MLP '-'); got pattern "
-            f"{cfg.pattern!r}, mlp {cfg.mlp!r}"
+            f"pattern: layer kinds {unknown} in {cfg.pattern!r} (the engine serves {LAYER_KINDS})"
         )
+    if cfg.attention not in ("plain", "gated"):
+        return f"attention: {cfg.attention!r} (the engine serves 'plain' and 'gated')"
+    if cfg.mlp not in ("relu2", "swiglu"):
+        return f"mlp: {cfg.mlp!r} (the engine serves 'relu2' and 'swiglu')"
     return None
+
+
+def fused_reason(cfg):
+    """What the fused path (GPU kernels, CUDA graphs) lacks for a model of config ``cfg``
+    (None: nothing; it serves NemotronH layouts: Mamba-2, plain attention without RoPE,
+    relu2 MLPs)."""
+    missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("M*-"))]
+    if cfg.attention != "plain":
+        missing.append(f"{cfg.attention} attention (attention={cfg.attention!r})")
+    if cfg.rotary_dim:
+        missing.append(f"RoPE (rotary_dim={cfg.rotary_dim})")
+    if cfg.mlp != "relu2":
+        missing.append(f"{cfg.mlp} MLPs (mlp={cfg.mlp!r})")
+    return ", ".join(missing) or None
 
 
 class DecodeEngine:
     """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens each.
 
-    model: a ``HybridLM`` without RoPE (NemotronH layout). strategy: "snapshot", "recompute"
-    or "replay". log_length: replay's L (>= max_verify), or "auto": the L of lowest measured
-    amortised decode cost at this batch (``results.measured_log_length``). max_verify: the
-    most tokens one step may take (k + 1). use_kernels: replay through the Triton kernels
-    (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA graph (default: on a
-    GPU). fused: the fused decode kernels (default: on a GPU; on CPU they run through Triton's
-    interpreter, for the tests). matmul (fused path): "row_invariant" (default;
-    ``kernels.matmul.linear``: a row's bits do not depend on the row count, so a verify
-    rounds as decode steps do at every batch) or "torch" (cuBLAS: faster at some shapes, but
-    its rows change with the row count at batch 64 and up on an H200). prefill_chunk: the
-    tokens of a prompt run through the model at once in ``admit`` (the chunked SSD scan).
+    model: a ``HybridLM`` (any layout; the fused path: NemotronH layouts). strategy:
+    "snapshot", "recompute" or "replay". log_length: replay's L (>= max_verify), or "auto":
+    the L of lowest measured amortised decode cost at this batch
+    (``results.measured_log_length``). max_verify: the most tokens one step may take
+    (k + 1). use_kernels: Mamba-2 replay folds through the Triton kernels (default: on a
+    GPU; other families fold by their spec). graphs: capture each (bucket, T) step in a CUDA
+    graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
+    (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
+    for the tests). matmul (fused path): "row_invariant" (default; ``kernels.matmul.linear``:
+    a row's bits do not depend on the row count, so a verify rounds as decode steps do at
+    every batch) or "torch" (cuBLAS: faster at some shapes, but its rows change with the row
+    count at batch 64 and up on an H200). prefill_chunk: the tokens of a prompt run through
+    the model at once in ``admit`` (the spec's scan, chunked for long chunks).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -130,6 +170,7 @@ class DecodeEngine:
         reason = unsupported_reason(cfg)
         if reason:
             raise ValueError(f"DecodeEngine: {reason}; use the teaching HybridCache")
+        lacks = fused_reason(cfg)
         self.max_batch = as_int("max_batch", max_batch, low=1)
         self.max_len = as_int("max_len", max_len, low=2)
         if log_length == "auto":
@@ -142,10 +183,20 @@ class DecodeEngine:
         self.dtype, self.device = param.dtype, param.device
         cuda = self.device.type == "cuda"
         self.use_kernels = cuda if use_kernels is None else use_kernels
-        self.graphs = cuda if graphs is None else graphs
-        self.fused = (cuda and self.use_kernels) if fused is None else fused
+        self.graphs = (cuda and not lacks) if graphs is None else graphs
+        self.fused = (cuda and self.use_kernels and not lacks) if fused is None else fused
+        if self.fused and lacks:
+            raise ValueError(
+                f"fused: the fused kernels serve NemotronH layouts and lack {lacks}; "
+                f"use fused=False (the reference path serves this model)"
+            )
         if self.graphs and not cuda:
             raise ValueError("graphs: CUDA graphs need a CUDA device")
+        if self.graphs and lacks:
+            raise ValueError(
+                f"graphs: the reference path of a model with {lacks} reads host values every "
+                f"step, which a CUDA graph cannot; use graphs=False"
+            )
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
         self.matmul = ("row_invariant" if self.fused else "torch") if matmul is None else matmul
@@ -156,8 +207,8 @@ class DecodeEngine:
         slots, Tm = self.max_batch, self.max_verify
         self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
         layers = model.model.layers
-        self.ssm = {
-            l: MambaPool(
+        self.ssm = {  # one pool per recurrent layer, from its spec
+            l: recurrent_pool(
                 layers[l].mixer,
                 slots,
                 strategy,
@@ -167,7 +218,7 @@ class DecodeEngine:
                 self.device,
                 self.fused,
             )
-            for l in cfg.ssm_layers
+            for l in cfg.recurrent_layers
         }
         self._qkv_weight = {  # fused: one matrix product for q, k and v
             l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
@@ -262,51 +313,48 @@ class DecodeEngine:
 
     def _prefill(self, slot, prompt):
         """Run ``prompt`` (T0,) through the engine's own pools in chunks of ``prefill_chunk``
-        tokens (the chunked SSD scan, attention over the slot's KV rows); returns the last
-        logits (vocab,). Snapshot and recompute end with the state after the prompt. Replay
-        logs every token and folds its log L entries at a time with the fold decode uses, so
-        the checkpoint lands on the decode grid (the largest multiple of L) with the same bits
-        a decode of those tokens would fold to; the state the chunks carry is thrown away."""
+        tokens (each recurrent layer's scan, chunked for long chunks; attention over the
+        slot's KV rows); returns the last logits (vocab,). Snapshot and recompute end with the
+        state after the prompt. Replay logs every token and folds its log L entries at a time
+        with the fold decode uses, so the checkpoint lands on the decode grid (the largest
+        multiple of L) with the same bits a decode of those tokens would fold to; the state
+        the chunks carry is thrown away."""
         T0, C = prompt.numel(), self.prefill_chunk
         carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
-        layers = self.model.model.layers
+        pools = _PoolCache(lambda l, inputs: self._prefill_advance(l, inputs, slot, carried))
         for start in range(0, T0, C):
             h = self.model.model.embeddings(prompt[None, start : start + C])
-            for i, block in enumerate(layers):
+            for i, block in enumerate(self.model.model.layers):
                 x = block.norm(h)
-                kind = self.cfg.pattern[i]
-                if kind == "M":
-                    h = h + self._prefill_mamba(i, x, slot, carried)
-                elif kind == "*":
+                if self.cfg.pattern[i] == "*":
                     h = h + self._prefill_attention(i, x, slot, start)
-                else:
-                    h = h + block.mixer(x, None)
+                else:  # a recurrent mixer through the pools, or an MLP (no memory)
+                    h = h + block.mixer(x, pools)
             if self.strategy == "replay":
                 self._prefill_fold_counts(slot, h.shape[1])
         return self.model.lm_head(self.model.model.norm_f(h[:, -1]))[0]
 
-    def _prefill_mamba(self, layer, h, slot, carried):
-        pool, c = self.ssm[layer], self.cfg
-        mixer, one = pool.mixer, slice(slot, slot + 1)
-        inner = c.ssm_heads * c.ssm_head_dim
-        gate, xBC, dt = mixer.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
-        window = pool.conv[one]
-        entries = pool.spec.prepare(window, dict(xBC=xBC, dt=dt))
-        K = window.shape[1]
-        if K:
-            pool.conv[slot] = torch.cat([window, xBC.to(window.dtype)], 1)[0, -K:]
+    def _prefill_advance(self, layer, inputs, slot, carried):
+        """A prefill chunk through recurrent layer ``layer``'s pools (its mixer's ``inputs``
+        for T tokens of ``slot``) -> y: the conv window moves on; snapshot and recompute scan
+        from the slot's state, replay from the chunks' carried state and logs the entries."""
+        pool, one = self.ssm[layer], slice(slot, slot + 1)
+        spec, window = pool.spec, pool.conv[one]
+        entries = spec.prepare(window, inputs)
+        pool.conv[one] = window_after(window, entries[spec.conv_field])
         if self.strategy != "replay":
-            result = pool.spec.scan(pool.state[one], entries)
+            result = spec.scan(pool.state[one], entries)
             pool.state[one] = result.state
         else:
-            result = pool.spec.scan(carried[layer], entries)
+            result = spec.scan(carried[layer], entries)
             carried[layer] = result.state
             self._prefill_log(pool, slot, entries)
-        return mixer.out_proj(mixer.norm(result.y.flatten(-2), gate))
+        return result.y
 
     def _prefill_log(self, pool, slot, entries):
         """Append a chunk's entries to the slot's ring, folding each time it holds L."""
-        n, head, T = self.log_len[slot], self.head[slot], entries["x"].shape[1]
+        n, head = self.log_len[slot], self.head[slot]
+        T = next(iter(entries.values())).shape[1]
         done = 0
         while done < T:
             m = min(self.L - n, T - done)
@@ -332,30 +380,26 @@ class DecodeEngine:
         self.stats.folded_tokens += folds * self.L
 
     def _prefill_attention(self, layer, h, slot, start):
-        """The chunk's queries against the slot's KV rows 0 .. start + T - 1 (causal)."""
-        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
-        T = h.shape[1]
-        q = att.q_proj(h).view(1, T, c.attn_heads, c.head_dim).transpose(1, 2)
-        k = att.k_proj(h).view(T, c.kv_heads, c.head_dim).transpose(0, 1)
-        v = att.v_proj(h).view(T, c.kv_heads, c.head_dim).transpose(0, 1)
-        end = start + T
-        pool.k[slot, :, start:end] = k.to(pool.k.dtype)
-        pool.v[slot, :, start:end] = v.to(pool.v.dtype)
-        rep = c.attn_heads // c.kv_heads
-        keys = pool.k[slot : slot + 1, :, :end].repeat_interleave(rep, 1)
-        values = pool.v[slot : slot + 1, :, :end].repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5  # (1, heads, T, end)
-        visible = (
-            torch.arange(end, device=self.device)
-            <= start + torch.arange(T, device=self.device)[:, None]
-        )
-        scores = scores.masked_fill(~visible, float("-inf"))
-        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
-        return att.o_proj(out.transpose(1, 2).reshape(1, T, -1))
+        """The chunk's queries against the slot's KV rows 0 .. start + T - 1 (causal), at
+        positions start .. start + T - 1."""
+        att, pool = self.model.model.layers[layer].mixer, self.kv[layer]
+        end = start + h.shape[1]
+        positions = torch.arange(start, end, device=self.device)
+        q, k, v, gate = att.project(h, positions)
+        pool.k[slot, :, start:end] = k[0].to(pool.k.dtype)
+        pool.v[slot, :, start:end] = v[0].to(pool.v.dtype)
+        visible = torch.arange(end, device=self.device) <= positions[:, None]  # (T, end)
+        one = slice(slot, slot + 1)
+        out = attend(q, pool.k[one, :, :end], pool.v[one, :, :end], visible)
+        return att.finish(out, gate)
+
+    def _kernel_fold(self, pool):
+        """Whether ``pool``'s folds run the replay kernels (Mamba-2 layers, use_kernels)."""
+        return self.use_kernels and pool.spec.family == "mamba2"
 
     def _fold_entries(self, pool, state, entries):
-        """fold(state (1, H, P, N), entries (1, L, ...)) with the fold the decode steps use."""
-        if not self.use_kernels:
+        """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use."""
+        if not self._kernel_fold(pool):
             return pool.spec.fold(state, entries)
         from replaylab.kernels.replay import fold
 
@@ -543,22 +587,20 @@ class DecodeEngine:
                 pool.saved_conv[:bucket].copy_(pool.conv[:bucket])
         if self.fused:
             return self._forward_fused(tokens)
+        pools = _PoolCache(lambda l, inputs: self._advance(l, inputs, bucket, T))
         h = self.model.model.embeddings(tokens)
         for i, block in enumerate(self.model.model.layers):
             x = block.norm(h)
-            kind = self.cfg.pattern[i]
-            if kind == "M":
-                h = h + self._mamba(i, x, bucket, T)
-            elif kind == "*":
+            if self.cfg.pattern[i] == "*":
                 h = h + self._attention(i, x, bucket, T)
-            else:
-                h = h + block.mixer(x, None)
+            else:  # a recurrent mixer through the pools, or an MLP (no memory)
+                h = h + block.mixer(x, pools)
         return self.model.lm_head(self.model.model.norm_f(h))
 
     def _fold(self, bucket):
         """Fold L entries of each slot that ``_fold_len`` names into its checkpoint."""
         for pool in self.ssm.values():
-            if self.use_kernels:
+            if self._kernel_fold(pool):
                 from replaylab.kernels.replay import fold
 
                 rows = self._rows[:bucket]
@@ -584,18 +626,19 @@ class DecodeEngine:
                 log = {k: v[s : s + 1, rows] for k, v in pool.log.items()}
                 pool.state[s : s + 1] = pool.spec.fold(pool.state[s : s + 1], log)
 
-    def _mamba(self, layer, h, bucket, T):
-        """The reference path: the teaching mixer's operations, per-slot counts and logs."""
+    def _advance(self, layer, inputs, bucket, T):
+        """The reference path of recurrent layer ``layer`` for slots 0 .. bucket-1: its mixer's
+        ``inputs`` for T tokens per slot -> y. Each slot advances by its count (``_counts``);
+        snapshot keeps the state after each token, replay computes y from checkpoint + log
+        and appends the counted tokens to the ring; every strategy keeps the window after
+        each token (a rollback picks one)."""
         pool = self.ssm[layer]
-        mixer, c = pool.mixer, self.cfg
-        inner = c.ssm_heads * c.ssm_head_dim
-        gate, xBC, dt = mixer.in_proj(h).split([inner, c.conv_dim, c.ssm_heads], dim=-1)
-        window = pool.conv[:bucket]
-        entries = pool.spec.prepare(window, dict(xBC=xBC, dt=dt))
+        spec, window = pool.spec, pool.conv[:bucket]
+        entries = spec.prepare(window, inputs)
         counts = self._counts[:bucket].long()
         rows = torch.arange(bucket, device=self.device)
-        if self.strategy != "replay":
-            result = pool.spec.scan(pool.state[:bucket], entries, return_states=True)
+        if self.strategy != "replay":  # the token loop: T steps equal T one-token steps bitwise
+            result = spec.scan(pool.state[:bucket], entries, return_states=True)
             if self.strategy == "snapshot" and T > 1:
                 pool.draft_state[:bucket, :T].copy_(result.states)
             states = torch.cat([pool.state[:bucket, None], result.states], 1)
@@ -603,27 +646,25 @@ class DecodeEngine:
             y = result.y
         else:
             y = self._replay_outputs(pool, bucket, T, entries)
-        K = window.shape[1]
-        if K:
-            windows = windows_per_token(window, xBC)  # (bucket, T, K, C)
+        if window.shape[1]:
+            windows = windows_per_token(window, entries[spec.conv_field])  # (bucket, T, K, C)
             if T > 1:
                 pool.draft_conv[:bucket, :T].copy_(windows)
             windows = torch.cat([window[:, None], windows], 1)
             pool.conv[:bucket] = windows[rows, counts]
-        return mixer.out_proj(mixer.norm(y.flatten(-2), gate))
+        return y
 
     def _replay_outputs(self, pool, bucket, T, entries):
-        """y of the new tokens from checkpoint + log, slot by slot; appends to each ring."""
+        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written),
+        slot by slot; appends each slot's counted tokens to its ring."""
         ys, steps = [], torch.arange(T, device=self.device)
         counted = self._counts[:bucket].tolist()
         for s in range(bucket):
             n, head = self.log_len[s], self.head[s]
-            state = pool.state[s : s + 1]
-            if n:
-                old = (head + torch.arange(n, device=self.device)) % self.capacity
-                state = pool.spec.fold(state, {k: v[s : s + 1, old] for k, v in pool.log.items()})
+            old = (head + torch.arange(n, device=self.device)) % self.capacity
+            log = {k: v[s : s + 1, old] for k, v in pool.log.items()}
             mine = {k: v[s : s + 1] for k, v in entries.items()}
-            ys.append(pool.spec.scan(state, mine).y)
+            ys.append(pool.spec.outputs(pool.state[s : s + 1], log, mine))
             new = (head + n + steps[: counted[s]]) % self.capacity  # padding appends nothing
             for k, buf in pool.log.items():
                 buf[s, new] = entries[k][s, : counted[s]].to(buf.dtype)
@@ -638,19 +679,15 @@ class DecodeEngine:
         return at
 
     def _attention(self, layer, h, bucket, T):
-        att, pool, c = self.model.model.layers[layer].mixer, self.kv[layer], self.cfg
-        q = att.q_proj(h).view(bucket, T, c.attn_heads, c.head_dim).transpose(1, 2)
-        k = att.k_proj(h).view(bucket, T, c.kv_heads, c.head_dim)
-        v = att.v_proj(h).view(bucket, T, c.kv_heads, c.head_dim)
-        at = self._write_kv(pool, k, v, bucket, T)
-        rep = c.attn_heads // c.kv_heads
-        keys = pool.k[:bucket].repeat_interleave(rep, 1)
-        values = pool.v[:bucket].repeat_interleave(rep, 1)
-        scores = (q @ keys.transpose(2, 3)) * c.head_dim**-0.5  # (bucket, heads, T, rows)
-        visible = torch.arange(pool.k.shape[2], device=self.device) <= at[:, :, None]
-        scores = scores.masked_fill(~visible[:, None], float("-inf"))
-        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ values
-        return att.o_proj(out.transpose(1, 2).reshape(bucket, T, -1))
+        """The attention module's own math (``project``, ``kv.attend``, ``finish``) at each
+        slot's positions, over the rows up to each token's own."""
+        att, pool = self.model.model.layers[layer].mixer, self.kv[layer]
+        positions = self._pos[:bucket, None] + self._steps[:T]  # (bucket, T)
+        q, k, v, gate = att.project(h, positions)
+        self._write_kv(pool, k.transpose(1, 2), v.transpose(1, 2), bucket, T)
+        visible = torch.arange(pool.k.shape[2], device=self.device) <= positions[:, :, None]
+        out = attend(q, pool.k[:bucket], pool.v[:bucket], visible[:, None])
+        return att.finish(out, gate)
 
     # --- the fused path (GPU) ------------------------------------------------------------
     def _forward_fused(self, tokens):
@@ -905,3 +942,25 @@ class DecodeEngine:
                 keep.append(1 + a)
             self.rollback(keep, slots=[slots[i] for i in going])
         return [torch.tensor(o[:n_new], device=self.device) for o in outs], proposed, accepted
+
+
+class _PoolCache:
+    """What a recurrent mixer meets on the engine's reference path, in place of a cache:
+    ``layer(l).advance(**inputs)`` runs ``advance(l, inputs)``, the engine's pool work for
+    the running step or prefill chunk. An MLP ignores it."""
+
+    def __init__(self, advance):
+        self._advance = advance
+
+    def layer(self, index):
+        return _PoolLayer(self._advance, index)
+
+
+class _PoolLayer:
+    __slots__ = ("_advance", "index")
+
+    def __init__(self, advance, index):
+        self._advance, self.index = advance, index
+
+    def advance(self, **inputs):
+        return self._advance(self.index, inputs)

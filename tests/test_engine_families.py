@@ -1,0 +1,213 @@
+"""The serving engine's reference path (CPU: fused=False, graphs=False) for every family beyond
+NemotronH, against the independent teaching cache: Jamba (Mamba-1 "S", plain attention),
+Qwen3-Next (Gated DeltaNet "G", gated attention with partial RoPE), Qwen3.5 (loaded from a tiny
+transformers model), Bamba (Mamba-2 with RoPE attention and SwiGLU MLPs) and a mixed pattern;
+under snapshot, recompute and replay: the same logits and greedy tokens over fold boundaries
+and chunked prefill, speculative decoding equal to the engine's own greedy decoding bit for
+bit, ragged programs of admit / step / rollback / retire, and the fused path refused with
+what it lacks.
+
+Tolerance: logits agree to ``TOL`` = 1e-5, absolute and relative. These models' logits are
+0.1-0.5 in size, where an fp32 ulp is 1e-8 to 6e-8. The two paths compute the same fp32
+arithmetic grouped differently: the engine runs a batch of slots, scans its prefill in chunks
+of ``prefill_chunk`` tokens, folds its log on a fixed grid of L tokens by the spec's fold
+(Mamba-1: the closed form, Gated DeltaNet: the chunked WY form) and computes replay outputs
+by ``spec.outputs``, where the teaching cache folds when its log fills. The largest
+difference measured here is 1.2e-7 (a few ulps); 1e-5 leaves a margin of about 100 and is
+still 10^4 below the logits, so a wrong position, window, state or log entry fails it."""
+
+import pytest
+import torch
+from family_models import tiny_family_model, tiny_qwen3_5
+from test_engine import run_program
+
+from replaylab.cache import CacheConfig
+from replaylab.decoding import SyntheticDrafter, greedy
+from replaylab.model import HybridConfig, HybridLM, load_transformers_hybrid
+from replaylab.serving import (
+    STRATEGIES,
+    DecodeEngine,
+    Request,
+    Scheduler,
+    fused_reason,
+    unsupported_reason,
+)
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These models' operations are tiny: one thread runs them several times faster than
+    two on a shared 2-core machine (the other spins). Both paths run under the same setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _bamba():
+    cfg = HybridConfig(
+        vocab_size=50,
+        hidden_size=32,
+        pattern="M-*-",
+        ssm_heads=4,
+        ssm_head_dim=8,
+        d_state=8,
+        n_groups=2,
+        attn_heads=2,
+        kv_heads=1,
+        head_dim=16,
+        intermediate_size=48,
+        mlp="swiglu",
+        rotary_dim=8,
+    )
+    return HybridLM(cfg, seed=5).eval()
+
+
+def _mixed():
+    """Every recurrent family in one stack, with gated RoPE attention between them."""
+    base = tiny_family_model("gdn").cfg
+    cfg = HybridConfig(
+        **{
+            **base.__dict__,
+            "pattern": "SM*G-",
+            "mamba1": dict(d_inner=32, d_state=4, dt_rank=4),
+            "ssm_heads": 2,
+            "ssm_head_dim": 8,
+            "d_state": 8,
+            "n_groups": 1,
+        }
+    )
+    return HybridLM(cfg, seed=7).eval()
+
+
+MODELS = {
+    "jamba": tiny_family_model("mamba1"),
+    "qwen3_next": tiny_family_model("gdn"),
+    "qwen3_5": load_transformers_hybrid(
+        tiny_qwen3_5(num_hidden_layers=2, layer_types=["linear_attention", "full_attention"])
+    ).eval(),
+    "bamba": _bamba(),
+    "mixed": _mixed(),
+}
+
+
+def _prompts(model, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen) for n in lengths]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", MODELS)
+def test_logits_and_greedy_tokens_equal_the_teaching_cache(family, strategy):
+    """Two sequences at their own positions, prompts longer than ``prefill_chunk`` = 3, then
+    greedy decoding past several folds of L = 4: every logit the engine returns is the
+    teaching cache's, and so is every greedy token."""
+    model, n_new = MODELS[family], 7
+    prompts = _prompts(model, (7, 4))
+    engine = DecodeEngine(model, 2, 24, strategy, log_length=4, max_verify=3, prefill_chunk=3)
+    caches, want = [], []
+    with torch.no_grad():
+        for p in prompts:
+            caches.append(CacheConfig(strategy, log_length=4).build(model, 1))
+            want.append(model(p[None], caches[-1])[0, -1])
+    got = torch.stack([engine.admit(p)[1] for p in prompts])
+    for i in range(n_new):
+        torch.testing.assert_close(got, torch.stack(want), atol=TOL, rtol=TOL)
+        tokens = got.argmax(-1)
+        assert torch.equal(tokens, torch.stack(want).argmax(-1)), i
+        if i == n_new - 1:
+            break
+        got = engine.step(tokens[:, None])[:, 0]
+        with torch.no_grad():
+            want = [model(t.view(1, 1), c)[0, -1] for t, c in zip(tokens, caches)]
+    if strategy == "replay":  # 7 + 6 and 4 + 6 tokens: folds on the grid of L = 4
+        assert engine.stats.folds >= 4
+        assert [engine.pos[s] - engine.log_len[s] for s in engine.slots] == [12, 8]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", MODELS)
+def test_speculation_gives_the_engine_greedy_tokens(family, strategy):
+    """Two sequences speculating together, each accepting its own drafts (drafters right with
+    probability 0.8 and 0.4), give each sequence's greedy tokens bit for bit, across folds."""
+    model, n = MODELS[family], 10
+    engine = DecodeEngine(model, 2, 32, strategy, log_length=5, max_verify=4)
+    prompts = _prompts(model, (6, 3), seed=1)
+    refs = [engine.greedy(p[None], n)[0] for p in prompts]
+    for s in engine.slots:
+        engine.retire(s)
+    pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
+    drafters = [
+        SyntheticDrafter(torch.cat([p, r]), a, seed=s)
+        for p, r, a, s in zip(prompts, refs, (0.8, 0.4), (1, 2))
+    ]
+    tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n, drafters, k=3)
+    for got, ref in zip(tokens, refs):
+        assert torch.equal(got, ref)
+    assert engine.stats.rollbacks > 0 and 0 < sum(accepted) < sum(proposed)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", MODELS)
+def test_ragged_programs_give_the_teaching_logits(family, strategy):
+    """Random programs of admit / step (per-slot T and counts) / rollback (per-slot keep, of
+    the slots in the last step) / retire against one teaching cache per sequence
+    (``test_engine.run_program``), comparing every logit the engine returns."""
+    rollbacks = 0
+    for seed in (0, 1):
+        engine, worst = run_program(
+            strategy,
+            fused=False,
+            seed=seed,
+            n_ops=30,
+            slots=2,
+            max_verify=4,
+            model=MODELS[family],
+            tol=TOL,
+            partial_rollbacks=True,
+        )
+        assert engine.stats.steps > 0 and worst < TOL
+        rollbacks += engine.stats.rollbacks
+    assert rollbacks > 0
+
+
+@pytest.mark.parametrize("family", MODELS)
+def test_continuous_batching_gives_each_request_its_teaching_greedy_tokens(family):
+    """The scheduler (admit / step / rollback / retire only) over a family's engine: four
+    speculating requests through two slots, each with its teaching greedy tokens."""
+    model = MODELS[family]
+    prompts, outs = _prompts(model, (5, 2, 8, 3), seed=2), (6, 4, 5, 7)
+    alone = [greedy(model, p[None], n, "replay").tokens[0] for p, n in zip(prompts, outs)]
+    engine = DecodeEngine(model, 2, 24, "replay", log_length=4, max_verify=4)
+    sched = Scheduler(engine, budget_bytes=10**9, k=3)
+    for i, (p, n) in enumerate(zip(prompts, outs)):
+        drafter = SyntheticDrafter(torch.cat([p, alone[i]]), 0.6, seed=i)
+        sched.add(Request(i, p, n, drafter=drafter))
+    finished = sched.run()
+    assert sorted(r.id for r in finished) == [0, 1, 2, 3]
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), alone[r.id]), r.id
+    assert engine.stats.admitted == 4 and engine.stats.rollbacks > 0
+
+
+def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
+    for model in MODELS.values():
+        assert unsupported_reason(model.cfg) is None
+    assert fused_reason(HybridLM(HybridConfig(), seed=None).cfg) is None
+    assert fused_reason(MODELS["bamba"].cfg) == "RoPE (rotary_dim=8), swiglu MLPs (mlp='swiglu')"
+    want = (
+        r"fused: the fused kernels serve NemotronH layouts and lack Gated DeltaNet layers "
+        r"\('G'\), gated attention \(attention='gated'\), RoPE \(rotary_dim=8\), swiglu MLPs "
+        r"\(mlp='swiglu'\); use fused=False"
+    )
+    with pytest.raises(ValueError, match=want):
+        DecodeEngine(MODELS["qwen3_next"], 1, 8, use_kernels=True, fused=True)
+    with pytest.raises(ValueError, match=r"lack Mamba-1 layers \('S'\), swiglu MLPs"):
+        DecodeEngine(MODELS["jamba"], 1, 8, use_kernels=True, fused=True)
+    cfg = HybridConfig()
+    cfg.mlp = "gelu"  # past the config's own check
+    assert unsupported_reason(cfg) == "mlp: 'gelu' (the engine serves 'relu2' and 'swiglu')"
+    engine = DecodeEngine(MODELS["qwen3_next"], 1, 8)  # CPU defaults: the reference path
+    assert not engine.fused and not engine.graphs
