@@ -253,13 +253,15 @@ def test_the_notebook_exercise_check_fails_on_the_stub_and_passes_on_the_solutio
 
     import nbformat
 
+    from replaylab.exercises import solution_sections
     from replaylab.exercises_families import check_chunked_fold
 
     root = Path(__file__).resolve().parents[1]
     nb = nbformat.read(root / "notebooks" / "11_beyond_mamba2.ipynb", as_version=4)
     (stub,) = [c.source for c in nb.cells if c.metadata.get("exercise") == "chunked_fold"]
-    text = (root / "notebooks" / "solutions" / "11_beyond_mamba2.py").read_text()
-    solution = text.split("# %% chunked_fold\n", 1)[1]
+    solution = solution_sections(root / "notebooks" / "solutions" / "11_beyond_mamba2.py")[
+        "chunked_fold"
+    ]
     for source, want in ((stub, False), (solution, True)):
         scope = {"torch": torch}
         exec(source, scope)
