@@ -35,6 +35,8 @@ CORE = [
     "replaylab.costmodel",
     "replaylab.kernels.replay",
     "replaylab.kernels.mamba1",
+    "replaylab.kernels.gdn",
+    "replaylab.bench.gdn",
     "replaylab.generate",
     "replaylab.cli",
     "replaylab.bench.cli",
