@@ -49,7 +49,9 @@ case "$cmd" in
     echo "HTML written to build/html/" ;;
   test)
     setup
-    # two workers (pytest-xdist), a file at a time each: a notebook's cells stay in one kernel
+    # two workers (pytest-xdist), a file at a time each (a notebook's cells stay in one kernel),
+    # one torch thread each unless OMP_NUM_THREADS says otherwise
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider \
       -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *)
