@@ -120,3 +120,21 @@ def test_short_paths_add_up_and_match_the_guide():
         total = int(re.search(r"\*\*(\d+) \(" + hours + r"\)\*\*", block).group(1))
         assert sum(minutes) == total, (title, minutes, total)
         assert block.strip() in guide.replace(f"#### {title}", f"### {title}")
+
+
+def test_where_replay_wins_is_stated_one_way():
+    """The notebooks that say where replay wins on the GPU say what the engine data say
+    (``replaylab.results.replay_wins``), and none keeps an older, contradicting phrasing."""
+    from replaylab.results import replay_wins_summary
+
+    decode = next(
+        line for line in replay_wins_summary() if line.startswith("decode (bench_engine)")
+    )
+    first = re.search(r"wins from batch (\d+)", decode).group(1)
+    stale = ("batch 64 and up", "batch >= 8", "on a GPU replay is the faster one")
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        text = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+        assert not [s for s in stale if s in text], path.name
+        if path.name[:2] in ("05", "06", "09"):
+            assert f"wins from batch {first}" in " ".join(text.split()), path.name
