@@ -6,7 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-__all__ = ["DATA_DIR", "amortised_decode", "load_bench", "measured_log_length"]
+__all__ = [
+    "DATA_DIR",
+    "amortised_decode",
+    "load_bench",
+    "measured_log_length",
+    "replay_wins",
+    "replay_wins_summary",
+]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
@@ -64,3 +71,113 @@ def measured_log_length(batch, path="data/bench_kernels.json", default=16):
         return default
     nearest = min({r["batch"] for r in rows}, key=lambda b: (abs(b - batch), b))
     return min((r for r in rows if r["batch"] == nearest), key=lambda r: r["amortised_us"])["L"]
+
+
+def replay_wins(engine=None, ragged=None, acceptance=0.8):
+    """Where replay wins on the GPU, per workload and batch, from the two engine runs of the
+    ``8b-layers`` preset: ``data/bench_engine.json`` (fused engine, every prompt the same length;
+    its other fused strategy is snapshot) and ``data/bench_serve_ragged.json`` (every slot at its
+    own position, row-invariant matmul; snapshot and recompute). Rows (workload, run, batch,
+    replay, rival, rival_tok_s, replay_tok_s, ratio): replay's tokens/s over the fastest other
+    strategy's in the same run. Speculative rows are at per-draft ``acceptance``."""
+    engine = load_bench("data/bench_engine.json") if engine is None else engine
+    ragged = load_bench("data/bench_serve_ragged.json") if ragged is None else ragged
+    out = []
+
+    def add(workload, run, batch, rates):
+        rivals = {s: v for s, v in rates.items() if s != "replay" and v}
+        if "replay" not in rates or not rivals:
+            return
+        rival = max(rivals, key=rivals.get)
+        out.append(
+            dict(
+                workload=workload,
+                run=run,
+                batch=batch,
+                rival=rival,
+                rival_tok_s=rivals[rival],
+                replay_tok_s=rates["replay"],
+                ratio=rates["replay"] / rivals[rival],
+            )
+        )
+
+    rows = [r for r in engine["rows"] if r.get("preset") == "8b-layers"]
+    plain = [
+        r
+        for r in rows
+        if "workload" not in r
+        and r.get("strategy")
+        and r.get("fused", True)
+        and "seconds_per_token" in r
+    ]
+    for b in sorted({r["batch"] for r in plain}):
+        add(
+            "decode",
+            "bench_engine",
+            b,
+            {r["strategy"]: b / r["seconds_per_token"]["median"] for r in plain if r["batch"] == b},
+        )
+    spec = f"speculative k=4 a={acceptance}"
+    one = [r for r in rows if r.get("workload") == spec]
+    if one:
+        add(
+            "speculative, batch 1",
+            "bench_engine",
+            1,
+            {r["strategy"]: 1 / r["seconds_per_token"]["median"] for r in one},
+        )
+    verify = [r for r in rows if r.get("workload") == f"batched verify rounds k=4 a={acceptance}"]
+    for b in sorted({r["batch"] for r in verify}):
+        add(
+            "batched speculation",
+            "bench_engine",
+            b,
+            {r["strategy"]: r["tokens_per_s"] for r in verify if r["batch"] == b},
+        )
+    for run in ragged.get("ragged", []):
+        if run.get("preset") != "8b-layers" or run.get("matmul") != "row_invariant":
+            continue
+        for b in sorted({r["batch"] for r in run["rows"]}):
+            here = [r for r in run["rows"] if r["batch"] == b]
+            add(
+                "decode",
+                "bench_serve_ragged",
+                b,
+                {r["strategy"]: r["decode_tokens_per_s"] for r in here},
+            )
+            if any("speculative_tokens_per_s" in r for r in here):
+                add(
+                    "batched speculation",
+                    "bench_serve_ragged",
+                    b,
+                    {r["strategy"]: r.get("speculative_tokens_per_s") for r in here},
+                )
+    return out
+
+
+def replay_wins_summary(rows=None, margin=0.03):
+    """One line per workload and run: replay's ratio at every measured batch, and the batch from
+    which it wins (more than ``margin`` ahead of the fastest other strategy) at every larger
+    measured batch too; within ``margin`` either way counts as a tie."""
+    rows = replay_wins() if rows is None else rows
+    lines = []
+    for key in dict.fromkeys((r["workload"], r["run"]) for r in rows):
+        here = sorted(
+            (r for r in rows if (r["workload"], r["run"]) == key), key=lambda r: r["batch"]
+        )
+        from_batch = None
+        for r in reversed(here):
+            if r["ratio"] <= 1 + margin:
+                break
+            from_batch = r["batch"]
+
+        def verdict(x):
+            return "wins" if x > 1 + margin else "trails" if x < 1 - margin else "ties"
+
+        cells = ", ".join(
+            f"batch {r['batch']} {r['ratio']:.2f}x ({verdict(r['ratio'])}, vs {r['rival']})"
+            for r in here
+        )
+        wins = f"wins from batch {from_batch}" if from_batch else "does not win"
+        lines.append(f"{key[0]} ({key[1]}): {wins}; {cells}")
+    return lines
