@@ -429,3 +429,21 @@ def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():
     assert set(before) <= set(tree_tensors(prefix)) and prefix.held_bytes > held
     for key, t in before.items():
         assert torch.equal(t, tree_tensors(prefix)[key])
+
+
+def test_engine_prefix_bench_rows():
+    from replaylab.bench.prefix import engine_prefix_summary, run_engine_prefix_bench
+
+    result = run_engine_prefix_bench(
+        tiny_hybrid(),
+        block_sizes=(64,),
+        strategies=("replay", "snapshot"),
+        workloads=("multi_turn",),
+        log=lambda line: None,
+    )
+    replay, align = result["engine_rows"]
+    assert replay["token_hit_rate"] == replay["ideal_hit_rate"] > 0.5
+    assert align["token_hit_rate"] < replay["token_hit_rate"]
+    assert replay["computed_tokens"] < align["computed_tokens"] < align["cold_computed_tokens"]
+    assert max(replay["max_logit_diff_vs_cold"], align["max_logit_diff_vs_cold"]) < TOL
+    assert len(engine_prefix_summary(result)) == 3
