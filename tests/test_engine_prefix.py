@@ -447,3 +447,24 @@ def test_engine_prefix_bench_rows():
     assert replay["computed_tokens"] < align["computed_tokens"] < align["cold_computed_tokens"]
     assert max(replay["max_logit_diff_vs_cold"], align["max_logit_diff_vs_cold"]) < TOL
     assert len(engine_prefix_summary(result)) == 3
+
+
+def test_the_committed_engine_prefix_result():
+    """data/bench_prefix_engine_cpu.json (data/README.md quotes it): provenance, replay at the
+    attention-only ideal in every row, align below it at large blocks, every admission within
+    the tolerance of its cold admit."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "bench_prefix_engine_cpu.json"
+    result = json.loads(path.read_text())
+    assert {"device", "versions", "date", "command"} <= set(result)
+    rows = result["engine_rows"]
+    assert len(rows) == 4 * 3 * 3
+    for r in rows:
+        assert r["max_logit_diff_vs_cold"] < TOL
+        assert r["computed_tokens"] <= r["cold_computed_tokens"]
+        if r["strategy"] == "replay":
+            assert r["token_hit_rate"] == r["ideal_hit_rate"]
+        elif r["block_size"] == 256:
+            assert r["token_hit_rate"] < r["ideal_hit_rate"]
