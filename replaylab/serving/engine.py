@@ -148,6 +148,9 @@ class DecodeEngine:
     >>> logits = engine.step(tokens, counts)   # (S, T), (S,) -> (S, T, vocab)
     >>> engine.rollback(keep)                  # keep the first keep[i] tokens of the last step
     >>> engine.retire(slot)
+
+    A prefix cache over the slots (``serving.prefix.EnginePrefixCache``, reference path) admits
+    in place of ``admit``, seating a slot with a held prefix and prefilling from there.
     """
 
     def __init__(
