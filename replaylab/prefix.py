@@ -31,6 +31,11 @@ its state can be rebuilt; under replay the logs of blocks that later blocks exte
 (those blocks then serve align-style hits). The served cache holds copies: decoding, speculation and rollback on
 it never touch the tree (copy on write).
 
+The tree itself (nodes, matching, the resume plan, the hit report, insertion, the budget and
+eviction, ``check_rebuildable``) is ``PrefixTree``, which the serving engine's prefix cache
+(``replaylab.serving.prefix.EnginePrefixCache``) shares; ``PrefixCache`` adds what is the
+teaching cache's: the probe of a block's bytes, seating a fresh cache, the prefill.
+
 The cache API has no "load this state at position p"; ``_seat`` writes a fresh cache's stores
 through their attributes (``ReplayStore.checkpoint/log/n/start``, ``CurrentStateStore.current``)
 and fills KV with ``LayerKV.append``.
@@ -46,7 +51,14 @@ import torch
 from replaylab.cache import HybridCache
 from replaylab.validation import as_int
 
-__all__ = ["PrefixCache", "PrefixHit", "Served", "PREFIX_STRATEGIES", "PREFIX_EVICTION"]
+__all__ = [
+    "PrefixCache",
+    "PrefixTree",
+    "PrefixHit",
+    "Served",
+    "PREFIX_STRATEGIES",
+    "PREFIX_EVICTION",
+]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
 PREFIX_EVICTION = ("lru", "cost")
@@ -130,84 +142,55 @@ def _common(a, b) -> int:
     return n
 
 
-class PrefixCache:
-    """A radix tree of prefixes of earlier requests for ``model`` (a ``HybridLM``), under
-    ``strategy`` ("replay", "snapshot" or "recompute"), on a grid of ``block_size`` tokens.
+@dataclass(frozen=True)
+class _Plan:
+    """Where a request resumes: ``path``, ``matched`` m and ``stop`` from the match, ``usable``
+    = min(m, T - 1) (the last token is always computed, for its logits), ``r`` the grid
+    position whose state is restored, ``j`` (replay) the logged entries of the block at r
+    applied after it, ``log_gone`` (replay) that block's log was evicted, so the request
+    resumes on the grid."""
 
-    budget_bytes          cap on KV + states + logs held by the tree (None: no cap); at least
-                          one full block's bytes
-    max_len               longest request served
-    checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
-                          block_size; default block_size)
-    eviction              "lru" or "cost" (evict the leaf saving fewest tokens per byte)
-    chunk_size            prefill chunk (chunks also break at every grid position)
+    path: list
+    matched: int
+    stop: str
+    usable: int
+    r: int
+    j: int
+    log_gone: bool
 
-    Raises ValueError naming the value and the allowed range for a block size the strategy
-    cannot serve, a budget under one block, a request longer than ``max_len``; nothing in the
-    tree changes when ``serve`` or ``set_budget`` refuses.
-    """
+    @property
+    def resumed(self) -> int:
+        return self.r + self.j
 
-    def __init__(
-        self,
-        model,
-        strategy="replay",
-        *,
-        block_size=16,
-        budget_bytes=None,
-        max_len=2048,
-        checkpoint_interval=None,
-        eviction="lru",
-        chunk_size=None,
-    ):
-        if strategy not in PREFIX_STRATEGIES:
-            raise ValueError(f"strategy: expected one of {PREFIX_STRATEGIES}, got {strategy!r}")
-        if eviction not in PREFIX_EVICTION:
-            raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
-        self.model, self.strategy, self.eviction = model, strategy, eviction
-        self.max_len = as_int("max_len", max_len, low=1)
-        self.block_size = self._check_block_size(block_size, checkpoint_interval)
-        self.interval = (
-            self.block_size
-            if strategy != "recompute" or checkpoint_interval is None
-            else checkpoint_interval
-        )
-        self.chunk_size = as_int("chunk_size", chunk_size or self.max_len, low=1)
-        self.vocab_size = model.cfg.vocab_size
+
+class PrefixTree:
+    """The radix tree both prefix caches share: the teaching cache's ``PrefixCache`` and the
+    serving engine's ``serving.prefix.EnginePrefixCache``. It holds ``_Node`` s on a grid of
+    ``block_size`` tokens and does the matching (``_match``), the resume plan (``_plan``), the
+    hit report (``_hit``), insertion (``_insert``, nodes from the subclass's maker), the byte
+    budget and eviction (``set_budget``, ``_evict_to_budget``) and the checks
+    (``check_rebuildable``). A subclass sets ``strategy``, ``eviction``, ``max_len``,
+    ``block_size``, ``interval`` (the grid of held states: block_size, or recompute's
+    checkpoint interval), ``vocab_size`` and ``block_bytes`` (one full node), then calls
+    ``_init_tree(budget_bytes)``."""
+
+    def _init_tree(self, budget_bytes):
         self.root = _Node(0, (), None)
         self.held_bytes = 0
         self.evicted_prefixes: list[tuple] = []  # token prefixes of evicted nodes (newest last)
         self._clock = itertools.count(1)
-        self.block_bytes = self._probe_block_bytes()
         self.budget_bytes = None
         self.set_budget(budget_bytes)
 
-    # --- validation ------------------------------------------------------------------------
-    def _check_block_size(self, block_size, checkpoint_interval):
-        b = as_int("block_size", block_size, low=1)
-        if self.strategy == "recompute" and checkpoint_interval is not None:
-            ci = as_int("checkpoint_interval", checkpoint_interval, low=1)
-            can = [d for d in range(1, min(ci, self.max_len) + 1) if ci % d == 0]
-            if b not in can:
-                raise ValueError(
-                    f"block_size: the recompute strategy with checkpoint_interval={ci} serves "
-                    f"block sizes that divide it: {can}; got {b}"
-                )
-        if b > self.max_len:
-            raise ValueError(
-                f"block_size: the {self.strategy} strategy serves block sizes 1..max_len="
-                f"{self.max_len}; got {b}"
-            )
-        return b
+    @property
+    def max_prompt(self) -> int:
+        """The longest prompt served (``max_len`` tokens)."""
+        return self.max_len
 
-    def _probe_block_bytes(self) -> int:
-        """Bytes of one full node (KV + end state + log), measured on a probe block."""
-        probe = torch.zeros(self.block_size, dtype=torch.long)
-        cache, _, states = self._prefill(probe, self._fresh_cache(), 0, keep_every=self.block_size)
-        node = self._make_node(probe.tolist(), 0, None, cache, states, log_start=0)
-        if node.end_state is None:  # recompute, block_size < checkpoint_interval: count one
-            node.end_state = states[self.block_size]
-        return _node_bytes(node)
+    def _length_error(self, n) -> str:
+        return f"prompt: expected 1..max_len={self.max_len} tokens, got {n}"
 
+    # --- validation ---------------------------------------------------------------------
     def set_budget(self, budget_bytes):
         """Set (None: lift) the byte budget; evicts at once if over it. A budget under one full
         block (``block_bytes``) is refused and changes nothing."""
@@ -233,10 +216,8 @@ class PrefixCache:
                 )
             prompt = prompt.tolist()
         tokens = [as_int("prompt token", t) for t in prompt]
-        if not 1 <= len(tokens) <= self.max_len:
-            raise ValueError(
-                f"prompt: expected 1..max_len={self.max_len} tokens, got {len(tokens)}"
-            )
+        if not 1 <= len(tokens) <= self.max_prompt:
+            raise ValueError(self._length_error(len(tokens)))
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"prompt: token ids must lie in [0, {self.vocab_size}), got {bad[0]}")
@@ -283,6 +264,195 @@ class PrefixCache:
     def _grid_state(self, path, g):
         """The state each recurrent layer had at grid position g of the path (None: zero)."""
         return None if g == 0 else path[g // self.block_size - 1].end_state
+
+    def _plan(self, tokens) -> _Plan:
+        """Match ``tokens`` and choose where to resume: replay at min(m, T - 1) (the state at
+        the grid point below it and the logged entries after it; on the grid if that block's
+        log was evicted), snapshot and recompute at the last grid state <= min(m, T - 1)."""
+        b = self.block_size
+        path, m, stop = self._match(tokens)
+        usable = min(m, len(tokens) - 1)  # the last token is always computed, for its logits
+        grid = usable // b * b
+        log_gone = False
+        if self.strategy == "replay":
+            r, j = grid, usable - grid
+            if j and path[grid // b].log is None:  # its log was evicted: resume on the grid
+                r, j, log_gone = grid, 0, True
+        else:
+            r, j = usable // self.interval * self.interval, 0
+        return _Plan(path, m, stop, usable, r, j, log_gone)
+
+    def _hit(self, T, plan) -> PrefixHit:
+        """The hit report of a request of T tokens served by ``plan``."""
+        resumed, usable, m = plan.resumed, plan.usable, plan.matched
+        limited = "not on the grid" if resumed < usable else plan.stop
+        if plan.log_gone:
+            limited = "evicted"
+        if resumed == usable and usable < m:
+            limited = "end of prompt"
+        recompute = self.strategy == "recompute"
+        return PrefixHit(
+            prompt_length=T,
+            matched=m,
+            resumed_from=resumed,
+            folded=plan.j,
+            recomputed=max(0, usable - resumed) if recompute else 0,
+            prefilled=T - usable if recompute else T - resumed,
+            match_stop=plan.stop,
+            limited_by=limited,
+        )
+
+    def _insert(self, tokens, make_node):
+        """Add the prompt's blocks the tree lacks; ``make_node(seg, g, parent)`` builds the node
+        of tokens ``seg`` at grid position g (its tensors copies, never views)."""
+        parent, b = self.root, self.block_size
+        for g in range(0, len(tokens), b):
+            seg = tuple(tokens[g : g + b])
+            same = next((c for c in parent.children if c.tokens == seg), None)
+            if same is not None:
+                same.last_used = next(self._clock)
+                parent = same
+                continue
+            node = make_node(seg, g, parent)
+            node.nbytes = _node_bytes(node)
+            node.last_used = next(self._clock)
+            # a shorter tail node that this block extends is replaced (its children: none)
+            for old in list(parent.children):
+                if not old.children and seg[: len(old.tokens)] == old.tokens:
+                    parent.children.remove(old)
+                    self.held_bytes -= old.nbytes
+            parent.children.append(node)
+            self.held_bytes += node.nbytes
+            parent = node
+
+    # --- eviction --------------------------------------------------------------------------
+    def _prefix_of(self, node) -> tuple:
+        parts = []
+        while node is not None and node is not self.root:
+            parts.append(node.tokens)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def _evict_to_budget(self):
+        while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
+            # replay: first the logs of blocks that later blocks extend (a hit passes through
+            # them on their end states; only a request diverging inside one needs its log)
+            logged = [n for n in self.nodes() if n.children and n.log is not None]
+            if logged:
+                victim = min(logged, key=lambda n: n.last_used)
+                self.held_bytes -= victim.nbytes
+                victim.log = None
+                victim.nbytes = _node_bytes(victim)
+                self.held_bytes += victim.nbytes
+                continue
+            leaves = [n for n in self.nodes() if not n.children]
+            if self.eviction == "lru":
+                victim = min(leaves, key=lambda n: n.last_used)
+            else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
+                victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
+            victim.parent.children.remove(victim)
+            self.held_bytes -= victim.nbytes
+            self.evicted_prefixes.append(self._prefix_of(victim))
+            del self.evicted_prefixes[:-4096]
+
+    # --- checks ----------------------------------------------------------------------------
+    def check_rebuildable(self):
+        """Raise AssertionError unless every node can be rebuilt: its parent is in the tree,
+        its KV covers its tokens, the grid states the strategy needs are there (and, replay, a
+        log entry per token), and the bytes held add up and fit the budget."""
+        total, b = 0, self.block_size
+        in_tree = {id(self.root)} | {id(n) for n in self.nodes()}
+        for node in self.nodes():
+            assert id(node.parent) in in_tree and node in node.parent.children
+            assert node.start == node.parent.end and node.start % b == 0
+            assert 1 <= len(node.tokens) <= b
+            assert node.parent is self.root or len(node.parent.tokens) == b
+            for k, v in node.kv.values():
+                assert k.shape[2] == v.shape[2] == len(node.tokens)
+            full = len(node.tokens) == b
+            assert (node.end_state is not None) == (full and node.end % self.interval == 0)
+            if self.strategy == "replay" and node.log is not None:
+                assert all(
+                    t.shape[1] == len(node.tokens) for f in node.log.values() for t in f.values()
+                )
+            assert node.nbytes == _node_bytes(node)
+            total += node.nbytes
+        assert total == self.held_bytes, (total, self.held_bytes)
+        assert self.budget_bytes is None or total <= self.budget_bytes
+
+
+class PrefixCache(PrefixTree):
+    """A radix tree of prefixes of earlier requests for ``model`` (a ``HybridLM``), under
+    ``strategy`` ("replay", "snapshot" or "recompute"), on a grid of ``block_size`` tokens.
+
+    budget_bytes          cap on KV + states + logs held by the tree (None: no cap); at least
+                          one full block's bytes
+    max_len               longest request served
+    checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
+                          block_size; default block_size)
+    eviction              "lru" or "cost" (evict the leaf saving fewest tokens per byte)
+    chunk_size            prefill chunk (chunks also break at every grid position)
+
+    Raises ValueError naming the value and the allowed range for a block size the strategy
+    cannot serve, a budget under one block, a request longer than ``max_len``; nothing in the
+    tree changes when ``serve`` or ``set_budget`` refuses.
+    """
+
+    def __init__(
+        self,
+        model,
+        strategy="replay",
+        *,
+        block_size=16,
+        budget_bytes=None,
+        max_len=2048,
+        checkpoint_interval=None,
+        eviction="lru",
+        chunk_size=None,
+    ):
+        if strategy not in PREFIX_STRATEGIES:
+            raise ValueError(f"strategy: expected one of {PREFIX_STRATEGIES}, got {strategy!r}")
+        if eviction not in PREFIX_EVICTION:
+            raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
+        self.model, self.strategy, self.eviction = model, strategy, eviction
+        self.max_len = as_int("max_len", max_len, low=1)
+        self.block_size = self._check_block_size(block_size, checkpoint_interval)
+        self.interval = (
+            self.block_size
+            if strategy != "recompute" or checkpoint_interval is None
+            else checkpoint_interval
+        )
+        self.chunk_size = as_int("chunk_size", chunk_size or self.max_len, low=1)
+        self.vocab_size = model.cfg.vocab_size
+        self.block_bytes = self._probe_block_bytes()
+        self._init_tree(budget_bytes)
+
+    # --- validation ---------------------------------------------------------------------
+    def _check_block_size(self, block_size, checkpoint_interval):
+        b = as_int("block_size", block_size, low=1)
+        if self.strategy == "recompute" and checkpoint_interval is not None:
+            ci = as_int("checkpoint_interval", checkpoint_interval, low=1)
+            can = [d for d in range(1, min(ci, self.max_len) + 1) if ci % d == 0]
+            if b not in can:
+                raise ValueError(
+                    f"block_size: the recompute strategy with checkpoint_interval={ci} serves "
+                    f"block sizes that divide it: {can}; got {b}"
+                )
+        if b > self.max_len:
+            raise ValueError(
+                f"block_size: the {self.strategy} strategy serves block sizes 1..max_len="
+                f"{self.max_len}; got {b}"
+            )
+        return b
+
+    def _probe_block_bytes(self) -> int:
+        """Bytes of one full node (KV + end state + log), measured on a probe block."""
+        probe = torch.zeros(self.block_size, dtype=torch.long)
+        cache, _, states = self._prefill(probe, self._fresh_cache(), 0, keep_every=self.block_size)
+        node = self._make_node(probe.tolist(), 0, None, cache, states, log_start=0)
+        if node.end_state is None:  # recompute, block_size < checkpoint_interval: count one
+            node.end_state = states[self.block_size]
+        return _node_bytes(node)
 
     # --- serving ---------------------------------------------------------------------------
     def _fresh_cache(self):
@@ -348,7 +518,6 @@ class PrefixCache:
                 layer: {f: t[:, g - log_start : end - log_start].clone() for f, t in buf.items()}
                 for layer, buf in store.log.items()
             }
-        node.nbytes = _node_bytes(node)
         return node
 
     def serve(self, prompt) -> Served:
@@ -356,112 +525,14 @@ class PrefixCache:
         insert the prompt's blocks, evict to the budget. The returned cache is the request's
         own (a copy): decode on it freely."""
         tokens = self._check_prompt(prompt)
-        T, b = len(tokens), self.block_size
-        path, m, stop = self._match(tokens)
-        usable = min(m, T - 1)  # the last token is always computed, for its logits
-        grid = usable // b * b
-        log_gone = False
-        if self.strategy == "replay":
-            r, j = grid, usable - grid
-            if j and path[grid // b].log is None:  # its log was evicted: resume on the grid
-                r, j, log_gone = grid, 0, True
-        else:
-            r, j = usable // self.interval * self.interval, 0
+        plan = self._plan(tokens)
         cache = self._fresh_cache()
-        self._seat(cache, tokens, path, r, j)
-        cache, logits, states = self._prefill(tokens, cache, r + j, keep_every=self.interval)
-        resumed = r + j
-        limited = "not on the grid" if resumed < usable else stop
-        if log_gone:
-            limited = "evicted"
-        if resumed == usable and usable < m:
-            limited = "end of prompt"
-        hit = PrefixHit(
-            prompt_length=T,
-            matched=m,
-            resumed_from=resumed,
-            folded=j,
-            recomputed=max(0, usable - resumed) if self.strategy == "recompute" else 0,
-            prefilled=T - usable if self.strategy == "recompute" else T - resumed,
-            match_stop=stop,
-            limited_by=limited,
+        self._seat(cache, tokens, plan.path, plan.r, plan.j)
+        cache, logits, states = self._prefill(tokens, cache, plan.resumed, self.interval)
+        hit = self._hit(len(tokens), plan)
+        self._insert(
+            tokens,
+            lambda seg, g, parent: self._make_node(seg, g, parent, cache, states, plan.r),
         )
-        self._insert(tokens, path, cache, states, log_start=r)
         self._evict_to_budget()
         return Served(cache, logits, hit)
-
-    def _insert(self, tokens, path, cache, states, log_start):
-        """Add the prompt's blocks the tree lacks (data from ``cache`` and ``states``)."""
-        parent, b = self.root, self.block_size
-        for g in range(0, len(tokens), b):
-            seg = tuple(tokens[g : g + b])
-            same = next((c for c in parent.children if c.tokens == seg), None)
-            if same is not None:
-                same.last_used = next(self._clock)
-                parent = same
-                continue
-            node = self._make_node(seg, g, parent, cache, states, log_start)
-            node.last_used = next(self._clock)
-            # a shorter tail node that this block extends is replaced (its children: none)
-            for old in list(parent.children):
-                if not old.children and seg[: len(old.tokens)] == old.tokens:
-                    parent.children.remove(old)
-                    self.held_bytes -= old.nbytes
-            parent.children.append(node)
-            self.held_bytes += node.nbytes
-            parent = node
-
-    # --- eviction --------------------------------------------------------------------------
-    def _prefix_of(self, node) -> tuple:
-        parts = []
-        while node is not None and node is not self.root:
-            parts.append(node.tokens)
-            node = node.parent
-        return tuple(t for part in reversed(parts) for t in part)
-
-    def _evict_to_budget(self):
-        while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
-            # replay: first the logs of blocks that later blocks extend (a hit passes through
-            # them on their end states; only a request diverging inside one needs its log)
-            logged = [n for n in self.nodes() if n.children and n.log is not None]
-            if logged:
-                victim = min(logged, key=lambda n: n.last_used)
-                self.held_bytes -= victim.nbytes
-                victim.log = None
-                victim.nbytes = _node_bytes(victim)
-                self.held_bytes += victim.nbytes
-                continue
-            leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction == "lru":
-                victim = min(leaves, key=lambda n: n.last_used)
-            else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
-                victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
-            victim.parent.children.remove(victim)
-            self.held_bytes -= victim.nbytes
-            self.evicted_prefixes.append(self._prefix_of(victim))
-            del self.evicted_prefixes[:-4096]
-
-    # --- checks ----------------------------------------------------------------------------
-    def check_rebuildable(self):
-        """Raise AssertionError unless every node can be rebuilt: its parent is in the tree,
-        its KV covers its tokens, the grid states the strategy needs are there (and, replay, a
-        log entry per token), and the bytes held add up and fit the budget."""
-        total, b = 0, self.block_size
-        in_tree = {id(self.root)} | {id(n) for n in self.nodes()}
-        for node in self.nodes():
-            assert id(node.parent) in in_tree and node in node.parent.children
-            assert node.start == node.parent.end and node.start % b == 0
-            assert 1 <= len(node.tokens) <= b
-            assert node.parent is self.root or len(node.parent.tokens) == b
-            for k, v in node.kv.values():
-                assert k.shape[2] == v.shape[2] == len(node.tokens)
-            full = len(node.tokens) == b
-            assert (node.end_state is not None) == (full and node.end % self.interval == 0)
-            if self.strategy == "replay" and node.log is not None:
-                assert all(
-                    t.shape[1] == len(node.tokens) for f in node.log.values() for t in f.values()
-                )
-            assert node.nbytes == _node_bytes(node)
-            total += node.nbytes
-        assert total == self.held_bytes, (total, self.held_bytes)
-        assert self.budget_bytes is None or total <= self.budget_bytes

@@ -230,6 +230,8 @@ def _prefix(args):
     from replaylab.testing import tiny_hybrid
 
     torch.set_num_threads(args.threads or 1)
+    if args.engine:
+        return _prefix_engine(args)
     out = args.out or "data/bench_prefix_cpu.json"
     t0 = time.time()
     with torch.no_grad():
@@ -239,6 +241,25 @@ def _prefix(args):
     result = dict(provenance(args.argv), **result, seconds=round(time.time() - t0, 1))
     _write(result, out)
     for line in prefix_summary(result):
+        print(line)
+    print(f"wrote {out}")
+    return 0
+
+
+def _prefix_engine(args):
+    import torch
+
+    from replaylab.bench.prefix import engine_prefix_summary, run_engine_prefix_bench
+    from replaylab.bench.provenance import provenance
+    from replaylab.testing import tiny_hybrid
+
+    out = args.out or "data/bench_prefix_engine_cpu.json"
+    t0 = time.time()
+    with torch.no_grad():
+        result = run_engine_prefix_bench(tiny_hybrid(), block_sizes=tuple(args.block_sizes))
+    result = dict(provenance(args.argv), **result, seconds=round(time.time() - t0, 1))
+    _write(result, out)
+    for line in engine_prefix_summary(result):
         print(line)
     print(f"wrote {out}")
     return 0
@@ -369,6 +390,12 @@ def add_bench_parser(subparsers):
         help="byte budgets of the equal-bytes sweep (block sizes 16, 64)",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    px.add_argument(
+        "--engine",
+        action="store_true",
+        help="the serving engine's prefix cache against cold admits (default out: "
+        "data/bench_prefix_engine_cpu.json; block sizes: multiples of L=16)",
+    )
     px.set_defaults(run=_prefix)
     for p in (k, gk, s, d, e, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")

@@ -1,7 +1,8 @@
 """The serving engine beside the teaching cache: preallocated pools (``pools``), the engine
 that decodes, verifies and rolls back every slot at its own position (``engine``), the
-per-slot rollback cursor (``cursor``), requests (``request``) and continuous batching under
-one byte budget (``scheduler``)."""
+per-slot rollback cursor (``cursor``), requests (``request``), continuous batching under
+one byte budget (``scheduler``) and a prefix cache of KV and recurrent state over the slots
+(``prefix``)."""
 
 from replaylab.serving.cursor import rollback_cursor
 from replaylab.serving.engine import (
@@ -11,11 +12,14 @@ from replaylab.serving.engine import (
     fused_reason,
     unsupported_reason,
 )
+from replaylab.serving.prefix import EnginePrefixCache, allowed_block_sizes
 from replaylab.serving.request import Request
 from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, slot_bytes
 
 __all__ = [
     "DecodeEngine",
+    "EnginePrefixCache",
+    "allowed_block_sizes",
     "EngineStats",
     "STRATEGIES",
     "Request",

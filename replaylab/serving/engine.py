@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import torch
 
 from replaylab.kv import attend
-from replaylab.recurrent import window_after, windows_per_token
+from replaylab.recurrent import LayerState, window_after, windows_per_token
 from replaylab.results import measured_log_length
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.validation import as_int, check_token_ids
@@ -148,6 +148,9 @@ class DecodeEngine:
     >>> logits = engine.step(tokens, counts)   # (S, T), (S,) -> (S, T, vocab)
     >>> engine.rollback(keep)                  # keep the first keep[i] tokens of the last step
     >>> engine.retire(slot)
+
+    A prefix cache over the slots (``serving.prefix.EnginePrefixCache``, reference path) admits
+    in place of ``admit``, seating a slot with a held prefix and prefilling from there.
     """
 
     def __init__(
@@ -289,18 +292,33 @@ class DecodeEngine:
         if not 1 <= T0 < self.max_len:
             raise ValueError(f"prompt: length {T0}: expected 1 <= length < max_len={self.max_len}")
         check_token_ids(prompt[None], 1, self.cfg.vocab_size)
+        slot = self._claim()
+        logits = self._prefill(slot, prompt.to(self.device))
+        self._go_live(slot, T0)
+        return slot, logits
+
+    def free_slot(self):
+        """The slot the next ``admit`` takes (the lowest free one); raises if every slot is in
+        use."""
         free = [s for s, on in enumerate(self.live) if not on]
         if not free:
             raise ValueError(
                 f"admit: all max_batch={self.max_batch} slots are in use; retire one first"
             )
-        slot = free[0]
+        return free[0]
+
+    def _claim(self):
+        """The lowest free slot, its pools cleared and its host values at zero (not yet live)."""
+        slot = self.free_slot()
         for pool in (*self.ssm.values(), *self.kv.values()):
             pool.clear(slot)
-        logits = self._prefill(slot, prompt.to(self.device))
+        self.pos[slot] = self.log_len[slot] = self.head[slot] = self.last[slot] = 0
+        return slot
+
+    def _go_live(self, slot, T0):
+        """``slot``, prefilled to T0 tokens, starts decoding."""
         self.live[slot], self.pos[slot], self.last[slot] = True, T0, 0
         self.stats.admitted += 1
-        return slot, logits
 
     def retire(self, slot):
         """Free ``slot``; its memory is cleared when the next sequence is admitted there."""
@@ -311,33 +329,65 @@ class DecodeEngine:
         self.pos[slot] = self.log_len[slot] = self.head[slot] = self.last[slot] = 0
         self.stats.retired += 1
 
-    def _prefill(self, slot, prompt):
-        """Run ``prompt`` (T0,) through the engine's own pools in chunks of ``prefill_chunk``
-        tokens (each recurrent layer's scan, chunked for long chunks; attention over the
-        slot's KV rows); returns the last logits (vocab,). Snapshot and recompute end with the
-        state after the prompt. Replay logs every token and folds its log L entries at a time
-        with the fold decode uses, so the checkpoint lands on the decode grid (the largest
-        multiple of L) with the same bits a decode of those tokens would fold to; the state
-        the chunks carry is thrown away."""
+    def _prefill(self, slot, prompt, start=0, carried=None, block=None, record=None):
+        """Run ``prompt[start:]`` ((T0,) ids) through the engine's own pools in chunks of
+        ``prefill_chunk`` tokens (each recurrent layer's scan, chunked for long chunks;
+        attention over the slot's KV rows); returns the last logits (vocab,). Snapshot and
+        recompute end with the state after the prompt. Replay logs every token and folds its
+        log L entries at a time with the fold decode uses, so the checkpoint lands on the
+        decode grid (the largest multiple of L) with the same bits a decode of those tokens
+        would fold to; the state the chunks carry is thrown away.
+
+        start > 0 (a prefix-cache hit): the slot already holds positions [0, start) as decode
+        would have them there (KV rows, the state or checkpoint, the conv window, replay's
+        ``log_len`` entries from ``head``); ``carried`` is then replay's state at ``start``
+        (layer -> (1, *state_shape); default zeros, for start 0). ``block``: chunks also end
+        at every multiple of it. ``record`` (a dict): filled with ``states`` {position:
+        {layer: LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies;
+        replay: the checkpoint, folded there) and, under replay, ``entries`` {layer: {field:
+        (1, T0 - start, ...)}}: every prefilled token's log entries."""
         T0, C = prompt.numel(), self.prefill_chunk
-        carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
-        pools = _PoolCache(lambda l, inputs: self._prefill_advance(l, inputs, slot, carried))
-        for start in range(0, T0, C):
-            h = self.model.model.embeddings(prompt[None, start : start + C])
-            for i, block in enumerate(self.model.model.layers):
-                x = block.norm(h)
+        if carried is None:
+            carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
+        logged = None
+        if record is not None:
+            record.setdefault("states", {})
+            logged = {l: [] for l in self.ssm} if self.strategy == "replay" else None
+        pools = _PoolCache(
+            lambda l, inputs: self._prefill_advance(l, inputs, slot, carried, logged)
+        )
+        pos = start
+        while pos < T0:
+            end = min(T0, pos + C)
+            if block:
+                end = min(end, (pos // block + 1) * block)
+            h = self.model.model.embeddings(prompt[None, pos:end])
+            for i, layer in enumerate(self.model.model.layers):
+                x = layer.norm(h)
                 if self.cfg.pattern[i] == "*":
-                    h = h + self._prefill_attention(i, x, slot, start)
+                    h = h + self._prefill_attention(i, x, slot, pos)
                 else:  # a recurrent mixer through the pools, or an MLP (no memory)
-                    h = h + block.mixer(x, pools)
+                    h = h + layer.mixer(x, pools)
             if self.strategy == "replay":
                 self._prefill_fold_counts(slot, h.shape[1])
+            pos = end
+            if record is not None and block and pos % block == 0:
+                record["states"][pos] = {
+                    l: LayerState(p.state[slot : slot + 1].clone(), p.conv[slot : slot + 1].clone())
+                    for l, p in self.ssm.items()
+                }
+        if logged is not None:
+            record["entries"] = {
+                l: {k: torch.cat([c[k] for c in chunks], 1) for k in self.ssm[l].log}
+                for l, chunks in logged.items()
+            }
         return self.model.lm_head(self.model.model.norm_f(h[:, -1]))[0]
 
-    def _prefill_advance(self, layer, inputs, slot, carried):
+    def _prefill_advance(self, layer, inputs, slot, carried, logged=None):
         """A prefill chunk through recurrent layer ``layer``'s pools (its mixer's ``inputs``
         for T tokens of ``slot``) -> y: the conv window moves on; snapshot and recompute scan
-        from the slot's state, replay from the chunks' carried state and logs the entries."""
+        from the slot's state, replay from the chunks' carried state and logs the entries
+        (and appends them to ``logged[layer]`` when given)."""
         pool, one = self.ssm[layer], slice(slot, slot + 1)
         spec, window = pool.spec, pool.conv[one]
         entries = spec.prepare(window, inputs)
@@ -349,6 +399,8 @@ class DecodeEngine:
             result = spec.scan(carried[layer], entries)
             carried[layer] = result.state
             self._prefill_log(pool, slot, entries)
+            if logged is not None:
+                logged[layer].append({k: entries[k].to(b.dtype) for k, b in pool.log.items()})
         return result.y
 
     def _prefill_log(self, pool, slot, entries):

@@ -36,7 +36,8 @@ class Request:
     engine slot while running), ``tokens`` (the generated ids, a list of ints),
     ``admitted_at``, ``token_times`` (one per token), ``finished_at``, ``proposed``,
     ``accepted``, ``rounds`` (engine steps it took part in), ``reserved`` (bytes the scheduler
-    counts against its budget while it runs)."""
+    counts against its budget while it runs), ``prefix_hit`` (the ``PrefixHit`` of its admission
+    when the scheduler has a prefix cache)."""
 
     id: int
     prompt: torch.Tensor
@@ -53,6 +54,7 @@ class Request:
     accepted: int = 0
     rounds: int = 0
     reserved: int = 0
+    prefix_hit: object = None
 
     @property
     def prompt_len(self) -> int:

@@ -127,7 +127,10 @@ class Scheduler:
     requests at once (default: the engine's max_batch); admission: the rule, a function with
     ``admissible``'s signature (notebook 13's exercise plugs in here); an answer that would
     break the budget or the free slots is refused with a ValueError before anything is
-    admitted.
+    admitted; prefix: an ``EnginePrefixCache`` over ``engine`` (``serving.prefix``) that
+    admissions go through (each request's ``prefix_hit`` says what it reused). Its tree has
+    its own byte budget, outside ``budget_bytes``: the requests' reservations stay what they
+    are without it (a hit saves prefill compute, not slot memory).
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
@@ -142,6 +145,7 @@ class Scheduler:
         kv_accounting="request",
         max_running=None,
         admission=admissible,
+        prefix=None,
     ):
         if engine.batch:
             raise ValueError(
@@ -173,6 +177,9 @@ class Scheduler:
         if not callable(admission):
             raise TypeError(f"admission: expected a function, got {type(admission).__name__}")
         self.admission = admission
+        if prefix is not None and getattr(prefix, "engine", None) is not engine:
+            raise ValueError("prefix: expected an EnginePrefixCache over this scheduler's engine")
+        self.prefix = prefix
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -284,7 +291,10 @@ class Scheduler:
         for r in arrived[:n]:
             self.waiting.remove(r)
             r.admitted_at = self._clock(t0, start)
-            r.slot, logits = self.engine.admit(r.prompt.to(self.engine.device))
+            if self.prefix is None:
+                r.slot, logits = self.engine.admit(r.prompt.to(self.engine.device))
+            else:
+                r.slot, logits, r.prefix_hit = self.prefix.admit(r.prompt)
             r.tokens.append(int(logits.argmax()))
             r.token_times.append(self._clock(t0, start))
             r.status = RUNNING

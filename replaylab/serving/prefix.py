@@ -1,0 +1,238 @@
+"""A prefix cache for the serving engine: the teaching prefix cache's radix tree
+(``replaylab.prefix.PrefixTree``: matching, the resume plan, ``PrefixHit``, insertion, one byte
+budget with LRU or cost eviction) over a ``DecodeEngine``'s slots.
+
+    engine = DecodeEngine(model, max_batch=8, max_len=512, strategy="replay", log_length=16)
+    prefix = EnginePrefixCache(engine, block_size=32, budget_bytes=2**24)
+    slot, logits, hit = prefix.admit(prompt)    # in place of engine.admit(prompt)
+
+``admit`` seats a free slot with what the tree holds of the prompt, exactly as decode would
+have the slot there, prefills the rest from that position (``DecodeEngine._prefill`` from a
+start) and inserts the prompt's blocks. What a slot is seated with, for the longest held
+prefix m and u = min(m, T - 1) (the last token is always computed, for its logits):
+
+    every strategy   KV rows [0, r) of every attention layer (r: the resumed position below)
+    replay           r = u: the state at the grid point g = b * floor(u / b) (a node's end
+                     state), the block's logged entries [g, c) folded L at a time into it
+                     (c = L * floor(u / L): the decode grid, since b is a multiple of L), the
+                     entries [c, u) in the log ring (log_len = u - c, head 0), the conv window
+                     after u (rebuilt from the logged conv inputs); if that block's log was
+                     evicted, r = g
+    snapshot         r = the last grid point <= u: the state and conv window held there (vLLM's
+                     mamba_cache_mode=align); [r, T) prefilled
+    recompute        the same seat as snapshot; the tokens [r, u) are the recomputed ones,
+                     [u, T) the prefilled (one forward runs both)
+
+The ``PrefixHit`` is the teaching cache's: ``resumed_from`` r, ``folded`` (replay) the tree's
+logged entries the seat used (u - g: folded onto the decode grid, the rest put in the ring),
+``recomputed`` (recompute) u - r, ``prefilled`` the rest, ``match_stop`` and ``limited_by``
+why reuse stopped ("unique tokens", "evicted", "not on the grid", "end of prompt").
+
+What the tree holds per node of tokens [g, g + b): per attention layer the KV rows, per
+recurrent layer the state and conv window at g + b (full blocks; replay: the checkpoint, which
+sits there since g + b is on the fold grid), under replay every token's log entries (the
+fields of the layer's ring). All are copies taken after the prefill: a slot's later decode,
+verify, rollback or retire never changes the tree, and a seat copies out of it (copy on write).
+The prompt's tail shorter than a block is held too (KV, and replay's entries), so replay
+resumes inside it; snapshot and recompute cannot.
+
+Allowed block sizes: replay, multiples of the engine's L below max_len (grid positions are then
+fold positions); snapshot and recompute, 1 .. max_len - 1. Others are refused naming the
+allowed values; a budget under one block, a prompt of max_len tokens or more, ids outside the
+vocabulary are refused with the tree and the engine unchanged.
+
+Not served: the fused path (``fused=True``; its replay log keeps x, dt, B, C only, so a conv
+window off the grid cannot be rebuilt; the error says so) and CUDA graphs (they come with it).
+
+Glossary: b block_size, L the engine's log length, m matched, u usable, r resumed from, g a
+grid position (a multiple of b), c a fold position (a multiple of L).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replaylab.prefix import PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
+from replaylab.recurrent import window_after
+from replaylab.validation import as_int
+
+__all__ = ["EnginePrefixCache", "PrefixHit", "allowed_block_sizes"]
+
+
+def allowed_block_sizes(engine) -> list[int]:
+    """The block sizes an ``EnginePrefixCache`` over ``engine`` serves: under replay the
+    multiples of L below max_len, else 1 .. max_len - 1."""
+    step = engine.L if engine.strategy == "replay" else 1
+    return list(range(step, engine.max_len, step))
+
+
+def _sizes(values) -> str:
+    if len(values) <= 12:
+        return ", ".join(map(str, values))
+    return f"{values[0]}, {values[1]}, {values[2]}, ..., {values[-1]}"
+
+
+class EnginePrefixCache(PrefixTree):
+    """A prefix tree over ``engine`` (a ``DecodeEngine`` on its reference path) under the
+    engine's strategy.
+
+    block_size    the grid (see the module docstring for the sizes each strategy serves)
+    budget_bytes  cap on KV + states + logs held by the tree (None: no cap); at least one
+                  full block's bytes (``block_bytes``)
+    eviction      "lru" or "cost" (evict the leaf saving fewest prefill tokens per byte)
+
+    ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
+    speculates, rolls back and retires through the engine as any other.
+    """
+
+    def __init__(self, engine, block_size=None, budget_bytes=None, eviction="lru"):
+        if eviction not in PREFIX_EVICTION:
+            raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
+        if engine.fused or engine.graphs:
+            raise ValueError(
+                "engine: the prefix cache serves the engine's reference path (fused=False, "
+                "graphs=False): the fused replay log keeps x, dt, B, C only, so a conv window "
+                "off the grid cannot be rebuilt from it"
+            )
+        self.engine, self.strategy, self.eviction = engine, engine.strategy, eviction
+        self.max_len = engine.max_len
+        self.vocab_size = engine.cfg.vocab_size
+        allowed = allowed_block_sizes(engine)
+        b = as_int("block_size", engine.L if block_size is None else block_size)
+        if b not in allowed:
+            rule = (
+                f"multiples of the engine's log_length L={engine.L} below max_len="
+                f"{engine.max_len} (a block's end must be a fold position)"
+                if self.strategy == "replay"
+                else f"1 .. max_len - 1 = {engine.max_len - 1}"
+            )
+            raise ValueError(
+                f"block_size: the engine's {self.strategy} strategy serves block sizes "
+                f"{rule}: {_sizes(allowed)}; got {b}"
+            )
+        self.block_size = self.interval = b
+        self.block_bytes = self._block_bytes()
+        self._init_tree(budget_bytes)
+
+    # --- sizes and validation ----------------------------------------------------------------
+    def _block_bytes(self) -> int:
+        """Bytes of one full node, from the pools' shapes: KV rows, state + conv window, and
+        replay's b log entries (``tests/test_engine_prefix.py`` checks a real node's)."""
+        e, b = self.engine, self.block_size
+        kv = sum(2 * p.k[0, :, :b].numel() * p.k.element_size() for p in e.kv.values())
+        state = sum(
+            p.state[0].numel() * p.state.element_size() + p.conv[0].numel() * p.conv.element_size()
+            for p in e.ssm.values()
+        )
+        log = sum(
+            b * buf[0, 0].numel() * buf.element_size()
+            for p in e.ssm.values()
+            for buf in p.log.values()
+        )
+        return kv + state + log
+
+    @property
+    def max_prompt(self) -> int:
+        return self.engine.max_len - 1
+
+    def _length_error(self, n) -> str:
+        return (
+            f"prompt: expected 1..{self.max_prompt} tokens (fewer than the engine's max_len="
+            f"{self.max_len}), got {n}"
+        )
+
+    # --- admission ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def admit(self, prompt):
+        """Admit ``prompt`` ((T,) or (1, T) ids, or a list) into the engine's lowest free slot,
+        reusing the longest prefix the tree holds; insert its blocks and evict to the budget.
+        Returns (slot, the last logits (vocab,), ``PrefixHit``). Raises, with the engine and
+        the tree unchanged, for bad ids or length or when every slot is in use."""
+        tokens = self._check_prompt(prompt)
+        e = self.engine
+        e.free_slot()  # raises when every slot is in use
+        plan = self._plan(tokens)
+        ids = torch.tensor(tokens, dtype=torch.long, device=e.device)
+        slot = e._claim()
+        carried = self._seat(slot, plan)
+        record = {}
+        logits = e._prefill(
+            slot, ids, start=plan.resumed, carried=carried, block=self.block_size, record=record
+        )
+        e._go_live(slot, len(tokens))
+        hit = self._hit(len(tokens), plan)
+        self._insert(
+            tokens, lambda seg, g, parent: self._make_node(seg, g, parent, slot, plan, record)
+        )
+        self._evict_to_budget()
+        return slot, logits, hit
+
+    def _seat(self, slot, plan):
+        """Write the held prefix [0, r) into ``slot`` (see the module docstring); returns
+        replay's state at r per layer (what the prefill's scan carries from there)."""
+        e, b, L = self.engine, self.block_size, self.engine.L
+        path, r, j = plan.path, plan.r, plan.j
+        upto = r + j
+        for layer, pool in e.kv.items():
+            for node in path:
+                if node.start >= upto:
+                    break
+                n = min(node.end, upto) - node.start
+                k, v = node.kv[layer]
+                pool.k[slot, :, node.start : node.start + n] = k[0, :, :n]
+                pool.v[slot, :, node.start : node.start + n] = v[0, :, :n]
+        state = self._grid_state(path, r)  # layer -> LayerState (1, ...), None at 0: zeros
+        c = upto // L * L if self.strategy == "replay" else r
+        one = slice(slot, slot + 1)
+        carried = {}
+        for layer, pool in e.ssm.items():
+            ssm = state[layer].ssm.clone() if state else torch.zeros_like(pool.state[one])
+            conv = state[layer].conv.clone() if state else torch.zeros_like(pool.conv[one])
+            if self.strategy == "replay" and j:
+                log = path[r // b].log[layer]  # {field: (1, len, ...)} of the block at r
+                for at in range(r, c, L):  # onto the decode grid, with decode's fold
+                    ssm = e._fold_entries(
+                        pool, ssm, {k: t[:, at - r : at - r + L] for k, t in log.items()}
+                    )
+                ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
+                for k, buf in pool.log.items():
+                    buf[slot, : upto - c] = ring[k][0]
+                conv = window_after(conv, log[pool.spec.conv_field][:, :j])
+                carried[layer] = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
+            else:
+                carried[layer] = ssm.clone()
+            pool.state[one] = ssm
+            pool.conv[one] = conv
+        if self.strategy == "replay":
+            e.log_len[slot], e.head[slot] = upto - c, 0
+        e.pos[slot] = upto
+        return carried
+
+    def _make_node(self, seg, g, parent, slot, plan, record):
+        """The node of tokens ``seg`` at g, copied out of ``slot`` after its prefill: KV rows,
+        the end state the prefill recorded (full blocks), replay's entries (those before the
+        resumed position from the tree's node the slot was seated from, the rest recorded)."""
+        e, b = self.engine, self.block_size
+        end = g + len(seg)
+        node = _Node(g, tuple(seg), parent)
+        for layer, pool in e.kv.items():
+            node.kv[layer] = (
+                pool.k[slot : slot + 1, :, g:end].clone(),
+                pool.v[slot : slot + 1, :, g:end].clone(),
+            )
+        if len(seg) == b:
+            node.end_state = {l: s.clone() for l, s in record["states"][end].items()}
+        if self.strategy == "replay":
+            R = plan.resumed
+            node.log = {}
+            for layer, pool in e.ssm.items():
+                parts = []
+                if g < R:  # seated from the tree's node of this block (its log is held)
+                    parts.append(
+                        {k: t[:, : R - g] for k, t in plan.path[g // b].log[layer].items()}
+                    )
+                if end > R:
+                    new = record["entries"][layer]
+                    parts.append({k: t[:, max(g, R) - R : end - R] for k, t in new.items()})
+                node.log[layer] = {k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.log}
+        return node

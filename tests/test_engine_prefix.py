@@ -1,0 +1,474 @@
+"""The serving engine's prefix cache (``replaylab.serving.prefix.EnginePrefixCache``) on CPU
+(the reference path), against cold runs: a twin ``DecodeEngine`` without a prefix cache that
+admits every prompt from scratch and runs the same steps, and the model's own forward over the
+whole sequence (``model(ids, None)``).
+
+Tolerance: logits agree to ``TOL`` = 1e-5 absolute. A hit prefills from the resumed position,
+a cold admit from 0 in chunks of ``prefill_chunk``: the chunks' matmuls (in_proj, attention)
+and scans round differently for other chunk boundaries, and replay's seated checkpoint comes
+from folding logged entries that a cold prefill computed in other chunks. Measured here: at
+most ~1e-7 on logits of size ~0.1-1 (a few fp32 ulps); 1e-5 leaves a margin of ~100 and is far
+below what a wrong state, a checkpoint off the decode grid, a missing log entry or KV row
+gives. The models are ``sharp``: their recurrent mixers' input and output projections scaled
+by 4, because in the plain tiny models the recurrent layers move the logits so little that
+one token missing from a seated state shifts them by only ~5e-6 (under the tolerance); scaled,
+that error is ~3e-4 while the rounding stays ~1e-7. Tokens are compared exactly (greedy after a hit equals greedy cold; the
+tiny models have no near-ties on these prompts), and speculation after a hit equals the
+engine's own greedy decoding bit for bit (the same arithmetic).
+"""
+
+import random
+
+import pytest
+import torch
+from family_models import tiny_family_model
+
+from replaylab.checks import assert_close
+from replaylab.decoding import SyntheticDrafter
+from replaylab.prefix import _node_bytes
+from replaylab.serving import DecodeEngine, EnginePrefixCache, Request, Scheduler
+from replaylab.testing import tiny_hybrid
+
+STRATEGIES = ("replay", "snapshot", "recompute")
+TOL = 1e-5
+
+
+def sharp(model):
+    """``model`` with its recurrent mixers' in_proj (Gated DeltaNet: in_proj_qkv) and out_proj
+    weights scaled by 4 (see the module docstring)."""
+    with torch.no_grad():
+        for i in model.cfg.recurrent_layers:
+            for name, p in model.model.layers[i].mixer.named_parameters():
+                if name in ("in_proj.weight", "in_proj_qkv.weight", "out_proj.weight"):
+                    p.mul_(4.0)
+    return model
+
+
+MODEL = sharp(tiny_hybrid())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread_no_grad():
+    """One intra-op thread (a shared 2-core machine: two threads contend on tiny ops)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with torch.no_grad():
+        yield
+    torch.set_num_threads(threads)
+
+
+def engines(strategy, model=MODEL, slots=2, max_len=96, L=4, **kw):
+    """(an engine, its cold twin): the same configuration; prefill chunks of 16 tokens, so a
+    cold admit's chunk boundaries differ from a hit's."""
+    make = lambda: DecodeEngine(  # noqa: E731
+        model, slots, max_len, strategy, log_length=L, max_verify=4, prefill_chunk=16, **kw
+    )
+    return make(), make()
+
+
+def ids(rng, n, vocab=50):
+    return [rng.randrange(vocab) for _ in range(n)]
+
+
+def forward_logits(model, tokens):
+    return model(torch.tensor([tokens]), None)[0, -1]
+
+
+def tree_tensors(prefix):
+    """Every tensor the tree holds, copied, keyed by (prefix tokens, what, layer, field)."""
+    out = {}
+    for node in prefix.nodes():
+        key = prefix._prefix_of(node)
+        for layer, (k, v) in node.kv.items():
+            out[key, "k", layer] = k.clone()
+            out[key, "v", layer] = v.clone()
+        for layer, s in (node.end_state or {}).items():
+            out[key, "state", layer] = s.ssm.clone()
+            out[key, "conv", layer] = s.conv.clone()
+        for layer, fields in (node.log or {}).items():
+            for f, t in fields.items():
+                out[key, f, layer] = t.clone()
+    return out
+
+
+def assert_same_tree(before, after):
+    assert before.keys() == after.keys()
+    for key, t in before.items():
+        assert torch.equal(t, after[key]), key
+
+
+def greedy_steps(engine, slot, logits, n):
+    """n greedy tokens of ``slot`` after its admission logits; returns (tokens, logits)."""
+    tokens, seen = [], []
+    for _ in range(n):
+        tokens.append(int(logits.argmax()))
+        logits = engine.step(torch.tensor([[tokens[-1]]]), slots=[slot])[0, -1]
+        seen.append(logits)
+    return tokens, seen
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_shared_system_prompt_hits_and_gives_the_cold_logits_and_tokens(strategy):
+    """Varied suffixes after a 37-token system prompt (block 8, L 4): grid and off-grid hits,
+    the whole prompt held, a suffix ending inside the system prompt."""
+    rng = random.Random(0)
+    system = ids(rng, 37)
+    engine, cold = engines(strategy)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    prompts = [
+        system + ids(rng, 3),  # miss
+        system + ids(rng, 9),  # hit at 37: off the grid
+        system[:32] + ids(rng, 5),  # hit at 32: on the grid
+        system,  # the whole prompt held: only its last token computed
+        system[:13] + ids(rng, 2),  # ends inside the system prompt
+    ]
+    hits = []
+    for tokens in prompts:
+        slot, logits, hit = prefix.admit(tokens)
+        cslot, clogits = cold.admit(torch.tensor(tokens))
+        assert_close(logits, clogits, atol=TOL, rtol=0)
+        assert_close(logits, forward_logits(MODEL, tokens), atol=TOL, rtol=0)
+        got, got_logits = greedy_steps(engine, slot, logits, 6)
+        want, want_logits = greedy_steps(cold, cslot, clogits, 6)
+        assert got == want
+        for a, b in zip(got_logits, want_logits):
+            assert_close(a, b, atol=TOL, rtol=0)
+        assert hit.resumed_from + hit.recomputed + hit.prefilled == len(tokens)
+        hits.append(hit)
+        engine.retire(slot)
+        cold.retire(cslot)
+        prefix.check_rebuildable()
+    assert hits[0].matched == 0 and hits[0].limited_by == "unique tokens"
+    resumed = [h.resumed_from for h in hits]
+    if strategy == "replay":  # any held position
+        assert resumed == [0, 37, 32, 36, 13]
+        assert [h.folded for h in hits] == [0, 5, 0, 4, 5]
+        assert hits[3].limited_by == "end of prompt"
+    else:  # the last grid point: align
+        assert resumed == [0, 32, 32, 32, 8]
+        assert hits[1].limited_by == hits[4].limited_by == "not on the grid"
+        assert hits[2].limited_by == "unique tokens"
+    if strategy == "recompute":
+        assert [h.recomputed for h in hits] == [0, 5, 0, 4, 5]
+    assert prefix.block_bytes == _node_bytes(next(n for n in prefix.nodes() if n.end_state))
+
+
+@pytest.mark.parametrize("block_size", (4, 12))
+def test_replay_block_sizes_that_are_multiples_of_L(block_size):
+    """b = L and b = 3L: the seated checkpoint is on the decode grid (a multiple of L) whatever
+    b is; the slot folds on that grid afterwards, as a cold one does."""
+    rng = random.Random(1)
+    system = ids(rng, 30)
+    engine, cold = engines("replay")
+    prefix = EnginePrefixCache(engine, block_size=block_size)
+    for first in (1, 2):  # the suffixes differ at their first token
+        tokens = system + [first] + ids(rng, 5 * first)
+        slot, logits, hit = prefix.admit(tokens)
+        cslot, clogits = cold.admit(torch.tensor(tokens))
+        assert_close(logits, clogits, atol=TOL, rtol=0)
+        assert (engine.log_len[slot], engine.head[slot] == 0) == (cold.log_len[cslot], True)
+        got, got_logits = greedy_steps(engine, slot, logits, 9)  # past two folds
+        want, want_logits = greedy_steps(cold, cslot, clogits, 9)
+        assert got == want
+        for a, b in zip(got_logits, want_logits):
+            assert_close(a, b, atol=TOL, rtol=0)
+        engine.retire(slot)
+        cold.retire(cslot)
+    assert hit.resumed_from == 30 and hit.folded == 30 % block_size
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_prompts_shorter_than_a_block(strategy):
+    """A first prompt shorter than a block is a miss ("unique tokens"); a second one sharing
+    it hits under replay (its tail node's logged entries) and misses on the grid otherwise."""
+    rng = random.Random(2)
+    short = ids(rng, 6)
+    engine, cold = engines(strategy)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    slot, _, first = prefix.admit(short)
+    engine.retire(slot)
+    assert (first.matched, first.resumed_from, first.limited_by) == (0, 0, "unique tokens")
+    tokens = short[:5] + [(short[5] + 1) % 50]
+    slot, logits, hit = prefix.admit(tokens)
+    assert_close(logits, cold.admit(torch.tensor(tokens))[1], atol=TOL, rtol=0)
+    assert hit.matched == 5
+    if strategy == "replay":
+        assert (hit.resumed_from, hit.folded, hit.prefilled) == (5, 5, 1)
+    else:
+        assert (hit.resumed_from, hit.limited_by) == (0, "not on the grid")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_speculation_after_a_hit_gives_the_engines_own_greedy_tokens(strategy):
+    rng = random.Random(3)
+    system = ids(rng, 26)
+    engine, cold = engines(strategy, slots=1)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    slot, _, _ = prefix.admit(system + ids(rng, 4))
+    engine.retire(slot)
+    tokens = system + ids(rng, 3)
+    slot, logits, hit = prefix.admit(tokens)
+    assert hit.matched == 26
+    greedy, _ = greedy_steps(engine, slot, logits, 14)
+    cslot, clogits = cold.admit(torch.tensor(tokens))
+    assert greedy == greedy_steps(cold, cslot, clogits, 14)[0]
+    engine.retire(slot)
+    before = tree_tensors(prefix)
+    slot, logits, again = prefix.admit(tokens)  # the same hit, the same seat
+    assert again.resumed_from == hit.resumed_from + (3 if strategy == "replay" else 0) or again
+    after_admit = tree_tensors(prefix)
+    pending = logits.argmax()[None, None]
+    full = torch.tensor(tokens + greedy)
+    out, proposed, accepted = engine.speculate_batch(
+        [torch.tensor(tokens)], pending, 14, [SyntheticDrafter(full, 0.6, 1)], k=3, slots=[slot]
+    )
+    assert out[0].tolist() == greedy
+    assert engine.stats.rollbacks > 0 and 0 < accepted[0] < proposed[0]
+    assert_same_tree(after_admit, tree_tensors(prefix))  # verify and rollback: tree untouched
+    assert set(before) <= set(after_admit)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_decode_rollback_and_retire_after_a_hit_never_change_the_tree(strategy):
+    rng = random.Random(4)
+    system = ids(rng, 21)
+    engine, _ = engines(strategy)
+    prefix = EnginePrefixCache(engine, block_size=4)
+    prefix.admit(system + ids(rng, 2))
+    slot, logits, hit = prefix.admit(system + ids(rng, 3))
+    assert hit.matched == 21
+    before = tree_tensors(prefix)
+    for _ in range(3):
+        room = engine.room(slot)
+        engine.step(torch.tensor([ids(rng, room)]), slots=[slot])
+        engine.rollback(1, slots=[slot])
+        engine.step(torch.tensor([ids(rng, 1)]), slots=[slot])
+    engine.retire(slot)
+    other = engine.admit(torch.tensor(ids(rng, 30)))[0]  # the same slot, a new tenant
+    engine.step(torch.tensor([ids(rng, 1)]), slots=[other])
+    assert_same_tree(before, tree_tensors(prefix))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_random_request_streams_equal_cold_runs(strategy):
+    """A fuzz: admissions with shared prefixes (system prompts, multi-turn extensions,
+    prefixes cut anywhere), ragged steps (speculation-sized, up to each slot's room),
+    rollbacks and retirements, under a budget of a few blocks (evictions on the way): every
+    logit of every request equals the cold twin's, the tree stays rebuildable and within
+    budget, and the stream did hit."""
+    rng = random.Random(10 + STRATEGIES.index(strategy))
+    engine, cold = engines(strategy, slots=3, max_len=80)
+    prefix = EnginePrefixCache(engine, block_size=8, budget_bytes=None)
+    prefix.set_budget(14 * prefix.block_bytes)
+    systems = [ids(rng, n) for n in (23, 9, 40)]
+    history = []  # earlier prompts, for multi-turn extensions
+    seq = {}  # slot -> tokens held (for the model-forward oracle at the end)
+    resumed = admitted = 0
+    for _ in range(110):
+        op = rng.choice(["admit", "admit", "step", "step", "step", "retire"])
+        live = engine.slots
+        if op == "admit" and len(live) < engine.max_batch:
+            kind = rng.random()
+            if kind < 0.5:
+                base = rng.choice(systems)
+            elif kind < 0.8 and history:
+                base = rng.choice(history)
+            else:
+                base = []
+            tokens = base[: rng.randint(0, len(base))] if rng.random() < 0.3 else list(base)
+            tokens = (tokens + ids(rng, rng.randint(1, 12)))[:60]
+            slot, logits, hit = prefix.admit(tokens)
+            cslot, clogits = cold.admit(torch.tensor(tokens))
+            assert slot == cslot
+            assert_close(logits, clogits, atol=TOL, rtol=0, name=f"admit {hit}")
+            seq[slot] = list(tokens)
+            history.append(tokens)
+            resumed, admitted = resumed + hit.resumed_from, admitted + 1
+            assert prefix.held_bytes <= prefix.budget_bytes
+        elif op == "step" and live:
+            slots = sorted(rng.sample(live, rng.randint(1, len(live))))
+            slots = [s for s in slots if engine.pos[s] + engine.max_verify <= engine.max_len]
+            if not slots:
+                continue
+            T = rng.randint(1, engine.max_verify)
+            counts = [min(T, engine.room(s), rng.randint(1, T)) for s in slots]
+            tokens = torch.tensor([ids(rng, T) for _ in slots])
+            got = engine.step(tokens, counts, slots=slots)
+            want = cold.step(tokens, counts, slots=slots)
+            for i, (s, c) in enumerate(zip(slots, counts)):
+                assert_close(got[i, :c], want[i, :c], atol=TOL, rtol=0, name=f"slot {s}")
+                seq[s] += tokens[i, :c].tolist()
+            if rng.random() < 0.5:
+                keep = [rng.randint(1, c) for c in counts]
+                engine.rollback(keep, slots=slots)
+                cold.rollback(keep, slots=slots)
+                for s, c, k in zip(slots, counts, keep):
+                    del seq[s][len(seq[s]) - (c - k) :]
+        elif op == "retire" and live:
+            s = rng.choice(live)
+            engine.retire(s)
+            cold.retire(s)
+            del seq[s]
+    prefix.check_rebuildable()
+    assert admitted > 15 and resumed > 100
+    assert prefix.evicted_prefixes  # the budget bound
+    for s in engine.slots:  # the state each live slot ended in: its next token's logits
+        nxt = [rng.randrange(50)]
+        got = engine.step(torch.tensor([nxt]), slots=[s])[0, -1]
+        assert_close(got, forward_logits(MODEL, seq[s] + nxt), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("eviction", ("lru", "cost"))
+def test_eviction_under_a_small_budget_keeps_every_node_rebuildable(eviction):
+    rng = random.Random(5)
+    engine, cold = engines("replay", slots=1)
+    prefix = EnginePrefixCache(engine, block_size=4, eviction=eviction)
+    prefix.set_budget(5 * prefix.block_bytes)
+    first = ids(rng, 22)
+    slot, _, _ = prefix.admit(first)
+    engine.retire(slot)
+    for _ in range(5):
+        tokens = ids(rng, 17)
+        slot, logits, _ = prefix.admit(tokens)
+        assert_close(logits, cold.admit(torch.tensor(tokens))[1], atol=TOL, rtol=0)
+        engine.retire(slot)
+        cold.retire(0)
+        assert prefix.held_bytes <= prefix.budget_bytes
+        prefix.check_rebuildable()
+    slot, logits, hit = prefix.admit(first)  # its deep blocks went; the report says so
+    assert hit.matched < len(first) and hit.match_stop == "evicted"
+    assert_close(logits, forward_logits(MODEL, first), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("family", ("mamba1", "gdn"))
+@pytest.mark.parametrize("strategy", ("replay", "snapshot"))
+def test_other_families_hit_with_the_cold_logits(family, strategy):
+    """Mamba-1 (Jamba-like) and Gated DeltaNet with gated RoPE attention (Qwen-like): a hit
+    seats each layer through its spec (fold, conv window) alone."""
+    model = sharp(tiny_family_model(family))
+    rng = random.Random(6)
+    system = ids(rng, 19)
+    engine, cold = engines(strategy, model=model, slots=1, max_len=48)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    slot, _, _ = prefix.admit(system + ids(rng, 3))
+    engine.retire(slot)
+    tokens = system + ids(rng, 4)
+    slot, logits, hit = prefix.admit(tokens)
+    assert hit.resumed_from == (19 if strategy == "replay" else 16)
+    cslot, clogits = cold.admit(torch.tensor(tokens))
+    assert_close(logits, clogits, atol=TOL, rtol=0)
+    got, got_logits = greedy_steps(engine, slot, logits, 6)
+    want, want_logits = greedy_steps(cold, cslot, clogits, 6)
+    assert got == want
+    for a, b in zip(got_logits, want_logits):
+        assert_close(a, b, atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_scheduler_admits_through_a_prefix_cache(strategy):
+    """Continuous batching with speculation (half the requests carry a drafter): the same
+    tokens with the prefix cache as without, and every later request hit the system prompt."""
+    rng = random.Random(7)
+    system = ids(rng, 24)
+    prompts = [torch.tensor(system + ids(rng, n)) for n in (3, 5, 2, 7, 4)]
+    out = {}
+    for name in ("cold", "prefix"):
+        engine = DecodeEngine(MODEL, 2, 64, strategy, log_length=4, max_verify=3)
+        prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
+        sched = Scheduler(engine, k=2, prefix=prefix)
+        requests = []
+        for i, p in enumerate(prompts):
+            full = torch.cat([p, torch.zeros(16, dtype=torch.long)])
+            drafter = SyntheticDrafter(full, 0.5, i) if i % 2 else None
+            requests.append(Request(i, p, 8, arrival=0.1 * i, drafter=drafter))
+        done = sched.run(requests)
+        out[name] = {r.id: (r.tokens, r.prefix_hit) for r in done}
+    assert {i: t for i, (t, _) in out["prefix"].items()} == {
+        i: t for i, (t, _) in out["cold"].items()
+    }
+    hits = [out["prefix"][i][1] for i in range(5)]
+    assert hits[0].matched == 0 and all(h.matched >= 24 for h in hits[1:])
+    assert all(h.resumed_from >= (24 if strategy == "replay" else 16) for h in hits[1:])
+    assert all(h is None for _, h in out["cold"].values())
+    with pytest.raises(ValueError, match="prefix: expected an EnginePrefixCache over this"):
+        Scheduler(DecodeEngine(MODEL, 1, 64), prefix=prefix)
+
+
+def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():
+    engine, _ = engines("replay", slots=1, max_len=64)
+    with pytest.raises(ValueError, match=r"multiples of the engine's log_length L=4 .*4, 8, 12"):
+        EnginePrefixCache(engine, block_size=6)
+    with pytest.raises(ValueError, match=r"4, 8, 12, \.\.\., 60; got 64"):
+        EnginePrefixCache(engine, block_size=64)
+    snap, _ = engines("snapshot", slots=1, max_len=48)
+    with pytest.raises(ValueError, match=r"1 \.\. max_len - 1 = 47: 1, 2, 3, \.\.\., 47; got 0"):
+        EnginePrefixCache(snap, block_size=0)
+    with pytest.raises(ValueError, match=r"budget_bytes: expected at least one replay block"):
+        EnginePrefixCache(engine, block_size=8, budget_bytes=100)
+    with pytest.raises(ValueError, match="eviction"):
+        EnginePrefixCache(engine, block_size=8, eviction="fifo")
+    fused = DecodeEngine(MODEL, 1, 64, "replay", log_length=4, use_kernels=True, fused=True)
+    with pytest.raises(ValueError, match="reference path"):
+        EnginePrefixCache(fused, block_size=8)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    rng = random.Random(8)
+    slot, _, _ = prefix.admit(ids(rng, 20))
+    engine.retire(slot)
+    before, held = tree_tensors(prefix), prefix.held_bytes
+    with pytest.raises(
+        ValueError, match=r"expected 1\.\.63 tokens \(fewer than the engine's max_len=64\), got 64"
+    ):
+        prefix.admit(ids(rng, 64))
+    with pytest.raises(ValueError, match=r"\[0, 50\), got 50"):
+        prefix.admit([1, 2, 50])
+    with pytest.raises(TypeError, match="prompt"):
+        prefix.admit(torch.ones(4))
+    with pytest.raises(ValueError, match="budget_bytes: expected at least one"):
+        prefix.set_budget(10)
+    slot, _, _ = prefix.admit(ids(rng, 5))
+    with pytest.raises(ValueError, match="all max_batch=1 slots are in use"):
+        prefix.admit(ids(rng, 5))
+    assert engine.slots == [slot] and engine.pos[slot] == 5
+    engine.retire(slot)
+    assert set(before) <= set(tree_tensors(prefix)) and prefix.held_bytes > held
+    for key, t in before.items():
+        assert torch.equal(t, tree_tensors(prefix)[key])
+
+
+def test_engine_prefix_bench_rows():
+    from replaylab.bench.prefix import engine_prefix_summary, run_engine_prefix_bench
+
+    result = run_engine_prefix_bench(
+        tiny_hybrid(),
+        block_sizes=(64,),
+        strategies=("replay", "snapshot"),
+        workloads=("multi_turn",),
+        log=lambda line: None,
+    )
+    replay, align = result["engine_rows"]
+    assert replay["token_hit_rate"] == replay["ideal_hit_rate"] > 0.5
+    assert align["token_hit_rate"] < replay["token_hit_rate"]
+    assert replay["computed_tokens"] < align["computed_tokens"] < align["cold_computed_tokens"]
+    assert max(replay["max_logit_diff_vs_cold"], align["max_logit_diff_vs_cold"]) < TOL
+    assert len(engine_prefix_summary(result)) == 3
+
+
+def test_the_committed_engine_prefix_result():
+    """data/bench_prefix_engine_cpu.json (data/README.md quotes it): provenance, replay at the
+    attention-only ideal in every row, align below it at large blocks, every admission within
+    the tolerance of its cold admit."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "data" / "bench_prefix_engine_cpu.json"
+    result = json.loads(path.read_text())
+    assert {"device", "versions", "date", "command"} <= set(result)
+    rows = result["engine_rows"]
+    assert len(rows) == 4 * 3 * 3
+    for r in rows:
+        assert r["max_logit_diff_vs_cold"] < TOL
+        assert r["computed_tokens"] <= r["cold_computed_tokens"]
+        if r["strategy"] == "replay":
+            assert r["token_hit_rate"] == r["ideal_hit_rate"]
+        elif r["block_size"] == 256:
+            assert r["token_hit_rate"] < r["ideal_hit_rate"]
