@@ -559,6 +559,63 @@ def fold_skips_first(S, log_x, log_dt, log_B, A, out, L, H, P: tl.constexpr, N: 
         x_s, B_s = tl.load(log_x + e * P + p), tl.load(log_B + e * N + n)
         state = tl.exp(d_s * a) * state + (d_s * x_s)[:, None] * B_s[None, :]
     tl.store(out + tile, state)
+
+
+@triton.jit
+def gdn_reads_checkpoint_twice(
+    S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H, K: tl.constexpr, V: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    ks, vs = tl.arange(0, K), tl.arange(0, V)
+    row = b * H + h
+    q_t, k_t = tl.load(q + row * K + ks), tl.load(k + row * K + ks)
+    total = tl.load(g + row)
+    for s in range(n):
+        total += tl.load(log_g + (b * n + s) * H + h)
+    read_q = tl.zeros([V], dtype=tl.float32)
+    read_k = tl.zeros([V], dtype=tl.float32)
+    run = 0.0
+    for s in range(n):
+        e = (b * n + s) * H + h
+        run += tl.load(log_g + e)
+        k_s, u_s = tl.load(log_k + e * K + ks), tl.load(log_u + e * V + vs)
+        read_q += tl.exp(total - run) * tl.sum(k_s * q_t) * u_s
+        read_k += tl.exp(total - run) * tl.sum(k_s * k_t) * u_s
+    tile = (row * K + ks[:, None]) * V + vs[None, :]
+    Sk = tl.sum(tl.load(S + tile) * k_t[:, None], 0)
+    Sq = tl.sum(tl.load(S + tile) * q_t[:, None], 0)  # a second read of the checkpoint
+    gamma = tl.exp(total)
+    u_t = tl.load(beta + row) * (tl.load(v + row * V + vs) - gamma * Sk - read_k)
+    tl.store(u + row * V + vs, u_t)
+    tl.store(o + row * V + vs, gamma * Sq + read_q + tl.sum(k_t * q_t) * u_t)
+
+
+@triton.jit
+def gdn_own_decay_forgotten(
+    S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H, K: tl.constexpr, V: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    ks, vs = tl.arange(0, K), tl.arange(0, V)
+    row = b * H + h
+    q_t, k_t = tl.load(q + row * K + ks), tl.load(k + row * K + ks)
+    total = 0.0  # log γ without the new token's own decay g_t
+    for s in range(n):
+        total += tl.load(log_g + (b * n + s) * H + h)
+    read_q = tl.zeros([V], dtype=tl.float32)
+    read_k = tl.zeros([V], dtype=tl.float32)
+    run = 0.0
+    for s in range(n):
+        e = (b * n + s) * H + h
+        run += tl.load(log_g + e)
+        k_s, u_s = tl.load(log_k + e * K + ks), tl.load(log_u + e * V + vs)
+        read_q += tl.exp(total - run) * tl.sum(k_s * q_t) * u_s
+        read_k += tl.exp(total - run) * tl.sum(k_s * k_t) * u_s
+    S_c = tl.load(S + (row * K + ks[:, None]) * V + vs[None, :])
+    gamma = tl.exp(total)
+    Sk, Sq = tl.sum(S_c * k_t[:, None], 0), tl.sum(S_c * q_t[:, None], 0)
+    u_t = tl.load(beta + row) * (tl.load(v + row * V + vs) - gamma * Sk - read_k)
+    tl.store(u + row * V + vs, u_t)
+    tl.store(o + row * V + vs, gamma * Sq + read_q + tl.sum(k_t * q_t) * u_t)
 """
 
 
@@ -632,3 +689,21 @@ def test_puzzle_3_wrong_answers(wrong_kernels, capsys):
     assert not puzzles.check_fold_kernel(wrong_kernels.fold_skips_first)
     out = _out(capsys)
     assert "folded state out differs" in out and "log x: read 0.80x" in out
+
+
+@interpreter_only
+def test_gdn_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, capsys):
+    """Notebook 11's Triton step: the reference answer passes reading every input once; a
+    kernel that reads the checkpoint twice fails on traffic alone; one that leaves the new
+    token's decay out of γ_t fails on both outputs."""
+    solution = _solution("11_beyond_mamba2", "gdn_step_kernel", tmp_path)["gdn_step_kernel"]
+    assert exercises_families.check_gdn_step_kernel(solution)
+    out = _out(capsys)
+    assert "checkpoint S: read 1.00x" in out and "new u: read 0x, written 1.00x" in out
+    assert not exercises_families.check_gdn_step_kernel(wrong_kernels.gdn_reads_checkpoint_twice)
+    out = _out(capsys)
+    assert "differs" not in out and "checkpoint S: read 2.00x" in out
+    assert "traffic rule broken: the checkpoint is read exactly once" in out
+    assert not exercises_families.check_gdn_step_kernel(wrong_kernels.gdn_own_decay_forgotten)
+    out = _out(capsys)
+    assert "output o differs from the reference" in out and "new u differs" in out

@@ -26,6 +26,10 @@ def chunked_fold(state, k, v, g, beta, chunk_size):
 
 
 # %% gdn_step_kernel
+import triton
+import triton.language as tl
+
+
 @triton.jit
 def gdn_step_kernel(S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H,
                     K: tl.constexpr, V: tl.constexpr):
