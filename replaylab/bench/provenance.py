@@ -11,14 +11,33 @@ import torch
 __all__ = ["provenance", "versions"]
 
 
+# module -> the distributions that install it (mamba-ssm's import needs its CUDA extension or
+# the stand-in ``bench.peers`` arranges, so installed versions are read from the metadata)
+_DISTRIBUTIONS = {
+    "triton": ("triton",),
+    "mamba_ssm": ("mamba-ssm", "mamba_ssm"),
+    "fla": ("fla-core", "flash-linear-attention"),
+    "transformers": ("transformers",),
+}
+
+
 def versions() -> dict:
-    """Python, torch and the peers' versions (or why a peer did not import)."""
+    """Python, torch and the peers' installed versions (or why a peer is missing)."""
+    from importlib import metadata
+
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    for name in ("triton", "mamba_ssm", "fla", "transformers"):
-        try:
-            out[name] = getattr(__import__(name), "__version__", "?")
-        except Exception as err:  # noqa: BLE001 - record why a peer is missing
-            out[name] = f"unavailable: {type(err).__name__}: {err}"[:200]
+    for name, dists in _DISTRIBUTIONS.items():
+        for dist in dists:
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        else:
+            try:
+                out[name] = getattr(__import__(name), "__version__", "?")
+            except Exception as err:  # noqa: BLE001 - record why a peer is missing
+                out[name] = f"unavailable: {type(err).__name__}: {err}"[:200]
     return out
 
 
