@@ -50,3 +50,34 @@ def test_the_engine_table_matches_the_committed_run():
         assert int(pct) == round(100 * row["profile"]["device_us_per_step"] / step_us), strategy
     held = {r["strategy"]: r["max_batch"] for r in rows if r.get("workload") == "concurrency"}
     assert f"holds {held['replay']}" in text and f"path's {held['snapshot']}" in text
+
+
+def test_the_family_kernel_sentence_matches_the_committed_runs():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    decode = load_bench("data/bench_gdn_kernels.json")["decode"]
+    at16 = {d["batch"]: d["vs_fla"] for d in decode if d["L"] == 16}
+    quoted = re.search(
+        r"step is ([\d.]+)x at batch 1, ([\d.]+)x at 8, ([\d.]+)x at 32, ([\d.]+)x at 128 and "
+        r"([\d.]+)x at 256",
+        text,
+    )
+    assert quoted, "the README's Gated DeltaNet sentence is gone"
+    for batch, value in zip((1, 8, 32, 128, 256), quoted.groups()):
+        assert float(value) == round(at16[batch], 2), (batch, value, at16[batch])
+    mamba1 = {b["batch"]: b["L"] for b in load_bench("data/bench_mamba1_kernels.json")["batches"]}
+    quoted = re.search(
+        r"at its best log length \(L = (\d+)\), is ([\d.]+)x mamba-ssm's "
+        r"`selective_state_update` at batch 1 and ([\d.]+)-([\d.]+)x from batch 32",
+        text,
+    )
+    assert quoted, "the README's Mamba-1 sentence is gone"
+    L = quoted.group(1)
+    speedup = {b: float(by_L[L]["amortised"]["speedup_vs_ssu"]) for b, by_L in mamba1.items()}
+    for b, by_L in mamba1.items():  # L is the best log length at every batch
+        assert speedup[b] == max(r["amortised"]["speedup_vs_ssu"] for r in by_L.values())
+    large = [v for b, v in speedup.items() if b >= 32]
+    assert float(quoted.group(2)) == round(speedup[1], 2)
+    assert (float(quoted.group(3)), float(quoted.group(4))) == (
+        round(min(large), 2),
+        round(max(large), 2),
+    )
