@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from replaylab.kernels.replay import _ring_rows
+
 __all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref", "corrected_updates"]
 
 
@@ -430,11 +432,6 @@ def fold(
 
 
 # --- references ----------------------------------------------------------------------------
-def _ring_rows(log_head, b, n, Lmax, device):
-    head = 0 if log_head is None else int(log_head[b])
-    return (head + torch.arange(n, device=device)) % Lmax
-
-
 def _heads(t, H):
     """(..., Hk, K) -> (..., H, K): each key head serves H / Hk value heads."""
     return t.repeat_interleave(H // t.shape[-2], dim=-2)

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replaylab.kernels.replay import _ring_rows
 from replaylab.scan import s6_scan
 from replaylab.validation import check_tensor
 
@@ -416,12 +417,6 @@ def fold(
         num_warps=num_warps or NUM_WARPS,
     )
     return dest
-
-
-def _ring_rows(log_head, b, n, Lmax, device):
-    """Ring rows of entries 0 .. n-1 of sequence b."""
-    head = 0 if log_head is None else int(log_head[b])
-    return (head + torch.arange(n, device=device)) % Lmax
 
 
 def replay_step_ref(

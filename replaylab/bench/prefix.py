@@ -69,6 +69,20 @@ def workload(name, seed=0) -> list[list[int]]:
     raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
 
 
+def _hit_fields(hits, total) -> dict:
+    """What both benches report of a stream's hits: token and ideal (attention-only) hit rates,
+    prefill tokens computed, and how many hits stopped for each reason."""
+    reasons = {}
+    for h in hits:
+        reasons[h.limited_by] = reasons.get(h.limited_by, 0) + 1
+    return dict(
+        token_hit_rate=round(sum(h.resumed_from for h in hits) / total, 4),
+        ideal_hit_rate=round(sum(min(h.matched, h.prompt_length - 1) for h in hits) / total, 4),
+        computed_tokens=sum(h.computed for h in hits),
+        limited_by=reasons,
+    )
+
+
 def run_prefix_bench(model, block_sizes=(16, 64, 256), strategies=None, log=print) -> dict:
     """For each workload, strategy and block size: token hit rate, computed tokens, bytes held
     and the reasons reuse stopped, beside the attention-only ideal."""
@@ -82,24 +96,17 @@ def run_prefix_bench(model, block_sizes=(16, 64, 256), strategies=None, log=prin
             for strategy in strategies:
                 prefix = PrefixCache(model, strategy, block_size=block, max_len=max(max_len, block))
                 hits = [prefix.serve(tokens).hit for tokens in stream]
-                ideal = sum(min(h.matched, h.prompt_length - 1) for h in hits)
-                reasons = {}
-                for h in hits:
-                    reasons[h.limited_by] = reasons.get(h.limited_by, 0) + 1
                 row = dict(
                     workload=name,
                     strategy=strategy,
                     block_size=block,
                     requests=len(stream),
                     prompt_tokens=total,
-                    token_hit_rate=round(sum(h.resumed_from for h in hits) / total, 4),
-                    ideal_hit_rate=round(ideal / total, 4),
-                    computed_tokens=sum(h.computed for h in hits),
+                    **_hit_fields(hits, total),
                     folded_tokens=sum(h.folded for h in hits),
                     recomputed_tokens=sum(h.recomputed for h in hits),
                     bytes_held=prefix.held_bytes,
                     block_bytes=prefix.block_bytes,
-                    limited_by=reasons,
                 )
                 rows.append(row)
                 log(
@@ -206,9 +213,6 @@ def run_engine_prefix_bench(
                     hits.append(hit)
                     err = max(err, float((logits - want).abs().max()))
                 prefix_s = time.perf_counter() - t0
-                reasons = {}
-                for h in hits:
-                    reasons[h.limited_by] = reasons.get(h.limited_by, 0) + 1
                 row = dict(
                     workload=name,
                     strategy=strategy,
@@ -216,18 +220,13 @@ def run_engine_prefix_bench(
                     log_length=log_length,
                     requests=len(stream),
                     prompt_tokens=total,
-                    token_hit_rate=round(sum(h.resumed_from for h in hits) / total, 4),
-                    ideal_hit_rate=round(
-                        sum(min(h.matched, h.prompt_length - 1) for h in hits) / total, 4
-                    ),
-                    computed_tokens=sum(h.computed for h in hits),
+                    **_hit_fields(hits, total),
                     cold_computed_tokens=total,
                     bytes_held=prefix.held_bytes,
                     block_bytes=prefix.block_bytes,
                     admit_s=round(prefix_s, 4),
                     cold_admit_s=round(cold_s, 4),
                     max_logit_diff_vs_cold=err,
-                    limited_by=reasons,
                 )
                 rows.append(row)
                 log(
