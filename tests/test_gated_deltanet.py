@@ -111,8 +111,15 @@ def test_recurrences_equal_transformers_torch_gated_delta_rule(generator):
     torch_recurrent_gated_delta_rule = inspect.unwrap(hf.torch_recurrent_gated_delta_rule)
     p = gdn_inputs(batch=2, T=45, Hk=2, H=4, K=8, V=6, generator=generator)
     K = p["q"].shape[-1]
-    # transformers scales q by K^-1/2 itself: hand it the unscaled (unit) queries
-    hf_args = (p["q"] * K**0.5, p["k"], p["v"])
+    # transformers scales q by K^-1/2 itself: hand it the unscaled (unit) queries. Its layer
+    # repeats each key head over its H / Hk value heads before the rule (older releases'
+    # rule takes only H heads): do that here too
+    group = p["v"].shape[2] // p["k"].shape[2]
+    hf_args = (
+        (p["q"] * K**0.5).repeat_interleave(group, dim=2),
+        p["k"].repeat_interleave(group, dim=2),
+        p["v"],
+    )
     kw = dict(g=p["g"], beta=p["beta"], initial_state=p["state"], output_final_state=True)
     args = [p[n] for n in ("q", "k", "v", "g", "beta")]
     loop = gdn_scan(*args, initial_state=p["state"])
