@@ -42,8 +42,8 @@ case "$mode" in
     timeout 200 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_sweep.json" \
       --batches 128 --log-lens 16 --sweep 2>&1 | tail -12
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
-  suite)  # WHEELS=.whl-gpu (see above); 8 pytest-xdist workers, a file at a time each
-    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n 8 --dist loadfile"
+  suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-540} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -40 "$OUT/gpu_tests.log" ;;
 esac
