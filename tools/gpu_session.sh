@@ -4,7 +4,10 @@
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn or suite}
-ln -sfn ../kernels replaylab/kernels  # replaylab.kernels without installing the package
+# the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
+# where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
+  || { tail -3 /tmp/pip-e.log; ln -sfn ../kernels replaylab/kernels; }
 # WHEELS=.whl-gpu for the suite: no fla (transformers 5.17 routes its torch gated-delta rule
 # to fla when fla imports, on the tests' CPU tensors), no ruff (its test skips), with debugpy
 # and jedi (ipykernel needs them to run the notebooks)
@@ -43,7 +46,9 @@ case "$mode" in
       --batches 128 --log-lens 16 --sweep 2>&1 | tail -12
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
+    export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-540} $cmd; } >"$OUT/gpu_tests.log" 2>&1
-    tail -40 "$OUT/gpu_tests.log" ;;
+    tail -40 "$OUT/gpu_tests.log"
+    cp "$(python3 -c 'import transformers.models.bamba.modeling_bamba as m; print(m.__file__)')" "$OUT/" ;;
 esac
