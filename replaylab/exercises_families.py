@@ -102,14 +102,18 @@ _GDN_LABELS = dict(
 )
 
 
-def gdn_step_case(seed=0, **sizes) -> dict:
+def gdn_step_case(seed=0, device=None, **sizes) -> dict:
     """The step puzzle's inputs (fp32, heads already expanded: one key per value head) and its
     expected outputs, from n + 1 random tokens: S (batch, H, K, V); the log of the first n,
     log_k (batch, n, H, K), log_u (batch, n, H, V) (their corrected updates, by the token
     recurrence), log_g (batch, n, H); the last token q, k (batch, H, K), v (batch, H, V), g,
     beta (batch, H); want_o: its output by ``replaylab.scan.gdn_scan`` in float64 from S;
-    want_u: its corrected update."""
+    want_u: its corrected update. On ``device`` (default: the GPU when one runs the kernels
+    natively, else the CPU for the interpreter); drawn on the CPU, so the case is the same."""
     from replaylab.kernels.gdn import corrected_updates
+    from replaylab.puzzles import interpreting
+
+    device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
 
     z = {**GDN_STEP_SIZES, **sizes}
     batch, H, K, V, n = z["batch"], z["H"], z["K"], z["V"], z["n"]
@@ -124,7 +128,7 @@ def gdn_step_case(seed=0, **sizes) -> dict:
     u, _ = corrected_updates(S, k, v, g, beta)
     f64 = [t.double() for t in (q, k, v, g, beta)]
     o = gdn_scan(*f64, initial_state=S.double(), compute_dtype=torch.float64).y
-    return dict(
+    case = dict(
         S=S,
         log_k=k[:, :n].contiguous(),
         log_u=u[:, :n].contiguous(),
@@ -137,6 +141,7 @@ def gdn_step_case(seed=0, **sizes) -> dict:
         want_o=o[:, n].float(),
         want_u=u[:, n],
     )
+    return {name: t.contiguous().to(device) for name, t in case.items()}
 
 
 @guarded("GDN step kernel")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_model import tiny_bamba, tiny_nemotron_h
+from test_model import needs_grouped_bamba_norm, tiny_bamba, tiny_nemotron_h
 
 from replaylab.cache import CacheConfig
 from replaylab.cli import main
@@ -78,9 +78,8 @@ def test_generate_reproduces_transformers_greedy_with_every_draft(checkpoints, c
 def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoints, capsys):
     """``--engine on`` decodes with ``DecodeEngine`` (here its reference path, on CPU): the
     same tokens as transformers, greedy and speculative; "auto" keeps the teaching cache on a
-    CPU; Bamba (RoPE, SwiGLU) decodes on the engine too; a layout the engine cannot serve is
-    refused by name."""
-    root, target, bamba = checkpoints
+    CPU; a layout the engine cannot serve is refused by name."""
+    root, target, _ = checkpoints
     want = hf_greedy(target, PROMPT, 12)
     for strategy in ("snapshot", "recompute", "replay"):
         for draft in ("none", "prompt-lookup", root / "draft"):
@@ -97,10 +96,6 @@ def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoin
     if torch.cuda.is_available():
         auto = generate(root / "target", PROMPT, 4, "replay", engine="auto", device="cuda")
         assert "engine" in auto.extra and auto.tokens[0].tolist() == want[:4]
-    bamba_want = hf_greedy(bamba, PROMPT, 6)  # RoPE + SwiGLU: the engine's reference path
-    for draft in (None, "prompt-lookup"):
-        run = generate(root / "bamba", PROMPT, 6, "replay", draft, 3, engine=True)
-        assert "engine" in run.extra and run.tokens[0].tolist() == bamba_want, draft
     odd = HybridLM(HybridConfig(), seed=None)
     odd.cfg.mlp = "gelu"  # past the config's own check: a layout the engine cannot serve
     with pytest.raises(ValueError, match=r"engine: the serving engine cannot decode this: mlp"):
@@ -114,6 +109,17 @@ def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoin
     assert code == 0 and out["tokens"] == want
 
 
+@needs_grouped_bamba_norm
+def test_generate_decodes_bamba_on_the_serving_engine(checkpoints):
+    """Bamba (RoPE, SwiGLU) decodes on the engine's reference path: transformers' tokens."""
+    root, _, bamba = checkpoints
+    bamba_want = hf_greedy(bamba, PROMPT, 6)
+    for draft in (None, "prompt-lookup"):
+        run = generate(root / "bamba", PROMPT, 6, "replay", draft, 3, engine=True)
+        assert "engine" in run.extra and run.tokens[0].tolist() == bamba_want, draft
+
+
+@needs_grouped_bamba_norm
 def test_generate_a_bamba_checkpoint(checkpoints, capsys):
     root, _, bamba = checkpoints
     code, out = run_cli(
