@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|suite     (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|stream|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn or suite}
@@ -45,6 +45,14 @@ case "$mode" in
     timeout 200 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_sweep.json" \
       --batches 128 --log-lens 16 --sweep 2>&1 | tail -12
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
+  stream)  # the suite's tests that failed last (SUITE_ARGS), then the request stream (STREAM_S)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 4 --dist loadfile ${SUITE_ARGS:-tests/test_engine.py}"
+    { stamp "$cmd"; timeout -s INT 150 $cmd; } >"$OUT/gpu_tests_rerun.log" 2>&1
+    tail -4 "$OUT/gpu_tests_rerun.log"
+    unset OMP_NUM_THREADS
+    timeout -s INT ${STREAM_S:-300} python3 -m replaylab.bench serve-stream --preset 8b-layers \
+      --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:-} 2>&1 | tail -40 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
