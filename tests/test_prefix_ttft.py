@@ -48,6 +48,10 @@ def test_hits_compute_only_the_suffixes_and_give_the_cold_first_tokens():
         assert 0 < c["median"] <= c["p90"] and 0 < q["median"] <= q["p90"]
         assert r["speedup"] == round(c["median"] / q["median"], 3)
     assert len(ttft_summary(result)) == 2 + 3
+    lo, hi = p["suffix_tokens"]
+    assert len(result["suffix_lengths"]) == n and all(
+        lo <= k <= hi for k in result["suffix_lengths"]
+    )
 
 
 def test_an_off_grid_shared_prompt_separates_replay_from_align():

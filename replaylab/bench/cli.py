@@ -297,6 +297,7 @@ def _prefix_ttft(args):
     import torch
 
     from replaylab.bench.prefix import TTFT_PRESETS, run_engine_ttft, ttft_summary
+    from replaylab.bench.provenance import provenance
 
     fields = {
         "model": args.model,
@@ -321,6 +322,7 @@ def _prefix_ttft(args):
         device=args.device,
         strategies=args.strategies,
         log=lambda line: print(line, flush=True),
+        checkpoint=lambda partial: _write(dict(provenance(args.argv), **partial), out),
         **overrides,
     )
     return _save(args, result, out, ttft_summary)

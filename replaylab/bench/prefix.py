@@ -332,6 +332,7 @@ def run_engine_ttft(
     strategies=("replay", "snapshot", "recompute"),
     seed=0,
     log=print,
+    checkpoint=None,
     **overrides,
 ) -> dict:
     """Time to first token in the serving engine, cold against a prefix hit, per strategy.
@@ -339,8 +340,8 @@ def run_engine_ttft(
     A ``DecodeEngine`` (reference path: fused=False, graphs=False, as ``EnginePrefixCache``
     needs; bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
-    ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids:
-    the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
+    ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids
+    (four requests each: kernels compiled, the allocator warm), the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
     admit runs beside batch - 1 live slots; then retired); then an ``EnginePrefixCache`` of
     ``block_size`` (no byte budget) warmed with the shared prompt alone (admitted and
     retired) and the ``batch`` requests admitted through it. Each admit is timed until its
@@ -352,8 +353,11 @@ def run_engine_ttft(
     ``speedup`` (cold median / prefix median), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
-    that over the largest cold |logit|) and how many first tokens (greedy) agree.
-    ``overrides``: any ``TTFT_PRESETS`` field."""
+    that over the largest cold |logit|) and how many first tokens (greedy) agree. The
+    requests' ``suffix_lengths`` are recorded in order with the per-request times (a suffix
+    under ``Mamba2Spec.CHUNKED_MIN_TOKENS`` = 64 tokens runs the reference scan's token loop).
+    ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
+    after each strategy (the CLI writes it, so a cut run keeps what it measured)."""
     from replaylab.bench.stream import _model
     from replaylab.serving import DecodeEngine, EnginePrefixCache
 
@@ -381,7 +385,7 @@ def run_engine_ttft(
         ]
 
     shared, prompts = requests(n)
-    rounds = [requests(n) for _ in range(run["warm_up"])]
+    rounds = [requests(min(n, 4)) for _ in range(run["warm_up"])]
     max_len = S + hi + 1
     result = dict(
         kind="prefix-ttft",
@@ -392,6 +396,7 @@ def run_engine_ttft(
         dtype=str(next(model.parameters()).dtype),
         max_len=max_len,
         prompt_tokens=sum(map(len, prompts)),
+        suffix_lengths=[len(p) - S for p in prompts],
         clock="time.perf_counter around each admit, torch.cuda.synchronize() before and after on "
         "a GPU, until the first token's id is on the host",
         strategies={},
@@ -448,6 +453,8 @@ def run_engine_ttft(
             first_tokens_agree=agree,
         )
         result["strategies"][strategy] = row
+        if checkpoint is not None:
+            checkpoint(result)
         log(
             f"[{time.perf_counter() - t_start:6.1f} s] {strategy:9s} TTFT cold "
             f"{1e3 * row['cold_ttft_s']['median']:.2f} ms, prefix {1e3 * row['prefix_ttft_s']['median']:.2f} ms "
