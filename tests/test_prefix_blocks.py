@@ -101,7 +101,7 @@ def test_the_byte_tree_refuses_what_the_engine_cache_refuses():
     tree = ByteTree(engine, 8)
     with pytest.raises(ValueError, match="at least one replay block"):
         tree.set_budget(tree.block_bytes - 1)
-    with pytest.raises(ValueError, match=r"expected 1\.\.63 tokens"):
+    with pytest.raises(ValueError, match=r"expected 1\.\.63 tokens \(fewer than the engine"):
         tree.serve([1] * 64)
     assert tree.held_bytes == 0 and not list(tree.nodes())
 

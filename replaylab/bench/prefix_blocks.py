@@ -218,12 +218,14 @@ class ByteTree(PrefixTree):
         }
         self._init_tree(budget_bytes)
 
+        self._real = real  # its prompt checks
+
     @property
     def max_prompt(self) -> int:
-        return self.max_len - 1
+        return self._real.max_prompt
 
     def _length_error(self, n) -> str:
-        return f"prompt: expected 1..{self.max_prompt} tokens (fewer than max_len={self.max_len}), got {n}"
+        return self._real._length_error(n)
 
     def _make_node(self, seg, g, parent):
         n = len(seg)
