@@ -1,5 +1,7 @@
 """Figures of notebook 13 (serving): latency distributions of a served stream, which request
-held which slot when, and the speculation crossover of ``replaylab bench serve-stream``.
+held which slot when, and the speculation crossover of ``replaylab bench serve-stream``; and
+the prefix cache's token hit rate against bytes at serving block sizes
+(``replaylab bench prefix --blocks``).
 
 Glossary: TTFT time to first token, TPOT time per output token (``serving.request``); a
 "run" is one served stream, given as ``bench.stream.stream_metrics`` output or as the
@@ -18,12 +20,15 @@ __all__ = [
     "latency_figure",
     "slot_timeline_figure",
     "crossover_figure",
+    "prefix_hit_rate_figure",
+    "PREFIX_BLOCKS",
     "STREAM_GPU",
     "STREAM_CPU",
 ]
 
 STREAM_GPU = "data/bench_serve_stream.json"
 STREAM_CPU = "data/bench_serve_stream_cpu.json"
+PREFIX_BLOCKS = "data/bench_prefix_blocks_cpu.json"
 
 
 def load_stream_result(gpu=STREAM_GPU, cpu=STREAM_CPU):
@@ -143,5 +148,66 @@ def crossover_figure(result) -> go.Figure:
         xaxis=dict(title="batch", type="log"),
         yaxis_title="speedup of speculation",
         height=420,
+    )
+    return fig
+
+
+def prefix_hit_rate_figure(result, block_sizes=None, workload=None) -> go.Figure:
+    """Token hit rate against the byte budget, one panel per block size (``block_sizes``,
+    default all in ``result``: a ``bench.prefix_blocks.run_block_bench`` result, e.g.
+    ``load_bench(PREFIX_BLOCKS)``), one line per strategy (snapshot is vLLM's align) and the
+    attention-only ideal (dashed); pooled over the workloads, or one ``workload``. The x axis
+    is the budget scaled to Nemotron-H 8B bytes (GiB; the model's bytes times
+    ``nemotron_scale``); budgets under one block of a strategy have no point."""
+    from replaylab.bench.prefix_blocks import pooled_hit_rate
+
+    rows = [r for r in result["rows"] if workload is None or r["workload"] == workload]
+    if not rows:
+        raise ValueError(f"workload: expected one of the result's workloads, got {workload!r}")
+    blocks = block_sizes or sorted({r["block_size"] for r in rows})
+    budgets = sorted({r["budget"] for r in rows if r["budget"] is not None})
+    scale = result["nemotron_scale"] / 2**30
+    colors = dict(replay="#00cc96", snapshot="#636efa", recompute="#ef553b")
+    names = dict(replay="replay", snapshot="snapshot (align)", recompute="recompute")
+    fig = make_subplots(rows=1, cols=len(blocks), subplot_titles=[f"block {b}" for b in blocks])
+    ideal = pooled_hit_rate(rows, "replay", blocks[0], None, field="ideal_hit_rate")
+    for col, b in enumerate(blocks, start=1):
+        for strategy in ("replay", "snapshot", "recompute"):
+            ys = [pooled_hit_rate(rows, strategy, b, budget) for budget in budgets]
+            fig.add_trace(
+                go.Scatter(
+                    x=[budget * scale for budget in budgets],
+                    y=ys,
+                    name=names[strategy],
+                    legendgroup=strategy,
+                    showlegend=col == 1,
+                    mode="lines+markers",
+                    line=dict(
+                        color=colors[strategy], dash="dot" if strategy == "recompute" else None
+                    ),
+                ),
+                row=1,
+                col=col,
+            )
+        fig.add_trace(
+            go.Scatter(
+                x=[budgets[0] * scale, budgets[-1] * scale],
+                y=[ideal, ideal],
+                name="attention-only ideal",
+                legendgroup="ideal",
+                showlegend=col == 1,
+                mode="lines",
+                line=dict(color="gray", dash="dash"),
+            ),
+            row=1,
+            col=col,
+        )
+        fig.update_xaxes(type="log", title_text="budget (Nemotron-H 8B GiB)", row=1, col=col)
+    fig.update_yaxes(title_text="token hit rate", range=[0, 1], row=1, col=1)
+    what = workload or "four workloads pooled"
+    fig.update_layout(
+        title=f"prefix-cache token hit rate against bytes ({what})",
+        height=380,
+        margin=dict(t=70, b=50),
     )
     return fig

@@ -5,6 +5,7 @@ replaylab bench gdn-kernels [--batches 1,128] [--log-lens 4,16,64]
 replaylab bench sweep
 replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
+replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
 """
 
 from __future__ import annotations
@@ -222,47 +223,109 @@ def _serve_stream(args):
     return 0
 
 
+def _save(args, result, out, lines, t0=None):
+    """Write ``result`` with provenance (and the seconds since ``t0``) to ``out``, print
+    ``lines`` (a summary) and where it went."""
+    from replaylab.bench.provenance import provenance
+
+    extra = {} if t0 is None else dict(seconds=round(time.time() - t0, 1))
+    result = dict(provenance(args.argv), **result, **extra)
+    _write(result, out)
+    for line in lines(result):
+        print(line)
+    print(f"wrote {out}")
+    return 0
+
+
 def _prefix(args):
     import torch
 
     from replaylab.bench.prefix import budget_sweep, prefix_summary, run_prefix_bench
-    from replaylab.bench.provenance import provenance
     from replaylab.testing import tiny_hybrid
 
+    if args.ttft and not args.engine:
+        sys.exit("replaylab bench prefix: --ttft times the serving engine; add --engine")
+    if args.ttft:
+        return _prefix_ttft(args)
     torch.set_num_threads(args.threads or 1)
     if args.engine:
         return _prefix_engine(args)
+    if args.blocks:
+        return _prefix_blocks(args)
     out = args.out or "data/bench_prefix_cpu.json"
     t0 = time.time()
     with torch.no_grad():
         model = tiny_hybrid()
-        result = run_prefix_bench(model, block_sizes=tuple(args.block_sizes))
-        result["budget_sweep"] = budget_sweep(model, budgets=tuple(args.budgets))
-    result = dict(provenance(args.argv), **result, seconds=round(time.time() - t0, 1))
-    _write(result, out)
-    for line in prefix_summary(result):
-        print(line)
-    print(f"wrote {out}")
-    return 0
+        result = run_prefix_bench(model, block_sizes=tuple(args.block_sizes or [16, 64, 256, 1024]))
+        budgets = args.budgets or [50_000, 100_000, 200_000, 400_000, 800_000]
+        result["budget_sweep"] = budget_sweep(model, budgets=tuple(budgets))
+    return _save(args, result, out, prefix_summary, t0)
 
 
 def _prefix_engine(args):
     import torch
 
     from replaylab.bench.prefix import engine_prefix_summary, run_engine_prefix_bench
-    from replaylab.bench.provenance import provenance
     from replaylab.testing import tiny_hybrid
 
     out = args.out or "data/bench_prefix_engine_cpu.json"
     t0 = time.time()
     with torch.no_grad():
-        result = run_engine_prefix_bench(tiny_hybrid(), block_sizes=tuple(args.block_sizes))
-    result = dict(provenance(args.argv), **result, seconds=round(time.time() - t0, 1))
-    _write(result, out)
-    for line in engine_prefix_summary(result):
-        print(line)
-    print(f"wrote {out}")
-    return 0
+        blocks = tuple(args.block_sizes or [16, 64, 256, 1024])
+        result = run_engine_prefix_bench(tiny_hybrid(), block_sizes=blocks)
+    return _save(args, result, out, engine_prefix_summary, t0)
+
+
+def _prefix_blocks(args):
+    from replaylab.bench.prefix_blocks import BLOCK_SIZES, blocks_markdown, run_block_bench
+
+    out = args.out or "data/bench_prefix_blocks_cpu.json"
+    t0 = time.time()
+    result = run_block_bench(
+        block_sizes=tuple(args.block_sizes or BLOCK_SIZES),
+        budgets=args.budgets,
+        log=lambda line: print(line, flush=True),
+    )
+
+    def tables(result):
+        return [line for name, t in blocks_markdown(result).items() for line in (f"{name}:", *t)]
+
+    return _save(args, result, out, tables, t0)
+
+
+def _prefix_ttft(args):
+    import torch
+
+    from replaylab.bench.prefix import TTFT_PRESETS, run_engine_ttft, ttft_summary
+    from replaylab.bench.provenance import provenance
+
+    fields = {
+        "model": args.model,
+        "shared_tokens": args.shared_tokens,
+        "suffix_tokens": None if args.suffix_tokens is None else tuple(args.suffix_tokens),
+        "batch": args.batch,
+        "block_size": args.block_size,
+        "log_length": args.log_length,
+        "prefill_chunk": args.prefill_chunk,
+        "warm_up": args.warm_up,
+    }
+    overrides = {k: v for k, v in fields.items() if v is not None}
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    preset = args.preset or ("gpu" if cuda else "cpu")
+    if preset not in TTFT_PRESETS:
+        sys.exit(f"--preset: expected one of {sorted(TTFT_PRESETS)}, got {preset!r}")
+    if not cuda:  # a shared CPU: one thread unless told (the GPU run keeps torch's default)
+        torch.set_num_threads(args.threads or 1)
+    out = args.out or f"data/bench_prefix_ttft_{preset}.json"
+    result = run_engine_ttft(
+        preset,
+        device=args.device,
+        strategies=args.strategies,
+        log=lambda line: print(line, flush=True),
+        checkpoint=lambda partial: _write(dict(provenance(args.argv), **partial), out),
+        **overrides,
+    )
+    return _save(args, result, out, ttft_summary)
 
 
 def add_bench_parser(subparsers):
@@ -382,12 +445,18 @@ def add_bench_parser(subparsers):
     px = sub.add_parser(
         "prefix", help="prefix-cache token hit rates per strategy and block size (CPU)"
     )
-    px.add_argument("--block-sizes", type=_ints, default=[16, 64, 256, 1024])
+    px.add_argument(
+        "--block-sizes",
+        type=_ints,
+        default=None,
+        help="default 16,64,256,1024 (--blocks: 16,64,256,512,1024)",
+    )
     px.add_argument(
         "--budgets",
         type=_ints,
-        default=[50_000, 100_000, 200_000, 400_000, 800_000],
-        help="byte budgets of the equal-bytes sweep (block sizes 16, 64)",
+        default=None,
+        help="byte budgets of the equal-bytes sweep (default 50000,...,800000 at block sizes "
+        "16, 64; --blocks: 2 MiB to 512 MiB, two per octave)",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     px.add_argument(
@@ -396,6 +465,38 @@ def add_bench_parser(subparsers):
         help="the serving engine's prefix cache against cold admits (default out: "
         "data/bench_prefix_engine_cpu.json; block sizes: multiples of L=16)",
     )
+    px.add_argument(
+        "--blocks",
+        action="store_true",
+        help="hit rate against bytes at serving block sizes, a model with Nemotron-H 8B's byte "
+        "ratios (default out: data/bench_prefix_blocks_cpu.json)",
+    )
+    px.add_argument(
+        "--ttft",
+        action="store_true",
+        help="with --engine: time to first token, cold against a prefix hit, a batch sharing "
+        "one prompt (default out: data/bench_prefix_ttft_<preset>.json)",
+    )
+    px.add_argument(
+        "--preset", default=None, help="--ttft: cpu (tiny, seconds) or gpu (default: gpu if CUDA)"
+    )
+    px.add_argument("--device", default=None, help="--ttft: cuda or cpu (default: cuda if present)")
+    px.add_argument(
+        "--strategies",
+        type=lambda t: tuple(t.split(",")),
+        default=("replay", "snapshot", "recompute"),
+        help="--ttft: comma-separated strategies",
+    )
+    px.add_argument("--model", default=None, help="--ttft: a model preset (tiny, 1b, 8b-layers)")
+    px.add_argument("--shared-tokens", type=int, default=None, help="--ttft: the shared prompt")
+    px.add_argument(
+        "--suffix-tokens", type=_ints, default=None, help="--ttft: low,high unique suffix lengths"
+    )
+    px.add_argument("--batch", type=int, default=None, help="--ttft: requests (engine slots)")
+    px.add_argument("--block-size", type=int, default=None, help="--ttft: the tree's block size")
+    px.add_argument("--log-length", type=int, default=None, help="--ttft: replay's L")
+    px.add_argument("--prefill-chunk", type=int, default=None, help="--ttft: prefill chunk")
+    px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)
     for p in (k, gk, s, d, e, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")

@@ -2,7 +2,9 @@
 ``replaylab.prefix.PrefixCache`` per strategy and block size, beside an attention-only ideal;
 and (``run_engine_prefix_bench``) the same workloads admitted into the serving engine through
 ``replaylab.serving.EnginePrefixCache`` against cold admits: hit rate, prefill tokens, bytes,
-CPU admit time and the largest logit difference from the cold admit.
+CPU admit time and the largest logit difference from the cold admit; and
+(``run_engine_ttft``) time to first token in the serving engine (GPU): a batch of requests that
+share a long prompt, admitted cold and through the prefix cache, per strategy.
 
 Glossary:
     token hit rate    sum of resumed_from / sum of prompt lengths: tokens whose computation the
@@ -29,6 +31,9 @@ __all__ = [
     "prefix_summary",
     "run_engine_prefix_bench",
     "engine_prefix_summary",
+    "TTFT_PRESETS",
+    "run_engine_ttft",
+    "ttft_summary",
 ]
 
 WORKLOADS = ("shared_system", "multi_turn", "few_shot", "shared_docs")
@@ -245,5 +250,236 @@ def engine_prefix_summary(result) -> list[str]:
             f"{r['token_hit_rate']:.3f}  {r['ideal_hit_rate']:.3f}  "
             f"{r['computed_tokens']:5d}/{r['prompt_tokens']}  "
             f"{r['admit_s']:.3f} / {r['cold_admit_s']:.3f}  {r['max_logit_diff_vs_cold']:.1e}"
+        )
+    return lines
+
+
+# run_engine_ttft's sizes: "cpu" is the smoke run (the tiny preset, seconds); "gpu" the issue's
+# target shape (Nemotron-H 8B layer shapes, a shared prompt of 2,048 tokens, batch 32)
+TTFT_PRESETS = {
+    "cpu": dict(
+        model="tiny",
+        shared_tokens=96,
+        suffix_tokens=(4, 12),
+        batch=4,
+        block_size=32,
+        log_length=8,
+        prefill_chunk=64,
+        warm_up=1,
+    ),
+    "gpu": dict(
+        model="8b-layers",
+        shared_tokens=2048,
+        suffix_tokens=(32, 128),
+        batch=32,
+        block_size=512,
+        log_length=16,
+        prefill_chunk=256,
+        warm_up=1,
+    ),
+}
+
+
+def _spread_s(values) -> dict:
+    from replaylab.serving.request import percentile
+
+    return dict(
+        median=percentile(values, 50),
+        p90=percentile(values, 90),
+        values=[round(v, 6) for v in values],
+    )
+
+
+def _first_token(fn, device):
+    """(fn()'s result, seconds until its logits' greedy token is on the host): the clock is
+    read after ``torch.cuda.synchronize()`` on both sides on a GPU; the token id's copy to the
+    host waits for the logits as a server's first sampled token would."""
+    from replaylab.bench.timing import sync
+
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    logits = out[1]
+    int(logits.argmax())
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _cold_admits(engine, prompts, device):
+    """Admit every prompt cold into ``engine`` (kept live until all are in, then retired):
+    (first-token logits (vocab,) per prompt, seconds to first token per prompt)."""
+    out = [_first_token(lambda t=t: engine.admit(torch.tensor(t)), device) for t in prompts]
+    for (slot, _), _ in out:
+        engine.retire(slot)
+    return [logits for (_, logits), _ in out], [s for _, s in out]
+
+
+def _prefix_admits(cache, shared, prompts, device):
+    """Warm ``cache`` (an ``EnginePrefixCache``) with ``shared`` alone (admitted, retired),
+    then admit every prompt through it (kept live until all are in, then retired):
+    ([((slot, logits, hit), seconds)] per prompt, the warming admit's seconds)."""
+    (slot, _, _), warm_s = _first_token(lambda: cache.admit(shared), device)
+    cache.engine.retire(slot)
+    out = [_first_token(lambda t=t: cache.admit(t), device) for t in prompts]
+    for (slot, _, _), _ in out:
+        cache.engine.retire(slot)
+    return out, warm_s
+
+
+def run_engine_ttft(
+    preset="cpu",
+    device=None,
+    strategies=("replay", "snapshot", "recompute"),
+    seed=0,
+    log=print,
+    checkpoint=None,
+    **overrides,
+) -> dict:
+    """Time to first token in the serving engine, cold against a prefix hit, per strategy.
+
+    A ``DecodeEngine`` (reference path: fused=False, graphs=False, as ``EnginePrefixCache``
+    needs; bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
+    ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
+    ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids
+    (four requests each: kernels compiled, the allocator warm), the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
+    admit runs beside batch - 1 live slots; then retired); then an ``EnginePrefixCache`` of
+    ``block_size`` (no byte budget) warmed with the shared prompt alone (admitted and
+    retired) and the ``batch`` requests admitted through it. Each admit is timed until its
+    first token is on the host (``_first_token``); the prefix admit's time includes the seat
+    (copies out of the tree, replay's fold), the prefill of the rest and the insertion of the
+    request's blocks into the tree.
+
+    Per strategy: ``cold_ttft_s`` and ``prefix_ttft_s`` (median, p90, every value), their
+    ``speedup`` (cold median / prefix median), prefill tokens computed (cold: every prompt
+    token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
+    ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
+    that over the largest cold |logit|) and how many first tokens (greedy) agree. The
+    requests' ``suffix_lengths`` are recorded in order with the per-request times (a suffix
+    under ``Mamba2Spec.CHUNKED_MIN_TOKENS`` = 64 tokens runs the reference scan's token loop).
+    ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
+    after each strategy (the CLI writes it, so a cut run keeps what it measured)."""
+    from replaylab.bench.stream import _model
+    from replaylab.serving import DecodeEngine, EnginePrefixCache
+
+    if preset not in TTFT_PRESETS:
+        raise ValueError(f"preset: expected one of {sorted(TTFT_PRESETS)}, got {preset!r}")
+    unknown = set(overrides) - set(TTFT_PRESETS[preset])
+    if unknown:
+        raise ValueError(
+            f"overrides: unknown fields {sorted(unknown)}; known {sorted(TTFT_PRESETS[preset])}"
+        )
+    run = {**TTFT_PRESETS[preset], **overrides}
+    lo, hi = run["suffix_tokens"]
+    if not 1 <= lo <= hi:
+        raise ValueError(f"suffix_tokens: expected 1 <= low <= high, got {run['suffix_tokens']}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = _model(run["model"], device)
+    vocab, n, S = model.cfg.vocab_size, run["batch"], run["shared_tokens"]
+    g = torch.Generator().manual_seed(seed)
+
+    def requests(count):
+        shared = torch.randint(0, vocab, (S,), generator=g).tolist()
+        lengths = torch.randint(lo, hi + 1, (count,), generator=g).tolist()
+        return shared, [
+            shared + torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths
+        ]
+
+    shared, prompts = requests(n)
+    rounds = [requests(min(n, 4)) for _ in range(run["warm_up"])]
+    max_len = S + hi + 1
+    result = dict(
+        kind="prefix-ttft",
+        preset=preset,
+        **{k: v for k, v in run.items() if k != "warm_up"},
+        warm_up_rounds=run["warm_up"],
+        device_type=device.type,
+        dtype=str(next(model.parameters()).dtype),
+        max_len=max_len,
+        prompt_tokens=sum(map(len, prompts)),
+        suffix_lengths=[len(p) - S for p in prompts],
+        clock="time.perf_counter around each admit, torch.cuda.synchronize() before and after on "
+        "a GPU, until the first token's id is on the host",
+        strategies={},
+    )
+    t_start = time.perf_counter()
+    for strategy in strategies:
+        engine = DecodeEngine(
+            model,
+            n,
+            max_len,
+            strategy,
+            log_length=run["log_length"],
+            max_verify=1,
+            prefill_chunk=run["prefill_chunk"],
+            fused=False,
+            graphs=False,
+        )
+
+        with torch.no_grad():
+            for w_shared, w_prompts in rounds:
+                _cold_admits(engine, w_prompts, device)
+                untimed = EnginePrefixCache(engine, block_size=run["block_size"])
+                _prefix_admits(untimed, w_shared, w_prompts, device)
+                del untimed  # its tree holds the engine too
+            cold_logits, cold_s = _cold_admits(engine, prompts, device)
+            prefix = EnginePrefixCache(engine, block_size=run["block_size"])
+            out, warm_s = _prefix_admits(prefix, shared, prompts, device)
+        hits = [hit for (_, _, hit), _ in out]
+        prefix_s = [s for _, s in out]
+        diff = max(
+            float((lg.float() - c.float()).abs().max())
+            for ((_, lg, _), _), c in zip(out, cold_logits)
+        )
+        scale = max(float(c.float().abs().max()) for c in cold_logits)
+        agree = sum(
+            int(lg.argmax()) == int(c.argmax()) for ((_, lg, _), _), c in zip(out, cold_logits)
+        )
+        row = dict(
+            cold_ttft_s=_spread_s(cold_s),
+            prefix_ttft_s=_spread_s(prefix_s),
+            speedup=round(_spread_s(cold_s)["median"] / _spread_s(prefix_s)["median"], 3),
+            warm_admit_s=round(warm_s, 6),
+            cold_computed_tokens=result["prompt_tokens"],
+            prefix_computed_tokens=sum(h.computed for h in hits),
+            **{
+                k: v
+                for k, v in _hit_fields(hits, result["prompt_tokens"]).items()
+                if k != "computed_tokens"
+            },
+            bytes_held=prefix.held_bytes,
+            block_bytes=prefix.block_bytes,
+            pool_bytes_per_slot=engine.nbytes_per_slot(),
+            max_abs_logit_diff=diff,
+            max_logit_diff_over_scale=diff / scale,
+            first_tokens_agree=agree,
+        )
+        result["strategies"][strategy] = row
+        if checkpoint is not None:
+            checkpoint(result)
+        log(
+            f"[{time.perf_counter() - t_start:6.1f} s] {strategy:9s} TTFT cold "
+            f"{1e3 * row['cold_ttft_s']['median']:.2f} ms, prefix {1e3 * row['prefix_ttft_s']['median']:.2f} ms "
+            f"({row['speedup']:.1f}x); computed {row['prefix_computed_tokens']}/{row['cold_computed_tokens']}"
+        )
+        del engine, prefix, out, cold_logits
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    result["seconds"] = round(time.perf_counter() - t_start, 1)
+    return result
+
+
+def ttft_summary(result) -> list[str]:
+    lines = [
+        f"shared prompt {result['shared_tokens']} + suffix {result['suffix_tokens']}, batch "
+        f"{result['batch']}, block {result['block_size']} ({result['device_type']}, {result['dtype']})",
+        "strategy   cold TTFT ms (p50/p90)  prefix TTFT ms (p50/p90)  speedup  computed  hit    diff/scale  agree",
+    ]
+    for strategy, r in result["strategies"].items():
+        c, p = r["cold_ttft_s"], r["prefix_ttft_s"]
+        lines.append(
+            f"{strategy:9s}  {1e3 * c['median']:9.2f} / {1e3 * c['p90']:<9.2f}  "
+            f"{1e3 * p['median']:9.2f} / {1e3 * p['p90']:<9.2f}   {r['speedup']:6.1f}x  "
+            f"{r['prefix_computed_tokens']:5d}/{r['cold_computed_tokens']}  {r['token_hit_rate']:.3f}  "
+            f"{r['max_logit_diff_over_scale']:.1e}    {r['first_tokens_agree']}/{result['batch']}"
         )
     return lines

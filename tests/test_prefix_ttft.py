@@ -1,0 +1,93 @@
+"""Time to first token through the serving engine's prefix cache (``bench.prefix.run_engine_ttft``)
+on the CPU with its tiny preset: the smoke run of the GPU benchmark. What it must get right on
+any device: every request after the warming one hits the shared prompt, computes only its own
+suffix (and the last shared token's logits, never), and its first-token logits are the cold
+admit's (tolerance 1e-5 over the largest |logit|: a hit prefills from another position than a
+cold admit, so its chunks round differently; measured here ~2e-7)."""
+
+import json
+
+import pytest
+import torch
+
+from replaylab.bench.prefix import TTFT_PRESETS, run_engine_ttft, ttft_summary
+
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_hits_compute_only_the_suffixes_and_give_the_cold_first_tokens():
+    result = run_engine_ttft("cpu", device="cpu", log=lambda line: None)
+    p = TTFT_PRESETS["cpu"]
+    n, S = p["batch"], p["shared_tokens"]
+    assert result["device_type"] == "cpu" and set(result["strategies"]) == {
+        "replay",
+        "snapshot",
+        "recompute",
+    }
+    for strategy, r in result["strategies"].items():
+        assert len(r["cold_ttft_s"]["values"]) == len(r["prefix_ttft_s"]["values"]) == n
+        assert (
+            r["cold_computed_tokens"]
+            == result["prompt_tokens"]
+            == n * S + r["prefix_computed_tokens"]
+        )
+        # the shared prompt (on the block grid) is resumed whole by every strategy
+        assert r["token_hit_rate"] == round(n * S / result["prompt_tokens"], 4)
+        assert r["max_logit_diff_over_scale"] < TOL, strategy
+        assert r["first_tokens_agree"] == n
+        assert r["bytes_held"] >= (S // p["block_size"]) * r["block_bytes"]
+        c, q = r["cold_ttft_s"], r["prefix_ttft_s"]
+        assert 0 < c["median"] <= c["p90"] and 0 < q["median"] <= q["p90"]
+        assert r["speedup"] == round(c["median"] / q["median"], 3)
+    assert len(ttft_summary(result)) == 2 + 3
+    lo, hi = p["suffix_tokens"]
+    assert len(result["suffix_lengths"]) == n and all(
+        lo <= k <= hi for k in result["suffix_lengths"]
+    )
+
+
+def test_an_off_grid_shared_prompt_separates_replay_from_align():
+    """A shared prompt of 40 tokens at block 32: replay resumes at 40, align and recompute's
+    state at 32 (recompute re-runs 32..40)."""
+    result = run_engine_ttft(
+        "cpu", device="cpu", shared_tokens=40, batch=2, warm_up=0, log=lambda line: None
+    )
+    rows = result["strategies"]
+    assert rows["replay"]["token_hit_rate"] > rows["snapshot"]["token_hit_rate"]
+    assert (
+        rows["replay"]["prefix_computed_tokens"] + 2 * 8
+        == rows["snapshot"]["prefix_computed_tokens"]
+    )
+    assert rows["snapshot"]["prefix_computed_tokens"] == rows["recompute"]["prefix_computed_tokens"]
+    assert all(r["max_logit_diff_over_scale"] < TOL for r in rows.values())
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="preset: expected one of"):
+        run_engine_ttft("h100")
+    with pytest.raises(ValueError, match=r"overrides: unknown fields \['shared'\]"):
+        run_engine_ttft("cpu", shared=10)
+    with pytest.raises(ValueError, match="suffix_tokens: expected 1 <= low <= high"):
+        run_engine_ttft("cpu", suffix_tokens=(5, 2))
+
+
+def test_the_cli_writes_the_result_with_provenance(tmp_path, capsys):
+    from replaylab.bench.cli import main
+
+    out = tmp_path / "ttft.json"
+    argv = ["prefix", "--engine", "--ttft", "--preset", "cpu", "--batch", "2", "--warm-up", "0"]
+    assert main([*argv, "--strategies", "replay", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"device", "versions", "date", "command"} <= set(result)
+    assert result["batch"] == 2 and list(result["strategies"]) == ["replay"]
+    assert "--ttft" in result["command"] and "replay" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="add --engine"):
+        main(["prefix", "--ttft", "--out", str(out)])
