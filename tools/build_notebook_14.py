@@ -47,7 +47,9 @@ byte budget). The library side is `replaylab.prefix` (issue 22).""",
     ("md", "## Setup"),
     (
         "code",
-        """import torch
+        """from collections import Counter
+
+import torch
 
 from replaylab import exercises_prefix as ex
 from replaylab.bench.prefix import WORKLOADS, workload
@@ -362,14 +364,17 @@ capped = explorer.compute(64, 200)
 for name, row in capped.items():
     print(f"{name:13s} replay {row['replay']['hit_rate']:.3f} "
           f"({row['replay']['bytes_held'] / 1e3:5.1f} kB held), align {row['snapshot']['hit_rate']:.3f} "
-          f"({row['snapshot']['bytes_held'] / 1e3:5.1f} kB held), ideal {row['ideal']:.3f}")""",
+          f"({row['snapshot']['bytes_held'] / 1e3:5.1f} kB held), ideal {row['ideal']:.3f}")
+    reasons = Counter(h.limited_by for h in row["replay"]["hits"])
+    print(f"{'':13s} replay's requests stopped by: {dict(sorted(reasons.items()))}")""",
     ),
     (
         "md",
         """At this cap align's whole tree fits and replay's does not. Replay then evicts first the
 logs of blocks that later blocks extend, and a match that ends inside such a block resumes on
-the grid, as align does: where the streams' matches end there, the two meet; elsewhere replay
-keeps its lead, in fewer tokens computed for more bytes held.
+the grid, as align does (its report says "evicted": the log it needed is gone): where the
+streams' matches end there, the two meet; elsewhere replay keeps its lead, in fewer tokens
+computed for more bytes held.
 
 **Question 2.** vLLM raises a hybrid's block size to hundreds of tokens (864 to 1648 in the
 reports of vLLM #26201, #45238 and #51250) so that one state fits a KV page. Of `ALIGN_BLOCKS`, what is
