@@ -154,6 +154,7 @@ def hit_rate_figure(
                     x=names,
                     y=ys,
                     text=texts,
+                    textposition="outside",
                     name=LABELS[s],
                     marker_color=COLORS[s],
                     legendgroup=s,
