@@ -113,8 +113,8 @@ def _short(tokens, limit=40):
     return str(tokens) if len(tokens) <= limit else f"{tokens[:limit]}... ({len(tokens)} ids)"
 
 
-def _held_path(tree, tokens, m):
-    """The blocks the tree holds of ``tokens`` up to m, as (start, node tokens)."""
+def _held_path(tree, tokens):
+    """The blocks of the tree's match of ``tokens``, as (start, node tokens)."""
     path, _, _ = tree._match(tokens)
     return [(n.start, n.tokens) for n in path]
 
@@ -131,8 +131,8 @@ def _lookup_hint(tree, tokens, got_m, want_m):
                     return (
                         f"the block at g={n.start} holds {list(n.tokens)}, the prompt has "
                         f"{tokens[n.start : n.end]} there: only its first {c} tokens match, so "
-                        "the tree holds the prompt up to g + c, not to the block's end (count "
-                        "the common prefix, not whole blocks)"
+                        f"the tree holds the prompt up to {n.start + c}, not to the block's end "
+                        "(count the common prefix, not whole blocks)"
                     )
         return (
             f"the tree holds no continuation of tokens[:{want_m}] with token {nxt} at position "
@@ -145,7 +145,7 @@ def _lookup_hint(tree, tokens, got_m, want_m):
             "the log, are held for every token; only a resume under snapshot rounds down)"
         )
     return (
-        f"the tree holds the blocks {_held_path(tree, tokens, want_m)} (start, tokens) of this "
+        f"the tree holds the blocks {_held_path(tree, tokens)} (start, tokens) of this "
         "prompt: at each node take the child with the longest common prefix (several children "
         "may share their first tokens), descend only through a block matched in full, and stop "
         "inside a block or at a tail node shorter than block_size"
@@ -176,7 +176,8 @@ def check_prefix_lookup(fn, cases=300, seed=0) -> bool:
             tree.insert(p)
         want_m, _ = tree.lookup(query)
         where = (
-            f"block_size={b}, earlier prompts {[_short(p) for p in prompts]}, query {_short(query)}"
+            f"block_size={b}, earlier prompts {'; '.join(_short(p) for p in prompts) or 'none'}, "
+            f"query {_short(query)}"
         )
         before = _shape(tree.root)
         try:
