@@ -5,6 +5,8 @@ each where it is taught.
     strategies_diagram      one branching sequence under snapshot, recompute and replay (03)
     replay_log_diagram      a checkpoint, the log of scan inputs after it, the cursor (05)
     verify_round_diagram    one speculative verify round: k drafts, j accepted, rollback (07)
+    prefix_grid_diagram     a cached prefix on a block grid: KV per token, states on the grid,
+                            replay's log after each state; where a second request resumes (14)
 
 Glossary: t a token position; c the checkpoint position; S_c the recurrent state kept there;
 the log holds one entry of scan inputs (x, dt, B, C) per token after c, at most L of them; the
@@ -18,7 +20,13 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-__all__ = ["memory_diagram", "strategies_diagram", "replay_log_diagram", "verify_round_diagram"]
+__all__ = [
+    "memory_diagram",
+    "strategies_diagram",
+    "replay_log_diagram",
+    "verify_round_diagram",
+    "prefix_grid_diagram",
+]
 
 COLORS = {
     "kv": "#1f77b4",
@@ -30,6 +38,7 @@ COLORS = {
     "accepted": "#2ca02c",
     "rejected": "#ff9896",
     "token": "#c7c7c7",
+    "new": "#ff7f0e",
     "text": "#333333",
 }
 
@@ -267,4 +276,95 @@ def verify_round_diagram(k=4, accepted=2) -> go.Figure:
         anchor="left",
         font=11,
     )
+    return fig
+
+
+def prefix_grid_diagram(block_size=4, blocks=3, matched=10, extra=3) -> go.Figure:
+    """A prefix cache on a grid of ``block_size`` tokens, after a first request of ``blocks``
+    full blocks: KV rows for every token, the recurrent state only at the grid positions
+    (after each full block), replay's log of scan inputs for every token after each state. A
+    second request shares the first ``matched`` tokens and has ``extra`` of its own; where each
+    strategy resumes it: attention at the match, align (snapshot) at the grid position below
+    it, replay at the match by a fold, recompute at the grid position and a re-run."""
+    b, n = block_size, block_size * blocks
+    if not 0 < matched < n:
+        raise ValueError(f"matched: expected 1..{n - 1} (inside the cached tokens), got {matched}")
+    g = matched // b * b
+    j, T2 = matched - g, matched + extra
+    fig = _canvas(
+        f"a prefix cache on a grid of b = {b} tokens; a second request shares {matched} tokens",
+        980,
+        520,
+        [-7.2, n + 1.0],
+        [-3.6, 6.6],
+    )
+    rows = {"tokens": 5.2, "kv": 4.3, "state": 3.4, "log": 2.5, "second": 1.2}
+    left = {
+        "tokens": "request 1 (held)",
+        "kv": "KV rows: every token",
+        "state": "state S<sub>g</sub>: grid only",
+        "log": "replay log: every token",
+        "second": "request 2",
+    }
+    for key, y in rows.items():
+        _label(fig, -7.0, y + 0.3, left[key], anchor="left", font=12)
+    for t in range(n):
+        _box(
+            fig, t, rows["tokens"], t + 0.9, rows["tokens"] + 0.6, COLORS["token"], str(t), font=10
+        )
+        _box(fig, t + 0.1, rows["kv"], t + 0.8, rows["kv"] + 0.5, COLORS["kv"], opacity=0.75)
+        _box(
+            fig,
+            t + 0.25,
+            rows["log"] + 0.1,
+            t + 0.65,
+            rows["log"] + 0.4,
+            COLORS["replay"] if g <= t < matched else COLORS["log"],  # the entries folded
+            opacity=1.0,
+        )
+    for k in range(blocks + 1):  # the grid
+        x = k * b - 0.05
+        fig.add_shape(
+            type="line",
+            x0=x,
+            y0=rows["log"] - 0.2,
+            x1=x,
+            y1=rows["tokens"] + 0.9,
+            line=dict(color="#555555", width=1, dash="dot"),
+        )
+        _label(fig, x, rows["tokens"] + 1.1, f"g = {k * b}", font=11)
+        if k:
+            _box(
+                fig,
+                x - 0.45,
+                rows["state"],
+                x + 0.45,
+                rows["state"] + 0.6,
+                COLORS["state"],
+                f"S<sub>{k * b}</sub>",
+                0.6,
+                font=10,
+            )
+    for t in range(T2):  # the second request
+        color = COLORS["token"] if t < matched else COLORS["new"]
+        _box(fig, t, rows["second"], t + 0.9, rows["second"] + 0.6, color, str(t), font=10)
+    x = matched - 0.05
+    fig.add_shape(
+        type="line",
+        x0=x,
+        y0=rows["second"] - 0.3,
+        x1=x,
+        y1=rows["tokens"] + 0.8,
+        line=dict(color="black", width=3),
+    )
+    _label(fig, x, rows["second"] - 0.55, f"match m = {matched}", font=12)
+    notes = [
+        f"attention only: resume at m = {matched} (cut the KV rows there)",
+        f"align (snapshot): resume at g = {g}, the grid position below m; prefill {g}..{T2 - 1}",
+        f"replay: S<sub>{g}</sub> + fold(log[:{j}]) = the state at {matched}: resume at m, "
+        f"prefill {matched}..{T2 - 1}",
+        f"recompute: S<sub>{g}</sub>, then re-run tokens {g}..{matched - 1} through the model",
+    ]
+    for i, text in enumerate(notes):
+        _label(fig, -7.0, -0.6 - 0.75 * i, text, anchor="left", font=12)
     return fig

@@ -151,6 +151,7 @@ EXPLORER_NOTEBOOKS = {
     "notebooks/06_replay_kernel.ipynb": 1,
     "notebooks/07_speculative_rollback.ipynb": 1,
     "notebooks/08_intervals_budgets.ipynb": 2,
+    "notebooks/14_prefix_caching.ipynb": 1,  # serves its workloads live: a slower redraw
 }  # notebook -> explorers in it
 RUN_LIVE_BUTTONS = {"notebooks/07_speculative_rollback.ipynb": 1}  # explorers with "run live"
 

@@ -82,3 +82,23 @@ def test_each_diagram_is_drawn_where_its_idea_is_taught(name):
     assert cells, f"{path.name} does not draw {name}"
     saved = [o.get("data", {}) for c in cells for o in c.get("outputs", [])]
     assert any("image/svg+xml" in d for d in saved), f"{path.name}: {name} saved without its image"
+
+
+def test_prefix_grid_diagram_states_on_the_grid_and_a_fold_to_the_match():
+    fig = d.prefix_grid_diagram(block_size=4, blocks=3, matched=10, extra=3)
+    rects = _rects(fig)
+    kv = [r for r in rects if r.fillcolor == d.COLORS["kv"]]
+    states = [r for r in rects if r.fillcolor == d.COLORS["state"]]
+    log = [r for r in rects if r.fillcolor in (d.COLORS["log"], d.COLORS["replay"])]
+    folded = [r for r in rects if r.fillcolor == d.COLORS["replay"]]
+    new = [r for r in rects if r.fillcolor == d.COLORS["new"]]
+    assert len(kv) == len(log) == 12  # one KV row and one log entry per held token
+    assert len(states) == 3  # a state only at the end of each full block
+    assert sorted(round((r.x0 + r.x1) / 2, 2) for r in states) == [3.95, 7.95, 11.95]
+    assert len(folded) == 2 and all(8 <= r.x0 < 10 for r in folded)  # entries 8, 9: m - g
+    assert len(new) == 3 and min(r.x0 for r in new) == 10  # the second request's own tokens
+    text = " ".join(d.labels(fig))
+    assert "match m = 10" in text and "resume at g = 8" in text
+    assert "fold(log[:2])" in text and "re-run tokens 8..9" in text
+    with pytest.raises(ValueError, match="matched"):
+        d.prefix_grid_diagram(block_size=4, blocks=3, matched=12)

@@ -17,10 +17,10 @@ import pytest
 import torch
 from test_exercises import _solution
 
-from replaylab import exercises, exercises_families, exercises_text, puzzles
+from replaylab import exercises, exercises_families, exercises_prefix, exercises_text, puzzles
 from replaylab.exercises import ScanInputs
 
-MODULES = (exercises, exercises_families, exercises_text, puzzles)
+MODULES = (exercises, exercises_families, exercises_text, puzzles, exercises_prefix)
 CHECKS = {
     f"{module.__name__.split('.')[-1]}.{name}": obj
     for module in MODULES
@@ -430,6 +430,164 @@ def test_chunked_fold_wrong_answers(capsys):
     assert "chunk_size=1" in out and "wrong in heads [1, 2] of 4" in out
     assert not exercises_families.check_chunked_fold(_chunked("drop_last"))
     assert "T=11, chunk_size=4" in _out(capsys)
+
+
+# ---------------------------------------------------------------- 14: the prefix cache
+
+
+def _prefix_solution(key):
+    return _solution("14_prefix_caching", key, torch=torch)
+
+
+def _lookup_mistake(mistake):
+    lookup = _prefix_solution("prefix_lookup")["my_lookup"]
+
+    def whole_blocks(root, tokens, block_size):  # a partly matched block counted as held
+        m, node = lookup(root, tokens, block_size)
+        return (0, None) if node is None else (node.start + len(node.tokens), node)
+
+    def on_the_grid(root, tokens, block_size):  # the match rounded down to the grid
+        m, node = lookup(root, tokens, block_size)
+        return m // block_size * block_size, node
+
+    def first_child(root, tokens, block_size):  # the first child whose first token matches
+        node, m, found = root, 0, None
+        while True:
+            want = tokens[m : m + block_size]
+            best = next((c for c in node.children if want and c.tokens[0] == want[0]), None)
+            if best is None:
+                return m, found
+            c = 0
+            while c < min(len(best.tokens), len(want)) and best.tokens[c] == want[c]:
+                c += 1
+            m, found = m + c, best
+            if c < block_size or len(best.tokens) < block_size:
+                return m, found
+            node = best
+
+    def root_node(root, tokens, block_size):  # the right length, the wrong node
+        m, node = lookup(root, tokens, block_size)
+        return m, (root if m else None)
+
+    return dict(
+        whole_blocks=whole_blocks,
+        on_the_grid=on_the_grid,
+        first_child=first_child,
+        root_node=root_node,
+    )[mistake]
+
+
+def test_prefix_lookup_wrong_answers(capsys):
+    assert exercises_prefix.check_prefix_lookup(_prefix_solution("prefix_lookup")["my_lookup"])
+    _out(capsys)
+    assert not exercises_prefix.check_prefix_lookup(_lookup_mistake("whole_blocks"))
+    out = _out(capsys)
+    assert "query [1, 2, 9, 9, 9]: m expected 2, got 4" in out
+    assert "only its first 2 tokens match" in out and "not whole blocks" in out
+    assert not exercises_prefix.check_prefix_lookup(_lookup_mistake("on_the_grid"))
+    out = _out(capsys)
+    assert "m expected 6, got 4" in out and "may end inside a block" in out
+    assert not exercises_prefix.check_prefix_lookup(_lookup_mistake("first_child"))
+    out = _out(capsys)
+    assert "m expected 5, got 2" in out and "the longest common prefix" in out
+    assert not exercises_prefix.check_prefix_lookup(_lookup_mistake("root_node"))
+    assert "does not hold token" in _out(capsys)
+
+
+def _fold_mistake(mistake):
+    fold = _prefix_solution("state_at")["my_state_at"]
+
+    def whole_block(checkpoint, log, g, p, params):  # every logged entry of the block
+        return fold(checkpoint, log, g, g + log["x"].shape[0], params)
+
+    def one_too_many(checkpoint, log, g, p, params):  # off by one at the grid point
+        return fold(checkpoint, log, g - 1, p, params)
+
+    def decay_from_the_start(checkpoint, log, g, p, params):  # writes weighted exp(cs_s)
+        A, _, dt_bias, (lo, hi) = params
+        j = p - g
+        delta = torch.nn.functional.softplus(log["dt"][:j] + dt_bias).clamp(lo, hi)  # (j, H)
+        cs = torch.cumsum(delta * A, 0)
+        state = checkpoint.clone() if j == 0 else torch.exp(cs[-1])[:, None, None] * checkpoint
+        for s in range(j):
+            write = (delta[s][:, None] * log["x"][s])[:, :, None] * log["B"][s][:, None, :]
+            state = state + torch.exp(cs[s])[:, None, None] * write
+        return state
+
+    def raw_dt(checkpoint, log, g, p, params):  # the logged dt used as the step
+        state = checkpoint.clone()
+        for i in range(p - g):
+            dt = log["dt"][i]
+            write = (dt[:, None] * log["x"][i])[:, :, None] * log["B"][i][:, None, :]
+            state = torch.exp(dt * params.A)[:, None, None] * state + write
+        return state
+
+    def in_place(checkpoint, log, g, p, params):  # the tree's state written into
+        out = fold(checkpoint, log, g, p, params)
+        checkpoint.copy_(out)
+        return checkpoint
+
+    return dict(
+        whole_block=whole_block,
+        one_too_many=one_too_many,
+        decay_from_the_start=decay_from_the_start,
+        raw_dt=raw_dt,
+        in_place=in_place,
+    )[mistake]
+
+
+def test_state_at_wrong_answers(tiny_model, capsys):
+    check = exercises_prefix.check_state_at
+    assert check(_prefix_solution("state_at")["my_state_at"], tiny_model)
+    _out(capsys)
+    assert not check(_fold_mistake("whole_block"), tiny_model)
+    out = _out(capsys)
+    assert "g=0, p=0" in out and "the state at position 4, not 0 (the whole logged block)" in out
+    assert not check(_fold_mistake("one_too_many"), tiny_model)
+    assert "(one entry too many)" in _out(capsys)
+    assert not check(_fold_mistake("decay_from_the_start"), tiny_model)
+    out = _out(capsys)
+    assert "g=0, p=1" in out and "the checkpoint's term is right but the writes are wrong" in out
+    assert not check(_fold_mistake("raw_dt"), tiny_model)
+    assert "the log holds the raw dt" in _out(capsys)
+    assert not check(_fold_mistake("in_place"), tiny_model)
+    assert "your function changed the checkpoint" in _out(capsys)
+
+
+def test_prefix_questions_wrong_answers(tiny_model, capsys):
+    from replaylab.bench.prefix import workload
+    from replaylab.exercises_prefix import (
+        ALIGN_BLOCKS,
+        RESUME_SCENARIO,
+        serve_stream,
+        token_hit_rate,
+    )
+
+    answer = _solution("14_prefix_caching", "resume_points", RESUME_SCENARIO=RESUME_SCENARIO)[
+        "resume_answer"
+    ]
+    assert exercises_prefix.check_resume_points(answer, tiny_model)
+    _out(capsys)
+    on_the_grid = dict(answer, replay=answer["snapshot"])  # replay resumed like align
+    assert not exercises_prefix.check_resume_points(on_the_grid, tiny_model)
+    assert "replay resumes at the match itself" in _out(capsys)
+    s = RESUME_SCENARIO
+    rerun_free = dict(answer, recompute=(answer["recompute"][0], s["T"] - s["shared"]))
+    assert not exercises_prefix.check_resume_points(rerun_free, tiny_model)
+    assert "computed = recomputed + prefilled" in _out(capsys)
+    names = dict(
+        model=tiny_model,
+        ALIGN_BLOCKS=ALIGN_BLOCKS,
+        serve_stream=serve_stream,
+        token_hit_rate=token_hit_rate,
+        workload=workload,
+    )
+    right = _solution("14_prefix_caching", "align_zero_block", **names)["align_zero_answer"]
+    smaller = ALIGN_BLOCKS[ALIGN_BLOCKS.index(right) - 1]  # align still hits there
+    assert not exercises_prefix.check_align_zero_block(smaller, tiny_model)
+    out = _out(capsys)
+    assert f"{smaller} - align resumes at the last grid position" in out
+    assert "no request here matches more than" in out
 
 
 # ---------------------------------------------------------------- 06: the Triton puzzles

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from notebook_build import write_notebook
 
 OUT = Path(__file__).resolve().parents[1] / "notebooks" / "11_beyond_mamba2.ipynb"
 
@@ -457,7 +456,7 @@ section 3 per chunk of `chunk_size` tokens (the last chunk may be shorter):
 `torch.linalg.solve_triangular(..., upper=False, unitriangular=True)` solves $(I + M) X = R$; section 3's lines do one chunk of one head.""",
     ),
     (
-        "exercise",
+        "exercise:chunked_fold",
         """def chunked_fold(state, k, v, g, beta, chunk_size):
     \"\"\"The Gated DeltaNet state after the T tokens (see the spec above).\"\"\"
     raise NotImplementedError""",
@@ -486,23 +485,7 @@ and what would a kernel share between the $k + 1$ queries?
 
 
 def build():
-    nb = new_notebook()
-    nb.metadata = {
-        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-        "language_info": {"name": "python"},
-    }
-    for kind, source in CELLS:
-        if kind == "md":
-            nb.cells.append(new_markdown_cell(source))
-        elif kind == "code":
-            nb.cells.append(new_code_cell(source))
-        else:  # an exercise cell: tests/test_notebook_solutions.py swaps in the solution
-            nb.cells.append(
-                new_code_cell(source, metadata={"exercise": "chunked_fold", "tags": ["exercise"]})
-            )
-    nbformat.validate(nb)
-    nbformat.write(nb, OUT)
-    return OUT
+    return write_notebook(CELLS, OUT)
 
 
 if __name__ == "__main__":

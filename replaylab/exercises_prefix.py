@@ -1,0 +1,541 @@
+"""Exercise checks of notebook 14 (prefix caching of recurrent state): the radix-tree lookup
+over token ids on a block grid, the state at position p from a grid checkpoint and the logged
+scan inputs after it, and two questions whose answers the library computes at check time. Each
+check compares the learner's answer with the library (``prefix.PrefixTree``, a one-shot prefill
+of the model and ``scan.ssd_scan`` in float64, ``prefix.PrefixCache``), prints PASS or FAIL
+with the first mismatch and what it points at, and records its verdict (``exercises_common``).
+
+Glossary (as in ``replaylab.prefix``):
+    b          block_size: node i of a path holds tokens [i*b, (i+1)*b) (a tail node fewer)
+    node       ``.start`` (grid position of its first token), ``.tokens`` (a tuple of up to b
+               ids), ``.children`` (a list of nodes); the root holds no tokens
+    m          matched: the longest prefix of a prompt that the tree holds (it may end inside
+               a block: KV rows, and under replay the log, are held for every token)
+    g          a grid position (a multiple of b); S_g the recurrent state after g tokens
+    j          p - g: logged entries folded onto S_g to get the state at p (0 <= j <= b)
+    x, dt, B   one Mamba-2 layer's logged scan inputs, (j, H, P), (j, H) raw, (j, G, N)
+    Δ, a       Δ = clamp(softplus(dt + dt_bias), *dt_limit); a = exp(Δ A), one per head
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from replaylab.checks import max_abs_error
+from replaylab.exercises import _answer
+from replaylab.exercises_common import describe_exception, guarded, report
+from replaylab.prefix import PrefixCache, PrefixTree, _common, _Node
+from replaylab.scan import ssd_scan
+
+__all__ = [
+    "TokenTree",
+    "check_prefix_lookup",
+    "fold_case",
+    "check_state_at",
+    "RESUME_SCENARIO",
+    "resume_points",
+    "check_resume_points",
+    "ALIGN_BLOCKS",
+    "serve_stream",
+    "token_hit_rate",
+    "check_align_zero_block",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 1: the lookup
+
+
+class TokenTree(PrefixTree):
+    """The library's radix tree over token ids and nothing else (no KV, no states): the same
+    nodes, matching and insertion as ``PrefixCache``, for trees built without a model."""
+
+    def __init__(self, block_size, vocab_size=1 << 30, max_len=1 << 20):
+        self.strategy, self.eviction = "replay", "lru"
+        self.block_size = self.interval = block_size
+        self.max_len, self.vocab_size, self.block_bytes = max_len, vocab_size, 1
+        self._init_tree(None)
+
+    def insert(self, tokens):
+        """Add a prompt's blocks the tree lacks (as ``PrefixCache.serve`` does after a request)."""
+        self._insert(list(tokens), lambda seg, g, parent: _Node(g, tuple(seg), parent))
+
+
+def _lookup_cases(n_random, seed):
+    """(block_size, inserted prompts, query): fixed edge cases, then random trees over small
+    vocabularies (so prompts share prefixes) queried with prefixes, extensions, one-token edits
+    and fresh prompts."""
+    cases = [
+        (4, [], [1, 2, 3]),  # an empty tree holds nothing
+        (4, [[1, 2, 3, 4, 5, 6]], [1, 2, 3, 4, 5, 6]),  # the whole prompt
+        (4, [[1, 2, 3, 4, 5, 6]], [1, 2, 9, 9, 9]),  # ends inside the first block
+        (4, [[1, 2, 3, 4, 5, 6]], [1, 2, 3, 4, 5, 7, 7]),  # ends inside the tail node
+        (4, [[1, 2, 3, 4, 5, 6]], [1, 2, 3, 4, 5, 6, 7, 8, 9]),  # runs past the tail node
+        (4, [[1, 2, 3, 4, 5, 6]], [2, 2, 3, 4]),  # differs at the first token
+        (4, [[1, 2, 5, 5, 1], [1, 2, 3, 4, 9]], [1, 2, 3, 4, 9, 9]),  # the second child is longer
+        (2, [[1, 1, 1, 1, 1, 1, 2]], [1, 1, 1, 1, 1, 1, 1, 1]),  # a chain of equal blocks
+        (3, [[4, 4], [4, 4, 4, 5]], [4, 4, 4, 5, 5]),  # a tail node beside a full block
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        b = rng.choice((2, 3, 4, 8))
+        vocab = rng.choice((2, 3, 5))
+
+        def ids(n, vocab=vocab):
+            return [rng.randrange(vocab) for _ in range(n)]
+
+        bases = [ids(rng.randint(0, 4 * b)) for _ in range(rng.randint(1, 3))]
+        prompts = [rng.choice(bases) + ids(rng.randint(1, 2 * b)) for _ in range(rng.randint(1, 6))]
+        kind = rng.random()
+        if kind < 0.25:  # a prefix of an earlier prompt
+            src = rng.choice(prompts)
+            query = src[: rng.randint(1, len(src))]
+        elif kind < 0.5:  # an earlier prompt extended
+            query = rng.choice(prompts) + ids(rng.randint(1, 2 * b))
+        elif kind < 0.75:  # an earlier prompt with one token changed
+            query = list(rng.choice(prompts))
+            i = rng.randrange(len(query))
+            query[i] = (query[i] + 1) % vocab
+        else:  # a shared base and a fresh continuation
+            query = rng.choice(bases) + ids(rng.randint(1, 3 * b))
+        cases.append((b, prompts, query))
+    return cases
+
+
+def _shape(node):
+    return [(id(c), c.start, c.tokens, _shape(c)) for c in node.children]
+
+
+def _short(tokens, limit=40):
+    tokens = list(tokens)
+    return str(tokens) if len(tokens) <= limit else f"{tokens[:limit]}... ({len(tokens)} ids)"
+
+
+def _held_path(tree, tokens):
+    """The blocks of the tree's match of ``tokens``, as (start, node tokens)."""
+    path, _, _ = tree._match(tokens)
+    return [(n.start, n.tokens) for n in path]
+
+
+def _lookup_hint(tree, tokens, got_m, want_m):
+    b = tree.block_size
+    nodes = list(tree.nodes())
+    if got_m > want_m:
+        nxt = tokens[want_m] if want_m < len(tokens) else None
+        for n in nodes:  # the learner counted a block whose tokens only partly match
+            c = _common(n.tokens, tokens[n.start :])
+            if n.start <= want_m < n.end and c and n.start + c == want_m:
+                if got_m == n.end:
+                    return (
+                        f"the block at g={n.start} holds {list(n.tokens)}, the prompt has "
+                        f"{tokens[n.start : n.end]} there: only its first {c} tokens match, so "
+                        f"the tree holds the prompt up to {n.start + c}, not to the block's end "
+                        "(count the common prefix, not whole blocks)"
+                    )
+        return (
+            f"the tree holds no continuation of tokens[:{want_m}] with token {nxt} at position "
+            f"{want_m}: no earlier prompt had it"
+        )
+    if want_m % b and got_m == want_m // b * b:
+        return (
+            f"{got_m} is the last grid position, but the tree holds {want_m - got_m} more tokens "
+            f"inside the next block: a match may end inside a block (KV rows, and under replay "
+            "the log, are held for every token; only a resume under snapshot rounds down)"
+        )
+    return (
+        f"the tree holds the blocks {_held_path(tree, tokens)} (start, tokens) of this "
+        "prompt: at each node take the child with the longest common prefix (several children "
+        "may share their first tokens), descend only through a block matched in full, and stop "
+        "inside a block or at a tail node shorter than block_size"
+    )
+
+
+def _node_ok(tree, tokens, m, node) -> bool:
+    """Does ``node`` belong to the tree and hold token m - 1 of ``tokens`` on its path?"""
+    if not any(node is n for n in tree.nodes()):
+        return False
+    held = node.start + _common(node.tokens, tokens[node.start :])
+    return node.start < m <= held and tree._prefix_of(node)[: node.start] == tuple(
+        tokens[: node.start]
+    )
+
+
+@guarded("prefix lookup")
+def check_prefix_lookup(fn, cases=300, seed=0) -> bool:
+    """Exercise (notebook 14): ``fn(root, tokens, block_size) -> (m, node)``, the longest prefix
+    of ``tokens`` (a list of ids) the tree below ``root`` holds and the node holding its last
+    token (None when m == 0), compared with ``PrefixTree.lookup`` on fixed edge cases and
+    ``cases`` random trees (shared and unshared prefixes, partial blocks, tail nodes)."""
+    name = "prefix lookup"
+    all_cases = _lookup_cases(cases, seed)
+    for b, prompts, query in all_cases:
+        tree = TokenTree(b)
+        for p in prompts:
+            tree.insert(p)
+        want_m, _ = tree.lookup(query)
+        where = (
+            f"block_size={b}, earlier prompts {'; '.join(_short(p) for p in prompts) or 'none'}, "
+            f"query {_short(query)}"
+        )
+        before = _shape(tree.root)
+        try:
+            got = fn(tree.root, list(query), b)
+        except NotImplementedError:
+            raise
+        except Exception as err:  # the learner's code raised on this case
+            return report(name, False, f"on {where}: {describe_exception(err)}")
+        if _shape(tree.root) != before:
+            return report(name, False, f"on {where}: your lookup changed the tree")
+        if got is None:
+            return report(name, False, "not done yet (the function returned None)")
+        try:
+            got_m, node = got
+            got_m = int(got_m)
+        except (TypeError, ValueError) as err:
+            return report(name, False, f"on {where}: expected (m, node), got {got!r} ({err})")
+        if got_m != want_m:
+            hint = _lookup_hint(tree, list(query), got_m, want_m)
+            return report(name, False, f"on {where}: m expected {want_m}, got {got_m}: {hint}")
+        if want_m == 0:
+            if node is not None:
+                return report(name, False, f"on {where}: nothing matches, so the node is None")
+            continue
+        if node is None or not _node_ok(tree, list(query), want_m, node):
+            held = f"start={node.start}, tokens={list(node.tokens)}" if node is not None else None
+            return report(
+                name,
+                False,
+                f"on {where}: m={want_m} is right, but the node ({held}) does not hold token "
+                f"{want_m - 1}: return the tree's node whose block holds the match's last token "
+                "(node.start < m <= node.start + its common prefix with the prompt)",
+            )
+    return report(name, True, f"{len(all_cases)} lookups give the library's PrefixTree match")
+
+
+# --------------------------------------------------------------------------------------------
+# Exercise 2: the state at p from a grid checkpoint and the log after it
+
+
+def _prefix_of_tokens(model, tokens, block_size):
+    prefix = PrefixCache(model, "replay", block_size=block_size, max_len=max(len(tokens), 1))
+    prefix.serve(tokens)
+    return prefix
+
+
+def _blocks(prefix, layer):
+    shape = prefix.model.cache_spec().recurrent[layer].state_shape
+    blocks = []
+    for node in sorted(prefix.nodes(), key=lambda n: n.start):
+        if node.parent is prefix.root:
+            ckpt = torch.zeros(shape, dtype=torch.float64)
+        else:
+            ckpt = node.parent.end_state[layer].ssm[0].double()
+        log = {f: node.log[layer][f][0].double() for f in ("x", "dt", "B", "C")}
+        blocks.append((node.start, ckpt, log))
+    return blocks
+
+
+def _params64(model, layer):
+    p = model.cache_spec().recurrent[layer].params()
+    A, D, bias = (t.detach().double() for t in (p.A, p.D, p.dt_bias))
+    return type(p)(A, D, bias, tuple(p.dt_limit))
+
+
+def fold_case(model, tokens, block_size, layer=None):
+    """What a replay prefix cache holds for ``tokens``: ``(blocks, params)``, one entry of
+    ``blocks`` per node of the tree the library's ``PrefixCache`` (replay) builds for them,
+    ``(g, checkpoint, log)``: checkpoint the state S_g of recurrent layer ``layer`` (the first
+    by default), float64 (H, P, N) (zeros at g = 0); log {"x": (n, H, P), "dt": (n, H), "B",
+    "C": (n, G, N)} float64, the logged scan inputs of the block's n <= b tokens g, ...,
+    g + n - 1. ``params``: the layer's Mamba2Params (A, D, dt_bias (H,) float64, dt_limit)."""
+    layer = next(iter(model.cache_spec().recurrent)) if layer is None else layer
+    return _blocks(_prefix_of_tokens(model, tokens, block_size), layer), _params64(model, layer)
+
+
+def _fold64(ckpt, log, j, params, raw_dt=False):
+    """The float64 oracle: ``ssd_scan`` over the first j entries from ``ckpt``."""
+    return ssd_scan(
+        log["x"][None, :j],
+        log["dt"][None, :j],
+        params.A,
+        log["B"][None, :j],
+        log["C"][None, :j],
+        dt_bias=None if raw_dt else params.dt_bias,
+        dt_softplus=not raw_dt,
+        dt_limit=(0.0, float("inf")) if raw_dt else params.dt_limit,
+        initial_state=ckpt[None],
+        compute_dtype=torch.float64,
+    ).state[0]
+
+
+def _prefill_states(model, tokens, p):
+    """{layer: state after a one-shot prefill of tokens[:p]} (fp32; zeros at p = 0)."""
+    from replaylab.cache import HybridCache
+
+    spec = model.cache_spec()
+    if p == 0:
+        return {layer: torch.zeros(s.state_shape) for layer, s in spec.recurrent.items()}
+    cache = HybridCache(model, 1, "snapshot")
+    with torch.no_grad():
+        model(torch.tensor([tokens[:p]]), cache)
+    return {layer: cache.state(layer).ssm[0] for layer in spec.recurrent}
+
+
+def _relative(got, want) -> float:
+    """Largest |got - want| over the largest |want| (the tiny model's states are ~1e-4)."""
+    return max_abs_error(got, want) / max(float(want.abs().max()), 1e-30)
+
+
+def _close(got, want, rel=1e-9) -> bool:
+    return _relative(got, want) <= rel
+
+
+def _clone_log(log):
+    return {k: v.clone() for k, v in log.items()}
+
+
+def _fold_hint(fn, ckpt, log, g, p, params, got):
+    """What a wrong state at p points at: another position's state, the checkpoint's decay,
+    the writes' decays, or Δ used raw."""
+    n, j = log["x"].shape[0], p - g
+    for q in range(g, g + n + 1):
+        if q != p and _close(got, _fold64(ckpt, log, q - g, params)):
+            if q == g + n and n > j:
+                what = "the whole logged block"
+            elif abs(q - p) == 1:
+                what = "one entry too many" if q > p else "one entry too few"
+            else:
+                what = f"{q - g} entries"
+            return (
+                f"your state is the state at position {q}, not {p} ({what}): the state at p is "
+                f"fold(S_g, log[:p - g]) with p - g = {j} entries (entry i of the log is token "
+                "g + i; p = g folds none)"
+            )
+    if _close(got, _fold64(ckpt, log, j, params, raw_dt=True)):
+        return (
+            "you used the logged dt as the step: the log holds the raw dt, and the layer's step "
+            "is Δ = clamp(softplus(dt + dt_bias), *dt_limit)"
+        )
+    zero_x = dict(_clone_log(log), x=torch.zeros_like(log["x"]))
+    own_ckpt = fn(ckpt.clone(), zero_x, g, p, params)  # the checkpoint's term alone
+    own_writes = fn(torch.zeros_like(ckpt), _clone_log(log), g, p, params)  # the writes alone
+    ckpt_ok = own_ckpt is not None and _close(own_ckpt, _fold64(ckpt, zero_x, j, params))
+    writes_ok = own_writes is not None and _close(
+        own_writes, _fold64(torch.zeros_like(ckpt), log, j, params)
+    )
+    if writes_ok and not ckpt_ok and j == 0:
+        return "at p = g nothing is folded: the state at p is the checkpoint S_g itself"
+    if writes_ok and not ckpt_ok:
+        return (
+            "the writes are right but the checkpoint's term is wrong: S_g decays by the decays "
+            f"of exactly the {j} folded tokens, exp(A * sum of their Δ); a cumulative decay taken "
+            "from another origin or over another range (vLLM #23279: from the start of the "
+            "kernel's chunk instead of the sequence's) gives this"
+        )
+    if ckpt_ok and not writes_ok:
+        return (
+            "the checkpoint's term is right but the writes are wrong: token s's write "
+            "Δ_s x_s B_s^T decays by the tokens after it up to p, prod over s < u < p of a_u = "
+            "exp(cs_(p-1) - cs_s) with cs the cumulative sum of Δ A from the checkpoint, not by "
+            "a cumulative decay from the block's start (exp(cs_s))"
+        )
+    return (
+        "both terms are wrong: per token s = g, ..., p - 1: S <- a_s S + Δ_s x_s B_s^T, with "
+        "a_s = exp(Δ_s A) per head and B expanded from its G groups to the H heads"
+    )
+
+
+def _state_mismatch(fn, ckpt, log, g, p, params, got, where):
+    """None if ``got`` is the state at p, else the FAIL message."""
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(ckpt.shape):
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else type(got).__name__
+        return f"on {where}: expected a tensor of shape {tuple(ckpt.shape)} (H, P, N), got {shape}"
+    if got.dtype != torch.float64:
+        return f"on {where}: compute in float64, as the inputs are (got {got.dtype})"
+    want = _fold64(ckpt, log, p - g, params)
+    if torch.isfinite(got).all() and _close(got, want):
+        return None
+    if not torch.isfinite(got).all():
+        err = "values not finite"
+    elif float(want.abs().max()) == 0:
+        err = f"values up to {float(got.abs().max()):.1e} where the state is zero"
+    else:
+        err = f"relative error {_relative(got, want):.1e}"
+    try:
+        hint = _fold_hint(fn, ckpt, log, g, p, params, got)
+    except Exception:  # the learner's function failed on the probes: no finer diagnosis
+        hint = "per token s = g, ..., p - 1: S <- a_s S + Δ_s x_s B_s^T"
+    return f"on {where}: {err}: {hint}"
+
+
+@guarded("state at p from checkpoint + log")
+def check_state_at(fn, model, prompts=3, seed=0) -> bool:
+    """Exercise (notebook 14): ``fn(checkpoint, log, g, p, params) -> (H, P, N)``, the state
+    after p tokens from the grid checkpoint S_g (float64 (H, P, N)) and the block's log
+    ({"x", "dt", "B", "C"}, entry i = token g + i), folding its first p - g entries. Compared
+    with ``ssd_scan`` in float64 and with a one-shot prefill's state at p, for ``prompts``
+    random prompts at block sizes 4, 8 and 16 in turn (every block; p = g, g + 1, the block's
+    end and a random p inside), in every recurrent layer of ``model``."""
+    name = "state at p from checkpoint + log"
+    rng = random.Random(seed)
+    g_ = torch.Generator().manual_seed(seed)
+    recurrent = list(model.cache_spec().recurrent)
+    n_cases, worst_prefill = 0, 0.0
+    for i in range(prompts):
+        b = (4, 8, 16)[i % 3]
+        tokens = torch.randint(0, model.cfg.vocab_size, (rng.randint(3 * b, 5 * b),), generator=g_)
+        tokens = tokens.tolist()
+        prefix = _prefix_of_tokens(model, tokens, b)
+        blocks = {layer: _blocks(prefix, layer) for layer in recurrent}
+        for k, (g, _, log0) in enumerate(blocks[recurrent[0]]):
+            n = log0["x"].shape[0]
+            for p in sorted({g, g + 1, g + n, rng.randint(g, g + n)}):
+                prefill = _prefill_states(model, tokens, p)
+                for layer in recurrent:
+                    _, ckpt, log = blocks[layer][k]
+                    params = _params64(model, layer)
+                    where = f"layer {layer}, block_size={b}, g={g}, p={p} (a log of {n} entries)"
+                    given_ckpt = ckpt.clone()
+                    try:
+                        got = fn(given_ckpt, _clone_log(log), g, p, params)
+                    except NotImplementedError:
+                        raise
+                    except Exception as err:  # the learner's code raised on this case
+                        return report(name, False, f"on {where}: {describe_exception(err)}")
+                    if got is None:
+                        return report(name, False, "not done yet (the function returned None)")
+                    if not torch.equal(given_ckpt, ckpt):
+                        return report(
+                            name,
+                            False,
+                            f"on {where}: your function changed the checkpoint; the tree's "
+                            "state is shared by every request that resumes from it (copy it)",
+                        )
+                    wrong = _state_mismatch(fn, ckpt, log, g, p, params, got, where)
+                    if wrong:
+                        return report(name, False, wrong)
+                    worst_prefill = max(worst_prefill, _relative(got, prefill[layer]))
+                    n_cases += 1
+    if worst_prefill > 1e-5:
+        return report(
+            name,
+            False,
+            f"your folds equal ssd_scan in float64 but differ from a one-shot prefill by "
+            f"a relative {worst_prefill:.1e}; report this (the library's log and states disagree)",
+        )
+    return report(
+        name,
+        True,
+        f"{n_cases} positions (on the grid, at block ends, inside blocks) equal ssd_scan in "
+        f"float64 and a one-shot prefill's state (fp32, to a relative {worst_prefill:.0e})",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Questions with computed answers
+
+RESUME_SCENARIO = dict(block_size=64, first=240, shared=213, T=250, checkpoint_interval=128)
+
+
+def resume_points(model, block_size, first, shared, T, checkpoint_interval, seed=0) -> dict:
+    """Serve a request of ``first`` tokens, then one of ``T`` that shares its first ``shared``
+    tokens, under each strategy (recompute with ``checkpoint_interval``); returns {strategy:
+    (resumed_from, computed)} of the second request's hit report."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = model.cfg.vocab_size
+    a = torch.randint(0, vocab, (first,), generator=g)
+    b = torch.cat([a[:shared], torch.randint(0, vocab, (T - shared,), generator=g)])
+    b[shared] = (a[shared] + 1) % vocab  # the two differ from token `shared` on
+    out = {}
+    for strategy in ("replay", "snapshot", "recompute"):
+        kw = dict(checkpoint_interval=checkpoint_interval) if strategy == "recompute" else {}
+        prefix = PrefixCache(model, strategy, block_size=block_size, max_len=max(first, T), **kw)
+        prefix.serve(a)
+        hit = prefix.serve(b).hit
+        out[strategy] = (hit.resumed_from, hit.computed)
+    return out
+
+
+@guarded("where each strategy resumes")
+def check_resume_points(answer, model) -> bool:
+    """Question (notebook 14): in ``RESUME_SCENARIO``, {strategy: (resumed_from, computed)}
+    for the second request, computed by serving it (``resume_points``)."""
+    name = "where each strategy resumes"
+    if answer is None or answer is Ellipsis:
+        return report(name, False, "no answer yet (replace None with your answer)")
+    want = resume_points(model, **RESUME_SCENARIO)
+    s = RESUME_SCENARIO
+    why = {
+        "replay": "replay resumes at the match itself (the grid state below it plus a fold of "
+        "the log entries after it); it computes the tokens after the match",
+        "snapshot": f"snapshot (align) resumes at the last grid position <= the match, a "
+        f"multiple of block_size={s['block_size']}, and prefills everything after it",
+        "recompute": f"recompute restores its last checkpoint <= the match (a multiple of "
+        f"checkpoint_interval={s['checkpoint_interval']}), re-runs the model to the match and "
+        "prefills the rest: computed = recomputed + prefilled",
+    }
+    for strategy, (r, c) in want.items():
+        try:
+            got = tuple(int(v) for v in answer[strategy])
+        except (KeyError, TypeError) as err:  # not a {strategy: pair} dict
+            return report(
+                name,
+                False,
+                f"expected {{strategy: (resumed_from, computed)}}: {type(err).__name__} "
+                f"at {strategy!r}",
+            )
+        if got != (r, c):
+            return report(
+                name, False, f"{strategy}: (resumed_from, computed) is not {got}: {why[strategy]}"
+            )
+    return report(name, True, f"{want}")
+
+
+ALIGN_BLOCKS = (16, 32, 64, 128, 256, 512)
+
+
+def serve_stream(model, strategy, stream, block_size, budget_bytes=None, **kw):
+    """Serve the prompts of ``stream`` (lists of ids) in order through one fresh
+    ``PrefixCache``; returns (their ``PrefixHit`` s, the cache). ``max_len`` is the longest
+    prompt (at least ``block_size``); ``kw`` goes to ``PrefixCache``."""
+    max_len = max(max(len(t) for t in stream), block_size)
+    prefix = PrefixCache(
+        model, strategy, block_size=block_size, max_len=max_len, budget_bytes=budget_bytes, **kw
+    )
+    return [prefix.serve(t).hit for t in stream], prefix
+
+
+def token_hit_rate(hits) -> float:
+    """Tokens whose computation the tree saved over all prompt tokens: sum of resumed_from over
+    sum of prompt lengths (recompute's re-run tokens count as computed)."""
+    return sum(h.resumed_from for h in hits) / sum(h.prompt_length for h in hits)
+
+
+@guarded("smallest block where align saves nothing")
+def check_align_zero_block(answer, model, workload="shared_system") -> bool:
+    """Question (notebook 14): of ``ALIGN_BLOCKS``, the smallest block size at which align
+    (snapshot) saves no prefill token on ``workload`` (``bench.prefix.workload``, seed 0),
+    computed by serving the stream at each block size."""
+    from replaylab.bench.prefix import workload as make_workload
+
+    name = "smallest block where align saves nothing"
+    if answer is None or answer is Ellipsis:
+        return report(name, False, "no answer yet (replace None with your answer)")
+    stream = make_workload(workload)
+    want, shared = None, 0
+    for b in ALIGN_BLOCKS:
+        hits, _ = serve_stream(model, "snapshot", stream, b)
+        shared = max(h.matched for h in hits)
+        if token_hit_rate(hits) == 0:
+            want = b
+            break
+    return _answer(
+        name,
+        answer,
+        want,
+        f"align resumes at the last grid position at or before the match, and no request "
+        f"here matches more than {shared} tokens of the earlier ones: the hit is zero from the "
+        "first block size whose first block is longer than every match",
+    )

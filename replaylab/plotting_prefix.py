@@ -1,0 +1,256 @@
+"""Figures and the explorer of notebook 14 (prefix caching): token hit rates per workload and
+strategy beside an attention-only model's, and bytes held, served live on the tiny model
+through ``replaylab.prefix.PrefixCache``; the explorer redoes it over block size and budget.
+
+Glossary:
+    token hit rate   sum of resumed_from over sum of prompt lengths: the prompt tokens a cache
+                     did not compute (``exercises_prefix.token_hit_rate``)
+    ideal            an attention-only model with room for every earlier prompt: KV rows can be
+                     cut at any token, so each request reuses its longest common prefix with any
+                     earlier request, capped at T - 1 (the last token is computed for its
+                     logits); computed from the token ids alone (``ideal_hit_rate``)
+    align            the snapshot strategy's prefix cache: vLLM's ``mamba_cache_mode=align``,
+                     states only on the block grid
+    budget           one byte cap on what the tree holds (KV + states + replay's logs); a
+                     budget under one block is refused by the cache ("refused")
+"""
+
+from __future__ import annotations
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from replaylab.bench.prefix import WORKLOADS, workload
+from replaylab.exercises_prefix import serve_stream, token_hit_rate
+from replaylab.widgets import COLORS, _Explorer
+
+__all__ = [
+    "LABELS",
+    "ideal_hit_rate",
+    "hit_rates",
+    "hit_report_rows",
+    "hit_rate_figure",
+    "PrefixExplorer",
+    "BLOCK_SIZES",
+    "BUDGETS_KB",
+]
+
+LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
+IDEAL = "attention-only ideal"
+BLOCK_SIZES = (32, 64, 128, 256, 512)
+BUDGETS_KB = (50, 100, 200, 400, 800, 1600, 0)  # 0: no cap
+
+
+def ideal_hit_rate(stream) -> float:
+    """The attention-only ideal of a stream of prompts (lists of ids): each request resumes at
+    its longest common prefix with any earlier request, at most T - 1; over all prompt tokens."""
+    saved = 0
+    for i, tokens in enumerate(stream):
+        best = 0
+        for earlier in stream[:i]:
+            n = 0
+            while n < min(len(tokens), len(earlier)) and tokens[n] == earlier[n]:
+                n += 1
+            best = max(best, n)
+        saved += min(best, len(tokens) - 1)
+    return saved / sum(len(t) for t in stream)
+
+
+def hit_rates(
+    model, block_size, budget_bytes=None, strategies=("replay", "snapshot"), workloads=WORKLOADS
+):
+    """Serve each workload (``bench.prefix.workload``, seed 0) through a fresh ``PrefixCache``
+    per strategy. Returns {workload: {"ideal": rate, strategy: {"hit_rate", "bytes_held",
+    "computed", "hits"} or {"refused": message}}}: a budget under one block is refused."""
+    out = {}
+    for name in workloads:
+        stream = workload(name)
+        row = {"ideal": ideal_hit_rate(stream)}
+        for strategy in strategies:
+            try:
+                hits, prefix = serve_stream(model, strategy, stream, block_size, budget_bytes)
+            except ValueError as err:  # the budget is under one block of this strategy
+                row[strategy] = {"refused": str(err)}
+                continue
+            row[strategy] = dict(
+                hit_rate=token_hit_rate(hits),
+                bytes_held=prefix.held_bytes,
+                computed=sum(h.computed for h in hits),
+                hits=hits,
+            )
+        out[name] = row
+    return out
+
+
+def hit_report_rows(hits_by_strategy):
+    """One line per request: its length, what the tree matched and, per strategy, where it
+    resumed and why reuse stopped there. ``hits_by_strategy``: {strategy: [PrefixHit, ...]}
+    over the same stream."""
+    strategies = list(hits_by_strategy)
+    lines = []
+    for i, reports in enumerate(zip(*hits_by_strategy.values())):
+        head = f"#{i} T={reports[0].prompt_length:3d} matched {reports[0].matched:3d}"
+        parts = []
+        for s, h in zip(strategies, reports):
+            extra = f", {h.recomputed} re-run" if h.recomputed else ""
+            extra += f", {h.folded} folded" if h.folded else ""
+            parts.append(f"{s} {h.resumed_from:3d} ({h.limited_by}{extra})")
+        lines.append(head + " | " + " | ".join(parts))
+    return lines
+
+
+def _value(cell, key):
+    return None if cell is None or "refused" in cell else cell[key]
+
+
+def _bars(rates, strategies, key, scale=1.0):
+    """Per strategy: (y values over the workloads, texts: "refused" where refused)."""
+    out = {}
+    for s in strategies:
+        ys, texts = [], []
+        for row in rates.values():
+            v = _value(row.get(s), key)
+            ys.append(0.0 if v is None else v * scale)
+            texts.append("refused" if v is None else "")
+        out[s] = (ys, texts)
+    return out
+
+
+def _budget_line(kb):
+    """The budget as a dashed line across the bytes panel (the second subplot)."""
+    return dict(
+        type="line",
+        xref="x2 domain",
+        x0=0,
+        x1=1,
+        yref="y2",
+        y0=kb,
+        y1=kb,
+        line=dict(color="gray", dash="dash"),
+    )
+
+
+def hit_rate_figure(
+    rates, title="token hit rate per workload", budget_kb=None, strategies=None
+) -> go.Figure:
+    """Two panels over the workloads of ``rates`` (``hit_rates`` output): the token hit rate
+    per strategy with the attention-only ideal as markers, and the bytes the tree holds (kB),
+    with the budget as a dashed line when given. Traces: the strategies' hit-rate bars, their
+    bytes bars, then the ideal."""
+    if strategies is None:
+        strategies = [s for s in LABELS if any(s in row for row in rates.values())]
+    names = list(rates)
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        horizontal_spacing=0.1,
+        subplot_titles=("token hit rate", "bytes the tree holds (kB)"),
+    )
+    for col, (key, scale) in ((1, ("hit_rate", 1.0)), (2, ("bytes_held", 1e-3))):
+        for s, (ys, texts) in _bars(rates, strategies, key, scale).items():
+            fig.add_trace(
+                go.Bar(
+                    x=names,
+                    y=ys,
+                    text=texts,
+                    textposition="outside",
+                    name=LABELS[s],
+                    marker_color=COLORS[s],
+                    legendgroup=s,
+                    showlegend=col == 1,
+                ),
+                row=1,
+                col=col,
+            )
+    fig.add_trace(
+        go.Scatter(
+            x=names,
+            y=[row["ideal"] for row in rates.values()],
+            name=IDEAL,
+            mode="markers",
+            marker=dict(symbol="diamond", size=12, color="black"),
+        ),
+        row=1,
+        col=1,
+    )
+    if budget_kb:
+        fig.add_shape(_budget_line(budget_kb))
+    fig.update_yaxes(range=[0, 1], row=1, col=1)
+    fig.update_layout(title=title, barmode="group", height=420, width=980)
+    return fig
+
+
+class PrefixExplorer(_Explorer):
+    """Block size and byte budget -> token hit rate per workload and strategy (align against
+    replay, beside the attention-only ideal) and bytes held, served live on ``model`` (the tiny
+    hybrid: a few seconds per setting on a CPU, more for small blocks under a tight budget; each
+    setting is computed once and kept). ``known``: {(block_size, budget_kb): ``hit_rates``
+    output} already computed (e.g. the notebook's own run at the starting setting)."""
+
+    def __init__(
+        self,
+        model,
+        block_size=64,
+        budget_kb=0,
+        strategies=("replay", "snapshot"),
+        workloads=WORKLOADS,
+        block_sizes=BLOCK_SIZES,
+        budgets_kb=BUDGETS_KB,
+        known=None,
+    ):
+        self.model, self.strategies, self.workloads = model, tuple(strategies), tuple(workloads)
+        self.results = dict(known or {})  # (block_size, budget_kb) -> hit_rates output
+        first = self.compute(block_size, budget_kb)
+        self.figure = go.FigureWidget(
+            hit_rate_figure(first, budget_kb=budget_kb, strategies=self.strategies)
+        )
+        options = [("no cap" if kb == 0 else f"{kb} kB", kb) for kb in budgets_kb]
+        super().__init__(
+            {
+                "block_size": widgets.SelectionSlider(
+                    options=list(block_sizes),
+                    value=block_size,
+                    description="block size",
+                    continuous_update=False,
+                ),
+                "budget_kb": widgets.SelectionSlider(
+                    options=options, value=budget_kb, description="budget", continuous_update=False
+                ),
+            }
+        )
+
+    def compute(self, block_size, budget_kb):
+        """``hit_rates`` at this block size and budget (kB, 0: no cap), computed once."""
+        key = (block_size, budget_kb)
+        if key not in self.results:
+            self.results[key] = hit_rates(
+                self.model,
+                block_size,
+                budget_kb * 1000 if budget_kb else None,
+                self.strategies,
+                self.workloads,
+            )
+        return self.results[key]
+
+    def current(self):
+        return self.compute(self.controls["block_size"].value, self.controls["budget_kb"].value)
+
+    def update(self, *_):
+        rates = self.current()
+        b, kb = self.controls["block_size"].value, self.controls["budget_kb"].value
+        hit = _bars(rates, self.strategies, "hit_rate")
+        held = _bars(rates, self.strategies, "bytes_held", 1e-3)
+        n = len(self.strategies)
+        with self.figure.batch_update():
+            for i, s in enumerate(self.strategies):
+                self.figure.data[i].y, self.figure.data[i].text = hit[s]
+                self.figure.data[n + i].y, self.figure.data[n + i].text = held[s]
+            self.figure.layout.shapes = [_budget_line(kb)] if kb else []
+            mean = {s: sum(hit[s][0]) / len(rates) for s in self.strategies}  # refused: 0
+            ideal = sum(row["ideal"] for row in rates.values()) / len(rates)
+            said = ", ".join(f"{LABELS[s]} {mean[s]:.2f}" for s in self.strategies)
+            self.figure.layout.title = (
+                f"block size {b}, budget {f'{kb} kB' if kb else 'no cap'}: mean hit rate "
+                f"{said}; ideal {ideal:.2f}"
+            )
