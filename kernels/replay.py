@@ -386,6 +386,13 @@ LAUNCH = {
 }
 
 
+# One launch (block of P, warps) for every batch: the reduction order, and so a sequence's
+# bits, then do not depend on how many sequences share the launch. The serving engine's
+# default; LAUNCH above is tuned per batch for speed (data/bench_kernels_sweep.json: these
+# cost 8.6% / 12% more at batch 1 / 8 in the step, 56% in the batch-1 fold, nothing from 32).
+BATCH_INVARIANT = {"replay_step": (64, 2), "fold": (32, 1)}
+
+
 def _blocks(P, N, kernel, block_p=None, num_warps=None, batch=1):
     default_p, default_w = next((p, w) for bound, p, w in LAUNCH[kernel] if batch <= bound)
     block_p = min(block_p or default_p, triton.next_power_of_2(P))

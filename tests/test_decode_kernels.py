@@ -230,3 +230,33 @@ def test_cuda_graphs_give_the_eager_engines_logits_bit_for_bit(strategy):
                 engine.rollback([max(1, c - 1) for c in counts])
     for i, (a, b) in enumerate(zip(*outs)):
         assert torch.equal(a, b), i
+
+
+def decode_beside_others(model, strategy, batch, steps=40, **engine_kw):
+    """Slot 0's logits (steps, vocab) over ``steps`` one-token steps of a fixed prompt and
+    fixed tokens, with batch - 1 other sequences (their own prompts and tokens) beside it."""
+    gen = torch.Generator().manual_seed(3)
+    lengths = (11, 5, 9, 17, 3, 8, 14, 6)
+    prompts = [torch.randint(0, 32000, (n,), generator=gen) for n in lengths]
+    engine = DecodeEngine(model, batch, 64, strategy, log_length=8, **engine_kw)
+    for p in prompts[:batch]:
+        engine.admit(p.to(model.lm_head.weight.device))
+    out = []
+    for i in range(steps):
+        tokens = torch.randint(0, 32000, (8, 1), generator=torch.Generator().manual_seed(i))
+        logits = engine.step(tokens[:batch].to(model.lm_head.weight.device), check=False)
+        out.append(logits[0, 0].float().cpu())
+    return torch.stack(out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
+def test_a_slots_logits_do_not_depend_on_the_batch_it_runs_in(strategy):
+    """One prompt decoded alone and beside seven others (fused, graphs, bf16, Nemotron-H 8B
+    layer shapes, across folds of L = 8): its logits bit for bit. Needs the row-invariant
+    matrix products and, under replay, one kernel launch for every batch (the engine's
+    ``batch_invariant``)."""
+    model = HybridLM(preset("8b-layers"), seed=0).to("cuda", torch.bfloat16).eval()
+    alone, beside = (decode_beside_others(model, strategy, b) for b in (1, 8))
+    differ = (alone != beside).any(1).nonzero()
+    assert not len(differ), f"slot 0's logits differ from step {int(differ[0])} of 40"
