@@ -237,6 +237,7 @@ class DecodeEngine:
         }
         # the host's view of every slot
         self.live = [False] * slots
+        self.prefilling = set()  # slots claimed by an unfinished ``begin_admit``
         self.pos, self.log_len, self.head, self.last = ([0] * slots for _ in range(4))
         # what the kernels read, uploaded before each step: log_len (after this step's folds),
         # head (after them), head_pre (before them), fold_len, counts; and positions
@@ -287,6 +288,27 @@ class DecodeEngine:
     def admit(self, prompt):
         """Prefill ``prompt`` (T0,) or (1, T0) into the lowest free slot; returns (slot, the
         last logits (vocab,)). Raises if every slot is in use or T0 >= max_len."""
+        prompt = self._check_prompt(prompt)
+        slot = self._claim()
+        logits = self._prefill(slot, prompt.to(self.device))
+        self._go_live(slot, prompt.numel())
+        return slot, logits
+
+    def begin_admit(self, prompt):
+        """Claim the lowest free slot for ``prompt`` (T0,) or (1, T0) and return an
+        ``Admission`` that prefills it a chunk at a time (``advance(n)``), so other slots can
+        step between chunks; the slot goes live, as ``admit`` leaves it, after the last chunk
+        (``serving.admission``)."""
+        from replaylab.serving.admission import Admission
+
+        prompt = self._check_prompt(prompt)
+        slot = self._claim()
+        self.prefilling.add(slot)
+        self.pos[slot] = self.max_len  # parked while it prefills (serving.admission)
+        return Admission(self, slot, prompt.to(self.device))
+
+    def _check_prompt(self, prompt):
+        """``prompt`` (T0,) or (1, T0) ids -> (T0,), checked."""
         if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2):
             raise TypeError("prompt: expected an integer tensor (T0,) or (1, T0)")
         if prompt.dim() == 2:
@@ -297,20 +319,23 @@ class DecodeEngine:
         if not 1 <= T0 < self.max_len:
             raise ValueError(f"prompt: length {T0}: expected 1 <= length < max_len={self.max_len}")
         check_token_ids(prompt[None], 1, self.cfg.vocab_size)
-        slot = self._claim()
-        logits = self._prefill(slot, prompt.to(self.device))
-        self._go_live(slot, T0)
-        return slot, logits
+        return prompt
 
     def free_slot(self):
         """The slot the next ``admit`` takes (the lowest free one); raises if every slot is in
         use."""
-        free = [s for s, on in enumerate(self.live) if not on]
+        free = [s for s, on in enumerate(self.live) if not on and s not in self.prefilling]
         if not free:
             raise ValueError(
-                f"admit: all max_batch={self.max_batch} slots are in use; retire one first"
+                f"admit: all max_batch={self.max_batch} slots are in use ({self.batch} live, "
+                f"{len(self.prefilling)} prefilling); retire one first"
             )
         return free[0]
+
+    @property
+    def n_free(self) -> int:
+        """Slots an admission may claim: neither live nor prefilling."""
+        return self.max_batch - self.batch - len(self.prefilling)
 
     def _claim(self):
         """The lowest free slot, its pools cleared and its host values at zero (not yet live)."""

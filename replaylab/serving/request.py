@@ -37,7 +37,8 @@ class Request:
     ``admitted_at``, ``token_times`` (one per token), ``finished_at``, ``proposed``,
     ``accepted``, ``rounds`` (engine steps it took part in), ``reserved`` (bytes the scheduler
     counts against its budget while it runs), ``prefix_hit`` (the ``PrefixHit`` of its admission
-    when the scheduler has a prefix cache)."""
+    when the scheduler has a prefix cache), ``admission`` (its ``serving.admission.Admission``
+    while an interleaved prefill runs it)."""
 
     id: int
     prompt: torch.Tensor
@@ -55,6 +56,7 @@ class Request:
     rounds: int = 0
     reserved: int = 0
     prefix_hit: object = None
+    admission: object = None
 
     @property
     def prompt_len(self) -> int:

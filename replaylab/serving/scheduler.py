@@ -102,7 +102,8 @@ class StepRecord:
     ``running`` requests in the engine step (S), ``T`` its width, ``used`` bytes held after
     admission (the most the iteration held), ``step_s`` / ``rollback_s`` seconds of the engine
     step and of the rollback, ``rejected`` drafts rolled back, ``rolled_back`` slots rolled
-    back, ``tokens`` output tokens the step produced."""
+    back, ``tokens`` output tokens the step produced, ``prefilled`` prompt tokens an
+    interleaved prefill ran in it."""
 
     start: float
     end: float = 0.0
@@ -115,6 +116,7 @@ class StepRecord:
     rejected: int = 0
     rolled_back: int = 0
     tokens: int = 0
+    prefilled: int = 0
 
 
 class Scheduler:
@@ -130,7 +132,13 @@ class Scheduler:
     admitted; prefix: an ``EnginePrefixCache`` over ``engine`` (``serving.prefix``) that
     admissions go through (each request's ``prefix_hit`` says what it reused). Its tree has
     its own byte budget, outside ``budget_bytes``: the requests' reservations stay what they
-    are without it (a hit saves prefill compute, not slot memory).
+    are without it (a hit saves prefill compute, not slot memory). prefill_per_step: None
+    (default) prefills each admitted prompt whole before the iteration's engine step; a
+    number n interleaves: each iteration prefills at most n prompt tokens of the admitted
+    requests (first come, first served, a chunk of each in turn through
+    ``engine.begin_admit``), then steps the running requests, so an arrival delays each
+    decoder by one chunk instead of its whole prompt. A request runs from the iteration its
+    prefill ends (its first token). Not with ``prefix``.
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
@@ -146,6 +154,7 @@ class Scheduler:
         max_running=None,
         admission=admissible,
         prefix=None,
+        prefill_per_step=None,
     ):
         if engine.batch:
             raise ValueError(
@@ -180,6 +189,15 @@ class Scheduler:
         if prefix is not None and getattr(prefix, "engine", None) is not engine:
             raise ValueError("prefix: expected an EnginePrefixCache over this scheduler's engine")
         self.prefix = prefix
+        if prefill_per_step is not None:
+            prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
+            if prefix is not None:
+                raise ValueError(
+                    "prefill_per_step: interleaved prefill does not go through a prefix cache; "
+                    "pass prefill_per_step=None with prefix"
+                )
+        self.prefill_per_step = prefill_per_step
+        self.prefilling: list[Request] = []  # admitted, prefill unfinished (interleaving)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
         self.finished: list[Request] = []
@@ -241,8 +259,8 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        """Nothing waiting and nothing running."""
-        return not self.waiting and not self.running
+        """Nothing waiting, prefilling or running."""
+        return not self.waiting and not self.prefilling and not self.running
 
     # --- the clock -----------------------------------------------------------------------
     def _sync(self):
@@ -261,11 +279,13 @@ class Scheduler:
         that finished in it (a list, maybe empty)."""
         if self.idle:
             return []
-        if not self.running and self.waiting[0].arrival > self.now:
+        if not self.running and not self.prefilling and self.waiting[0].arrival > self.now:
             self.now = self.waiting[0].arrival  # idle: jump to the next arrival
         start, t0 = self.now, time.perf_counter()
         record = StepRecord(start=start)
         done = self._admit(record, t0, start)
+        if self.prefilling:
+            done += self._prefill_chunks(record, t0, start)
         if self.running:
             done += self._decode(record, t0, start)
         for r in done:
@@ -276,7 +296,7 @@ class Scheduler:
 
     def _admit(self, record, t0, start):
         arrived = [r for r in self.waiting if r.arrival <= start]
-        free = min(self.engine.max_batch - self.engine.batch, self.max_running - len(self.running))
+        free = min(self.engine.n_free, self.max_running - len(self.running) - len(self.prefilling))
         needs = [r.reserved for r in arrived]
         n = self.admission(list(needs), self.used, self.budget, free)
         if self.admission is not admissible:
@@ -291,21 +311,47 @@ class Scheduler:
         for r in arrived[:n]:
             self.waiting.remove(r)
             r.admitted_at = self._clock(t0, start)
+            self.used += r.reserved
+            if self.prefill_per_step is not None:
+                r.admission = self.engine.begin_admit(r.prompt.to(self.engine.device))
+                r.slot = r.admission.slot
+                self.prefilling.append(r)
+                continue
             if self.prefix is None:
                 r.slot, logits = self.engine.admit(r.prompt.to(self.engine.device))
             else:
                 r.slot, logits, r.prefix_hit = self.prefix.admit(r.prompt)
-            r.tokens.append(int(logits.argmax()))
-            r.token_times.append(self._clock(t0, start))
-            r.status = RUNNING
-            self.used += r.reserved
-            self.running.append(r)
-            if r.done:
+            if self._start_running(r, logits, t0, start):
                 done.append(r)
         record.admitted = tuple(r.id for r in arrived[:n])
         record.used = self.used
         self.peak_used = max(self.peak_used, self.used)
         self.peak_running = max(self.peak_running, len(self.running))
+        return done
+
+    def _start_running(self, r, logits, t0, start) -> bool:
+        """``r``'s prompt is in: its first token, from the prompt's last logits; True if that
+        was its only one."""
+        r.tokens.append(int(logits.argmax()))
+        r.token_times.append(self._clock(t0, start))
+        r.status = RUNNING
+        self.running.append(r)
+        return r.done
+
+    def _prefill_chunks(self, record, t0, start):
+        """Interleaving: at most ``prefill_per_step`` prompt tokens of the prefilling
+        requests, first come first served; those whose prompt is in start running."""
+        left, done = self.prefill_per_step, []
+        for r in list(self.prefilling):
+            if not left:
+                break
+            n = min(left, r.admission.remaining)
+            left -= n
+            record.prefilled += n
+            if r.admission.advance(n):
+                self.prefilling.remove(r)
+                if self._start_running(r, r.admission.logits, t0, start):
+                    done.append(r)
         return done
 
     def _drafts(self, r, n, vocab):

@@ -1,0 +1,153 @@
+"""Chunked prefill interleaved with decode (``DecodeEngine.begin_admit``, ``Admission``, the
+scheduler's ``prefill_per_step``): a prompt admitted a chunk at a time while other slots step
+gives the slot ``admit`` gives, bit for bit when the chunks fall where ``admit``'s do; the
+steps between its chunks leave the reserved slot alone; bad input is refused.
+
+The oracle is a twin engine that runs the same steps with the slot free and admits the prompt
+whole afterwards: same buckets, same arithmetic, so every logit must match exactly."""
+
+import copy
+
+import pytest
+import torch
+
+from replaylab.model import HybridLM, preset
+from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
+
+MODEL = HybridLM(preset("tiny"), seed=0).eval()
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE_MODEL = copy.deepcopy(MODEL).to(DEVICE)
+
+
+def ids(n, seed):
+    return torch.randint(0, 128, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def engine(strategy, fused, chunk=5):
+    model = DEVICE_MODEL if fused else MODEL
+    kw = dict(use_kernels=fused, fused=fused, matmul="torch" if fused else None)
+    return DecodeEngine(
+        model, 3, 64, strategy, log_length=4, max_verify=3, prefill_chunk=chunk, **kw
+    )
+
+
+def setup(e):
+    """Slots 0, 1, 2 admitted, slot 1 retired: the next admission takes slot 1, which every
+    step of slots 0 and 2 covers (count 0)."""
+    for i, n in enumerate((7, 4, 9)):
+        e.admit(ids(n, i).to(e.device))
+    e.retire(1)
+
+
+def step_live(e, i, T=1):
+    tokens = torch.stack([ids(T, 100 + i), ids(T, 200 + i)]).to(e.device)
+    return e.step(tokens, check=False)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_an_interleaved_admission_equals_a_whole_one_bit_for_bit(strategy, fused):
+    prompt = ids(23, 7)
+    a, b = engine(strategy, fused), engine(strategy, fused)
+    setup(a)
+    setup(b)
+    adm = a.begin_admit(prompt)
+    assert adm.slot == 1 and a.slots == [0, 2] and a.n_free == 0
+    with pytest.raises(ValueError, match=r"1 prefilling"):
+        a.admit(prompt)
+    got, want = [], []
+    i = 0
+    while not adm.advance(5):  # chunks of prefill_chunk tokens, as admit's
+        T = 1 + i % 2  # decode and 2-token verify steps between the chunks
+        got.append(step_live(a, i, T))
+        want.append(step_live(b, i, T))
+        if T > 1:
+            a.rollback([1, 2])
+            b.rollback([1, 2])
+        i += 1
+    assert i == 4 and adm.done == 23 and a.slots == [0, 1, 2]
+    slot, logits = b.admit(prompt)
+    assert slot == 1 and torch.equal(adm.logits, logits)
+    for j in range(8):  # the three slots on together, across replay's folds
+        tokens = torch.stack([ids(1, 300 + j + s) for s in range(3)]).to(a.device)
+        got.append(a.step(tokens, check=False))
+        want.append(b.step(tokens, check=False))
+    for n, (x, y) in enumerate(zip(got, want)):
+        assert torch.equal(x, y), f"step {n}: max difference {float((x - y).abs().max()):.3g}"
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_chunks_of_any_size_give_the_whole_prefill_within_rounding(strategy):
+    """Chunks that fall elsewhere than ``admit``'s change only the scan's grouping: the
+    prompt's logits and the next step's within 1e-5 of a whole prefill's."""
+    prompt, tok = ids(19, 8), torch.tensor([[3]])
+    for sizes in ((3, 7, 9), (1,) * 19, (18, 1)):
+        whole, e = engine(strategy, False, chunk=64), engine(strategy, False, chunk=64)
+        _, want = whole.admit(prompt)
+        adm = e.begin_admit(prompt)
+        for n in sizes:
+            adm.advance(n)
+        assert adm.finished
+        torch.testing.assert_close(adm.logits, want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            e.step(tok, check=False), whole.step(tok, check=False), atol=1e-5, rtol=1e-5
+        )
+
+
+def test_bad_input_to_an_admission_is_refused_with_the_slot_kept():
+    e = engine("replay", False)
+    setup(e)
+    adm = e.begin_admit(ids(12, 3))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match=r"n: expected a positive number of tokens"):
+            adm.advance(bad)
+    with pytest.raises(ValueError, match=r"slots: .*1"):
+        e.step(torch.zeros(1, 1, dtype=torch.long), slots=[1])
+    with pytest.raises(ValueError, match=r"slot: 1 is not live"):
+        e.retire(1)
+    assert adm.advance(100)  # at most what remains
+    assert adm.done == 12 and e.slots == [0, 1, 2]
+    with pytest.raises(ValueError, match=r"already finished"):
+        adm.advance(1)
+    with pytest.raises(ValueError, match=r"finished; retire the slot instead"):
+        adm.abort()
+    e.retire(1)
+    adm = e.begin_admit(ids(12, 4))
+    adm.advance(5)
+    adm.abort()
+    assert e.n_free == 1 and e.slots == [0, 2]
+    with pytest.raises(ValueError, match=r"already aborted"):
+        adm.advance(1)
+    assert e.admit(ids(6, 5))[0] == 1  # the slot is free again
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
+    """Every request's tokens with interleaved prefill (4 prompt tokens per iteration) equal
+    its tokens with whole prefills; iterations carry at most 4 prefill tokens, and decoding
+    goes on while a prompt is prefilled."""
+    reqs = lambda: [  # noqa: E731
+        Request(i, ids(n, 50 + i), m, arrival=0.01 * i)
+        for i, (n, m) in enumerate(((9, 6), (17, 5), (5, 8), (13, 4)))
+    ]
+    runs = {}
+    for per_step in (None, 4):
+        e = DecodeEngine(MODEL, 3, 40, strategy, log_length=4, max_verify=3)
+        sched = Scheduler(e, prefill_per_step=per_step)
+        runs[per_step] = {r.id: r.tokens for r in sched.run(reqs())}
+        if per_step:
+            assert max(h.prefilled for h in sched.history) <= 4
+            assert sum(h.prefilled for h in sched.history) == 9 + 17 + 5 + 13
+            assert any(h.prefilled and h.running for h in sched.history)
+            assert e.n_free == 3 and not sched.prefilling
+    assert runs[None] == runs[4]
+
+
+def test_the_scheduler_refuses_interleaving_with_a_prefix_cache():
+    from replaylab.serving import EnginePrefixCache
+
+    e = DecodeEngine(MODEL, 2, 40, "replay", log_length=4)
+    with pytest.raises(ValueError, match=r"prefill_per_step: interleaved prefill"):
+        Scheduler(e, prefix=EnginePrefixCache(e, block_size=8), prefill_per_step=8)
+    with pytest.raises(ValueError, match=r"prefill_per_step"):
+        Scheduler(e, prefill_per_step=0)
