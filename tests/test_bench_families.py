@@ -1,0 +1,71 @@
+"""The per-family engine benchmark (``replaylab.bench.families``, ``bench engine-families``) as
+a CPU smoke run: a toy Gated DeltaNet stack through every strategy at two batches, the replay
+rows on the Triton kernels (interpreter), speculation equal to greedy, pool bytes per slot
+against the pools' own shapes, and the command's JSON with provenance."""
+
+import json
+
+import pytest
+import torch
+
+from replaylab.bench.cli import main
+from replaylab.bench.families import PRESETS, families_summary, run_families
+from replaylab.serving import STRATEGIES
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_tiny_run_gives_every_row_and_the_table_last():
+    result = run_families(
+        presets=("tiny-gdn",), batches=(1, 2), n_new=2, repeats=1, n_spec=4, k=2, device="cpu"
+    )
+    assert result["errors"] == []
+    rows = {(r["strategy"], r["batch"]): r for r in result["rows"]}
+    assert set(rows) == {(s, b) for s in STRATEGIES for b in (1, 2)}
+    for r in rows.values():
+        assert r["decode_tokens_per_s"] > 0 and r["speculative_tokens_per_s"] > 0
+        assert r["speculative_equal_greedy"] and 0 < r["measured_acceptance"] <= 1
+    assert rows[("replay", 2)]["folds"] > 0  # 8-40 token prompts, L = 16
+    assert rows[("recompute", 2)]["reruns"] >= 0
+    # bytes per slot by hand (fp32 on CPU): GDN H=2, Hk=1, K=V=8, conv 32 channels x 3 rows;
+    # a verify of k + 1 = 3; KV of one head of 16 for 2048 + 3 rows; L = 16
+    state, window = 2 * 8 * 8 * 4, 3 * 32 * 4
+    common = state + window + 3 * window + 2 * 2051 * 16 * 4
+    want = dict(
+        snapshot=common + 3 * state,  # the state after each verified token
+        recompute=common + state + window,  # the state and window before a verify
+        replay=common + 16 * (8 * 4 + 2 * 8 * 4 + 2 * 4),  # log: k (1, 8), u (2, 8), g (2,)
+    )
+    for m in result["memory"]:
+        assert m["pool_bytes_per_slot"] == want[m["strategy"]], m
+        assert m["sequences_in_budget"] == 24 * 2**30 // want[m["strategy"]]
+    lines = families_summary(result)
+    assert lines[-7].split() == ["preset", "strategy", "batch", "decode", "tok/s", "spec", "tok/s",
+                                 "acc", "spec", "=", "greedy"]  # fmt: skip
+    assert "un-graphed" in lines[0] and "weights and activations excluded" in lines[1]
+
+
+def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp_path, capsys):
+    out = tmp_path / "families.json"
+    argv = ["engine-families", "--presets", "tiny-mamba1", "--strategies", "replay"]
+    argv += ["--batches", "1", "--n-new", "1", "--repeats", "1", "--n-spec", "0"]
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("replaylab bench engine-families --presets tiny-mamba1")
+    assert result["versions"]["torch"] == torch.__version__ and result["date"]
+    (row,) = result["rows"]
+    assert row["strategy"] == "replay" and "speculative_tokens_per_s" not in row
+    assert "replay" in capsys.readouterr().out.splitlines()[-1]
+    with pytest.raises(ValueError, match=r"preset: expected one of \[.*'tiny-gdn'"):
+        run_families(presets=("nemotron",), device="cpu")
+    assert set(PRESETS) == {"qwen3.5-9b-layers", "jamba-1.5-mini-layers", "bamba-9b-layers"}
+    gdn = PRESETS["qwen3.5-9b-layers"]["config"]["gdn"]
+    assert (gdn["k_heads"], gdn["v_heads"], gdn["k_head_dim"], gdn["v_head_dim"]) == (
+        16, 32, 128, 128,
+    )  # fmt: skip
