@@ -1,7 +1,7 @@
 """The per-family engine benchmark (``replaylab.bench.families``, ``bench engine-families``) as
 a CPU smoke run: a toy Gated DeltaNet stack through every strategy at two batches, the replay
 rows on the Triton kernels (interpreter), speculation equal to greedy, pool bytes per slot
-against the pools' own shapes, and the command's JSON with provenance."""
+by hand, and the command's JSON with provenance. On a GPU machine it runs on the device (bf16)."""
 
 import json
 
@@ -11,6 +11,8 @@ import torch
 from replaylab.bench.cli import main
 from replaylab.bench.families import PRESETS, families_summary, run_families
 from replaylab.serving import STRATEGIES
+
+CUDA = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,9 +24,8 @@ def one_thread():
 
 
 def test_a_tiny_run_gives_every_row_and_the_table_last():
-    result = run_families(
-        presets=("tiny-gdn",), batches=(1, 2), n_new=2, repeats=1, n_spec=4, k=2, device="cpu"
-    )
+    result = run_families(presets=("tiny-gdn",), batches=(1, 2), n_new=2, repeats=1, n_spec=4, k=2)
+    assert result["device"] == ("cuda" if CUDA else "cpu")
     assert result["errors"] == []
     rows = {(r["strategy"], r["batch"]): r for r in result["rows"]}
     assert set(rows) == {(s, b) for s in STRATEGIES for b in (1, 2)}
@@ -33,14 +34,16 @@ def test_a_tiny_run_gives_every_row_and_the_table_last():
         assert r["speculative_equal_greedy"] and 0 < r["measured_acceptance"] <= 1
     assert rows[("replay", 2)]["folds"] > 0  # 8-40 token prompts, L = 16
     assert rows[("recompute", 2)]["reruns"] >= 0
-    # bytes per slot by hand (fp32 on CPU): GDN H=2, Hk=1, K=V=8, conv 32 channels x 3 rows;
-    # a verify of k + 1 = 3; KV of one head of 16 for 2048 + 3 rows; L = 16
-    state, window = 2 * 8 * 8 * 4, 3 * 32 * 4
-    common = state + window + 3 * window + 2 * 2051 * 16 * 4
+    # bytes per slot by hand (activations fp32 on CPU, bf16 on a GPU; state, u, g fp32): GDN
+    # H=2, Hk=1, K=V=8, conv 32 channels x 3 rows; a verify of k + 1 = 3; KV of one head of 16
+    # for 2048 + 3 rows; L = 16
+    act = 2 if CUDA else 4
+    state, window = 2 * 8 * 8 * 4, 3 * 32 * act
+    common = state + window + 3 * window + 2 * 2051 * 16 * act
     want = dict(
         snapshot=common + 3 * state,  # the state after each verified token
         recompute=common + state + window,  # the state and window before a verify
-        replay=common + 16 * (8 * 4 + 2 * 8 * 4 + 2 * 4),  # log: k (1, 8), u (2, 8), g (2,)
+        replay=common + 16 * (8 * act + 2 * 8 * 4 + 2 * 4),  # log: k (1, 8), u (2, 8), g (2,)
     )
     for m in result["memory"]:
         assert m["pool_bytes_per_slot"] == want[m["strategy"]], m

@@ -15,7 +15,10 @@ recursion over k, v, g, β; a prefill's u by the token recurrence); the largest 
 measured here is 6e-8 (a few ulps), the same as the spec path's.
 
 Sizes are tiny on purpose: the interpreter runs about 0.1 s per kernel program, and a step
-launches (slots x heads) programs per layer and token."""
+launches (slots x heads) programs per layer and token. On a GPU machine the engine's models run
+on the device (the kernels compiled) and the teaching cache on their CPU twins."""
+
+import copy
 
 import pytest
 import torch
@@ -70,12 +73,18 @@ def _model(kind, seed=11):
 
 
 FAMILIES = ("gdn", "mamba1", "bamba")
-MODELS = {kind: _model(kind) for kind in FAMILIES}
+MODELS = {kind: _model(kind) for kind in FAMILIES}  # the teaching cache's, on CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENGINE_MODELS = {kind: copy.deepcopy(m).to(DEVICE) for kind, m in MODELS.items()}
 
 
 def _prompts(lengths, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 50, (n,), generator=gen) for n in lengths]
+
+
+def _engine(family, *args, **kw):
+    return DecodeEngine(ENGINE_MODELS[family], *args, use_kernels=True, **kw)
 
 
 def _batched_only(engine, monkeypatch):
@@ -109,9 +118,7 @@ def test_kernel_replay_gives_the_teaching_logits_in_one_call_per_layer(family, m
     L = 4, then greedy steps past more folds: every logit is the teaching cache's, and each
     step makes one kernel call per recurrent layer for the whole bucket."""
     model = MODELS[family]
-    engine = DecodeEngine(
-        model, 2, 24, "replay", log_length=4, max_verify=3, prefill_chunk=3, use_kernels=True
-    )
+    engine = _engine(family, 2, 24, "replay", log_length=4, max_verify=3, prefill_chunk=3)
     calls = _batched_only(engine, monkeypatch)
     prompts = _prompts((7, 4))
     caches, want = [], []
@@ -119,7 +126,7 @@ def test_kernel_replay_gives_the_teaching_logits_in_one_call_per_layer(family, m
         for p in prompts:
             caches.append(CacheConfig("replay", log_length=4).build(model, 1))
             want.append(model(p[None], caches[-1])[0, -1])
-    got, worst = torch.stack([engine.admit(p)[1] for p in prompts]), 0.0
+    got, worst = torch.stack([engine.admit(p)[1] for p in prompts]).cpu(), 0.0
     n_steps = 5
     for i in range(n_steps + 1):
         torch.testing.assert_close(got, torch.stack(want), atol=TOL, rtol=TOL)
@@ -127,7 +134,7 @@ def test_kernel_replay_gives_the_teaching_logits_in_one_call_per_layer(family, m
         if i == n_steps:
             break
         tokens = torch.stack(want).argmax(-1)
-        got = engine.step(tokens[:, None])[:, 0]
+        got = engine.step(tokens[:, None])[:, 0].cpu()
         with torch.no_grad():
             want = [model(t.view(1, 1), c)[0, -1] for t, c in zip(tokens, caches)]
     assert calls == {l: [2] * n_steps for l in engine.ssm}  # bucket 2: one call per step
@@ -140,10 +147,9 @@ def test_a_prefill_leaves_the_checkpoint_and_log_of_a_token_by_token_decode(fami
     """Prefilled in chunks (Gated DeltaNet: the corrected updates from the state before the
     prompt), a prompt leaves the checkpoint, the log ring, its length and head and the conv
     window that decoding it token by token through the kernels leaves."""
-    model, prompt = MODELS[family], _prompts((7,), seed=4)[0]
-    kw = dict(log_length=4, max_verify=2, use_kernels=True)
-    filled = DecodeEngine(model, 1, 16, "replay", prefill_chunk=3, **kw)
-    stepped = DecodeEngine(model, 1, 16, "replay", **kw)
+    prompt = _prompts((7,), seed=4)[0]
+    filled = _engine(family, 1, 16, "replay", log_length=4, max_verify=2, prefill_chunk=3)
+    stepped = _engine(family, 1, 16, "replay", log_length=4, max_verify=2)
     filled.admit(prompt)
     stepped.admit(prompt[:1])
     for t in prompt[1:]:
@@ -166,10 +172,10 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
     """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each
     sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5: each gives its
     greedy tokens bit for bit."""
-    model, n = MODELS[family], 8
-    engine = DecodeEngine(model, 2, 32, "replay", log_length=5, max_verify=5, use_kernels=True)
+    n = 8
+    engine = _engine(family, 2, 32, "replay", log_length=5, max_verify=5)
     prompts = _prompts((6, 3), seed=1)
-    refs = [engine.greedy(p[None], n)[0] for p in prompts]
+    refs = [engine.greedy(p[None], n)[0].cpu() for p in prompts]
     rollbacks = 0
     for k in (1, 2, 3, 4):
         for s in engine.slots:
@@ -182,7 +188,7 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
         before = engine.stats.rollbacks
         tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n, drafters, k=k)
         for got, ref in zip(tokens, refs):
-            assert torch.equal(got, ref), k
+            assert torch.equal(got.cpu(), ref), k
         assert 0 < sum(accepted) <= sum(proposed)
         rollbacks += engine.stats.rollbacks - before
     assert rollbacks > 0 and engine.stats.folds > 0
@@ -200,7 +206,8 @@ def test_kernel_ragged_programs_give_the_teaching_logits(family):
         n_ops=14,
         slots=2,
         max_verify=3,
-        model=MODELS[family],
+        model=ENGINE_MODELS[family],
+        teaching_model=MODELS[family],
         tol=TOL,
         partial_rollbacks=True,
     )
@@ -211,7 +218,7 @@ def test_kernel_ragged_programs_give_the_teaching_logits(family):
 def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
     """A prefix cache over a kernel log (which holds no spec fields to seat a slot from) is
     refused naming the fix; a step across the fold grid is refused before any kernel runs."""
-    engine = DecodeEngine(MODELS["gdn"], 2, 16, "replay", log_length=4, use_kernels=True)
+    engine = _engine("gdn", 2, 16, "replay", log_length=4)
     assert tuple(engine.ssm[0].log) == ("k", "u", "g")
     with pytest.raises(
         ValueError, match=r"layer 0's Triton replay log \(gated_deltanet\) keeps \('k', 'u', 'g'\)"
@@ -225,5 +232,5 @@ def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
     after = pools(engine)
     for k, v in before.items():
         assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k
-    mamba2 = DecodeEngine(MODELS["bamba"], 1, 16, "replay", log_length=4, use_kernels=True)
+    mamba2 = _engine("bamba", 1, 16, "replay", log_length=4)
     assert tuple(mamba2.ssm[0].log) == mamba2.ssm[0].spec.log_fields  # served by a prefix cache

@@ -15,7 +15,8 @@ recurrent kernel does not return): the snapshot baseline a user of fla would get
 
 Per (preset, strategy, batch), every sequence at its own position (prompts of 8-40 tokens):
     decode        tokens/s of ``n_new`` greedy steps (step + argmax as a user calls it), timed
-                  between CUDA events after a warm-up, median of ``repeats``; prefill excluded
+                  between CUDA events, median of ``repeats``, after a warm-up (the ``n_spec``
+                  greedy tokens speculation is checked against); prefill excluded
     speculative   tokens/s of ``speculate_batch`` (synthetic drafters following each
                   sequence's own greedy tokens, right with probability ``acceptance``, every
                   sequence accepting its own drafts, k drafts a round), wall clock from the
@@ -204,9 +205,9 @@ def _decode_seconds(engine, tok, n_new):
     return (time.perf_counter() - t0) / n_new, tok
 
 
-def _speculative(engine, prompts, n_spec, k, acceptance):
-    """Batched speculative decoding against the engine's own greedy tokens."""
-    ref, _ = _greedy_ragged(engine, prompts, n_spec)
+def _speculative(engine, prompts, ref, k, acceptance):
+    """Batched speculative decoding against the engine's own greedy tokens ``ref``."""
+    n_spec = ref[0].numel()
     pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
     drafters = [
         SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
@@ -227,9 +228,11 @@ def _speculative(engine, prompts, n_spec, k, acceptance):
 
 
 def _one(model, strategy, batch, args, fla=None):
-    """One (strategy, batch) row: decode, then speculation (not for the fla rows)."""
+    """One (strategy, batch) row: greedy decoding of ``n_spec`` tokens (the speculation's
+    reference, and the warm-up: Triton compiles, folds run), timed decode steps after it,
+    then speculation from a fresh prefill (not for the fla rows)."""
     n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
-    max_len = 40 + (repeats + 1) * n_new + n_spec + 2 * (k + 1) + 8
+    max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
     engine = DecodeEngine(
         model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True
     )
@@ -239,8 +242,12 @@ def _one(model, strategy, batch, args, fla=None):
         for spec in specs:
             spec.scan = _FlaDecodeScan(spec, fla)
     try:
-        tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
-        _, tok = _decode_seconds(engine, tok, n_new)  # warm-up: Triton compiles, folds run
+        if n_spec:
+            ref, _ = _greedy_ragged(engine, prompts, n_spec)
+            tok = torch.stack([r[-1] for r in ref])[:, None].to(engine.device)
+        else:
+            tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+            _, tok = _decode_seconds(engine, tok, n_new)
         runs = []
         for _ in range(repeats):
             seconds, tok = _decode_seconds(engine, tok, n_new)
@@ -254,7 +261,7 @@ def _one(model, strategy, batch, args, fla=None):
             folds=engine.stats.folds,
         )
         if fla is None and n_spec:
-            row.update(_speculative(engine, prompts, n_spec, k, args["acceptance"]))
+            row.update(_speculative(engine, prompts, ref, k, args["acceptance"]))
             row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
         return row
     finally:
