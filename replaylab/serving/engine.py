@@ -46,7 +46,8 @@ What is served where:
   Triton kernels, one call per layer and step for the whole bucket (``kernels.gdn``,
   ``kernels.mamba1``, ``kernels.replay``: a verify row computed as a single step at its
   position would be, ring logs, per-slot counts), and its folds on the grid from their
-  ``fold``; without kernels, from the spec (``outputs`` slot by slot, ``fold``). It reads host
+  ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
+  together, ``fold``). It reads host
   values during a step (replay's fold plan, log appends), so for these layouts it is not
   captured in CUDA graphs.
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
@@ -715,18 +716,23 @@ class DecodeEngine:
         return y
 
     def _replay_outputs(self, pool, bucket, T, entries):
-        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written),
-        slot by slot (each log has its own length); appends each slot's counted tokens to its
-        ring."""
-        ys = []
-        for s in range(bucket):
-            n, head = self.log_len[s], self.head[s]
-            old = (head + torch.arange(n, device=self.device)) % self.capacity
-            log = {k: v[s : s + 1, old] for k, v in pool.log.items()}
-            mine = {k: v[s : s + 1] for k, v in entries.items()}
-            ys.append(pool.spec.outputs(pool.state[s : s + 1], log, mine))
+        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written), one
+        call per distinct log length among the slots (a lock-step batch: one call); appends
+        each slot's counted tokens to its ring."""
+        y, held = None, self.log_len[:bucket]
+        for n in sorted(set(held)):
+            group = [s for s in range(bucket) if held[s] == n]
+            rows = torch.tensor(group, device=self.device)
+            heads = torch.tensor([self.head[s] for s in group], device=self.device)
+            old = (heads[:, None] + torch.arange(n, device=self.device)) % self.capacity
+            log = {k: v[rows[:, None], old] for k, v in pool.log.items()}  # (group, n, ...)
+            mine = {k: v[rows] for k, v in entries.items()}
+            out = pool.spec.outputs(pool.state[rows], log, mine)
+            if y is None:
+                y = out.new_empty((bucket, *out.shape[1:]))
+            y[rows] = out
         self._append_log(pool, entries, list(pool.log), bucket, T)
-        return torch.cat(ys)
+        return y
 
     def _append_log(self, pool, entries, fields, bucket, T):
         """Append ``fields`` of each slot's counted tokens (``entries``: field -> (bucket, T,
