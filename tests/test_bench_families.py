@@ -72,3 +72,28 @@ def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp
     assert (gdn["k_heads"], gdn["v_heads"], gdn["k_head_dim"], gdn["v_head_dim"]) == (
         16, 32, 128, 128,
     )  # fmt: skip
+
+
+def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
+    """The "fla snapshot" rows' plumbing, with a stand-in of fla's signature (the token
+    recurrence): every one-token state update goes through it, prefill does not, and its
+    greedy tokens equal the snapshot path's."""
+    from replaylab.scan import gdn_scan
+
+    calls = []
+
+    def recurrent(q, k, v, g, beta, scale, initial_state, output_final_state):
+        assert scale == 1.0 and output_final_state and q.shape[1] == 1 and q.is_contiguous()
+        calls.append(q.shape[0])
+        r = gdn_scan(q, k, v, g, beta, initial_state=initial_state)
+        return r.y, r.state
+
+    result = run_families(
+        presets=("tiny-gdn",), strategies=("snapshot",), batches=(2,), n_new=2, repeats=1,
+        n_spec=4, k=2, fla=recurrent,
+    )  # fmt: skip
+    plain, fla = result["rows"]
+    assert (plain["strategy"], fla["strategy"]) == ("snapshot", "fla snapshot")
+    assert fla["greedy_equal_snapshot"] == 1.0 and "speculative_tokens_per_s" not in fla
+    assert calls == [2] * (4 - 1 + 2)  # 3 greedy steps, then 2 timed (prefill: the spec's)
+    assert "greedy tokens = snapshot's: 100%" in families_summary(result)[-1]

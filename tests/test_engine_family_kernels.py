@@ -21,6 +21,7 @@ launches (slots x heads) programs per layer and token. On a GPU machine the engi
 on the device (the kernels compiled) and the teaching cache on their CPU twins."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ from replaylab.gated_deltanet import GDNConfig
 from replaylab.mamba1 import Mamba1Config
 from replaylab.model import HybridConfig, HybridLM
 from replaylab.serving import DecodeEngine
+from replaylab.serving.pools import recurrent_pool
 from replaylab.serving.prefix import EnginePrefixCache
 
 COMMON = dict(
@@ -223,7 +225,8 @@ def test_kernel_ragged_programs_give_the_teaching_logits(family):
 
 def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
     """A prefix cache over a kernel log (which holds no spec fields to seat a slot from) is
-    refused naming the fix; a step across the fold grid is refused before any kernel runs."""
+    refused naming the fix; a step across the fold grid is refused before any kernel runs;
+    kernels for a family that has none are refused naming it."""
     engine = _engine("gdn", 2, 16, "replay", log_length=4)
     assert tuple(engine.ssm[0].log) == ("k", "u", "g")
     with pytest.raises(
@@ -240,3 +243,6 @@ def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
         assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k
     mamba2 = _engine("bamba", 1, 16, "replay", log_length=4)
     assert tuple(mamba2.ssm[0].log) == mamba2.ssm[0].spec.log_fields  # served by a prefix cache
+    stub = SimpleNamespace(state_spec=SimpleNamespace(family="decay"))  # no kernels of its own
+    with pytest.raises(ValueError, match=r"kernels: no Triton replay kernels for the 'decay'"):
+        recurrent_pool(stub, 1, "replay", 4, 2, torch.float32, "cpu", False, True)

@@ -228,9 +228,10 @@ def _speculative(engine, prompts, ref, k, acceptance):
 
 
 def _one(model, strategy, batch, args, fla=None):
-    """One (strategy, batch) row: greedy decoding of ``n_spec`` tokens (the speculation's
-    reference, and the warm-up: Triton compiles, folds run), timed decode steps after it,
-    then speculation from a fresh prefill (not for the fla rows)."""
+    """One (strategy, batch) row and its greedy tokens (a list of (n_spec,), or None): greedy
+    decoding of ``n_spec`` tokens (the speculation's reference, and the warm-up: Triton
+    compiles, folds run), timed decode steps after it, then speculation from a fresh prefill
+    (not for the fla rows)."""
     n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
     max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
     engine = DecodeEngine(
@@ -242,6 +243,7 @@ def _one(model, strategy, batch, args, fla=None):
         for spec in specs:
             spec.scan = _FlaDecodeScan(spec, fla)
     try:
+        ref = None
         if n_spec:
             ref, _ = _greedy_ragged(engine, prompts, n_spec)
             tok = torch.stack([r[-1] for r in ref])[:, None].to(engine.device)
@@ -263,7 +265,7 @@ def _one(model, strategy, batch, args, fla=None):
         if fla is None and n_spec:
             row.update(_speculative(engine, prompts, ref, k, args["acceptance"]))
             row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
-        return row
+        return row, ref
     finally:
         for spec in specs:
             spec.__dict__.pop("scan", None)
@@ -294,7 +296,9 @@ def run_families(
     progress=True,
 ):
     """Every row of the module docstring, for each preset. ``n_spec=0`` skips speculation;
-    ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports."""
+    ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
+    callable with fla's signature: that one, on any device), each with the fraction of its
+    greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(
@@ -302,9 +306,12 @@ def run_families(
         log_length=log_length,
     )  # fmt: skip
     recurrent, fla_error = _fla_recurrent() if fla and device.type == "cuda" else (None, None)
+    if callable(fla):
+        recurrent, fla_error = fla, None
     rows, memory, errors, models = [], [], [], {}
     for name in presets:
         info, cfg = _preset(name)
+        greedy = {}  # (strategy, batch) -> this preset's greedy tokens
         t0 = time.perf_counter()
         model = HybridLM(cfg, seed=0).to(device, dtype).eval()
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -336,7 +343,12 @@ def run_families(
             if progress:
                 print(f"  {label} ...", flush=True)
             try:
-                row = _one(model, strategy, batch, args, fla=peer)
+                row, ref = _one(model, strategy, batch, args, fla=peer)
+                greedy[row["strategy"], batch] = ref
+                mine, theirs = ref, greedy.get(("snapshot", batch))
+                if peer is not None and mine is not None and theirs is not None:
+                    same = [float((a == b).float().mean()) for a, b in zip(mine, theirs)]
+                    row["greedy_equal_snapshot"] = sum(same) / len(same)
                 rows.append(dict(preset=name, **row))
             except torch.OutOfMemoryError:
                 rows.append(dict(preset=name, strategy=strategy, batch=batch, error="OOM"))
@@ -401,6 +413,11 @@ def families_summary(result):
                 f"{str(r['speculative_equal_greedy']):>13s}"
                 if spec is not None
                 else f"{'-':>11s} {'-':>5s} {'-':>13s}"
+            )
+            + (
+                f"  (greedy tokens = snapshot's: {r['greedy_equal_snapshot']:.0%})"
+                if "greedy_equal_snapshot" in r
+                else ""
             )
         )
     return lines
