@@ -339,7 +339,8 @@ def run_families(
                 )
             )
         for strategy, batch, peer in plan:
-            label = f"{name} {'fla snapshot' if peer else strategy} b={batch}"
+            shown = "fla snapshot" if peer else strategy
+            label = f"{name} {shown} b={batch}"
             if progress:
                 print(f"  {label} ...", flush=True)
             try:
@@ -351,7 +352,7 @@ def run_families(
                     row["greedy_equal_snapshot"] = sum(same) / len(same)
                 rows.append(dict(preset=name, **row))
             except torch.OutOfMemoryError:
-                rows.append(dict(preset=name, strategy=strategy, batch=batch, error="OOM"))
+                rows.append(dict(preset=name, strategy=shown, batch=batch, error="OOM"))
             except Exception as err:  # noqa: BLE001 - record, go on
                 errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
             if device.type == "cuda":
