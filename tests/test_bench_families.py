@@ -65,6 +65,14 @@ def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp
     (row,) = result["rows"]
     assert row["strategy"] == "replay" and "speculative_tokens_per_s" not in row
     assert "replay" in capsys.readouterr().out.splitlines()[-1]
+    stopped = run_families(
+        presets=("tiny-mamba1", "tiny-bamba"), strategies=("replay",), batches=(1, 2),
+        time_budget_s=0,
+    )  # fmt: skip
+    assert [(r["preset"], r["batch"], r["error"]) for r in stopped["rows"]] == [
+        (p, b, "time budget") for b in (1, 2) for p in ("tiny-mamba1", "tiny-bamba")
+    ]  # batch by batch; the pool bytes are still there
+    assert len(stopped["memory"]) == 2 and "time budget" in families_summary(stopped)[-1]
     with pytest.raises(ValueError, match=r"preset: expected one of \[.*'tiny-gdn'"):
         run_families(presets=("nemotron",), device="cpu")
     assert set(PRESETS) == {"qwen3.5-9b-layers", "jamba-1.5-mini-layers", "bamba-9b-layers"}

@@ -162,6 +162,7 @@ def _engine_families(args):
         acceptance=args.acceptance,
         log_length=args.log_length,
         fla=not args.no_fla,
+        time_budget_s=args.time_budget_s or None,
     )
     result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
     _write(result, args.out or "data/bench_engine_families.json")
@@ -371,6 +372,13 @@ def add_bench_parser(subparsers):
     ef.add_argument("--acceptance", type=float, default=0.8, help="per-sequence acceptance")
     ef.add_argument("--log-length", type=int, default=16, help="replay's L")
     ef.add_argument("--no-fla", action="store_true", help="skip the fla snapshot rows")
+    ef.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=240,
+        help="no new row after this many seconds of rows (0: no limit); rows run batch by "
+        "batch, so a stopped run has every preset's smaller batches",
+    )
     ef.set_defaults(run=_engine_families)
     v = sub.add_parser(
         "serve", help="the serving engine: lossless speculation, ragged decode per strategy (GPU)"

@@ -23,6 +23,9 @@ Per (preset, strategy, batch), every sequence at its own position (prompts of 8-
                   first round to the last (prefill excluded); the acceptance measured; and
                   whether every sequence's tokens equal its greedy tokens bit for bit
     OOM           recorded as the row's error; the batch is skipped
+Rows run batch by batch across the presets (every preset's model held at once), so a run cut
+by ``time_budget_s`` (rows not started then carry the error "time budget") still has every
+preset's smaller batches.
 Per (preset, strategy): the pools' bytes per slot (state, conv window, log or state copies, KV
 for ``concurrency_max_len`` tokens) and how many sequences those pools fit in
 ``concurrency_gib`` GiB (weights and activations excluded).
@@ -294,8 +297,11 @@ def run_families(
     device=None,
     fla=True,
     progress=True,
+    time_budget_s=None,
 ):
-    """Every row of the module docstring, for each preset. ``n_spec=0`` skips speculation;
+    """Every row of the module docstring, for each preset, batch by batch (every preset's
+    model held at once). ``n_spec=0`` skips speculation; ``time_budget_s``: no new row starts
+    after that many seconds of rows (the rest are recorded as skipped);
     ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
     callable with fla's signature: that one, on any device), each with the fraction of its
     greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them)."""
@@ -308,23 +314,18 @@ def run_families(
     recurrent, fla_error = _fla_recurrent() if fla and device.type == "cuda" else (None, None)
     if callable(fla):
         recurrent, fla_error = fla, None
-    rows, memory, errors, models = [], [], [], {}
-    for name in presets:
+    rows, memory, errors, models, built = [], [], [], {}, {}
+    for name in presets:  # every preset's model on the device first (2.1-2.5 GiB each)
         info, cfg = _preset(name)
-        greedy = {}  # (strategy, batch) -> this preset's greedy tokens
         t0 = time.perf_counter()
-        model = HybridLM(cfg, seed=0).to(device, dtype).eval()
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        built[name] = model = HybridLM(cfg, seed=0).to(device, dtype).eval()
         models[name] = dict(
             family=info["family"],
             pattern=cfg.pattern,
             source=info["source"],
-            weights_bytes=weights,
+            weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
             build_seconds=round(time.perf_counter() - t0, 1),
         )
-        plan = [(s, b, None) for s in strategies for b in batches]
-        if recurrent is not None and "G" in cfg.pattern and "snapshot" in strategies:
-            plan += [("snapshot", b, recurrent) for b in batches]
         for strategy in strategies:
             per_slot = _pool_bytes(model, strategy, concurrency_max_len, k, log_length)
             memory.append(
@@ -338,28 +339,41 @@ def run_families(
                     sequences_in_budget=int(concurrency_gib * 2**30 // per_slot),
                 )
             )
-        for strategy, batch, peer in plan:
-            shown = "fla snapshot" if peer else strategy
-            label = f"{name} {shown} b={batch}"
-            if progress:
-                print(f"  {label} ...", flush=True)
-            try:
-                row, ref = _one(model, strategy, batch, args, fla=peer)
-                greedy[row["strategy"], batch] = ref
-                mine, theirs = ref, greedy.get(("snapshot", batch))
-                if peer is not None and mine is not None and theirs is not None:
-                    same = [float((a == b).float().mean()) for a, b in zip(mine, theirs)]
-                    row["greedy_equal_snapshot"] = sum(same) / len(same)
-                rows.append(dict(preset=name, **row))
-            except torch.OutOfMemoryError:
-                rows.append(dict(preset=name, strategy=shown, batch=batch, error="OOM"))
-            except Exception as err:  # noqa: BLE001 - record, go on
-                errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-        del model
+    # batch by batch, so that a run stopped by the time budget has every preset's small batches
+    plan = []
+    for batch in batches:
+        for name in presets:
+            plan += [(name, s, batch, None) for s in strategies]
+            if (
+                recurrent is not None
+                and "G" in built[name].cfg.pattern
+                and "snapshot" in strategies
+            ):
+                plan.append((name, "snapshot", batch, recurrent))
+    start, greedy = time.perf_counter(), {}  # (preset, strategy, batch) -> greedy tokens
+    for name, strategy, batch, peer in plan:
+        shown = "fla snapshot" if peer else strategy
+        label = f"{name} {shown} b={batch}"
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            rows.append(dict(preset=name, strategy=shown, batch=batch, error="time budget"))
+            continue
+        if progress:
+            print(f"  {label} ...", flush=True)
+        try:
+            row, ref = _one(built[name], strategy, batch, args, fla=peer)
+            greedy[name, row["strategy"], batch] = ref
+            theirs = greedy.get((name, "snapshot", batch))
+            if peer is not None and ref is not None and theirs is not None:
+                same = [float((a == b).float().mean()) for a, b in zip(ref, theirs)]
+                row["greedy_equal_snapshot"] = sum(same) / len(same)
+            rows.append(dict(preset=name, **row))
+        except torch.OutOfMemoryError:
+            rows.append(dict(preset=name, strategy=shown, batch=batch, error="OOM"))
+        except Exception as err:  # noqa: BLE001 - record, go on
+            errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    del built
     return dict(
         kind="engine-families",
         path=(
@@ -381,6 +395,7 @@ def run_families(
         errors=errors,
         fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
         fla_error=fla_error,
+        time_budget_s=time_budget_s,
         **args,
     )
 
@@ -401,7 +416,11 @@ def families_summary(result):
         f"{'preset':22s} {'strategy':13s} {'batch':>5s} {'decode tok/s':>13s} "
         f"{'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
     )
-    for r in result["rows"]:
+    order = {name: i for i, name in enumerate(result["models"])}
+    strategies = {s: i for i, s in enumerate((*STRATEGIES, "fla snapshot"))}
+    for r in sorted(
+        result["rows"], key=lambda r: (order[r["preset"]], strategies[r["strategy"]], r["batch"])
+    ):
         if "error" in r:
             lines.append(f"{r['preset']:22s} {r['strategy']:13s} {r['batch']:5d} {r['error']}")
             continue
