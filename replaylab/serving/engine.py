@@ -47,9 +47,8 @@ What is served where:
   ``kernels.mamba1``, ``kernels.replay``: a verify row computed as a single step at its
   position would be, ring logs, per-slot counts), and its folds on the grid from their
   ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
-  together, ``fold``). It reads host
-  values during a step (replay's fold plan, log appends), so for these layouts it is not
-  captured in CUDA graphs.
+  together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
+  so for these layouts it is not captured in CUDA graphs.
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
@@ -686,7 +685,7 @@ class DecodeEngine:
         ``inputs`` for T tokens per slot -> y. Each slot advances by its count (``_counts``);
         snapshot keeps the state after each token, replay computes y from checkpoint + log
         (the pool's Triton kernels for the whole bucket under ``use_kernels``, else the spec's
-        outputs slot by slot) and appends the counted tokens to the ring; every strategy keeps
+        outputs per log length) and appends the counted tokens to the ring; every strategy keeps
         the window after each token (a rollback picks one)."""
         pool = self.ssm[layer]
         spec, window = pool.spec, pool.conv[:bucket]
