@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from replaylab.bench.cli import main
-from replaylab.bench.families import PRESETS, families_summary, run_families
+from replaylab.bench.families import PRESETS, families_summary, ratios, run_families
 from replaylab.serving import STRATEGIES
 
 CUDA = torch.cuda.is_available()
@@ -105,3 +105,27 @@ def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
     assert fla["greedy_equal_snapshot"] == 1.0 and "speculative_tokens_per_s" not in fla
     assert calls == [2] * (4 - 1 + 2)  # 3 greedy steps, then 2 timed (prefill: the spec's)
     assert "greedy tokens = snapshot's: 100%" in families_summary(result)[-1]
+
+
+def test_the_ratios_are_the_targets_of_the_issue():
+    """replay / snapshot and replay / fla snapshot decode, and replay's speculation over the
+    best plain decode of any strategy, per preset and batch (by hand)."""
+    row = lambda s, b, d, spec=None: dict(  # noqa: E731
+        preset="p", strategy=s, batch=b, decode_tokens_per_s=d,
+        **({} if spec is None else {"speculative_tokens_per_s": spec}),
+    )  # fmt: skip
+    rows = [
+        row("snapshot", 8, 100.0, 90.0),
+        row("recompute", 8, 125.0),
+        row("replay", 8, 120.0, 300.0),
+    ]
+    rows += [
+        row("fla snapshot", 8, 150.0),
+        dict(preset="p", strategy="replay", batch=32, error="OOM"),
+    ]
+    assert ratios(rows) == [
+        dict(preset="p", batch=8, replay_over_snapshot=1.2, replay_over_fla_snapshot=0.8,
+             replay_speculative_over_best_decode=2.0),
+        dict(preset="p", batch=32, replay_over_snapshot=None, replay_over_fla_snapshot=None,
+             replay_speculative_over_best_decode=None),
+    ]  # fmt: skip

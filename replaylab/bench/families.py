@@ -23,6 +23,8 @@ Per (preset, strategy, batch), every sequence at its own position (prompts of 8-
                   first round to the last (prefill excluded); the acceptance measured; and
                   whether every sequence's tokens equal its greedy tokens bit for bit
     OOM           recorded as the row's error; the batch is skipped
+Per (preset, batch), ``ratios``: replay's decode over snapshot's and over fla snapshot's, and
+replay's speculative tokens/s over the best plain decode (issue 23's engine targets).
 Rows run batch by batch across the presets (every preset's model held at once), so a run cut
 by ``time_budget_s`` (rows not started then carry the error "time budget") still has every
 preset's smaller batches.
@@ -391,6 +393,7 @@ def run_families(
         dtype=str(dtype),
         models=models,
         rows=rows,
+        ratios=ratios(rows),
         memory=memory,
         errors=errors,
         fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
@@ -398,6 +401,34 @@ def run_families(
         time_budget_s=time_budget_s,
         **args,
     )
+
+
+def ratios(rows):
+    """Per preset and batch, from the rows' medians: replay's decode over snapshot's and over
+    fla snapshot's, and replay's speculative tokens/s over the best plain decode of any
+    strategy (the issue's targets); None where a row is missing."""
+    found = {(r["preset"], r["strategy"], r["batch"]): r for r in rows if "error" not in r}
+    out = []
+    for preset, batch in dict.fromkeys((r["preset"], r["batch"]) for r in rows):
+        mine = {s: found.get((preset, s, batch)) for s in (*STRATEGIES, "fla snapshot")}
+        decode = {s: r["decode_tokens_per_s"] for s, r in mine.items() if r}
+        replay = mine["replay"] or {}
+
+        def over(value, other):
+            return value / other if value and other else None
+
+        out.append(
+            dict(
+                preset=preset,
+                batch=batch,
+                replay_over_snapshot=over(decode.get("replay"), decode.get("snapshot")),
+                replay_over_fla_snapshot=over(decode.get("replay"), decode.get("fla snapshot")),
+                replay_speculative_over_best_decode=over(
+                    replay.get("speculative_tokens_per_s"), max(decode.values(), default=None)
+                ),
+            )
+        )
+    return out
 
 
 def families_summary(result):
@@ -411,6 +442,14 @@ def families_summary(result):
     lines.extend(f"error: {e}" for e in result["errors"])
     if result.get("fla_error"):
         lines.append(f"fla: {result['fla_error']}")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    for q in result["ratios"]:
+        lines.append(
+            f"{q['preset']:22s} b={q['batch']:3d}: replay / snapshot decode "
+            f"{fmt(q['replay_over_snapshot'])}, replay / fla snapshot "
+            f"{fmt(q['replay_over_fla_snapshot'])}, replay speculative / best decode "
+            f"{fmt(q['replay_speculative_over_best_decode'])}"
+        )
     lines.append("")
     lines.append(
         f"{'preset':22s} {'strategy':13s} {'batch':>5s} {'decode tok/s':>13s} "
