@@ -120,14 +120,18 @@ def run_program(
     model=None,
     tol=2e-4,
     partial_rollbacks=False,
+    use_kernels=None,
+    teaching_model=None,
 ):
     """A random program of admit / step (per-slot T and counts) / rollback (per-slot keep) /
     retire, on the engine and on teaching caches, comparing every logit the engine returns
     (``model``: default the tiny NemotronH; its teaching twin is the same model on CPU).
     A rollback takes every live slot, once each took part in the last step; with
-    ``partial_rollbacks`` it takes the slots that did."""
+    ``partial_rollbacks`` it takes the slots that did. ``use_kernels``: default ``fused``;
+    ``teaching_model``: the oracle's model (default ``model``; its CPU twin when ``model`` is
+    on a GPU)."""
     rng = random.Random(seed)
-    teaching = MODEL if model is None else model
+    teaching = teaching_model or (MODEL if model is None else model)
     model = (engine_model() if fused else MODEL) if model is None else model
     vocab = model.cfg.vocab_size
     engine = DecodeEngine(
@@ -137,7 +141,7 @@ def run_program(
         strategy,
         log_length=L,
         max_verify=max_verify,
-        use_kernels=fused,
+        use_kernels=fused if use_kernels is None else use_kernels,
         fused=fused,
         matmul=FUSED_MATMUL if fused else None,
     )

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|stream|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final or suite}
 # the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
 # where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -45,6 +45,13 @@ case "$mode" in
     timeout 200 python3 -m replaylab.bench gdn-kernels --out "$OUT/bench_gdn_sweep.json" \
       --batches 128 --log-lens 16 --sweep 2>&1 | tail -12
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
+  families)  # the families' replay kernels in the engine: their tests, then the per-family
+    # engine bench (FAMILIES_ARGS: e.g. --presets qwen3.5-9b-layers --batches 8,128)
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_engine_family_kernels.py tests/test_bench_families.py"
+    { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_engine_family_tests.log" 2>&1
+    tail -4 "$OUT/gpu_engine_family_tests.log"
+    timeout 420 python3 -m replaylab.bench engine-families --out "$OUT/bench_engine_families.json" \
+      ${FAMILIES_ARGS:-} 2>&1 | tail -70 ;;
   stream)  # the suite's tests that failed last (SUITE_ARGS), then the request stream (STREAM_S)
     export OMP_NUM_THREADS=1
     cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 4 --dist loadfile ${SUITE_ARGS:-tests/test_engine.py}"

@@ -6,6 +6,7 @@ replaylab bench sweep
 replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
 replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
+replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,8,32,128,256]
 """
 
 from __future__ import annotations
@@ -135,6 +136,38 @@ def _engine(args):
     result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
     _write(result, args.out or "data/bench_engine.json")
     for line in engine_summary(result):
+        print(line)
+    return 0
+
+
+def _engine_families(args):
+    import torch
+
+    from replaylab.bench.families import PRESETS, families_summary, run_families
+    from replaylab.bench.provenance import provenance
+
+    if not torch.cuda.is_available() and set(args.presets) & set(PRESETS):
+        sys.exit(
+            "replaylab bench engine-families: the published-shape presets need a CUDA device; "
+            "on CPU use --presets tiny-gdn,tiny-mamba1,tiny-bamba (a smoke run)"
+        )
+    t0 = time.time()
+    result = run_families(
+        presets=args.presets,
+        strategies=args.strategies,
+        batches=args.batches,
+        n_new=args.n_new,
+        repeats=args.repeats,
+        n_spec=args.n_spec,
+        k=args.k,
+        acceptance=args.acceptance,
+        log_length=args.log_length,
+        fla=not args.no_fla,
+        time_budget_s=args.time_budget_s or None,
+    )
+    result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
+    _write(result, args.out or "data/bench_engine_families.json")
+    for line in families_summary(result):
         print(line)
     return 0
 
@@ -377,6 +410,39 @@ def add_bench_parser(subparsers):
     )
     e.add_argument("--no-baselines", action="store_true", help="skip transformers and mamba-ssm")
     e.set_defaults(run=_engine)
+    ef = sub.add_parser(
+        "engine-families",
+        help="the serving engine per family (Gated DeltaNet, Mamba-1, Mamba-2 + RoPE): decode, "
+        "speculation and pool bytes per strategy and batch (GPU; tiny-* presets on CPU)",
+    )
+    ef.add_argument(
+        "--presets",
+        type=lambda t: t.split(","),
+        default=["qwen3.5-9b-layers", "jamba-1.5-mini-layers", "bamba-9b-layers"],
+        help="comma-separated: qwen3.5-9b-layers, jamba-1.5-mini-layers, bamba-9b-layers "
+        "(GPU), tiny-gdn, tiny-mamba1, tiny-bamba (CPU smoke)",
+    )
+    ef.add_argument(
+        "--strategies",
+        type=lambda t: tuple(t.split(",")),
+        default=("snapshot", "recompute", "replay"),
+    )
+    ef.add_argument("--batches", type=_ints, default=[1, 8, 32, 128, 256])
+    ef.add_argument("--n-new", type=int, default=16, help="decode steps per timed run")
+    ef.add_argument("--repeats", type=int, default=3, help="timed decode runs (median)")
+    ef.add_argument("--n-spec", type=int, default=24, help="speculated tokens (0: skip)")
+    ef.add_argument("--k", type=int, default=4, help="drafts per speculative round")
+    ef.add_argument("--acceptance", type=float, default=0.8, help="per-sequence acceptance")
+    ef.add_argument("--log-length", type=int, default=16, help="replay's L")
+    ef.add_argument("--no-fla", action="store_true", help="skip the fla snapshot rows")
+    ef.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=240,
+        help="no new row after this many seconds of rows (0: no limit); rows run batch by "
+        "batch, so a stopped run has every preset's smaller batches",
+    )
+    ef.set_defaults(run=_engine_families)
     v = sub.add_parser(
         "serve", help="the serving engine: lossless speculation, ragged decode per strategy (GPU)"
     )
@@ -498,7 +564,7 @@ def add_bench_parser(subparsers):
     px.add_argument("--prefill-chunk", type=int, default=None, help="--ttft: prefill chunk")
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)
-    for p in (k, gk, s, d, e, v, ss, px):
+    for p in (k, gk, s, d, e, ef, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

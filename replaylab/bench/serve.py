@@ -61,7 +61,7 @@ def _prompts(batch, vocab, seed, low=8, high=40):
 def _admit_all(engine, prompts):
     for s in engine.slots:
         engine.retire(s)
-    return torch.stack([engine.admit(p.to(DEVICE))[1] for p in prompts])
+    return torch.stack([engine.admit(p.to(engine.device))[1] for p in prompts])
 
 
 def _greedy_ragged(engine, prompts, n_new):

@@ -39,11 +39,16 @@ What is served where:
   Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or gated attention with or without
   RoPE, relu2 or SwiGLU MLPs. It runs the teaching modules themselves: each recurrent mixer
   meets, in place of a cache, an adapter whose ``layer(l).advance(**inputs)`` does the pool
-  work through the layer's ``RecurrentSpec`` alone (``prepare`` over each slot's window, the
-  token-loop ``scan`` under snapshot / recompute, ``outputs`` from checkpoint + log and
-  ``fold`` on the grid under replay); attention runs its module's ``project`` and ``finish``
-  around ``kv.attend`` at each slot's own positions. It reads host values during a step
-  (replay's log lengths and fold plan), so for these layouts it is not captured in CUDA graphs.
+  work through the layer's ``RecurrentSpec`` (``prepare`` over each slot's window, the
+  token-loop ``scan`` under snapshot / recompute); attention runs its module's ``project`` and
+  ``finish`` around ``kv.attend`` at each slot's own positions. Under replay with
+  ``use_kernels`` (the default on a GPU) each recurrent layer's outputs come from its pool's
+  Triton kernels, one call per layer and step for the whole bucket (``kernels.gdn``,
+  ``kernels.mamba1``, ``kernels.replay``: a verify row computed as a single step at its
+  position would be, ring logs, per-slot counts), and its folds on the grid from their
+  ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
+  together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
+  so for these layouts it is not captured in CUDA graphs.
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
@@ -133,8 +138,10 @@ class DecodeEngine:
     "snapshot", "recompute" or "replay". log_length: replay's L (>= max_verify), or "auto":
     the L of lowest measured amortised decode cost at this batch
     (``results.measured_log_length``). max_verify: the most tokens one step may take
-    (k + 1). use_kernels: Mamba-2 replay folds through the Triton kernels (default: on a
-    GPU; other families fold by their spec). graphs: capture each (bucket, T) step in a CUDA
+    (k + 1). use_kernels: replay's steps and folds through each family's Triton kernels, for
+    the whole bucket at once (default: on a GPU; on CPU they run through Triton's
+    interpreter; the pools' logs then keep what the kernels read, so Mamba-1 and Gated
+    DeltaNet layers cannot seat a prefix cache). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
     (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
     for the tests). matmul (fused path): "row_invariant" (default; ``kernels.matmul.linear``:
@@ -145,6 +152,7 @@ class DecodeEngine:
     batch_invariant: the Mamba-2 replay kernels launch alike at every batch (default), so a
     slot's bits do not depend on which other slots share its steps; False: the launch tuned
     per batch (``kernels.replay.LAUNCH``), faster by up to 12% per replay step at batch 1-8.
+    (The Gated DeltaNet and Mamba-1 kernels keep their per-batch launch for now.)
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -225,9 +233,12 @@ class DecodeEngine:
                 self.dtype,
                 self.device,
                 self.fused,
+                self.use_kernels,
             )
             for l in cfg.recurrent_layers
         }
+        for pool in self.ssm.values() if self.batch_invariant else ():
+            pool.launch = pool.batch_invariant_launch()
         self._qkv_weight = {  # fused: one matrix product for q, k and v
             l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
             for l in (cfg.attn_layers if self.fused else ())
@@ -375,7 +386,17 @@ class DecodeEngine:
         at every multiple of it. ``record`` (a dict): filled with ``states`` {position:
         {layer: LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies;
         replay: the checkpoint, folded there) and, under replay, ``entries`` {layer: {field:
-        (1, T0 - start, ...)}}: every prefilled token's log entries."""
+        (1, T0 - start, ...)}}: every prefilled token's log entries (the spec's fields only:
+        refused for a Mamba-1 or Gated DeltaNet kernel log)."""
+        if record is not None:
+            for l, pool in self.ssm.items():
+                if pool.log and not pool.spec_log:
+                    raise ValueError(
+                        f"use_kernels: the prefix cache seats slots from the spec's log fields "
+                        f"{pool.spec.log_fields}, but layer {l}'s Triton replay log "
+                        f"({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
+                        f"use_kernels=False for a prefix cache"
+                    )
         T0, C = prompt.numel(), self.prefill_chunk
         if carried is None:
             carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
@@ -426,8 +447,10 @@ class DecodeEngine:
             result = spec.scan(pool.state[one], entries)
             pool.state[one] = result.state
         else:
-            result = spec.scan(carried[layer], entries)
+            before = carried[layer]
+            result = spec.scan(before, entries)
             carried[layer] = result.state
+            entries = pool.log_entries(entries, before)  # GDN kernels: u from the state before
             self._prefill_log(pool, slot, entries)
             if logged is not None:
                 logged[layer].append({k: entries[k].to(b.dtype) for k, b in pool.log.items()})
@@ -475,35 +498,17 @@ class DecodeEngine:
         out = attend(q, pool.k[one, :, :end], pool.v[one, :, :end], visible)
         return att.finish(out, gate)
 
-    def _kernel_fold(self, pool):
-        """Whether ``pool``'s folds run the replay kernels (Mamba-2 layers, use_kernels)."""
-        return self.use_kernels and pool.spec.family == "mamba2"
-
     def _fold_entries(self, pool, state, entries):
-        """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use."""
-        if not self._kernel_fold(pool):
+        """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use
+        (the pool's kernels under ``use_kernels``, else the spec's)."""
+        if not pool.kernels:
             return pool.spec.fold(state, entries)
-        from replaylab.kernels.replay import fold
-
         one = torch.zeros(1, dtype=torch.int32, device=self.device)
-        n = torch.full((1,), entries["x"].shape[1], dtype=torch.int32, device=self.device)
+        n = next(iter(entries.values())).shape[1]
         out = state.clone()
-        log = [entries[k].contiguous() for k in ("x", "dt", "B")]
-        return fold(
-            out, one, out, one, *log, n, pool.A, pool.dt_bias, True, pool.dt_limit,
-            **self._replay_launch("fold"),
-        )  # fmt: skip
-
-    def _replay_launch(self, kernel):
-        """The Mamba-2 replay kernels' launch: with ``batch_invariant`` one for every batch
-        (``kernels.replay.BATCH_INVARIANT``: a slot's bits do not depend on the batch it runs
-        in, nor on whether prefill or a decode step folds it), else tuned per batch."""
-        from replaylab.kernels.replay import BATCH_INVARIANT
-
-        if not self.batch_invariant:
-            return {}
-        block_p, num_warps = BATCH_INVARIANT[kernel]
-        return dict(block_p=block_p, num_warps=num_warps)
+        log = {k: t.contiguous() for k, t in entries.items()}
+        pool.fold(out, one, log, torch.full_like(one, n), one)
+        return out
 
     # --- one step ------------------------------------------------------------------------
     def _check_slots(self, slots, name="slots"):
@@ -696,27 +701,12 @@ class DecodeEngine:
     def _fold(self, bucket):
         """Fold L entries of each slot that ``_fold_len`` names into its checkpoint."""
         for pool in self.ssm.values():
-            if self._kernel_fold(pool):
-                from replaylab.kernels.replay import fold
-
-                rows = self._rows[:bucket]
-                fold(
-                    pool.state,
-                    rows,
-                    pool.state,
-                    rows,
-                    pool.log["x"][:bucket],
-                    pool.log["dt"][:bucket],
-                    pool.log["B"][:bucket],
-                    self._fold_len[:bucket],
-                    pool.A,
-                    pool.dt_bias,
-                    True,
-                    pool.dt_limit,
-                    check=False,
-                    log_head=self._head_pre[:bucket],
-                    **self._replay_launch("fold"),
-                )
+            if pool.kernels:  # every slot of the bucket in one launch; fold_len 0: untouched
+                log = {k: v[:bucket] for k, v in pool.log.items()}
+                pool.fold(
+                    pool.state, self._rows[:bucket], log, self._fold_len[:bucket],
+                    self._head_pre[:bucket],
+                )  # fmt: skip
                 continue
             for s, head in self._plan.items():
                 rows = (head + torch.arange(self.L, device=self.device)) % self.capacity
@@ -727,8 +717,9 @@ class DecodeEngine:
         """The reference path of recurrent layer ``layer`` for slots 0 .. bucket-1: its mixer's
         ``inputs`` for T tokens per slot -> y. Each slot advances by its count (``_counts``);
         snapshot keeps the state after each token, replay computes y from checkpoint + log
-        and appends the counted tokens to the ring; every strategy keeps the window after
-        each token (a rollback picks one)."""
+        (the pool's Triton kernels for the whole bucket under ``use_kernels``, else the spec's
+        outputs per log length) and appends the counted tokens to the ring; every strategy keeps
+        the window after each token (a rollback picks one)."""
         pool = self.ssm[layer]
         spec, window = pool.spec, pool.conv[:bucket]
         entries = spec.prepare(window, inputs)
@@ -741,6 +732,11 @@ class DecodeEngine:
             states = torch.cat([pool.state[:bucket, None], result.states], 1)
             pool.state[:bucket] = states[rows, counts]
             y = result.y
+        elif pool.kernels:
+            meta = (self._log_len, self._head, self._counts)
+            y = pool.replay(entries, self._rows[:bucket], *(m[:bucket] for m in meta))
+            others = [f for f in pool.log if f not in pool.kernel_fields]  # Mamba-2: xBC
+            self._append_log(pool, entries, others, bucket, T)
         else:
             y = self._replay_outputs(pool, bucket, T, entries)
         if window.shape[1]:
@@ -752,20 +748,37 @@ class DecodeEngine:
         return y
 
     def _replay_outputs(self, pool, bucket, T, entries):
-        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written),
-        slot by slot; appends each slot's counted tokens to its ring."""
-        ys, steps = [], torch.arange(T, device=self.device)
-        counted = self._counts[:bucket].tolist()
-        for s in range(bucket):
-            n, head = self.log_len[s], self.head[s]
-            old = (head + torch.arange(n, device=self.device)) % self.capacity
-            log = {k: v[s : s + 1, old] for k, v in pool.log.items()}
-            mine = {k: v[s : s + 1] for k, v in entries.items()}
-            ys.append(pool.spec.outputs(pool.state[s : s + 1], log, mine))
-            new = (head + n + steps[: counted[s]]) % self.capacity  # padding appends nothing
-            for k, buf in pool.log.items():
-                buf[s, new] = entries[k][s, : counted[s]].to(buf.dtype)
-        return torch.cat(ys)
+        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written), one
+        call per distinct log length among the slots (a lock-step batch: one call); appends
+        each slot's counted tokens to its ring."""
+        y, held = None, self.log_len[:bucket]
+        for n in sorted(set(held)):
+            group = [s for s in range(bucket) if held[s] == n]
+            rows = torch.tensor(group, device=self.device)
+            heads = torch.tensor([self.head[s] for s in group], device=self.device)
+            old = (heads[:, None] + torch.arange(n, device=self.device)) % self.capacity
+            log = {k: v[rows[:, None], old] for k, v in pool.log.items()}  # (group, n, ...)
+            mine = {k: v[rows] for k, v in entries.items()}
+            out = pool.spec.outputs(pool.state[rows], log, mine)
+            if y is None:
+                y = out.new_empty((bucket, *out.shape[1:]))
+            y[rows] = out
+        self._append_log(pool, entries, list(pool.log), bucket, T)
+        return y
+
+    def _append_log(self, pool, entries, fields, bucket, T):
+        """Append ``fields`` of each slot's counted tokens (``entries``: field -> (bucket, T,
+        ...)) to its ring after its ``_log_len`` entries, for the whole bucket at once;
+        padding and slots left out of the step (count 0) append nothing."""
+        if not fields:
+            return
+        steps = self._steps[:T]
+        keep = steps < self._counts[:bucket, None]  # (bucket, T)
+        rows = (self._head[:bucket, None] + self._log_len[:bucket, None] + steps) % self.capacity
+        slots = self._rows[:bucket, None].long().expand(bucket, T)[keep]
+        for k in fields:
+            buf = pool.log[k]
+            buf[slots, rows[keep]] = entries[k][keep].to(buf.dtype)
 
     def _write_kv(self, pool, k, v, bucket, T):
         """k, v (bucket, T, Hkv, Dh) into each slot's rows position .. position + T - 1."""
@@ -820,7 +833,6 @@ class DecodeEngine:
 
     def _mamba_fused(self, layer, h, bucket, T):
         from replaylab.kernels.decode import conv_step, gated_rmsnorm, state_update
-        from replaylab.kernels.replay import replay_step
 
         pool, c = self.ssm[layer], self.cfg
         mixer = pool.mixer
@@ -843,32 +855,10 @@ class DecodeEngine:
             counts=counts,
         )
         x, Bm, Cm = x.view(bucket, T, H, P), Bm.view(bucket, T, G, N), Cm.view(bucket, T, G, N)
-        if self.strategy == "replay":
-            y = replay_step(
-                pool.state,
-                self._rows[:bucket],
-                pool.log["x"],
-                pool.log["dt"],
-                pool.log["B"],
-                pool.log["C"],
-                self._log_len[:bucket],
-                x,
-                dt,
-                Bm,
-                Cm,
-                pool.A,
-                pool.D,
-                pool.dt_bias,
-                True,
-                pool.dt_limit,
-                append=True,
-                advance=False,
-                check=False,
-                kernel="exact",  # each verify row bit for bit a single step
-                log_head=self._head[:bucket],
-                append_count=counts,  # a slot's padding and slots left out append nothing
-                **self._replay_launch("replay_step"),
-            )
+        if self.strategy == "replay":  # kernels.replay, each verify row as a single step
+            new = dict(x=x, dt=dt, B=Bm, C=Cm)
+            y = pool.replay(new, self._rows[:bucket], self._log_len[:bucket], self._head[:bucket],
+                            counts)  # fmt: skip
         else:
             y = state_update(
                 pool.state,

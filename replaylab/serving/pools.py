@@ -14,9 +14,20 @@ Per recurrent layer (``RecurrentPool``: Mamba-2, Mamba-1, Gated DeltaNet, any la
                                               last step
     saved_state  (slots, *state_shape)        recompute: the state before the last verify
     saved_conv   (slots, K, C)                recompute: the window before it
-A Mamba-2 layer's pool (``Mamba2Pool``) also holds what the fused kernels read: its scan
-parameters processed once and its conv weights; on the fused path its log keeps x, dt, B, C
-only (the kernels keep the conv window in ``conv``, not in the log).
+Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
+batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
+appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
+keeps what they read:
+    Mamba-2 (``Mamba2Pool``, ``kernels.replay``)      the spec's fields (xBC, x, dt, B, C); on
+                                                      the fused path x, dt, B, C only (the fused
+                                                      conv keeps the window in ``conv``); also
+                                                      the conv weights the fused path reads
+    Mamba-1 (``Mamba1Pool``, ``kernels.mamba1``)      x, dt, B (bf16 / the activations' dtype)
+    Gated DeltaNet (``GDNPool``, ``kernels.gdn``)     k, the corrected update u = β(v − α Sᵀk)
+                                                      (fp32) and g = log α (fp32)
+Mamba-1's and Gated DeltaNet's kernel logs are not the spec's fields, so the spec cannot fold
+them (``spec_log``: whether a pool's log is the spec's); u depends on the state before each
+token, so a prefill computes it (``log_entries``: ``kernels.gdn.corrected_updates``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
@@ -27,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["RecurrentPool", "Mamba2Pool", "KVPool", "recurrent_pool"]
+__all__ = ["RecurrentPool", "Mamba2Pool", "Mamba1Pool", "GDNPool", "KVPool", "recurrent_pool"]
 
 
 class _Probe:
@@ -60,10 +71,24 @@ def log_entry_shapes(mixer, dtype, device):
 
 class RecurrentPool:
     """The pools of one recurrent layer under ``strategy`` (see the module docstring), built
-    from its mixer's ``state_spec`` alone."""
+    from its mixer's ``state_spec`` alone. ``fused``: the engine's fused path; ``kernels``:
+    replay through the family's Triton kernels (a family without them, this base class,
+    refuses ``kernels=True``)."""
 
-    def __init__(self, mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused):
+    serves_kernels = False  # whether the family's pool runs replay through Triton kernels
+    kernel_fields = ()  # the log fields the kernels append themselves
+
+    def __init__(
+        self, mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused, kernels=False
+    ):
         self.mixer, self.spec = mixer, mixer.state_spec
+        self.kernels = bool(kernels) and strategy == "replay"
+        self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
+        if self.kernels and not self.serves_kernels:
+            raise ValueError(
+                f"kernels: no Triton replay kernels for the {self.spec.family!r} family; "
+                f"use use_kernels=False"
+            )
         state_shape, conv_shape = tuple(self.spec.state_shape), tuple(self.spec.conv_shape)
         zeros = lambda *shape, dt=dtype: torch.zeros(shape, dtype=dt, device=device)  # noqa: E731
         self.state = zeros(slots, *state_shape, dt=torch.float32)
@@ -73,7 +98,7 @@ class RecurrentPool:
         if strategy == "replay":
             entries = log_entry_shapes(mixer, dtype, device)
             for field in self.logged_fields(fused):
-                shape, dt = entries[field]
+                shape, dt = self.entry_layout(entries, field)
                 self.log[field] = zeros(slots, log_capacity, *shape, dt=dt)
         elif strategy == "snapshot":
             self.draft_state = zeros(slots, max_verify, *state_shape, dt=torch.float32)
@@ -82,8 +107,47 @@ class RecurrentPool:
             self.saved_conv = zeros(slots, *conv_shape)
 
     def logged_fields(self, fused):
-        """The fields the log keeps: every field the spec logs."""
-        return self.spec.log_fields
+        """The fields the log keeps: the kernels' under ``kernels``, else every field the spec
+        logs."""
+        return self.kernel_fields if self.kernels else self.spec.log_fields
+
+    def _kernel_logs(self, batch):
+        """The kernels' log buffers of slots 0 .. batch-1, in ``kernel_fields`` order."""
+        return [self.log[k][:batch] for k in self.kernel_fields]
+
+    def entry_layout(self, entries, field):
+        """(shape, dtype) of one token's ``field``, from the probe's ``entries``."""
+        return entries[field]
+
+    @property
+    def spec_log(self):
+        """Whether the log keeps the spec's fields (so ``spec.fold`` and ``spec.outputs`` read
+        it, and a prefix cache can seat a slot from them)."""
+        return tuple(self.log) == tuple(self.spec.log_fields)
+
+    def log_entries(self, entries, state):
+        """What the log keeps of T tokens (field -> (batch, T, ...)), from their spec
+        ``entries`` and the state (batch, *state_shape) before them (a prefill's)."""
+        return entries
+
+    def batch_invariant_launch(self):
+        """kernel -> launch keywords that are the same at every batch, so a slot's bits do
+        not depend on the batch its step runs in ({}: the family's kernels have none yet)."""
+        return {}
+
+    def replay(self, entries, rows, log_len, head, counts):
+        """Outputs of the T new tokens of slots 0 .. batch-1 (``entries``: field -> (batch, T,
+        ...)) from checkpoint ``state[rows]`` and the ``log_len`` entries of each ring (from row
+        ``head``), no state written; appends each slot's first ``counts`` tokens of the
+        ``kernel_fields`` to its ring (the rest are padding). All (batch,) int32 on the device;
+        each verify row is computed as a single step at its position would be."""
+        raise NotImplementedError
+
+    def fold(self, states, rows, log, fold_len, head):
+        """states[rows[b]] <- the state after the first ``fold_len[b]`` entries of ``log``
+        (field -> (batch, capacity, ...), ring rows from ``head[b]``), in place, through the
+        kernels' fold."""
+        raise NotImplementedError
 
     def clear(self, slot):
         """Zero what a slot holds, so a new tenant starts from nothing of the last one."""
@@ -103,11 +167,14 @@ class RecurrentPool:
 
 
 class Mamba2Pool(RecurrentPool):
-    """A Mamba-2 layer's pools, and its scan parameters processed once for the fused kernels
+    """A Mamba-2 layer's pools, and its scan parameters processed once for the kernels
     (A = -exp(A_log), D, dt_bias in fp32; the engine serves frozen weights)."""
 
-    def __init__(self, mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused):
-        super().__init__(mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused)
+    serves_kernels = True
+    kernel_fields = ("x", "dt", "B", "C")
+
+    def __init__(self, mixer, *args):
+        super().__init__(mixer, *args)
         p = self.spec.params()
         self.A, self.D = p.A.detach().float(), p.D.detach().float()
         self.dt_bias, self.dt_limit = p.dt_bias.detach().float(), p.dt_limit
@@ -117,13 +184,132 @@ class Mamba2Pool(RecurrentPool):
     def logged_fields(self, fused):
         """x, dt, B, C for the fused kernels; the reference path keeps the conv inputs (xBC)
         too, as the teaching log does."""
-        return ("x", "dt", "B", "C") if fused else self.spec.log_fields
+        return self.kernel_fields if fused else self.spec.log_fields
+
+    def replay(self, entries, rows, log_len, head, counts):
+        from replaylab.kernels.replay import replay_step
+
+        return replay_step(
+            self.state,
+            rows,
+            *self._kernel_logs(rows.shape[0]),
+            log_len,
+            *(entries[k] for k in self.kernel_fields),
+            self.A,
+            self.D,
+            self.dt_bias,
+            True,
+            self.dt_limit,
+            append=True,
+            advance=False,
+            check=False,
+            kernel="exact",  # each verify row bit for bit a single step
+            log_head=head,
+            append_count=counts,  # a slot's padding and slots left out append nothing
+            **self.launch.get("replay_step", {}),
+        )
+
+    def fold(self, states, rows, log, fold_len, head):
+        from replaylab.kernels.replay import fold
+
+        logs = (log["x"], log["dt"], log["B"])
+        fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, True,
+             self.dt_limit, check=False, log_head=head, **self.launch.get("fold", {}))  # fmt: skip
+
+    def batch_invariant_launch(self):
+        from replaylab.kernels.replay import BATCH_INVARIANT
+
+        return {k: dict(block_p=p, num_warps=w) for k, (p, w) in BATCH_INVARIANT.items()}
+
+
+class Mamba1Pool(RecurrentPool):
+    """A Mamba-1 (Jamba) layer's pools; with kernels its log keeps x, dt, B (the conv window
+    lives in ``conv``; C of past tokens is never read again), and A = -exp(A_log) (D, N),
+    D and dt_bias are processed once in fp32."""
+
+    serves_kernels = True
+    kernel_fields = ("x", "dt", "B")
+
+    def __init__(self, mixer, *args):
+        super().__init__(mixer, *args)
+        p = self.spec.params()
+        self.A = p.A.detach().float().contiguous()
+        self.D, self.dt_bias = p.D.detach().float(), p.dt_bias.detach().float()
+
+    def replay(self, entries, rows, log_len, head, counts):
+        from replaylab.kernels.mamba1 import replay_step
+
+        return replay_step(
+            self.state,
+            rows,
+            *self._kernel_logs(rows.shape[0]),
+            log_len,
+            *(entries[k] for k in ("x", "dt", "B", "C")),
+            self.A,
+            self.D,
+            self.dt_bias,
+            log_head=head,
+            append_count=counts,
+            check=False,
+        )
+
+    def fold(self, states, rows, log, fold_len, head):
+        from replaylab.kernels.mamba1 import fold
+
+        logs = (log["x"], log["dt"], log["B"])
+        fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, log_head=head,
+             check=False)  # fmt: skip
+
+
+class GDNPool(RecurrentPool):
+    """A Gated DeltaNet (Qwen3-Next, Qwen3.5) layer's pools; with kernels its log keeps k, the
+    corrected update u (H, V) fp32 and g (H,) fp32 (``kernels.gdn``)."""
+
+    serves_kernels = True
+    kernel_fields = ("k", "u", "g")
+
+    def entry_layout(self, entries, field):
+        if field == "u":  # not a spec field: one value row per head, fp32
+            return tuple(self.spec.state_shape[::2]), torch.float32
+        return entries[field]
+
+    def log_entries(self, entries, state):
+        if not self.kernels:
+            return entries
+        from replaylab.kernels.gdn import corrected_updates
+
+        u, _ = corrected_updates(state, *(entries[k] for k in ("k", "v", "g", "beta")))
+        return dict(entries, u=u)
+
+    def replay(self, entries, rows, log_len, head, counts):
+        from replaylab.kernels.gdn import replay_step
+
+        return replay_step(
+            self.state,
+            rows,
+            *self._kernel_logs(rows.shape[0]),
+            log_len,
+            *(entries[k] for k in ("q", "k", "v", "g", "beta")),
+            log_head=head,
+            append_count=counts,
+            advance=False,
+            check=False,
+        )
+
+    def fold(self, states, rows, log, fold_len, head):
+        from replaylab.kernels.gdn import fold
+
+        logs = (log["k"], log["u"], log["g"])
+        fold(states, rows, states, rows, *logs, fold_len, log_head=head, check=False)
+
+
+_POOLS = {"mamba2": Mamba2Pool, "mamba1": Mamba1Pool, "gated_deltanet": GDNPool}
 
 
 def recurrent_pool(mixer, *args):
-    """The pool of ``mixer``'s layer: a ``Mamba2Pool`` for Mamba-2, else a ``RecurrentPool``."""
-    kind = Mamba2Pool if mixer.state_spec.family == "mamba2" else RecurrentPool
-    return kind(mixer, *args)
+    """The pool of ``mixer``'s layer: ``Mamba2Pool``, ``Mamba1Pool`` or ``GDNPool`` by its
+    spec's family, else a ``RecurrentPool``."""
+    return _POOLS.get(mixer.state_spec.family, RecurrentPool)(mixer, *args)
 
 
 class KVPool:

@@ -1,0 +1,482 @@
+"""The serving engine per recurrent family (GPU): a Qwen3.5-9B-class Gated DeltaNet stack, a
+Jamba-1.5-Mini-class Mamba-1 stack and a Bamba-9B-class Mamba-2 + RoPE stack, under snapshot,
+recompute and replay, batch by batch, in one run (``replaylab bench engine-families``).
+
+What runs: ``DecodeEngine``'s reference path, un-graphed (these layouts are not NemotronH's, so
+the fused kernels and CUDA graphs do not serve them: ``serving.engine.fused_reason``), with
+``use_kernels=True``: under replay each recurrent layer's decode and verify run its Triton
+replay kernels for the whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.replay``)
+and its folds their ``fold``; snapshot and recompute run the layer spec's PyTorch token loop
+(no kernel of ours exists for their state update), so replay against snapshot here is kernels
+against PyTorch operations as well as one strategy against another. For Gated DeltaNet the
+"fla snapshot" rows put fla's ``fused_recurrent_gated_delta_rule`` in the snapshot path's
+one-token state update (decode only: a verify needs every intermediate state, which fla's
+recurrent kernel does not return): the snapshot baseline a user of fla would get.
+
+Per (preset, strategy, batch), every sequence at its own position (prompts of 8-40 tokens):
+    decode        tokens/s of ``n_new`` greedy steps (step + argmax as a user calls it), timed
+                  between CUDA events, median of ``repeats``, after a warm-up (the ``n_spec``
+                  greedy tokens speculation is checked against); prefill excluded
+    speculative   tokens/s of ``speculate_batch`` (synthetic drafters following each
+                  sequence's own greedy tokens, right with probability ``acceptance``, every
+                  sequence accepting its own drafts, k drafts a round), wall clock from the
+                  first round to the last (prefill excluded); the acceptance measured; and
+                  whether every sequence's tokens equal its greedy tokens bit for bit
+    OOM           recorded as the row's error; the batch is skipped
+Per (preset, batch), ``ratios``: replay's decode over snapshot's and over fla snapshot's, and
+replay's speculative tokens/s over the best plain decode (issue 23's engine targets).
+Rows run batch by batch across the presets (every preset's model held at once), so a run cut
+by ``time_budget_s`` (rows not started then carry the error "time budget") still has every
+preset's smaller batches.
+Per (preset, strategy): the pools' bytes per slot (state, conv window, log or state copies, KV
+for ``concurrency_max_len`` tokens) and how many sequences those pools fit in
+``concurrency_gib`` GiB (weights and activations excluded).
+
+Presets keep the published layer shapes and four mixer blocks (three recurrent, one attention,
+each followed by an MLP block), random weights, bf16, a vocabulary of 32768 (not the published
+one: its head would dominate a four-layer stack). Sources per preset in ``PRESETS``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
+from replaylab.bench.timing import spread, sync
+from replaylab.decoding import SyntheticDrafter
+from replaylab.gated_deltanet import GDNConfig
+from replaylab.mamba1 import Mamba1Config
+from replaylab.model import HybridConfig, HybridLM
+from replaylab.scan import ScanResult
+from replaylab.serving import STRATEGIES, DecodeEngine
+
+__all__ = ["PRESETS", "run_families", "families_summary"]
+
+_STACK = dict(vocab_size=32768, hidden_size=4096, mlp="swiglu")
+
+PRESETS = {
+    "qwen3.5-9b-layers": dict(
+        family="Gated DeltaNet",
+        config=dict(
+            pattern="G-G-G-*-",
+            gdn=dict(k_heads=16, v_heads=32, k_head_dim=128, v_head_dim=128, d_conv=4),
+            attention="gated",
+            attn_heads=16,
+            kv_heads=4,
+            head_dim=256,
+            rotary_dim=64,
+            rope_theta=1.0e7,
+            intermediate_size=12288,
+            **_STACK,
+        ),
+        source="Qwen/Qwen3.5-9B model card (text model): hidden 4096, 32 layers as 8 x (3 x "
+        "Gated DeltaNet + 1 x gated attention), each with an FFN of 12288; Gated DeltaNet 16 "
+        "QK heads and 32 V heads of 128, conv 4; gated attention 16 Q / 4 KV heads of 256, "
+        "RoPE on 64 dims (theta 1e7). Here: 3 Gated DeltaNet + 1 attention (its 3:1 ratio)",
+    ),
+    "jamba-1.5-mini-layers": dict(
+        family="Mamba-1",
+        config=dict(
+            pattern="S-S-S-*-",
+            mamba1=dict(d_inner=8192, d_state=16, d_conv=4, dt_rank=256),
+            attn_heads=32,
+            kv_heads=8,
+            head_dim=128,
+            intermediate_size=14336,
+            **_STACK,
+        ),
+        source="ai21labs/AI21-Jamba-1.5-Mini config (replaylab.families.FAMILY_SHAPES): hidden "
+        "4096, Mamba-1 expand 2 (d_inner 8192), d_state 16, d_conv 4, dt_rank 256; attention "
+        "32 / 8 KV heads of 128, no RoPE; MLP 14336 (transformers' JambaConfig defaults). Here: "
+        "dense MLPs (its mixture-of-experts layers are not served) and 3 Mamba-1 + 1 attention "
+        "(Jamba's ratio is 7:1)",
+    ),
+    "bamba-9b-layers": dict(
+        family="Mamba-2",
+        config=dict(
+            pattern="M-M-M-*-",
+            ssm_heads=128,
+            ssm_head_dim=64,
+            d_state=128,
+            n_groups=1,
+            attn_heads=32,
+            kv_heads=8,
+            head_dim=128,
+            rotary_dim=64,
+            intermediate_size=14336,
+            **_STACK,
+        ),
+        source="ibm-ai-platform/Bamba-9B config (replaylab.shapes.PUBLISHED_SHAPES): hidden 4096, "
+        "Mamba-2 128 heads of 64, d_state 128, 1 group; attention 32 / 8 KV heads of 128 with "
+        "RoPE (64 of 128 dims assumed); MLP 14336 (expansion 3.5). Here: 3 Mamba-2 + 1 "
+        "attention (Bamba's ratio is 29:3)",
+    ),
+}
+
+_TINY = dict(vocab_size=64, hidden_size=32, attn_heads=2, kv_heads=1, head_dim=16)
+TINY_PRESETS = {  # CPU smoke tests: the same layouts at toy sizes (Triton's interpreter)
+    "tiny-gdn": dict(
+        family="Gated DeltaNet",
+        config=dict(
+            pattern="G*-",
+            gdn=dict(k_heads=1, v_heads=2, k_head_dim=8, v_head_dim=8),
+            attention="gated",
+            rotary_dim=8,
+            mlp="swiglu",
+            intermediate_size=64,
+            **_TINY,
+        ),
+        source="toy",
+    ),
+    "tiny-mamba1": dict(
+        family="Mamba-1",
+        config=dict(pattern="S*-", mamba1=dict(d_inner=32, d_state=4, dt_rank=4), **_TINY),
+        source="toy",
+    ),
+    "tiny-bamba": dict(
+        family="Mamba-2",
+        config=dict(
+            pattern="M*-",
+            ssm_heads=2,
+            ssm_head_dim=8,
+            d_state=8,
+            n_groups=1,
+            rotary_dim=8,
+            mlp="swiglu",
+            **_TINY,
+        ),
+        source="toy",
+    ),
+}
+
+
+def _preset(name):
+    known = {**PRESETS, **TINY_PRESETS}
+    if name not in known:
+        raise ValueError(f"preset: expected one of {sorted(known)}, got {name!r}")
+    cfg = dict(known[name]["config"])
+    for key, kind in (("gdn", GDNConfig), ("mamba1", Mamba1Config)):
+        if key in cfg:
+            cfg[key] = kind(**cfg[key])
+    return known[name], HybridConfig(**cfg)
+
+
+def _fla_recurrent():
+    """fla's ``fused_recurrent_gated_delta_rule``, or None and why it is missing."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as err:  # noqa: BLE001 - record why the peer is missing
+        return None, f"{type(err).__name__}: {err}"[:300]
+    return fused_recurrent_gated_delta_rule, None
+
+
+class _FlaDecodeScan:
+    """A Gated DeltaNet spec's ``scan`` with one-token calls (the snapshot path's decode
+    step) through fla's recurrent kernel: state in, outputs and state out; longer calls (a
+    prefill) go to the spec's own scan. Installed on the spec instance for the fla rows."""
+
+    def __init__(self, spec, recurrent):
+        self.own, self.recurrent = spec.scan, recurrent
+
+    def __call__(self, state, entries, return_states=False):
+        if entries["v"].shape[1] != 1:
+            return self.own(state, entries, return_states)
+        q, k, v, g, beta = (entries[f].contiguous() for f in ("q", "k", "v", "g", "beta"))
+        o, final = self.recurrent(
+            q=q, k=k, v=v, g=g, beta=beta, scale=1.0, initial_state=state,
+            output_final_state=True,
+        )  # fmt: skip
+        final = final.float()
+        return ScanResult(o, final, final[:, None] if return_states else None)
+
+
+def _decode_seconds(engine, tok, n_new):
+    """Seconds per greedy step over ``n_new`` steps (CUDA events on a GPU), and the last
+    tokens."""
+    cuda = engine.device.type == "cuda"
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+    else:
+        t0 = time.perf_counter()
+    for _ in range(n_new):
+        tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
+    if cuda:
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end) * 1e-3 / n_new, tok
+    return (time.perf_counter() - t0) / n_new, tok
+
+
+def _speculative(engine, prompts, ref, k, acceptance):
+    """Batched speculative decoding against the engine's own greedy tokens ``ref``."""
+    n_spec = ref[0].numel()
+    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    drafters = [
+        SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
+        for i, (p, r) in enumerate(zip(prompts, ref))
+    ]
+    sync(engine.device)
+    t0 = time.perf_counter()
+    tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
+    sync(engine.device)
+    seconds = time.perf_counter() - t0
+    parted = [i for i, (t, r) in enumerate(zip(tokens, ref)) if not torch.equal(t.cpu(), r)]
+    return dict(
+        speculative_tokens_per_s=len(prompts) * n_spec / seconds,
+        speculative_equal_greedy=not parted,
+        sequences_parted=len(parted),
+        measured_acceptance=sum(accepted) / max(1, sum(proposed)),
+    )
+
+
+def _one(model, strategy, batch, args, fla=None):
+    """One (strategy, batch) row and its greedy tokens (a list of (n_spec,), or None): greedy
+    decoding of ``n_spec`` tokens (the speculation's reference, and the warm-up: Triton
+    compiles, folds run), timed decode steps after it, then speculation from a fresh prefill
+    (not for the fla rows)."""
+    n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
+    max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
+    engine = DecodeEngine(
+        model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True
+    )
+    prompts = _prompts(batch, model.cfg.vocab_size, seed=7)
+    specs = [pool.spec for pool in engine.ssm.values()]
+    if fla is not None:
+        for spec in specs:
+            spec.scan = _FlaDecodeScan(spec, fla)
+    try:
+        ref = None
+        if n_spec:
+            ref, _ = _greedy_ragged(engine, prompts, n_spec)
+            tok = torch.stack([r[-1] for r in ref])[:, None].to(engine.device)
+        else:
+            tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+            _, tok = _decode_seconds(engine, tok, n_new)
+        runs = []
+        for _ in range(repeats):
+            seconds, tok = _decode_seconds(engine, tok, n_new)
+            runs.append(seconds)
+        row = dict(
+            strategy="fla snapshot" if fla is not None else strategy,
+            batch=batch,
+            seconds_per_step=spread(runs),
+            decode_tokens_per_s=batch / spread(runs)["median"],
+            log_length=engine.L,
+            folds=engine.stats.folds,
+        )
+        if fla is None and n_spec:
+            row.update(_speculative(engine, prompts, ref, k, args["acceptance"]))
+            row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
+        return row, ref
+    finally:
+        for spec in specs:
+            spec.__dict__.pop("scan", None)
+
+
+def _pool_bytes(model, strategy, max_len, k, log_length):
+    """Pool bytes one slot holds (state, window, log or copies, KV for max_len tokens)."""
+    engine = DecodeEngine(
+        model, 1, max_len, strategy, log_length, max_verify=k + 1, use_kernels=True
+    )
+    return engine.nbytes_per_slot()
+
+
+def run_families(
+    presets=tuple(PRESETS),
+    strategies=STRATEGIES,
+    batches=(1, 8, 32, 128, 256),
+    n_new=16,
+    repeats=3,
+    n_spec=24,
+    k=4,
+    acceptance=0.8,
+    log_length=16,
+    concurrency_gib=24,
+    concurrency_max_len=2048,
+    device=None,
+    fla=True,
+    progress=True,
+    time_budget_s=None,
+):
+    """Every row of the module docstring, for each preset, batch by batch (every preset's
+    model held at once). ``n_spec=0`` skips speculation; ``time_budget_s``: no new row starts
+    after that many seconds of rows (the rest are recorded as skipped);
+    ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
+    callable with fla's signature: that one, on any device), each with the fraction of its
+    greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them)."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    args = dict(
+        n_new=n_new, repeats=repeats, n_spec=n_spec, k=k, acceptance=acceptance,
+        log_length=log_length,
+    )  # fmt: skip
+    recurrent, fla_error = _fla_recurrent() if fla and device.type == "cuda" else (None, None)
+    if callable(fla):
+        recurrent, fla_error = fla, None
+    rows, memory, errors, models, built = [], [], [], {}, {}
+    for name in presets:  # every preset's model on the device first (2.1-2.5 GiB each)
+        info, cfg = _preset(name)
+        t0 = time.perf_counter()
+        built[name] = model = HybridLM(cfg, seed=0).to(device, dtype).eval()
+        models[name] = dict(
+            family=info["family"],
+            pattern=cfg.pattern,
+            source=info["source"],
+            weights_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+            build_seconds=round(time.perf_counter() - t0, 1),
+        )
+        for strategy in strategies:
+            per_slot = _pool_bytes(model, strategy, concurrency_max_len, k, log_length)
+            memory.append(
+                dict(
+                    preset=name,
+                    strategy=strategy,
+                    pool_bytes_per_slot=per_slot,
+                    max_len=concurrency_max_len,
+                    k=k,
+                    budget_gib=concurrency_gib,
+                    sequences_in_budget=int(concurrency_gib * 2**30 // per_slot),
+                )
+            )
+    # batch by batch, so that a run stopped by the time budget has every preset's small batches
+    plan = []
+    for batch in batches:
+        for name in presets:
+            plan += [(name, s, batch, None) for s in strategies]
+            if (
+                recurrent is not None
+                and "G" in built[name].cfg.pattern
+                and "snapshot" in strategies
+            ):
+                plan.append((name, "snapshot", batch, recurrent))
+    start, greedy = time.perf_counter(), {}  # (preset, strategy, batch) -> greedy tokens
+    for name, strategy, batch, peer in plan:
+        shown = "fla snapshot" if peer else strategy
+        label = f"{name} {shown} b={batch}"
+        if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
+            rows.append(dict(preset=name, strategy=shown, batch=batch, error="time budget"))
+            continue
+        if progress:
+            print(f"  {label} ...", flush=True)
+        try:
+            row, ref = _one(built[name], strategy, batch, args, fla=peer)
+            greedy[name, row["strategy"], batch] = ref
+            theirs = greedy.get((name, "snapshot", batch))
+            if peer is not None and ref is not None and theirs is not None:
+                same = [float((a == b).float().mean()) for a, b in zip(ref, theirs)]
+                row["greedy_equal_snapshot"] = sum(same) / len(same)
+            rows.append(dict(preset=name, **row))
+        except torch.OutOfMemoryError:
+            rows.append(dict(preset=name, strategy=shown, batch=batch, error="OOM"))
+        except Exception as err:  # noqa: BLE001 - record, go on
+            errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    del built
+    return dict(
+        kind="engine-families",
+        path=(
+            "DecodeEngine reference path, un-graphed (no CUDA graphs, no fused kernels: these "
+            "layouts are not NemotronH's), use_kernels=True: replay runs the Triton replay "
+            "kernels batched over the slots; snapshot and recompute run the spec's PyTorch "
+            "token loop; 'fla snapshot' runs fla's fused_recurrent_gated_delta_rule there"
+        ),
+        memory_note=(
+            f"pool bytes per slot (state, conv window, log or state copies, KV for "
+            f"{concurrency_max_len} tokens, verify of k + 1 = {k + 1}); sequences in "
+            f"{concurrency_gib} GiB of pools: weights and activations excluded"
+        ),
+        device=str(device),
+        dtype=str(dtype),
+        models=models,
+        rows=rows,
+        ratios=ratios(rows),
+        memory=memory,
+        errors=errors,
+        fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
+        fla_error=fla_error,
+        time_budget_s=time_budget_s,
+        **args,
+    )
+
+
+def ratios(rows):
+    """Per preset and batch, from the rows' medians: replay's decode over snapshot's and over
+    fla snapshot's, and replay's speculative tokens/s over the best plain decode of any
+    strategy (the issue's targets); None where a row is missing."""
+    found = {(r["preset"], r["strategy"], r["batch"]): r for r in rows if "error" not in r}
+    out = []
+    for preset, batch in dict.fromkeys((r["preset"], r["batch"]) for r in rows):
+        mine = {s: found.get((preset, s, batch)) for s in (*STRATEGIES, "fla snapshot")}
+        decode = {s: r["decode_tokens_per_s"] for s, r in mine.items() if r}
+        replay = mine["replay"] or {}
+
+        def over(value, other):
+            return value / other if value and other else None
+
+        out.append(
+            dict(
+                preset=preset,
+                batch=batch,
+                replay_over_snapshot=over(decode.get("replay"), decode.get("snapshot")),
+                replay_over_fla_snapshot=over(decode.get("replay"), decode.get("fla snapshot")),
+                replay_speculative_over_best_decode=over(
+                    replay.get("speculative_tokens_per_s"), max(decode.values(), default=None)
+                ),
+            )
+        )
+    return out
+
+
+def families_summary(result):
+    """Lines for the terminal, the short table last."""
+    lines = [result["path"], result["memory_note"]]
+    for m in result["memory"]:
+        lines.append(
+            f"{m['preset']:22s} {m['strategy']:10s} {m['pool_bytes_per_slot'] / 2**20:9.2f} MiB "
+            f"per slot: {m['sequences_in_budget']} sequences in {m['budget_gib']} GiB"
+        )
+    lines.extend(f"error: {e}" for e in result["errors"])
+    if result.get("fla_error"):
+        lines.append(f"fla: {result['fla_error']}")
+    fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
+    for q in result["ratios"]:
+        lines.append(
+            f"{q['preset']:22s} b={q['batch']:3d}: replay / snapshot decode "
+            f"{fmt(q['replay_over_snapshot'])}, replay / fla snapshot "
+            f"{fmt(q['replay_over_fla_snapshot'])}, replay speculative / best decode "
+            f"{fmt(q['replay_speculative_over_best_decode'])}"
+        )
+    lines.append("")
+    lines.append(
+        f"{'preset':22s} {'strategy':13s} {'batch':>5s} {'decode tok/s':>13s} "
+        f"{'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
+    )
+    order = {name: i for i, name in enumerate(result["models"])}
+    strategies = {s: i for i, s in enumerate((*STRATEGIES, "fla snapshot"))}
+    for r in sorted(
+        result["rows"], key=lambda r: (order[r["preset"]], strategies[r["strategy"]], r["batch"])
+    ):
+        if "error" in r:
+            lines.append(f"{r['preset']:22s} {r['strategy']:13s} {r['batch']:5d} {r['error']}")
+            continue
+        spec = r.get("speculative_tokens_per_s")
+        lines.append(
+            f"{r['preset']:22s} {r['strategy']:13s} {r['batch']:5d} "
+            f"{r['decode_tokens_per_s']:13.1f} "
+            + (
+                f"{spec:11.1f} {r['measured_acceptance']:5.2f} "
+                f"{str(r['speculative_equal_greedy']):>13s}"
+                if spec is not None
+                else f"{'-':>11s} {'-':>5s} {'-':>13s}"
+            )
+            + (
+                f"  (greedy tokens = snapshot's: {r['greedy_equal_snapshot']:.0%})"
+                if "greedy_equal_snapshot" in r
+                else ""
+            )
+        )
+    return lines

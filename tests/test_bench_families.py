@@ -1,0 +1,133 @@
+"""The per-family engine benchmark (``replaylab.bench.families``, ``bench engine-families``) as
+a CPU smoke run: a toy Gated DeltaNet stack through every strategy at two batches, the replay
+rows on the Triton kernels (interpreter), speculation equal to greedy, pool bytes per slot
+by hand, and the command's JSON with provenance. On a GPU machine it runs on the device (bf16)."""
+
+import json
+
+import pytest
+import torch
+
+from replaylab.bench.cli import main
+from replaylab.bench.families import PRESETS, families_summary, ratios, run_families
+from replaylab.serving import STRATEGIES
+
+CUDA = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_a_tiny_run_gives_every_row_and_the_table_last():
+    result = run_families(  # fla's kernels (where installed) are not for toy head sizes
+        presets=("tiny-gdn",), batches=(1, 2), n_new=2, repeats=1, n_spec=4, k=2, fla=False
+    )
+    assert result["device"] == ("cuda" if CUDA else "cpu")
+    assert result["errors"] == []
+    rows = {(r["strategy"], r["batch"]): r for r in result["rows"]}
+    assert set(rows) == {(s, b) for s in STRATEGIES for b in (1, 2)}
+    for r in rows.values():
+        assert r["decode_tokens_per_s"] > 0 and r["speculative_tokens_per_s"] > 0
+        assert r["speculative_equal_greedy"] and 0 < r["measured_acceptance"] <= 1
+    assert rows[("replay", 2)]["folds"] > 0  # 8-40 token prompts, L = 16
+    assert rows[("recompute", 2)]["reruns"] >= 0
+    # bytes per slot by hand (activations fp32 on CPU, bf16 on a GPU; state, u, g fp32): GDN
+    # H=2, Hk=1, K=V=8, conv 32 channels x 3 rows; a verify of k + 1 = 3; KV of one head of 16
+    # for 2048 + 3 rows; L = 16
+    act = 2 if CUDA else 4
+    state, window = 2 * 8 * 8 * 4, 3 * 32 * act
+    common = state + window + 3 * window + 2 * 2051 * 16 * act
+    want = dict(
+        snapshot=common + 3 * state,  # the state after each verified token
+        recompute=common + state + window,  # the state and window before a verify
+        replay=common + 16 * (8 * act + 2 * 8 * 4 + 2 * 4),  # log: k (1, 8), u (2, 8), g (2,)
+    )
+    for m in result["memory"]:
+        assert m["pool_bytes_per_slot"] == want[m["strategy"]], m
+        assert m["sequences_in_budget"] == 24 * 2**30 // want[m["strategy"]]
+    lines = families_summary(result)
+    assert lines[-7].split() == ["preset", "strategy", "batch", "decode", "tok/s", "spec", "tok/s",
+                                 "acc", "spec", "=", "greedy"]  # fmt: skip
+    assert "un-graphed" in lines[0] and "weights and activations excluded" in lines[1]
+
+
+def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp_path, capsys):
+    out = tmp_path / "families.json"
+    argv = ["engine-families", "--presets", "tiny-mamba1", "--strategies", "replay"]
+    argv += ["--batches", "1", "--n-new", "1", "--repeats", "1", "--n-spec", "0", "--no-fla"]
+    assert main([*argv, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["command"].startswith("replaylab bench engine-families --presets tiny-mamba1")
+    assert result["versions"]["torch"] == torch.__version__ and result["date"]
+    (row,) = result["rows"]
+    assert row["strategy"] == "replay" and "speculative_tokens_per_s" not in row
+    assert "replay" in capsys.readouterr().out.splitlines()[-1]
+    stopped = run_families(
+        presets=("tiny-mamba1", "tiny-bamba"), strategies=("replay",), batches=(1, 2),
+        time_budget_s=0,
+    )  # fmt: skip
+    assert [(r["preset"], r["batch"], r["error"]) for r in stopped["rows"]] == [
+        (p, b, "time budget") for b in (1, 2) for p in ("tiny-mamba1", "tiny-bamba")
+    ]  # batch by batch; the pool bytes are still there
+    assert len(stopped["memory"]) == 2 and "time budget" in families_summary(stopped)[-1]
+    with pytest.raises(ValueError, match=r"preset: expected one of \[.*'tiny-gdn'"):
+        run_families(presets=("nemotron",), device="cpu")
+    assert set(PRESETS) == {"qwen3.5-9b-layers", "jamba-1.5-mini-layers", "bamba-9b-layers"}
+    gdn = PRESETS["qwen3.5-9b-layers"]["config"]["gdn"]
+    assert (gdn["k_heads"], gdn["v_heads"], gdn["k_head_dim"], gdn["v_head_dim"]) == (
+        16, 32, 128, 128,
+    )  # fmt: skip
+
+
+def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
+    """The "fla snapshot" rows' plumbing, with a stand-in of fla's signature (the token
+    recurrence): every one-token state update goes through it, prefill does not, and its
+    greedy tokens equal the snapshot path's."""
+    from replaylab.scan import gdn_scan
+
+    calls = []
+
+    def recurrent(q, k, v, g, beta, scale, initial_state, output_final_state):
+        assert scale == 1.0 and output_final_state and q.shape[1] == 1 and q.is_contiguous()
+        calls.append(q.shape[0])
+        r = gdn_scan(q, k, v, g, beta, initial_state=initial_state)
+        return r.y, r.state
+
+    result = run_families(
+        presets=("tiny-gdn",), strategies=("snapshot",), batches=(2,), n_new=2, repeats=1,
+        n_spec=4, k=2, fla=recurrent,
+    )  # fmt: skip
+    plain, fla = result["rows"]
+    assert (plain["strategy"], fla["strategy"]) == ("snapshot", "fla snapshot")
+    assert fla["greedy_equal_snapshot"] == 1.0 and "speculative_tokens_per_s" not in fla
+    assert calls == [2] * (4 - 1 + 2)  # 3 greedy steps, then 2 timed (prefill: the spec's)
+    assert "greedy tokens = snapshot's: 100%" in families_summary(result)[-1]
+
+
+def test_the_ratios_are_the_targets_of_the_issue():
+    """replay / snapshot and replay / fla snapshot decode, and replay's speculation over the
+    best plain decode of any strategy, per preset and batch (by hand)."""
+    row = lambda s, b, d, spec=None: dict(  # noqa: E731
+        preset="p", strategy=s, batch=b, decode_tokens_per_s=d,
+        **({} if spec is None else {"speculative_tokens_per_s": spec}),
+    )  # fmt: skip
+    rows = [
+        row("snapshot", 8, 100.0, 90.0),
+        row("recompute", 8, 125.0),
+        row("replay", 8, 120.0, 300.0),
+    ]
+    rows += [
+        row("fla snapshot", 8, 150.0),
+        dict(preset="p", strategy="replay", batch=32, error="OOM"),
+    ]
+    assert ratios(rows) == [
+        dict(preset="p", batch=8, replay_over_snapshot=1.2, replay_over_fla_snapshot=0.8,
+             replay_speculative_over_best_decode=2.0),
+        dict(preset="p", batch=32, replay_over_snapshot=None, replay_over_fla_snapshot=None,
+             replay_speculative_over_best_decode=None),
+    ]  # fmt: skip

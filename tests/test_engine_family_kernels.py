@@ -1,0 +1,248 @@
+"""The serving engine's replay through the Triton kernels on its reference path
+(``use_kernels=True``: the default on a GPU; here through Triton's interpreter) for the layouts
+the fused path does not serve: Gated DeltaNet ("G", ``kernels.gdn``: the log holds k, the
+corrected update u and g), Mamba-1 ("S", ``kernels.mamba1``: x, dt, B) and Mamba-2 beside RoPE
+attention and SwiGLU (Bamba, ``kernels.replay``). Against the independent teaching cache: the
+same logits over folds and chunked prefill, and under ragged programs; a prefill leaves the
+checkpoint and log a token-by-token decode leaves; speculative decoding gives the engine's own
+greedy tokens bit for bit (k = 1 .. 4, per-sequence acceptance, across fold boundaries); one
+kernel call per layer and step for the whole bucket, never the per-slot loop.
+
+Tolerance: ``TOL`` of ``test_engine_families`` (1e-5, absolute and relative, on logits of
+0.1-0.5). The kernels compute the same fp32 recurrences in another order (Gated DeltaNet: the
+decayed sum over the logged updates u, where the teaching cache runs the backward query
+recursion over k, v, g, β; a prefill's u by the token recurrence); the largest difference
+measured here is 1.3e-7 (a few ulps), the same as the spec path's. The models' recurrent
+projections are scaled up so that the kernels' outputs matter: 1% of random relative error in
+them moves the logits by 8e-4 to 3e-3 (80-300 x TOL).
+
+Sizes are tiny on purpose: the interpreter runs about 0.1 s per kernel program, and a step
+launches (slots x heads) programs per layer and token. On a GPU machine the engine's models run
+on the device (the kernels compiled) and the teaching cache on their CPU twins."""
+
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+from test_engine import pools, run_program
+from test_engine_families import TOL, one_thread  # noqa: F401 - the fixture applies here too
+
+from replaylab.cache import CacheConfig
+from replaylab.decoding import SyntheticDrafter
+from replaylab.gated_deltanet import GDNConfig
+from replaylab.mamba1 import Mamba1Config
+from replaylab.model import HybridConfig, HybridLM
+from replaylab.serving import DecodeEngine
+from replaylab.serving.pools import recurrent_pool
+from replaylab.serving.prefix import EnginePrefixCache
+
+COMMON = dict(
+    vocab_size=50, hidden_size=32, attn_heads=2, kv_heads=1, head_dim=16, intermediate_size=64
+)
+
+
+def _model(kind, seed=11):
+    if kind == "gdn":  # Qwen3.5-like: one key head for two value heads, gated RoPE attention
+        cfg = HybridConfig(
+            pattern="G*-",
+            gdn=GDNConfig(k_heads=1, v_heads=2, k_head_dim=8, v_head_dim=6),
+            attention="gated",
+            rotary_dim=8,
+            mlp="swiglu",
+            **COMMON,
+        )
+    elif kind == "mamba1":  # Jamba-like: 40 channels, two blocks of 32 (the second masked)
+        cfg = HybridConfig(
+            pattern="S*-", mamba1=Mamba1Config(d_inner=40, d_state=4, dt_rank=4), **COMMON
+        )
+    else:  # Bamba-like: Mamba-2 with RoPE attention and SwiGLU (the fused path lacks both)
+        cfg = HybridConfig(
+            pattern="M*-",
+            ssm_heads=2,
+            ssm_head_dim=8,
+            d_state=8,
+            n_groups=1,
+            rotary_dim=8,
+            mlp="swiglu",
+            **COMMON,
+        )
+    model = HybridLM(cfg, seed=seed).eval()
+    with torch.no_grad():  # recurrent scalars off their initial values, so they matter
+        gen = torch.Generator().manual_seed(seed)
+        for name, p in model.named_parameters():
+            if name.endswith(("dt_bias", "A_log", "D", "dt_proj.bias")):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+            if name.endswith("dt_proj.bias"):  # Jamba's Δ from 1e-3-1e-1 to about 0.2-1
+                p.add_(1.5)
+            if name.endswith(("mixer.out_proj.weight", "mixer.in_proj.weight")):
+                p.mul_(5.0)  # the recurrent outputs (and Jamba's gate) weigh in the logits
+    return model
+
+
+FAMILIES = ("gdn", "mamba1", "bamba")
+MODELS = {kind: _model(kind) for kind in FAMILIES}  # the teaching cache's, on CPU
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+ENGINE_MODELS = {kind: copy.deepcopy(m).to(DEVICE) for kind, m in MODELS.items()}
+
+
+def _prompts(lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 50, (n,), generator=gen) for n in lengths]
+
+
+def _engine(family, *args, **kw):
+    return DecodeEngine(ENGINE_MODELS[family], *args, use_kernels=True, **kw)
+
+
+def _batched_only(engine, monkeypatch):
+    """Count the pools' kernel calls (layer -> list of batch sizes) and fail on the per-slot
+    reference loop."""
+    calls = {}
+
+    def counted(layer, pool):
+        replay = pool.replay
+
+        def wrapped(entries, rows, *meta):
+            calls.setdefault(layer, []).append(rows.shape[0])
+            return replay(entries, rows, *meta)
+
+        return wrapped
+
+    for layer, pool in engine.ssm.items():
+        assert pool.kernels and set(pool.log) >= set(pool.kernel_fields)
+        monkeypatch.setattr(pool, "replay", counted(layer, pool))
+
+    def per_slot(*args):
+        raise AssertionError("the per-slot reference loop ran under use_kernels=True")
+
+    monkeypatch.setattr(engine, "_replay_outputs", per_slot)
+    return calls
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernel_replay_gives_the_teaching_logits_in_one_call_per_layer(family, monkeypatch):
+    """Two sequences at their own positions, prompts prefilled in chunks of 3 past a fold of
+    L = 4, then greedy steps past more folds: every logit is the teaching cache's, and each
+    step makes one kernel call per recurrent layer for the whole bucket."""
+    model = MODELS[family]
+    engine = _engine(family, 2, 24, "replay", log_length=4, max_verify=3, prefill_chunk=3)
+    calls = _batched_only(engine, monkeypatch)
+    prompts = _prompts((7, 4))
+    caches, want = [], []
+    with torch.no_grad():
+        for p in prompts:
+            caches.append(CacheConfig("replay", log_length=4).build(model, 1))
+            want.append(model(p[None], caches[-1])[0, -1])
+    got, worst = torch.stack([engine.admit(p)[1] for p in prompts]).cpu(), 0.0
+    n_steps = 5
+    for i in range(n_steps + 1):
+        torch.testing.assert_close(got, torch.stack(want), atol=TOL, rtol=TOL)
+        worst = max(worst, float((got - torch.stack(want)).abs().max()))
+        if i == n_steps:
+            break
+        tokens = torch.stack(want).argmax(-1)
+        got = engine.step(tokens[:, None])[:, 0].cpu()
+        with torch.no_grad():
+            want = [model(t.view(1, 1), c)[0, -1] for t, c in zip(tokens, caches)]
+    assert calls == {l: [2] * n_steps for l in engine.ssm}  # bucket 2: one call per step
+    assert engine.stats.folds >= 3 and worst < TOL
+    assert [engine.pos[s] - engine.log_len[s] for s in engine.slots] == [8, 8]  # 12, 9 held
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_prefill_leaves_the_checkpoint_and_log_of_a_token_by_token_decode(family):
+    """Prefilled in chunks (Gated DeltaNet: the corrected updates from the state before the
+    prompt), a prompt leaves the checkpoint, the log ring, its length and head and the conv
+    window that decoding it token by token through the kernels leaves."""
+    prompt = _prompts((7,), seed=4)[0]
+    filled = _engine(family, 1, 16, "replay", log_length=4, max_verify=2, prefill_chunk=3)
+    stepped = _engine(family, 1, 16, "replay", log_length=4, max_verify=2)
+    filled.admit(prompt)
+    stepped.admit(prompt[:1])
+    for t in prompt[1:]:
+        stepped.step(t.view(1, 1))
+    assert (filled.log_len, filled.head) == (stepped.log_len, stepped.head) == ([3], [0])
+    pairs = []
+    for layer, pool in filled.ssm.items():
+        other = stepped.ssm[layer]
+        pairs += [("state", pool.state, other.state), ("conv", pool.conv, other.conv)]
+        pairs += [(f, buf[:, :3], other.log[f][:, :3]) for f, buf in pool.log.items()]  # live
+    for name, got, want in pairs:  # to TOL of each tensor's own scale (Mamba-2's state: 1e-4)
+        scale = float(want.abs().max())
+        assert scale > 0, name  # the checkpoint at 4 and the entries hold something
+        worst = float((got.float() - want.float()).abs().max())
+        assert worst <= TOL * scale, (name, worst, scale)
+
+
+@pytest.mark.parametrize("family", ("gdn", "mamba1"))
+def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
+    """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each
+    sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5: each gives its
+    greedy tokens bit for bit."""
+    n = 8
+    engine = _engine(family, 2, 32, "replay", log_length=5, max_verify=5)
+    prompts = _prompts((6, 3), seed=1)
+    refs = [engine.greedy(p[None], n)[0].cpu() for p in prompts]
+    rollbacks = 0
+    for k in (1, 2, 3, 4):
+        for s in engine.slots:
+            engine.retire(s)
+        pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
+        drafters = [
+            SyntheticDrafter(torch.cat([p, r]), a, seed=10 * k + i)
+            for i, (p, r, a) in enumerate(zip(prompts, refs, (0.8, 0.4)))
+        ]
+        before = engine.stats.rollbacks
+        tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n, drafters, k=k)
+        for got, ref in zip(tokens, refs):
+            assert torch.equal(got.cpu(), ref), k
+        assert 0 < sum(accepted) <= sum(proposed)
+        rollbacks += engine.stats.rollbacks - before
+    assert rollbacks > 0 and engine.stats.folds > 0
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernel_ragged_programs_give_the_teaching_logits(family):
+    """Random admit / step (per-slot T and counts) / rollback (per-slot keep) / retire
+    programs (``test_engine.run_program``) with the kernels, against the teaching caches."""
+    engine, worst = run_program(
+        "replay",
+        fused=False,
+        use_kernels=True,
+        seed=3,
+        n_ops=14,
+        slots=2,
+        max_verify=3,
+        model=ENGINE_MODELS[family],
+        teaching_model=MODELS[family],
+        tol=TOL,
+        partial_rollbacks=True,
+    )
+    assert engine.stats.steps > 0 and engine.stats.folds > 0 and worst < TOL
+    assert all(p.kernels for p in engine.ssm.values())
+
+
+def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
+    """A prefix cache over a kernel log (which holds no spec fields to seat a slot from) is
+    refused naming the fix; a step across the fold grid is refused before any kernel runs;
+    kernels for a family that has none are refused naming it."""
+    engine = _engine("gdn", 2, 16, "replay", log_length=4)
+    assert tuple(engine.ssm[0].log) == ("k", "u", "g")
+    with pytest.raises(
+        ValueError, match=r"layer 0's Triton replay log \(gated_deltanet\) keeps \('k', 'u', 'g'\)"
+    ):
+        EnginePrefixCache(engine).admit(torch.tensor([1, 2, 3]))
+    assert engine.slots == []
+    slot, _ = engine.admit(torch.tensor([1, 2, 3]))
+    before = pools(engine)
+    with pytest.raises(ValueError, match=r"counts: slot 0 may take at most room=1 tokens"):
+        engine.step(torch.tensor([[1, 2]]))
+    after = pools(engine)
+    for k, v in before.items():
+        assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k
+    mamba2 = _engine("bamba", 1, 16, "replay", log_length=4)
+    assert tuple(mamba2.ssm[0].log) == mamba2.ssm[0].spec.log_fields  # served by a prefix cache
+    stub = SimpleNamespace(state_spec=SimpleNamespace(family="decay"))  # no kernels of its own
+    with pytest.raises(ValueError, match=r"kernels: no Triton replay kernels for the 'decay'"):
+        recurrent_pool(stub, 1, "replay", 4, 2, torch.float32, "cpu", False, True)
