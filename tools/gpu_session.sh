@@ -60,6 +60,25 @@ case "$mode" in
     unset OMP_NUM_THREADS
     timeout -s INT ${STREAM_S:-300} python3 -m replaylab.bench serve-stream --preset 8b-layers \
       --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:-} 2>&1 | tail -40 ;;
+  final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):
+    # the GPU tests of what changed, then the engine per family, time to first token with a
+    # prefix hit, and whether a slot's bits depend on its batch; each writes under $OUT
+    export OMP_NUM_THREADS=1
+    { stamp "pytest -n 8 --dist loadfile: the family engine, interleaved admission, TTFT and family bench smoke tests, the batch-invariance GPU test, the reruns of the Bamba, generate and notebook-11 tests"
+      timeout -s INT ${TESTS_S:-80} python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile \
+        tests/test_engine_family_kernels.py tests/test_engine_admission.py tests/test_prefix_ttft.py \
+        tests/test_bench_families.py tests/test_model.py tests/test_generate.py \
+        tests/test_decode_kernels.py tests/test_notebook_solutions.py \
+        -k "family or admission or ttft or bench_families or bamba or serving_engine or batch_it_runs_in or 11_beyond or Admission or interleav or chunks or scheduler"
+    } >"$OUT/gpu_tests_final.log" 2>&1
+    tail -6 "$OUT/gpu_tests_final.log"
+    unset OMP_NUM_THREADS
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
+    PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-120} python3 -m replaylab.bench \
+      engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -40
+    timeout -s INT ${TTFT_S:-75} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
+      --out "$OUT/bench_prefix_ttft_gpu.json" ${TTFT_ARGS:-} 2>&1 | tail -14
+    timeout -s INT ${INVARIANCE_S:-50} python3 tools/batch_invariance.py "$OUT/batch_invariance.json" 2>&1 | tail -8 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
