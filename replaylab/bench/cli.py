@@ -151,7 +151,7 @@ def _engine_families(args):
             "replaylab bench engine-families: the published-shape presets need a CUDA device; "
             "on CPU use --presets tiny-gdn,tiny-mamba1,tiny-bamba (a smoke run)"
         )
-    t0 = time.time()
+    t0, out = time.time(), args.out or "data/bench_engine_families.json"
     result = run_families(
         presets=args.presets,
         strategies=args.strategies,
@@ -164,9 +164,10 @@ def _engine_families(args):
         log_length=args.log_length,
         fla=not args.no_fla,
         time_budget_s=args.time_budget_s or None,
+        checkpoint=lambda partial: _write(dict(partial, **provenance(args.argv)), out),
     )
     result.update(provenance(args.argv), seconds=round(time.time() - t0, 1))
-    _write(result, args.out or "data/bench_engine_families.json")
+    _write(result, out)
     for line in families_summary(result):
         print(line)
     return 0

@@ -300,13 +300,16 @@ def run_families(
     fla=True,
     progress=True,
     time_budget_s=None,
+    checkpoint=None,
 ):
     """Every row of the module docstring, for each preset, batch by batch (every preset's
     model held at once). ``n_spec=0`` skips speculation; ``time_budget_s``: no new row starts
     after that many seconds of rows (the rest are recorded as skipped);
     ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
     callable with fla's signature: that one, on any device), each with the fraction of its
-    greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them)."""
+    greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them).
+    ``checkpoint``: called with the result so far after every row (the CLI writes it, so a
+    run cut short keeps the rows it finished)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(
@@ -352,6 +355,34 @@ def run_families(
                 and "snapshot" in strategies
             ):
                 plan.append((name, "snapshot", batch, recurrent))
+
+    def result():
+        return dict(
+            kind="engine-families",
+            path=(
+                "DecodeEngine reference path, un-graphed (no CUDA graphs, no fused kernels: these "
+                "layouts are not NemotronH's), use_kernels=True: replay runs the Triton replay "
+                "kernels batched over the slots; snapshot and recompute run the spec's PyTorch "
+                "token loop; 'fla snapshot' runs fla's fused_recurrent_gated_delta_rule there"
+            ),
+            memory_note=(
+                f"pool bytes per slot (state, conv window, log or state copies, KV for "
+                f"{concurrency_max_len} tokens, verify of k + 1 = {k + 1}); sequences in "
+                f"{concurrency_gib} GiB of pools: weights and activations excluded"
+            ),
+            device=str(device),
+            dtype=str(dtype),
+            models=models,
+            rows=rows,
+            ratios=ratios(rows),
+            memory=memory,
+            errors=errors,
+            fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
+            fla_error=fla_error,
+            time_budget_s=time_budget_s,
+            **args,
+        )
+
     start, greedy = time.perf_counter(), {}  # (preset, strategy, batch) -> greedy tokens
     for name, strategy, batch, peer in plan:
         shown = "fla snapshot" if peer else strategy
@@ -375,32 +406,10 @@ def run_families(
             errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if checkpoint is not None:
+            checkpoint(result())
     del built
-    return dict(
-        kind="engine-families",
-        path=(
-            "DecodeEngine reference path, un-graphed (no CUDA graphs, no fused kernels: these "
-            "layouts are not NemotronH's), use_kernels=True: replay runs the Triton replay "
-            "kernels batched over the slots; snapshot and recompute run the spec's PyTorch "
-            "token loop; 'fla snapshot' runs fla's fused_recurrent_gated_delta_rule there"
-        ),
-        memory_note=(
-            f"pool bytes per slot (state, conv window, log or state copies, KV for "
-            f"{concurrency_max_len} tokens, verify of k + 1 = {k + 1}); sequences in "
-            f"{concurrency_gib} GiB of pools: weights and activations excluded"
-        ),
-        device=str(device),
-        dtype=str(dtype),
-        models=models,
-        rows=rows,
-        ratios=ratios(rows),
-        memory=memory,
-        errors=errors,
-        fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
-        fla_error=fla_error,
-        time_budget_s=time_budget_s,
-        **args,
-    )
+    return result()
 
 
 def ratios(rows):
