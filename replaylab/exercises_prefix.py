@@ -14,6 +14,8 @@ Glossary (as in ``replaylab.prefix``):
     g          a grid position (a multiple of b); S_g the recurrent state after g tokens
     j          p - g: logged entries folded onto S_g to get the state at p (0 <= j <= b)
     x, dt, B   one Mamba-2 layer's logged scan inputs, (j, H, P), (j, H) raw, (j, G, N)
+    groups     the H heads fall into G groups of H / G contiguous heads: head h reads row
+               h // (H / G) of B and C (``repeat_interleave``, as ``scan.ssd_scan`` expands)
     Δ, a       Δ = clamp(softplus(dt + dt_bias), *dt_limit); a = exp(Δ A), one per head
 """
 
@@ -24,16 +26,18 @@ import random
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.exercises import _answer
 from replaylab.exercises_common import describe_exception, guarded, report
 from replaylab.prefix import PrefixCache, PrefixTree, _common, _Node
 from replaylab.scan import ssd_scan
 
 __all__ = [
+    "block_parts",
     "TokenTree",
     "check_prefix_lookup",
     "fold_case",
     "check_state_at",
+    "GROUPED_MODEL",
+    "grouped_model",
     "RESUME_SCENARIO",
     "resume_points",
     "check_resume_points",
@@ -42,6 +46,32 @@ __all__ = [
     "token_hit_rate",
     "check_align_zero_block",
 ]
+
+
+# --------------------------------------------------------------------------------------------
+# What a block holds
+
+
+def block_parts(model, block_size=16) -> dict:
+    """The parts of one full block a replay ``PrefixCache`` over ``model`` holds, in bytes,
+    measured from the node it builds for a prompt of ``block_size`` + 1 tokens: ``kv`` the
+    block's KV rows over every attention layer, ``state`` one recurrent layer's state + conv
+    window (what align also keeps at the block's end), ``entry`` one token's log entry of one
+    recurrent layer (replay only), ``recurrent`` the number of recurrent layers, and
+    ``state_per_entry`` = state / entry."""
+    prefix = _prefix_of_tokens(model, [0] * (block_size + 1), block_size)
+    node = prefix.root.children[0]
+    n = len(node.end_state)
+    state = sum(st.nbytes() for st in node.end_state.values()) // n
+    entry = sum(t.numel() * t.element_size() for f in node.log.values() for t in f.values())
+    kv = sum(t.numel() * t.element_size() for pair in node.kv.values() for t in pair)
+    return dict(
+        kv=kv,
+        state=state,
+        entry=entry // (n * block_size),
+        recurrent=n,
+        state_per_entry=state / (entry / (n * block_size)),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,17 +284,25 @@ def fold_case(model, tokens, block_size, layer=None):
     return _blocks(_prefix_of_tokens(model, tokens, block_size), layer), _params64(model, layer)
 
 
-def _fold64(ckpt, log, j, params, raw_dt=False):
-    """The float64 oracle: ``ssd_scan`` over the first j entries from ``ckpt``."""
+def _fold64(ckpt, log, j, params, raw_dt=False, bias=True, clamp=True, groups="contiguous"):
+    """The float64 oracle: ``ssd_scan`` over the first j entries from ``ckpt``. The other
+    arguments give a usual mistake's state instead, for the FAIL hints: ``raw_dt`` the logged
+    dt as the step, ``bias=False`` no dt_bias, ``clamp=False`` no dt_limit, ``groups="tiled"``
+    B and C expanded to the heads with ``repeat`` (head h reads group h % G) instead of
+    ``repeat_interleave`` (group h // (H / G))."""
+    B, C = log["B"][None, :j], log["C"][None, :j]
+    if groups == "tiled":
+        rep = log["x"].shape[1] // B.shape[2]
+        B, C = B.repeat(1, 1, rep, 1), C.repeat(1, 1, rep, 1)
     return ssd_scan(
         log["x"][None, :j],
         log["dt"][None, :j],
         params.A,
-        log["B"][None, :j],
-        log["C"][None, :j],
-        dt_bias=None if raw_dt else params.dt_bias,
+        B,
+        C,
+        dt_bias=None if raw_dt or not bias else params.dt_bias,
         dt_softplus=not raw_dt,
-        dt_limit=(0.0, float("inf")) if raw_dt else params.dt_limit,
+        dt_limit=params.dt_limit if clamp and not raw_dt else (0.0, float("inf")),
         initial_state=ckpt[None],
         compute_dtype=torch.float64,
     ).state[0]
@@ -313,17 +351,48 @@ def _fold_hint(fn, ckpt, log, g, p, params, got):
                 f"fold(S_g, log[:p - g]) with p - g = {j} entries (entry i of the log is token "
                 "g + i; p = g folds none)"
             )
-    if _close(got, _fold64(ckpt, log, j, params, raw_dt=True)):
-        return (
-            "you used the logged dt as the step: the log holds the raw dt, and the layer's step "
-            "is Δ = clamp(softplus(dt + dt_bias), *dt_limit)"
-        )
+    H, G = log["x"].shape[1], log["B"].shape[1]
+    mistakes = (  # (the mistake's state, what it points at), tried in turn
+        (
+            dict(raw_dt=True),
+            "you used the logged dt as the step: the log holds the raw dt, and the layer's "
+            "step is Δ = clamp(softplus(dt + dt_bias), *dt_limit)",
+        ),
+        (
+            dict(bias=False),
+            "Δ lacks the bias: the log holds the raw dt, and the layer's step is "
+            "Δ = clamp(softplus(dt + dt_bias), *dt_limit), with params.dt_bias (one per head)",
+        ),
+        (
+            dict(clamp=False),
+            f"Δ is not clamped: the layer's step is Δ = clamp(softplus(dt + dt_bias), "
+            f"*dt_limit), dt_limit = {tuple(params.dt_limit)}",
+        ),
+        (
+            dict(groups="tiled"),
+            f"B (or C) reaches the wrong heads: the H={H} heads fall into G={G} groups of "
+            f"{H // max(G, 1)} contiguous heads, head h reading group h // (H / G) "
+            "(B.repeat_interleave(H // G, dim=0) on (G, N)); repeat would tile them (head h "
+            "reading group h % G)",
+        ),
+    )
+    for kw, hint in mistakes:
+        if (kw.get("groups") != "tiled" or 1 < G < H) and _close(
+            got, _fold64(ckpt, log, j, params, **kw)
+        ):
+            return hint
     zero_x = dict(_clone_log(log), x=torch.zeros_like(log["x"]))
     own_ckpt = fn(ckpt.clone(), zero_x, g, p, params)  # the checkpoint's term alone
     own_writes = fn(torch.zeros_like(ckpt), _clone_log(log), g, p, params)  # the writes alone
     ckpt_ok = own_ckpt is not None and _close(own_ckpt, _fold64(ckpt, zero_x, j, params))
     writes_ok = own_writes is not None and _close(
         own_writes, _fold64(torch.zeros_like(ckpt), log, j, params)
+    )
+    writes = (
+        "token s's write Δ_s x_s B_s^T decays by the tokens after it up to p, prod over "
+        "s < u < p of a_u = exp(cs_(p-1) - cs_s) with cs the cumulative sum of Δ A from the "
+        "checkpoint (the last folded token's write is not decayed at all), not by a cumulative "
+        "decay from the block's start (exp(cs_s)); Δ = clamp(softplus(dt + dt_bias), *dt_limit)"
     )
     if writes_ok and not ckpt_ok and j == 0:
         return "at p = g nothing is folded: the state at p is the checkpoint S_g itself"
@@ -334,16 +403,14 @@ def _fold_hint(fn, ckpt, log, g, p, params, got):
             "from another origin or over another range (vLLM #23279: from the start of the "
             "kernel's chunk instead of the sequence's) gives this"
         )
+    if not writes_ok and not bool(ckpt.abs().max() > 0):
+        return f"the checkpoint is zero at g={g}, so the state is the writes alone: they are wrong: {writes}"
     if ckpt_ok and not writes_ok:
-        return (
-            "the checkpoint's term is right but the writes are wrong: token s's write "
-            "Δ_s x_s B_s^T decays by the tokens after it up to p, prod over s < u < p of a_u = "
-            "exp(cs_(p-1) - cs_s) with cs the cumulative sum of Δ A from the checkpoint, not by "
-            "a cumulative decay from the block's start (exp(cs_s))"
-        )
+        return f"the checkpoint's term is right but the writes are wrong: {writes}"
     return (
         "both terms are wrong: per token s = g, ..., p - 1: S <- a_s S + Δ_s x_s B_s^T, with "
-        "a_s = exp(Δ_s A) per head and B expanded from its G groups to the H heads"
+        "a_s = exp(Δ_s A) per head and B expanded from its G groups to the H heads "
+        "(repeat_interleave: contiguous heads share a group)"
     )
 
 
@@ -370,21 +437,25 @@ def _state_mismatch(fn, ckpt, log, g, p, params, got, where):
     return f"on {where}: {err}: {hint}"
 
 
-@guarded("state at p from checkpoint + log")
-def check_state_at(fn, model, prompts=3, seed=0) -> bool:
-    """Exercise (notebook 14): ``fn(checkpoint, log, g, p, params) -> (H, P, N)``, the state
-    after p tokens from the grid checkpoint S_g (float64 (H, P, N)) and the block's log
-    ({"x", "dt", "B", "C"}, entry i = token g + i), folding its first p - g entries. Compared
-    with ``ssd_scan`` in float64 and with a one-shot prefill's state at p, for ``prompts``
-    random prompts at block sizes 4, 8 and 16 in turn (every block; p = g, g + 1, the block's
-    end and a random p inside), in every recurrent layer of ``model``."""
-    name = "state at p from checkpoint + log"
-    rng = random.Random(seed)
-    g_ = torch.Generator().manual_seed(seed)
+GROUPED_MODEL = dict(ssm_heads=4, n_groups=2)  # the check's second model: G < H
+
+
+def grouped_model(model, seed=3):
+    """``model``'s configuration with fewer groups of B and C than heads (``GROUPED_MODEL``), so
+    that a wrong head-to-group mapping shows; random weights."""
+    from dataclasses import replace
+
+    from replaylab.model import HybridLM
+
+    return HybridLM(replace(model.cfg, **GROUPED_MODEL), seed=seed).eval()
+
+
+def _state_cases(fn, model, block_sizes, rng, g_, label):
+    """Run ``fn`` on every block of one random prompt per block size through ``model``:
+    (the FAIL message or None, positions checked, worst relative error against a prefill)."""
     recurrent = list(model.cache_spec().recurrent)
     n_cases, worst_prefill = 0, 0.0
-    for i in range(prompts):
-        b = (4, 8, 16)[i % 3]
+    for b in block_sizes:
         tokens = torch.randint(0, model.cfg.vocab_size, (rng.randint(3 * b, 5 * b),), generator=g_)
         tokens = tokens.tolist()
         prefix = _prefix_of_tokens(model, tokens, b)
@@ -396,28 +467,57 @@ def check_state_at(fn, model, prompts=3, seed=0) -> bool:
                 for layer in recurrent:
                     _, ckpt, log = blocks[layer][k]
                     params = _params64(model, layer)
-                    where = f"layer {layer}, block_size={b}, g={g}, p={p} (a log of {n} entries)"
+                    H, G = log["x"].shape[1], log["B"].shape[1]
+                    where = (
+                        f"{label} (H={H} heads, G={G} groups), layer {layer}, block_size={b}, "
+                        f"g={g}, p={p} (a log of {n} entries)"
+                    )
                     given_ckpt = ckpt.clone()
                     try:
                         got = fn(given_ckpt, _clone_log(log), g, p, params)
                     except NotImplementedError:
                         raise
                     except Exception as err:  # the learner's code raised on this case
-                        return report(name, False, f"on {where}: {describe_exception(err)}")
+                        return f"on {where}: {describe_exception(err)}", n_cases, worst_prefill
                     if got is None:
-                        return report(name, False, "not done yet (the function returned None)")
+                        return "not done yet (the function returned None)", n_cases, worst_prefill
                     if not torch.equal(given_ckpt, ckpt):
-                        return report(
-                            name,
-                            False,
+                        return (
                             f"on {where}: your function changed the checkpoint; the tree's "
                             "state is shared by every request that resumes from it (copy it)",
+                            n_cases,
+                            worst_prefill,
                         )
                     wrong = _state_mismatch(fn, ckpt, log, g, p, params, got, where)
                     if wrong:
-                        return report(name, False, wrong)
+                        return wrong, n_cases, worst_prefill
                     worst_prefill = max(worst_prefill, _relative(got, prefill[layer]))
                     n_cases += 1
+    return None, n_cases, worst_prefill
+
+
+@guarded("state at p from checkpoint + log")
+def check_state_at(fn, model, prompts=3, seed=0) -> bool:
+    """Exercise (notebook 14): ``fn(checkpoint, log, g, p, params) -> (H, P, N)``, the state
+    after p tokens from the grid checkpoint S_g (float64 (H, P, N)) and the block's log
+    ({"x", "dt", "B", "C"}, entry i = token g + i), folding its first p - g entries. Compared
+    with ``ssd_scan`` in float64 and with a one-shot prefill's state at p, for ``prompts``
+    random prompts at block sizes 4, 8 and 16 in turn (every block; p = g, g + 1, the block's
+    end and a random p inside), in every recurrent layer of ``model``; then one prompt at
+    block size 8 through ``grouped_model(model)``, whose heads share groups (G < H)."""
+    name = "state at p from checkpoint + log"
+    rng = random.Random(seed)
+    g_ = torch.Generator().manual_seed(seed)
+    runs = (
+        (model, [(4, 8, 16)[i % 3] for i in range(prompts)], "the notebook's model"),
+        (grouped_model(model), [8], "the grouped model"),
+    )
+    n_cases, worst_prefill = 0, 0.0
+    for m, block_sizes, label in runs:
+        wrong, n, worst = _state_cases(fn, m, block_sizes, rng, g_, label)
+        if wrong:
+            return report(name, False, wrong)
+        n_cases, worst_prefill = n_cases + n, max(worst_prefill, worst)
     if worst_prefill > 1e-5:
         return report(
             name,
@@ -428,8 +528,9 @@ def check_state_at(fn, model, prompts=3, seed=0) -> bool:
     return report(
         name,
         True,
-        f"{n_cases} positions (on the grid, at block ends, inside blocks) equal ssd_scan in "
-        f"float64 and a one-shot prefill's state (fp32, to a relative {worst_prefill:.0e})",
+        f"{n_cases} positions (on the grid, at block ends, inside blocks; G = H and G < H) "
+        f"equal ssd_scan in float64 and a one-shot prefill's state (fp32, to a relative "
+        f"{worst_prefill:.0e})",
     )
 
 
@@ -523,19 +624,27 @@ def check_align_zero_block(answer, model, workload="shared_system") -> bool:
     name = "smallest block where align saves nothing"
     if answer is None or answer is Ellipsis:
         return report(name, False, "no answer yet (replace None with your answer)")
+    if answer not in ALIGN_BLOCKS:
+        return report(name, False, f"{answer!r}: expected one of ALIGN_BLOCKS = {ALIGN_BLOCKS}")
     stream = make_workload(workload)
-    want, shared = None, 0
+    rate = {}
     for b in ALIGN_BLOCKS:
-        hits, _ = serve_stream(model, "snapshot", stream, b)
-        shared = max(h.matched for h in hits)
-        if token_hit_rate(hits) == 0:
-            want = b
+        rate[b] = token_hit_rate(serve_stream(model, "snapshot", stream, b)[0])
+        if rate[b] == 0:
             break
-    return _answer(
-        name,
-        answer,
-        want,
-        f"align resumes at the last grid position at or before the match, and no request "
-        f"here matches more than {shared} tokens of the earlier ones: the hit is zero from the "
-        "first block size whose first block is longer than every match",
-    )
+    want = next((b for b, r in rate.items() if r == 0), None)
+    if answer == want:
+        return report(name, True, f"{answer!r}")
+    if answer in rate and rate[answer] > 0:
+        hint = (
+            f"at block size {answer} align still saves tokens (token hit rate "
+            f"{rate[answer]:.3f}): some request's match reaches a grid position past 0. Compare "
+            "how far the matches in section 4's reports reach with the block size (align's "
+            "first grid position past 0)"
+        )
+    else:
+        hint = (
+            f"align saves nothing at block size {answer}, but it already saves nothing at a "
+            "smaller one of ALIGN_BLOCKS: the question asks for the smallest"
+        )
+    return report(name, False, f"{answer!r} - {hint}")

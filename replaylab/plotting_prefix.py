@@ -32,6 +32,7 @@ __all__ = [
     "hit_report_rows",
     "hit_rate_figure",
     "PrefixExplorer",
+    "budget_label",
     "BLOCK_SIZES",
     "BUDGETS_KB",
 ]
@@ -105,16 +106,44 @@ def _value(cell, key):
 
 
 def _bars(rates, strategies, key, scale=1.0):
-    """Per strategy: (y values over the workloads, texts: "refused" where refused)."""
-    out = {}
-    for s in strategies:
-        ys, texts = [], []
-        for row in rates.values():
+    """Per strategy: (y values over the workloads, texts). A refused strategy's bar is 0 and
+    reads "refused", once per workload: where several strategies are refused, only the first
+    bar carries the label (side by side they would overlap)."""
+    out = {s: ([], []) for s in strategies}
+    for row in rates.values():
+        labelled = False
+        for s in strategies:
             v = _value(row.get(s), key)
-            ys.append(0.0 if v is None else v * scale)
-            texts.append("refused" if v is None else "")
-        out[s] = (ys, texts)
+            out[s][0].append(0.0 if v is None else v * scale)
+            out[s][1].append("refused" if v is None and not labelled else "")
+            labelled = labelled or v is None
     return out
+
+
+REFUSED = "refused (budget < one block)"
+
+
+def _title(rates, strategies, block_size, kb) -> str:
+    """The explorer's title: the setting, each strategy's mean token hit rate over the
+    workloads, and the ideal's. A strategy whose budget the cache refused is named as refused:
+    a refusal is no hit rate, not a hit rate of 0."""
+    rates_by, refused = [], []
+    for s in strategies:
+        values = [_value(row.get(s), "hit_rate") for row in rates.values()]
+        if any(v is None for v in values):
+            refused.append(LABELS[s])
+        else:
+            rates_by.append(f"{LABELS[s]} {sum(values) / len(values):.2f}")
+    said = "mean hit rate " + ", ".join(rates_by) if rates_by else ""
+    if refused:
+        said += ("; " if said else "") + ", ".join(refused) + " " + REFUSED
+    ideal = sum(row["ideal"] for row in rates.values()) / len(rates)
+    return f"block size {block_size}, budget {budget_label(kb)}: {said}; ideal {ideal:.2f}"
+
+
+def budget_label(kb) -> str:
+    """A budget in kB as the explorer shows it: 0 is "no cap"."""
+    return f"{kb} kB" if kb else "no cap"
 
 
 def _budget_line(kb):
@@ -185,8 +214,9 @@ class PrefixExplorer(_Explorer):
     """Block size and byte budget -> token hit rate per workload and strategy (align against
     replay, beside the attention-only ideal) and bytes held, served live on ``model`` (the tiny
     hybrid: a few seconds per setting on a CPU, more for small blocks under a tight budget; each
-    setting is computed once and kept). ``known``: {(block_size, budget_kb): ``hit_rates``
-    output} already computed (e.g. the notebook's own run at the starting setting)."""
+    setting is computed once and kept). ``budget_kb``: the byte cap in kB, 0 for no cap.
+    ``known``: {(block_size, budget_kb): ``hit_rates`` output} already computed (e.g. the
+    notebook's own run at the starting setting)."""
 
     def __init__(
         self,
@@ -205,7 +235,7 @@ class PrefixExplorer(_Explorer):
         self.figure = go.FigureWidget(
             hit_rate_figure(first, budget_kb=budget_kb, strategies=self.strategies)
         )
-        options = [("no cap" if kb == 0 else f"{kb} kB", kb) for kb in budgets_kb]
+        options = [(budget_label(kb), kb) for kb in budgets_kb]
         super().__init__(
             {
                 "block_size": widgets.SelectionSlider(
@@ -247,10 +277,4 @@ class PrefixExplorer(_Explorer):
                 self.figure.data[i].y, self.figure.data[i].text = hit[s]
                 self.figure.data[n + i].y, self.figure.data[n + i].text = held[s]
             self.figure.layout.shapes = [_budget_line(kb)] if kb else []
-            mean = {s: sum(hit[s][0]) / len(rates) for s in self.strategies}  # refused: 0
-            ideal = sum(row["ideal"] for row in rates.values()) / len(rates)
-            said = ", ".join(f"{LABELS[s]} {mean[s]:.2f}" for s in self.strategies)
-            self.figure.layout.title = (
-                f"block size {b}, budget {f'{kb} kB' if kb else 'no cap'}: mean hit rate "
-                f"{said}; ideal {ideal:.2f}"
-            )
+            self.figure.layout.title = _title(rates, self.strategies, b, kb)

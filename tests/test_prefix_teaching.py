@@ -123,6 +123,17 @@ def test_prefix_explorer_controls_move_the_bars(tiny_model, monkeypatch):
     ex.controls["budget_kb"].value = 50  # under one replay block of 64 tokens
     assert ex.figure.data[0].text == ("refused",) and ex.figure.data[1].text == ("",)
     assert ex.figure.layout.shapes[0].y0 == 50
-    assert set(ex.results) == {(64, 0), (256, 0), (64, 50)}  # each setting computed once
+    title = ex.figure.layout.title.text
+    assert "mean hit rate align (snapshot) " in title
+    assert "; replay refused (budget < one block)" in title
+    ex.controls["block_size"].value = 512  # both refused: one label, no hit rate 0 in the title
+    title = ex.figure.layout.title.text
+    assert "replay, align (snapshot) refused (budget < one block)" in title
+    assert "mean hit rate" not in title and "0.00" not in title
+    assert ex.figure.data[0].text == ("refused",) and ex.figure.data[1].text == ("",)
+    assert ex.figure.data[2].text == ("refused",) and ex.figure.data[3].text == ("",)
+    ex.controls["budget_kb"].value = 0
+    assert "budget no cap" in ex.figure.layout.title.text and not ex.figure.layout.shapes
+    assert set(ex.results) == {(64, 0), (256, 0), (64, 50), (512, 50), (512, 0)}  # once each
     monkeypatch.setattr(plotting, "static_image", lambda fig, **kw: "<svg>prefix</svg>")
     assert ex._repr_mimebundle_()["image/svg+xml"] == "<svg>prefix</svg>"

@@ -522,6 +522,20 @@ def _fold_mistake(mistake):
             state = torch.exp(dt * params.A)[:, None, None] * state + write
         return state
 
+    def no_bias(checkpoint, log, g, p, params):  # Δ = clamp(softplus(dt)), dt_bias left out
+        return fold(checkpoint, log, g, p, params._replace(dt_bias=torch.zeros_like(params.A)))
+
+    def tiled_groups(checkpoint, log, g, p, params):  # head h reads group h % G, not h // (H/G)
+        A, _, dt_bias, (lo, hi) = params
+        H, G = log["x"].shape[1], log["B"].shape[1]
+        state = checkpoint.clone()
+        for i in range(p - g):
+            delta = torch.nn.functional.softplus(log["dt"][i] + dt_bias).clamp(lo, hi)
+            B = log["B"][i].repeat(H // G, 1)  # (G, N) -> (H, N), tiled
+            write = (delta[:, None] * log["x"][i])[:, :, None] * B[:, None, :]
+            state = torch.exp(delta * A)[:, None, None] * state + write
+        return state
+
     def in_place(checkpoint, log, g, p, params):  # the tree's state written into
         out = fold(checkpoint, log, g, p, params)
         checkpoint.copy_(out)
@@ -532,6 +546,8 @@ def _fold_mistake(mistake):
         one_too_many=one_too_many,
         decay_from_the_start=decay_from_the_start,
         raw_dt=raw_dt,
+        no_bias=no_bias,
+        tiled_groups=tiled_groups,
         in_place=in_place,
     )[mistake]
 
@@ -547,9 +563,19 @@ def test_state_at_wrong_answers(tiny_model, capsys):
     assert "(one entry too many)" in _out(capsys)
     assert not check(_fold_mistake("decay_from_the_start"), tiny_model)
     out = _out(capsys)
-    assert "g=0, p=1" in out and "the checkpoint's term is right but the writes are wrong" in out
+    assert "g=0, p=1" in out and "the checkpoint is zero at g=0" in out
+    assert "not by a cumulative decay from the block's start" in out
+    assert "checkpoint's term is right" not in out  # there is no checkpoint term at g = 0
     assert not check(_fold_mistake("raw_dt"), tiny_model)
     assert "the log holds the raw dt" in _out(capsys)
+    assert not check(_fold_mistake("no_bias"), tiny_model)
+    out = _out(capsys)
+    assert "g=0, p=1" in out and "Δ lacks the bias" in out and "dt_bias" in out
+    assert "decay" not in out  # the bias, not a decay, is what is missing
+    assert not check(_fold_mistake("tiled_groups"), tiny_model)  # right where G = H
+    out = _out(capsys)
+    assert "the grouped model (H=4 heads, G=2 groups)" in out
+    assert "groups of 2 contiguous heads" in out and "repeat_interleave" in out
     assert not check(_fold_mistake("in_place"), tiny_model)
     assert "your function changed the checkpoint" in _out(capsys)
 
@@ -586,8 +612,13 @@ def test_prefix_questions_wrong_answers(tiny_model, capsys):
     smaller = ALIGN_BLOCKS[ALIGN_BLOCKS.index(right) - 1]  # align still hits there
     assert not exercises_prefix.check_align_zero_block(smaller, tiny_model)
     out = _out(capsys)
-    assert f"{smaller} - align resumes at the last grid position" in out
-    assert "no request here matches more than" in out
+    assert f"{smaller} - at block size {smaller} align still saves tokens" in out
+    assert str(right) not in out.split(" - ", 1)[1]  # the hint does not give the answer
+    larger = ALIGN_BLOCKS[ALIGN_BLOCKS.index(right) + 1]  # zero there too, but not the smallest
+    assert not exercises_prefix.check_align_zero_block(larger, tiny_model)
+    assert "the question asks for the smallest" in _out(capsys)
+    assert not exercises_prefix.check_align_zero_block(300, tiny_model)  # not a choice
+    assert f"300: expected one of ALIGN_BLOCKS = {ALIGN_BLOCKS}" in _out(capsys)
 
 
 # ---------------------------------------------------------------- 06: the Triton puzzles

@@ -42,7 +42,7 @@ questions whose answers the library computes.
 
 ## Prerequisites
 Notebooks 02 (the selective scan), 05 (recompute vs replay: the fold) and 13 (serving: one
-byte budget). The library side is `replaylab.prefix` (issue 22).""",
+byte budget). The library side is `replaylab.prefix`.""",
     ),
     ("md", "## Setup"),
     (
@@ -53,12 +53,15 @@ import torch
 
 from replaylab import exercises_prefix as ex
 from replaylab.bench.prefix import WORKLOADS, workload
+from replaylab.bench.prefix_blocks import nemotron_ratios
 from replaylab.cache import HybridCache
 from replaylab.diagrams import prefix_grid_diagram
 from replaylab.exercises_prefix import (
     ALIGN_BLOCKS,
+    GROUPED_MODEL,
     RESUME_SCENARIO,
     TokenTree,
+    block_parts,
     fold_case,
     serve_stream,
     token_hit_rate,
@@ -94,8 +97,10 @@ decides where a later request can resume:
   tree can only hold copies saved at some positions, here the grid points $g$ (multiples of
   $b$); $S_g$ is the state after the first $g$ tokens. A match that ends at $m$ inside a block
   needs $S_m$, which nobody saved. **Align** (snapshot; vLLM's `mamba_cache_mode=align`) resumes
-  at the grid point $g \le m$ below it and computes $[g, m)$ again. **Recompute** restores a
-  checkpoint too and re-runs $[g, m)$ through the model.
+  at the grid point $g \le m$ below it and computes $[g, m)$ again. **Recompute** keeps its
+  checkpoints every `checkpoint_interval` tokens, a multiple of $b$ (by default $b$ itself:
+  then it holds the states align holds and resumes where align does, as in section 4),
+  restores the last one $c \le m$ and re-runs $[c, m)$ through the model.
 * **Replay** also holds, for every token, the layer's logged scan inputs (x, dt, B, C): then
   $S_m = \mathrm{fold}(S_g, \mathrm{log}[:m - g])$, at most one block of entries, no model run.
 
@@ -106,7 +111,10 @@ Drawn by `replaylab.diagrams`:""",
         "md",
         """What a full block costs the tree, per strategy, for this tiny model (KV rows of its one
 attention layer; the state and conv window of each Mamba-2 layer at the block's end; replay's
-log entries; measured by the cache on a probe block, `PrefixCache.block_bytes`):""",
+log entries; measured by the cache on a probe block, `PrefixCache.block_bytes`), and the parts
+(`block_parts`, from the node a replay cache builds) beside the same two per-layer sizes at
+Nemotron-H 8B's shapes (`replaylab.bench.prefix_blocks.nemotron_ratios`, from
+`replaylab.families` and `replaylab.shapes`: fp32 state, bf16 conv window and log):""",
     ),
     (
         "code",
@@ -116,14 +124,22 @@ kv = 2 * cfg.kv_heads * 16 * cfg.head_dim * 4  # K and V rows of 16 tokens, fp32
 print(f"KV rows of 16 tokens (all a transformer would hold): {kv:6,d} bytes")
 for strategy in PREFIX_STRATEGIES:
     block = PrefixCache(model, strategy, block_size=16, max_len=64).block_bytes
-    print(f"{strategy:9s} one full block of 16 tokens: {block:6,d} bytes")""",
+    print(f"{strategy:9s} one full block of 16 tokens: {block:6,d} bytes")
+parts, big = block_parts(model, 16), nemotron_ratios()
+print(f"per recurrent layer ({parts['recurrent']} here): state + conv window {parts['state']:,d} "
+      f"bytes, one token's log entry {parts['entry']:,d} bytes")
+print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']:,d} : "
+      f"{big['entry_bytes']:,d} bytes = {big['state_per_entry']:.1f} at {big['model']}'s shapes")""",
     ),
     (
         "md",
-        """Replay's block is the largest here: the tiny model's state is small ((H, P, N) = (3, 8, 8)),
-while a log entry carries x, dt, B, C and the raw conv inputs of one token. At real layer
-shapes the state is megabytes and an entry tens of kilobytes (notebook 05), and the order of
-the costs per position flips; a grid state every token would be the expensive choice there.
+        """Replay's block is the largest because it holds what align holds (the KV rows, one state
+and conv window per layer at the block's end) plus an entry per token and layer: $b$ entries
+per state. One entry (x, dt, B, C and the raw conv inputs of one token) is already cheaper than
+one state here, by the state : entry ratio printed above, and far cheaper at Nemotron-H 8B's
+shapes (the second ratio), where the state grows with $H \cdot P \cdot N$ and an entry only with
+$H \cdot P + G \cdot N$. So a grid state every token would be the expensive choice: replay keeps
+a state per block and an entry per token.
 
 ## 2. The lookup: a radix tree on a block grid
 
@@ -155,17 +171,21 @@ for query in ([1, 2, 3, 4, 5, 6, 0, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 
     ),
     (
         "md",
-        """The first query matches 7 tokens: the second block's node `[5, 6, 0, 0]` shares only its
-first three with the query, and a match may end inside a block (the KV rows, and under replay
-the log, are there for every token). The second runs to the end of the tail node `[9]` and
-stops: nothing was held after it.
+        """The library's `tree.lookup` returns the matched length and why the match stopped (the
+hit report's `match_stop`): "unique tokens" when no earlier prompt held the query's next token,
+which covers a stop at a tail node too (the prompt that left it ended there), and "end of
+prompt" when the whole query is held. The first query matches 7 tokens: the second block's node
+`[5, 6, 0, 0]` shares only its first three with the query, and a match may end inside a block
+(the KV rows, and under replay the log, are there for every token). The second runs to the end
+of the tail node `[9]` and stops: nothing was held after it.
 
 **Exercise 1.** Write the lookup: walk down from the root, at each node take the child whose
 tokens share the longest common prefix with the next $b$ tokens of the prompt, descend only
 through a block matched in full, and stop inside a block or at a tail node. Return the matched
-length $m$ and the node that holds token $m - 1$ (`None` when $m = 0$). The check compares you
-with the library's `PrefixTree` on fixed edge cases and several hundred random trees over small
-vocabularies (so prompts share prefixes by chance as well as by design).""",
+length $m$ and the node that holds token $m - 1$ (`None` when $m = 0$): a node, not the reason
+`tree.lookup` gives. The check compares you with the library's `PrefixTree` on fixed edge cases
+and several hundred random trees over small vocabularies (so prompts share prefixes by chance
+as well as by design).""",
     ),
     (
         "exercise:prefix_lookup",
@@ -185,8 +205,10 @@ vocabularies (so prompts share prefixes by chance as well as by design).""",
 
 Under replay the tree holds, per recurrent layer, the state $S_g$ at the end of each full block
 and the logged scan inputs of every token of the blocks. For one Mamba-2 layer (notebook 02;
-$A$ one negative number per head, $B_s$ shared by the heads of a group), with the raw logged
-step $dt_s$:
+$A$ one negative number per head; $B_s$ one row per group: the $H$ heads fall into $G$ groups
+of $H/G$ contiguous heads, head $h$ reading row $\lfloor h / (H/G) \rfloor$, which is what
+`B.repeat_interleave(H // G, dim=0)` expands (G, N) to (H, N); `repeat` would tile the rows,
+head $h$ reading row $h \bmod G$), with the raw logged step $dt_s$:
 
 $$\Delta_s = \mathrm{clamp}\big(\mathrm{softplus}(dt_s + b_{dt}),\ \Delta_{\min}, \Delta_{\max}\big),
 \qquad a_s = e^{\Delta_s A},\qquad S \leftarrow a_s S + \Delta_s\, x_s B_s^\top \quad (s = g, \dots, p-1),$$
@@ -215,7 +237,10 @@ blocks, params = fold_case(model, tokens, 8)
 for g, checkpoint, log in blocks:
     shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in log.items())
     print(f"g = {g:2d}: checkpoint {tuple(checkpoint.shape)}, log {shapes}")
-print("params:", {k: tuple(v.shape) if torch.is_tensor(v) else v for k, v in params._asdict().items()})""",
+print("params:", {k: tuple(v.shape) if torch.is_tensor(v) else v for k, v in params._asdict().items()})
+log0 = blocks[0][2]
+print(f"this model: H = {log0['x'].shape[1]} heads, G = {log0['B'].shape[1]} groups; the check's "
+      f"second model: H = {GROUPED_MODEL['ssm_heads']}, G = {GROUPED_MODEL['n_groups']}")""",
     ),
     (
         "md",
@@ -224,14 +249,16 @@ float64, leaving the checkpoint as it is (every request that resumes from this n
 The check compares you with `replaylab.scan.ssd_scan` in float64 and with the state a one-shot
 prefill of the first $p$ tokens leaves, at every block of random prompts (block sizes 4, 8 and
 16), for $p = g$, $p = g + 1$, $p$ at the block's end and a random $p$ inside, in both Mamba-2
-layers.""",
+layers; then the same on a second model, this one's configuration with heads that share groups
+(printed above), where a wrong head-to-group mapping shows.""",
     ),
     (
         "exercise:state_at",
         """def my_state_at(checkpoint, log, g, p, params):
     # checkpoint: (H, P, N) float64, the state S_g after the first g tokens (g on the grid)
     # log: {"x": (n, H, P), "dt": (n, H), "B": (n, G, N), "C": (n, G, N)} float64, the logged
-    #   scan inputs of the block's tokens g, ..., g + n - 1 (entry i is token g + i; dt is raw)
+    #   scan inputs of the block's tokens g, ..., g + n - 1 (entry i is token g + i; dt is raw;
+    #   head h reads row h // (H // G) of B and C)
     # g <= p <= g + n; params: A, D, dt_bias (H,) float64 and dt_limit (lo, hi)
     # return the state after the first p tokens, (H, P, N) float64
     raise NotImplementedError""",
@@ -242,7 +269,10 @@ layers.""",
         """That fold is what `PrefixCache` does when it seats a hit under replay: the state at the
 grid point, the first $j$ log entries of the block after it, and the KV rows up to the match. A
 second request that shares 21 tokens with a first one, $b = 8$: it resumes at 21 (the state at
-16 and 5 folded entries) and its logits are those of a cold prefill of the whole prompt:""",
+16 and 5 folded entries) and its logits are those of a cold prefill of the whole prompt. In its
+hit report `match_stop` says why the tree's match stopped at `matched`, `limited_by` why the
+strategy's resume stopped at `resumed_from`: the same reason, unless the strategy resumed below
+the match ("not on the grid"; "evicted" where replay's log of that block is gone):""",
     ),
     (
         "code",
@@ -317,11 +347,13 @@ for name, row in rates.items():
     (
         "md",
         """Reading it: replay resumes at the match on every request and reaches the ideal; align and
-recompute resume at the grid point below the match ("not on the grid"), and recompute re-runs
-the tokens between the grid point and the match through the model, so in hit rate (computed
-tokens) it is no better than align. The first request of each stream (and few_shot's first
-use of its second example set) matches nothing: "unique tokens". Replay pays for its hits in
-bytes: the tree holds its logs too.""",
+recompute resume at the grid point below the match ("not on the grid"): recompute runs with
+its default `checkpoint_interval`, the block size, so its checkpoints are align's grid points
+and it holds the same bytes. It re-runs the tokens between the grid point and the match
+through the model where align prefills them, so in hit rate (computed tokens) it is no better
+than align. The first request of each stream, and the first use of each example set or
+document, matches nothing: "unique tokens". Replay pays for its hits in bytes: the tree holds
+its logs too.""",
     ),
     ("code", "hit_rate_figure(rates, 'block size 64, no byte budget').show()"),
     (
@@ -330,8 +362,10 @@ bytes: the tree holds its logs too.""",
 is served, then one of `T` tokens that shares its first `shared` tokens; block size 64, and
 recompute keeps a checkpoint every `checkpoint_interval` tokens. For the second request, give
 `{strategy: (resumed_from, computed)}` for "replay", "snapshot" and "recompute", where
-computed counts every token run through the model (prefilled and re-run). Work it out from
-section 1; the check serves the two requests.""",
+`resumed_from` is the position whose held state the served cache starts from (for recompute
+the checkpoint it restores, not the match it re-runs to) and computed counts every token run
+through the model (prefilled and re-run). Work it out from section 1; the check serves the two
+requests.""",
     ),
     ("code", "# NBVAL_CHECK_OUTPUT\nprint(RESUME_SCENARIO)"),
     ("exercise:resume_points", "resume_answer = None  # {strategy: (resumed_from, computed)}"),
@@ -343,38 +377,42 @@ section 1; the check serves the two requests.""",
 Move the block size to see align lose its hits as blocks grow past the shared prefixes while
 replay keeps the ideal; move the budget (one cap on KV, states and logs, least recently used
 whole leaves evicted; under replay the logs of blocks that later blocks extend go first, so
-those blocks then serve align-style hits) to compare the two at equal bytes. A budget under
-one block is refused by the cache. Each setting serves the four workloads live (a few seconds;
-small blocks under a tight budget take longer, as evictions turn hits into misses):""",
+those blocks then serve align-style hits) to compare the two under the same cap ("no cap":
+none). A budget under one block is refused by the cache, and the title and bars say so. Each
+setting serves the four workloads live (a few seconds; small blocks under a tight budget take
+longer, as evictions turn hits into misses):""",
     ),
     (
         "code",
-        """explorer = PrefixExplorer(model, block_size=64, budget_kb=0, known={(64, 0): rates})
+        """# budget_kb=0: no cap (the setting of section 4's run, reused)
+explorer = PrefixExplorer(model, block_size=64, budget_kb=0, known={(64, 0): rates})
 explorer""",
     ),
     (
         "md",
-        """At equal bytes: block size 64 under a budget of 200 kB (what the explorer shows there),
-replay against align:""",
+        """Under the same cap: block size 64 and a budget of 200 kB (what the explorer shows
+there), replay against align, with what each tree holds after the stream and what it held with
+no cap (section 4's run):""",
     ),
     (
         "code",
         """# NBVAL_CHECK_OUTPUT
 capped = explorer.compute(64, 200)
 for name, row in capped.items():
-    print(f"{name:13s} replay {row['replay']['hit_rate']:.3f} "
-          f"({row['replay']['bytes_held'] / 1e3:5.1f} kB held), align {row['snapshot']['hit_rate']:.3f} "
-          f"({row['snapshot']['bytes_held'] / 1e3:5.1f} kB held), ideal {row['ideal']:.3f}")
+    held = {s: f"{row[s]['bytes_held'] / 1e3:5.1f} kB held, {rates[name][s]['bytes_held'] / 1e3:6.1f} uncapped"
+            for s in ("replay", "snapshot")}
+    print(f"{name:13s} replay {row['replay']['hit_rate']:.3f} ({held['replay']}), "
+          f"align {row['snapshot']['hit_rate']:.3f} ({held['snapshot']}), ideal {row['ideal']:.3f}")
     reasons = Counter(h.limited_by for h in row["replay"]["hits"])
     print(f"{'':13s} replay's requests stopped by: {dict(sorted(reasons.items()))}")""",
     ),
     (
         "md",
-        """At this cap align's whole tree fits and replay's does not. Replay then evicts first the
-logs of blocks that later blocks extend, and a match that ends inside such a block resumes on
-the grid, as align does (its report says "evicted": the log it needed is gone): where the
-streams' matches end there, the two meet; elsewhere replay keeps its lead, in fewer tokens
-computed for more bytes held.
+        """At this cap align's whole tree fits (it holds what it held uncapped) and replay's does
+not. Replay then evicts first the logs of blocks that later blocks extend, and a match that
+ends inside such a block resumes on the grid, as align does (its report says "evicted": the
+log it needed is gone): where the streams' matches end there, the two meet; elsewhere replay
+keeps its lead, in fewer tokens computed for more bytes held.
 
 **Question 2.** vLLM raises a hybrid's block size to hundreds of tokens (864 to 1648 in the
 reports of vLLM #26201, #45238 and #51250) so that one state fits a KV page. Of `ALIGN_BLOCKS`, what is
