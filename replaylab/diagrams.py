@@ -464,23 +464,28 @@ def _color(label, kind, stored):
     return COLORS["new"] if label[0] in "xdBC" else COLORS["token"]
 
 
-def _cells(fig, x0, y_top, kind, label, note, P, N, L, block, stored, cell=0.32):
-    """Draw one block's cells from (x0, y_top) down; return its height."""
+def _cells(fig, shapes, x0, y_top, kind, label, note, P, N, L, block, stored, cell=0.32):
+    """Draw one block's cells from (x0, y_top) down, appending them to ``shapes`` (the caller
+    adds them all in one call: one ``add_shape`` per cell takes seconds for a few hundred);
+    return its height."""
     rows, cols, real_r, real_c = _block_shape(kind, P, N, L, block)
     color = _color(label, kind, stored)
     for r in range(rows):
         for c in range(cols):
             real = r < real_r and c < real_c
             x, y = x0 + c * cell, y_top - (r + 1) * cell
-            _box(
-                fig,
-                x,
-                y,
-                x + cell * 0.92,
-                y + cell * 0.92,
-                color if real else COLORS["masked"],
-                opacity=0.8 if real else 1.0,
-                dash=None if real else "dot",
+            shapes.append(
+                dict(
+                    type="rect",
+                    x0=x,
+                    y0=y,
+                    x1=x + cell * 0.92,
+                    y1=y + cell * 0.92,
+                    fillcolor=color if real else COLORS["masked"],
+                    opacity=0.8 if real else 1.0,
+                    line=dict(color="#555555", width=1, dash=None if real else "dot"),
+                    layer="below",
+                )
             )
     shape = _KINDS[kind.split("+")[0]][0]
     _label(fig, x0 + cols * cell + 0.15, y_top - 0.5 * cell, f"<b>{label}</b> {shape}", 11, "left")
@@ -510,13 +515,13 @@ def puzzle_access_diagram(puzzle, P=4, N=8, L=5, block=(8, 8)) -> go.Figure:
     height = max(total, 4.0)
     fig = _canvas(spec["title"], 980, int(110 + 60 * height), [-0.3, 17.6], [-0.6, height + 0.4])
     y = height
-    ends = []
+    ends, cells = [], []
     for label, kind, note in blocks:
-        h = _cells(fig, 0.0, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
+        h = _cells(fig, cells, 0.0, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
         ends.append(y - h / 2)
         y -= h + gap
     for i, (label, kind, note) in enumerate(scalars):  # one row of per-token/per-head scalars
-        _cells(fig, 1.45 * i, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
+        _cells(fig, cells, 1.45 * i, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
     if scalars:
         ends.append(y - cell / 2)
     mid = height / 2
@@ -529,9 +534,10 @@ def puzzle_access_diagram(puzzle, P=4, N=8, L=5, block=(8, 8)) -> go.Figure:
     _label(fig, 11.9, mid + 1.1, "tl.store", 12)
     y = mid + 0.6
     for label, kind, note in spec["stores"]:
-        h = _cells(fig, 11.6, y, kind, label, note, P, N, L, block, stored=True, cell=cell)
+        h = _cells(fig, cells, 11.6, y, kind, label, note, P, N, L, block, stored=True, cell=cell)
         _arrow(fig, 11.05, mid, 11.55, y - h / 2, color="#555555")
         y -= h + gap
+    fig.update_layout(shapes=[*fig.layout.shapes, *cells])
     if puzzle == 1:
         _label(
             fig,
