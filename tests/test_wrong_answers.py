@@ -947,6 +947,13 @@ def test_a_passing_kernel_is_timed_only_where_there_is_a_gpu(tmp_path, capsys, m
     copy = _solution("06_replay_kernel", "puzzle_copy", tmp_path)["copy_kernel"]
     assert puzzles.check_copy_kernel(copy) and "µs per launch" in _out(capsys)
 
+    def fails(fn):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(triton.testing, "do_bench", fails)
+    assert puzzles.check_log_output_kernel(solution)  # a pass stays a pass
+    assert "time: not measured (" in _out(capsys)
+
 
 def test_the_timing_shape_is_the_sweeps_layer():
     from replaylab.bench.kernels import SHAPE
