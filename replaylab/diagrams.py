@@ -7,6 +7,8 @@ each where it is taught.
     verify_round_diagram    one speculative verify round: k drafts, j accepted, rollback (07)
     prefix_grid_diagram     a cached prefix on a block grid: KV per token, states on the grid,
                             replay's log after each state; where a second request resumes (14)
+    puzzle_access_diagram   one Triton puzzle's memory accesses: what program (b, h) loads,
+                            keeps in registers and stores, and how often (06)
 
 Glossary: t a token position; c the checkpoint position; S_c the recurrent state kept there;
 the log holds one entry of scan inputs (x, dt, B, C) per token after c, at most L of them; the
@@ -26,6 +28,7 @@ __all__ = [
     "replay_log_diagram",
     "verify_round_diagram",
     "prefix_grid_diagram",
+    "puzzle_access_diagram",
 ]
 
 COLORS = {
@@ -40,6 +43,8 @@ COLORS = {
     "token": "#c7c7c7",
     "new": "#ff7f0e",
     "text": "#333333",
+    "output": "#9467bd",
+    "masked": "#ffffff",
 }
 
 
@@ -367,4 +372,179 @@ def prefix_grid_diagram(block_size=4, blocks=3, matched=10, extra=3) -> go.Figur
     ]
     for i, text in enumerate(notes):
         _label(fig, -7.0, -0.6 - 0.75 * i, text, anchor="left", font=12)
+    return fig
+
+
+# one puzzle's blocks: (label, kind, note); kinds: "tile" (P, N), "vec_p" (P,), "vec_n" (N,),
+# "scalar", "log_p" (L, P), "log_n" (L, N), "log_1" (L,); a "+masked" tile is drawn as
+# (BLOCK_P, BLOCK_N) with the lanes past P and N masked off
+_S = ("S[b, h]", "tile", "read once")
+_TOKEN = [
+    ("x[b, h]", "vec_p", "x<sub>t</sub>"),
+    ("dt[b, h]", "scalar", "Δ<sub>t</sub>"),
+    ("B[b, h]", "vec_n", "B<sub>t</sub>"),
+]
+_C = ("C[b, h]", "vec_n", "C<sub>t</sub>")
+_A, _D = ("A[h]", "scalar", "A"), ("D[h]", "scalar", "D")
+_LOG = [
+    ("log_x[b, :, h]", "log_p", "x<sub>s</sub>, each once"),
+    ("log_dt[b, :, h]", "log_1", "Δ<sub>s</sub>"),
+    ("log_B[b, :, h]", "log_n", "B<sub>s</sub>"),
+]
+PUZZLE_ACCESSES = {
+    1: dict(
+        title="puzzle 1, copy: one (P, N) tile per program, lanes past P and N masked off",
+        loads=[("S[b, h] (strided)", "tile+masked", "read once, at its strides")],
+        registers="tile = tl.load(ptrs, mask)<br>(BLOCK_P, BLOCK_N) lanes,<br>P x N of them real",
+        stores=[("out[b, h]", "tile+masked", "written once")],
+    ),
+    2: dict(
+        title="puzzle 2, reduce: y = S C, a sum over n in one program",
+        loads=[_S, _C],
+        registers="S * C[None, :]  (P, N)<br>tl.sum(axis=1): over n<br>→ (P,)",
+        stores=[("y[b, h]", "vec_p", "written once")],
+    ),
+    3: dict(
+        title="puzzle 3, one state update in place: the write replay avoids",
+        loads=[_S, *_TOKEN, _A],
+        registers="e<sup>Δ A</sup> · S  (a scalar per head)<br>+ (Δ x)[:, None] · B[None, :]"
+        "<br>(an outer product, (P, N))",
+        stores=[("S[b, h] in place", "tile", "written once: the snapshot write")],
+    ),
+    4: dict(
+        title="puzzle 4, the output from the checkpoint: S read once, no state written",
+        loads=[_S, *_TOKEN, _C, _A, _D],
+        registers="e<sup>Δ A</sup> (S C)  (P,)<br>+ Δ (B · C) x<br>+ D x",
+        stores=[("y[b, h]", "vec_p", "written once; S written 0 times")],
+    ),
+    5: dict(
+        title="puzzle 5, the fold: the tile stays in registers across the log",
+        loads=[_S, *_LOG, _A],
+        registers="for s in range(L):<br>S = e<sup>Δ<sub>s</sub> A</sup> S + Δ<sub>s</sub> x<sub>s"
+        "</sub> B<sub>s</sub><sup>T</sup><br>(P, N), never stored inside",
+        stores=[("out[b, h]", "tile", "written once, after the loop")],
+    ),
+    6: dict(
+        title="puzzle 6, the replay step: S and the log read once, no state written",
+        loads=[_S, *_LOG, *_TOKEN, _C, _A, _D],
+        registers="v = S C  (P,): the only use of S<br>for s: v = e<sup>Δ<sub>s</sub> A</sup> v"
+        "<br>+ Δ<sub>s</sub> (B<sub>s</sub> · C) x<sub>s</sub><br>then the new token, + D x",
+        stores=[("y[b, h]", "vec_p", "written once; S written 0 times")],
+    ),
+}
+
+
+# kind -> (its shape as printed, its (rows, cols) in cells from P, N, L)
+_KINDS = {
+    "tile": ("(P, N)", lambda P, N, L: (P, N)),
+    "vec_p": ("(P,)", lambda P, N, L: (1, P)),
+    "vec_n": ("(N,)", lambda P, N, L: (1, N)),
+    "scalar": ("", lambda P, N, L: (1, 1)),
+    "log_p": ("(L, P)", lambda P, N, L: (L, P)),
+    "log_n": ("(L, N)", lambda P, N, L: (L, N)),
+    "log_1": ("(L,)", lambda P, N, L: (L, 1)),
+}
+
+
+def _block_shape(kind, P, N, L, block):
+    """(rows, cols, real rows, real cols) of a block in cells."""
+    rows, cols = _KINDS[kind.split("+")[0]][1](P, N, L)
+    if kind.endswith("+masked"):
+        return block[0], block[1], rows, cols
+    return rows, cols, rows, cols
+
+
+def _color(label, kind, stored):
+    if stored:
+        return COLORS["state"] if "in place" in label else COLORS["output"]
+    if kind.startswith("tile"):
+        return COLORS["state"]
+    if kind.startswith("log"):
+        return COLORS["log"]
+    return COLORS["new"] if label[0] in "xdBC" else COLORS["token"]
+
+
+def _cells(fig, shapes, x0, y_top, kind, label, note, P, N, L, block, stored, cell=0.32):
+    """Draw one block's cells from (x0, y_top) down, appending them to ``shapes`` (the caller
+    adds them all in one call: one ``add_shape`` per cell takes seconds for a few hundred);
+    return its height."""
+    rows, cols, real_r, real_c = _block_shape(kind, P, N, L, block)
+    color = _color(label, kind, stored)
+    for r in range(rows):
+        for c in range(cols):
+            real = r < real_r and c < real_c
+            x, y = x0 + c * cell, y_top - (r + 1) * cell
+            shapes.append(
+                dict(
+                    type="rect",
+                    x0=x,
+                    y0=y,
+                    x1=x + cell * 0.92,
+                    y1=y + cell * 0.92,
+                    fillcolor=color if real else COLORS["masked"],
+                    opacity=0.8 if real else 1.0,
+                    line=dict(color="#555555", width=1, dash=None if real else "dot"),
+                    layer="below",
+                )
+            )
+    shape = _KINDS[kind.split("+")[0]][0]
+    _label(fig, x0 + cols * cell + 0.15, y_top - 0.5 * cell, f"<b>{label}</b> {shape}", 11, "left")
+    if note:
+        _label(fig, x0 + cols * cell + 0.15, y_top - 1.3 * cell, note, 10, "left")
+    return rows * cell
+
+
+def puzzle_access_diagram(puzzle, P=4, N=8, L=5, block=(8, 8)) -> go.Figure:
+    """What program (b, h) of notebook 06's puzzle ``puzzle`` (1-6, ``PUZZLE_ACCESSES``) touches:
+    the blocks it loads (left: the state tile S[b, h] (P, N) in red, the log (L rows) in light
+    green, the new token's vectors in orange, the per-head scalars in grey on one row), what it
+    computes in registers (middle) and what it stores (right, purple; red where the state is
+    written back), each with how often the check allows it to be read or written. Puzzle 1's
+    tile is drawn as ``block`` = (BLOCK_P, BLOCK_N) lanes of which P x N = 5 x 6 are real (its
+    sizes, ``puzzles.COPY_SIZES``): the dotted lanes are masked off. One cell per element."""
+    if puzzle not in PUZZLE_ACCESSES:
+        raise ValueError(f"puzzle: expected one of {sorted(PUZZLE_ACCESSES)}, got {puzzle!r}")
+    if puzzle == 1:
+        P, N = 5, 6  # the copy's sizes are not powers of two (puzzles.COPY_SIZES)
+    spec = PUZZLE_ACCESSES[puzzle]
+    cell, gap = 0.32, 0.6
+    blocks = [b for b in spec["loads"] if b[1] != "scalar"]
+    scalars = [b for b in spec["loads"] if b[1] == "scalar"]
+    heights = [_block_shape(kind, P, N, L, block)[0] * cell for _, kind, _ in blocks]
+    total = sum(heights) + gap * len(heights) + (cell + gap if scalars else 0)
+    height = max(total, 4.0)
+    fig = _canvas(spec["title"], 980, int(110 + 60 * height), [-0.3, 17.6], [-0.6, height + 0.4])
+    y = height
+    ends, cells = [], []
+    for label, kind, note in blocks:
+        h = _cells(fig, cells, 0.0, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
+        ends.append(y - h / 2)
+        y -= h + gap
+    for i, (label, kind, note) in enumerate(scalars):  # one row of per-token/per-head scalars
+        _cells(fig, cells, 1.45 * i, y, kind, label, note, P, N, L, block, stored=False, cell=cell)
+    if scalars:
+        ends.append(y - cell / 2)
+    mid = height / 2
+    _box(fig, 6.8, mid - 1.5, 11.0, mid + 1.5, "#f2f2f2", opacity=1.0)
+    _label(fig, 8.9, mid + 1.2, "<b>program (b, h)</b>: registers", 12)
+    _label(fig, 8.9, mid - 0.15, spec["registers"], 11)
+    for y_end in ends:
+        _arrow(fig, 4.6, y_end, 6.75, mid + (y_end - mid) * 0.3, color="#555555")
+    _label(fig, 5.6, height + 0.15, "tl.load", 12)
+    _label(fig, 11.9, mid + 1.1, "tl.store", 12)
+    y = mid + 0.6
+    for label, kind, note in spec["stores"]:
+        h = _cells(fig, cells, 11.6, y, kind, label, note, P, N, L, block, stored=True, cell=cell)
+        _arrow(fig, 11.05, mid, 11.55, y - h / 2, color="#555555")
+        y -= h + gap
+    fig.update_layout(shapes=[*fig.layout.shapes, *cells])
+    if puzzle == 1:
+        _label(
+            fig,
+            8.9,
+            -0.3,
+            f"dotted: lanes p ≥ P = {P} or n ≥ N = {N} of the (BLOCK_P, BLOCK_N) = {block} "
+            "block, masked off: neither read nor written",
+            11,
+        )
     return fig

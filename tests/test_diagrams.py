@@ -66,6 +66,7 @@ WHERE_TAUGHT = {
     "strategies_diagram": "03_branching_strategies.ipynb",
     "replay_log_diagram": "05_recompute_vs_replay.ipynb",
     "verify_round_diagram": "07_speculative_rollback.ipynb",
+    "puzzle_access_diagram": "06_replay_kernel.ipynb",
 }
 
 
@@ -102,3 +103,37 @@ def test_prefix_grid_diagram_states_on_the_grid_and_a_fold_to_the_match():
     assert "fold(log[:2])" in text and "re-run tokens 8..9" in text
     with pytest.raises(ValueError, match="matched"):
         d.prefix_grid_diagram(block_size=4, blocks=3, matched=12)
+
+
+def _cells_of(fig, color):
+    return [r for r in _rects(fig) if r.fillcolor == color]
+
+
+def test_puzzle_access_diagram_one_cell_per_element_and_what_is_written():
+    """Each puzzle's diagram draws one cell per element a program (b, h) touches, the masked
+    lanes of the copy dotted, and the state written back only where the puzzle writes it."""
+    P, N, L = 4, 8, 5
+    copy = d.puzzle_access_diagram(1, P=P, N=N, L=L, block=(8, 8))
+    masked = _cells_of(copy, d.COLORS["masked"])
+    assert len(masked) == 2 * (8 * 8 - 5 * 6)  # the copy's own sizes: P = 5, N = 6
+    assert all(r.line.dash == "dot" for r in masked)
+    assert len(_cells_of(copy, d.COLORS["state"])) == len(_cells_of(copy, d.COLORS["output"])) == 30
+    assert any("masked off" in t for t in d.labels(copy))
+    reduce = d.puzzle_access_diagram(2, P=P, N=N, L=L)
+    assert len(_cells_of(reduce, d.COLORS["state"])) == P * N
+    assert len(_cells_of(reduce, d.COLORS["output"])) == P  # y (P,)
+    update = d.puzzle_access_diagram(3, P=P, N=N, L=L)
+    assert len(_cells_of(update, d.COLORS["state"])) == 2 * P * N  # read, then written back
+    assert any("the snapshot write" in t for t in d.labels(update))
+    fold = d.puzzle_access_diagram(5, P=P, N=N, L=L)
+    assert len(_cells_of(fold, d.COLORS["log"])) == L * (P + 1 + N)  # x, dt, B per token
+    assert len(_cells_of(fold, d.COLORS["output"])) == P * N  # out, once
+    step = d.puzzle_access_diagram(6, P=P, N=N, L=L)
+    assert len(_cells_of(step, d.COLORS["state"])) == P * N  # read once, never written
+    assert len(_cells_of(step, d.COLORS["output"])) == P
+    assert any("S written 0 times" in t for t in d.labels(step))
+    for puzzle in range(1, 7):
+        text = " ".join(d.labels(d.puzzle_access_diagram(puzzle)))
+        assert "tl.load" in text and "tl.store" in text and "program (b, h)" in text
+    with pytest.raises(ValueError, match="puzzle"):
+        d.puzzle_access_diagram(7)

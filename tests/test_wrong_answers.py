@@ -69,7 +69,7 @@ def test_the_four_modules_have_their_checks():
     assert len(CHECKS) >= 29
     for name in ("check_snapshot_store", "check_chunked_fold", "check_prompt_lookup"):
         assert any(key.endswith(name) for key in CHECKS)
-    assert sum(key.startswith("puzzles.") for key in CHECKS) == 3
+    assert sum(key.startswith("puzzles.") for key in CHECKS) == 6
 
 
 @pytest.mark.parametrize("exc", [ValueError, IndexError])
@@ -633,6 +633,75 @@ import triton.language as tl
 
 
 @triton.jit
+def copy_mask_forgotten(
+    S, out, stride_b, stride_h, stride_p, stride_n, H, P, N,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    src = S + b * stride_b + h * stride_h + p[:, None] * stride_p + n[None, :] * stride_n
+    tile = tl.load(src)  # no mask: lanes p >= P and n >= N are read too
+    tl.store(out + ((b * H + h) * P + p[:, None]) * N + n[None, :], tile)  # and written
+
+
+@triton.jit
+def copy_assumes_contiguous(
+    S, out, stride_b, stride_h, stride_p, stride_n, H, P, N,
+    BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, BLOCK_P), tl.arange(0, BLOCK_N)
+    mask = (p[:, None] < P) & (n[None, :] < N)
+    tile_at = ((b * H + h) * P + p[:, None]) * N + n[None, :]  # S's strides ignored
+    tl.store(out + tile_at, tl.load(S + tile_at, mask=mask), mask=mask)
+
+
+@triton.jit
+def reduce_wrong_axis(S, C, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    S_c = tl.load(S + (row * P + p[:, None]) * N + n[None, :])
+    C_t = tl.load(C + row * N + n)
+    tl.store(y + row * P + p, tl.sum(S_c * C_t[None, :], axis=0))  # sums over p: (N,)
+
+
+@triton.jit
+def reduce_n_major(S, C, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    S_c = tl.load(S + (row * N + n[:, None]) * P + p[None, :])  # S taken as (N, P)
+    C_t = tl.load(C + row * N + n)
+    tl.store(y + row * P + p, tl.sum(S_c * C_t[:, None], axis=0))
+
+
+@triton.jit
+def update_decay_after_input(S, x, dt, B, A, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    tile = (row * P + p[:, None]) * N + n[None, :]
+    d_t = tl.load(dt + row)
+    x_t, B_t = tl.load(x + row * P + p), tl.load(B + row * N + n)
+    state = tl.load(S + tile) + (d_t * x_t)[:, None] * B_t[None, :]
+    tl.store(S + tile, tl.exp(d_t * tl.load(A + h)) * state)  # decays its own input too
+
+
+@triton.jit
+def update_in_two_passes(S, x, dt, B, A, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    tile = (row * P + p[:, None]) * N + n[None, :]
+    d_t = tl.load(dt + row)
+    x_t, B_t = tl.load(x + row * P + p), tl.load(B + row * N + n)
+    tl.store(S + tile, tl.exp(d_t * tl.load(A + h)) * tl.load(S + tile))  # pass 1: decay
+    tl.store(S + tile, tl.load(S + tile) + (d_t * x_t)[:, None] * B_t[None, :])  # pass 2
+
+
+
+@triton.jit
 def batch_stride_forgotten(S, x, dt, B, C, A, D, y, H, P: tl.constexpr, N: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)
     p, n = tl.arange(0, P), tl.arange(0, N)
@@ -821,23 +890,112 @@ def wrong_kernels(tmp_path_factory):
 @interpreter_only
 def test_puzzle_solutions_read_every_tensor_once(tmp_path, capsys):
     """What notebook 06 says: "read 2.00x" means read twice, so the reference kernels read every
-    input 1.00x (A and D once by each sequence's program) and move the floor's bytes."""
+    input 1.00x (A and D once by each sequence's program) and move the floor's bytes (puzzle 3's
+    state read once and written once)."""
     for key, name, check in [
+        ("puzzle_copy", "copy_kernel", puzzles.check_copy_kernel),
+        ("puzzle_reduce", "reduce_kernel", puzzles.check_reduce_kernel),
+        ("puzzle_update", "state_update_kernel", puzzles.check_state_update_kernel),
         ("puzzle_output", "output_kernel", puzzles.check_output_kernel),
-        ("puzzle_log", "log_output_kernel", puzzles.check_log_output_kernel),
         ("puzzle_fold", "fold_kernel", puzzles.check_fold_kernel),
+        ("puzzle_log", "log_output_kernel", puzzles.check_log_output_kernel),
     ]:
         assert check(_solution("06_replay_kernel", key, tmp_path)[name])
         out = _out(capsys)
         reads = [line for line in out.splitlines() if ": read " in line]
         assert reads and all("read 1.00x" in r or "read 0x" in r for r in reads), out
-        assert "A: read 1.00x" in out and "2.00x" not in out
+        assert "2.00x" not in out and "µs" not in out  # no time printed without a GPU
+        if key not in ("puzzle_copy", "puzzle_reduce"):
+            assert "A: read 1.00x" in out
         total = out.split("total bytes moved: ")[1]
-        assert total.split(" ")[0] == total.split("touched once: ")[1].rstrip(")\n")
+        floor = total.split("touched once: ")[1].split(")")[0].split(";")[0]
+        assert total.split(" ")[0] == floor, out
 
 
 @interpreter_only
-def test_puzzle_1_wrong_answers(wrong_kernels, capsys):
+def test_puzzle_copy_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_copy_kernel(wrong_kernels.copy_mask_forgotten)
+    out = _out(capsys)
+    assert "accesses outside every input and output (lanes p >= P or n >= N are not masked" in out
+    assert "traffic rule broken: out is written exactly once" in out
+    assert "an unmasked store also writes into the next row's or the next program's place" in out
+    assert not puzzles.check_copy_kernel(wrong_kernels.copy_assumes_contiguous)
+    out = _out(capsys)
+    assert "copy out differs from the reference" in out
+    assert "it equals S read as if it were contiguous" in out and "stride_p and stride_n" in out
+    assert "traffic rule broken" not in out  # right traffic, wrong addresses
+
+
+@interpreter_only
+def test_puzzle_reduce_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_reduce_kernel(wrong_kernels.reduce_wrong_axis)
+    out = _out(capsys)
+    assert "the kernel could not run" in out and "axis=0)" in out  # the learner's line
+    assert "tl.sum(tile, axis=1) sums over n and gives a (P,) vector" in out
+    assert not puzzles.check_reduce_kernel(wrong_kernels.reduce_n_major)
+    out = _out(capsys)
+    assert "output y differs" in out and "it equals S read n-major, as if stored (N, P)" in out
+
+
+@interpreter_only
+def test_puzzle_state_update_wrong_answers(wrong_kernels, capsys):
+    assert not puzzles.check_state_update_kernel(wrong_kernels.update_decay_after_input)
+    out = _out(capsys)
+    assert "state S differs" in out
+    assert "it equals the decay applied after the outer product" in out
+    assert not puzzles.check_state_update_kernel(wrong_kernels.update_in_two_passes)
+    out = _out(capsys)
+    assert "differs" not in out and "state S: read 2.00x (12 tl.load), written 2.00x" in out
+    assert "traffic rule broken: S is read exactly once" in out
+    assert "S is written exactly once (once per token: the snapshot write)" in out
+
+
+@interpreter_only
+def test_a_passing_kernel_is_timed_only_where_there_is_a_gpu(tmp_path, capsys, monkeypatch):
+    """On a GPU a check that passes prints the kernel's time at TIMING_SIZES from
+    triton.testing.do_bench; here the GPU is faked (the kernel still runs through the
+    interpreter, at small timing sizes) to check the plumbing and the line."""
+    import triton.testing
+
+    solution = _solution("06_replay_kernel", "puzzle_log", tmp_path)["log_output_kernel"]
+    assert puzzles.check_log_output_kernel(solution)
+    assert "time" not in _out(capsys)  # no GPU: nothing about time
+    launches = []
+
+    def do_bench(fn):
+        fn()
+        launches.append(1)
+        return 0.0064  # ms
+
+    monkeypatch.setattr(puzzles, "gpu_timing", lambda: True)
+    monkeypatch.setattr(puzzles, "TIMING_SIZES", dict(batch=1, H=2, P=4, N=8, L=3))
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a faked GPU")
+    assert puzzles.check_log_output_kernel(solution)
+    out = _out(capsys)
+    assert launches == [1]
+    assert "time: 6.40 µs per launch on a faked GPU (batch 1, H 2, P 4, N 8, L 3" in out
+    copy = _solution("06_replay_kernel", "puzzle_copy", tmp_path)["copy_kernel"]
+    assert puzzles.check_copy_kernel(copy) and "µs per launch" in _out(capsys)
+
+    def fails(fn):
+        raise RuntimeError("out of resources")
+
+    monkeypatch.setattr(triton.testing, "do_bench", fails)
+    assert puzzles.check_log_output_kernel(solution)  # a pass stays a pass
+    assert "time: not measured (" in _out(capsys)
+
+
+def test_the_timing_shape_is_the_sweeps_layer():
+    from replaylab.bench.kernels import SHAPE
+
+    sizes = puzzles.TIMING_SIZES
+    assert (sizes["H"], sizes["P"], sizes["N"]) == (SHAPE["H"], SHAPE["P"], SHAPE["N"])
+    assert sizes["batch"] == 1 and sizes["L"] == 16  # the challenge's replay step
+
+
+@interpreter_only
+def test_puzzle_output_wrong_answers(wrong_kernels, capsys):
     assert not puzzles.check_output_kernel(wrong_kernels.batch_stride_forgotten)
     out = _out(capsys)
     assert "programs (b, h) (1, 0), (1, 1), (1, 2) of 6 are wrong, the others right" in out
@@ -848,7 +1006,7 @@ def test_puzzle_1_wrong_answers(wrong_kernels, capsys):
 
 
 @interpreter_only
-def test_puzzle_2_per_token_tile_fails_with_the_reason(wrong_kernels, capsys):
+def test_puzzle_replay_step_per_token_tile_fails_with_the_reason(wrong_kernels, capsys):
     assert not puzzles.check_log_output_kernel(wrong_kernels.tile_per_token)
     out = _out(capsys)
     assert "differs" not in out  # right values, right traffic: only the arithmetic tells
@@ -858,7 +1016,7 @@ def test_puzzle_2_per_token_tile_fails_with_the_reason(wrong_kernels, capsys):
 
 
 @interpreter_only
-def test_puzzle_2_wrong_answers(wrong_kernels, capsys):
+def test_puzzle_replay_step_wrong_answers(wrong_kernels, capsys):
     assert not puzzles.check_log_output_kernel(wrong_kernels.log_loop_one_short)
     out = _out(capsys)
     assert "output y differs" in out and "log x: read 0.80x" in out
@@ -869,7 +1027,7 @@ def test_puzzle_2_wrong_answers(wrong_kernels, capsys):
 
 
 @interpreter_only
-def test_puzzle_3_wrong_answers(wrong_kernels, capsys):
+def test_puzzle_fold_wrong_answers(wrong_kernels, capsys):
     assert not puzzles.check_fold_kernel(wrong_kernels.fold_stores_every_token)
     out = _out(capsys)
     assert (
