@@ -44,11 +44,18 @@ def step_live(e, i, T=1):
     return e.step(tokens, check=False)
 
 
-@pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("strategy", STRATEGIES)
+# the fused path through Triton's interpreter costs about a minute a strategy on CPU: there
+# only replay's (its log and folds are where a parked slot could be touched); all on a GPU
+FUSED = [(s, False) for s in STRATEGIES] + [
+    (s, True) for s in (STRATEGIES if torch.cuda.is_available() else ("replay",))
+]
+
+
+@pytest.mark.parametrize("strategy, fused", FUSED)
 def test_an_interleaved_admission_equals_a_whole_one_bit_for_bit(strategy, fused):
-    prompt = ids(23, 7)
-    a, b = engine(strategy, fused), engine(strategy, fused)
+    prompt, slow = ids(23, 7), fused and not torch.cuda.is_available()
+    n = 8 if slow else 5  # prefill chunk: the admission's chunks fall where admit's do
+    a, b = engine(strategy, fused, chunk=n), engine(strategy, fused, chunk=n)
     setup(a)
     setup(b)
     adm = a.begin_admit(prompt)
@@ -57,7 +64,7 @@ def test_an_interleaved_admission_equals_a_whole_one_bit_for_bit(strategy, fused
         a.admit(prompt)
     got, want = [], []
     i = 0
-    while not adm.advance(5):  # chunks of prefill_chunk tokens, as admit's
+    while not adm.advance(n):
         T = 1 + i % 2  # decode and 2-token verify steps between the chunks
         got.append(step_live(a, i, T))
         want.append(step_live(b, i, T))
@@ -65,10 +72,10 @@ def test_an_interleaved_admission_equals_a_whole_one_bit_for_bit(strategy, fused
             a.rollback([1, 2])
             b.rollback([1, 2])
         i += 1
-    assert i == 4 and adm.done == 23 and a.slots == [0, 1, 2]
+    assert i == -(-23 // n) - 1 and adm.done == 23 and a.slots == [0, 1, 2]
     slot, logits = b.admit(prompt)
     assert slot == 1 and torch.equal(adm.logits, logits)
-    for j in range(8):  # the three slots on together, across replay's folds
+    for j in range(3 if slow else 8):  # the three slots on together, across folds
         tokens = torch.stack([ids(1, 300 + j + s) for s in range(3)]).to(a.device)
         got.append(a.step(tokens, check=False))
         want.append(b.step(tokens, check=False))
