@@ -141,7 +141,9 @@ def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
     for per_step in (None, 4):
         e = DecodeEngine(MODEL, 3, 40, strategy, log_length=4, max_verify=3)
         sched = Scheduler(e, prefill_per_step=per_step)
-        runs[per_step] = {r.id: r.tokens for r in sched.run(reqs())}
+        finished = sched.run(reqs())
+        runs[per_step] = {r.id: r.tokens for r in finished}
+        assert all(r.admission is None for r in finished)  # no live slot's Admission kept
         if per_step:
             assert max(h.prefilled for h in sched.history) <= 4
             assert sum(h.prefilled for h in sched.history) == 9 + 17 + 5 + 13

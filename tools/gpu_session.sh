@@ -52,12 +52,7 @@ case "$mode" in
     tail -4 "$OUT/gpu_engine_family_tests.log"
     timeout 420 python3 -m replaylab.bench engine-families --out "$OUT/bench_engine_families.json" \
       ${FAMILIES_ARGS:-} 2>&1 | tail -70 ;;
-  stream)  # the suite's tests that failed last (SUITE_ARGS), then the request stream (STREAM_S)
-    export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 4 --dist loadfile ${SUITE_ARGS:-tests/test_engine.py}"
-    { stamp "$cmd"; timeout -s INT 150 $cmd; } >"$OUT/gpu_tests_rerun.log" 2>&1
-    tail -4 "$OUT/gpu_tests_rerun.log"
-    unset OMP_NUM_THREADS
+  stream)  # the request stream (STREAM_S seconds at most)
     timeout -s INT ${STREAM_S:-300} python3 -m replaylab.bench serve-stream --preset 8b-layers \
       --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:-} 2>&1 | tail -40 ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):

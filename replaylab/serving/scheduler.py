@@ -350,7 +350,8 @@ class Scheduler:
             record.prefilled += n
             if r.admission.advance(n):
                 self.prefilling.remove(r)
-                if self._start_running(r, r.admission.logits, t0, start):
+                logits, r.admission = r.admission.logits, None  # the slot is live: let it go
+                if self._start_running(r, logits, t0, start):
                     done.append(r)
         return done
 
