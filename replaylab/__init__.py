@@ -10,9 +10,10 @@ Modules (ARCHITECTURE.md says how they fit):
     engine                          the CUDA-graphed decode path over preallocated pools
     decoding, generate, train, cli  workloads; ``replaylab generate`` / ``train`` / ``bench``
     costmodel, shapes, families     predictions, published shapes, per-family byte counts
-    experiments, bench, results     live measurements, the benchmark harness, committed data
-    widgets, plotting, exercises, exercises_families, exercises_text, puzzles, testing
-                                    the notebooks' explorers, figures, checks and oracles
+    bench, results                  the benchmark harness; committed data
+    testing                         oracles for tests, notebooks and CPU benchmarks
+    teaching                        the notebooks' explorers, figures, checks, puzzles, quiz
+                                    and live measurements (nothing outside it imports it)
     checks, validation              assert_close; argument checks
 """
 

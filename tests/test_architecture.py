@@ -1,10 +1,13 @@
 """The library's seams: the recurrent-layer spec, the store interface and registry, the cache
-built from specs (no model inside), imports without the notebook extras, and the commands."""
+built from specs (no model inside), imports without the notebook extras, the import graph (the
+library never imports the teaching package; no cycles), and the commands."""
 
+import ast
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,6 +63,139 @@ def test_core_modules_import_without_the_notebook_extras():
     """)
     out = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------------------------
+# The import graph, read from the source with ast (nothing is imported)
+
+REPO = Path(__file__).resolve().parents[1]
+# where each package's files live, as pyproject.toml's package-dir maps them
+PACKAGE_DIRS = {"replaylab": REPO / "replaylab", "replaylab.kernels": REPO / "kernels"}
+# deferred imports that close a cycle on purpose, each with its reason
+ALLOWED_DEFERRED = {
+    # `python -m replaylab.train` is `replaylab train`: train.main hands its argv to cli.main,
+    # and cli imports train inside the subcommand that runs it
+    ("replaylab.train", "replaylab.cli"),
+}
+
+
+def package_modules(dirs=None) -> dict[str, Path]:
+    """Every module of the package: dotted name -> its file (a package by its __init__.py)."""
+    modules = {}
+    for package, folder in (dirs or PACKAGE_DIRS).items():
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(folder)
+            if any((folder / part).is_symlink() for part in rel.parts[:1]):
+                continue  # a worktree's replaylab/kernels link to kernels/, walked as itself
+            parts = [package, *rel.with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            modules[".".join(parts)] = path
+    return modules
+
+
+def import_edges(modules: dict[str, Path]) -> list[tuple[str, str, bool]]:
+    """(importer, imported, deferred) for every import of one of ``modules`` by another;
+    deferred: the import sits inside a function (it runs when the function is called)."""
+
+    def known(name):  # a.b.c -> the longest of a.b.c, a.b, a that is one of the modules
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges = set()
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deferred_nodes = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            for inner in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [known(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                # `from a import b`: the module a.b if b is one, else a
+                targets = [known(f"{node.module}.{alias.name}") for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                if target and target != module:
+                    edges.add((module, target, id(node) in deferred_nodes))
+    return sorted(edges)
+
+
+def find_cycle(edges) -> list[str] | None:
+    """One cycle of the directed graph ``edges`` ((a, b) pairs) as [a, b, ..., a], or None."""
+    graph: dict[str, list[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, []).append(b)
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node):
+        state[node] = 1
+        path.append(node)
+        for nxt in graph.get(node, ()):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+@pytest.fixture(scope="module")
+def edges():
+    modules = package_modules()
+    assert {"replaylab.cache", "replaylab.teaching.exercises", "replaylab.kernels.replay"} <= set(
+        modules
+    ), sorted(modules)
+    return import_edges(modules)
+
+
+def test_only_the_teaching_package_imports_it(edges):
+    def teaching(name):
+        return name == "replaylab.teaching" or name.startswith("replaylab.teaching.")
+
+    wrong = [(a, b) for a, b, _ in edges if teaching(b) and not teaching(a)]
+    assert edges and not wrong, f"library modules importing replaylab.teaching: {wrong}"
+
+
+def test_the_package_has_no_import_cycle(edges):
+    top = [(a, b) for a, b, deferred in edges if not deferred]
+    assert find_cycle(top) is None, f"module-level import cycle: {' -> '.join(find_cycle(top))}"
+    # an import deferred into a function hides a cycle from Python, not from the reader (the
+    # teaching package's old exercises -> puzzles -> exercises was one)
+    every = [(a, b) for a, b, _ in edges if (a, b) not in ALLOWED_DEFERRED]
+    cycle = find_cycle(every)
+    assert cycle is None, f"import cycle through a deferred import: {' -> '.join(cycle)}"
+
+
+def test_the_cycle_finder_finds_a_deferred_cycle(tmp_path):
+    """The graph above is acyclic, so the check is shown failing on a package that is not: the
+    shape the teaching modules had (a module-level import one way, a deferred one back)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "exercises.py").write_text(
+        "def kernel_device():\n    from pkg.puzzles import interpreting\n"
+    )
+    (tmp_path / "pkg" / "puzzles.py").write_text("from pkg.exercises import record\n")
+    found = import_edges(package_modules({"pkg": tmp_path / "pkg"}))
+    assert ("pkg.puzzles", "pkg.exercises", False) in found
+    assert ("pkg.exercises", "pkg.puzzles", True) in found
+    assert find_cycle([(a, b) for a, b, deferred in found if not deferred]) is None
+    assert find_cycle([(a, b) for a, b, _ in found]) in (
+        ["pkg.exercises", "pkg.puzzles", "pkg.exercises"],
+        ["pkg.puzzles", "pkg.exercises", "pkg.puzzles"],
+    )
 
 
 class DecaySpec(RecurrentSpec):

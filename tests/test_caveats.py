@@ -4,14 +4,14 @@ shows the numbers it is given, no more, no fewer."""
 import math
 
 from replaylab import costmodel as cm
-from replaylab.plotting import (
+from replaylab.results import load_bench
+from replaylab.shapes import PUBLISHED_SHAPES
+from replaylab.teaching.plotting import (
     attention_gain_figure,
     log_length_per_workload_figure,
     replay_frontier_figure,
     roofline_bytes_figure,
 )
-from replaylab.results import load_bench
-from replaylab.shapes import PUBLISHED_SHAPES
 
 NEMO = PUBLISHED_SHAPES["Nemotron-H 8B"]
 

@@ -105,7 +105,7 @@ def test_predict_orders_strategies_as_the_mechanism_says():
 
 
 def test_h200_preset_comes_from_the_committed_benchmark():
-    from replaylab.plotting import load_bench
+    from replaylab.teaching.plotting import load_bench
 
     engine = load_bench("data/bench_engine.json")
     assert cm.HARDWARE["H200"].bandwidth == engine["copy_bandwidth_gbs"] * 1e9
@@ -115,7 +115,7 @@ def test_h200_preset_comes_from_the_committed_benchmark():
 def test_kernel_bytes_per_decode_step_against_gpu_data():
     """The model's state traffic for a replay decode step vs selective_state_update (one read
     vs read + write) predicts the measured speedup at large batch within a factor 1.3."""
-    from replaylab.plotting import load_bench
+    from replaylab.teaching.plotting import load_bench
 
     rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 128 and r["T"] == 1]
     ours = next(r for r in rows if r["provider"] == "replay_step" and r["log_len"] == 4)
@@ -276,8 +276,8 @@ def test_held_crossover_is_where_replay_holds_as_much_as_two_checkpoints():
 
 
 def test_gain_falls_as_attention_grows_and_live_bytes_match_the_model():
-    from replaylab.experiments import gain_vs_attention_live
     from replaylab.shapes import PUBLISHED_SHAPES
+    from replaylab.teaching.experiments import gain_vs_attention_live
 
     patterns = ["MMMMMMM*", "M*M*M*M*"]
     model = cm.gain_vs_attention(patterns, PUBLISHED_SHAPES["Nemotron-H 8B"], 8e9, repeat=4)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from replaylab import diagrams as d
+from replaylab.teaching import diagrams as d
 
 
 def _rects(fig):

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaylab import exercises, puzzles
 from replaylab.costmodel import decode_step_bytes
 from replaylab.model import preset
-from replaylab.plotting import best_launch
 from replaylab.results import load_bench
+from replaylab.teaching import exercises, puzzles
+from replaylab.teaching.plotting import best_launch
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ("data/bench_engine.json", "data/bench_engine_1b.json")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from replaylab import exercises, puzzles
-from replaylab.exercises import ScanInputs, solution_sections
+from replaylab.teaching import exercises, puzzles
+from replaylab.teaching.exercises import ScanInputs, solution_sections
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions"
 
@@ -168,7 +168,7 @@ def test_answer_checks_reject_none_and_wrong_answers():
 
 
 def test_recompute_break_even_matches_the_explorer():
-    from replaylab.widgets import AcceptanceExplorer
+    from replaylab.teaching.widgets import AcceptanceExplorer
 
     explorer = AcceptanceExplorer(acceptance=0.5, k=8)
     assert exercises.recompute_speedup(0.5, 8) == pytest.approx(

@@ -260,8 +260,8 @@ def test_the_notebook_exercise_check_fails_on_the_stub_and_passes_on_the_solutio
 
     import nbformat
 
-    from replaylab.exercises import solution_sections
-    from replaylab.exercises_families import check_chunked_fold
+    from replaylab.teaching.exercises import solution_sections
+    from replaylab.teaching.exercises_families import check_chunked_fold
 
     root = Path(__file__).resolve().parents[1]
     nb = nbformat.read(root / "notebooks" / "11_beyond_mamba2.ipynb", as_version=4)

@@ -5,7 +5,7 @@ runs twice.
 * solutions: each exercise cell (cell metadata ``{"exercise": "<id>"}``) replaced by the section
   ``# %% <id>`` of ``notebooks/solutions/<notebook>.py``. Every check must pass.
 
-The verdicts are read from ``replaylab.exercises.results()`` (every check records one) by a
+The verdicts are read from ``replaylab.teaching.exercises.results()`` (every check records one) by a
 cell appended to the notebook, not parsed from printed text. Both runs must call the same
 checks in the same order, and at least one per exercise cell.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from replaylab.exercises import exercise_cells, solution_sections
+from replaylab.teaching.exercises import exercise_cells, solution_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"

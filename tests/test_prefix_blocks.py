@@ -165,7 +165,7 @@ def test_a_small_block_bench_its_targets_and_tables():
 
 
 def test_the_hit_rate_figure():
-    from replaylab.plotting_serving import prefix_hit_rate_figure
+    from replaylab.teaching.plotting_serving import prefix_hit_rate_figure
 
     result = json.loads((ROOT / "data" / "bench_prefix_blocks_cpu.json").read_text())
     fig = prefix_hit_rate_figure(result, block_sizes=[64, 512])

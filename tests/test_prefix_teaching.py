@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from replaylab.exercises_prefix import (
+from replaylab.teaching.exercises_prefix import (
     RESUME_SCENARIO,
     TokenTree,
     _fold64,
@@ -19,7 +19,7 @@ from replaylab.exercises_prefix import (
     serve_stream,
     token_hit_rate,
 )
-from replaylab.plotting_prefix import (
+from replaylab.teaching.plotting_prefix import (
     IDEAL,
     LABELS,
     PrefixExplorer,
@@ -110,7 +110,7 @@ def test_hit_rates_refuse_a_budget_under_one_block_and_report_the_rest(tiny_mode
 
 
 def test_prefix_explorer_controls_move_the_bars(tiny_model, monkeypatch):
-    from replaylab import plotting
+    from replaylab.teaching import plotting
 
     ex = PrefixExplorer(tiny_model, block_size=64, workloads=("shared_system",))
     replay, align = ex.figure.data[0], ex.figure.data[1]

@@ -11,9 +11,9 @@ import torch
 import yaml
 
 import replaylab
-from replaylab import exercises
 from replaylab.scan import ssd_scan, ssd_step
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence, snapshot_in_kv_tokens
+from replaylab.teaching import exercises
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -73,7 +73,7 @@ def test_exercise_checks_accept_right_and_reject_wrong_answers(capsys):
 
 
 def test_memory_figure_has_a_kv_and_a_state_line_per_model():
-    from replaylab.plotting import memory_vs_context_figure
+    from replaylab.teaching.plotting import memory_vs_context_figure
 
     fig = memory_vs_context_figure([1024, 4096])
     assert len(fig.data) == 2 * len(PUBLISHED_SHAPES)
@@ -96,7 +96,7 @@ def test_readme_library_examples_run():
 
 
 def test_committed_kernel_benchmark_has_provenance_and_plots():
-    from replaylab.plotting import (
+    from replaylab.teaching.plotting import (
         fold_vs_copy_figure,
         kernel_bandwidth_figure,
         kernel_time_vs_batch_figure,
@@ -114,7 +114,11 @@ def test_committed_kernel_benchmark_has_provenance_and_plots():
 
 
 def test_committed_decode_benchmark_has_provenance_and_plots():
-    from replaylab.plotting import branching_workloads_figure, decode_throughput_figure, load_bench
+    from replaylab.teaching.plotting import (
+        branching_workloads_figure,
+        decode_throughput_figure,
+        load_bench,
+    )
 
     bench = load_bench("data/bench_decode.json")
     assert "H200" in bench["device"] and bench["date"] and not bench["errors"]

@@ -1,4 +1,4 @@
-"""The recap quiz (replaylab.quiz, notebook 12): every question has a computed answer, the
+"""The recap quiz (replaylab.teaching.quiz, notebook 12): every question has a computed answer, the
 grader accepts it and rejects a wrong one, verdicts are recorded for the notebook double run,
 and a few answers are checked against a hand computation (so the grader is not only compared
 with itself)."""
@@ -12,8 +12,8 @@ import nbformat
 import pytest
 import torch
 
-from replaylab import exercises, quiz
-from replaylab.exercises import exercise_cells, solution_sections
+from replaylab.teaching import exercises, quiz
+from replaylab.teaching.exercises import exercise_cells, solution_sections
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOLUTIONS = NOTEBOOKS / "solutions"
@@ -96,7 +96,7 @@ def test_answers_agree_with_hand_computations():
 def test_live_rerun_answer_is_positive_and_replay_reruns_nothing():
     """Recompute re-runs tokens at acceptance 0; the other strategies re-run none, so the
     question is about recompute's cost and not a count every strategy shares."""
-    from replaylab.experiments import compare_strategies
+    from replaylab.teaching.experiments import compare_strategies
 
     model, prompt = quiz.tiny_setup()
     rows = compare_strategies(model, prompt, n_new=24, acceptance=0.0, k=4, interval=8)

@@ -358,7 +358,7 @@ def test_run_stream_bench_refuses_unknown_settings():
 
 
 def test_the_serving_figures_draw_a_stream_and_the_committed_result():
-    from replaylab.plotting_serving import (
+    from replaylab.teaching.plotting_serving import (
         crossover_figure,
         latency_figure,
         load_stream_result,

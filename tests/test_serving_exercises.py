@@ -1,5 +1,5 @@
-"""Notebook 13's exercise checks (``replaylab.exercises_serving``): they pass on the reference
-answers in ``notebooks/solutions/13_serving.py``, fail on the stubs, report an exception as a
+"""Notebook 13's exercise checks (``replaylab.teaching.exercises_serving``): they pass on the
+reference answers in ``notebooks/solutions/13_serving.py``, fail on the stubs, report an exception as a
 failure, and fail on two plausible wrong answers each with a message that points at the
 mistake."""
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replaylab.exercises import solution_sections
-from replaylab.exercises_serving import check_admission_rule, check_rollback_cursor
+from replaylab.teaching.exercises import solution_sections
+from replaylab.teaching.exercises_serving import check_admission_rule, check_rollback_cursor
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "13_serving.py"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import pytest
 
-from replaylab import plotting
+from replaylab.teaching import plotting
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -109,7 +109,7 @@ def test_explorer_output_keeps_its_image_when_the_widget_is_stripped(monkeypatch
     sys.path.insert(0, str(ROOT / "tools"))
     from notebook_hygiene import WIDGET_VIEW, problems, strip
 
-    from replaylab.widgets import IntervalExplorer
+    from replaylab.teaching.widgets import IntervalExplorer
 
     monkeypatch.setattr(plotting, "static_image", lambda fig, **kw: "<svg>explorer</svg>")
     bundle = IntervalExplorer(n=16, interval=4)._repr_mimebundle_()

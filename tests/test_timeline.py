@@ -1,5 +1,5 @@
-"""The timeline of one speculative round (``replaylab.timeline``): what it records equals what
-the cache's stats and bytes say, and what each strategy must do in that round, worked out
+"""The timeline of one speculative round (``replaylab.teaching.timeline``): what it records
+equals what the cache's stats and bytes say, and what each strategy must do in that round, worked out
 here from the round's arithmetic (prompt T, k drafts, j accepted, interval I, log length L)."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 
 from replaylab.cache import CacheConfig
 from replaylab.strategies import STRATEGY_NAMES
+from replaylab.teaching.timeline import PANELS, Recorder, speculative_round, timeline_figure
 from replaylab.testing import tiny_hybrid
-from replaylab.timeline import PANELS, Recorder, speculative_round, timeline_figure
 
 MODEL = tiny_hybrid()
 CFG = MODEL.cfg

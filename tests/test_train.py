@@ -196,7 +196,7 @@ def test_shipped_pair_card_metrics_and_size():
 
 
 def test_prompt_lookup_check_fails_on_the_stub_and_passes_on_a_solution(capsys):
-    from replaylab.exercises_text import check_prompt_lookup, lookup_with_source
+    from replaylab.teaching.exercises_text import check_prompt_lookup, lookup_with_source
 
     assert not check_prompt_lookup(lambda context, k: None)
     assert "not done yet" in capsys.readouterr().out
@@ -219,7 +219,7 @@ def test_prompt_lookup_check_fails_on_the_stub_and_passes_on_a_solution(capsys):
 
 def test_round_recorder_counts_accepted_drafts(tiny_model):
     from replaylab.decoding import PromptLookupDrafter, speculative
-    from replaylab.exercises_text import RoundRecorder
+    from replaylab.teaching.exercises_text import RoundRecorder
 
     prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
     rec = RoundRecorder(PromptLookupDrafter())

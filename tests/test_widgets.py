@@ -3,7 +3,7 @@
 import pytest
 
 from replaylab import costmodel as cm
-from replaylab.widgets import AcceptanceExplorer, BudgetExplorer, IntervalExplorer
+from replaylab.teaching.widgets import AcceptanceExplorer, BudgetExplorer, IntervalExplorer
 
 
 def test_interval_explorer_moves_its_point_as_the_model_says():
@@ -92,7 +92,7 @@ def _legend_colors(fig):
 
 
 def _log_explorer(**kw):
-    from replaylab.widgets import LogLengthExplorer
+    from replaylab.teaching.widgets import LogLengthExplorer
 
     return LogLengthExplorer(**kw)
 
@@ -190,7 +190,7 @@ def test_log_length_explorer_legend_and_bad_values():
 
 
 def _spec(**kw):
-    from replaylab.widgets import SpeculativeExplorer
+    from replaylab.teaching.widgets import SpeculativeExplorer
 
     return SpeculativeExplorer(**kw)
 

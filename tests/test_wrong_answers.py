@@ -17,8 +17,15 @@ import pytest
 import torch
 from test_exercises import _solution
 
-from replaylab import exercises, exercises_families, exercises_prefix, exercises_text, puzzles
-from replaylab.exercises import ScanInputs
+from replaylab.teaching import (
+    exercises,
+    exercises_families,
+    exercises_prefix,
+    exercises_text,
+    kernel_harness,
+    puzzles,
+)
+from replaylab.teaching.exercises import ScanInputs
 
 MODULES = (exercises, exercises_families, exercises_text, puzzles, exercises_prefix)
 CHECKS = {
@@ -582,7 +589,7 @@ def test_state_at_wrong_answers(tiny_model, capsys):
 
 def test_prefix_questions_wrong_answers(tiny_model, capsys):
     from replaylab.bench.prefix import workload
-    from replaylab.exercises_prefix import (
+    from replaylab.teaching.exercises_prefix import (
         ALIGN_BLOCKS,
         RESUME_SCENARIO,
         serve_stream,
@@ -967,8 +974,10 @@ def test_a_passing_kernel_is_timed_only_where_there_is_a_gpu(tmp_path, capsys, m
         launches.append(1)
         return 0.0064  # ms
 
-    monkeypatch.setattr(puzzles, "gpu_timing", lambda: True)
-    monkeypatch.setattr(puzzles, "TIMING_SIZES", dict(batch=1, H=2, P=4, N=8, L=3))
+    small = dict(batch=1, H=2, P=4, N=8, L=3)
+    monkeypatch.setattr(kernel_harness, "gpu_timing", lambda: True)
+    monkeypatch.setattr(kernel_harness, "TIMING_SIZES", small)  # the sizes it prints
+    monkeypatch.setattr(puzzles, "TIMING_SIZES", small)  # the sizes the puzzles build
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "a faked GPU")
     assert puzzles.check_log_output_kernel(solution)

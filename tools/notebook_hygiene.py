@@ -3,8 +3,8 @@
 Interactive explorers render only in a live kernel: a saved widget view without its state shows
 as raw ``VBox(children=...)`` text when the notebook is opened. So no saved output may be a
 widget view, and no notebook may carry saved widget state (megabytes of JavaScript). An
-explorer's output also holds a static SVG of its figure (``replaylab.widgets``): ``--fix`` keeps
-that, so the saved notebook shows the explorer's starting view.
+explorer's output also holds a static SVG of its figure (``replaylab.teaching.widgets``): ``--fix``
+keeps that, so the saved notebook shows the explorer's starting view.
 
     python tools/notebook_hygiene.py --check notebooks/*.ipynb   exit 1 and name the cells
     python tools/notebook_hygiene.py --fix notebooks/*.ipynb     strip them in place

@@ -22,7 +22,7 @@ conv_bytes = (cfg.d_conv - 1) * conv_channels * next(model.parameters()).element
 copy_bytes_answer = n_ssm * (state_bytes + conv_bytes)
 
 # %% rerun_high_acceptance
-from replaylab.experiments import budget_outcomes
+from replaylab.teaching.experiments import budget_outcomes
 
 high = budget_outcomes(model, prompt, n_new=24, budget_fractions=[0.9, 0.7, 0.5], acceptance=0.9)
 rerun_answer = max(r["recomputed_tokens"] for r in high)

@@ -1,7 +1,7 @@
 # Reference answers for notebook 05 (format: see 03_branching_strategies.py).
 
 # %% recompute_store
-from replaylab.exercises import ScanInputs
+from replaylab.teaching.exercises import ScanInputs
 
 
 class MyRecomputeStore:
@@ -37,7 +37,7 @@ class MyRecomputeStore:
 
 
 # %% replay_log
-from replaylab.exercises import ScanInputs
+from replaylab.teaching.exercises import ScanInputs
 
 
 class MyReplayLog:

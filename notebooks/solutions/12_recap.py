@@ -1,13 +1,13 @@
 # Reference answers for notebook 12 (format: see 03_branching_strategies.py). Numeric answers
 # are computed here from the library or from data/, the way a learner would, not copied from
-# replaylab.quiz: the grader computes its own and compares.
+# replaylab.teaching.quiz: the grader computes its own and compares.
 
 # %% quiz_answers
 import math
 
 from replaylab.bench.kernels import amortised_decode
 from replaylab.cache import HybridCache
-from replaylab.experiments import compare_strategies
+from replaylab.teaching.experiments import compare_strategies
 from replaylab.families import FAMILY_SHAPES, entry_bytes, state_bytes
 from replaylab.scan import ssd_step
 

@@ -4,12 +4,12 @@ function or a class), compares it with the library on fixed or random inputs, pr
 ``not yet:``), records it (``results()``) and returns True or False. A stub that returns None,
 is left as None or raises NotImplementedError is reported as not done; any other exception
 raised by the learner's code (or by reading the answer) is reported as ``FAIL name: ...``
-naming the exception and the learner's line (``exercises_common.guarded``). No check raises,
+naming the exception and the learner's line (``grading.guarded``). No check raises,
 so an unfinished or broken notebook still runs to the end.
 
 Mini-store exercises (notebooks 03-05) run on ``MiniLayer``: one Mamba-2 layer's recurrence
 (``replaylab.scan.ssd_scan``) with fixed parameters, fed ``ScanInputs`` (x, dt, B, C of T tokens).
-Triton puzzles (notebook 06) live in ``replaylab.puzzles`` and record here too.
+Triton puzzles (notebook 06) live in ``replaylab.teaching.puzzles`` and record here too.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.exercises_common import (
+from replaylab.scan import ScanResult, ssd_scan, ssd_step
+from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
+from replaylab.teaching.grading import (
     describe_exception,
     guarded,
     not_implemented,
@@ -27,8 +29,7 @@ from replaylab.exercises_common import (
     report,
     results,
 )
-from replaylab.scan import ScanResult, ssd_scan, ssd_step
-from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
+from replaylab.teaching.kernel_harness import kernel_device
 
 __all__ = [
     "record",
@@ -196,7 +197,7 @@ def check_resume(resume) -> bool:
 
 # --------------------------------------------------------------------------------------------
 # The record of verdicts (read by tests/test_notebook_solutions.py after running a notebook)
-# lives in replaylab.exercises_common (``record``, ``results``, imported above).
+# lives in replaylab.teaching.grading (``record``, ``results``, imported above).
 
 _done = report
 _not_implemented = not_implemented
@@ -676,7 +677,7 @@ def check_rollback_work(answer, model, prompt) -> bool:
     """Notebook 03: with every draft rejected (acceptance 0), which strategy re-runs tokens
     through the model on its restores? The check runs ``compare_strategies`` at acceptance 0
     and takes the strategy with the most recomputed tokens."""
-    from replaylab.experiments import compare_strategies
+    from replaylab.teaching.experiments import compare_strategies
 
     rows = compare_strategies(model, prompt, n_new=24, acceptance=0.0, k=4)
     want = max(rows, key=lambda r: r["recomputed_tokens"])["strategy"]
@@ -693,7 +694,7 @@ def check_interval_effect(answer, model, prompt) -> bool:
     """Notebook 03: going from ``interval=2`` to ``interval=32``, does recompute's peak bytes go
     "up" or "down", and its recomputed tokens? ``answer``: {"peak_bytes": "up"|"down",
     "recomputed_tokens": "up"|"down"}. The check runs both."""
-    from replaylab.experiments import compare_strategies
+    from replaylab.teaching.experiments import compare_strategies
 
     run = {
         i: compare_strategies(
@@ -735,7 +736,7 @@ def check_snapshot_copy_bytes(answer, model) -> bool:
 def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0.5)) -> bool:
     """Notebook 04: at acceptance 0.9, the most tokens any eviction policy re-runs at any of the
     budgets ``fractions`` (of the unbudgeted peak). The check runs ``budget_outcomes``."""
-    from replaylab.experiments import budget_outcomes
+    from replaylab.teaching.experiments import budget_outcomes
 
     rows = budget_outcomes(
         model, prompt, n_new=24, budget_fractions=list(fractions), acceptance=0.9
@@ -753,7 +754,7 @@ def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0
 def check_zero_rerun_distances(answer, model) -> bool:
     """Notebook 05: at which distances (of those ``restore_cost_vs_distance`` visits with
     interval 16) does recompute re-run no token? The check runs it."""
-    from replaylab.experiments import restore_cost_vs_distance
+    from replaylab.teaching.experiments import restore_cost_vs_distance
 
     rows = restore_cost_vs_distance(model, "recompute", interval=16)
     want = sorted(r["distance"] for r in rows if r["recomputed_tokens"] == 0)
@@ -781,15 +782,6 @@ def check_largest_winning_log(answer) -> bool:
         want,
         "filter rows by provider, batch=128, T=1 and compare 'us' with the ssu row",
     )
-
-
-def kernel_device() -> str:
-    """Where to put tensors for a Triton kernel launched from a notebook or a check: "cuda"
-    when a GPU is present and Triton's interpreter is off (a compiled kernel refuses CPU
-    tensors), otherwise "cpu" (the interpreter runs over CPU tensors)."""
-    from replaylab.puzzles import interpreting
-
-    return "cuda" if torch.cuda.is_available() and not interpreting() else "cpu"
 
 
 @guarded("largest log_len that leaves room for T tokens")
@@ -842,7 +834,7 @@ def recompute_speedup(acceptance, k):
     import inspect
 
     from replaylab import costmodel as cm
-    from replaylab.widgets import AcceptanceExplorer
+    from replaylab.teaching.widgets import AcceptanceExplorer
 
     d = {n: p.default for n, p in inspect.signature(AcceptanceExplorer).parameters.items()}
     hardware = d["hardware"] or cm.HARDWARE["H200"]

@@ -43,21 +43,24 @@ The grid of every puzzle is ``(batch, H)``: program (b, h) owns head h of sequen
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 
-from replaylab.checks import max_abs_error
-from replaylab.exercises_common import describe_exception, guarded, record
 from replaylab.scan import ssd_scan, ssd_step
+from replaylab.teaching.grading import guarded
+from replaylab.teaching.kernel_harness import (
+    TIMING_SIZES,
+    Traffic,
+    count_traffic,
+    interpreting,
+    poisoned,
+    run_kernel_check,
+)
 
 __all__ = [
     "PUZZLE_SIZES",
     "COPY_SIZES",
     "TIMING_SIZES",
-    "gpu_timing",
     "Traffic",
     "count_traffic",
     "interpreting",
@@ -81,156 +84,6 @@ __all__ = [
 PUZZLE_SIZES = dict(batch=2, H=3, P=4, N=8, L=5)
 # puzzle 1 (the copy): P and N that are not powers of two, so the tile needs masks
 COPY_SIZES = dict(PUZZLE_SIZES, P=5, N=6)
-# where a check times a kernel that passed, on a GPU: one sequence of Nemotron-H 8B's Mamba-2
-# layer (replaylab.bench.kernels.SHAPE, B and C expanded to the heads) and a log of 16, the
-# shape of the launch sweep's batch-1 replay step (data/bench_kernels_sweep.json)
-TIMING_SIZES = dict(batch=1, H=128, P=64, N=128, L=16)
-
-
-def interpreting() -> bool:
-    """True when Triton kernels run through the interpreter (CPU tensors)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def gpu_timing() -> bool:
-    """True when the checks time the learner's kernels: compiled, on a CUDA device."""
-    return not interpreting() and torch.cuda.is_available()
-
-
-class Traffic:
-    """Bytes each named tensor had read and written during a launch (see ``count_traffic``)."""
-
-    def __init__(self, tensors: dict):
-        self.tensors = dict(tensors)
-        self.read = {name: 0 for name in tensors}
-        self.written = {name: 0 for name in tensors}
-        self.loads = {name: 0 for name in tensors}  # tl.load calls that touched the tensor
-        self.stores = {name: 0 for name in tensors}
-        self.unknown = 0  # bytes at addresses outside every named tensor
-        # programs that each need every element of a tensor (1 unless set): A and D (H,) are
-        # needed by the program of head h of every sequence, so they are read once per sequence
-        self.shared_by = {name: 1 for name in tensors}
-        # tensors a kernel must both read and write (a state updated in place): their floor is
-        # one read and one write
-        self.in_place: set[str] = set()
-        # float arithmetic (add, sub, mul, div, fma) by the number of elements of its result,
-        # summed over the programs: what the kernel computes, which traffic cannot show
-        self.float_ops: dict[int, int] = {}
-
-    def _ranges(self):
-        for name, t in self.tensors.items():
-            start = t.data_ptr()
-            yield name, start, start + t.numel() * t.element_size(), t.element_size()
-
-    def _add(self, addresses, into, calls):
-        import numpy as np
-
-        addresses = np.asarray(addresses, dtype=np.uint64).ravel()
-        seen = np.zeros(addresses.shape, dtype=bool)
-        for name, lo, hi, size in self._ranges():
-            inside = (addresses >= lo) & (addresses < hi)
-            n = int(inside.sum())
-            if n:
-                into[name] += n * size
-                calls[name] += 1
-                seen |= inside
-        self.unknown += int((~seen).sum())
-
-    def times_read(self, name) -> float:
-        """Bytes read from ``name`` over its size times the programs that need each element
-        (``shared_by``): 1.0 is 'read once' (by each program that needs it)."""
-        t = self.tensors[name]
-        return self.read[name] / (t.numel() * t.element_size() * self.shared_by[name])
-
-    def float_ops_at_least(self, size) -> int:
-        """Float operations whose result has at least ``size`` elements, over all programs."""
-        return sum(n for s, n in self.float_ops.items() if s >= size)
-
-    def times_written(self, name) -> float:
-        t = self.tensors[name]
-        return self.written[name] / (t.numel() * t.element_size())
-
-    def total_bytes(self) -> int:
-        return sum(self.read.values()) + sum(self.written.values())
-
-    def lines(self, labels: dict | None = None) -> list[str]:
-        """One line per tensor, e.g. 'checkpoint S: read 1.00x (6 tl.load), written 0x'."""
-        labels = labels or {}
-        out = []
-        for name in self.tensors:
-            r, w = self.times_read(name), self.times_written(name)
-            shared = self.shared_by[name]
-            per = (
-                f"; each element is needed by {shared} programs: 1.00x = once by each"
-                if shared > 1
-                else ""
-            )
-            read = f"read {r:.2f}x ({self.loads[name]} tl.load{per})" if r else "read 0x"
-            written = f"written {w:.2f}x ({self.stores[name]} tl.store)" if w else "written 0x"
-            out.append(f"{labels.get(name, name)}: {read}, {written}")
-        return out
-
-    def once_bytes(self) -> int:
-        """Bytes moved if every named tensor were touched exactly once (inputs read, outputs
-        written; a shared tensor once by each program that needs it; one updated in place read
-        once and written once): the floor for a kernel over this data."""
-        return sum(
-            t.numel()
-            * t.element_size()
-            * self.shared_by[name]
-            * (2 if name in self.in_place else 1)
-            for name, t in self.tensors.items()
-            if t is not None
-        )
-
-
-@contextlib.contextmanager
-def count_traffic(**tensors):
-    """Count what kernels launched inside the block read and write of each named tensor.
-
-    Usage: ``with count_traffic(S=S, y=y) as traffic: kernel[grid](...)``; then
-    ``traffic.times_read("S")``. Needs the interpreter (``interpreting()``); raises otherwise.
-    """
-    if not interpreting():
-        raise RuntimeError(
-            "count_traffic: Triton's interpreter is off (TRITON_INTERPRET is not 1); traffic is "
-            "counted only when kernels run through the interpreter"
-        )
-    from triton.runtime import interpreter as interp
-
-    builder = interp.interpreter_builder
-    traffic = Traffic(tensors)
-    load, store = builder.create_masked_load, builder.create_masked_store
-    binary, fma = builder.binary_op, builder.create_fma
-
-    def count_float(result):
-        if result.dtype.is_floating():
-            size = int(result.data.size)
-            traffic.float_ops[size] = traffic.float_ops.get(size, 0) + 1
-        return result
-
-    def counted_binary(lhs, rhs, op):  # create_fadd, create_fmul, ... all call binary_op
-        return count_float(binary(lhs, rhs, op))
-
-    def counted_fma(x, y, z):
-        return count_float(fma(x, y, z))
-
-    def counted_load(ptrs, mask, other, *args, **kwargs):
-        traffic._add(ptrs.data[mask.data.astype(bool)], traffic.read, traffic.loads)
-        return load(ptrs, mask, other, *args, **kwargs)
-
-    def counted_store(ptrs, value, mask, *args, **kwargs):
-        traffic._add(ptrs.data[mask.data.astype(bool)], traffic.written, traffic.stores)
-        return store(ptrs, value, mask, *args, **kwargs)
-
-    builder.create_masked_load, builder.create_masked_store = counted_load, counted_store
-    builder.binary_op, builder.create_fma = counted_binary, counted_fma
-    try:
-        yield traffic
-    finally:
-        # the instance attributes shadowed the class methods; removing them restores those
-        del builder.create_masked_load, builder.create_masked_store
-        del builder.binary_op, builder.create_fma
 
 
 def make_case(seed=0, device=None, **sizes) -> dict:
@@ -343,160 +196,6 @@ _COPY_LABELS = dict(S="state S", out="copy out")
 _UPDATE_LABELS = dict(_LABELS, S="state S")
 
 
-def _first_mismatch(got, want, tol=1e-4):
-    bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
-    if not bad.any():
-        return None
-    where = tuple(int(i) for i in bad.nonzero()[0])
-    return (
-        f"first mismatch at {where}: {float(got[where]):.6g} vs reference {float(want[where]):.6g}"
-    )
-
-
-def _wrong_programs(got, want, tol=1e-4) -> str:
-    """Which programs (b, h) wrote a wrong or missing value, e.g. 'programs (b, h) (1, 0),
-    (1, 1), (1, 2) of 6 are wrong, the others right'."""
-    bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
-    per_program = bad.flatten(2).any(-1)  # (batch, H)
-    wrong = [tuple(int(i) for i in w) for w in per_program.nonzero()]
-    total = per_program.numel()
-    if len(wrong) == total:
-        return f"every program (b, h) of the {total} is wrong"
-    listed = ", ".join(str(w) for w in wrong)
-    return f"programs (b, h) {listed} of {total} are wrong, the others right"
-
-
-def _matches(got, want, tol=1e-4) -> bool:
-    return bool(((got.double() - want.double()).abs() <= tol + tol * want.double().abs()).all())
-
-
-def _time_kernel(kernel, build) -> str:
-    """µs per launch of ``kernel`` by ``triton.testing.do_bench`` on the inputs ``build()``
-    returns (``args`` as ``_run`` takes them) at ``TIMING_SIZES``, as a line to print."""
-    import triton.testing
-
-    args = build()
-    tensors = {n: v for n, v in args if isinstance(v, torch.Tensor)}
-    batch, H = tensors["S"].shape[:2]
-    values = [v for _, v in args]
-    ms = triton.testing.do_bench(lambda: kernel[(batch, H)](*values))
-    sizes = ", ".join(f"{k} {v}" for k, v in TIMING_SIZES.items())
-    return (
-        f"  time: {ms * 1e3:.2f} µs per launch on {torch.cuda.get_device_name()} ({sizes}; "
-        "triton.testing.do_bench)"
-    )
-
-
-def _run(
-    name,
-    kernel,
-    args,
-    result,
-    want,
-    rules,
-    labels=_LABELS,
-    shared=(),
-    work_rules=(),
-    also=(),
-    diagnoses=(),
-    outside="",
-    error_hint=None,
-    timing=None,
-    in_place=(),
-):
-    """Launch, compare, count; print a verdict and return True or False.
-
-    args: (name, tensor-or-int) in the kernel's parameter order; result: the name of the output;
-    also: (name, expected) of further outputs, compared the same way;
-    rules: (description, predicate(traffic)) that must hold for a pass (under the interpreter);
-    shared: tensors every sequence's program needs (A, D): read once per sequence;
-    work_rules: functions traffic -> None or the reason the kernel's arithmetic breaks a rule;
-    diagnoses: (what the mistake is, the value it gives) of the usual wrong answers: a wrong
-    result equal to one of them is reported as that mistake;
-    outside: said after a count of accesses outside every tensor (where they come from);
-    error_hint: function (error text) -> None or a sentence added when the kernel cannot run;
-    timing: function () -> args at ``TIMING_SIZES``; a kernel that passes is timed on a GPU;
-    in_place: tensors the kernel updates in place (their floor: read once, written once).
-    """
-    tensors = {n: v for n, v in args if isinstance(v, torch.Tensor)}
-    batch, H = tensors["S"].shape[:2]
-    values = [v for _, v in args]
-    try:
-        if interpreting():
-            with count_traffic(**tensors) as traffic:
-                traffic.shared_by.update({n: batch for n in shared})
-                traffic.in_place.update(in_place)
-                kernel[(batch, H)](*values)
-        else:
-            traffic = None
-            kernel[(batch, H)](*values)
-    except NotImplementedError:
-        print(f"FAIL {name}: not yet implemented")
-        return record(name, False)
-    except Exception as err:  # a learner's kernel may fail to run: report, do not raise
-        hint = error_hint(describe_exception(err)) if error_hint else None
-        print(
-            f"FAIL {name}: the kernel could not run: {describe_exception(err)}"
-            + (f" ({hint})" if hint else "")
-        )
-        return record(name, False)
-    problems = []
-    for output, expected in ((result, want), *also):
-        got = tensors[output]
-        if torch.isnan(got).any():
-            where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
-            problems.append(
-                f"{labels[output]} not written everywhere (NaN left at {where}; "
-                f"{_wrong_programs(got, expected)})"
-            )
-            continue
-        mismatch = _first_mismatch(got, expected)
-        if mismatch:
-            problems.append(
-                f"{labels[output]} differs from the reference: max abs error "
-                f"{max_abs_error(got, expected):.2e}; {mismatch} "
-                f"({_wrong_programs(got, expected)})"
-            )
-            if output == result:
-                problems += [
-                    f"it equals {what}" for what, value in diagnoses if _matches(got, value)
-                ]
-    if traffic is not None:
-        for description, ok in rules:
-            if not ok(traffic):
-                problems.append(f"traffic rule broken: {description}")
-        for rule in work_rules:
-            reason = rule(traffic)
-            if reason:
-                problems.append(f"rule broken: {reason}")
-        if traffic.unknown:
-            problems.append(
-                f"{traffic.unknown} accesses outside every input and output"
-                + (f" ({outside})" if outside else "")
-            )
-    ok = not problems
-    print(f"{'PASS' if ok else 'FAIL'} {name}" + ("" if ok else ": " + "; ".join(problems)))
-    if traffic is not None:
-        print("  traffic: " + "\n           ".join(traffic.lines(labels)))
-        both = "".join(f"; {labels.get(n, n)} read once and written once" for n in in_place)
-        print(
-            f"  total bytes moved: {traffic.total_bytes()} (every tensor touched once: "
-            f"{traffic.once_bytes()}{both})"
-        )
-    else:
-        print("  traffic: not counted (compiled kernel; set TRITON_INTERPRET=1 to count)")
-    if ok and timing is not None and gpu_timing():
-        try:  # the verdict stands whatever the timing does
-            print(_time_kernel(kernel, timing))
-        except Exception as err:  # e.g. a kernel that does not compile at the larger sizes
-            print(f"  time: not measured ({describe_exception(err)})")
-    return record(name, ok)
-
-
-def _poisoned(shape, like):
-    return torch.full(shape, float("nan"), dtype=torch.float32, device=like.device)
-
-
 def _once(name, what):
     """A traffic rule: ``name`` moved exactly once (``what`` is "read" or "written")."""
     count = Traffic.times_read if what == "read" else Traffic.times_written
@@ -563,7 +262,7 @@ def check_copy_kernel(kernel, seed=0) -> bool:
             S.transpose(2, 3).contiguous().view(S.shape),  # S's memory, read in its order
         ),
     ]
-    return _run(
+    return run_kernel_check(
         "puzzle 1 (copy a state tile)",
         kernel,
         args,
@@ -583,7 +282,7 @@ def check_copy_kernel(kernel, seed=0) -> bool:
 
 def _reduce_args(c):
     batch, H, P, N = c["S"].shape
-    y = _poisoned((batch, H, P), c["S"])
+    y = poisoned((batch, H, P), c["S"])
     return [("S", c["S"]), ("C", c["C"]), ("y", y), ("H", H), ("P", P), ("N", N)]
 
 
@@ -612,7 +311,7 @@ def check_reduce_kernel(kernel, seed=0) -> bool:
             torch.einsum("bhpn,hn->bhp", S, C[0]).float(),
         ),
     ]
-    return _run(
+    return run_kernel_check(
         "puzzle 2 (reduce over N: S C)",
         kernel,
         _reduce_args(c),
@@ -622,6 +321,7 @@ def check_reduce_kernel(kernel, seed=0) -> bool:
         diagnoses=diagnoses,
         error_hint=_shape_hint,
         timing=lambda: _reduce_args(make_case(seed, **TIMING_SIZES)),
+        labels=_LABELS,
     )
 
 
@@ -664,7 +364,7 @@ def check_state_update_kernel(kernel, seed=0) -> bool:
         ("S is written exactly once (once per token: the snapshot write)", _once("S", "written")),
         ("the token's inputs are not written", _untouched(("x", "dt", "B", "A"))),
     ]
-    return _run(
+    return run_kernel_check(
         "puzzle 3 (one state update: the snapshot write)",
         kernel,
         _update_args(c),
@@ -685,7 +385,7 @@ def check_state_update_kernel(kernel, seed=0) -> bool:
 
 def _output_args(c):
     batch, H, P, N = c["S"].shape
-    y = _poisoned((batch, H, P), c["S"])
+    y = poisoned((batch, H, P), c["S"])
     names = ("S", "x", "dt", "B", "C", "A", "D")
     return [(n, c[n]) for n in names] + [("y", y), ("H", H), ("P", P), ("N", N)]
 
@@ -704,7 +404,7 @@ def check_output_kernel(kernel, seed=0) -> bool:
         ("y is written exactly once", _once("y", "written")),
         ("inputs are not written", _untouched(names)),
     ]
-    return _run(
+    return run_kernel_check(
         "puzzle 4 (output from the checkpoint)",
         kernel,
         _output_args(c),
@@ -714,6 +414,7 @@ def check_output_kernel(kernel, seed=0) -> bool:
         shared=("A", "D"),
         error_hint=_shape_hint,
         timing=lambda: _output_args(make_case(seed, **TIMING_SIZES)),
+        labels=_LABELS,
     )
 
 
@@ -725,7 +426,7 @@ _FOLD_NAMES = ("S", "log_x", "log_dt", "log_B", "A")
 def _fold_args(c):
     batch, H, P, N = c["S"].shape
     L = c["log_x"].shape[1]
-    out = _poisoned((batch, H, P, N), c["S"])
+    out = poisoned((batch, H, P, N), c["S"])
     return [(n, c[n]) for n in _FOLD_NAMES] + [
         ("out", out),
         ("L", L),
@@ -748,7 +449,7 @@ def check_fold_kernel(kernel, seed=0) -> bool:
         ("out is not read back", lambda t: t.read["out"] == 0),
         ("the log is not written", _untouched(_FOLD_NAMES)),
     ]
-    return _run(
+    return run_kernel_check(
         "puzzle 5 (the fold)",
         kernel,
         _fold_args(c),
@@ -757,6 +458,7 @@ def check_fold_kernel(kernel, seed=0) -> bool:
         rules,
         shared=("A",),
         timing=lambda: _fold_args(make_case(seed, **TIMING_SIZES)),
+        labels=_LABELS,
     )
 
 
@@ -768,7 +470,7 @@ _STEP_NAMES = ("S", "log_x", "log_dt", "log_B", "x", "dt", "B", "C", "A", "D")
 def _step_args(c):
     batch, H, P, N = c["S"].shape
     L = c["log_x"].shape[1]
-    y = _poisoned((batch, H, P), c["S"])
+    y = poisoned((batch, H, P), c["S"])
     return [(n, c[n]) for n in _STEP_NAMES] + [
         ("y", y),
         ("L", L),
@@ -807,7 +509,7 @@ def check_log_output_kernel(kernel, seed=0) -> bool:
             "allowed); carry the P-vector v_s = S_s C_t instead (the hint)"
         )
 
-    return _run(
+    return run_kernel_check(
         "puzzle 6 (the replay step: the log loop)",
         kernel,
         _step_args(c),
@@ -818,4 +520,5 @@ def check_log_output_kernel(kernel, seed=0) -> bool:
         work_rules=(no_tile_per_token,),
         error_hint=_shape_hint,
         timing=lambda: _step_args(make_case(seed, **TIMING_SIZES)),
+        labels=_LABELS,
     )

@@ -54,7 +54,7 @@ class _Explorer:
         """One output: the live widget, and a static SVG of the figure as it starts. JupyterLab
         with a kernel shows the widget; a saved notebook (widget views are stripped on save,
         ``tools/notebook_hygiene.py``), GitHub and nbviewer show the image."""
-        from replaylab.plotting import STATIC_FORMAT, static_image
+        from replaylab.teaching.plotting import STATIC_FORMAT, static_image
 
         bundle = dict(self.widget()._repr_mimebundle_(include=include, exclude=exclude) or {})
         bundle["text/plain"] = f"{type(self).__name__}: run the notebook to use its controls"

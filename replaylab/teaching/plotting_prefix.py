@@ -22,8 +22,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from replaylab.bench.prefix import WORKLOADS, workload
-from replaylab.exercises_prefix import serve_stream, token_hit_rate
-from replaylab.widgets import COLORS, _Explorer
+from replaylab.teaching.exercises_prefix import serve_stream, token_hit_rate
+from replaylab.teaching.widgets import COLORS, _Explorer
 
 __all__ = [
     "LABELS",

@@ -1,7 +1,7 @@
 """Checks for notebook 11 ("Beyond Mamba-2"). Each ``check_*`` takes the learner's function,
 compares it with the library's reference on random inputs, prints ``PASS ...`` / ``FAIL ...``
-with the first mismatch, records the verdict (``replaylab.exercises.results()``) and returns
-True or False. A stub that returns None or raises NotImplementedError is reported as not done;
+with the first mismatch, records the verdict (``replaylab.teaching.exercises.results()``) and
+returns True or False. A stub that returns None or raises NotImplementedError is reported as not done;
 any other exception is reported as a failure naming it and the learner's line; no check
 raises.
 
@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.exercises_common import NOT_IMPLEMENTED, describe_exception, guarded, report
 from replaylab.scan import gdn_scan
+from replaylab.teaching.grading import NOT_IMPLEMENTED, describe_exception, guarded, report
+from replaylab.teaching.kernel_harness import interpreting, poisoned, run_kernel_check
 
 __all__ = ["check_chunked_fold", "check_gdn_step_kernel", "gdn_fold_inputs", "gdn_step_case"]
 
@@ -111,7 +112,6 @@ def gdn_step_case(seed=0, device=None, **sizes) -> dict:
     want_u: its corrected update. On ``device`` (default: the GPU when one runs the kernels
     natively, else the CPU for the interpreter); drawn on the CPU, so the case is the same."""
     from replaylab.kernels.gdn import corrected_updates
-    from replaylab.puzzles import interpreting
 
     device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
 
@@ -150,12 +150,10 @@ def check_gdn_step_kernel(kernel, seed=0) -> bool:
     writes the new token's output o (batch, H, V) and corrected update u (batch, H, V) from
     the checkpoint and the n logged tokens (``gdn_step_case``). Pass: both correct, S read
     exactly once and never written, o and u written once, the log and the token not written."""
-    from replaylab.puzzles import _poisoned, _run
-
     c = gdn_step_case(seed)
     batch, H, K, V = c["S"].shape
     n = c["log_k"].shape[1]
-    o, u = _poisoned((batch, H, V), c["S"]), _poisoned((batch, H, V), c["S"])
+    o, u = poisoned((batch, H, V), c["S"]), poisoned((batch, H, V), c["S"])
     names = ("S", "log_k", "log_u", "log_g", "q", "k", "v", "g", "beta")
     args = [(m, c[m]) for m in names] + [("o", o), ("u", u), ("n", n), ("H", H), ("K", K), ("V", V)]
     rules = [
@@ -165,7 +163,7 @@ def check_gdn_step_kernel(kernel, seed=0) -> bool:
         ("u is written exactly once", lambda t: abs(t.times_written("u") - 1) < 1e-9),
         ("the log and the token are not written", lambda t: all(t.written[m] == 0 for m in names)),
     ]
-    return _run(
+    return run_kernel_check(
         "GDN step kernel",
         kernel,
         args,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.decoding import PromptLookupDrafter
-from replaylab.exercises_common import describe_exception, guarded, record
+from replaylab.teaching.grading import describe_exception, guarded, record
 
 __all__ = ["lookup_with_source", "RoundRecorder", "check_prompt_lookup"]
 

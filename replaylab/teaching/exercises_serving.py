@@ -2,7 +2,7 @@
 admission rule under a byte budget. Each check compares the learner's function with the
 library's (``serving.cursor.rollback_cursor``, ``serving.scheduler.admissible``) on fixed edge
 cases and then random ones, prints PASS or FAIL with the first mismatch and what it points at,
-and records its verdict (``exercises_common``).
+and records its verdict (``grading``).
 
 Glossary: pos (tokens a slot holds), log_len (replay's log entries since the checkpoint), last
 (tokens the slot took in its last step), keep (tokens of that step it keeps: the pending token
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import random
 
-from replaylab.exercises_common import describe_exception, guarded, report
 from replaylab.serving.cursor import rollback_cursor
 from replaylab.serving.scheduler import admissible
+from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = ["check_rollback_cursor", "check_admission_rule"]
 

@@ -3,7 +3,7 @@ over token ids on a block grid, the state at position p from a grid checkpoint a
 scan inputs after it, and two questions whose answers the library computes at check time. Each
 check compares the learner's answer with the library (``prefix.PrefixTree``, a one-shot prefill
 of the model and ``scan.ssd_scan`` in float64, ``prefix.PrefixCache``), prints PASS or FAIL
-with the first mismatch and what it points at, and records its verdict (``exercises_common``).
+with the first mismatch and what it points at, and records its verdict (``grading``).
 
 Glossary (as in ``replaylab.prefix``):
     b          block_size: node i of a path holds tokens [i*b, (i+1)*b) (a tail node fewer)
@@ -26,9 +26,9 @@ import random
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.exercises_common import describe_exception, guarded, report
 from replaylab.prefix import PrefixCache, PrefixTree, _common, _Node
 from replaylab.scan import ssd_scan
+from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = [
     "block_parts",

@@ -13,7 +13,7 @@ Glossary (code name -> meaning):
     QUESTIONS       the bank, in the order the notebook asks them
     correct_answer  the computed answer of one question (cached per process)
     grade           {id: answer} -> ``Grade``; records one verdict per question with
-                    ``replaylab.exercises.record`` (name ``"quiz <id>"``)
+                    ``replaylab.teaching.exercises.record`` (name ``"quiz <id>"``)
     tiny_setup      the model and prompt the live questions run on (notebook 12's setup)
 """
 
@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from replaylab import exercises
+from replaylab.teaching import exercises
+from replaylab.teaching.kernel_harness import count_traffic, interpreting
 
 __all__ = [
     "Question",
@@ -109,7 +110,7 @@ def _scan_step_y():
 
 
 def _recompute_rerun_tokens():
-    from replaylab.experiments import compare_strategies
+    from replaylab.teaching.experiments import compare_strategies
 
     model, prompt = tiny_setup()
     rows = compare_strategies(
@@ -122,10 +123,9 @@ def _one_read_key():
     """Count the library's replay_step traffic under Triton's interpreter: the checkpoint read
     once and no state written is choice "b". Without the interpreter (compiled kernels on a
     GPU) traffic cannot be counted; the key then comes from the derivation (also "b")."""
-    from replaylab import puzzles
     from replaylab.kernels.replay import replay_step
 
-    if not puzzles.interpreting():
+    if not interpreting():
         return "b"
     g = torch.Generator().manual_seed(0)
     b, H, P, N, G, L = 2, 2, 4, 8, 1, 4
@@ -140,7 +140,7 @@ def _one_read_key():
         log_len=torch.full((b,), L, dtype=torch.int32),
     )
     new = dict(x=r(b, 1, H, P), dt=r(b, 1, H), B=r(b, 1, G, N), C=r(b, 1, G, N))
-    with puzzles.count_traffic(states=lib["states"]) as traffic:
+    with count_traffic(states=lib["states"]) as traffic:
         replay_step(**lib, **new, A=-torch.rand(H, generator=g), append=False, check=False)
     reads, writes = traffic.times_read("states"), traffic.times_written("states")
     if math.isclose(reads, 1.0) and writes == 0:
@@ -244,8 +244,8 @@ QUESTIONS: list[Question] = [
     Question(
         "state_bytes",
         "01, 04",
-        "In the tiny model of the notebooks (replaylab.quiz.tiny_setup(): HybridConfig with "
-        "ssm_heads=8, ssm_head_dim=16, d_state=64, n_groups=1), how many bytes does ONE SSM "
+        "In the tiny model of the notebooks (replaylab.teaching.quiz.tiny_setup(): HybridConfig "
+        "with ssm_heads=8, ssm_head_dim=16, d_state=64, n_groups=1), how many bytes does ONE SSM "
         "layer's recurrent state take for one sequence? (The state is kept in fp32.)",
         "number",
         _layer_state_bytes,
@@ -287,13 +287,13 @@ QUESTIONS: list[Question] = [
     Question(
         "rerun_tokens",
         "03, 05",
-        "On the tiny model with replaylab.quiz.tiny_setup()'s prompt, run "
+        "On the tiny model with replaylab.teaching.quiz.tiny_setup()'s prompt, run "
         "compare_strategies(model, prompt, n_new=24, acceptance=0.0, k=4, interval=8, "
         "strategies=('recompute',)) (every draft rejected). How many tokens does recompute "
         "re-run through the model on its restores, in total?",
         "number",
         _recompute_rerun_tokens,
-        "a live run of replaylab.experiments.compare_strategies; its 'recomputed_tokens'",
+        "a live run of replaylab.teaching.experiments.compare_strategies; its 'recomputed_tokens'",
         "Every rejected round goes back to the round's start; recompute rebuilds that state by "
         "re-running the tokens since its last checkpoint through every layer. Snapshot (a copy) "
         "and replay (a cursor move in the log) re-run none.",
@@ -306,7 +306,7 @@ QUESTIONS: list[Question] = [
         "choice",
         _one_read_key,
         "the library's replay_step traffic counted under Triton's interpreter "
-        "(replaylab.puzzles.count_traffic); the derivation when kernels are compiled",
+        "(replaylab.teaching.puzzles.count_traffic); the derivation when kernels are compiled",
         "y_t = e^{cum_t} (S_c C_t) + a sum over logged x_s, B_s + D x_t: S_c is read once and "
         "no state is written; the token's inputs are appended to the log. The state is written "
         "only by a fold, once the log is full (or a branch needs its own copy).",
@@ -361,8 +361,8 @@ QUESTIONS: list[Question] = [
     Question(
         "eviction_choice",
         "04, 08",
-        "A byte budget forces one kept copy out. The kept copies (replaylab.quiz.EVICTION_ITEMS, "
-        "each EvictionItem(key, position, nbytes, last_used); a larger last_used is more "
+        "A byte budget forces one kept copy out. The kept copies "
+        "(replaylab.teaching.quiz.EVICTION_ITEMS, each EvictionItem(key, position, nbytes, last_used); a larger last_used is more "
         "recent): "
         + ", ".join(
             f"{i.key} (position {i.position}, last used {i.last_used})" for i in _eviction_items()

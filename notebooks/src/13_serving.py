@@ -1,0 +1,356 @@
+# %% [markdown]
+# # 13 · Serving: continuous batching under one byte budget
+#
+# ## Overview
+# A server does not decode one batch in lock-step. Requests arrive at random times with prompts
+# of their own lengths, each sequence sits at its own position, each accepts its own number of
+# drafts when speculating, and a finished request leaves its slot to the next one. This notebook
+# builds that shape on the serving engine (`replaylab.serving.DecodeEngine`): the per-slot
+# rollback cursor, the admission rule under one byte budget for KV + state + logs, and a
+# scheduler that serves a Poisson stream of requests. Then it reads the request-stream benchmark
+# (`replaylab bench serve-stream`): latency per token, the largest sustainable request rate per
+# strategy, and the batch from which speculation stops paying.
+#
+# **You will** step a ragged batch and roll each slot back by its own amount, write the rollback
+# cursor, count what each strategy's slot holds, write the admission rule, serve a live stream
+# whose tokens equal every request decoded alone, and read TTFT / TPOT distributions and the
+# speculation crossover with the cost model's prediction beside it.
+#
+# **Time:** about 35 minutes.
+#
+# ## Prerequisites
+# Notebooks 04-05 (snapshot, recompute and replay), 07 (speculative decoding and rollback) and
+# 09 (measuring: time per output token, memory per sequence).
+
+# %% [markdown]
+# ## Setup
+
+# %%
+import math
+
+import torch
+
+from replaylab.teaching import exercises_serving as ex
+from replaylab.bench.stream import StreamSpec, make_stream, stream_metrics, stream_requests
+from replaylab.decoding import greedy
+from replaylab.teaching.plotting import use_notebook_renderer
+from replaylab.teaching.plotting_serving import (
+    crossover_figure,
+    latency_figure,
+    load_stream_result,
+    slot_timeline_figure,
+)
+from replaylab.serving import (
+    STRATEGIES,
+    DecodeEngine,
+    Request,
+    Scheduler,
+    admissible,
+    request_bytes,
+    rollback_cursor,
+    slot_bytes,
+)
+from replaylab.testing import tiny_hybrid
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # a model this small only waits for a second thread
+use_notebook_renderer()
+model = tiny_hybrid()  # "M*M-": two Mamba-2 layers, one attention layer, one MLP; vocab 50
+
+# %% [markdown]
+# ## 1. A ragged batch: every slot at its own position
+#
+# The engine keeps, per slot, the number of tokens it holds (`pos`, also the next token's
+# position) and, under replay, the log entries since its checkpoint (`log_len`). A step takes
+# `(S, T)` tokens and a count per slot: slot i advances by `counts[i]` tokens and the rest of its
+# row is padding. Three prompts of different lengths, then one step in which the slots take 3,
+# 1 and 2 tokens:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+engine = DecodeEngine(model, max_batch=3, max_len=40, strategy="replay", log_length=5, max_verify=5)
+for n in (7, 2, 3):
+    slot, logits = engine.admit(torch.arange(n) % 50)  # (T0,) -> slot, last logits (vocab,)
+print("after prefill:  pos", engine.pos, " log_len", engine.log_len)
+engine.step(torch.tensor([[1, 2, 3], [4, 0, 0], [5, 6, 0]]), counts=[3, 1, 2])
+print("after the step: pos", engine.pos, " log_len", engine.log_len, " last", engine.last)
+
+
+# %% [markdown]
+# Slot 0's prompt of 7 tokens left a checkpoint at position 5 and 2 log entries; the step added 3,
+# so its log now holds L = 5 entries and its next step first folds them into the checkpoint.
+# Replay keeps its checkpoints on that grid of multiples of L whatever the step sizes: a step
+# never crosses it, so a slot takes at most `engine.room(slot)` tokens in one step (the ones left
+# before its next fold), and a speculating slot near the grid verifies fewer drafts that round.
+#
+# ## 2. Rolling back is a cursor move
+#
+# A verify round feeds the pending token and k drafts; the target agrees with the first a drafts
+# of slot i, so the slot keeps $\text{keep}_i = 1 + a_i$ of its $\text{last}_i$ tokens and drops
+# the rest:
+#
+# $$\text{drop}_i = \text{last}_i - \text{keep}_i,\qquad
+# \text{pos}_i \leftarrow \text{pos}_i - \text{drop}_i,\qquad
+# \text{log\_len}_i \leftarrow \text{log\_len}_i - \text{drop}_i .$$
+#
+# Under replay that is all a rollback does: no state is copied, no token is re-run; the dropped
+# log entries are simply overwritten by the next step. (Snapshot copies the kept position's state
+# back; recompute copies the state saved before the verify back and re-runs the kept tokens.)
+#
+# **Exercise (a).** Write the cursor: given per-slot lists `pos`, `log_len`, `last` and `keep`,
+# return the new `(pos, log_len)` as new lists (leave the inputs alone: they are the engine's).
+
+# %% exercise="rollback_cursor" tags=["exercise"]
+def my_rollback_cursor(pos, log_len, last, keep):
+    # pos, log_len, last, keep: lists with one int per slot; 1 <= keep[i] <= last[i]
+    # return (new_pos, new_log_len), two new lists
+    raise NotImplementedError
+
+
+# %%
+ex.check_rollback_cursor(my_rollback_cursor);
+
+# %% [markdown]
+# The library's version, `serving.rollback_cursor`, against what the engine does: slot 0 keeps
+# 1 of its 3 tokens (both drafts rejected), slot 1 its only token, slot 2 both of its tokens.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+keep = [1, 1, 2]
+want = rollback_cursor(engine.pos, engine.log_len, engine.last, keep)
+engine.rollback(keep)
+print("after the rollback: pos", engine.pos, " log_len", engine.log_len, " last", engine.last)
+print("the cursor predicted it:", (engine.pos, engine.log_len, engine.last) == want)
+print("slots rolled back:", engine.stats.rollbacks, "; tokens re-run:", engine.stats.rerun_tokens)
+
+# %% [markdown]
+# ## 3. One byte budget for KV, state and logs
+#
+# A server fits as many sequences as its memory allows. What one request holds in this engine
+# (`serving.scheduler.request_bytes`) is its slot's recurrent pools (state, conv window, the
+# per-token windows of the last step, plus per strategy the states after each draft for
+# snapshot, the state saved before a verify for recompute, the log ring of L entries for
+# replay) and the KV rows it can write: prompt + max_new_tokens - 1 + k. The engine's pools are
+# preallocated per slot; the budget counts what a paged KV allocator would hold. The tiny model,
+# a request of 24 prompt tokens and 16 new ones, k = 4:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+held = {}
+for strategy in STRATEGIES:
+    sizes = slot_bytes(DecodeEngine(model, 1, 64, strategy, log_length=8, max_verify=5))
+    held[strategy] = request_bytes(sizes, 24, 16, k=4)
+    kv = held[strategy] - sizes.recurrent
+    print(f"{strategy:9s} recurrent {sizes.recurrent:6d} B + KV {kv:5d} B = {held[strategy]:6d} B "
+          f"per request; a 1 MiB budget fits {2**20 // held[strategy]:3d}")
+
+# %% [markdown]
+# Replay's slot is the *largest* here: the tiny model's state is 768 bytes per layer, while one
+# log entry (x, dt, B, C and the raw conv inputs, fp32 on this CPU) is 588 bytes and the ring
+# holds L = 8 of them.
+# At real layer shapes the order flips. The same count for one Nemotron-H 8B Mamba-2 layer
+# (H = 128 heads of P = 64, N = 128, G = 8 groups; fp32 state, bf16 activations; the GPU
+# engine's layout, which logs x, dt, B, C but not the conv inputs), L = 16, k = 4:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+H, P, N, G, K, k, L = 128, 64, 128, 8, 3, 4, 16
+conv = H * P + 2 * G * N  # conv channels
+state = H * P * N * 4  # fp32
+windows = (1 + k + 1) * K * conv * 2  # the window, and the window after each token of a step
+entry = (H * P + H + 2 * G * N) * 2  # one log entry: x, dt, B, C
+layer = {
+    "snapshot": state + windows + (k + 1) * state,  # the state after each verified token
+    "recompute": state + windows + state + K * conv * 2,  # the state and window saved before a verify
+    "replay": state + windows + L * entry,  # the log ring
+}
+kv = 4 * 8 * 128 * 2 * 2  # Nemotron-H 8B: 4 attention layers, 8 KV heads of 128, K and V, bf16
+for strategy, b in layer.items():
+    seq = 24 * b + kv * (2048 + k)  # 24 Mamba-2 layers, 2,048 tokens
+    print(f"{strategy:9s} {b / 2**20:6.2f} MiB per layer; a 2,048-token sequence {seq / 2**20:6.1f} MiB; "
+          f"24 GiB fit {24 * 2**30 // seq:3d}")
+
+
+# %% [markdown]
+# Now snapshot's k + 1 state copies dominate and replay fits about four times as many sequences
+# in the same budget: what a slot holds is what admission counts.
+#
+# The scheduler admits requests between steps, first come, first served: the head of the queue
+# goes in if a slot is free and the bytes it needs fit beside what the running requests hold;
+# otherwise it waits, **and so does everyone behind it** (letting small requests overtake a large
+# one could starve the large one forever).
+#
+# **Exercise (b).** Write the admission rule: `needs` are the bytes of the waiting requests that
+# have arrived, in queue order; `used` the bytes the running ones hold; return how many to admit
+# from the head of the queue.
+
+# %% exercise="admission_rule" tags=["exercise"]
+def my_admissible(needs, used, budget, free_slots):
+    # needs: list of ints (bytes, queue order); used, budget, free_slots: ints
+    # return n: the head requests needs[:n] are admitted
+    raise NotImplementedError
+
+
+# %%
+ex.check_admission_rule(my_admissible);
+
+# %% [markdown]
+# ## 4. A live request stream
+#
+# `Scheduler` puts the two together (nano-vllm's split: `Request` is the sequence, the scheduler
+# decides, the engine runs the model). Each iteration it admits what `admissible` allows
+# (prefilling each new request: its first token), runs one engine step for every running request
+# (one token each; or, speculating, a verify of its own drafter's k drafts and a rollback to its
+# own accepted prefix) and retires the finished, freeing their slots and bytes. Ten requests
+# arrive as a Poisson process; the budget holds three of the longest at once. The scheduler's
+# clock is real time, except that idle gaps before an arrival are skipped.
+#
+# The scheduler must not change a single token: every request's tokens must equal that request
+# decoded alone by the teaching path, whatever it shared its steps with, and with speculation
+# on (a synthetic drafter that proposes the greedy continuation, each draft right with
+# probability 0.8) they must still be the greedy tokens.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+stream = make_stream(StreamSpec(n_requests=10, prompt_len=(4, 20), output_len=(4, 14), seed=1), 50)
+prompts, outs, _ = stream
+alone = [greedy(model, p[None], n, "snapshot").tokens[0] for p, n in zip(prompts, outs)]
+references = [torch.cat([p, t]) for p, t in zip(prompts, alone)]
+runs, served = {}, {}
+for strategy in STRATEGIES:
+    engine = DecodeEngine(model, max_batch=4, max_len=40, strategy=strategy, log_length=5)
+    budget = 3 * request_bytes(slot_bytes(engine), 20, 14, k=4)
+    for mode, k in (("decode", 0), ("synthetic", 4)):
+        sched = Scheduler(engine, budget_bytes=budget, k=k)
+        done = sched.run(stream_requests(stream, 150.0, mode, references, acceptance=0.8))
+        same = all(torch.equal(torch.tensor(r.tokens), alone[r.id]) for r in done)
+        fcfs = [r.id for r in sorted(done, key=lambda r: r.admitted_at)] == list(range(10))
+        runs[f"{strategy} {mode}"] = stream_metrics(done, sched)
+        served[f"{strategy} {mode}"] = done
+        print(f"{strategy:9s} {mode:9s}: {len(done)} requests, tokens equal alone: {same}, "
+              f"admitted in arrival order: {fcfs}, at most {sched.peak_running} at once, "
+              f"budget kept at every step: {all(h.used <= budget for h in sched.history)}")
+
+# %% [markdown]
+# Where each request ran: one bar per request on its slot's row, from admission to its last
+# token; the grey line before it is its wait in the queue. A slot freed by one request is taken
+# by the next at once.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+slot_timeline_figure(served["replay synthetic"], "replay with speculation: requests on slots").show()
+
+# %% [markdown]
+# Time to first token (queueing and prefill) and time per output token after the first, one
+# point per request. These are CPU timings of a tiny model on a shared machine: look at the
+# shapes (speculation lowers TPOT where drafts are accepted; queueing spreads TTFT), not the
+# numbers.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+latency_figure(runs, "a live stream on this CPU (tiny model)").show()
+for label, m in runs.items():
+    print(f"{label:20s} TTFT p50 {1e3 * m['ttft_s']['p50']:6.1f} ms  p99 {1e3 * m['ttft_s']['p99']:6.1f} ms"
+          f"   TPOT p50 {1e3 * m['tpot_s']['p50']:5.2f} ms  p99 {1e3 * m['tpot_s']['p99']:5.2f} ms")
+
+# %% [markdown]
+# ## 5. The measured stream: sustainable rate and the crossover
+#
+# `replaylab bench serve-stream` runs this at scale, per strategy, with and without speculation
+# (synthetic drafter at 0.8, k = 4; prompt lookup). The largest *sustainable* request rate is
+# found by a search over rates: the largest at which p99 TPOT stays within twice the batch-1
+# TPOT and the queue keeps up. The **crossover** sweeps the batch: speculative against plain
+# decode tokens/s. Speculation verifies k + 1 rows per sequence; once the batch makes the matrix
+# products compute-bound, those extra rows cost real time, and at some batch speculation stops
+# paying. The sweep times it in engine time (the steps and rollbacks, without the Python
+# drafters and the scheduler's own work, which the file also records on the scheduler's clock).
+# The cost model predicts it with a two-term roofline, each step taking
+# max(bytes / copy bandwidth, FLOPs / matrix rate) (the H200: the measured copy bandwidth and
+# 790 TFLOP/s bf16).
+#
+# The GPU result goes to `data/bench_serve_stream.json`; until it is committed this reads the
+# CPU smoke run, a tiny model on a CPU, which is **not a performance figure**:
+
+# %%
+result, path = load_stream_result()
+gpu = result["device_type"] == "cuda"
+print(f"{path}: {result['model']} on {result['device']} ({'GPU' if gpu else 'CPU smoke run, not a performance figure'}), "
+      f"{result['date']}")
+for strategy, row in result["strategies"].items():
+    for mode, m in row["modes"].items():
+        rate = m.get("sustainable_rate")
+        acc = m["acceptance"]
+        print(f"{strategy:9s} {mode:9s} TTFT p50/p99 {1e3 * m['ttft_s']['p50']:7.2f}/{1e3 * m['ttft_s']['p99']:7.2f} ms"
+              f"  TPOT p50/p99 {1e3 * m['tpot_s']['p50']:6.2f}/{1e3 * m['tpot_s']['p99']:6.2f} ms"
+              f"  {m['tokens_per_s']:8.0f} tok/s"
+              + ("" if acc is None else f"  acceptance {acc:.2f}")
+              + ("" if rate is None else f"  sustainable {rate:.1f} req/s"))
+    print(f"{strategy:9s} pool bytes per slot {row['pool_bytes_per_slot']:,}")
+
+# %% [markdown]
+# The distributions behind those percentiles, one point per request of the measured stream:
+
+# %%
+runs_measured = {f"{s} {m}": v for s, row in result["strategies"].items() for m, v in row["modes"].items()}
+latency_figure(runs_measured, f"{result['model']} on {'the GPU' if gpu else 'the CPU (smoke run)'}").show()
+
+# %%
+crossover_figure(result).show()
+for strategy, row in result["strategies"].items():
+    c = row["crossover"]
+    print(f"{strategy:9s} speculation stops paying from batch {c['measured_batch']} (measured in engine "
+          f"time; {c['measured_batch_on_the_clock']} on the clock; None: not within the sweep), cost "
+          f"model {c['predicted_batch']}; the verify is compute-bound from batch "
+          f"{c['verify_compute_bound_from_batch']} (cost model)")
+    ratios = ", ".join(f"{r['batch']}: {r['verify_over_decode_step']:.2f}" for r in c["measured_rows"])
+    print(f"{'':9s} one verify step over one decode step, by batch: {ratios}")
+
+# %% [markdown]
+# Reading it: below the line at 1, speculation is slower than plain decoding. The last line per
+# strategy is the measured side of "compute-bound": a (k+1)-token verify step costs about what
+# a decode step costs while the step is bound by reading weights and state (a ratio near 1),
+# and up to k + 1 = 5 times as much once its matrix products are bound by FLOPs. The dashed lines
+# are the cost model for an H200; on the CPU smoke run the measured lines come from another
+# machine and a tiny model, so only the GPU file can confirm or refute the prediction. What the
+# cost model says for `8b-layers` (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
+# L = 16): one 8B-shape matrix product turns compute-bound near 175 rows, batch 35 at k = 4; with a round's
+# state traffic in the byte term, replay's 5-row verify turns compute-bound from about batch 60
+# and recompute's from about 200, while snapshot's stays bytes-bound (it writes k + 1 states a
+# round). Speculation is predicted to stop paying for snapshot near batch 1,100 and, within
+# 4,000, never for recompute and replay: plain decoding on this preset is bound by reading the
+# state every token, which a verify round reads once for 1 + E[a] tokens.
+#
+# ## Summary
+# * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
+#   a rollback. Under replay a rollback moves two numbers per slot.
+# * One byte budget for KV + state + logs decides how many sequences run at once; at real layer
+#   shapes snapshot's per-draft states make its slots the largest (about 4x replay's on
+#   Nemotron-H 8B; the tiny model's tiny state reverses the order).
+# * Admission is first come, first served: a request that does not fit makes the queue wait.
+# * The scheduler changes no token: every request gets its own greedy tokens, with or without
+#   speculation.
+# * Speculation pays while a verify's extra rows are cheap (memory-bound steps); once they turn
+#   compute-bound they cost nearly their FLOPs, and only the 1 + E[a] tokens a round keeps pay
+#   for them: the crossover is where they no longer do.
+#
+# ## Exercises
+# The two build-it exercises are in sections 2 and 3 (a: `my_rollback_cursor`; b:
+# `my_admissible`), each with its check; reference answers in `solutions/13_serving.py`. Once
+# `check_admission_rule` passes, serve section 4's stream with your rule:
+# `Scheduler(engine, budget_bytes=budget, admission=my_admissible)` (the scheduler refuses an
+# answer that would break the budget or the free slots, naming it).
+#
+# *Discussion.* (1) Why does the admission rule stop at the first request that does not fit
+# instead of admitting smaller ones behind it, and what would you add to a server to use the
+# idle bytes without starving the large request? (2) Recompute's rollback re-runs the kept tokens:
+# in the measured stream, is its extra time per rejected draft closer to snapshot's copy or to a
+# decode step, and why?
+#
+# ## References
+# * nano-vllm (scheduler / sequence / model-runner split) and vLLM (continuous batching, its
+#   hybrid-model speculation issues: vLLM #39273, PRs #49847, #49887).
+# * Yu et al., "Orca: a distributed serving system for transformer-based generative models"
+#   (OSDI 2022): iteration-level scheduling.
+# * Leviathan et al. (2023), Chen et al. (2023): speculative decoding.
+# * vLLM pull requests #49847 and #49887 (ReplaySSM speculation in vLLM: why the per-draft
+#   snapshot path writes T states per step, and how replay avoids it).

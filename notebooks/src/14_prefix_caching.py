@@ -1,0 +1,438 @@
+# %% [markdown]
+# # 14 · Prefix caching of recurrent state
+#
+# ## Overview
+# Requests to a server share prefixes: a system prompt, the earlier turns of a chat, few-shot
+# examples, a retrieved document. A transformer's prefix cache keeps the KV rows of earlier
+# requests in a radix tree over token ids, and a new request resumes at the longest prefix the
+# tree holds. A hybrid model also needs the **recurrent state** at that position, and the state
+# exists only where it was saved. vLLM saves it on a block grid (`mamba_cache_mode=align`), with
+# hybrid block sizes raised to hundreds or thousands of tokens to fit the state's page, so a
+# match that ends inside a block falls back to the grid point below it, and a prompt shorter than
+# one block never hits. Replay's log of scan inputs closes the gap: the state at any position
+# inside a block is the grid state plus a fold of the logged inputs after it.
+#
+# **You will** see why the hybrid's cache misses where the transformer's hits; **write the
+# radix-tree lookup** over token ids on a block grid; **write the state at position p** from a
+# grid checkpoint and the log after it, checked against a one-shot prefill; serve four request
+# workloads through the library's `PrefixCache` under replay, snapshot (align) and recompute,
+# reading each request's hit report (where it resumed, and why not further); compare the hit
+# rates with an attention-only model's; explore block size and byte budget; and answer two
+# questions whose answers the library computes.
+#
+# **Time:** about 40 minutes.
+#
+# ## Prerequisites
+# Notebooks 02 (the selective scan), 05 (recompute vs replay: the fold) and 13 (serving: one
+# byte budget). The library side is `replaylab.prefix`.
+
+# %% [markdown]
+# ## Setup
+
+# %%
+from collections import Counter
+
+import torch
+
+from replaylab.teaching import exercises_prefix as ex
+from replaylab.bench.prefix import WORKLOADS, workload
+from replaylab.bench.prefix_blocks import nemotron_ratios
+from replaylab.cache import HybridCache
+from replaylab.teaching.diagrams import prefix_grid_diagram
+from replaylab.teaching.exercises_prefix import (
+    ALIGN_BLOCKS,
+    GROUPED_MODEL,
+    RESUME_SCENARIO,
+    TokenTree,
+    block_parts,
+    fold_case,
+    serve_stream,
+    token_hit_rate,
+)
+from replaylab.teaching.plotting import use_notebook_renderer
+from replaylab.teaching.plotting_prefix import (
+    LABELS,
+    PrefixExplorer,
+    hit_rate_figure,
+    hit_rates,
+    hit_report_rows,
+    ideal_hit_rate,
+)
+from replaylab.prefix import PREFIX_STRATEGIES, PrefixCache
+from replaylab.testing import tiny_hybrid
+
+torch.manual_seed(0)
+torch.set_num_threads(1)  # a model this small only waits for a second thread
+use_notebook_renderer()
+model = tiny_hybrid()  # "M*M-": two Mamba-2 layers, one attention layer, one MLP; vocab 50
+
+# %% [markdown]
+# ## 1. Why a hybrid's prefix cache misses where a transformer's hits
+#
+# A prefix cache cuts requests into blocks of $b$ tokens on a fixed grid: node $i$ of a path in
+# the tree holds tokens $[ib, (i+1)b)$ of the requests that share them. What a block holds
+# decides where a later request can resume:
+#
+# * **KV rows** are one row per token. A match that ends anywhere, even in the middle of a block,
+#   is usable: take the rows up to it.
+# * The **recurrent state** is one fixed-size block per layer, overwritten by every token. The
+#   tree can only hold copies saved at some positions, here the grid points $g$ (multiples of
+#   $b$); $S_g$ is the state after the first $g$ tokens. A match that ends at $m$ inside a block
+#   needs $S_m$, which nobody saved. **Align** (snapshot; vLLM's `mamba_cache_mode=align`) resumes
+#   at the grid point $g \le m$ below it and computes $[g, m)$ again. **Recompute** keeps its
+#   checkpoints every `checkpoint_interval` tokens, a multiple of $b$ (by default $b$ itself:
+#   then it holds the states align holds and resumes where align does, as in section 4),
+#   restores the last one $c \le m$ and re-runs $[c, m)$ through the model.
+# * **Replay** also holds, for every token, the layer's logged scan inputs (x, dt, B, C): then
+#   $S_m = \mathrm{fold}(S_g, \mathrm{log}[:m - g])$, at most one block of entries, no model run.
+#
+# Drawn by `replaylab.teaching.diagrams`:
+
+# %%
+prefix_grid_diagram(block_size=4, blocks=3, matched=10).show()
+
+# %% [markdown]
+# What a full block costs the tree, per strategy, for this tiny model (KV rows of its one
+# attention layer; the state and conv window of each Mamba-2 layer at the block's end; replay's
+# log entries; measured by the cache on a probe block, `PrefixCache.block_bytes`), and the parts
+# (`block_parts`, from the node a replay cache builds) beside the same two per-layer sizes at
+# Nemotron-H 8B's shapes (`replaylab.bench.prefix_blocks.nemotron_ratios`, from
+# `replaylab.families` and `replaylab.shapes`: fp32 state, bf16 conv window and log):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cfg = model.cfg
+kv = 2 * cfg.kv_heads * 16 * cfg.head_dim * 4  # K and V rows of 16 tokens, fp32, one layer
+print(f"KV rows of 16 tokens (all a transformer would hold): {kv:6,d} bytes")
+for strategy in PREFIX_STRATEGIES:
+    block = PrefixCache(model, strategy, block_size=16, max_len=64).block_bytes
+    print(f"{strategy:9s} one full block of 16 tokens: {block:6,d} bytes")
+parts, big = block_parts(model, 16), nemotron_ratios()
+print(f"per recurrent layer ({parts['recurrent']} here): state + conv window {parts['state']:,d} "
+      f"bytes, one token's log entry {parts['entry']:,d} bytes")
+print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']:,d} : "
+      f"{big['entry_bytes']:,d} bytes = {big['state_per_entry']:.1f} at {big['model']}'s shapes")
+
+# %% [markdown]
+# Replay's block is the largest because it holds what align holds (the KV rows, one state
+# and conv window per layer at the block's end) plus an entry per token and layer: $b$ entries
+# per state. One entry (x, dt, B, C and the raw conv inputs of one token) is already cheaper than
+# one state here, by the state : entry ratio printed above, and far cheaper at Nemotron-H 8B's
+# shapes (the second ratio), where the state grows with $H \cdot P \cdot N$ and an entry only with
+# $H \cdot P + G \cdot N$. So a grid state every token would be the expensive choice: replay keeps
+# a state per block and an entry per token.
+#
+# ## 2. The lookup: a radix tree on a block grid
+#
+# The tree's root holds nothing; each node holds one block of token ids (`.tokens`, a tuple of up
+# to $b$ ids) starting at grid position `.start`, and its children the blocks that followed it in
+# some request. A request's last, shorter block becomes a **tail node** (fewer than $b$ tokens;
+# nothing hangs below it). Siblings may share their first tokens: two requests that part in the
+# middle of a block give two children. `TokenTree` is the library's tree (`prefix.PrefixTree`)
+# holding token ids only; three prompts with $b = 4$:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+tree = TokenTree(block_size=4)
+for prompt in ([1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 6, 0, 0, 1, 1], [1, 2, 7]):
+    tree.insert(prompt)
+
+
+def show(node, depth=0):
+    for child in node.children:
+        kind = "tail" if len(child.tokens) < tree.block_size else "full"
+        print("    " * depth + f"start {child.start:2d}: {list(child.tokens)} ({kind})")
+        show(child, depth + 1)
+
+
+show(tree.root)
+for query in ([1, 2, 3, 4, 5, 6, 0, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 7, 7], [3, 3]):
+    print(f"lookup {query}: matched, why it stopped = {tree.lookup(query)}")
+
+
+# %% [markdown]
+# The library's `tree.lookup` returns the matched length and why the match stopped (the
+# hit report's `match_stop`): "unique tokens" when no earlier prompt held the query's next token,
+# which covers a stop at a tail node too (the prompt that left it ended there), and "end of
+# prompt" when the whole query is held. The first query matches 7 tokens: the second block's node
+# `[5, 6, 0, 0]` shares only its first three with the query, and a match may end inside a block
+# (the KV rows, and under replay the log, are there for every token). The second runs to the end
+# of the tail node `[9]` and stops: nothing was held after it.
+#
+# **Exercise 1.** Write the lookup: walk down from the root, at each node take the child whose
+# tokens share the longest common prefix with the next $b$ tokens of the prompt, descend only
+# through a block matched in full, and stop inside a block or at a tail node. Return the matched
+# length $m$ and the node that holds token $m - 1$ (`None` when $m = 0$): a node, not the reason
+# `tree.lookup` gives. The check compares you with the library's `PrefixTree` on fixed edge cases
+# and several hundred random trees over small vocabularies (so prompts share prefixes by chance
+# as well as by design).
+
+# %% exercise="prefix_lookup" tags=["exercise"]
+def my_lookup(root, tokens, block_size):
+    # root: the tree's root (holds no tokens); every node has .start (the grid position of its
+    #   first token), .tokens (a tuple of up to block_size ids: a request's tokens
+    #   [start, start + len(tokens))) and .children (a list of nodes)
+    # tokens: the new prompt, a list of ids
+    # return (m, node): m the longest prefix of tokens the tree holds, node the node holding
+    #   token m - 1 (None when m == 0); leave the tree as it is
+    raise NotImplementedError
+
+
+# %%
+ex.check_prefix_lookup(my_lookup);
+
+# %% [markdown]
+# ## 3. The state at position p: a grid checkpoint and the log after it
+#
+# Under replay the tree holds, per recurrent layer, the state $S_g$ at the end of each full block
+# and the logged scan inputs of every token of the blocks. For one Mamba-2 layer (notebook 02;
+# $A$ one negative number per head; $B_s$ one row per group: the $H$ heads fall into $G$ groups
+# of $H/G$ contiguous heads, head $h$ reading row $\lfloor h / (H/G) \rfloor$, which is what
+# `B.repeat_interleave(H // G, dim=0)` expands (G, N) to (H, N); `repeat` would tile the rows,
+# head $h$ reading row $h \bmod G$), with the raw logged step $dt_s$:
+#
+# $$\Delta_s = \mathrm{clamp}\big(\mathrm{softplus}(dt_s + b_{dt}),\ \Delta_{\min}, \Delta_{\max}\big),
+# \qquad a_s = e^{\Delta_s A},\qquad S \leftarrow a_s S + \Delta_s\, x_s B_s^\top \quad (s = g, \dots, p-1),$$
+#
+# so, unrolled (notebook 06's closed form),
+#
+# $$S_p = \Big(\prod_{s=g}^{p-1} a_s\Big) S_g + \sum_{s=g}^{p-1} \Big(\prod_{u=s+1}^{p-1} a_u\Big) \Delta_s\, x_s B_s^\top .$$
+#
+# Entry $i$ of a block's log is token $g + i$; the state at $p$ folds the first $p - g$ entries
+# ($p = g$: none; $p = g + b$: the whole block, which gives the next grid state). Both decays
+# are cumulative products with a definite origin: the checkpoint's runs over the $p - g$ folded
+# tokens, a write's over the tokens *after* it up to $p$. Measuring one from the wrong origin is
+# an easy slip, and a shipped one: vLLM's chunked Mamba-2 prefill took the cumulative decay from
+# the start of the kernel's chunk instead of the start of the sequence, where a sequence begins
+# inside a chunk (fixed in #23279).
+#
+# `fold_case(model, tokens, b)` serves `tokens` through a replay `PrefixCache` and returns, per
+# block of the tree it built, the grid position, the checkpoint and the log, in float64:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+g_ = torch.Generator().manual_seed(1)
+tokens = torch.randint(0, 50, (30,), generator=g_).tolist()
+blocks, params = fold_case(model, tokens, 8)
+for g, checkpoint, log in blocks:
+    shapes = ", ".join(f"{k} {tuple(v.shape)}" for k, v in log.items())
+    print(f"g = {g:2d}: checkpoint {tuple(checkpoint.shape)}, log {shapes}")
+print("params:", {k: tuple(v.shape) if torch.is_tensor(v) else v for k, v in params._asdict().items()})
+log0 = blocks[0][2]
+print(f"this model: H = {log0['x'].shape[1]} heads, G = {log0['B'].shape[1]} groups; the check's "
+      f"second model: H = {GROUPED_MODEL['ssm_heads']}, G = {GROUPED_MODEL['n_groups']}")
+
+
+# %% [markdown]
+# **Exercise 2.** Write the state at $p$ from the block's checkpoint $S_g$ and its log, in
+# float64, leaving the checkpoint as it is (every request that resumes from this node shares it).
+# The check compares you with `replaylab.scan.ssd_scan` in float64 and with the state a one-shot
+# prefill of the first $p$ tokens leaves, at every block of random prompts (block sizes 4, 8 and
+# 16), for $p = g$, $p = g + 1$, $p$ at the block's end and a random $p$ inside, in both Mamba-2
+# layers; then the same on a second model, this one's configuration with heads that share groups
+# (printed above), where a wrong head-to-group mapping shows.
+
+# %% exercise="state_at" tags=["exercise"]
+def my_state_at(checkpoint, log, g, p, params):
+    # checkpoint: (H, P, N) float64, the state S_g after the first g tokens (g on the grid)
+    # log: {"x": (n, H, P), "dt": (n, H), "B": (n, G, N), "C": (n, G, N)} float64, the logged
+    #   scan inputs of the block's tokens g, ..., g + n - 1 (entry i is token g + i; dt is raw;
+    #   head h reads row h // (H // G) of B and C)
+    # g <= p <= g + n; params: A, D, dt_bias (H,) float64 and dt_limit (lo, hi)
+    # return the state after the first p tokens, (H, P, N) float64
+    raise NotImplementedError
+
+
+# %%
+ex.check_state_at(my_state_at, model);
+
+# %% [markdown]
+# That fold is what `PrefixCache` does when it seats a hit under replay: the state at the
+# grid point, the first $j$ log entries of the block after it, and the KV rows up to the match. A
+# second request that shares 21 tokens with a first one, $b = 8$: it resumes at 21 (the state at
+# 16 and 5 folded entries) and its logits are those of a cold prefill of the whole prompt. In its
+# hit report `match_stop` says why the tree's match stopped at `matched`, `limited_by` why the
+# strategy's resume stopped at `resumed_from`: the same reason, unless the strategy resumed below
+# the match ("not on the grid"; "evicted" where replay's log of that block is gone):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+g_ = torch.Generator().manual_seed(2)
+first = torch.randint(0, 50, (40,), generator=g_)
+second = torch.cat([first[:21], torch.randint(0, 50, (9,), generator=g_)])
+second[21] = (first[21] + 1) % 50  # the two part at token 21
+prefix = PrefixCache(model, "replay", block_size=8, max_len=64)
+prefix.serve(first)
+served = prefix.serve(second)
+with torch.no_grad():
+    cold = model(second[None], HybridCache(model, 1, "snapshot"))[0, -1]
+print(served.hit)
+print("logits equal a cold prefill's (to 1e-5):", torch.allclose(served.logits, cold, atol=1e-5))
+
+# %% [markdown]
+# ## 4. Four workloads through the library's prefix cache
+#
+# `replaylab.bench.prefix.workload` makes four request streams of the tiny model's vocabulary: a
+# shared system prompt with varied user turns, a multi-turn chat whose every request extends the
+# previous conversation, few-shot prompts (one of two example sets and a query) and shared
+# documents (one of three and a question). What they share:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name in WORKLOADS:
+    stream = workload(name)
+    lengths = [len(t) for t in stream]
+    print(f"{name:13s} {len(stream)} requests of {min(lengths)}-{max(lengths)} tokens; "
+          f"attention-only ideal hit rate {ideal_hit_rate(stream):.3f}")
+
+# %% [markdown]
+# The **token hit rate** is the share of prompt tokens a cache did not compute: the sum of
+# the positions requests resumed from over the sum of their lengths. The **attention-only ideal**
+# is what a transformer with room for every earlier prompt gets: each request reuses its longest
+# common prefix with any earlier one (`ideal_hit_rate`, from the token ids alone), up to its last
+# token, which is always computed for its logits. Each workload through a fresh cache per
+# strategy, block size 64, no byte budget (`plotting_prefix.hit_rates`):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rates = hit_rates(model, 64, None, PREFIX_STRATEGIES)
+print(f"{'workload':13s} " + "".join(f"{LABELS[s]:>18s}" for s in PREFIX_STRATEGIES) + "   ideal")
+for name, row in rates.items():
+    cells = "".join(f"{row[s]['hit_rate']:18.3f}" for s in PREFIX_STRATEGIES)
+    print(f"{name:13s} {cells}   {row['ideal']:.3f}")
+print("bytes the tree holds after the stream (kB):")
+for name, row in rates.items():
+    print(f"{name:13s} " + "".join(f"{row[s]['bytes_held'] / 1e3:18.1f}" for s in PREFIX_STRATEGIES))
+
+# %% [markdown]
+# Every request's hit report (`PrefixHit`): its length T, what the tree matched, and per
+# strategy where it resumed and why reuse stopped there ("unique tokens": no earlier request
+# held the next token; "not on the grid": the tree matched further, but the strategy has no
+# state there; "end of prompt": the match reached the prompt's last token, which is computed for
+# its logits), with the tokens replay folded and recompute re-ran:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name, row in rates.items():
+    print(name)
+    for line in hit_report_rows({s: row[s]["hits"] for s in PREFIX_STRATEGIES}):
+        print("   ", line)
+
+# %% [markdown]
+# Reading it: replay resumes at the match on every request and reaches the ideal; align and
+# recompute resume at the grid point below the match ("not on the grid"): recompute runs with
+# its default `checkpoint_interval`, the block size, so its checkpoints are align's grid points
+# and it holds the same bytes. It re-runs the tokens between the grid point and the match
+# through the model where align prefills them, so in hit rate (computed tokens) it is no better
+# than align. The first request of each stream, and the first use of each example set or
+# document, matches nothing: "unique tokens". Replay pays for its hits in bytes: the tree holds
+# its logs too.
+
+# %%
+hit_rate_figure(rates, 'block size 64, no byte budget').show()
+
+# %% [markdown]
+# **Question 1.** In `RESUME_SCENARIO` (printed below) a first request of `first` tokens
+# is served, then one of `T` tokens that shares its first `shared` tokens; block size 64, and
+# recompute keeps a checkpoint every `checkpoint_interval` tokens. For the second request, give
+# `{strategy: (resumed_from, computed)}` for "replay", "snapshot" and "recompute", where
+# `resumed_from` is the position whose held state the served cache starts from (for recompute
+# the checkpoint it restores, not the match it re-runs to) and computed counts every token run
+# through the model (prefilled and re-run). Work it out from section 1; the check serves the two
+# requests.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(RESUME_SCENARIO)
+
+# %% exercise="resume_points" tags=["exercise"]
+resume_answer = None  # {strategy: (resumed_from, computed)}
+
+# %%
+ex.check_resume_points(resume_answer, model);
+
+# %% [markdown]
+# ## 5. Explorer: block size and byte budget
+#
+# Move the block size to see align lose its hits as blocks grow past the shared prefixes while
+# replay keeps the ideal; move the budget (one cap on KV, states and logs, least recently used
+# whole leaves evicted; under replay the logs of blocks that later blocks extend go first, so
+# those blocks then serve align-style hits) to compare the two under the same cap ("no cap":
+# none). A budget under one block is refused by the cache, and the title and bars say so. Each
+# setting serves the four workloads live (a few seconds; small blocks under a tight budget take
+# longer, as evictions turn hits into misses):
+
+# %%
+# budget_kb=0: no cap (the setting of section 4's run, reused)
+explorer = PrefixExplorer(model, block_size=64, budget_kb=0, known={(64, 0): rates})
+explorer
+
+# %% [markdown]
+# Under the same cap: block size 64 and a budget of 200 kB (what the explorer shows
+# there), replay against align, with what each tree holds after the stream and what it held with
+# no cap (section 4's run):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+capped = explorer.compute(64, 200)
+for name, row in capped.items():
+    held = {s: f"{row[s]['bytes_held'] / 1e3:5.1f} kB held, {rates[name][s]['bytes_held'] / 1e3:6.1f} uncapped"
+            for s in ("replay", "snapshot")}
+    print(f"{name:13s} replay {row['replay']['hit_rate']:.3f} ({held['replay']}), "
+          f"align {row['snapshot']['hit_rate']:.3f} ({held['snapshot']}), ideal {row['ideal']:.3f}")
+    reasons = Counter(h.limited_by for h in row["replay"]["hits"])
+    print(f"{'':13s} replay's requests stopped by: {dict(sorted(reasons.items()))}")
+
+# %% [markdown]
+# At this cap align's whole tree fits (it holds what it held uncapped) and replay's does
+# not. Replay then evicts first the logs of blocks that later blocks extend, and a match that
+# ends inside such a block resumes on the grid, as align does (its report says "evicted": the
+# log it needed is gone): where the streams' matches end there, the two meet; elsewhere replay
+# keeps its lead, in fewer tokens computed for more bytes held.
+#
+# **Question 2.** vLLM raises a hybrid's block size to hundreds of tokens (864 to 1648 in the
+# reports of vLLM #26201, #45238 and #51250) so that one state fits a KV page. Of `ALIGN_BLOCKS`, what is
+# the smallest block size at which align saves no prefill token at all on the `shared_system`
+# workload? Reason from section 4's reports, or serve the stream (`serve_stream`,
+# `token_hit_rate`); the check serves it at each block size.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print(ALIGN_BLOCKS)
+
+# %% exercise="align_zero_block" tags=["exercise"]
+align_zero_answer = None  # one of ALIGN_BLOCKS
+
+# %%
+ex.check_align_zero_block(align_zero_answer, model);
+
+# %% [markdown]
+# ## Summary
+# * A prefix cache matches token ids in a radix tree of blocks; KV rows make any matched
+#   position usable, a recurrent state only the positions where it was saved.
+# * Align (snapshot) and recompute resume at the grid point below the match; a shared prefix
+#   shorter than one block gives no hit at all, and the block sizes hybrid servers use are large.
+# * Replay resumes at the match itself: the grid state plus a fold of at most one block of logged
+#   inputs, exact against a one-shot prefill. It pays in bytes for the logs, and under a tight
+#   budget its logs are evicted first and it falls back to align-style hits.
+# * Every hit explains itself: matched, resumed from, folded, re-run, and why it stopped.
+#
+# ## Exercises
+# The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
+# two questions in sections 4 and 5, each with its check; reference answers in
+# `solutions/14_prefix_caching.py`. On the 3-hour and 1-day paths this whole notebook is
+# *optional*.
+#
+# *Discussion.* (1) A tail node (a request's last, partial block) is held once per request that
+# ends inside that block. What would a tree that splits nodes at any token (a true radix tree)
+# change for KV, for the states and for replay's logs? (2) Marconi keeps a state where it saves
+# the most prefill per byte. Under replay, which is worth more to keep under a tight budget: a
+# block's log or its grid state, and for which workloads?
+#
+# ## References
+# * vLLM: `mamba_cache_mode=align` (issues #26201, #45238, #51250: hybrid prefix caching only on
+#   the block grid, and silent misses); pull request #23279 (the decay cumsum of chunked prefill
+#   with initial states).
+# * SGLang's `MambaRadixCache` (issue #28451: replay's flushes aligned with its radix snapshots).
+# * Marconi (MLSys 2025): admission and eviction of hybrid states by FLOPs saved per byte.
+# * "ReplaySSM: Cache SSM Inputs, Not State" (Dao AI Lab with NVIDIA, 2026).
