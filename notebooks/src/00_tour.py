@@ -303,14 +303,18 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 #   notebook 14).
 # * `kernels` (`replaylab.kernels.replay`; `replaylab.kernels.mamba1` for Jamba's Mamba-1;
 #   `replaylab.kernels.gdn` for Gated DeltaNet) — Triton `replay_step` and `fold`.
-# * `costmodel`, `widgets` — analytic predictions and the interactive explorers.
-# * `experiments`, `bench`, `results` — live CPU measurements, the benchmark harness
-#   (`replaylab bench ...`) and the committed GPU results in `data/`.
+# * `costmodel` — analytic predictions.
+# * `bench`, `results` — the benchmark harness (`replaylab bench ...`) and the committed GPU
+#   results in `data/`.
 # * `generate`, `cli` — `replaylab generate CHECKPOINT --prompt-ids ...`: speculative decoding of
 #   transformers' NemotronH and Bamba checkpoints, which transformers refuses.
-# * `shapes`, `families`, `checks`, `testing` (oracles for tests and notebooks), `exercises`,
-#   `exercises_serving`, `exercises_prefix`, `puzzles`, `quiz` (notebook 12's graded recap),
-#   `plotting`, `plotting_serving`, `plotting_prefix`, `validation` — support.
+# * `shapes`, `families`, `checks`, `testing` (oracles for tests and notebooks), `validation` —
+#   support.
+# * `teaching` — what these notebooks run beside the library, never imported by it: the checks
+#   (`exercises`, `exercises_families`, `exercises_text`, `exercises_serving`,
+#   `exercises_prefix`), the Triton puzzles of 06 (`puzzles`), notebook 12's graded recap
+#   (`quiz`), the interactive explorers (`widgets`), live CPU measurements (`experiments`), and
+#   the figures (`plotting`, `plotting_serving`, `plotting_prefix`, `diagrams`, `timeline`).
 #
 # ## References
 # Each notebook lists its own. The public work this sequence builds on:

@@ -57,6 +57,8 @@ from replaylab.teaching.kernel_harness import (
     run_kernel_check,
 )
 
+# TIMING_SIZES, Traffic, count_traffic and interpreting belong to the harness; they are named
+# here too because notebook 06 reaches them as puzzles.*
 __all__ = [
     "PUZZLE_SIZES",
     "COPY_SIZES",
