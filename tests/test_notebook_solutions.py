@@ -27,7 +27,7 @@ NAMES = sorted(p.stem for p in SOLUTIONS.glob("[0-9][0-9]_*.py"))
 MARK = "REPLAYLAB_EXERCISE_RESULTS "
 REPORT = (
     "import json as _json\n"
-    "from replaylab import exercises as _exercises\n"
+    "from replaylab.teaching import exercises as _exercises\n"
     f"print({MARK!r} + _json.dumps(_exercises.results()))"
 )
 

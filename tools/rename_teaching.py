@@ -10,8 +10,9 @@ code written against the old names (a notebook on another branch, a script) is b
 It rewrites dotted names wherever they appear (imports, monkeypatch targets, prose) and splits
 ``from replaylab import exercises, scan`` into ``from replaylab import scan`` plus
 ``from replaylab.teaching import exercises``. Notebooks are rewritten cell by cell (outputs
-untouched). A file already rewritten is left as it is. ``--check`` lists the files that still
-use an old name and exits 1 if there is one.
+untouched). A file already rewritten is left as it is. A parenthesised
+``from replaylab import (...)`` over several lines is not split; the script names it. ``--check``
+lists the files that still use an old name and exits 1 if there is one.
 """
 
 from __future__ import annotations
@@ -44,13 +45,20 @@ _OLD = "|".join(sorted(RENAMES, key=len, reverse=True))
 # replaylab.exercises (a module path, a monkeypatch target, prose) and replaylab/exercises.py;
 # \b keeps replaylab.exercises from matching the start of replaylab.exercises_text
 _DOTTED = re.compile(rf"\breplaylab([./])({_OLD})\b")
-_FROM = re.compile(r"^(?P<indent>[ \t]*)from replaylab import (?P<names>[^()#\n]+?)[ \t]*$", re.M)
+# `from replaylab import a, b as c` on a line of its own, or inside a string of code (a cell
+# a test appends: "from replaylab import exercises as _exercises\n")
+_FROM = re.compile(
+    r"(?:^(?P<indent>[ \t]*)|(?P<quote>(?<=[\"'])))"
+    r"from replaylab import (?P<names>\w+(?:[ \t]+as[ \t]+\w+)?(?:,[ \t]*\w+(?:[ \t]+as[ \t]+\w+)?)*)"
+    r"(?=[ \t]*(?:$|#|\\n|[\"']))",
+    re.M,
+)
 
 
 def _split_from(match: re.Match) -> str:
     """``from replaylab import a, exercises as ex`` -> the core names and the teaching names
-    on two lines (a name keeps its ``as`` alias)."""
-    indent = match["indent"]
+    as two statements (a name keeps its ``as`` alias): on two lines, or joined by "; " inside a
+    string."""
     names = [n.strip() for n in match["names"].split(",") if n.strip()]
     core = [n for n in names if n.split()[0] not in RENAMES]
     moved = []
@@ -63,11 +71,25 @@ def _split_from(match: re.Match) -> str:
             moved.append(" ".join([new, *alias]))
     if not moved:
         return match[0]
-    lines = []
-    if core:
-        lines.append(f"{indent}from replaylab import {', '.join(core)}")
-    lines.append(f"{indent}from replaylab.teaching import {', '.join(moved)}")
-    return "\n".join(lines)
+    statements = [f"from replaylab import {', '.join(core)}"] if core else []
+    statements.append(f"from replaylab.teaching import {', '.join(moved)}")
+    if match["quote"] is not None:
+        return "; ".join(statements)
+    return "\n".join(match["indent"] + statement for statement in statements)
+
+
+_PARENTHESISED = re.compile(r"from replaylab import \(([^)]*)\)")
+
+
+def unsplit(text: str) -> list[str]:
+    """The old names ``rewrite`` leaves alone: those inside a parenthesised
+    ``from replaylab import (...)`` over several lines (split those by hand)."""
+    return [
+        name
+        for group in _PARENTHESISED.findall(text)
+        for name in re.findall(r"\w+", group)
+        if name in RENAMES
+    ]
 
 
 def rewrite(text: str) -> str:
@@ -108,6 +130,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     stale = []
     for path in args.files:
+        if left := unsplit(path.read_text()):
+            print(f"{path}: split by hand: from replaylab import ({', '.join(left)} ...)")
+            stale.append(path)
         if args.check:
             if rewrite(path.read_text()) != path.read_text():
                 stale.append(path)
