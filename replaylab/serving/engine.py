@@ -76,6 +76,7 @@ import torch
 from replaylab.kv import attend
 from replaylab.recurrent import LayerState, window_after, windows_per_token
 from replaylab.results import measured_log_length
+from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.validation import as_int, check_token_ids
 
@@ -144,10 +145,12 @@ class DecodeEngine:
     DeltaNet layers cannot seat a prefix cache). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
     (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
-    for the tests). matmul (fused path): "row_invariant" (default; ``kernels.matmul.linear``:
+    for the tests). matmul: "row_invariant" (default on a GPU; ``kernels.matmul.linear``:
     a row's bits do not depend on the row count, so a verify rounds as decode steps do at
-    every batch) or "torch" (cuBLAS: faster at some shapes, but its rows change with the row
-    count at batch 64 and up on an H200). prefill_chunk: the tokens of a prompt run through
+    every batch; on the reference path every ``nn.Linear`` goes there and attention to
+    ``kernels.decode.attention``, see ``serving.invariant``) or "torch" (default on CPU;
+    cuBLAS on a GPU: faster at some shapes, but its rows change with the row count, and a
+    verify through it parts from greedy decoding at near-ties). prefill_chunk: the tokens of a prompt run through
     the model at once in ``admit`` (the spec's scan, chunked for long chunks).
     batch_invariant: the Mamba-2 replay kernels launch alike at every batch (default), so a
     slot's bits do not depend on which other slots share its steps; False: the launch tuned
@@ -215,11 +218,11 @@ class DecodeEngine:
             )
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
-        self.matmul = ("row_invariant" if self.fused else "torch") if matmul is None else matmul
+        if matmul is None:
+            matmul = "row_invariant" if self.fused or (cuda and self.use_kernels) else "torch"
+        self.matmul = matmul
         if self.matmul not in ("torch", "row_invariant"):
             raise ValueError(f"matmul: expected 'torch' or 'row_invariant', got {self.matmul!r}")
-        if self.matmul == "row_invariant" and not self.fused:
-            raise ValueError("matmul: 'row_invariant' is the fused path's; use fused=True")
         slots, Tm = self.max_batch, self.max_verify
         self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
         layers = model.model.layers
@@ -688,6 +691,13 @@ class DecodeEngine:
                 pool.saved_conv[:bucket].copy_(pool.conv[:bucket])
         if self.fused:
             return self._forward_fused(tokens)
+        if self.matmul == "row_invariant":  # every nn.Linear row-invariant (``invariant``)
+            with RowInvariantLinear():
+                return self._forward_reference(tokens, bucket, T)
+        return self._forward_reference(tokens, bucket, T)
+
+    def _forward_reference(self, tokens, bucket, T):
+        """The reference path's forward: the teaching modules over the pools."""
         pools = _PoolCache(lambda l, inputs: self._advance(l, inputs, bucket, T))
         h = self.model.model.embeddings(tokens)
         for i, block in enumerate(self.model.model.layers):
@@ -795,8 +805,11 @@ class DecodeEngine:
         positions = self._pos[:bucket, None] + self._steps[:T]  # (bucket, T)
         q, k, v, gate = att.project(h, positions)
         self._write_kv(pool, k.transpose(1, 2), v.transpose(1, 2), bucket, T)
-        visible = torch.arange(pool.k.shape[2], device=self.device) <= positions[:, :, None]
-        out = attend(q, pool.k[:bucket], pool.v[:bucket], visible[:, None])
+        if self.matmul == "row_invariant":  # one program per query row
+            out = row_invariant_attention(q, pool.k, pool.v, self._pos[:bucket])
+        else:
+            visible = torch.arange(pool.k.shape[2], device=self.device) <= positions[:, :, None]
+            out = attend(q, pool.k[:bucket], pool.v[:bucket], visible[:, None])
         return att.finish(out, gate)
 
     # --- the fused path (GPU) ------------------------------------------------------------
