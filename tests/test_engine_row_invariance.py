@@ -23,14 +23,15 @@ from replaylab.serving import DecodeEngine
 from replaylab.serving.invariant import RowInvariantLinear
 
 GPU = torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"  # CPU: the kernels through Triton's interpreter
 
 
 def test_inside_the_mode_every_linear_is_the_row_invariant_kernel(monkeypatch):
     calls = []
     real = matmul_kernels.linear
     monkeypatch.setattr(matmul_kernels, "linear", lambda x, w: calls.append(1) or real(x, w))
-    lin = torch.nn.Linear(16, 8)
-    x = torch.randn(3, 16)
+    lin = torch.nn.Linear(16, 8).to(DEVICE)
+    x = torch.randn(3, 16, device=DEVICE)
     with torch.no_grad():
         plain = lin(x)
         with RowInvariantLinear():
@@ -41,7 +42,7 @@ def test_inside_the_mode_every_linear_is_the_row_invariant_kernel(monkeypatch):
 
 @pytest.mark.parametrize("kind", ["gdn", "bamba"])
 def test_the_reference_path_routes_linears_and_attention_through_the_kernels(kind, monkeypatch):
-    model = _model(kind)
+    model = _model(kind).to(DEVICE)
     linear_calls, attention_calls = [], []
     real_linear, real_attention = matmul_kernels.linear, decode_kernels.attention
     monkeypatch.setattr(
@@ -55,7 +56,7 @@ def test_the_reference_path_routes_linears_and_attention_through_the_kernels(kin
     _admit_all(engine, prompts)
     linear_calls.clear(), attention_calls.clear()
     with torch.no_grad():
-        engine.step(torch.tensor([[8, 9], [10, 11]]))
+        engine.step(torch.tensor([[8, 9], [10, 11]], device=DEVICE))
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in model.modules())
     assert len(linear_calls) == n_linear  # each Linear once (lm_head included)
     assert len(attention_calls) == len(model.cfg.attn_layers)

@@ -5,9 +5,11 @@ Speculation is lossless only if a verify of k + 1 tokens rounds each of its rows
 step of one token would. On a GPU the teaching modules' matrix products do not: cuBLAS picks
 its kernel, tile and split of the reduction by the row count, so the B(k + 1) rows of a
 verify and the B rows of a decode step round differently, and bf16 near-ties part the
-tokens. ``row_invariant_linear()`` routes every ``F.linear`` of the forward (each
-``nn.Linear`` calls it) to ``kernels.matmul.linear``, whose launch depends on the weight's
-shape alone; attention goes to ``kernels.decode.attention`` (one program per query row).
+tokens; so do torch's row reductions at some row counts (the RMSNorms at batch 8 on an H200,
+``tools/row_invariance_probe.py``). ``RowInvariantLinear`` routes every ``F.linear`` of the
+forward (each ``nn.Linear`` calls it) to ``kernels.matmul.linear``, whose launch depends on the
+weight's shape alone, and every sum or mean over the last dim to ``kernels.matmul.row_sum``;
+attention goes to ``kernels.decode.attention`` (one program per query row).
 """
 
 from __future__ import annotations
@@ -18,10 +20,24 @@ from torch.overrides import TorchFunctionMode
 __all__ = ["RowInvariantLinear", "row_invariant_attention"]
 
 
+_SUMS = {torch.sum, torch.Tensor.sum, torch.mean, torch.Tensor.mean}
+
+
+def _last_dim_only(x, args, kwargs):
+    """Whether a sum / mean call reduces x's last dim alone, with no dtype or output given."""
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if isinstance(dim, (tuple, list)) and len(dim) == 1:
+        dim = dim[0]
+    extra = set(kwargs) - {"dim", "keepdim"}
+    return isinstance(dim, int) and dim in (-1, x.dim() - 1) and not extra and len(args) <= 3
+
+
 class RowInvariantLinear(TorchFunctionMode):
     """Inside ``with RowInvariantLinear():`` each ``F.linear(x, W, b)`` runs as
-    ``kernels.matmul.linear(x, W) + b``: row i of the result has the same bits whatever the
-    number of rows. Every other function runs unchanged."""
+    ``kernels.matmul.linear(x, W) + b``, and on a GPU each floating ``sum`` / ``mean`` over
+    the last dim (the norms, the L2 normalisation of Gated DeltaNet's q and k) as
+    ``kernels.matmul.row_sum``: row i of the result has the same bits whatever the number of
+    rows. Every other function runs unchanged."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -32,6 +48,16 @@ class RowInvariantLinear(TorchFunctionMode):
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
             out = linear(x, weight)
             return out if bias is None else out + bias
+        if func in _SUMS and args and isinstance(args[0], torch.Tensor):
+            x = args[0]
+            if x.is_cuda and x.is_floating_point() and x.dim() and _last_dim_only(x, args, kwargs):
+                from replaylab.kernels.matmul import row_sum
+
+                out = row_sum(x)
+                if func in (torch.mean, torch.Tensor.mean):
+                    out = out / x.shape[-1]
+                keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
+                return out.unsqueeze(-1) if keepdim else out
         return func(*args, **kwargs)
 
 
