@@ -13,6 +13,7 @@ shows the outputs the notebooks were committed with.
 
     python tools/build_book.py                  write the site to build/book/
     python tools/build_book.py --out DIR        write it to DIR
+    python tools/build_book.py --strict         fail on a Sphinx warning too (the tests do)
 """
 
 from __future__ import annotations
@@ -82,10 +83,11 @@ def index_page(pages: list[Path]) -> str:
     return intro.replace(MARKER, "\n".join([*rows, "", guide, "", *toc]))
 
 
-def build(out: Path, quiet: bool = True) -> Path:
+def build(out: Path, quiet: bool = True, strict: bool = False) -> Path:
     """Stage the pages in a temporary folder, build the site there and move it to ``out`` (an
     earlier build there is replaced only once the new one has built); return
-    ``out / 'index.html'``. Raises CalledProcessError when Sphinx fails."""
+    ``out / 'index.html'``. Raises CalledProcessError when Sphinx fails (with ``strict``, also
+    when it warns: a missing image, a page it could not read)."""
     missing = [m for m in REQUIRED if importlib.util.find_spec(m) is None]
     if missing:
         raise SystemExit(
@@ -108,6 +110,7 @@ def build(out: Path, quiet: bool = True) -> Path:
         (src / "index.md").write_text(index_page(pages), encoding="utf-8")
         command = [sys.executable, "-m", "sphinx", "-b", "html", "-c", str(CONF)]
         command += ["-d", str(Path(tmp) / "doctrees"), *(["-q"] if quiet else [])]
+        command += ["-W", "--keep-going"] if strict else []
         subprocess.run([*command, str(src), str(site)], check=True)
         if out.exists():
             shutil.rmtree(out)
@@ -120,9 +123,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=ROOT / "build" / "book")
     parser.add_argument("--verbose", action="store_true", help="Sphinx's progress lines too")
+    parser.add_argument("--strict", action="store_true", help="fail on any Sphinx warning")
     args = parser.parse_args()
     try:
-        index = build(args.out, quiet=not args.verbose)
+        index = build(args.out, quiet=not args.verbose, strict=args.strict)
     except subprocess.CalledProcessError as err:
         sys.exit(f"the book did not build (Sphinx exited with {err.returncode})")
     print(f"book written to {index.parent}/ (open {index})")
