@@ -49,9 +49,8 @@ def describe(path: Path) -> tuple[str, str]:
     text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     heading = re.search(r"^#\s+(.+)$", text, re.M)
     minutes = MINUTES.search(text)
-    return (heading.group(1).strip() if heading else path.stem), (
-        minutes.group(1) if minutes else ""
-    )
+    title = heading.group(1).strip() if heading else path.stem
+    return title, minutes.group(1) if minutes else ""
 
 
 def index_page(pages: list[Path]) -> str:
