@@ -22,7 +22,11 @@ run the recurrence itself: one program per (sequence, block of BLOCK_D channels)
 (BLOCK_D, N) tile of S_c once, steps it through the log and the new tokens in registers (fp32)
 and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes S_{c+j}.
 A verify row is computed by exactly the operations a one-token step at its position performs
-(same update, same order), so T tokens in one call equal T single steps bit for bit.
+(same update, same order), so T tokens in one call equal T single steps bit for bit. Both
+kernels launch with ``enable_fp_fusion=False``: otherwise the compiler contracts a product and
+a sum into one FMA where it chooses, differently in the unrolled new-token updates and in the
+looped log updates, and at Jamba's shape on an H200 a verify's rows parted from single steps
+(``data/row_invariance_probe.json``).
 """
 
 from __future__ import annotations
@@ -326,6 +330,7 @@ def replay_step(
         APPEND=append,
         HAS_COUNT=counted,
         num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,  # no FMA contraction: unrolled and looped updates round alike
     )
     return y
 
@@ -415,6 +420,7 @@ def fold(
         BLOCK_D=BD,
         BLOCK_N=triton.next_power_of_2(N),
         num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,  # as replay_step: each update rounds as the step's do
     )
     return dest
 
