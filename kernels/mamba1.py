@@ -23,10 +23,11 @@ run the recurrence itself: one program per (sequence, block of BLOCK_D channels)
 and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes S_{c+j}.
 A verify row is computed by exactly the operations a one-token step at its position performs
 (same update, same order), so T tokens in one call equal T single steps bit for bit. Both
-kernels launch with ``enable_fp_fusion=False``: otherwise the compiler contracts a product and
-a sum into one FMA where it chooses, differently in the unrolled new-token updates and in the
-looped log updates, and at Jamba's shape on an H200 a verify's rows parted from single steps
-(``data/row_invariance_probe.json``).
+kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
+a sum into one FMA differently in the unrolled new-token updates and in the looped log
+updates. At Jamba's shape on an H200 a verify's rows parted from single steps before
+(``data/row_invariance_probe.json``); that contraction is the suspected cause, and the launch
+without it has not yet run on a GPU.
 """
 
 from __future__ import annotations
