@@ -48,7 +48,9 @@ What is served where:
   position would be, ring logs, per-slot counts), and its folds on the grid from their
   ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
   together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
-  so for these layouts it is not captured in CUDA graphs.
+  so for these layouts it is not captured in CUDA graphs. On a GPU it runs row-invariant by
+  default (``serving.invariant``: matrix products, last-dim sums and attention through
+  kernels whose rows do not depend on the row count), so speculation is lossless there too.
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
