@@ -50,7 +50,9 @@ What is served where:
   together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
   so for these layouts it is not captured in CUDA graphs. On a GPU it runs row-invariant by
   default (``serving.invariant``: matrix products, last-dim sums and attention through
-  kernels whose rows do not depend on the row count), so speculation is lossless there too.
+  kernels whose rows do not depend on the row count), so speculation is lossless there too
+  (on the H200 in ``data/bench_engine_families.json`` for every family and strategy but
+  Jamba-class replay, whose Mamba-1 kernel's verify rows parted from single steps).
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
