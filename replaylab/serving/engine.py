@@ -159,7 +159,8 @@ class DecodeEngine:
     batch_invariant: the Mamba-2 replay kernels launch alike at every batch (default), so a
     slot's bits do not depend on which other slots share its steps; False: the launch tuned
     per batch (``kernels.replay.LAUNCH``), faster by up to 12% per replay step at batch 1-8.
-    (The Gated DeltaNet and Mamba-1 kernels keep their per-batch launch for now.)
+    (The Gated DeltaNet and Mamba-1 kernels launch alike at every batch already:
+    ``kernels.gdn.LAUNCH`` has one entry per kernel, ``kernels.mamba1`` one ``BLOCK_D``.)
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
