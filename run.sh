@@ -4,6 +4,8 @@
 #   ./run.sh lab         opens the notebooks in JupyterLab
 #   ./run.sh notebooks   executes every notebook headless and writes HTML to build/html/
 #   ./run.sh test        runs the whole test suite, notebooks included (nbval)
+#   ./run.sh book        builds the notebooks as committed (outputs included, nothing executed)
+#                        into a static site with navigation and search: build/book/index.html
 # TORCH_SPEC picks the torch build (default torch==2.13.0, the CPU build of these machines);
 # on a GPU machine set it to the CUDA build you want, e.g. TORCH_SPEC=torch.
 set -euo pipefail
@@ -25,7 +27,7 @@ setup() {
   echo "setting up $VENV (a few minutes the first time)..."
   quiet_pip install -q -U pip setuptools wheel
   quiet_pip install -q "$TORCH_SPEC"
-  quiet_pip install -q -e ".[notebooks,test]"
+  quiet_pip install -q -e ".[notebooks,test,book]"
   # mamba-ssm is the test oracle: source only; its PyTorch references need no CUDA build
   MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
     quiet_pip install -q --no-build-isolation --no-deps "$MAMBA_SSM"
@@ -47,6 +49,9 @@ case "$cmd" in
       --ExecutePreprocessor.store_widget_state=False --ExecutePreprocessor.timeout=600 \
       notebooks/[0-9]*.ipynb "$@"
     echo "HTML written to build/html/" ;;
+  book)
+    setup
+    exec "$PY" tools/build_book.py "$@" ;;
   test)
     setup
     # two workers (pytest-xdist), a file at a time each (a notebook's cells stay in one kernel),
@@ -55,6 +60,6 @@ case "$cmd" in
     exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider \
       -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
     [ "$cmd" = help ] || exit 2 ;;
 esac

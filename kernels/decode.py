@@ -447,14 +447,16 @@ def _attention_kernel(
     max_len,
     T: tl.constexpr,
     Dh: tl.constexpr,
+    BLOCK_D: tl.constexpr,  # Dh rounded up to a power of two (the columns past Dh masked)
     BLOCK_S: tl.constexpr,
     POS_STRIDE: tl.constexpr,  # 0: one position for all sequences, 1: one each
 ):
     b, hq, t = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
     kv = hq // (Hq // Hkv)
     last = tl.load(position + b * POS_STRIDE) + t  # rows 0 .. last are visible to token t
-    offs_d = tl.arange(0, Dh)
-    qv = tl.load(q + (b * T + t) * q_row + hq * Dh + offs_d).to(tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d < Dh
+    qv = tl.load(q + (b * T + t) * q_row + hq * Dh + offs_d, mask=in_d, other=0.0).to(tl.float32)
     base = (b * Hkv + kv) * max_len * Dh
     m = tl.full([1], float("-inf"), tl.float32)
     total = tl.zeros([1], tl.float32)
@@ -463,17 +465,17 @@ def _attention_kernel(
         offs_s = s0 + tl.arange(0, BLOCK_S)
         seen = offs_s <= last
         rows = base + offs_s[:, None] * Dh + offs_d[None, :]
-        keys = tl.load(k + rows, mask=seen[:, None], other=0.0).to(tl.float32)
+        keys = tl.load(k + rows, mask=seen[:, None] & in_d[None, :], other=0.0).to(tl.float32)
         scores = tl.where(seen, tl.sum(keys * qv[None, :], axis=1) * scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(scores, axis=0))
         p = tl.exp(scores - m_new)
         alpha = tl.exp(m - m_new)
-        values = tl.load(v + rows, mask=seen[:, None], other=0.0).to(tl.float32)
+        values = tl.load(v + rows, mask=seen[:, None] & in_d[None, :], other=0.0).to(tl.float32)
         total = total * alpha + tl.sum(p, axis=0)
         acc = acc * alpha + tl.sum(p[:, None] * values, axis=0)
         m = m_new
     o = acc / total
-    tl.store(out + ((b * T + t) * Hq + hq) * Dh + offs_d, o.to(out.dtype.element_ty))
+    tl.store(out + ((b * T + t) * Hq + hq) * Dh + offs_d, o.to(out.dtype.element_ty), mask=in_d)
 
 
 def attention(q, k, v, position, scale):
@@ -489,8 +491,8 @@ def attention(q, k, v, position, scale):
     if Hq % Hkv or not (k.is_contiguous() and v.is_contiguous()) or k.shape != v.shape:
         raise ValueError("k, v: expected equal contiguous (slots, Hkv, max_len, Dh) buffers")
     rows_ok = q.stride(0) == T * q_row and q.stride(2) == Dh and q.stride(3) == 1
-    if not rows_ok or Dh & (Dh - 1):
-        raise ValueError("q: expected contiguous heads, evenly spaced rows, Dh a power of two")
+    if not rows_ok:
+        raise ValueError("q: expected contiguous heads and evenly spaced rows")
     if position.dtype != torch.int64 or position.shape not in ((), (batch,)):
         raise ValueError(
             f"position: expected int64 of shape () or ({batch},), got {position.dtype} "
@@ -510,6 +512,7 @@ def attention(q, k, v, position, scale):
         max_len,
         T=T,
         Dh=Dh,
+        BLOCK_D=triton.next_power_of_2(Dh),
         BLOCK_S=64,
         POS_STRIDE=1 if position.dim() else 0,
         num_warps=4,

@@ -22,7 +22,12 @@ run the recurrence itself: one program per (sequence, block of BLOCK_D channels)
 (BLOCK_D, N) tile of S_c once, steps it through the log and the new tokens in registers (fp32)
 and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes S_{c+j}.
 A verify row is computed by exactly the operations a one-token step at its position performs
-(same update, same order), so T tokens in one call equal T single steps bit for bit.
+(same update, same order), so T tokens in one call equal T single steps bit for bit. Both
+kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
+a sum into one FMA differently in the unrolled new-token updates and in the looped log
+updates. At Jamba's shape on an H200 a verify's rows parted from single steps before
+(``data/row_invariance_probe.json``); that contraction is the suspected cause, and the launch
+without it has not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -326,6 +331,7 @@ def replay_step(
         APPEND=append,
         HAS_COUNT=counted,
         num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,  # no FMA contraction: unrolled and looped updates round alike
     )
     return y
 
@@ -415,6 +421,7 @@ def fold(
         BLOCK_D=BD,
         BLOCK_N=triton.next_power_of_2(N),
         num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,  # as replay_step: each update rounds as the step's do
     )
     return dest
 

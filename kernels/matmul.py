@@ -10,6 +10,9 @@ only on its own inputs. What that costs against cuBLAS is measured by ``bench se
 
     y = x W^T      x: (M, K), W: (N, K) (nn.Linear's layout), y: (M, N), fp32 accumulation
 
+``row_sum`` is the same promise for a sum over the last dim (the norms' mean of squares, an
+L2 normalisation): one program per row, its chunks in one order, whatever the row count.
+
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors (the tile is upcast to fp32 there, since
 the interpreter's bf16 arithmetic is not the GPU's).
 """
@@ -20,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["linear", "linear_ref", "launch_for"]
+__all__ = ["linear", "linear_ref", "launch_for", "row_sum"]
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
@@ -109,3 +112,25 @@ def linear(x, weight):
 def linear_ref(x, weight):
     """The reference: fp32 accumulation, rounded once to x's dtype."""
     return torch.nn.functional.linear(x.float(), weight.float()).to(x.dtype)
+
+
+@triton.jit(do_not_specialize=["R"])
+def _row_sum_kernel(x, out, R, C, BLOCK: tl.constexpr):
+    r = tl.program_id(0).to(tl.int64)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for c0 in range(0, C, BLOCK):
+        offs = c0 + tl.arange(0, BLOCK)
+        acc += tl.load(x + r * C + offs, mask=offs < C, other=0.0).to(tl.float32)
+    tl.store(out + r, tl.sum(acc, axis=0).to(out.dtype.element_ty))
+
+
+def row_sum(x):
+    """``x.sum(-1)`` for x (..., C), row-invariant (fp32 accumulation, x's dtype out):
+    (...,). The launch depends on C alone."""
+    lead, C = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, C).contiguous()
+    out = torch.empty(x2.shape[0], dtype=x.dtype, device=x.device)
+    if x2.shape[0]:
+        block = min(triton.next_power_of_2(max(C, 1)), 1024)
+        _row_sum_kernel[(x2.shape[0],)](x2, out, x2.shape[0], C, BLOCK=block, num_warps=4)
+    return out.view(lead)

@@ -1,4 +1,4 @@
-"""The figures of the seed article's caveats and the roofline (notebooks 08 and 09): each
+"""The figures of the seed article's caveats and the roofline (notebooks 08, 09 and 15): each
 shows the numbers it is given, no more, no fewer."""
 
 import math

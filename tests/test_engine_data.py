@@ -106,7 +106,7 @@ def test_concurrency_rows_for_both_strategies(name):
     run = _load(name)
     conc = {r["strategy"]: r for r in run["rows"] if r.get("workload") == "concurrency"}
     assert set(conc) == {"snapshot", "replay"}
-    # notebook 09: replay fits more than twice the sequences of the per-draft-snapshot path
+    # notebook 15: replay fits more than twice the sequences of the per-draft-snapshot path
     assert conc["replay"]["max_batch"] > 2 * conc["snapshot"]["max_batch"]
     assert conc["replay"]["pool_bytes_per_sequence"] < conc["snapshot"]["pool_bytes_per_sequence"]
 
@@ -120,7 +120,7 @@ def test_speculative_rows_keep_greedy_tokens_on_8b_layers():
 
 @pytest.mark.parametrize("name", ENGINE)
 def test_token_checks_part_only_at_near_ties(name):
-    """Notebook 09: where the engine's greedy tokens leave the teaching model's, the top two
+    """Notebook 15: where the engine's greedy tokens leave the teaching model's, the top two
     logits nearly tie (gap far below the median gap)."""
     run = _load(name)
     assert {c["strategy"] for c in run["token_checks"]} == {"snapshot", "replay"}

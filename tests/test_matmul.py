@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from replaylab import assert_close
-from replaylab.kernels.matmul import linear, linear_ref
+from replaylab.kernels.matmul import linear, linear_ref, row_sum
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
@@ -28,6 +28,17 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
     for m in (1, 5, 8, 40, 64, 66):
         assert torch.equal(linear(x[:m], w), every[:m]), m
     assert torch.equal(linear(x[None, 3:8], w)[0], every[3:8])  # leading dims, an offset view
+
+
+@pytest.mark.parametrize("C", [7, 128, 1500])  # a partial block, one block, two blocks
+def test_row_sum_matches_torch_and_its_rows_do_not_depend_on_the_row_count(C):
+    x = torch.randn(9, 3, C, device=DEVICE)
+    every = row_sum(x)
+    assert every.shape == (9, 3)
+    assert_close(every, x.double().sum(-1).float(), dtype=torch.float32, name="sum")
+    for m in (1, 2, 5):
+        assert torch.equal(row_sum(x[:m]), every[:m]), m
+    assert torch.equal(row_sum(x[4:6, 1]), every[4:6, 1])  # an offset, strided view
 
 
 def test_bad_input_is_named():

@@ -12,8 +12,3 @@ state_share_answer = (falcon, "more" if falcon > share_at("Nemotron-H 8B") else 
 # %% recompute_half
 half = speculative(model, one, 48, SyntheticDrafter(reference, 0.5, seed=0), k=4, cache="recompute")
 recompute_half_answer = (half.restores, half.recomputed_tokens)
-
-# %% roofline_32k
-roofline_answer = 1e3 * cm.decode_floor_seconds(
-    nemotron, "replay", 64, bw, **{**roof_kw, "context_len": 32768}
-)

@@ -22,13 +22,14 @@
 # | 06 The replay kernel | the GPU kernel, built as a ladder of six Triton puzzles, and its H200 numbers | 115 |
 # | 07 Speculative decoding | acceptance, draft length and rollback, predicted and measured | 25 |
 # | 08 Intervals and budgets | the optimum interval, sequences per budget, live eviction | 20 |
-# | 09 Measuring | what to measure when state storage changes (time per token, peak memory, rollback cost), live and from the H200 | 40 |
+# | 09 Measuring | what to measure when state storage changes (time per token, peak memory, rollback cost), live; replay's amortised kernel cost and the engine on an H200; where replay wins | 30 |
 # | 10 The trained model | real text, a real draft model, real acceptance | 25 |
 # | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 55 |
 # | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 30 |
 # | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 35 |
 # | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 40 |
-# | **total** | | **570 (9 h 30 min)** |
+# | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 45 |
+# | **total** | | **605 (10 h 5 min)** |
 #
 # **How the minutes were set.** Executing a notebook is the small part: every one runs top to
 # bottom in seconds on a 2-core CPU (timed with `jupyter nbconvert --to notebook --execute`, one
@@ -42,9 +43,9 @@
 #
 # ## Time budgets and two short paths
 #
-# The minutes in the table are the whole sequence: **570 minutes of reading and exercises (9 h 30
-# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 270 minutes) before set-up
-# and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
+# The minutes in the table are the whole sequence: **605 minutes of reading and exercises (10 h 5
+# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 260 minutes; the appendix,
+# 15, 45 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
 # says which exercises a path skips (marked *optional*).
 #
 # **Set-up (both paths): 15 minutes, best done before the session.** `./run.sh lab` creates
@@ -63,12 +64,12 @@
 # | break | | | 10 |
 # | 5 | 06 section 1 (one read of the checkpoint) and section 5 (the H200 numbers, amortised) | none (the puzzles and 1-3 optional) | 25 |
 # | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 15 |
-# | 7 | 09 section 4: the engine table and where replay wins | none (1-3 optional) | 15 |
+# | 7 | 09 section 4: the amortised kernel table, the engine table and where replay wins | none (1-2 optional) | 15 |
 # | 8 | 12 section 1: the sequence in one page | the quiz optional | 10 |
 # | | questions, slack | | 15 |
 # | **total** | | | **180 (3 h)** |
 #
-# Optional on this path: 02, 04, 08, 10, 11, 13 and 14 whole; 03's sections 2b, 3, 3b, 3c and 4; 05's
+# Optional on this path: 02, 04, 08, 10, 11, 13, 14 and the appendix 15 whole; 03's sections 2b, 3, 3b, 3c and 4; 05's
 # sections 2 and 4; 06's sections 2-4 (the Triton puzzles); every exercise but 05's replay log.
 #
 # ### The 1-day path: build every strategy, skip the second day's depth
@@ -85,14 +86,15 @@
 # | 12:45 | 06 sections 1, 2 and 5 (3-4 optional) | puzzles 1, 2, 4 and 6 (3, 5 and 1-3 optional) | 65 |
 # | 13:50 | 07, every section | 1 (2 optional) | 20 |
 # | 14:10 | break | | 15 |
-# | 14:25 | 09 sections 1, 4 and 6 | none (sections 2, 3, 5 and 1-3 optional) | 25 |
+# | 14:25 | 09, every section | none (1-2 optional) | 25 |
 # | 14:50 | 12, the quiz and where to go next | the questions on 08, 10 and 11 optional | 30 |
 # | 15:20 | questions, slack | | 10 |
 # | 15:30 | end | | |
 # | **total** | 290 minutes of notebooks, 90 of breaks and lunch, 15 of set-up, 10 of slack | | **405 (6 h 45 min)** |
 #
-# Optional on this path: 08, 10, 11, 13 and 14 whole (the second day's material: intervals and
-# budgets, the trained model, other layer families, serving, prefix caching), and the parts named in the table.
+# Optional on this path: 08, 10, 11, 13, 14 and the appendix 15 whole (the second day's material:
+# intervals and budgets, the trained model, other layer families, serving, prefix caching, the
+# measurements read in depth), and the parts named in the table.
 #
 # ## Learning objectives
 #
@@ -147,11 +149,12 @@
 # * Count how many sequences each strategy fits in a memory budget.
 # * Evict a kept state live and rebuild it exactly.
 #
-# **09 Measuring (40 min)**
+# **09 Measuring (30 min)**
 # * Measure decode-only time per token, peak memory per sequence and what a rejected draft costs.
-# * Read the H200 runs with their provenance: the teaching path, the CUDA-graphed engine, the
-#   GPU-busy and roofline fractions.
-# * Put numbers on the caveats: attention-to-SSM ratio, batch 1, log length.
+# * Read replay's kernel cost amortised (step + fold(L)/L) and the CUDA-graphed engine's tokens/s
+#   and roofline fractions against the run's one copy bandwidth; say where replay wins, per
+#   workload and batch.
+# * Put a number on the first caveat: the state's share of a sequence's memory as attention grows.
 #
 # **10 The trained model (25 min)**
 # * Read what training bought: held-out loss against a bigram baseline.
@@ -186,6 +189,14 @@
 #   request's hit report, and compare hit rates with an attention-only model's by block size
 #   and byte budget.
 #
+# **15 Appendix: reading the measurements, optional (45 min)**
+# * Read each H200 run with its provenance and its own copy bandwidth: the teaching path, what
+#   fusing the engine bought, token agreement, batched speculation, how many sequences fit, a
+#   second shape.
+# * Set the cost model's memory-bound floor beside the measured steps and explain the gaps.
+# * Put numbers on the caveats (attention's share, log length, workload) and on a roofline for
+#   Nemotron-H 8B.
+#
 # ## Two set-ups: without or with a GPU
 #
 # **Without a GPU (a laptop).** `./run.sh lab` sets up `.venv` (CPU torch) and opens this folder
@@ -193,7 +204,7 @@
 # `./run.sh test` runs the tests and these notebooks under nbval. Models are tiny and run on the
 # CPU. `import replaylab` switches Triton's interpreter on (`TRITON_INTERPRET=1`) when there is no
 # CUDA device, so the Triton kernels run as Python on CPU tensors, and notebook 06 can count the
-# bytes your kernels load and store. The GPU numbers (06, the H200 preset of 07, 09, 12) are read
+# bytes your kernels load and store. The GPU numbers (06, the H200 preset of 07, 09, 12, 15) are read
 # from `data/bench_*.json`, each printed with the device, date and command that made it.
 # `python -m replaylab.bench kernels` refuses to run here and says where the committed results are.
 #
@@ -209,12 +220,12 @@
 #   when its tensors are on a CUDA device (`strategies/replay.py`).
 # * Live GPU numbers come from re-measuring; each command rewrites its file in `data/` and the
 #   notebooks then show your measurements:
-#   `python -m replaylab.bench kernels` (`data/bench_kernels.json`: 06, 09 section 5, 12);
+#   `python -m replaylab.bench kernels` (`data/bench_kernels.json`: 06, 09 section 4, 12, 15);
 #   `replaylab bench sweep` (`data/bench_kernels_sweep.json`: 06's launch table);
 #   `python -m replaylab.bench kernels --batches 1,32,128 --log-lens 16,64 --ts 4,8 --no-fold --out data/bench_kernels_verify.json` (06's verify kernel);
-#   `python -m replaylab.bench decode --preset 8b-layers --batches 1,8,32,64 --n-new 64` (`data/bench_decode.json`: 09 section 4; the same with `--out data/bench_decode_hf_kernels.json` where transformers has mamba-ssm's kernels, 09's second run);
+#   `python -m replaylab.bench decode --preset 8b-layers --batches 1,8,32,64 --n-new 64` (`data/bench_decode.json`: 15 section 2; the same with `--out data/bench_decode_hf_kernels.json` where transformers has mamba-ssm's kernels, 15's second run);
 #   `python -m replaylab.bench engine` (`data/bench_engine.json`: 09's engine table, where replay
-#   wins in 05, 06 and 09, the H200 preset's copy bandwidth in 07 and 09, 12);
+#   wins in 05, 06 and 09, the H200 preset's copy bandwidth in 07, 09 and 15, 12);
 #   `python -m replaylab.bench serve --phases ragged` (`data/bench_serve_ragged.json`: where replay
 #   wins with every slot at its own position, 05, 06, 09; 13).
 #   Saved outputs of the cells that print measurements will then differ: re-execute the notebooks
@@ -261,9 +272,9 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # | $q_t, k_t, v_t$; $\alpha_t, \beta_t$ | Gated DeltaNet: query, key, value vectors; decay and step | 11 |
 # | $M$ | the strictly lower-triangular matrix of the chunked WY / UT form, $(I + M)\,U = \dots$ | 11 |
 # | $m$ | tokens per chunk in that form | 11 |
-# | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12 |
-# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 07, 09 |
-# | $\alpha$ | (07, 09 only, no subscript) the chance that a draft is accepted | 07, 09 |
+# | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12, 15 |
+# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 07, 09, 15 |
+# | $\alpha$ | (07 only, no subscript) the chance that a draft is accepted | 07 |
 # | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09 |
 #
 # Terms, each also defined where a notebook first uses it:

@@ -2,21 +2,30 @@
 # # 09 · Measuring a hybrid model
 #
 # ## Overview
-# What to measure before and after changing how a hybrid model stores its state, done properly:
-# **time per output token** (decode only: prefill noise hides decode regressions), **peak memory
-# per sequence** (reset the peak, decode, subtract the weights, divide by the sequences),
-# **speculative decoding** with its acceptance rate and **what a rejection costs**. Live on the
-# tiny model here; from `data/` for an H200 with Nemotron-H 8B's layer shapes. Then the caveats,
-# with numbers.
+# What to measure before and after changing how a hybrid model stores its state: **time per
+# output token**, decode only (prefill noise hides decode regressions); **peak memory per
+# sequence** (reset the peak, decode, subtract the weights, divide by the sequences); when
+# speculating, the **acceptance rate** and **what a rejection costs**; on a GPU, how many
+# sequences fit (the appendix, notebook 15, reads that search). Each is measured at least three times after a discarded warm-up. Live on the tiny
+# model first; then the H200 runs in `data/`, read in two tables: replay's kernel cost, amortised,
+# and the whole model in the decode engine against the one copy bandwidth measured in that run;
+# and from those, where replay wins, per workload and batch.
 #
 # **You will** measure decode-only time per token, peak memory per sequence and what a rejected
-# draft costs, live here and from the H200 run in `data/`, with the caveats in numbers; then
-# answer two checked questions.
+# draft costs on the tiny model; read replay's amortised kernel cost and the engine's tokens/s and
+# roofline fractions on an H200; say where replay wins and when a model's attention layers shrink
+# its gain; answer two checked questions.
 #
-# **Time:** about 40 minutes.
+# **Time:** about 30 minutes.
 #
 # ## Prerequisites
-# Notebooks 03-07.
+# Notebooks 03-07; 06 section 5 introduces the kernel measurements that section 4 reads.
+#
+# **After the sequence, optional:** `15_appendix_measurements.ipynb` reads the rest of the H200
+# runs in depth: the teaching path's decode runs, what fusing the engine bought, where its tokens
+# part from the teaching model's, speculation on the engine and how many sequences fit, a second
+# model shape, the cost model's floor beside the measurements, the other caveats in numbers and a
+# roofline for Nemotron-H 8B. Neither short path includes it.
 
 # %% [markdown]
 # ## Setup
@@ -29,12 +38,7 @@ from replaylab.teaching import exercises
 from replaylab.bench.decode import decode_once
 from replaylab.decoding import SyntheticDrafter, greedy, speculative
 from replaylab.model import HybridLM, preset
-from replaylab.teaching.plotting import (
-    branching_workloads_figure,
-    decode_throughput_figure,
-    load_bench,
-    use_notebook_renderer,
-)
+from replaylab.teaching.plotting import load_bench, use_notebook_renderer
 from replaylab.shapes import PUBLISHED_SHAPES
 
 torch.manual_seed(0)
@@ -120,7 +124,8 @@ runs = {
 for s, r in runs.items():
     print(
         f"{s:9s} acceptance {r.acceptance_rate:.2f}, restores {r.restores}, tokens re-run "
-        f"{r.recomputed_tokens}, same tokens as greedy: {torch.equal(r.tokens, reference[:, 32:])}"
+        f"{r.recomputed_tokens}, peak {r.peak_bytes / 1024:.0f} KiB, "
+        f"same tokens as greedy: {torch.equal(r.tokens, reference[:, 32:])}"
     )
 
 # %%
@@ -131,146 +136,75 @@ for s, r in runs.items():
     )
 
 # %% [markdown]
-# The same measurement with the trained pair of `data/models/`: a real draft model instead of a
-# synthetic one (its acceptance on held-out text is in `metrics.json`).
-
-# %%
-# NBVAL_CHECK_OUTPUT
-
-import json
-from pathlib import Path
-
-from transformers.utils import logging as hf_logging
-
-from replaylab.decoding import ModelDrafter, PromptLookupDrafter
-from replaylab.generate import load_checkpoint, load_tokenizer
-
-hf_logging.disable_progress_bar()  # no loading bars (they would be saved as widgets)
-MODELS = Path("../data/models")
-tok = load_tokenizer(MODELS / "replaylab-code-10m")
-target = load_checkpoint(MODELS / "replaylab-code-10m")  # bf16 weights, fp32 on a CPU
-draft = load_checkpoint(MODELS / "replaylab-code-draft")
-measured = json.loads((MODELS / "metrics.json").read_text())["acceptance"]["summary"]
-
-code_prompt = torch.tensor([tok.encode("def read_config(path):\n    ").ids])
-trained = {
-    s: speculative(target, code_prompt, 48, ModelDrafter(draft, s), k=4, cache=s)
-    for s in ("snapshot", "recompute", "replay")
-}
-for s, r in trained.items():
-    print(
-        f"{s:9s} acceptance {r.acceptance_rate:.2f}, restores {r.restores}, tokens re-run "
-        f"{r.recomputed_tokens}, peak {r.peak_bytes / 1024:.0f} KiB"
-    )
-m = measured["draft model / replay"]
-print(
-    f"held-out acceptance of this draft model: {m['acceptance']:.2f} "
-    f"({m['accepted']}/{m['proposed']}, {m['prompts']} prompts)"
-)
-
-# %% [markdown]
 # ## 4. On an H200
 #
-# `python -m replaylab.bench decode --preset 8b-layers --batches 1,8,32,64 --n-new 64`:
-# Nemotron-H 8B's layer shapes (seven blocks), bf16 weights, random. The transformers baseline
-# is the same weights loaded into `NemotronHForCausalLM`; on that machine it ran its PyTorch
-# path (mamba-ssm's CUDA extension was not built there), which the caveats below take into
-# account.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-bench = load_bench("data/bench_decode.json")
-print(bench["device"], "|", bench["date"], "|", bench["command"])
-print("transformers, asked for assisted generation:", bench["assisted_generation_refusal"])
-
-# %%
-decode_throughput_figure(bench).show()
-
-# %%
-branching_workloads_figure(bench).show()
-
-# %%
-# NBVAL_CHECK_OUTPUT
-rows = bench["rows"]
-get = lambda **k: next(r for r in rows if all(r.get(a) == v for a, v in k.items()))  # noqa: E731
-tps = lambda r: r["batch"] / r["seconds_per_token"]["median"]  # noqa: E731
-print(
-    f"replay / snapshot decode tokens/s at batch 64: "
-    f"{tps(get(workload='decode', strategy='replay', batch=64)) / tps(get(workload='decode', strategy='snapshot', batch=64)):.2f}x"
-)
-spec = get(workload="speculative a=0.8", strategy="replay")
-plain = max(
-    (get(workload="decode", strategy=s, batch=1) for s in ("snapshot", "recompute", "replay")),
-    key=tps,
-)  # the fastest plain decode, not replay's own
-print(
-    f"speculative (replay, k=4, acceptance 0.8) / the fastest plain decode ({plain['strategy']}): "
-    f"{tps(spec) / tps(plain):.2f}x; "
-    f"vs per-draft snapshots: {tps(spec) / tps(get(workload='speculative a=0.8', strategy='snapshot')):.2f}x"
-)
-snap_bytes = get(workload="speculative a=0.8", strategy="snapshot")["peak_bytes"]
-print(
-    f"sequences under one budget while speculating, replay / per-draft snapshots: "
-    f"{snap_bytes / spec['peak_bytes']:.1f}x"
-)
-print(
-    f"replaylab greedy (snapshot) / transformers generate at batch 64: "
-    f"{tps(get(workload='decode', strategy='snapshot', batch=64)) / tps(get(workload='decode', provider='transformers', batch=64)):.2f}x"
-)
-print(
-    "sustainable batch (4x the batch-1 step time):",
-    {s: c["max_batch"] for s, c in bench["concurrency"].items()},
-)
+# Two GPU runs from `data/`, each printed with its device, date and command: the replay kernels
+# alone, on one layer of Nemotron-H 8B's shape (`data/bench_kernels.json`, the run notebook 06
+# section 5 reads), and the whole model in the decode engine (`data/bench_engine.json`). Terms:
+# **`ssu`** is mamba-ssm's `selective_state_update`, the usual decode kernel, which reads and
+# writes the state every token; a **CUDA graph** records a step's kernel launches once and replays
+# them with one call, so the host's cost per launch leaves the step; replay's decode cost is
+# **amortised**, step + fold(L)/L, because every L-th step must also fold its full log into a new
+# checkpoint. Quoting the step alone would leave the fold out.
 
 # %% [markdown]
-# A second run on a fresh machine, with transformers on mamba-ssm's Triton kernels
-# (`data/bench_decode_hf_kernels.json`). Our decode loop is host-bound (Python dispatch of a few
-# hundred small kernels per step, no CUDA graphs: a CUDA graph records a step's kernel launches
-# once and replays them with one call, removing the host's per-launch cost), so its step time moved between the two
-# machines by up to 2x; ratios taken within one run are what to read:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-bench2 = load_bench("data/bench_decode_hf_kernels.json")
-rows = bench2["rows"]
-print("transformers on mamba-ssm kernels:", bench2["transformers_on_mamba_ssm_kernels"])
-for b in (1, 8, 32, 64):
-    ours = max(
-        tps(get(workload="decode", strategy=s, batch=b))
-        for s in ("snapshot", "recompute", "replay")
-    )
-    theirs = tps(get(workload="decode", provider="transformers", batch=b))
-    print(f"batch {b:2d}: best replaylab strategy / transformers generate = {ours / theirs:.2f}x")
-spec = get(workload="speculative a=0.8", strategy="replay")
-plain = max(
-    (get(workload="decode", strategy=s, batch=1) for s in ("snapshot", "recompute", "replay")),
-    key=tps,
-)  # the fastest plain decode, not replay's own
-print(
-    f"speculative (replay, acceptance 0.8) / the fastest plain decode ({plain['strategy']}): "
-    f"{tps(spec) / tps(plain):.2f}x; "
-    f"vs per-draft snapshots: {tps(spec) / tps(get(workload='speculative a=0.8', strategy='snapshot')):.2f}x"
-)
-
-# %% [markdown]
-# ### The decode engine: the same model over preallocated pools and CUDA graphs
+# ### The kernel, amortised
 #
-# The runs above time the library's teaching path: Python over growing caches, the GPU mostly
-# waiting. `replaylab.serving.DecodeEngine` runs the same model over preallocated state, conv, log
-# and KV pools, each decode step one CUDA-graph replay, and on a GPU it runs *fused*: one Triton
-# kernel for each group of element-wise operations (residual add + RMSNorm, conv + SiLU + split,
-# gated RMSNorm, relu², attention over the static KV buffer), a fused state update for snapshot
-# and, for replay, a step that also appends to its own log (`replaylab.kernels.decode`).
-# `replaylab bench engine --presets 8b-layers` wrote `data/bench_engine.json`; in the same run:
+# Median times over CUDA-graph replays, one new token per sequence: replay's decode at each
+# measured log length L against `ssu`, and `ssu`'s time over replay's amortised time (above 1:
+# replay is faster). The L = 16 columns show the two parts, step and fold, that the amortised time
+# adds up:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from replaylab.results import amortised_decode
+
+kb = load_bench()  # data/bench_kernels.json
+print(kb["device"], "|", kb["date"], "|", kb["command"])
+table = {(r["batch"], r["L"]): r for r in amortised_decode(kb)}
+kernel_batches = sorted({b for b, _ in table})
+lengths = sorted({L for _, L in table})
+print(
+    "batch |  ssu µs | L = 16: step µs + fold µs / 16 = decode µs | ssu / replay decode at L = "
+    + ", ".join(map(str, lengths))
+)
+for b in kernel_batches:
+    r = table[b, 16]
+    ratios = "  ".join(f"{table[b, L]['speedup']:5.2f}x" for L in lengths)
+    print(
+        f"{b:5d} | {r['ssu_us']:7.1f} | {r['step_us']:15.1f} + {r['fold_us']:8.1f} / 16 = "
+        f"{r['amortised_us']:9.1f} | {ratios}"
+    )
+best_L = {b: max(lengths, key=lambda L: table[b, L]["speedup"]) for b in kernel_batches}
+kernel_wins = [b for b in kernel_batches if table[b, best_L[b]]["speedup"] > 1]
+print(f"replay's amortised decode beats ssu at batch {kernel_wins}; the best L per batch: {best_L}")
+
+# %% [markdown]
+# At batch 1 the GPU is mostly idle and fixed costs set the time: `ssu` is faster. From batch 8 the
+# state write that replay skips is the larger cost, and with its share of the fold replay's decode
+# beats `ssu`; a longer log (L = 64) makes every step walk more entries and eats the gain. These
+# are times: 06 section 5 reads the same run as fractions of its own copy bandwidth.
+
+# %% [markdown]
+# ### The whole model: the decode engine
+#
+# A decode step is more than the state kernel: it reads every weight once, attends over the KV
+# cache and runs every layer. The library's teaching path (Python over growing caches) leaves an
+# H200 mostly idle, waiting for the host, so there the state storage barely shows (its runs are in
+# the appendix, notebook 15). `replaylab.serving.DecodeEngine` runs the same model over
+# preallocated state, conv, log and KV pools, each decode step one CUDA-graph replay, and on a GPU
+# it runs *fused*: one Triton kernel for each group of element-wise operations, a fused state
+# update for snapshot and, for replay, a step that also appends to its own log
+# (`replaylab.kernels.decode`). `replaylab bench engine --presets 8b-layers` (Nemotron-H 8B's
+# layer shapes, seven blocks, random bf16 weights) wrote `data/bench_engine.json`; in the same run:
 # mamba-ssm's own CUDA-graphed decode loop on the same layer shapes (its model carries one more
 # MLP block) and transformers `generate`.
 #
-# The roofline fraction is the bytes a step must move (weights, state traffic, KV, log) over the
-# device-copy bandwidth measured in the same run, divided by the measured step time; *busy* is
-# the share of the wall time the GPU spent in kernels while torch.profiler watched. The snapshot
-# engine's state update is a fused kernel of its own (notebook 06 times it against mamba-ssm's
-# `selective_state_update`), so snapshot against replay compares two fused paths. The engine's
-# rows, fused (the table and figure below), then the unfused engine they replaced:
+# **One bandwidth.** The run timed a 2 GiB device copy two ways (replayed from a CUDA graph, and
+# launched between CUDA events) and keeps the larger; every fraction below divides by it. A row's
+# **roofline fraction** is the time its bytes would take at that bandwidth (weights, state
+# traffic, KV, log: what a step must move) over the measured step time; **busy** is the share of
+# the wall time the GPU spent in kernels while torch.profiler watched, where the run profiled:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -288,17 +222,17 @@ def tok_s(r):
     return r["batch"] / r["seconds_per_token"]["median"]
 
 
-def pick(batch, strategy=None, provider=None, fused=True, rows=None):
-    """One plain decode row (no workload): an engine strategy (fused or not) or a provider."""
+def pick(batch, strategy=None, provider=None):
+    # one plain decode row (no workload): the fused engine under a strategy, or a provider
     return next(
         (
             r
-            for r in (erows if rows is None else rows)
+            for r in erows
             if r["batch"] == batch
             and "workload" not in r
             and r.get("strategy") == strategy
             and r.get("provider") == provider
-            and (provider is not None or r.get("fused", True) == fused)
+            and (provider is not None or r.get("fused", True))
         ),
         None,
     )
@@ -353,434 +287,15 @@ for line in replay_wins_summary(replay_wins(eng, load_bench("data/bench_serve_ra
 # In words: **plain decode** trails or ties at batch 1 and 8 and wins from batch 32 (the ragged
 # run, which has no batch 32, from 64); **batched speculation** (k = 4 verify rounds) wins from
 # batch 64; **speculation at batch 1** trails per-draft snapshots, whose copies of one sequence's
-# state are cheap. The kernels alone win earlier (notebook 06: the amortised decode kernel from
+# state are cheap. The kernel alone wins earlier (the kernel table above: the amortised decode from
 # batch 8), because at small batch the weights, not the state, are most of a step's bytes.
 
 # %% [markdown]
-# **What fusion bought.** The same run timed the previous, unfused engine (the teaching
-# model's PyTorch operations inside the same CUDA graphs) at two batches. torch.profiler counted
-# the fused step's kernels; *matmul* is the share of the GPU time in the cuBLAS matrix products
-# (kernels named `nvjet*`), the rest is the fused kernels:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-print(
-    "strategy  batch | unfused ms (roofline) | fused ms (roofline) | fused / unfused tok/s | "
-    "fused kernels/step, GPU µs/step, matmul share, largest other kernel"
-)
-for s in ("snapshot", "replay"):
-    for b in sorted({r["batch"] for r in erows if r.get("fused") is False}):
-        old, new = pick(b, s, fused=False), pick(b, s)
-        prof = new.get("profile") or {}
-        top = prof.get("top", [])
-        matmul = sum(k["us_per_step"] for k in top if k["name"].startswith("nvjet"))
-        other = next((k for k in top if not k["name"].startswith("nvjet")), None)
-        line = (
-            f"{s:8s} {b:6d} | {old['seconds_per_token']['median'] * 1e3:8.3f} ({old['roofline_fraction']:4.0%})"
-            f"      | {new['seconds_per_token']['median'] * 1e3:7.3f} ({new['roofline_fraction']:4.0%})"
-            f"    | {tok_s(new) / tok_s(old):20.2f}x |"
-        )
-        if prof:
-            line += (
-                f" {prof['kernels_per_step']:.0f}, {prof['device_us_per_step']:.0f} µs, "
-                f"{matmul / prof['device_us_per_step']:.0%}, {other['name'].strip('_')} "
-                f"{other['us_per_step']:.0f} µs"
-            )
-        print(line)
-
-# %% [markdown]
-# **Does the engine decode the same tokens as the teaching model?** Not always, and the check
-# says where they part. On a GPU the fused kernels sum in another order than the teaching model's
-# PyTorch operations, so their logits agree to rounding, not bit for bit. Greedy decoding follows
-# the same tokens until a position where the two best logits (nearly) tie; there a rounding
-# difference picks the other token, and from then on the two continue different texts. Before
-# timing, the run decoded a few prompts both ways and recorded, where a sequence parted, the
-# teaching model's gap between its top two logits:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-import math
-
-
-def token_report(run):
-    for c in run["token_checks"]:
-        where = (
-            "; ".join(
-                f"sequence {p['sequence']} at token {p['at_token']} (top-2 gap {p['top2_gap']:g})"
-                for p in c["parted"]
-            )
-            or "nowhere"
-        )
-        print(
-            f"{c['preset']} {c['strategy']:8s}: {c['same_sequences']}/{c['of']} sequences equal over "
-            f"{c['tokens']} tokens ({c['same_token_fraction']:.0%} of the tokens); parted: {where}; "
-            f"median top-2 gap over all positions {c['median_top2_gap']:g}"
-        )
-    gaps = sorted({p["top2_gap"] for c in run["token_checks"] for p in c["parted"]})
-    median = min(c["median_top2_gap"] for c in run["token_checks"])
-    print(
-        f"gaps where a sequence parted: {gaps}, the largest {max(gaps) / median:.2f}x the smallest median gap"
-    )
-    for g in (g for g in gaps if g > 0 and g == 2.0 ** round(math.log2(g))):
-        e = round(math.log2(g)) + 7  # bf16 keeps 8 significant bits: one step is 2^(exponent - 7)
-        print(
-            f"a gap of {g:g} is one bf16 rounding step of a logit between {2.0**e:g} and {2.0 ** (e + 1):g}"
-        )
-
-
-token_report(eng)
-
-# %% [markdown]
-# Speculative decoding on the engine (batch 1, k = 4, a synthetic drafter that accepts each
-# draft with the given probability) returns the engine's own greedy tokens when every verified
-# row rounds as a single-token step would. Beside it, the trained pair of `data/models/` (a real
-# draft model): at 10M parameters a step is a few microseconds of GPU work, so these rows time
-# the host loop (prefill included), not the cache:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-spec = {(r["strategy"], r["workload"]): r for r in erows if "workload" in r}
-fastest_plain = max((pick(1, s) for s in ("replay", "snapshot")), key=tok_s)
-for (s, w), r in spec.items():
-    if w.startswith("speculative"):
-        print(
-            f"{w}, {s:8s}: {tok_s(r) / tok_s(fastest_plain):.2f}x the fastest plain decode at batch 1 "
-            f"({fastest_plain['strategy']}); acceptance {r['acceptance']:.2f}, "
-            f"same tokens as the engine's greedy: {r['same_tokens_as_greedy']}"
-        )
-pair = [r for r in eng["rows"] if r["preset"].startswith("trained pair")]
-for r in pair:
-    extra = (
-        f", acceptance {r['acceptance']:.2f}, same tokens as greedy: {r['same_tokens_as_greedy']}"
-        if "acceptance" in r
-        else ""
-    )
-    print(
-        f"{r['preset']}, {r['strategy']:8s} {r['workload']:15s}: {r['seconds_per_token']['median'] * 1e3:.2f} ms "
-        f"per token (prefill included){extra}"
-    )
-
-# %% [markdown]
-# **Speculation at batch.** A verify round checks k = 4 drafts plus one token for every
-# sequence of the batch at once; here every sequence keeps the same number of tokens per round
-# (set by the synthetic acceptance), so tokens/s = batch × kept / round time. Replay verifies from
-# its checkpoint and log; snapshot keeps a state per draft (the per-draft-snapshot path). The last
-# columns compare with the faster of the two plain decodes at the same batch, and say what a
-# round costs in plain decode steps:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-rounds = {
-    (r["strategy"], r["batch"], r["workload"].split("a=")[1]): r
-    for r in erows
-    if r.get("workload", "").startswith("batched verify rounds")
-}
-print(
-    "batch  accept  kept | ms/round: replay snapshot | tok/s: replay  snapshot  replay/snap | "
-    "fastest plain tok/s  replay/plain | replay round in plain steps"
-)
-cost_in_steps = {}
-for b in sorted({b for _, b, _ in rounds}):
-    plain = max((pick(b, s) for s in ("snapshot", "replay")), key=tok_s)
-    for a in sorted({a for _, bb, a in rounds if bb == b}, key=float):
-        rep, snap = rounds[("replay", b, a)], rounds[("snapshot", b, a)]
-        cost_in_steps[b, a] = (
-            rep["ms_per_round"] * 1e-3 / pick(b, "replay")["seconds_per_token"]["median"]
-        )
-        print(
-            f"{b:5d}  {a:>6s}  {rep['tokens_kept_per_round']:4d} | {rep['ms_per_round']:15.2f} {snap['ms_per_round']:8.2f} | "
-            f"{rep['tokens_per_s']:13.0f} {snap['tokens_per_s']:9.0f} {rep['tokens_per_s'] / snap['tokens_per_s']:11.2f}x | "
-            f"{tok_s(plain):19.0f} {rep['tokens_per_s'] / tok_s(plain):12.2f}x | {cost_in_steps[b, a]:.2f}"
-        )
-big = max(b for _, b, _ in rounds)
-steps = min(v for (b, _), v in cost_in_steps.items() if b == big)
-beats = [
-    a
-    for (s, b, a), r in rounds.items()
-    if s == "replay"
-    and b == big
-    and r["tokens_per_s"] > max(tok_s(pick(big, x)) for x in ("snapshot", "replay"))
-]
-print(
-    f"at batch {big} a replay round costs at least {steps:.1f} plain steps, so speculation beats plain "
-    f"decode there only where a round keeps more: acceptance {beats or 'none'}"
-)
-
-
-# %% [markdown]
-# **How many sequences fit?** The run searched the largest batch whose pools, one verify
-# round (k = 4) and one decode step fit in 24 GiB beyond the weights, at 2048 tokens per sequence.
-# Snapshot's pool holds a state per draft for its verify; replay's a checkpoint and a log:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-def concurrency_report(run, preset_name):
-    c = {
-        r["strategy"]: r
-        for r in run["rows"]
-        if r.get("workload") == "concurrency" and r["preset"] == preset_name
-    }
-    for s, r in c.items():
-        print(
-            f"{preset_name} {s:8s}: {r['max_batch']:4d} sequences in {r['budget_gib']} GiB "
-            f"(max_len {r['max_len']}, k = {r['k']}; pools {r['pool_bytes_per_sequence'] / 2**20:.1f} MiB per sequence)"
-        )
-    print(
-        f"{preset_name}: replay fits {c['replay']['max_batch'] / c['snapshot']['max_batch']:.2f}x "
-        f"the sequences of the per-draft-snapshot path"
-    )
-
-
-concurrency_report(eng, "8b-layers")
-
-# %% [markdown]
-# **A second shape.** The same benchmark on the `1b` preset (`data/bench_engine_1b.json`: more
-# and narrower layers, no providers beside it). Its headline rows, with the same helpers:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-eng1 = load_bench("data/bench_engine_1b.json")
-print(eng1["device"], "|", eng1["date"], "|", eng1["command"])
-rows1 = [r for r in eng1["rows"] if r.get("preset") == "1b" and "seconds_per_token" in r]
-print("batch | replay tok/s (roofline) | snapshot tok/s (roofline) | replay/snapshot")
-for b in sorted({r["batch"] for r in rows1 if "workload" not in r}):
-    rep, snap = pick(b, "replay", rows=rows1), pick(b, "snapshot", rows=rows1)
-    print(f"{b:5d} | {cell_(rep):>23s} | {cell_(snap):>25s} | {tok_s(rep) / tok_s(snap):.2f}x")
-for s in ("snapshot", "replay"):
-    for b in sorted({r["batch"] for r in rows1 if r.get("fused") is False}):
-        old, new = pick(b, s, fused=False, rows=rows1), pick(b, s, rows=rows1)
-        print(
-            f"{s:8s} batch {b:3d}: unfused {old['roofline_fraction']:.0%} -> fused {new['roofline_fraction']:.0%} "
-            f"of the roofline ({tok_s(new) / tok_s(old):.2f}x tokens/s)"
-        )
-concurrency_report(eng1, "1b")
-token_report(eng1)
-for r in rows1:
-    if r.get("workload", "").startswith("speculative"):
-        print(
-            f"1b {r['workload']}, {r['strategy']:8s}: acceptance {r['acceptance']:.2f}, "
-            f"same tokens as the engine's greedy: {r['same_tokens_as_greedy']}"
-        )
-
-# %% [markdown]
-# On this shape replay's speculative tokens can differ from the engine's own greedy ones (the
-# last lines, where they say False). Each fused kernel computes a verified row as a single-token
-# step would, but two things still depend on how the tokens arrive: the matrix products run over
-# k + 1 rows instead of one (the library may pick another summation order), and under replay a
-# verify can trigger the fold earlier than single steps would, so the state is rounded at
-# another point. It is the same rounding story as above, now between the engine's two paths
-# instead of between the engine and the teaching model, and it flips a token only at a near-tie.
-
-# %% [markdown]
-# ### The cost model beside the measurements
+# ## 5. A caveat: the ratio of attention to recurrent layers
 #
-# The cost model predicts a *memory-bound floor*: the bytes a decode step must move
-# (`cm.decode_token_bytes`: the weights once per step, then per sequence the KV, the state read
-# and written, conv windows, the log, checkpoint copies) over the device-copy bandwidth measured
-# in the same run. floor / measured is the efficiency (the engine's roofline fraction). Engine =
-# the fused, CUDA-graphed engine (`bench_engine.json`, snapshot and replay only), counted at the
-# context each of its rows recorded; teaching = the Python decode path (`bench_decode.json`, every
-# strategy). Per decode step = per output token of each sequence:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from replaylab.model import preset
-
-cfg8 = preset("8b-layers")
-shape8 = cm.shape_from_config(cfg8)
-bw = eng["copy_bandwidth_gbs"] * 1e9
-W8 = bench["weights_bytes"]  # the preset's bf16 weights, as data/bench_decode.json counted them
-floor_kw = dict(context_len=160, log_length=16, interval=16, weight_bytes=W8)
-teach = {(r["strategy"], r["batch"]): r for r in bench["rows"] if r["workload"] == "decode"}
-
-
-def engine_context(r):
-    """The context at which the engine run counted this row's bytes (its position mid-run)."""
-    return next(
-        (
-            n
-            for n in range(1, 1024)
-            if cm.decode_step_bytes(cfg8, r["strategy"], r["batch"], n, 16, W8)
-            == r["bytes_per_step"]
-        ),
-        None,
-    )
-
-
-def busy_share(r):
-    """GPU time / step time: the profiled kernel time per step where the run has it (torch.profiler
-    over separate steps, so it can exceed 1 by a little), else the recorded busy fraction."""
-    prof = r.get("profile")
-    share = (
-        prof["device_us_per_step"] * 1e-6 / r["seconds_per_token"]["median"]
-        if prof
-        else r["gpu_busy"]
-    )
-    return None if share is None else min(1.0, share)
-
-
-print("batch strategy   floor ms | engine ms  floor/engine  GPU busy | teaching ms  floor/teaching")
-predicted, contexts = {}, {}
-for b in (1, 64, 128):
-    for s in ("snapshot", "recompute", "replay"):
-        e = pick(b, s)
-        contexts[b, s] = engine_context(e) if e else 160
-        kw = {**floor_kw, "context_len": contexts[b, s]}
-        predicted[b, s] = floor = cm.decode_floor_seconds(shape8, s, b, bw, **kw)
-        eng_part = (
-            f"{e['seconds_per_token']['median'] * 1e3:9.3f}  {floor / e['seconds_per_token']['median']:11.0%}"
-            f"  {busy_share(e):8.0%}"
-            if e
-            else f"{'-':>9s}  {'-':>11s}  {'-':>8s}"
-        )
-        t = teach.get((s, b))
-        teach_part = (
-            f"{t['seconds_per_token']['median'] * 1e3:11.3f}  {floor / t['seconds_per_token']['median']:13.0%}"
-            if t
-            else f"{'-':>11s}  {'-':>13s}"
-        )
-        print(f"{b:5d} {s:9s} {floor * 1e3:8.3f} | {eng_part} | {teach_part}")
-print(
-    "contexts the engine counted:",
-    {f"{s} b={b}": n for (b, s), n in contexts.items() if s != "recompute"},
-)
-print(
-    "floor/engine equals the roofline fraction the run recorded:",
-    all(
-        abs(
-            predicted[b, s] / pick(b, s)["seconds_per_token"]["median"]
-            - pick(b, s)["roofline_fraction"]
-        )
-        < 1e-9
-        for b in (1, 64, 128)
-        for s in ("snapshot", "replay")
-    ),
-)
-
-# %% [markdown]
-# **Why the gap?** The fused engine is within a small factor of the floor at every batch, for
-# different reasons at the two ends (the GPU busy column is the profiled kernel time per step at
-# batches 1 and 128, the run's busy fraction at 64):
-#
-# * **batch 1, the weights.** The weights are nearly all of the bytes, so every strategy has
-#   about the same floor. The host is no longer the problem: the graph replays run back to back
-#   and the GPU is busy most of the step. What is left is inside the GPU: the matrix-vector
-#   products over the weights (cuBLAS, most of the kernel time at this batch) stream them at less
-#   than the copy bandwidth.
-# * **batch 64 and 128, the state kernels.** The state traffic is now comparable to the weights'.
-#   If all of the GPU time beyond the other bytes were state traffic, this is how many times each
-#   strategy would move its minimal state bytes; close to 1 means the state kernels themselves run
-#   near the copy bandwidth:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for b in (1, 64, 128):
-    for s in ("snapshot", "replay"):
-        e = pick(b, s)
-        step = e["seconds_per_token"]["median"]
-        gpu = busy_share(e) * step
-        parts = cm.decode_token_bytes(
-            shape8, s, batch=b, **{**floor_kw, "context_len": contexts[b, s]}
-        )
-        state = b * (parts["state_read"] + parts["state_write"])
-        other = b * sum(parts.values()) - state
-        line = (
-            f"batch {b:3d} {s:8s}: step {step * 1e3:.2f} ms = host {(step - gpu) * 1e3:.2f} ms "
-            f"({1 - gpu / step:.0%}) + GPU {gpu * 1e3:.2f} ms = {gpu / predicted[b, s]:.2f}x the floor"
-        )
-        if (
-            b > 1
-        ):  # at batch 1 the weights are nearly all of the bytes: the excess is not the state's
-            line += f"; as state traffic: {(gpu * bw - other) / state:.2f}x the minimal state bytes"
-        print(line)
-for s in ("snapshot", "replay"):
-    r = pick(1, s)
-    print(
-        f"batch 1 {s:8s}: GPU busy {r['gpu_busy']:.0%} by the run's busy fraction (the profiler slows "
-        f"the host it times), {r['profile']['device_us_per_step'] * 1e-6 / r['seconds_per_token']['median']:.0%} "
-        f"by profiled kernel time over the unprofiled step"
-    )
-
-
-# %% [markdown]
-# **Why does the cost model's speculative speedup differ from the measured one?** Notebook 07's
-# explorer predicts, for Nemotron-H 8B at batch 32, a smaller speedup for per-draft snapshots than
-# for replay; at batch 1 the model predicts about the same speedup for both, and the engine
-# measured both speedups close to each other there. The batch is what separates them. Snapshot
-# writes the state of every verified position (k + 1 state writes a round, k more than a plain
-# forward needs); replay writes the state only when it folds. At batch 1 those writes are small
-# next to the weights; at batch 32 the state traffic of a round rivals the weights. The model at
-# batches 1 and 32, the engine at batch 1, then the model against the engine's batched rounds:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-def spec_prediction(shape, n_params, batch, k=4, alpha=0.8):
-    hw = cm.Hardware("H200, copy bandwidth of this run", bw, cm.HARDWARE["H200"].matmul_rate)
-    w = cm.Workload(batch=batch, k=k, acceptance=alpha, interval=16, context_len=160)
-    plain = cm.plain_decode_seconds_per_token(shape, w, hw, n_params)
-    out = cm.predict(shape, w, hw, n_params)
-    weights = n_params * w.act_bytes
-    return {
-        s: (plain / r["seconds_per_token"], batch * r["moved_per_round"] / weights)
-        for s, r in out.items()
-    }
-
-
-for name, shape, n_params in (
-    ("8b-layers preset", shape8, W8 / 2),
-    ("Nemotron-H 8B", PUBLISHED_SHAPES["Nemotron-H 8B"], 8.1e9),
-):
-    for b in (1, 32):
-        p = spec_prediction(shape, n_params, b)
-        print(
-            f"{name:16s} batch {b:2d}: predicted speedup snapshot {p['snapshot'][0]:.2f}x, replay "
-            f"{p['replay'][0]:.2f}x; state bytes a round / weights: snapshot {p['snapshot'][1]:.2f}, "
-            f"replay {p['replay'][1]:.2f}"
-        )
-plain1 = min(pick(1, s)["seconds_per_token"]["median"] for s in ("snapshot", "replay"))
-for s in ("snapshot", "replay"):
-    r = spec[(s, "speculative k=4 a=0.8")]
-    tpr = 1 + r["acceptance"] * 4  # tokens a round: the accepted drafts and the target's own
-    round_s = r["seconds_per_token"]["median"] * tpr
-    print(
-        f"measured, batch 1, {s:8s}: {plain1 / r['seconds_per_token']['median']:.2f}x the fastest plain "
-        f"decode; a round ({tpr:.2f} tokens) takes {round_s / plain1:.2f} plain decode steps"
-    )
-lead = {}
-for b in sorted({b for _, b, _ in rounds}):
-    p = spec_prediction(shape8, W8 / 2, b)
-    measured = (
-        rounds[("replay", b, "0.8")]["tokens_per_s"]
-        / rounds[("snapshot", b, "0.8")]["tokens_per_s"]
-    )
-    lead[b] = (p["replay"][0] / p["snapshot"][0], measured)
-    print(
-        f"batch {b:3d}, acceptance 0.8: replay / per-draft snapshots, predicted {lead[b][0]:.2f}x, "
-        f"measured {measured:.2f}x"
-    )
-print(
-    "measured lead below the predicted one at every batch:",
-    all(m < p for p, m in lead.values()),
-    "| measured lead grows with the batch:",
-    [m for _, m in lead.values()] == sorted(m for _, m in lead.values()),
-)
-
-# %% [markdown]
-# The model takes a verify round to cost one weight read, so at batch 1 it predicts a speedup of
-# about the tokens a round keeps. The measured rounds cost more than one plain step each (printed
-# above): every round goes back to the host (the synthetic drafter proposes on the CPU, the
-# accept/reject decision reads the verify logits), which the model does not count, and at large
-# batch a five-token verify is no longer a free ride on the weight read. What the model gets
-# right is the ordering and where it changes: replay's lead over per-draft snapshots grows with
-# the batch, as snapshot's state writes do, although the measured lead falls short of the
-# predicted one (the last lines).
-
-# %% [markdown]
-# ## 5. The caveats, with numbers
-#
-# **The ratio of attention to recurrent layers.** Replay saves state traffic; the more of a
-# model's per-token memory traffic is KV cache, the less that matters. The share of the state in
-# a sequence's decode memory at 8K tokens of context:
+# Replay saves state traffic; the more of a model's per-token memory traffic is KV cache, the less
+# that matters. The share of the state in a sequence's decode memory at 8K tokens of context, for
+# published hybrids (bytes from their configs, `replaylab.shapes.memory_per_sequence`):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -795,230 +310,33 @@ for shape in PUBLISHED_SHAPES.values():
     )
 
 # %% [markdown]
-# The same caveat as a gain. Left: the cost model on Nemotron-H 8B's layer shapes with the
-# layers re-mixed (each pattern repeated 4 times: 32 mixer layers; 8K context, batch 32, k = 4,
-# α = 0.8): replay's gain over per-draft snapshots in sequences that fit and in decode speed.
-# Right: the same measured live here: tiny models with these patterns (the tiny preset's layer
-# sizes, 192 prompt tokens), speculating under snapshot and replay, the peak bytes each cache
-# held. The more attention, the more of what a sequence holds is KV, which replay does not
-# shrink:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from replaylab.teaching.experiments import gain_vs_attention_live
-from replaylab.teaching.plotting import attention_gain_figure
-
-patterns = ["MMMMMMM*", "MMM*MMM*", "MM*MM*M*", "M*M*M*M*"]
-gain_model = cm.gain_vs_attention(patterns, PUBLISHED_SHAPES["Nemotron-H 8B"], 8.1e9, repeat=4)
-gain_live = gain_vs_attention_live(patterns)
-for g, l in zip(gain_model, gain_live):
-    print(
-        f"{g['pattern']}: attention {g['attention_share']:.0%}; Nemotron-H dims: fits {g['memory_gain']:.2f}x, "
-        f"speed {g['speed_gain']:.2f}x | tiny, live: held {l['gain_measured']:.2f}x "
-        f"(predicted {l['gain_predicted']:.2f}x)"
-    )
-
-# %%
-attention_gain_figure(gain_model, gain_live).show()
-
-# %% [markdown]
-# **When replay stops paying.** From the kernel benchmark, replay's decode amortised
-# (step + fold(L)/L, as notebook 06 quotes it): at batch 1 the GPU is idle and mamba-ssm's decode
-# step is faster; with a 64-entry log the per-token work over the log eats
-# the saved write; and where compute, not memory, binds (large drafts verified on tensor cores),
-# the chunked peers win:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from replaylab.results import amortised_decode
-
-kb = load_bench()
-krows = [r for r in kb["rows"] if "us" in r]
-kget = lambda **k: next(r for r in krows if all(r[a] == v for a, v in k.items()))  # noqa: E731
-ssu = lambda b: kget(provider="ssu", batch=b, T=1)["us"]  # noqa: E731
-amortised = {(r["batch"], r["L"]): r for r in amortised_decode(kb)}
-for b in (1, 128):
-    for L in (4, 64):
-        r = amortised[b, L]
-        print(
-            f"batch {b:3d}, log {L:2d}: replay decode {r['speedup']:.2f}x selective_state_update "
-            f"(step {r['step_us']:.1f} + fold {r['fold_us']:.1f} / {L} = {r['amortised_us']:.1f} µs "
-            f"vs {r['ssu_us']:.1f} µs; the step alone would read {r['ssu_us'] / r['step_us']:.2f}x)"
-        )
-
-# %% [markdown]
-# Over the whole grid: the map is the cost model (each kernel its bytes over the device-copy
-# bandwidth of the kernel run itself, timed from a CUDA graph as notebook 06 section 5 explains; not
-# the engine run's larger figure), with a floor per kernel launch taken from the measured batch-1 times, so the batch-1
-# column is fitted, not predicted); the black line is where it says replay stops paying; the
-# dashed line is where bytes alone say so (the log read grows with L, the fold's share of state
-# traffic falls with it). The markers are the measured amortised speedups,
-# ssu / (replay_step + fold(L) / L), filled where replay pays:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from replaylab.teaching.plotting import replay_frontier_figure
-
-kbw = kb["copy_bandwidth_gbs"] * 1e9  # the kernel run's own copy (CUDA-graph replay)
-dims = dict(H=kb["shape"]["H"], P=kb["shape"]["P"], N=kb["shape"]["N"], G=kb["shape"]["G"])
-floors = {
-    "replay_step": kget(provider="replay_step", batch=1, log_len=1, T=1)["us"],
-    "fold": kget(provider="fold", batch=1, log_len=1)["us"],
-    "ssu": ssu(1),
-}
-grid = [
-    cm.replay_vs_ssu(b, L, bandwidth=kbw, floors_us=floors, **dims)
-    for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)
-    for L in (1, 2, 4, 8, 16, 32, 64, 128, 256)
-]
-measured_k = cm.measured_replay_vs_ssu(kb)
-bytes_L = cm.replay_bytes_frontier(**dims)
-print(
-    f"launch floors (measured, batch 1): "
-    + ", ".join(f"{p} {us:.1f} µs" for p, us in floors.items())
-)
-print(f"cost model: bytes / {kbw / 1e9:.0f} GB/s, the copy of the same run ({kb['date'][:10]})")
-print(f"bytes alone: replay stops paying at L = {bytes_L:.0f}, at every batch")
-for b in sorted({r["batch"] for r in measured_k}):
-    pays = [r["L"] for r in measured_k if r["batch"] == b and r["speedup"] >= 1]
-    predicted_L = [r["L"] for r in grid if r["batch"] == b and r["speedup"] >= 1 and r["L"] <= 64]
-    print(
-        f"batch {b:3d}: replay pays at L = {pays or 'none'} measured; {predicted_L or 'none'} predicted (L <= 64)"
-    )
-
-# %%
-replay_frontier_figure(grid, measured_k, bytes_frontier=bytes_L).show()
-
-# %% [markdown]
-# **Why does replay stop paying at L = 64 long before the bytes say so?** The model counts the
-# log's bytes; the replay step walks the log entry by entry for every new token, and that walk is
-# bound by its own latency, not by bandwidth. The extra entries from L = 4 to L = 64 cost far more
-# than their bytes:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for b in (32, 128):
-    extra_us = (
-        kget(provider="replay_step", batch=b, log_len=64, T=1)["us"]
-        - kget(provider="replay_step", batch=b, log_len=4, T=1)["us"]
-    )
-    extra_bytes = cm.kernel_bytes("replay_step", b, 64, 1, **dims) - cm.kernel_bytes(
-        "replay_step", b, 4, 1, **dims
-    )
-    print(
-        f"batch {b:3d}: 60 more log entries cost {extra_us:.0f} µs measured, {extra_bytes / kbw * 1e6:.0f} µs "
-        f"at copy bandwidth ({extra_us / (extra_bytes / kbw * 1e6):.1f}x)"
-    )
-
-# %% [markdown]
-# **Best-of-n versus beam search.** Best-of-n forks once and never reorders: one shared
-# checkpoint serves every sample, so replay holds one state and n short logs. Beam search
-# reorders every step; each reorder re-points logs and states (a beam takes its parent's log),
-# so the best log length there is shorter. Notebook 08 (section 4) draws each workload's cost
-# against L; the optima for Nemotron-H 8B:
-
-# %%
-# NBVAL_CHECK_OUTPUT
-nemo_costs = cm.model_costs(PUBLISHED_SHAPES["Nemotron-H 8B"], cm.Workload(), 8.1e9)
-print({w: cm.best_log_length(nemo_costs, w) for w in cm.WORKLOADS})
-
-# %% [markdown]
-# The H200 decode run timed both workloads under every strategy (below): the strategies barely
-# differ, because at this size the teaching path's Python loop, not the state, binds.
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for name, run in (("data/bench_decode.json", bench), ("data/bench_decode_hf_kernels.json", bench2)):
-    for workload in ("best-of-8", "beam 4"):
-        row = {r["strategy"]: r for r in run["rows"] if r["workload"] == workload}
-        line = ", ".join(f"{s} {tps(row[s]):.0f}" for s in ("snapshot", "recompute", "replay"))
-        print(f"{workload:9s} tokens/s, {name}: {line}")
-
-# %% [markdown]
-# ## 6. A roofline for Nemotron-H 8B
-#
-# What one decode token must move per sequence on the full model (24 Mamba-2 and 4 attention
-# layers, about 8.1e9 parameters in bf16, fp32 state), at 8K tokens of context: the weights
-# (read once per step, so divided by the batch), the KV read and written, the state read and
-# written, conv windows, the log (replay, L = 16) and the checkpoint copies (recompute, every
-# 16 tokens). Over the H200's bandwidth this is the fastest a step can be: the measured
-# device-copy bandwidth of the engine run, and the datasheet's 4.8 TB/s (spec, cited):
-
-# %%
-# NBVAL_CHECK_OUTPUT
-from replaylab.teaching.plotting import roofline_bytes_figure
-
-nemotron = PUBLISHED_SHAPES["Nemotron-H 8B"]
-roof_kw = dict(context_len=8192, log_length=16, interval=16, weight_bytes=8.1e9 * 2)
-parts = {
-    (b, s): cm.decode_token_bytes(nemotron, s, batch=b, **roof_kw)
-    for b in (1, 64, 256)
-    for s in ("snapshot", "recompute", "replay")
-}
-MiB = 2**20
-print(
-    "batch strategy   weights  KV read  KV write  state read  state write  conv+log+ckpt   total MiB/token"
-)
-for (b, s), p in parts.items():
-    rest = p["conv"] + p["log_read"] + p["log_write"] + p["checkpoint"]
-    print(
-        f"{b:5d} {s:9s} {p['weights'] / MiB:8.1f} {p['kv_read'] / MiB:8.1f} {p['kv_write'] / MiB:9.3f} "
-        f"{p['state_read'] / MiB:11.1f} {p['state_write'] / MiB:12.1f} {rest / MiB:14.1f} {sum(p.values()) / MiB:13.1f}"
-    )
-print(
-    f"\nfloor: ms per decode step (= per output token of each sequence); measured copy {bw / 1e12:.2f} TB/s "
-    f"| spec {cm.H200_SPEC_BANDWIDTH / 1e12:.1f} TB/s"
-)
-for b in (1, 8, 32, 64, 128, 256):
-    line = "  ".join(
-        f"{s} {cm.decode_floor_seconds(nemotron, s, b, bw, **roof_kw) * 1e3:5.2f} | "
-        f"{cm.decode_floor_seconds(nemotron, s, b, cm.H200_SPEC_BANDWIDTH, **roof_kw) * 1e3:5.2f}"
-        for s in ("snapshot", "recompute", "replay")
-    )
-    print(f"batch {b:3d}: {line}")
-
-# %%
-roofline_bytes_figure(
-    parts, title="Nemotron-H 8B, 8K context: bytes per decode token per sequence"
-).show()
-
-# %% [markdown]
-# At batch 1 the weights are the step: every strategy has the same floor, and nothing about the
-# state matters. From batch 64 on the state traffic is comparable to the weights' share, and
-# replay's floor (one state read, no write but the fold's 1/L) pulls ahead of snapshot's (read +
-# write). KV grows with the context, so at long contexts it takes over from the state:
-# replay's saving then matters less (the first caveat, again).
+# The other caveats the measurements put numbers on (replay's gain as the share of attention
+# grows, measured live; where a longer log stops paying; best-of-n against beam search) are in the
+# appendix, notebook 15, with the cost model beside the measurements and a roofline for Nemotron-H
+# 8B.
 
 # %% [markdown]
 # ## Summary
-# * Decode-only time per token and peak memory per sequence are the two numbers to watch; both
-#   are measured here as any change to state storage should be: decode-only time per output
-#   token (prefill noise would hide a decode regression), repeated runs after a warm-up.
-# * On an H200 with Nemotron-H 8B's layer shapes (section 4, numbers printed above): on the
-#   teaching path, speculative decoding with replay beats the fastest plain decode at acceptance
-#   0.8 and holds a fraction of the per-draft-snapshot memory, but its greedy decode does not beat
-#   transformers' `generate` on mamba-ssm's kernels at every batch: its per-step Python overhead
-#   binds. The fused, CUDA-graphed engine is faster than `generate` and than mamba-ssm's own
-#   graphed loop at every batch measured, and replay's lead over a fused snapshot grows with the
-#   batch.
-# * The cost model is a memory-bound floor, and the fused engine runs within a small factor of it
-#   at every batch; fusing the element-wise operations, not the choice of strategy, closed most of
-#   the gap the unfused engine left. On a GPU the engine's tokens follow the teaching model's until
-#   the top two logits nearly tie.
-# * Batched speculation with replay beats the per-draft-snapshot path at large batch and fits
-#   more than twice as many sequences in the same memory, but a verify round costs several plain
-#   steps there: it pays over plain decode only when a round keeps enough tokens.
-# * Replay pays where state traffic binds: SSM-heavy models (its gain falls as attention's share
-#   grows), batch 32 and up in plain decode and 64 and up in batched speculation (section
-#   4's per-workload table; the decode kernel alone from batch 8), logs short enough that the step's walk over them stays cheap (the frontier
-#   of section 5). The best log length differs per workload (notebook 08).
-# * The roofline of Nemotron-H 8B: at batch 1 the weights are the step; the strategies part ways
-#   only once the batch makes state traffic comparable to the weights' share (section 6).
+# * Measure decode only: time per output token after the prefill, the median of three runs after a
+#   warm-up; peak memory per sequence; when speculating, the acceptance rate and what a rejection
+#   costs (sections 1-3). On this CPU, without the replay kernel, replay is the slowest strategy and
+#   its log makes it hold more than snapshot in plain decoding: neither says anything about a GPU.
+# * Quote replay's decode amortised, step + fold(L)/L: on an H200 the kernel beats
+#   `selective_state_update` from batch 8, and loses at batch 1 (section 4).
+# * In the whole model the weights are most of a step's bytes at small batch. The fused,
+#   CUDA-graphed engine runs close to its roofline against the run's one copy bandwidth, faster than
+#   transformers' `generate` and mamba-ssm's graphed loop at every batch measured, and replay's
+#   lead over the fused snapshot grows with the batch: in plain decode it trails or ties at batch 1
+#   and 8 and wins from batch 32; batched speculation wins from batch 64 (section 4, the statement
+#   the other notebooks quote).
+# * Replay pays where state traffic binds: the more attention a model has, the smaller the state's
+#   share of what a sequence holds (section 5).
+# * The rest of the H200 runs, read in depth: notebook 15 (optional).
 #
 # ## Exercises
-# **1.** *(Optional on both short paths.)* What share of one sequence's decode memory is the recurrent state for Falcon-H1 7B at
-# 64K tokens (65536) of context, and is that share `"more"` or `"less"` than Nemotron-H 8B's at
-# the same length? (Use `memory_per_sequence` as in section 5.)
+# **1.** *(Optional on both short paths.)* What share of one sequence's decode memory is the
+# recurrent state for Falcon-H1 7B at 64K tokens (65536) of context, and is that share `"more"` or
+# `"less"` than Nemotron-H 8B's at the same length? (Use `memory_per_sequence` as in section 5.)
 
 # %% exercise="state_share" tags=["exercise"]
 state_share_answer = None  # your answer: (share as a fraction, "more" or "less")
@@ -1040,22 +358,9 @@ recompute_half_answer = None  # your answer: (restores, tokens re-run)
 exercises.check_recompute_at_acceptance(recompute_half_answer, model, one);
 
 # %% [markdown]
-# **3.** *(Optional on both short paths.)* Section 6 at 32K tokens (32768) of context: replay's floor for Nemotron-H 8B at batch
-# 64, in ms per decode step, over the same measured bandwidth.
-
-# %% exercise="roofline_32k" tags=["exercise"]
-roofline_answer = None  # your answer: replay's floor in ms per decode step
-
-# %%
-exercises.check_roofline_floor(roofline_answer);
-
-# %% [markdown]
-# *Discussion*: which component of the bytes per token is now the largest, and what does that
-# do to replay's advantage over snapshot (the first caveat)?
-
-# %% [markdown]
 # ## References
 # * "ReplaySSM: Cache SSM Inputs, Not State" (Dao AI Lab with NVIDIA, 2026), and its vLLM pull
 #   requests #48018, #49847, #49887: replay in a serving engine, measured per batch.
 # * Marconi (MLSys 2025) and SGLang's `MambaRadixCache`: which recurrent states to keep under a
 #   memory budget.
+# * Notebook 15 (optional): the appendix that reads the measurements in depth.

@@ -48,7 +48,11 @@ What is served where:
   position would be, ring logs, per-slot counts), and its folds on the grid from their
   ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
   together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
-  so for these layouts it is not captured in CUDA graphs.
+  so for these layouts it is not captured in CUDA graphs. On a GPU it runs row-invariant by
+  default (``serving.invariant``: matrix products, last-dim sums and attention through
+  kernels whose rows do not depend on the row count), so speculation is lossless there too
+  (on the H200 in ``data/bench_engine_families.json`` for every family and strategy but
+  Jamba-class replay, whose Mamba-1 kernel's verify rows parted from single steps).
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
@@ -76,6 +80,7 @@ import torch
 from replaylab.kv import attend
 from replaylab.recurrent import LayerState, window_after, windows_per_token
 from replaylab.results import measured_log_length
+from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.validation import as_int, check_token_ids
 
@@ -144,15 +149,18 @@ class DecodeEngine:
     DeltaNet layers cannot seat a prefix cache). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
     (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
-    for the tests). matmul (fused path): "row_invariant" (default; ``kernels.matmul.linear``:
+    for the tests). matmul: "row_invariant" (default on a GPU; ``kernels.matmul.linear``:
     a row's bits do not depend on the row count, so a verify rounds as decode steps do at
-    every batch) or "torch" (cuBLAS: faster at some shapes, but its rows change with the row
-    count at batch 64 and up on an H200). prefill_chunk: the tokens of a prompt run through
+    every batch; on the reference path every ``nn.Linear`` goes there and attention to
+    ``kernels.decode.attention``, see ``serving.invariant``) or "torch" (default on CPU;
+    cuBLAS on a GPU: faster at some shapes, but its rows change with the row count, and a
+    verify through it parts from greedy decoding at near-ties). prefill_chunk: the tokens of a prompt run through
     the model at once in ``admit`` (the spec's scan, chunked for long chunks).
     batch_invariant: the Mamba-2 replay kernels launch alike at every batch (default), so a
     slot's bits do not depend on which other slots share its steps; False: the launch tuned
     per batch (``kernels.replay.LAUNCH``), faster by up to 12% per replay step at batch 1-8.
-    (The Gated DeltaNet and Mamba-1 kernels keep their per-batch launch for now.)
+    (The Gated DeltaNet and Mamba-1 kernels launch alike at every batch already:
+    ``kernels.gdn.LAUNCH`` has one entry per kernel, ``kernels.mamba1`` one ``BLOCK_D``.)
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -215,11 +223,11 @@ class DecodeEngine:
             )
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
-        self.matmul = ("row_invariant" if self.fused else "torch") if matmul is None else matmul
+        if matmul is None:
+            matmul = "row_invariant" if self.fused or (cuda and self.use_kernels) else "torch"
+        self.matmul = matmul
         if self.matmul not in ("torch", "row_invariant"):
             raise ValueError(f"matmul: expected 'torch' or 'row_invariant', got {self.matmul!r}")
-        if self.matmul == "row_invariant" and not self.fused:
-            raise ValueError("matmul: 'row_invariant' is the fused path's; use fused=True")
         slots, Tm = self.max_batch, self.max_verify
         self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
         layers = model.model.layers
@@ -688,6 +696,13 @@ class DecodeEngine:
                 pool.saved_conv[:bucket].copy_(pool.conv[:bucket])
         if self.fused:
             return self._forward_fused(tokens)
+        if self.matmul == "row_invariant":  # every nn.Linear row-invariant (``invariant``)
+            with RowInvariantLinear():
+                return self._forward_reference(tokens, bucket, T)
+        return self._forward_reference(tokens, bucket, T)
+
+    def _forward_reference(self, tokens, bucket, T):
+        """The reference path's forward: the teaching modules over the pools."""
         pools = _PoolCache(lambda l, inputs: self._advance(l, inputs, bucket, T))
         h = self.model.model.embeddings(tokens)
         for i, block in enumerate(self.model.model.layers):
@@ -795,8 +810,11 @@ class DecodeEngine:
         positions = self._pos[:bucket, None] + self._steps[:T]  # (bucket, T)
         q, k, v, gate = att.project(h, positions)
         self._write_kv(pool, k.transpose(1, 2), v.transpose(1, 2), bucket, T)
-        visible = torch.arange(pool.k.shape[2], device=self.device) <= positions[:, :, None]
-        out = attend(q, pool.k[:bucket], pool.v[:bucket], visible[:, None])
+        if self.matmul == "row_invariant":  # one program per query row
+            out = row_invariant_attention(q, pool.k, pool.v, self._pos[:bucket])
+        else:
+            visible = torch.arange(pool.k.shape[2], device=self.device) <= positions[:, :, None]
+            out = attend(q, pool.k[:bucket], pool.v[:bucket], visible[:, None])
         return att.finish(out, gate)
 
     # --- the fused path (GPU) ------------------------------------------------------------
