@@ -501,12 +501,83 @@ fig.update_layout(xaxis_type="log", xaxis_title="log length L (fold every L toke
                   title="Gated DeltaNet replay against fla's decode step (H200)")
 fig
 
-
 # %% [markdown]
 # At batch 1 the state (2 MiB per sequence and layer) is too small to keep the GPU busy and
 # fla's single pass wins; from batch 8 replay's one read plus a fold every $L$ tokens beats fla's
 # read and write, best near $L = 16$. Short logs fold too often, long logs make every step read
 # more of the log: the same trade-off as notebook 06's Mamba-2 kernel.
+
+# %% [markdown]
+# ## 8. The families in the serving engine, on an H200
+#
+# The serving engine (notebook 13) serves these layouts on its *reference path*: the modules of
+# this notebook run over the engine's preallocated pools, and under replay each recurrent layer's
+# outputs come from its family's Triton kernel, for the whole batch in one launch. Speculation
+# there is lossless only if a verify of $k + 1$ tokens rounds each token exactly as a one-token
+# decode step would. A GPU's matrix-product library picks its kernel by the number of rows, and a
+# verify has $k + 1$ times the rows of a decode step, so on the first H200 run
+# (`data/bench_engine_families_cublas.json`) speculative tokens parted from greedy ones. Since then, on a GPU, the engine sends every linear layer, every sum
+# over the last dimension (the norms) and attention through kernels whose rows do not depend on
+# the row count (`replaylab.serving.invariant`).
+#
+# `tools/row_invariance_probe.py` found which modules parted: it runs one step of 4 tokens and,
+# in a second engine, the same 4 tokens one at a time, and compares every module's output row by
+# row (recorded, not re-run here):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name in ("row_invariance_probe_cublas", "row_invariance_probe"):
+    probe = load_bench(f"data/{name}.json")
+    p = probe["provenance"]
+    print(f"{name}.json: {p['device']}, {p['date'][:10]}")
+    for r in probe["results"]:
+        if name.endswith("cublas") and r["matmul"] != "torch":
+            continue  # that run's row-invariant rows predate the row sums
+        first = r["differs"][0]["module"] if r["differs"] else "-"
+        print(f"  {r['preset']:22s} {r['matmul']:13s} {r['strategy']:8s} batch {r['batch']:3d}: "
+              f"{len(r['differs']):2d} of {r['checked']} modules part; first: {first}")
+
+# %% [markdown]
+# With the library's matrix products (`torch`) every preset parts within its first block at
+# batch 32, and most of them at batch 8 too. The row-invariant arithmetic agrees everywhere
+# except Jamba's replay, where the first
+# module to part is the Mamba-1 replay kernel itself (`advance[0]`: a verify row of that kernel
+# does not round as its single step does at this shape).
+#
+# The engine's decode and speculative throughput per family, and whether every speculative token
+# equals the engine's own greedy token (`spec = greedy`, the contract):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+fam = load_bench("data/bench_engine_families.json")
+v = fam["versions"]
+print(f"{fam['device']}, torch {v['torch']}, triton {v['triton']}, fla {v['fla']}, {fam['date'][:10]}")
+print(f"{'preset':22s} {'strategy':12s} {'batch':>5s} {'decode tok/s':>12s} {'spec tok/s':>10s} "
+      f"{'spec = greedy':>13s}")
+for r in fam["rows"]:
+    spec = r.get("speculative_tokens_per_s")
+    spec = "-" if spec is None else f"{spec:,.0f}"
+    print(f"{r['preset']:22s} {r['strategy']:12s} {r['batch']:5d} {r['decode_tokens_per_s']:12,.0f} "
+          f"{spec:>10s} {str(r.get('speculative_equal_greedy', '-')):>13s}")
+lossless = [r["speculative_equal_greedy"] for r in fam["rows"] if "speculative_equal_greedy" in r]
+print(f"speculative tokens equal greedy ones in {sum(lossless)} of {len(lossless)} rows")
+first = load_bench("data/bench_engine_families_cublas.json")
+before = [r["speculative_equal_greedy"] for r in first["rows"] if "speculative_equal_greedy" in r]
+print(f"(the first run, before the row-invariant path: {sum(before)} of {len(before)} rows)")
+for q in fam["ratios"]:
+    if q["batch"] == 128:
+        print(f"{q['preset']:22s} batch 128: replay / snapshot decode {q['replay_over_snapshot']:.2f}x")
+
+
+# %% [markdown]
+# Read it with care: this path is not captured in CUDA graphs, so at small batch the host's
+# Python (one call per module and per kernel) sets the time, not the state's bytes. From batch 32
+# replay decodes faster than the engine's own snapshot for the Gated DeltaNet and Mamba-2
+# layouts, but not always faster than recompute, and at batch 128 the `fla snapshot` row
+# (flash-linear-attention's recurrent kernel in the snapshot step, the baseline a user would get)
+# beats it: these end-to-end rows are not section 7's kernel table. What these layouts lack is
+# what NemotronH's has in notebook 13, one CUDA graph per step with fused kernels. Jamba's replay
+# rows are not lossless, so their speed does not count until its kernel is fixed.
 
 # %% [markdown]
 # ## Summary
@@ -523,6 +594,9 @@ fig
 #   Gated DeltaNet, 100 for Nemotron-H's Mamba-2 (section 4). Replay moves fewer bytes per decode
 #   step for $3 \le L \le 25$ (Jamba), $\le 327$ (Gated DeltaNet), $\le 441$ (Mamba-2); at
 #   $L = 16$ a fold moves 1.05x (Gated DeltaNet) to 1.5x (Mamba-1) the bytes of a snapshot copy.
+# * In the serving engine these layouts speculate losslessly on a GPU only with arithmetic whose
+#   rows do not depend on the row count (matrix products, norms, attention); section 8 shows
+#   which modules parted before, and the one kernel that still does (Mamba-1's replay).
 
 # %% [markdown]
 # ## Exercises
