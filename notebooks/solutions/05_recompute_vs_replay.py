@@ -59,7 +59,7 @@ class MyReplayLog:
     def state(self, j=None):
         j = len(self) if j is None else j
         if j == 0:
-            return self.checkpoint
+            return self.checkpoint.clone()  # a copy: the caller may change what it gets
         return self.layer.scan(self.checkpoint, ScanInputs.cat(self.entries)[:j]).state
 
 

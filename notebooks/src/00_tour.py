@@ -9,7 +9,7 @@
 # mechanism from the recurrence up and measure three ways out: **snapshot** (copy states),
 # **recompute** (re-run the model from checkpoints), **replay** (keep one checkpoint and a log of
 # scan inputs, and *fold* the log on demand: apply the recurrence to the checkpoint over the
-# logged inputs; the terms are defined under **Notation and terms** below). The tree-search demo is in **03 (tree search section)**.
+# logged inputs; the terms are defined under **Notation and terms** below). The tree-search demo is in **03, section 3c**.
 #
 # | notebook | question | minutes |
 # |---|---|---|
@@ -57,20 +57,20 @@
 # | block | notebooks and sections | exercises | minutes |
 # |---|---|---|---:|
 # | set-up | as above | | 15 |
-# | 1 | 00: *What this sequence covers* and the notation table (skim) | | 5 |
+# | 1 | 00: *What this sequence covers* and the notation table (its terms return in blocks 5 and 7) | | 10 |
 # | 2 | 01 sections 2 and 4: a state is overwritten; why branching hurts it | none (1-2 optional) | 10 |
-# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2 | none (section 4 and 1-2 optional) | 25 |
-# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 35 |
+# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 25 |
+# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 45 |
 # | break | | | 10 |
-# | 5 | 06 section 1 (one read of the checkpoint) and section 5 (the H200 numbers, amortised) | none (the puzzles and 1-3 optional) | 25 |
+# | 5 | 06 section 1 (one read of the checkpoint) and, of section 5, its terms, the first table and *What the numbers say* (its figures, the verify kernel, the explorer and the launch sweep optional) | none (the puzzles and 1-3 optional) | 30 |
 # | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 15 |
-# | 7 | 09 section 4: the amortised kernel table, the engine table and where replay wins | none (1-2 optional) | 15 |
-# | 8 | 12 section 1: the sequence in one page | the quiz optional | 10 |
-# | | questions, slack | | 15 |
+# | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 5 |
+# | 8 | 12 section 1: the sequence in one page | the quiz optional | 5 |
+# | | questions, slack | | 10 |
 # | **total** | | | **180 (3 h)** |
 #
-# Optional on this path: 02, 04, 08, 10, 11, 13, 14 and the appendix 15 whole; 03's sections 2b, 3, 3b, 3c and 4; 05's
-# sections 2 and 4; 06's sections 2-4 (the Triton puzzles); every exercise but 05's replay log.
+# Optional on this path: 02, 04, 08, 10, 11, 13, 14 and the appendix 15 whole; 03's sections 2b, 3, 3b, 3c and 4 (but its first two cells); 05's
+# sections 2 and 4; 06's sections 2 (the Triton puzzles), 3 and 4; every exercise but 05's replay log.
 #
 # ### The 1-day path: build every strategy, skip the second day's depth
 #

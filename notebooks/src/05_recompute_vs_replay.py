@@ -105,8 +105,10 @@ fig.show()
 
 # %% [markdown]
 # **Why?** On a CPU, replay's decode step is *slower* than snapshot's (notebook 09 times it
-# too), although on a GPU, in the decode engine, replay trails or ties at batch 1 and 8 and
-# wins from batch 32 (the end of this section reads where from the engine runs in `data/`). Without kernels (`use_kernels` is off on a
+# too), although on a GPU, in the decode engine (the library's serving loop: many sequences
+# decoded together from preallocated memory, notebook 13), replay trails or ties at batch 1 and 8 and
+# wins from batch 32 (the end of this section reads where from the engine runs in `data/`). Without kernels (`use_kernels`, the
+# switch to notebook 06's Triton kernels, is off on a
 # CPU) the replay store computes a step's outputs the reference way, in `ReplayStore.advance`
 # (`replaylab/strategies/replay.py`): `spec.scan(fold(checkpoint, log), new_tokens)`. It folds
 # every logged token again at every step, a per-token loop of small tensor operations. With n
@@ -336,18 +338,28 @@ replay_log_diagram(L=8, filled=6, cursor=4).show()
 # %% [markdown]
 # In the picture: six tokens logged since $c$, room for $L = 8$; the state the cache reads is
 # $\mathrm{fold}(S_c, \mathrm{log}[:4])$. Rolling back two tokens moves the cursor; the two entries
-# after it are dropped at the next append. Your log below does the same for one layer.
+# after it no longer count (the library overwrites them at the next append; your log below may
+# simply drop them: its `len` must be the cursor's position). Your log does this for one layer.
 
 # %% exercise="replay_log" tags=["exercise"]
+from replaylab.teaching.exercises import ScanInputs  # inputs[a:b], len(inputs), ScanInputs.cat([...])
+
+
 class MyReplayLog:
     """One Mamba-2 layer's replay memory: a checkpoint state and the inputs logged since.
 
     MyReplayLog(layer, checkpoint)  checkpoint (batch, H, P, N): S_c, never modified; empty log
     len(log)                        logged tokens
     .append(inputs)                 add the T tokens of inputs (ScanInputs) at the end
-    .truncate_to(j)                 keep the first j logged tokens (0 <= j <= len(log))
+    .truncate_to(j)                 keep the first j logged tokens (0 <= j <= len(log)); len(log)
+                                    is j right after it
     .state(j=None) -> S_{c+j}       fold: the state after the first j logged tokens (all of
-                                    them when j is None), by layer.scan from the checkpoint
+                                    them when j is None), by layer.scan(checkpoint, inputs).state
+                                    (03 section 4 shows the call); a new tensor each time, so a
+                                    caller that changes it cannot change the log
+
+    Hint: the logged dt is raw (before its bias and softplus); layer.scan applies them, so a
+    fold written by hand from section 1's formula must too.
     """
 
     def __init__(self, layer, checkpoint):

@@ -272,7 +272,8 @@ engine_decode_figure(eng).show()
 # replay's tokens/s over the fastest other strategy *in the same run*, from the two engine runs of
 # the `8b-layers` preset on the H200: `data/bench_engine.json` (the fused engine, every prompt
 # the same length; its other fused strategy is snapshot) and `data/bench_serve_ragged.json`
-# (every slot at its own position, row-invariant matmul; snapshot and recompute). Speculative
+# (every slot at its own position; a row-invariant matmul, whose rows have the same bits whatever
+# the number of rows, so a verify rounds as decode steps do; snapshot and recompute). Speculative
 # rows are at per-draft acceptance 0.8, k = 4. Within 3% either way counts as a tie
 # (`replaylab.results.replay_wins`):
 

@@ -525,8 +525,9 @@ def check_replay_log(log_class, layer=None) -> bool:
     ``log_class(layer, checkpoint)`` with ``len(log)``, ``.append(inputs)``,
     ``.truncate_to(j)`` and ``.state(j=None) -> S_{c+j}``, checked on random appends,
     truncations and folds against a reference scan from the checkpoint. The log must keep
-    inputs, not states: besides the checkpoint it may hold no state-shaped tensor, and the
-    checkpoint must come out unchanged."""
+    inputs, not states: besides the checkpoint it may hold no state-shaped tensor, the
+    checkpoint must come out unchanged, and ``state`` must return a new tensor (the check
+    changes each one it gets in place, as a caller advancing it would)."""
     layer = layer or mini_layer()
     batch = 2
     state_shape = (layer.H, layer.P, layer.N)
@@ -559,6 +560,17 @@ def check_replay_log(log_class, layer=None) -> bool:
                     else layer.scan(original, ScanInputs.cat(entries)[:upto]).state
                 )
                 _compare(f"state after {upto} of {n} logged tokens", got, want)
+                if not torch.equal(checkpoint, original):
+                    raise _Mismatch("the checkpoint was modified: a fold must not write into it")
+                want = want.clone()
+                got.add_(1.0)  # a caller advancing what it got, in place
+                again = replay.state() if j is None else replay.state(j)
+                if not torch.allclose(again, want, rtol=1e-5, atol=1e-5):
+                    raise _Mismatch(
+                        f"state({'' if j is None else j}) returned a tensor the log keeps (its "
+                        "checkpoint?): after the caller changed it in place, the next call gave "
+                        "another state; return a new tensor (e.g. .clone())"
+                    )
             else:
                 T = int(torch.randint(1, 4, (1,), generator=g))
                 new = layer.random_inputs(batch, T, g)
