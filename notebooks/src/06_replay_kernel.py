@@ -486,8 +486,8 @@ else:
 # **Copy bandwidth, and how it was timed.** A kernel's *fraction of copy bandwidth* is its bytes
 # per second over that of a device copy (2 GiB, read + write bytes) timed in the same run
 # (`replaylab.bench.timing.copy_bandwidth_gbs`). The copy can be timed two ways, and on an H200
-# they differ by half: replayed from a CUDA graph, and launched back to back between CUDA
-# events. This run (`data/bench_kernels.json`) timed it the first way only; every later run (the
+# they differ: replayed from a CUDA graph, and launched back to back between CUDA events (the
+# graph-timed copy reads about two thirds of the event-timed one). This run (`data/bench_kernels.json`) timed it the first way only; every later run (the
 # launch sweep at the end of this section, the engine runs of 07 and 09) times it both ways and
 # keeps the larger. So each table below divides by its own run's figure, printed with it, and
 # fractions are compared within one run only. The next cell prints both runs' copies.

@@ -567,7 +567,7 @@ SWEEP_KERNELS = {
     "state_update T=1": ("our state_update (snapshot)", "#d62728"),
     "mamba-ssm selective_state_update T=1": ("mamba-ssm selective_state_update", "#9467bd"),
     "fold L=16": ("fold (16 entries)", "#ff7f0e"),
-    "fold L=16 streaming": ("fold, streaming hints", "#ffbb78"),
+    "fold L=16 streaming": ("fold with streaming hints", "#ffbb78"),
     "torch copy of the state": ("torch copy of the state", "#7f7f7f"),
 }
 
