@@ -328,7 +328,9 @@ def test_run_live_stays_small_and_inside_the_fixed_axes():
     fixed = [ex.figure.layout[f"yaxis{s}"].range[1] for s in ("2", "3", "4")]
     t0 = time.perf_counter()
     ex.run_live()
-    assert time.perf_counter() - t0 < 15  # a few seconds at most, even on a loaded CPU
+    # a guard against a live run of minutes: about 3 s alone, 15.3 s once on a 2-core CI
+    # machine shared with other work (2026-12-01), so the bound leaves room for load
+    assert time.perf_counter() - t0 < 60
     for top, trace in zip(fixed, ex.figure.data[4:]):
         assert max(trace.y) <= top
     ex.controls["interval"].value = 1  # recompute then keeps a checkpoint per token

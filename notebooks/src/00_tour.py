@@ -58,13 +58,13 @@
 # |---|---|---|---:|
 # | set-up | as above | | 15 |
 # | 1 | 00: *What this sequence covers* and the notation table (its terms return in blocks 5 and 7) | | 10 |
-# | 2 | 01 sections 2 and 4: a state is overwritten; why branching hurts it | none (1-2 optional) | 10 |
-# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 25 |
-# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 45 |
+# | 2 | 01 sections 2 and 4: a state is overwritten; why branching hurts it | none (1-2 optional) | 8 |
+# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 17 |
+# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 50 |
 # | break | | | 10 |
 # | 5 | 06 section 1 (one read of the checkpoint) and, of section 5, its terms, the first table and *What the numbers say* (its figures, the verify kernel, the explorer and the launch sweep optional) | none (the puzzles and 1-3 optional) | 30 |
 # | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 15 |
-# | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 5 |
+# | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 10 |
 # | 8 | 12 section 1: the sequence in one page | the quiz optional | 5 |
 # | | questions, slack | | 10 |
 # | **total** | | | **180 (3 h)** |

@@ -379,7 +379,8 @@ fig.show()
 # %% [markdown]
 # ## 4. Build it: a snapshot store for one layer
 #
-# *Optional on the 3-hour path; the 1-day path writes it.*
+# *On the 3-hour path: read this cell and the next (05's exercise uses the layer they show),
+# skip the exercise. The 1-day path writes it.*
 #
 # The cache above keeps every SSM layer of a model. Strip that to the core: **one** Mamba-2
 # layer, its recurrence only. `exercises.mini_layer()` gives such a layer with fixed parameters

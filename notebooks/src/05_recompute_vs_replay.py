@@ -76,7 +76,8 @@ print(f"fold(S_c, log[:{j}]) equals the reference scan from S_c:",
       torch.allclose(fold(S_c, log, A), reference, atol=1e-5))
 
 # %% [markdown]
-# Now the whole model. Decode 32 tokens (a checkpoint at 32), then 16 more; go back to `32 + d` and take one step.
+# Now the whole model. Decode 32 tokens (a checkpoint at 32), then 16 more (at interval 16, another
+# checkpoint lands at 48); go back to `32 + d` and take one step.
 # Recompute re-runs `d` tokens through every layer. Replay re-runs nothing; its next step folds
 # the `d` logged tokens of each of the 3 SSM layers (the cursor move itself is free):
 
@@ -107,7 +108,7 @@ fig.show()
 # **Why?** On a CPU, replay's decode step is *slower* than snapshot's (notebook 09 times it
 # too), although on a GPU, in the decode engine (the library's serving loop: many sequences
 # decoded together from preallocated memory, notebook 13), replay trails or ties at batch 1 and 8 and
-# wins from batch 32 (the end of this section reads where from the engine runs in `data/`). Without kernels (`use_kernels`, the
+# wins from batch 32 (the end of this section reads that from the engine runs in `data/`). Without kernels (`use_kernels`, the
 # switch to notebook 06's Triton kernels, is off on a
 # CPU) the replay store computes a step's outputs the reference way, in `ReplayStore.advance`
 # (`replaylab/strategies/replay.py`): `spec.scan(fold(checkpoint, log), new_tokens)`. It folds
@@ -180,7 +181,8 @@ print(f"scan steps per SSM layer per decode step: snapshot 1, replay "
 # runs the whole model in CUDA graphs (notebook 09, section 4). Where replay wins there, per
 # workload and batch, from the two engine runs of the 8B-shaped preset on an H200 (replay's
 # tokens/s over the fastest other strategy in the same run; within 3% is a tie): plain decode
-# trails or ties at batch 1 and 8 and wins from batch 32; batched speculation wins from batch 64.
+# trails or ties at batch 1 and 8 and wins from batch 32 (the ragged run, which has no batch 32,
+# from 64); batched speculation wins from batch 64.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -240,8 +242,9 @@ for s, part in (("recompute", "checkpoints"), ("replay", "logs")):
 #
 # What makes replay cheap to hold: per token it logs a layer's *inputs*, not its state. For one
 # Mamba-2 layer of Nemotron-H 8B (`replaylab.shapes.PUBLISHED_SHAPES`), the fp32 state is
-# $H \cdot P \cdot N$ values; a log entry keeps, in bf16, the raw conv input (`xBC`, for the conv
-# window) and the scan inputs x, dt, B and C:
+# $H \cdot P \cdot N$ values; a log entry keeps, in bf16, the raw conv input (`xBC`: each layer first
+# runs a short causal convolution over its last few tokens' inputs, so a restore needs that
+# window back) and the scan inputs x, dt, B and C:
 
 # %%
 # NBVAL_CHECK_OUTPUT

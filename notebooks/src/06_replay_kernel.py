@@ -698,7 +698,7 @@ print("end to end, the engine (notebook 09):", replay_wins_summary()[0])
 # 4, has it per workload and batch).
 
 # %% [markdown]
-# What the numbers say:
+# ### What the numbers say
 #
 # * **Decode**, counted honestly as step + fold(L)/L (the table above: a full log forces a fold),
 #   beats `selective_state_update`, which reads *and writes* the state every token, from batch 8
@@ -718,8 +718,8 @@ print("end to end, the engine (notebook 09):", replay_wins_summary()[0])
 # * At **batch 1** the GPU is mostly idle and fixed costs dominate: mamba-ssm's decode step is faster.
 # * "Fraction of copy bandwidth" above 1 does not mean a kernel beat the memory. In the first run
 #   (`data/bench_kernels.json`, the figures of this section) the copy was timed only from a CUDA
-#   graph, which reads about two thirds of the event-timed copy (the cell after the section's
-#   first table prints both): against that smaller figure even a plain copy of the state shows
+#   graph, which reads about two thirds of the event-timed copy (the cell just before the
+#   section's figures prints both): against that smaller figure even a plain copy of the state shows
 #   fractions above 1. And at batch 1 and 8 one batch's state (4 MiB a sequence here) fits in the
 #   H200's 50 MB L2 cache, so a kernel replayed back to back reads much of it from the cache, not
 #   from HBM: there a fraction is not DRAM efficiency, in any run (the launch sweep, which divides
