@@ -51,6 +51,11 @@ def test_greedy_tokens_equal_the_teaching_path(strategy):
 def test_speculative_tokens_equal_greedy_bit_for_bit(strategy, fused):
     """Within one arithmetic, speculation (verify steps, ragged rollbacks) gives the engine's
     own greedy tokens; the drafter and acceptance counts match the teaching loop's."""
+    if fused and strategy == "replay" and not torch.cuda.is_available():
+        pytest.skip(
+            "CI time: about 50 s through the interpreter; on CPU the fused replay engine's "
+            "speculation is checked against the teaching tokens in test_decode_kernels"
+        )
     model = engine_model() if fused else MODEL
     prompt = torch.tensor([[5, 9, 2, 5, 9, 2, 7, 5, 9]], device=model.lm_head.weight.device)
     kw = dict(log_length=6, use_kernels=fused, fused=fused, matmul=FUSED_MATMUL if fused else None)
