@@ -8,8 +8,8 @@
 # checks a benchmark: the provenance of each file (device, date, command), the teaching path's
 # decode runs, what fusing the engine bought, where the engine's tokens part from the teaching
 # model's, speculation on the engine and how many sequences fit, a second model shape, the cost
-# model's floor beside the measurements and why they differ, the seed article's caveats in
-# numbers, and a roofline for Nemotron-H 8B. Every cell reads `data/` or runs the tiny models on
+# model's floor beside the measurements and why they differ, the caveats on when replay pays
+# (section 5) in numbers, and a roofline for Nemotron-H 8B. Every cell reads `data/` or runs the tiny models on
 # this CPU, so the notebook runs top to bottom in seconds.
 #
 # **You will** read each H200 run with its provenance and its own copy bandwidth; explain the gaps
