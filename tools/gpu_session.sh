@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe or suite}
 # the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
 # where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -74,6 +74,16 @@ case "$mode" in
     timeout -s INT ${TTFT_S:-75} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
       --out "$OUT/bench_prefix_ttft_gpu.json" ${TTFT_ARGS:-} 2>&1 | tail -14
     timeout -s INT ${INVARIANCE_S:-50} python3 tools/batch_invariance.py "$OUT/batch_invariance.json" 2>&1 | tail -8 ;;
+  probe)  # WHEELS=.whl-gpu: the row-invariance and family kernel tests, where Jamba-class
+    # replay parts from single steps, and whether the reference path holds in CUDA graphs
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile --junitxml=$OUT/gpu_probe_tests.xml tests/test_mamba1_kernels.py tests/test_engine_row_invariance.py tests/test_engine_family_kernels.py tests/test_matmul.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_probe_tests.log" 2>&1
+    tail -5 "$OUT/gpu_probe_tests.log"
+    unset OMP_NUM_THREADS
+    timeout -s INT ${PROBE_S:-90} python3 tools/row_invariance_probe.py "$OUT/row_invariance_probe_jamba.json" \
+      --presets jamba-1.5-mini-layers --batches 8,32 --strategies replay --matmul row_invariant 2>&1 | tail -12
+    timeout -s INT ${GRAPH_S:-200} python3 tools/graph_probe.py "$OUT/graph_probe.json" ${GRAPH_ARGS:-} 2>&1 | tail -20 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

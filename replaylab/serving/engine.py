@@ -216,10 +216,10 @@ class DecodeEngine:
             )
         if self.graphs and not cuda:
             raise ValueError("graphs: CUDA graphs need a CUDA device")
-        if self.graphs and lacks:
+        if self.graphs and strategy == "replay" and not self.use_kernels:
             raise ValueError(
-                f"graphs: the reference path of a model with {lacks} reads host values every "
-                f"step, which a CUDA graph cannot; use graphs=False"
+                "graphs: replay without kernels reads each slot's log length on the host "
+                "every step, which a CUDA graph cannot; use use_kernels=True or graphs=False"
             )
         if self.fused and not self.use_kernels:
             raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
@@ -783,17 +783,22 @@ class DecodeEngine:
 
     def _append_log(self, pool, entries, fields, bucket, T):
         """Append ``fields`` of each slot's counted tokens (``entries``: field -> (bucket, T,
-        ...)) to its ring after its ``_log_len`` entries, for the whole bucket at once;
-        padding and slots left out of the step (count 0) append nothing."""
+        ...)) to its ring after its ``_log_len`` entries, for the whole bucket at once, with no
+        host read (a CUDA graph can hold it): a padding token rewrites its slot's last counted
+        token (the same value to the same row), and a slot left out of the step (count 0)
+        rewrites a row with what it holds."""
         if not fields:
             return
-        steps = self._steps[:T]
-        keep = steps < self._counts[:bucket, None]  # (bucket, T)
-        rows = (self._head[:bucket, None] + self._log_len[:bucket, None] + steps) % self.capacity
-        slots = self._rows[:bucket, None].long().expand(bucket, T)[keep]
+        counts = self._counts[:bucket, None].long()
+        kept = torch.minimum(self._steps[:T], (counts - 1).clamp(min=0))  # (bucket, T)
+        rows = (self._head[:bucket, None] + self._log_len[:bucket, None] + kept) % self.capacity
+        slots = self._rows[:bucket, None].long()
         for k in fields:
-            buf = pool.log[k]
-            buf[slots, rows[keep]] = entries[k][keep].to(buf.dtype)
+            buf, new = pool.log[k], entries[k]
+            at = kept.view(bucket, T, *(1,) * (new.dim() - 2)).expand_as(new)
+            value = new.gather(1, at).to(buf.dtype)
+            held = (counts > 0).view(bucket, 1, *(1,) * (new.dim() - 2))
+            buf[slots, rows] = torch.where(held, value, buf[slots, rows])
 
     def _write_kv(self, pool, k, v, bucket, T):
         """k, v (bucket, T, Hkv, Dh) into each slot's rows position .. position + T - 1."""
