@@ -9,7 +9,17 @@ import pytest
 import torch
 
 from replaylab.bench.cli import main
-from replaylab.bench.families import PRESETS, families_summary, ratios, run_families
+from replaylab.bench.families import (
+    PRESETS,
+    _preset,
+    families_summary,
+    ratios,
+    run_families,
+    step_bytes,
+)
+from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.model import HybridLM
+from replaylab.serving import DecodeEngine
 from replaylab.serving import STRATEGIES
 
 CUDA = torch.cuda.is_available()
@@ -51,9 +61,11 @@ def test_a_tiny_run_gives_every_row_and_the_table_last():
         assert m["pool_bytes_per_slot"] == want[m["strategy"]], m
         assert m["sequences_in_budget"] == 24 * 2**30 // want[m["strategy"]]
     lines = families_summary(result)
-    assert lines[-7].split() == ["preset", "strategy", "batch", "decode", "tok/s", "spec", "tok/s",
-                                 "acc", "spec", "=", "greedy"]  # fmt: skip
-    assert "un-graphed" in lines[0] and "weights and activations excluded" in lines[1]
+    assert lines[-7].split() == ["preset", "strategy", "graphs", "batch", "decode", "tok/s",
+                                 "roofline", "spec", "tok/s", "acc", "spec", "=", "greedy"]  # fmt: skip
+    assert "without CUDA graphs" in lines[0] and "weights and activations excluded" in lines[1]
+    assert {r["graphs"] for r in result["rows"]} == ({False, True} if CUDA else {False})
+    assert all(r["bytes_per_step"] > 0 for r in result["rows"])
 
 
 def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp_path, capsys):
@@ -125,9 +137,35 @@ def test_the_ratios_are_the_targets_of_the_issue():
         row("fla snapshot", 8, 150.0),
         dict(preset="p", strategy="replay", batch=32, error="OOM"),
     ]
+    rows.append(dict(row("replay", 8, 240.0), graphs=True))  # its own arm
     assert ratios(rows) == [
-        dict(preset="p", batch=8, replay_over_snapshot=1.2, replay_over_fla_snapshot=0.8,
-             replay_speculative_over_best_decode=2.0),
-        dict(preset="p", batch=32, replay_over_snapshot=None, replay_over_fla_snapshot=None,
-             replay_speculative_over_best_decode=None),
+        dict(preset="p", batch=8, graphs=False, replay_over_snapshot=1.2,
+             replay_over_fla_snapshot=0.8, replay_speculative_over_best_decode=2.0),
+        dict(preset="p", batch=32, graphs=False, replay_over_snapshot=None,
+             replay_over_fla_snapshot=None, replay_speculative_over_best_decode=None),
+        dict(preset="p", batch=8, graphs=True, replay_over_snapshot=None,
+             replay_over_fla_snapshot=None, replay_speculative_over_best_decode=None),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+def test_the_bytes_of_a_decode_step_counted_by_hand(strategy):
+    _, cfg = _preset("tiny-gdn")
+    model = HybridLM(cfg, seed=0).eval()
+    engine = DecodeEngine(model, 3, 64, strategy, log_length=16, use_kernels=True)
+    _admit_all(engine, _prompts(3, cfg.vocab_size, seed=7))
+    embed = model.model.embeddings.weight
+    weights = sum(p.numel() * 4 for p in model.parameters()) - embed.numel() * 4 + 3 * 32 * 4
+    # fp32 on CPU: GDN state (2, 8, 8), window 3 x 32, the kernels' log entry k (1, 8) + u (2, 8)
+    # + g (2,);
+    # one KV head of 16, K and V, per position up to the next token's
+    state, window, entry, kv_row = 2 * 8 * 8 * 4, 3 * 32 * 4, (8 + 16 + 2) * 4, 2 * 16 * 4
+    want = weights
+    for s in engine.slots:
+        want += 2 * window + (engine.pos[s] + 1) * kv_row
+        if strategy == "snapshot":
+            want += 2 * state
+        else:
+            held = engine.log_len[s] % 16
+            want += state + (held + 1) * entry + (2 * state + 16 * entry) / 16
+    assert step_bytes(engine) == int(want)

@@ -163,6 +163,9 @@ def _engine_families(args):
         acceptance=args.acceptance,
         log_length=args.log_length,
         fla=not args.no_fla,
+        graphs=dict(both=(False, True), on=(True,), off=(False,))[args.graphs]
+        if torch.cuda.is_available()
+        else (False,),
         time_budget_s=args.time_budget_s or None,
         checkpoint=lambda partial: _write(dict(partial, **provenance(args.argv)), out),
     )
@@ -436,6 +439,12 @@ def add_bench_parser(subparsers):
     ef.add_argument("--acceptance", type=float, default=0.8, help="per-sequence acceptance")
     ef.add_argument("--log-length", type=int, default=16, help="replay's L")
     ef.add_argument("--no-fla", action="store_true", help="skip the fla snapshot rows")
+    ef.add_argument(
+        "--graphs",
+        choices=("both", "on", "off"),
+        default="both",
+        help="rows with CUDA graphs, without, or both (GPU; on CPU always without)",
+    )
     ef.add_argument(
         "--time-budget-s",
         type=float,

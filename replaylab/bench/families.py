@@ -232,16 +232,48 @@ def _speculative(engine, prompts, ref, k, acceptance):
     )
 
 
-def _one(model, strategy, batch, args, fla=None):
+def step_bytes(engine):
+    """Bytes one decode step (one token per live slot) must move, at the slots' current
+    positions: the weights once (the embedding table's rows of the batch only), and per slot,
+    per recurrent layer, the conv window read and written and the state traffic (snapshot,
+    recompute: the fp32 state read and written; replay: the checkpoint read, the log entries
+    held read, one entry written, and a fold every L tokens (state read and written, L entries
+    read) over L), per attention layer its keys and values up to the position read and one row
+    written. Activations are left out. The roofline time of a step is this over the
+    device-copy bandwidth."""
+    model, slots = engine.model, engine.slots
+    embed = model.model.embeddings.weight
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if model.lm_head.weight is not embed:
+        weights -= embed.numel() * embed.element_size()
+    total = weights + len(slots) * embed[0].numel() * embed.element_size()
+    for pool in engine.ssm.values():
+        state, window = pool.state[0].nbytes, pool.conv[0].nbytes
+        entry = sum(buf[0, 0].nbytes for buf in pool.log.values())
+        for s in slots:
+            total += 2 * window
+            if engine.strategy == "replay":
+                held = engine.log_len[s] % engine.L
+                total += state + (held + 1) * entry + (2 * state + engine.L * entry) / engine.L
+            else:
+                total += 2 * state
+    for pool in engine.kv.values():
+        row = 2 * pool.k[0, :, 0].nbytes  # K and V of one position, every KV head
+        total += sum((engine.pos[s] + 1) * row for s in slots)
+    return int(total)
+
+
+def _one(model, strategy, batch, args, fla=None, graphs=False):
     """One (strategy, batch) row and its greedy tokens (a list of (n_spec,), or None): greedy
     decoding of ``n_spec`` tokens (the speculation's reference, and the warm-up: Triton
-    compiles, folds run), timed decode steps after it, then speculation from a fresh prefill
-    (not for the fla rows)."""
+    compiles, folds run, graphs are captured), timed decode steps after it, then speculation
+    from a fresh prefill (not for the fla rows). ``graphs``: every step a CUDA graph replay."""
     n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
     max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
     engine = DecodeEngine(
-        model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True
-    )
+        model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True,
+        graphs=graphs,
+    )  # fmt: skip
     prompts = _prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
     if fla is not None:
@@ -255,18 +287,25 @@ def _one(model, strategy, batch, args, fla=None):
         else:
             tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
             _, tok = _decode_seconds(engine, tok, n_new)
-        runs = []
+        runs, moved = [], []
         for _ in range(repeats):
+            before = step_bytes(engine)
             seconds, tok = _decode_seconds(engine, tok, n_new)
             runs.append(seconds)
+            moved.append((before + step_bytes(engine)) / 2)
         row = dict(
             strategy="fla snapshot" if fla is not None else strategy,
+            graphs=bool(graphs),
             batch=batch,
             seconds_per_step=spread(runs),
             decode_tokens_per_s=batch / spread(runs)["median"],
+            bytes_per_step=int(sum(moved) / len(moved)),
             log_length=engine.L,
             folds=engine.stats.folds,
         )
+        if args.get("copy_gbs"):
+            floor = row["bytes_per_step"] / (args["copy_gbs"] * 1e9)
+            row["roofline_fraction"] = floor / row["seconds_per_step"]["median"]
         if fla is None and n_spec:
             row.update(_speculative(engine, prompts, ref, k, args["acceptance"]))
             row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
@@ -298,6 +337,7 @@ def run_families(
     concurrency_max_len=2048,
     device=None,
     fla=True,
+    graphs=None,
     progress=True,
     time_budget_s=None,
     checkpoint=None,
@@ -308,15 +348,24 @@ def run_families(
     ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
     callable with fla's signature: that one, on any device), each with the fraction of its
     greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them).
-    ``checkpoint``: called with the result so far after every row (the CLI writes it, so a
-    run cut short keeps the rows it finished)."""
+    ``graphs``: the arms, each row run with CUDA graphs (True) or without (default: both on
+    a GPU, without on CPU). ``checkpoint``: called with the result so far after every row (the
+    CLI writes it, so a run cut short keeps the rows it finished). On a GPU each row's
+    ``roofline_fraction`` is ``step_bytes`` over the device-copy bandwidth measured at the
+    start of the run, over the median step time."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(
         n_new=n_new, repeats=repeats, n_spec=n_spec, k=k, acceptance=acceptance,
         log_length=log_length,
     )  # fmt: skip
-    recurrent, fla_error = _fla_recurrent() if fla and device.type == "cuda" else (None, None)
+    cuda = device.type == "cuda"
+    arms = tuple(graphs) if graphs is not None else ((False, True) if cuda else (False,))
+    if cuda:
+        from replaylab.bench.timing import copy_bandwidth_gbs
+
+        args["copy_gbs"] = copy_bandwidth_gbs()
+    recurrent, fla_error = _fla_recurrent() if fla and cuda else (None, None)
     if callable(fla):
         recurrent, fla_error = fla, None
     rows, memory, errors, models, built = [], [], [], {}, {}
@@ -348,23 +397,26 @@ def run_families(
     plan = []
     for batch in batches:
         for name in presets:
-            plan += [(name, s, batch, None) for s in strategies]
-            if (
-                recurrent is not None
-                and "G" in built[name].cfg.pattern
-                and "snapshot" in strategies
-            ):
-                plan.append((name, "snapshot", batch, recurrent))
+            for graphed in arms:
+                plan += [(name, s, batch, None, graphed) for s in strategies]
+                if (
+                    recurrent is not None
+                    and "G" in built[name].cfg.pattern
+                    and "snapshot" in strategies
+                ):
+                    plan.append((name, "snapshot", batch, recurrent, graphed))
 
     def result():
         return dict(
             kind="engine-families",
             path=(
-                "DecodeEngine reference path, un-graphed (no CUDA graphs, no fused kernels: these "
-                "layouts are not NemotronH's), use_kernels=True: replay runs the Triton replay "
-                "kernels batched over the slots; snapshot and recompute run the spec's PyTorch "
-                "token loop; 'fla snapshot' runs fla's fused_recurrent_gated_delta_rule there"
+                "DecodeEngine reference path (no fused kernels: these layouts are not "
+                "NemotronH's), with and without CUDA graphs (each row's 'graphs'), "
+                "use_kernels=True: replay runs the Triton replay kernels batched over the slots; "
+                "snapshot and recompute run the spec's PyTorch token loop; 'fla snapshot' runs "
+                "fla's fused_recurrent_gated_delta_rule there"
             ),
+            graph_arms=list(arms),
             memory_note=(
                 f"pool bytes per slot (state, conv window, log or state copies, KV for "
                 f"{concurrency_max_len} tokens, verify of k + 1 = {k + 1}); sequences in "
@@ -383,25 +435,30 @@ def run_families(
             **args,
         )
 
-    start, greedy = time.perf_counter(), {}  # (preset, strategy, batch) -> greedy tokens
-    for name, strategy, batch, peer in plan:
+    start, greedy = time.perf_counter(), {}  # (preset, strategy, batch, graphs) -> tokens
+    for name, strategy, batch, peer, graphed in plan:
         shown = "fla snapshot" if peer else strategy
-        label = f"{name} {shown} b={batch}"
+        label = f"{name} {shown} b={batch}" + (" graphs" if graphed else "")
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
-            rows.append(dict(preset=name, strategy=shown, batch=batch, error="time budget"))
+            rows.append(
+                dict(preset=name, strategy=shown, graphs=graphed, batch=batch, error="time budget")
+            )
             continue
         if progress:
             print(f"  {label} ...", flush=True)
         try:
-            row, ref = _one(built[name], strategy, batch, args, fla=peer)
-            greedy[name, row["strategy"], batch] = ref
-            theirs = greedy.get((name, "snapshot", batch))
+            row, ref = _one(built[name], strategy, batch, args, fla=peer, graphs=graphed)
+            greedy[name, row["strategy"], batch, graphed] = ref
+            theirs = greedy.get((name, "snapshot", batch, graphed))
+            ungraphed = greedy.get((name, row["strategy"], batch, False))
+            if graphed and ref is not None and ungraphed is not None:
+                row["greedy_equal_ungraphed"] = all(map(torch.equal, ref, ungraphed))
             if peer is not None and ref is not None and theirs is not None:
                 same = [float((a == b).float().mean()) for a, b in zip(ref, theirs)]
                 row["greedy_equal_snapshot"] = sum(same) / len(same)
             rows.append(dict(preset=name, **row))
         except torch.OutOfMemoryError:
-            rows.append(dict(preset=name, strategy=shown, batch=batch, error="OOM"))
+            rows.append(dict(preset=name, strategy=shown, graphs=graphed, batch=batch, error="OOM"))
         except Exception as err:  # noqa: BLE001 - record, go on
             errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
         if device.type == "cuda":
@@ -413,13 +470,14 @@ def run_families(
 
 
 def ratios(rows):
-    """Per preset and batch, from the rows' medians: replay's decode over snapshot's and over
-    fla snapshot's, and replay's speculative tokens/s over the best plain decode of any
-    strategy (the issue's targets); None where a row is missing."""
-    found = {(r["preset"], r["strategy"], r["batch"]): r for r in rows if "error" not in r}
+    """Per preset, batch and graph arm, from the rows' medians: replay's decode over
+    snapshot's and over fla snapshot's, and replay's speculative tokens/s over the best plain
+    decode of any strategy (the issue's targets); None where a row is missing."""
+    arm = lambda r: bool(r.get("graphs", False))  # noqa: E731
+    found = {(r["preset"], r["strategy"], r["batch"], arm(r)): r for r in rows if "error" not in r}
     out = []
-    for preset, batch in dict.fromkeys((r["preset"], r["batch"]) for r in rows):
-        mine = {s: found.get((preset, s, batch)) for s in (*STRATEGIES, "fla snapshot")}
+    for preset, batch, graphs in dict.fromkeys((r["preset"], r["batch"], arm(r)) for r in rows):
+        mine = {s: found.get((preset, s, batch, graphs)) for s in (*STRATEGIES, "fla snapshot")}
         decode = {s: r["decode_tokens_per_s"] for s, r in mine.items() if r}
         replay = mine["replay"] or {}
 
@@ -430,6 +488,7 @@ def ratios(rows):
             dict(
                 preset=preset,
                 batch=batch,
+                graphs=graphs,
                 replay_over_snapshot=over(decode.get("replay"), decode.get("snapshot")),
                 replay_over_fla_snapshot=over(decode.get("replay"), decode.get("fla snapshot")),
                 replay_speculative_over_best_decode=over(
@@ -454,28 +513,31 @@ def families_summary(result):
     fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     for q in result["ratios"]:
         lines.append(
-            f"{q['preset']:22s} b={q['batch']:3d}: replay / snapshot decode "
+            f"{q['preset']:22s} b={q['batch']:3d}{' graphs' if q.get('graphs') else ''}: "
+            f"replay / snapshot decode "
             f"{fmt(q['replay_over_snapshot'])}, replay / fla snapshot "
             f"{fmt(q['replay_over_fla_snapshot'])}, replay speculative / best decode "
             f"{fmt(q['replay_speculative_over_best_decode'])}"
         )
     lines.append("")
     lines.append(
-        f"{'preset':22s} {'strategy':13s} {'batch':>5s} {'decode tok/s':>13s} "
-        f"{'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
+        f"{'preset':22s} {'strategy':13s} {'graphs':>6s} {'batch':>5s} {'decode tok/s':>13s} "
+        f"{'roofline':>8s} {'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
     )
     order = {name: i for i, name in enumerate(result["models"])}
     strategies = {s: i for i, s in enumerate((*STRATEGIES, "fla snapshot"))}
-    for r in sorted(
-        result["rows"], key=lambda r: (order[r["preset"]], strategies[r["strategy"]], r["batch"])
-    ):
+    key = lambda r: (order[r["preset"]], strategies[r["strategy"]], r.get("graphs", False),  # noqa: E731
+                     r["batch"])  # fmt: skip
+    for r in sorted(result["rows"], key=key):
+        head = f"{r['preset']:22s} {r['strategy']:13s} {str(r.get('graphs', False)):>6s} "
         if "error" in r:
-            lines.append(f"{r['preset']:22s} {r['strategy']:13s} {r['batch']:5d} {r['error']}")
+            lines.append(f"{head}{r['batch']:5d} {r['error']}")
             continue
         spec = r.get("speculative_tokens_per_s")
+        roof = r.get("roofline_fraction")
         lines.append(
-            f"{r['preset']:22s} {r['strategy']:13s} {r['batch']:5d} "
-            f"{r['decode_tokens_per_s']:13.1f} "
+            f"{head}{r['batch']:5d} {r['decode_tokens_per_s']:13.1f} "
+            f"{'-' if roof is None else f'{roof:.0%}':>8s} "
             + (
                 f"{spec:11.1f} {r['measured_acceptance']:5.2f} "
                 f"{str(r['speculative_equal_greedy']):>13s}"
