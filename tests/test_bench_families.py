@@ -19,8 +19,7 @@ from replaylab.bench.families import (
 )
 from replaylab.bench.serve import _admit_all, _prompts
 from replaylab.model import HybridLM
-from replaylab.serving import DecodeEngine
-from replaylab.serving import STRATEGIES
+from replaylab.serving import STRATEGIES, DecodeEngine
 
 CUDA = torch.cuda.is_available()
 
