@@ -21,6 +21,7 @@ launches (slots x heads) programs per layer and token. On a GPU machine the engi
 on the device (the kernels compiled) and the teaching cache on their CPU twins."""
 
 import copy
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -246,3 +247,61 @@ def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
     stub = SimpleNamespace(state_spec=SimpleNamespace(family="decay"))  # no kernels of its own
     with pytest.raises(ValueError, match=r"kernels: no Triton replay kernels for the 'decay'"):
         recurrent_pool(stub, 1, "replay", 4, 2, torch.float32, "cpu", False, True)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("strategy", ("snapshot", "recompute", "replay"))
+def test_graphed_steps_equal_the_ungraphed_engine_bit_for_bit(family, strategy):
+    """The same ragged program of verifies (per-slot counts) and rollbacks (per-slot keeps),
+    across folds of L = 5, on an engine whose steps are CUDA graph replays (the default on a
+    GPU) and on one without graphs: the same arithmetic, so the same logits bit for bit."""
+    plain, graphed = (
+        _engine(family, 3, 48, strategy, log_length=5, max_verify=4, graphs=g)
+        for g in (False, True)
+    )
+    assert graphed.graphs and not plain.graphs
+    assert DecodeEngine(ENGINE_MODELS[family], 1, 8, strategy, use_kernels=True).graphs
+    for p in _prompts((6, 3, 9), seed=2):
+        for engine in (plain, graphed):
+            engine.admit(p.to(DEVICE))
+    gen, rng = torch.Generator().manual_seed(3), random.Random(4)
+    for _ in range(12):
+        slots = plain.slots
+        counts = [rng.randint(1, plain.room(s)) for s in slots]
+        tokens = torch.randint(0, 50, (len(slots), max(counts)), generator=gen).to(DEVICE)
+        assert torch.equal(plain.step(tokens, counts), graphed.step(tokens, counts))
+        keep = [rng.randint(1, c) for c in counts]
+        for engine in (plain, graphed):
+            engine.rollback(keep)
+    assert (
+        graphed.stats.graph_replays == 12 + graphed.stats.reruns and not plain.stats.graph_replays
+    )
+    assert strategy != "replay" or graphed.stats.folds > 0
+    with pytest.raises(ValueError, match=r"graphs: replay without kernels reads each slot's"):
+        DecodeEngine(ENGINE_MODELS[family], 1, 8, "replay", use_kernels=False, graphs=True)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_a_prefix_cache_seats_a_graphed_engine_as_an_ungraphed_one():
+    """A prefix cache over a Bamba-like replay engine (its kernel log keeps the spec's fields)
+    with CUDA graphs and without: a miss, then two hits off the grid, then decode steps:
+    the same logits bit for bit (seating writes the pools in place, where the graphs read)."""
+    rng = random.Random(5)
+    system = [rng.randrange(50) for _ in range(13)]
+    prompts = [system + [rng.randrange(50) for _ in range(n)] for n in (3, 6, 1)]
+    seen = []
+    for graphs in (False, True):
+        engine = _engine("bamba", 3, 48, "replay", log_length=4, max_verify=3, graphs=graphs)
+        prefix, logits = EnginePrefixCache(engine, block_size=4), []
+        for p in prompts:
+            logits.append(prefix.admit(p)[1])
+        tok = torch.stack(logits).argmax(-1, keepdim=True)
+        for _ in range(6):
+            out = engine.step(tok)
+            logits.append(out)
+            tok = out[:, -1].argmax(-1, keepdim=True)
+        assert engine.stats.graph_replays == (6 if graphs else 0)
+        seen.append(logits)
+    for a, b in zip(*seen):
+        assert torch.equal(a, b)

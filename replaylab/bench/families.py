@@ -2,11 +2,12 @@
 Jamba-1.5-Mini-class Mamba-1 stack and a Bamba-9B-class Mamba-2 + RoPE stack, under snapshot,
 recompute and replay, batch by batch, in one run (``replaylab bench engine-families``).
 
-What runs: ``DecodeEngine``'s reference path, un-graphed (these layouts are not NemotronH's, so
-the fused kernels and CUDA graphs do not serve them: ``serving.engine.fused_reason``), with
-``use_kernels=True``: under replay each recurrent layer's decode and verify run its Triton
-replay kernels for the whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.replay``)
-and its folds their ``fold``; snapshot and recompute run the layer spec's PyTorch token loop
+What runs: ``DecodeEngine``'s reference path (these layouts are not NemotronH's, so the fused
+kernels do not serve them: ``serving.engine.fused_reason``), each row with CUDA graphs (every
+step one graph replay) or without (``graphs``: both arms on a GPU), with ``use_kernels=True``:
+under replay each recurrent layer's decode and verify run its Triton replay kernels for the
+whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.replay``) and its folds their
+``fold``; snapshot and recompute run the layer spec's PyTorch token loop
 (no kernel of ours exists for their state update), so replay against snapshot here is kernels
 against PyTorch operations as well as one strategy against another. For Gated DeltaNet the
 "fla snapshot" rows put fla's ``fused_recurrent_gated_delta_rule`` in the snapshot path's
@@ -20,8 +21,9 @@ Per (preset, strategy, batch), every sequence at its own position (prompts of 8-
     speculative   tokens/s of ``speculate_batch`` (synthetic drafters following each
                   sequence's own greedy tokens, right with probability ``acceptance``, every
                   sequence accepting its own drafts, k drafts a round), wall clock from the
-                  first round to the last (prefill excluded); the acceptance measured; and
-                  whether every sequence's tokens equal its greedy tokens bit for bit
+                  first round to the last (prefill excluded; with graphs after an untimed
+                  run that captures them); the acceptance measured; and whether every
+                  sequence's tokens equal its greedy tokens bit for bit
     OOM           recorded as the row's error; the batch is skipped
 Per (preset, batch), ``ratios``: replay's decode over snapshot's and over fla snapshot's, and
 replay's speculative tokens/s over the best plain decode (issue 23's engine targets).
@@ -210,14 +212,23 @@ def _decode_seconds(engine, tok, n_new):
     return (time.perf_counter() - t0) / n_new, tok
 
 
-def _speculative(engine, prompts, ref, k, acceptance):
-    """Batched speculative decoding against the engine's own greedy tokens ``ref``."""
+def _speculative(engine, prompts, ref, k, acceptance, warm=False):
+    """Batched speculative decoding against the engine's own greedy tokens ``ref``; ``warm``:
+    a whole untimed run first (with CUDA graphs: the verify and rerun steps are captured
+    there, not in the timed run)."""
     n_spec = ref[0].numel()
-    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
-    drafters = [
-        SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
-        for i, (p, r) in enumerate(zip(prompts, ref))
-    ]
+
+    def start():
+        pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+        drafters = [
+            SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
+            for i, (p, r) in enumerate(zip(prompts, ref))
+        ]
+        return pending, drafters
+
+    if warm:
+        engine.speculate_batch(prompts, *start(), n_spec, k=k)
+    pending, drafters = start()
     sync(engine.device)
     t0 = time.perf_counter()
     tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
@@ -307,7 +318,7 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             floor = row["bytes_per_step"] / (args["copy_gbs"] * 1e9)
             row["roofline_fraction"] = floor / row["seconds_per_step"]["median"]
         if fla is None and n_spec:
-            row.update(_speculative(engine, prompts, ref, k, args["acceptance"]))
+            row.update(_speculative(engine, prompts, ref, k, args["acceptance"], warm=graphs))
             row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
         return row, ref
     finally:

@@ -34,7 +34,7 @@ slots not in the step get count 0 and are left as they were). Strategies:
 
 What is served where:
 
-- The reference path (``fused=False``, ``graphs=False``; the default on CPU) serves every
+- The reference path (``fused=False``; the default on CPU, where ``graphs=False``) serves every
   family the teaching cache does: Mamba-2 ("M": NemotronH, Bamba), Mamba-1 ("S": Jamba) and
   Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or gated attention with or without
   RoPE, relu2 or SwiGLU MLPs. It runs the teaching modules themselves: each recurrent mixer
@@ -47,12 +47,16 @@ What is served where:
   ``kernels.mamba1``, ``kernels.replay``: a verify row computed as a single step at its
   position would be, ring logs, per-slot counts), and its folds on the grid from their
   ``fold``; without kernels, from the spec (``outputs`` for the slots of each log length
-  together, ``fold``). It reads host values during a step (replay's fold plan, log appends),
-  so for these layouts it is not captured in CUDA graphs. On a GPU it runs row-invariant by
+  together, ``fold``). With the kernels, and under snapshot and recompute, a step reads no
+  host value (the per-slot numbers are uploaded before it), so on a GPU each (bucket, T) step
+  is a CUDA graph replay here too (``data/graph_probe.json``: tokens and logits equal the
+  un-graphed engine's for every family and strategy); replay without kernels groups the slots
+  by log length on the host and runs un-graphed. On a GPU it runs row-invariant by
   default (``serving.invariant``: matrix products, last-dim sums and attention through
   kernels whose rows do not depend on the row count), so speculation is lossless there too
-  (on the H200 in ``data/bench_engine_families.json`` for every family and strategy but
-  Jamba-class replay, whose Mamba-1 kernel's verify rows parted from single steps).
+  (on the H200 in ``data/bench_engine_families.json`` for every family and strategy; the
+  Mamba-1 kernels launch without FMA contraction, else their verify rows parted from single
+  steps: ``data/row_invariance_probe_jamba.json``).
 - The fused path (``fused=True``, ``graphs``; the default on a GPU for NemotronH layouts:
   Mamba-2, plain attention without RoPE, relu2 MLPs) runs the kernels below. For any other
   layout the defaults on a GPU are the reference path, and ``fused=True`` raises naming what
@@ -147,7 +151,7 @@ class DecodeEngine:
     the whole bucket at once (default: on a GPU; on CPU they run through Triton's
     interpreter; the pools' logs then keep what the kernels read, so Mamba-1 and Gated
     DeltaNet layers cannot seat a prefix cache). graphs: capture each (bucket, T) step in a CUDA
-    graph (default: on a GPU, for NemotronH layouts). fused: the fused decode kernels
+    graph (default: on a GPU, but for replay without kernels, which reads host values). fused: the fused decode kernels
     (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
     for the tests). matmul: "row_invariant" (default on a GPU; ``kernels.matmul.linear``:
     a row's bits do not depend on the row count, so a verify rounds as decode steps do at
@@ -207,7 +211,8 @@ class DecodeEngine:
         self.dtype, self.device = param.dtype, param.device
         cuda = self.device.type == "cuda"
         self.use_kernels = cuda if use_kernels is None else use_kernels
-        self.graphs = (cuda and not lacks) if graphs is None else graphs
+        graphable = self.use_kernels or strategy != "replay"  # else host reads every step
+        self.graphs = (cuda and graphable) if graphs is None else graphs
         self.fused = (cuda and self.use_kernels and not lacks) if fused is None else fused
         if self.fused and lacks:
             raise ValueError(
@@ -1027,31 +1032,45 @@ class DecodeEngine:
         proposed, accepted), the last two per sequence."""
         self._check_k(k)
         slots = self._check_slots(slots)
+        S = len(slots)
         outs = [[int(t)] for t in pending.flatten().tolist()]
-        proposed, accepted = [0] * len(slots), [0] * len(slots)
+        # each sequence's context on the host, prompt then its tokens so far: a drafter reads
+        # a view of it (no copy of the whole context every round)
+        contexts, held = [], []
+        for prompt, first in zip(prompts, outs):
+            context = torch.empty(prompt.numel() + n_new + k + 1, dtype=torch.long)
+            context[: prompt.numel()] = prompt.cpu()
+            context[prompt.numel()] = first[0]
+            contexts.append(context)
+            held.append(prompt.numel() + 1)
+        proposed, accepted = [0] * S, [0] * S
+        steps = torch.arange(k)
         while True:
-            going = [i for i in range(len(slots)) if len(outs[i]) < n_new]
+            going = [i for i in range(S) if len(outs[i]) < n_new]
             if not going:
                 break
-            rows, ks = [], []
-            for i in going:
-                context = torch.cat([prompts[i].cpu(), torch.tensor(outs[i])])
-                drafts = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
-                rows.append(torch.cat([torch.tensor(outs[i][-1:]), drafts.cpu()]))
-                ks.append(min(k, self.room(slots[i]) - 1))  # fewer drafts just before a fold
-            batch = torch.stack(rows).to(self.device)
-            step_slots = [slots[i] for i in going]
-            counts = [kj + 1 for kj in ks]
-            pred = self.step(batch, counts, slots=step_slots, check=False).argmax(-1).cpu()
-            keep = []
+            batch = torch.empty(len(going), k + 1, dtype=torch.long)
+            ks = []
             for j, i in enumerate(going):
-                kj = ks[j]
-                drafts, p = batch[j, 1 : 1 + kj].cpu(), pred[j]
-                a = int((drafts == p[:kj]).long().cumprod(0).sum())
-                proposed[i], accepted[i] = proposed[i] + kj, accepted[i] + a
-                outs[i] += drafts[:a].tolist() + [int(p[a])]
-                keep.append(1 + a)
-            self.rollback(keep, slots=[slots[i] for i in going])
+                context = contexts[i][: held[i]]
+                batch[j, 0] = outs[i][-1]
+                batch[j, 1:] = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
+                ks.append(min(k, self.room(slots[i]) - 1))  # fewer drafts just before a fold
+            step_slots = [slots[i] for i in going]
+            pred = self.step(batch.to(self.device), [kj + 1 for kj in ks], slots=step_slots,
+                             check=False).argmax(-1).cpu()  # fmt: skip
+            # accepted drafts: the leading run of drafts equal to the target's tokens
+            same = (batch[:, 1:] == pred[:, :k]) & (steps < torch.tensor(ks)[:, None])
+            taken = same.long().cumprod(1).sum(1).tolist()
+            rows, preds = batch[:, 1:].tolist(), pred.tolist()
+            for j, i in enumerate(going):
+                a = taken[j]
+                proposed[i], accepted[i] = proposed[i] + ks[j], accepted[i] + a
+                new = rows[j][:a] + [preds[j][a]]
+                outs[i] += new
+                contexts[i][held[i] : held[i] + len(new)] = torch.tensor(new)
+                held[i] += len(new)
+            self.rollback([1 + a for a in taken], slots=step_slots)
         return [torch.tensor(o[:n_new], device=self.device) for o in outs], proposed, accepted
 
 

@@ -42,7 +42,8 @@ allowed values; a budget under one block, a prompt of max_len tokens or more, id
 vocabulary are refused with the tree and the engine unchanged.
 
 Not served: the fused path (``fused=True``; its replay log keeps x, dt, B, C only, so a conv
-window off the grid cannot be rebuilt; the error says so) and CUDA graphs (they come with it).
+window off the grid cannot be rebuilt; the error says so). The reference path's CUDA graphs
+are: seating a slot writes the pools in place, where the captured steps read them.
 
 Glossary: b block_size, L the engine's log length, m matched, u usable, r resumed from, g a
 grid position (a multiple of b), c a fold position (a multiple of L).
@@ -88,11 +89,11 @@ class EnginePrefixCache(PrefixTree):
     def __init__(self, engine, block_size=None, budget_bytes=None, eviction="lru"):
         if eviction not in PREFIX_EVICTION:
             raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
-        if engine.fused or engine.graphs:
+        if engine.fused:
             raise ValueError(
-                "engine: the prefix cache serves the engine's reference path (fused=False, "
-                "graphs=False): the fused replay log keeps x, dt, B, C only, so a conv window "
-                "off the grid cannot be rebuilt from it"
+                "engine: the prefix cache serves the engine's reference path (fused=False): "
+                "the fused replay log keeps x, dt, B, C only, so a conv window off the grid "
+                "cannot be rebuilt from it"
             )
         self.engine, self.strategy, self.eviction = engine, engine.strategy, eviction
         self.max_len = engine.max_len
