@@ -41,8 +41,10 @@ class SnapshotStore(CurrentStateStore):
 
     def after_forward(self, position):
         # positions since the snapshot stay restorable even when no layer keeps a state
-        # (a model without recurrent layers): their copies are empty
-        if self.tracking_from is not None:
+        # (a model without recurrent layers): their copies are empty. With recurrent layers
+        # ``keep`` holds them, and an empty copy for a position whose copy was evicted would
+        # restore nothing (a silent wrong state), so none is made
+        if self.tracking_from is not None and not self.specs:
             for p in range(self.tracking_from + 1, position + 1):
                 self.per_token.setdefault(p, {})
 
