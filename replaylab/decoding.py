@@ -93,14 +93,17 @@ class SyntheticDrafter:
         if not 0 <= acceptance <= 1:
             raise ValueError(f"acceptance: expected 0 <= acceptance <= 1, got {acceptance}")
         self.reference, self.acceptance = reference.flatten(), acceptance
+        self._ids = self.reference.tolist()  # host ints: a proposal is a few list reads
         self.generator = torch.Generator().manual_seed(seed)
 
     def propose(self, context, k, vocab_size):
+        """(k,) drafts after ``context``: the reference's next k ids (0 past its end), each
+        replaced by id + 1 with probability 1 - acceptance."""
         pos = context.numel()
-        true = self.reference[pos : pos + k]
-        true = torch.cat([true, true.new_zeros(k - true.numel())])
-        right = torch.rand(k, generator=self.generator) < self.acceptance
-        return torch.where(right, true, (true + 1) % vocab_size)
+        true = self._ids[pos : pos + k]
+        true += [0] * (k - len(true))
+        right = (torch.rand(k, generator=self.generator) < self.acceptance).tolist()
+        return torch.tensor([t if r else (t + 1) % vocab_size for t, r in zip(true, right)])
 
 
 class PromptLookupDrafter:

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs or suite}
 # the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
 # where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -84,6 +84,16 @@ case "$mode" in
     timeout -s INT ${PROBE_S:-90} python3 tools/row_invariance_probe.py "$OUT/row_invariance_probe_jamba.json" \
       --presets jamba-1.5-mini-layers --batches 8,32 --strategies replay --matmul row_invariant 2>&1 | tail -12
     timeout -s INT ${GRAPH_S:-200} python3 tools/graph_probe.py "$OUT/graph_probe.json" ${GRAPH_ARGS:-} 2>&1 | tail -20 ;;
+  graphs)  # WHEELS=.whl-gpu, fla in .whl-fla: the engine tests that CUDA graphs change on the
+    # reference path, then the family bench with graphs (FAMILIES_ARGS), fla beside
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile --junitxml=$OUT/gpu_graph_tests.xml tests/test_engine_family_kernels.py tests/test_engine_families.py tests/test_engine.py tests/test_bench_families.py tests/test_engine_row_invariance.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-120} $cmd; } >"$OUT/gpu_graph_tests.log" 2>&1
+    tail -5 "$OUT/gpu_graph_tests.log"
+    unset OMP_NUM_THREADS
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
+    PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-330} python3 -m replaylab.bench \
+      engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -60 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

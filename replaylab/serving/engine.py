@@ -79,6 +79,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from replaylab.kv import attend
@@ -298,7 +299,9 @@ class DecodeEngine:
     def room(self, slot):
         """The most tokens ``slot`` may take in its next step: max_verify, and under replay no
         more than are left before its next fold (a step never crosses the fold grid)."""
-        slot = as_int("slot", slot, 0, self.max_batch - 1)
+        return self._room(as_int("slot", slot, 0, self.max_batch - 1))
+
+    def _room(self, slot):
         if self.strategy != "replay":
             return self.max_verify
         held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
@@ -585,12 +588,17 @@ class DecodeEngine:
                 raise ValueError(
                     f"tokens: slot {s} at position {self.pos[s]} + {c} exceeds max_len={self.max_len}"
                 )
-            if c > self.room(s):
+            if c > self._room(s):
                 raise ValueError(
-                    f"counts: slot {s} may take at most room={self.room(s)} tokens in this step "
+                    f"counts: slot {s} may take at most room={self._room(s)} tokens in this step "
                     f"(replay folds its log every L={self.L} tokens and a step may not cross a "
                     f"fold), got {c}"
                 )
+        return self._step(tokens, counts, slots)
+
+    def _step(self, tokens, counts, slots):
+        """``step`` after its checks: ``counts`` and ``slots`` lists, tokens (S, T)."""
+        T = tokens.shape[1]
         bucket = next(b for b in self.buckets if b > max(slots))
         full = torch.zeros(bucket, T, dtype=torch.long, device=self.device)
         index = torch.tensor(slots, device=self.device)
@@ -631,11 +639,10 @@ class DecodeEngine:
             head_pre[s] = h
         fold_len = [self.L if s in folds else 0 for s in range(n)]
         counts = [step_counts.get(s, 0) for s in range(n)]
-        meta = torch.tensor(
-            [self.log_len, self.head, head_pre, fold_len, counts], dtype=torch.int32
-        )
-        self._meta.copy_(meta, non_blocking=True)
-        self._pos.copy_(torch.tensor(positions or self.pos, dtype=torch.long), non_blocking=True)
+        meta = np.array([self.log_len, self.head, head_pre, fold_len, counts], dtype=np.int32)
+        self._meta.copy_(torch.from_numpy(meta), non_blocking=True)  # numpy: the faster build
+        pos = np.array(positions or self.pos, dtype=np.int64)
+        self._pos.copy_(torch.from_numpy(pos), non_blocking=True)
 
     def _run(self, tokens, folds, save):
         if self.graphs:
@@ -650,7 +657,10 @@ class DecodeEngine:
         for s, n in zip(slots, lasts):
             if n == 0:
                 raise ValueError(f"keep: slot {s} took no tokens in the last step: nothing to keep")
-        keep = self._per_slot("keep", keep, slots, 1, lasts)
+        self._rollback(self._per_slot("keep", keep, slots, 1, lasts), slots)
+
+    def _rollback(self, keep, slots):
+        """``rollback`` after its checks: ``keep`` and ``slots`` lists."""
         dropped = [(s, k) for s, k in zip(slots, keep) if k < self.last[s]]
         if not dropped:
             return
@@ -1034,43 +1044,44 @@ class DecodeEngine:
         slots = self._check_slots(slots)
         S = len(slots)
         outs = [[int(t)] for t in pending.flatten().tolist()]
-        # each sequence's context on the host, prompt then its tokens so far: a drafter reads
-        # a view of it (no copy of the whole context every round)
-        contexts, held = [], []
-        for prompt, first in zip(prompts, outs):
-            context = torch.empty(prompt.numel() + n_new + k + 1, dtype=torch.long)
-            context[: prompt.numel()] = prompt.cpu()
-            context[prompt.numel()] = first[0]
-            contexts.append(context)
-            held.append(prompt.numel() + 1)
+        # the contexts on the host, a row each: prompt, then the tokens so far; a drafter reads
+        # a view (no copy of the whole context every round)
+        width = max(p.numel() for p in prompts) + n_new + k + 1
+        contexts = torch.zeros(S, width, dtype=torch.long)
+        held = torch.tensor([p.numel() + 1 for p in prompts])
+        for i, (prompt, first) in enumerate(zip(prompts, outs)):
+            contexts[i, : prompt.numel()] = prompt.cpu()
+            contexts[i, prompt.numel()] = first[0]
+        lengths = held.tolist()
         proposed, accepted = [0] * S, [0] * S
-        steps = torch.arange(k)
+        steps = torch.arange(k + 1)
         while True:
             going = [i for i in range(S) if len(outs[i]) < n_new]
             if not going:
                 break
-            batch = torch.empty(len(going), k + 1, dtype=torch.long)
-            ks = []
-            for j, i in enumerate(going):
-                context = contexts[i][: held[i]]
-                batch[j, 0] = outs[i][-1]
-                batch[j, 1:] = drafters[i].propose(context, k, self.cfg.vocab_size).reshape(k)
-                ks.append(min(k, self.room(slots[i]) - 1))  # fewer drafts just before a fold
+            rows, ks = [], []
+            for i in going:
+                drafts = drafters[i].propose(contexts[i, : lengths[i]], k, self.cfg.vocab_size)
+                rows.append([outs[i][-1], *drafts.reshape(k).tolist()])
+                ks.append(min(k, self._room(slots[i]) - 1))  # fewer drafts just before a fold
+            batch, limit = torch.tensor(rows), torch.tensor(ks)
             step_slots = [slots[i] for i in going]
-            pred = self.step(batch.to(self.device), [kj + 1 for kj in ks], slots=step_slots,
-                             check=False).argmax(-1).cpu()  # fmt: skip
-            # accepted drafts: the leading run of drafts equal to the target's tokens
-            same = (batch[:, 1:] == pred[:, :k]) & (steps < torch.tensor(ks)[:, None])
-            taken = same.long().cumprod(1).sum(1).tolist()
-            rows, preds = batch[:, 1:].tolist(), pred.tolist()
-            for j, i in enumerate(going):
-                a = taken[j]
+            pred = self._step(batch.to(self.device), [kj + 1 for kj in ks], step_slots)
+            pred = pred.argmax(-1).cpu()  # (G, k + 1)
+            # accepted: the leading drafts equal to the target's tokens; the tokens taken are
+            # the target's first 1 + accepted (an accepted draft is the target's token)
+            same = (batch[:, 1:] == pred[:, :k]) & (steps[:k] < limit[:, None])
+            taken = same.long().cumprod(1).sum(1)
+            index = torch.tensor(going)
+            at = held[index, None] + steps  # (G, k + 1)
+            new = steps <= taken[:, None]
+            contexts[index[:, None].expand_as(at)[new], at[new]] = pred[new]
+            held[index] += taken + 1
+            for j, (i, a, tokens) in enumerate(zip(going, taken.tolist(), pred.tolist())):
                 proposed[i], accepted[i] = proposed[i] + ks[j], accepted[i] + a
-                new = rows[j][:a] + [preds[j][a]]
-                outs[i] += new
-                contexts[i][held[i] : held[i] + len(new)] = torch.tensor(new)
-                held[i] += len(new)
-            self.rollback([1 + a for a in taken], slots=step_slots)
+                outs[i] += tokens[: a + 1]
+                lengths[i] += a + 1
+            self._rollback((taken + 1).tolist(), step_slots)
         return [torch.tensor(o[:n_new], device=self.device) for o in outs], proposed, accepted
 
 
