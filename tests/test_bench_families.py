@@ -12,16 +12,18 @@ from replaylab.bench.cli import main
 from replaylab.bench.families import (
     PRESETS,
     _preset,
+    _speculative,
     families_summary,
     ratios,
     run_families,
     step_bytes,
 )
-from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
 from replaylab.model import HybridLM
 from replaylab.serving import STRATEGIES, DecodeEngine
 
 CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -71,6 +73,7 @@ def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp
     out = tmp_path / "families.json"
     argv = ["engine-families", "--presets", "tiny-mamba1", "--strategies", "replay"]
     argv += ["--batches", "1", "--n-new", "1", "--repeats", "1", "--n-spec", "0", "--no-fla"]
+    argv += ["--graphs", "off"]
     assert main([*argv, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["command"].startswith("replaylab bench engine-families --presets tiny-mamba1")
@@ -80,7 +83,7 @@ def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp
     assert "replay" in capsys.readouterr().out.splitlines()[-1]
     stopped = run_families(
         presets=("tiny-mamba1", "tiny-bamba"), strategies=("replay",), batches=(1, 2),
-        time_budget_s=0,
+        time_budget_s=0, graphs=(False,),
     )  # fmt: skip
     assert [(r["preset"], r["batch"], r["error"]) for r in stopped["rows"]] == [
         (p, b, "time budget") for b in (1, 2) for p in ("tiny-mamba1", "tiny-bamba")
@@ -111,7 +114,7 @@ def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
 
     result = run_families(
         presets=("tiny-gdn",), strategies=("snapshot",), batches=(2,), n_new=2, repeats=1,
-        n_spec=4, k=2, fla=recurrent,
+        n_spec=4, k=2, fla=recurrent, graphs=(False,),
     )  # fmt: skip
     plain, fla = result["rows"]
     assert (plain["strategy"], fla["strategy"]) == ("snapshot", "fla snapshot")
@@ -150,12 +153,12 @@ def test_the_ratios_are_the_targets_of_the_issue():
 @pytest.mark.parametrize("strategy", ["snapshot", "replay"])
 def test_the_bytes_of_a_decode_step_counted_by_hand(strategy):
     _, cfg = _preset("tiny-gdn")
-    model = HybridLM(cfg, seed=0).eval()
+    model = HybridLM(cfg, seed=0).to(DEVICE).eval()  # fp32 on a GPU too
     engine = DecodeEngine(model, 3, 64, strategy, log_length=16, use_kernels=True)
     _admit_all(engine, _prompts(3, cfg.vocab_size, seed=7))
     embed = model.model.embeddings.weight
     weights = sum(p.numel() * 4 for p in model.parameters()) - embed.numel() * 4 + 3 * 32 * 4
-    # fp32 on CPU: GDN state (2, 8, 8), window 3 x 32, the kernels' log entry k (1, 8) + u (2, 8)
+    # fp32: GDN state (2, 8, 8), window 3 x 32, the kernels' log entry k (1, 8) + u (2, 8)
     # + g (2,);
     # one KV head of 16, K and V, per position up to the next token's
     state, window, entry, kv_row = 2 * 8 * 8 * 4, 3 * 32 * 4, (8 + 16 + 2) * 4, 2 * 16 * 4
@@ -168,3 +171,18 @@ def test_the_bytes_of_a_decode_step_counted_by_hand(strategy):
             held = engine.log_len[s] % 16
             want += state + (held + 1) * entry + (2 * state + 16 * entry) / 16
     assert step_bytes(engine) == int(want)
+
+
+def test_the_warmed_up_speculation_is_timed_from_a_fresh_prefill():
+    """With ``warm`` (the graph rows) a whole untimed run comes first; the timed run starts
+    from a fresh prefill, so its tokens still equal the engine's greedy ones."""
+    _, cfg = _preset("tiny-gdn")
+    engine = DecodeEngine(HybridLM(cfg, seed=0).to(DEVICE).eval(), 2, 64, "replay", 16, 3)
+    prompts = _prompts(2, cfg.vocab_size, seed=7)
+    ref, _ = _greedy_ragged(engine, prompts, 6)
+    ref = [r.cpu() for r in ref]
+    steps = engine.stats.steps
+    row = _speculative(engine, prompts, ref, 2, 0.8, warm=True)
+    assert row["speculative_equal_greedy"] and row["sequences_parted"] == 0
+    assert engine.stats.admitted == 3 * 2  # greedy, the warm-up and the timed run
+    assert engine.stats.steps > steps

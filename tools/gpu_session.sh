@@ -87,7 +87,7 @@ case "$mode" in
   graphs)  # WHEELS=.whl-gpu, fla in .whl-fla: the engine tests that CUDA graphs change on the
     # reference path, then the family bench with graphs (FAMILIES_ARGS), fla beside
     export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile --junitxml=$OUT/gpu_graph_tests.xml tests/test_engine_family_kernels.py tests/test_engine_families.py tests/test_engine.py tests/test_bench_families.py tests/test_engine_row_invariance.py"
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile --junitxml=$OUT/gpu_graph_tests.xml tests/test_engine_family_kernels.py tests/test_engine_families.py tests/test_engine.py tests/test_bench_families.py tests/test_engine_row_invariance.py tests/test_engine_admission.py tests/test_scheduler.py tests/test_cache_contract.py"
     { stamp "$cmd"; timeout -s INT ${TESTS_S:-120} $cmd; } >"$OUT/gpu_graph_tests.log" 2>&1
     tail -5 "$OUT/gpu_graph_tests.log"
     unset OMP_NUM_THREADS

@@ -227,7 +227,8 @@ def _speculative(engine, prompts, ref, k, acceptance, warm=False):
         return pending, drafters
 
     if warm:
-        engine.speculate_batch(prompts, *start(), n_spec, k=k)
+        pending, drafters = start()
+        engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
     pending, drafters = start()
     sync(engine.device)
     t0 = time.perf_counter()
