@@ -103,7 +103,8 @@ class SyntheticDrafter:
         true = self._ids[pos : pos + k]
         true += [0] * (k - len(true))
         right = (torch.rand(k, generator=self.generator) < self.acceptance).tolist()
-        return torch.tensor([t if r else (t + 1) % vocab_size for t, r in zip(true, right)])
+        drafts = [t if r else (t + 1) % vocab_size for t, r in zip(true, right)]
+        return torch.tensor(drafts, dtype=self.reference.dtype, device=self.reference.device)
 
 
 class PromptLookupDrafter:

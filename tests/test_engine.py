@@ -388,3 +388,23 @@ def test_fewer_drafts_than_the_engine_verifies(strategy):
     assert all(torch.equal(t, r) for t, r in zip(tokens, refs))
     rounds = engine.stats.verify_steps
     assert 0 < max(proposed) <= 2 * rounds
+
+
+def test_speculation_past_max_len_is_refused_before_the_step():
+    """A speculating slot whose verify would pass max_len is refused naming the position, the
+    limit and the settings, as a plain step would be, with its pools as they were."""
+    engine = DecodeEngine(MODEL, 3, 24, "replay", log_length=4, max_verify=4)
+    prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6] * 9), torch.tensor([7, 8])]
+    pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
+    drafters = [SyntheticDrafter(torch.zeros(40, dtype=torch.long), 0.0) for _ in prompts]
+    with pytest.raises(
+        ValueError, match=r"tokens: slot 1 at position 2\d \+ \d exceeds max_len=24"
+    ):
+        engine.speculate_batch(prompts, pending, 30, drafters, k=3)
+    assert max(engine.pos) <= 24
+    before = pools(engine)
+    with pytest.raises(ValueError, match=r"exceeds max_len=24 \(n_new=30 with k=3"):
+        engine.speculate_batch(prompts, pending, 30, drafters, k=3)
+    after = pools(engine)
+    for k, v in before.items():
+        assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k

@@ -229,6 +229,7 @@ def _speculative(engine, prompts, ref, k, acceptance, warm=False):
     if warm:
         pending, drafters = start()
         engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
+    rollbacks, reruns = engine.stats.rollbacks, engine.stats.reruns  # the timed run's own
     pending, drafters = start()
     sync(engine.device)
     t0 = time.perf_counter()
@@ -241,6 +242,8 @@ def _speculative(engine, prompts, ref, k, acceptance, warm=False):
         speculative_equal_greedy=not parted,
         sequences_parted=len(parted),
         measured_acceptance=sum(accepted) / max(1, sum(proposed)),
+        rollbacks=engine.stats.rollbacks - rollbacks,
+        reruns=engine.stats.reruns - reruns,
     )
 
 
@@ -249,10 +252,11 @@ def step_bytes(engine):
     positions: the weights once (the embedding table's rows of the batch only), and per slot,
     per recurrent layer, the conv window read and written and the state traffic (snapshot,
     recompute: the fp32 state read and written; replay: the checkpoint read, the log entries
-    held read, one entry written, and a fold every L tokens (state read and written, L entries
-    read) over L), per attention layer its keys and values up to the position read and one row
-    written. Activations are left out. The roofline time of a step is this over the
-    device-copy bandwidth."""
+    held read (the fields the kernels read), one entry written (every logged field), and a
+    fold every L tokens (state read and written, L entries read) over L), per attention layer
+    its keys and values at positions 0 .. position read (the new token's row included; its
+    write is not counted again). Activations and the bucket's padding slots are left out. The
+    roofline time of a step is this over the device-copy bandwidth."""
     model, slots = engine.model, engine.slots
     embed = model.model.embeddings.weight
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -261,12 +265,14 @@ def step_bytes(engine):
     total = weights + len(slots) * embed[0].numel() * embed.element_size()
     for pool in engine.ssm.values():
         state, window = pool.state[0].nbytes, pool.conv[0].nbytes
-        entry = sum(buf[0, 0].nbytes for buf in pool.log.values())
+        written = sum(buf[0, 0].nbytes for buf in pool.log.values())
+        read = pool.kernel_fields if pool.kernels else pool.log
+        entry = sum(pool.log[f][0, 0].nbytes for f in read)
         for s in slots:
             total += 2 * window
             if engine.strategy == "replay":
                 held = engine.log_len[s] % engine.L
-                total += state + (held + 1) * entry + (2 * state + engine.L * entry) / engine.L
+                total += state + held * entry + written + (2 * state + engine.L * entry) / engine.L
             else:
                 total += 2 * state
     for pool in engine.kv.values():
@@ -320,7 +326,6 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             row["roofline_fraction"] = floor / row["seconds_per_step"]["median"]
         if fla is None and n_spec:
             row.update(_speculative(engine, prompts, ref, k, args["acceptance"], warm=graphs))
-            row.update(rollbacks=engine.stats.rollbacks, reruns=engine.stats.reruns)
         return row, ref
     finally:
         for spec in specs:

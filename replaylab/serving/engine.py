@@ -1064,6 +1064,12 @@ class DecodeEngine:
                 drafts = drafters[i].propose(contexts[i, : lengths[i]], k, self.cfg.vocab_size)
                 rows.append([outs[i][-1], *drafts.reshape(k).tolist()])
                 ks.append(min(k, self._room(slots[i]) - 1))  # fewer drafts just before a fold
+                if self.pos[slots[i]] + ks[-1] + 1 > self.max_len:
+                    raise ValueError(
+                        f"tokens: slot {slots[i]} at position {self.pos[slots[i]]} + "
+                        f"{ks[-1] + 1} exceeds max_len={self.max_len} (n_new={n_new} with "
+                        f"k={k} drafts a round)"
+                    )
             batch, limit = torch.tensor(rows), torch.tensor(ks)
             step_slots = [slots[i] for i in going]
             pred = self._step(batch.to(self.device), [kj + 1 for kj in ks], step_slots)
