@@ -81,3 +81,20 @@ def test_the_family_kernel_sentence_matches_the_committed_runs():
         round(min(large), 2),
         round(max(large), 2),
     )
+
+
+def test_the_family_engine_sentence_matches_the_committed_run():
+    fam = load_bench("data/bench_engine_families.json")
+    text = " ".join((ROOT / "README.md").read_text().split())
+    row = next(
+        r for r in fam["rows"]
+        if (r["preset"], r["strategy"], r["batch"]) == ("qwen3.5-9b-layers", "replay", 128)
+    )  # fmt: skip
+    q = next(q for q in fam["ratios"] if (q["preset"], q["batch"]) == ("qwen3.5-9b-layers", 128))
+    same = [r["speculative_equal_greedy"] for r in fam["rows"] if "speculative_equal_greedy" in r]
+    assert f"equal greedy ones in {sum(same)} of {len(same)} rows" in text
+    assert (
+        f"at batch 128 at {row['decode_tokens_per_s']:,.0f} tokens/s: "
+        f"{q['replay_over_snapshot']:.2f}x the engine's snapshot and "
+        f"{q['replay_over_fla_snapshot']:.2f}x a snapshot step through fla's" in text
+    )

@@ -1,0 +1,73 @@
+"""The host's share of a speculation round: ``DecodeEngine.speculate_batch`` with the model's
+forward replaced by a stub that returns zero logits at once, so what is timed is the Python
+around it (drafting, the step's and rollback's bookkeeping and uploads, acceptance), per
+round, at each batch. Drafters follow an all-zero reference (the stub's greedy token), right
+with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
+
+    python tools/spec_host_probe.py OUT.json [--batches 8,32,128] [--k 4] [--rounds 40]
+
+Run it on the machine whose host you want to know (a GPU machine's host sets the floor under
+its speculation rounds there); the pools are the tiny-gdn preset's, on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from replaylab.bench.families import _preset
+from replaylab.bench.provenance import provenance
+from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.decoding import SyntheticDrafter
+from replaylab.model import HybridLM
+from replaylab.serving import DecodeEngine
+
+
+def probe(batch, k, rounds, acceptance=0.8, repeats=3):
+    _, cfg = _preset("tiny-gdn")
+    model = HybridLM(cfg, seed=0).eval()
+    best, logits = None, torch.zeros(batch, k + 1, cfg.vocab_size)
+    for _ in range(repeats):
+        engine = DecodeEngine(model, batch, 48 + rounds * (k + 1), "replay", 16, k + 1)
+        prompts = _prompts(batch, cfg.vocab_size, seed=7)
+        pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+        engine._run = lambda tokens, folds, save: logits[: tokens.shape[0], : tokens.shape[1]]
+        zeros = torch.zeros(48 + rounds * (k + 1) + k, dtype=torch.long)
+        drafters = [SyntheticDrafter(zeros, acceptance, seed=i) for i in range(batch)]
+        n_new = rounds * (1 + k) // 2  # about `rounds` rounds at this acceptance
+        t0 = time.perf_counter()
+        engine.speculate_batch(prompts, pending, n_new, drafters, k=k)
+        seconds = time.perf_counter() - t0
+        per_round = seconds / engine.stats.steps
+        if best is None or per_round < best["ms_per_round"] / 1e3:
+            best = dict(batch=batch, k=k, rounds=engine.stats.steps,
+                        ms_per_round=per_round * 1e3, us_per_sequence=per_round * 1e6 / batch)  # fmt: skip
+    return best
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--batches", default="8,32,128")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=40)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [probe(int(b), a.k, a.rounds) for b in a.batches.split(",")]
+    found = provenance()
+    found["command"] = "python tools/spec_host_probe.py " + " ".join(sys.argv[1:])
+    with open(a.out, "w") as f:
+        json.dump(dict(provenance=found, torch_threads=1, rows=rows), f, indent=1)
+    print(f"{'batch':>5s} {'rounds':>6s} {'ms / round':>10s} {'us / sequence':>13s}")
+    for r in rows:
+        print(
+            f"{r['batch']:5d} {r['rounds']:6d} {r['ms_per_round']:10.2f} {r['us_per_sequence']:13.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
