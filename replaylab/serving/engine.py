@@ -152,9 +152,9 @@ class DecodeEngine:
     the whole bucket at once (default: on a GPU; on CPU they run through Triton's
     interpreter; the pools' logs then keep what the kernels read, so Mamba-1 and Gated
     DeltaNet layers cannot seat a prefix cache). graphs: capture each (bucket, T) step in a CUDA
-    graph (default: on a GPU, but for replay without kernels, which reads host values). fused: the fused decode kernels
-    (default: on a GPU, for NemotronH layouts; on CPU they run through Triton's interpreter,
-    for the tests). matmul: "row_invariant" (default on a GPU; ``kernels.matmul.linear``:
+    graph (default: on a GPU, but for replay without kernels, which reads host values).
+    fused: the fused decode kernels (default: on a GPU, for NemotronH layouts; on CPU they
+    run through Triton's interpreter, for the tests). matmul: "row_invariant" (default on a GPU; ``kernels.matmul.linear``:
     a row's bits do not depend on the row count, so a verify rounds as decode steps do at
     every batch; on the reference path every ``nn.Linear`` goes there and attention to
     ``kernels.decode.attention``, see ``serving.invariant``) or "torch" (default on CPU;
@@ -1048,11 +1048,10 @@ class DecodeEngine:
         # a view (no copy of the whole context every round)
         width = max(p.numel() for p in prompts) + n_new + k + 1
         contexts = torch.zeros(S, width, dtype=torch.long)
-        held = torch.tensor([p.numel() + 1 for p in prompts])
+        lengths = [p.numel() + 1 for p in prompts]  # each context's tokens so far
         for i, (prompt, first) in enumerate(zip(prompts, outs)):
             contexts[i, : prompt.numel()] = prompt.cpu()
             contexts[i, prompt.numel()] = first[0]
-        lengths = held.tolist()
         proposed, accepted = [0] * S, [0] * S
         steps = torch.arange(k + 1)
         while True:
@@ -1078,11 +1077,10 @@ class DecodeEngine:
             # the target's first 1 + accepted (an accepted draft is the target's token)
             same = (batch[:, 1:] == pred[:, :k]) & (steps[:k] < limit[:, None])
             taken = same.long().cumprod(1).sum(1)
-            index = torch.tensor(going)
-            at = held[index, None] + steps  # (G, k + 1)
+            index = torch.tensor(going)[:, None].expand(-1, k + 1)
+            at = torch.tensor([lengths[i] for i in going])[:, None] + steps  # (G, k + 1)
             new = steps <= taken[:, None]
-            contexts[index[:, None].expand_as(at)[new], at[new]] = pred[new]
-            held[index] += taken + 1
+            contexts[index[new], at[new]] = pred[new]
             for j, (i, a, tokens) in enumerate(zip(going, taken.tolist(), pred.tolist())):
                 proposed[i], accepted[i] = proposed[i] + ks[j], accepted[i] + a
                 outs[i] += tokens[: a + 1]
