@@ -166,20 +166,24 @@ def _fold_kernel(
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
     IN_PLACE: tl.constexpr,
+    EARLY_LOAD: tl.constexpr,
 ):
-    b, h, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h, tile_id = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_k, pid_v = tile_id // tl.cdiv(V, BLOCK_V), tile_id % tl.cdiv(V, BLOCK_V)
     j = tl.load(fold_len + b)
     src = tl.load(src_slots + b).to(tl.int64)
     dst = tl.load(dst_slots + b).to(tl.int64)
     if (j > 0) | (src != dst) | (not IN_PLACE):  # an in-place fold of nothing: nothing to do
         hk = h // (H // Hk)
         head = tl.load(log_head + b)
-        offs_k = tl.arange(0, BLOCK_K)
+        offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         mk, mv = offs_k < K, offs_v < V
         tile = offs_k[:, None] * V + offs_v[None, :]
         m_tile = mk[:, None] & mv[None, :]
-        S = tl.load(states + (src * H + h) * K * V + tile, mask=m_tile, other=0.0)
+        S_ptrs = states + (src * H + h) * K * V + tile
+        if EARLY_LOAD:  # the checkpoint's read in flight while the log's products run
+            S = tl.load(S_ptrs, mask=m_tile, other=0.0)
         log_gamma = _log_decay_total(log_g, b, h, j, head, Lmax, H, BLOCK_L)  # log γ_j
         acc = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
         run = 0.0
@@ -202,6 +206,8 @@ def _fold_kernel(
             )
             # Σ_s (γ_j / γ_s) k_s u_sᵀ: (K, BLOCK_L) @ (BLOCK_L, BLOCK_V)
             acc += tl.dot(tl.trans(k_l * w[:, None]), u_l, input_precision=PRECISION)
+        if not EARLY_LOAD:  # fewer registers held through the loop
+            S = tl.load(S_ptrs, mask=m_tile, other=0.0)
         S = tl.exp(log_gamma) * S + acc
         tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
 
@@ -212,6 +218,9 @@ LAUNCH = {
     "replay_step": [(float("inf"), 32, 1)],
     "fold": [(float("inf"), 64, 4)],
 }
+# the fold's tile: rows of the state per program (None: all K rows), and whether the
+# checkpoint's read is issued before the log's products or after them
+FOLD_TILE = dict(block_k=None, early_load=True)
 
 
 def _launch(kernel, batch, V, block_v=None, num_warps=None):
@@ -385,12 +394,16 @@ def fold(
     num_warps=None,
     precision=None,
     block_l=16,
+    block_k=None,
+    early_load=None,
 ):
     """Write S_{c+j} = γ_j S_c + Σ_{s<=j} (γ_j/γ_s) k_s u_sᵀ to ``out[dst_slots[b]]`` from
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
     ``states``; then no slot may be both read by one sequence and written by another). A
     sequence folding 0 entries in place costs nothing. ``precision``: tl.dot's input precision
-    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3"). Returns
+    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3").
+    ``block_v``, ``block_k``, ``num_warps``, ``early_load``: the launch (default ``LAUNCH`` and
+    ``FOLD_TILE``); each program writes one (block_k, block_v) tile of one head. Returns
     ``out``."""
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     head = torch.zeros_like(fold_len) if log_head is None else log_head
@@ -406,7 +419,11 @@ def fold(
         _check_int("log_head", head, batch, 0, Lmax - 1)
     BLOCK_V, warps = _launch("fold", batch, V, block_v, num_warps)
     BLOCK_V = max(16, BLOCK_V)  # tl.dot's smallest tile
-    _fold_kernel[(batch, H, triton.cdiv(V, BLOCK_V))](
+    block_k = block_k or FOLD_TILE["block_k"] or K
+    BLOCK_K = max(16, min(triton.next_power_of_2(block_k), triton.next_power_of_2(K)))
+    early = FOLD_TILE["early_load"] if early_load is None else early_load
+    tiles = triton.cdiv(K, BLOCK_K) * triton.cdiv(V, BLOCK_V)
+    _fold_kernel[(batch, H, tiles)](
         states,
         src_slots,
         out,
@@ -421,11 +438,12 @@ def fold(
         Hk,
         K,
         V,
-        BLOCK_K=max(16, triton.next_power_of_2(K)),
+        BLOCK_K=BLOCK_K,
         BLOCK_V=BLOCK_V,
         BLOCK_L=block_l,
         PRECISION=precision or "ieee",
         IN_PLACE=out.data_ptr() == states.data_ptr(),
+        EARLY_LOAD=bool(early),
         num_warps=warps,
     )
     return out

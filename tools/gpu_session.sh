@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile or suite}
 # the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
 # where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -94,6 +94,22 @@ case "$mode" in
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
     PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-330} python3 -m replaylab.bench \
       engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -60 ;;
+  profile)  # WHEELS=.whl-fla: the profiles behind the missed targets. The GDN fold's tile sweep
+    # beside a same-bytes copy, then the kernel bench with its best launch; Nsight Compute over
+    # the fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases
+    timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
+    tile=$(python3 -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; f=[r for r in rows if r['provider']=='fold' and r['batch']==128]; b=min(f,key=lambda r:r['us']); print(f\"{b['block_k']},{b['block_v']},{b['num_warps']},{int(b['early_load'])}\")" "$OUT/gdn_fold_sweep.jsonl" 2>/dev/null)
+    echo "ncu: $(command -v ncu), best fold tile at batch 128: ${tile:-none}"
+    timeout ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
+      --print-units base -k 'regex:_probe_copy_kernel|_fold_kernel|_replay_step_kernel|fused_recurrent|_selective_scan_update_kernel' \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+      --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
+      --log-file "$OUT/ncu_kernels.csv" python3 tools/ncu_probe.py "$OUT/ncu_labels.json" \
+      ${tile:+--fold-tile $tile} >"$OUT/ncu_probe.log" 2>&1
+    echo "ncu rc $?"; tail -12 "$OUT/ncu_probe.log"
+    python3 tools/ncu_probe.py --summary "$OUT/ncu_kernels.csv" "$OUT/ncu_labels.json" "$OUT/ncu_summary.json" 2>&1 | tail -12
+    timeout -s INT ${SPEC_S:-110} python3 tools/spec_round_profile.py "$OUT/spec_round_profile.json" 2>&1 | tail -16
+    timeout -s INT ${HOST_S:-30} python3 tools/spec_host_probe.py "$OUT/spec_host_probe_gpu.json" 2>&1 | tail -6 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

@@ -234,15 +234,23 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
 
 
 STEP_LAUNCHES = [(bv, w, bl) for bv in (16, 32, 64) for w in (1, 2, 4, 8) for bl in (8, 16)]
-FOLD_LAUNCHES = [(bv, w, p) for bv in (16, 32, 64) for w in (2, 4, 8) for p in ("tf32x3", "ieee")]
+# the fold's tiles: BLOCK_V x num_warps x (BLOCK_K, checkpoint read before the log's products);
+# fp32 products ("ieee"), which beat "tf32x3" at every launch of the first sweep
+FOLD_LAUNCHES = [
+    (bv, w, (bk, early))
+    for bk in (128, 64, 32)
+    for bv in (32, 64, 128)
+    for w in (2, 4, 8)
+    for early in (True, False)
+]
 
 
-def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None):
+def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("replay_step", "fold")):
     """Launches of the step (at n = L/2: ``STEP_LAUNCHES``, BLOCK_V x num_warps x BLOCK_L)
-    and of the fold (L entries: ``FOLD_LAUNCHES``, BLOCK_V x num_warps x precision) at each
-    batch, until ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes
+    and of the fold (L entries: ``FOLD_LAUNCHES``) at each batch, for each of ``kinds``,
+    until ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes
     (write it out: a cut-off run keeps what it measured). The numbers behind
-    ``kernels.gdn.LAUNCH``."""
+    ``kernels.gdn.LAUNCH`` and ``FOLD_TILE``."""
     import time
 
     from replaylab.kernels.gdn import fold, replay_step
@@ -265,8 +273,11 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None):
         at = torch.full((batch,), L // 2, dtype=torch.int32, device="cuda")
         full = torch.full((batch,), L, dtype=torch.int32, device="cuda")
         work = states.clone()
-        for kind, launches in (("replay_step", STEP_LAUNCHES), ("fold", FOLD_LAUNCHES)):
-            for a, warps, c in launches:
+        ms, _ = time_ms(lambda: work.copy_(states))  # the same bytes as a copy, same timer
+        keep(_row("copy", batch, ms, 2 * states.numel() * 4, copy_gbs))
+        plan = {"replay_step": STEP_LAUNCHES, "fold": FOLD_LAUNCHES}
+        for kind in kinds:
+            for a, warps, c in plan[kind]:
                 if time.time() - t0 > budget_s:
                     return dict(copy_GBs=copy_gbs, rows=rows, cut_at_s=budget_s)
                 if kind == "replay_step":
@@ -279,9 +290,9 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None):
                 else:
                     fn = lambda a=a, w=warps, c=c: fold(  # noqa: E731
                         work, slots, work, slots, **log, fold_len=full, log_head=head,
-                        check=False, block_v=a, num_warps=w, precision=c,
+                        check=False, block_v=a, num_warps=w, block_k=c[0], early_load=c[1],
                     )  # fmt: skip
-                    extra = dict(L=L, precision=c)
+                    extra = dict(L=L, block_k=c[0], early_load=c[1])
                     nbytes = fold_bytes(batch, L)
                 ms, _ = time_ms(fn)
                 keep(_row(kind, batch, ms, nbytes, copy_gbs, block_v=a, num_warps=warps, **extra))
@@ -292,6 +303,8 @@ def best_launches(rows):
     """(kernel, batch) -> the fastest row of a sweep."""
     best = {}
     for r in rows:
+        if r["provider"] == "copy":
+            continue
         key = (r["provider"], r["batch"])
         if key not in best or r["us"] < best[key]["us"]:
             best[key] = r

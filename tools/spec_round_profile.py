@@ -1,0 +1,244 @@
+"""Where a speculation round's time goes, on the engine a user would run (replay, CUDA graphs,
+kernels) at one preset and batch: the round against a plain decode step, split into its phases.
+
+1. Greedy decoding of the drafters' reference, then an untimed speculation run (graphs captured).
+2. Plain decode: ms per step (CUDA events), and the kernels' share of it (torch.profiler).
+3. Speculation, timed as a user runs it: ms per round, tokens per round, tokens/s against decode.
+4. The same run with a device synchronisation around each phase, so each phase's wall time is
+   its own: drafting (host), the verify step (upload, graph replay, its GPU work), the argmax and
+   copy of the predictions to the host, acceptance (host), the rollback.
+5. torch.profiler over one more speculation run: the GPU-busy fraction of a round and its
+   kernels by total time, beside the decode step's.
+
+    python tools/spec_round_profile.py OUT.json [--preset qwen3.5-9b-layers] [--batch 32]
+        [--k 4] [--acceptance 0.8] [--n-spec 48]
+
+Meant for a GPU (on a CPU it runs as a smoke test: no graphs, no GPU kernels). Prints a short table; writes everything to OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+
+import torch
+
+from replaylab.bench.families import _decode_seconds, _preset
+from replaylab.bench.provenance import provenance
+from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
+from replaylab.decoding import SyntheticDrafter
+from replaylab.model import HybridLM
+from replaylab.serving import DecodeEngine
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _drafters(prompts, ref, acceptance):
+    return [
+        SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
+        for i, (p, r) in enumerate(zip(prompts, ref))
+    ]
+
+
+def _speculate(engine, prompts, ref, k, acceptance):
+    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    drafters = _drafters(prompts, ref, acceptance)
+    steps = engine.stats.steps
+    _sync()
+    t0 = time.perf_counter()
+    tokens, proposed, accepted = engine.speculate_batch(
+        prompts, pending, ref[0].numel(), drafters, k=k
+    )
+    _sync()
+    seconds = time.perf_counter() - t0
+    rounds = engine.stats.steps - steps
+    return dict(
+        seconds=seconds, rounds=rounds, proposed=sum(proposed), accepted=sum(accepted)
+    ), tokens
+
+
+class _Phases:
+    """Wall time per phase, with a device synchronisation at each boundary."""
+
+    def __init__(self):
+        self.seconds = defaultdict(float)
+        self.mark = None
+
+    def start(self):
+        _sync()
+        self.mark = time.perf_counter()
+
+    def close(self, name):
+        _sync()
+        now = time.perf_counter()
+        self.seconds[name] += now - self.mark
+        self.mark = now
+
+
+def _phased(engine, prompts, ref, k, acceptance):
+    """One speculation run with each phase timed on its own (instance attributes shadow the
+    engine's methods and the drafters' ``propose`` for this run only)."""
+    phases = _Phases()
+    step, rollback = engine._step, engine._rollback
+    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    drafters = _drafters(prompts, ref, acceptance)
+
+    def timed_step(*args):
+        phases.close("drafting and host bookkeeping")
+        out = step(*args)
+        phases.close("verify step (upload, forward, folds)")
+        return _Argmax(out, phases)
+
+    def timed_rollback(*args):
+        phases.close("acceptance (host)")
+        rollback(*args)
+        phases.close("rollback")
+
+    engine._step, engine._rollback = timed_step, timed_rollback
+    try:
+        steps = engine.stats.steps
+        phases.start()
+        engine.speculate_batch(prompts, pending, ref[0].numel(), drafters, k=k)
+        phases.close("drafting and host bookkeeping")
+    finally:
+        del engine._step, engine._rollback
+    rounds = engine.stats.steps - steps
+    return {name: s * 1e3 / rounds for name, s in phases.seconds.items()}, rounds
+
+
+class _Argmax:
+    """The verify's logits, with their ``argmax(-1).cpu()`` timed as a phase of its own."""
+
+    def __init__(self, logits, phases):
+        self.logits, self.phases = logits, phases
+
+    def argmax(self, dim):
+        return _Timed(self.logits.argmax(dim), self.phases)
+
+
+class _Timed:
+    def __init__(self, t, phases):
+        self.t, self.phases = t, phases
+
+    def cpu(self):
+        out = self.t.cpu()
+        self.phases.close("argmax and copy to host")
+        return out
+
+
+def _kernels(fn):
+    """Run ``fn`` under torch.profiler: (wall ms, GPU kernel ms, top kernels by total ms)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync()
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        t0 = time.perf_counter()
+        fn()
+        _sync()
+        wall = time.perf_counter() - t0
+    per = defaultdict(lambda: [0.0, 0])
+    busy = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and e.device_time_total > 0:
+            per[e.name][0] += e.device_time_total / 1e3
+            per[e.name][1] += 1
+            busy.append((e.time_range.start, e.time_range.end))
+    busy.sort()
+    covered, end = 0.0, None  # the union of kernel intervals (µs): overlap counted once
+    for a, b in busy:
+        if end is None or a > end:
+            covered += b - a
+            end = b
+        elif b > end:
+            covered += b - end
+            end = b
+    top = sorted(per.items(), key=lambda kv: -kv[1][0])[:12]
+    return wall * 1e3, covered / 1e3, [dict(kernel=n[:90], ms=m, calls=c) for n, (m, c) in top]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--preset", default="qwen3.5-9b-layers")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--acceptance", type=float, default=0.8)
+    ap.add_argument("--n-spec", type=int, default=48)
+    ap.add_argument("--log-length", type=int, default=16)
+    a = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()  # on a CPU: a smoke run (no graphs, fp32, no GPU kernels)
+    _, cfg = _preset(a.preset)
+    model = HybridLM(cfg, seed=0).to(*(("cuda", torch.bfloat16) if cuda else ("cpu",))).eval()
+    max_len = 40 + 4 * a.n_spec + a.k + 8
+    engine = DecodeEngine(
+        model, a.batch, max_len, "replay", a.log_length, max_verify=a.k + 1, use_kernels=True,
+        graphs=cuda,
+    )  # fmt: skip
+    prompts = _prompts(a.batch, cfg.vocab_size, seed=7)
+    ref, _ = _greedy_ragged(engine, prompts, a.n_spec)
+    _speculate(engine, prompts, ref, a.k, a.acceptance)  # warm-up: graphs captured
+
+    tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    _decode_seconds(engine, tok, 4)
+    decode_s, tok = _decode_seconds(engine, tok, 16)
+    spec, tokens = _speculate(engine, prompts, ref, a.k, a.acceptance)
+    equal = all(torch.equal(t.cpu(), r) for t, r in zip(tokens, ref))
+    round_ms = spec["seconds"] * 1e3 / spec["rounds"]
+    tokens_per_round = a.batch * a.n_spec / spec["rounds"]
+    phases, _ = _phased(engine, prompts, ref, a.k, a.acceptance)
+
+    tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    _decode_seconds(engine, tok, 4)
+    d_wall, d_busy, d_top = _kernels(lambda: _decode_seconds(engine, tok, 16))
+    steps = engine.stats.steps
+    s_wall, s_busy, s_top = _kernels(lambda: _speculate(engine, prompts, ref, a.k, a.acceptance))
+    rounds = engine.stats.steps - steps
+    result = dict(
+        provenance=dict(provenance(), command="python tools/spec_round_profile.py " + " ".join(sys.argv[1:])),
+        preset=a.preset, batch=a.batch, k=a.k, acceptance=a.acceptance, n_spec=a.n_spec,
+        log_length=a.log_length, strategy="replay", graphs=cuda, kernels=True,
+        decode_ms_per_step=decode_s * 1e3,
+        decode_tokens_per_s=a.batch / decode_s,
+        round_ms=round_ms,
+        rounds=spec["rounds"],
+        tokens_per_round=tokens_per_round,
+        speculative_tokens_per_s=a.batch * a.n_spec / spec["seconds"],
+        measured_acceptance=spec["accepted"] / max(1, spec["proposed"]),
+        speculative_equal_greedy=equal,
+        round_in_decode_steps=round_ms / (decode_s * 1e3),
+        phases_ms_per_round=phases,
+        profiler=dict(
+            decode=dict(wall_ms_per_step=d_wall / 16, gpu_busy_ms_per_step=d_busy / 16,
+                        busy_fraction=d_busy / d_wall, top=d_top),
+            speculation=dict(rounds=rounds, wall_ms_per_round=s_wall / rounds,
+                             gpu_busy_ms_per_round=s_busy / rounds, busy_fraction=s_busy / s_wall,
+                             top=s_top),
+        ),
+    )  # fmt: skip
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    print(
+        f"{a.preset} batch {a.batch}: decode {decode_s * 1e3:.2f} ms/step "
+        f"({a.batch / decode_s:,.0f} tok/s, GPU busy {d_busy / d_wall:.0%}); round {round_ms:.2f} ms "
+        f"= {round_ms / (decode_s * 1e3):.2f} steps, {tokens_per_round / a.batch:.2f} tokens/seq; "
+        f"speculation {result['speculative_tokens_per_s']:,.0f} tok/s "
+        f"({result['speculative_tokens_per_s'] * decode_s / a.batch:.2f}x decode), "
+        f"GPU busy {s_busy / s_wall:.0%}, spec = greedy: {equal}"
+    )
+    print(f"GPU busy per round {s_busy / rounds:.2f} ms vs per decode step {d_busy / 16:.2f} ms")
+    for name, ms in phases.items():
+        print(f"  {name:40s} {ms:7.2f} ms/round")
+    for r in s_top[:6]:
+        print(f"  {r['ms'] / rounds:7.3f} ms/round {r['calls'] / rounds:5.1f}x  {r['kernel']}")
+
+
+if __name__ == "__main__":
+    main()
