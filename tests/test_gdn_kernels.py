@@ -136,11 +136,16 @@ def test_fold_writes_the_state_after_the_logged_tokens(fold_fn):
 
 @pytest.mark.parametrize(
     "launch",
-    [dict(block_k=16, block_v=16, early_load=False), dict(block_k=32, block_v=16, early_load=True)],
-    ids=["k16-late", "k32-early"],
+    [
+        dict(block_k=16, block_v=16, early_load=False),
+        dict(block_k=32, block_v=16, early_load=True),
+        dict(block_k=64, block_kc=16, block_v=16, early_load=False),
+    ],
+    ids=["k16-late", "k32-early", "k64-in-chunks-of-16"],
 )
 def test_fold_tiles_of_the_state_rows_and_columns_give_the_same_state(launch):
-    """Tiles over K and V (the last of each cut by the mask) cover the state once each."""
+    """Tiles over K and V (the last of each cut by the mask), and chunks of rows within a
+    tile, cover the state once each."""
     batch, T, Lmax, K, V = 2, 9, 12, 40, 24
     shape = dict(H=4, Hk=2, K=K, V=V)
     states = torch.randn(batch, 4, K, V, device=DEVICE) * 0.3

@@ -98,7 +98,7 @@ case "$mode" in
     # beside a same-bytes copy, then the kernel bench with its best launch; Nsight Compute over
     # the fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases
     timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
-    tile=$(python3 -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; f=[r for r in rows if r['provider']=='fold' and r['batch']==128]; b=min(f,key=lambda r:r['us']); print(f\"{b['block_k']},{b['block_v']},{b['num_warps']},{int(b['early_load'])}\")" "$OUT/gdn_fold_sweep.jsonl" 2>/dev/null)
+    tile=$(python3 -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; f=[r for r in rows if r['provider']=='fold' and r['batch']==128]; b=min(f,key=lambda r:r['us']); print(f\"{b['block_k']},{b['block_kc']},{b['block_v']},{b['num_warps']},{int(b['early_load'])}\")" "$OUT/gdn_fold_sweep.jsonl" 2>/dev/null)
     echo "ncu: $(command -v ncu), best fold tile at batch 128: ${tile:-none}"
     timeout ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
       --print-units base -k 'regex:_probe_copy_kernel|_fold_kernel|_replay_step_kernel|fused_recurrent|_selective_scan_update_kernel' \

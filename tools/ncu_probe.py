@@ -5,7 +5,7 @@ kernels below, between cudaProfilerStart and cudaProfilerStop, for Nsight Comput
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
         --log-file OUT/ncu_kernels.csv python3 tools/ncu_probe.py OUT/ncu_labels.json \
-        [--fold-tile BLOCK_K,BLOCK_V,WARPS,EARLY]
+        [--fold-tile BLOCK_K,BLOCK_KC,BLOCK_V,WARPS,EARLY]
 
 Launches, in this order (``ncu_labels.json`` names them; ncu's IDs count from 0 in the same
 order): a Triton copy of the GDN state (the bandwidth reference), the GDN fold of 16 entries
@@ -107,7 +107,7 @@ def main(argv=None):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("labels")
-    ap.add_argument("--fold-tile", default=None, help="BLOCK_K,BLOCK_V,WARPS,EARLY(0/1)")
+    ap.add_argument("--fold-tile", default=None, help="BLOCK_K,BLOCK_KC,BLOCK_V,WARPS,EARLY(0/1)")
     a = ap.parse_args(argv)
     H, K, V, L = gdn_bench.SHAPE["H"], gdn_bench.SHAPE["K"], gdn_bench.SHAPE["V"], 16
     launches = []  # (label, fn)
@@ -127,11 +127,11 @@ def main(argv=None):
                                                     fold_len=full, check=False))
     )  # fmt: skip
     if a.fold_tile:
-        bk, bv, w, early = (int(x) for x in a.fold_tile.split(","))
+        bk, kc, bv, w, early = (int(x) for x in a.fold_tile.split(","))
         launches.append(
-            (f"gdn_fold_bk{bk}_bv{bv}_w{w}_early{early}_b128",
+            (f"gdn_fold_bk{bk}_kc{kc}_bv{bv}_w{w}_early{early}_b128",
              lambda: gdn.fold(work, slots128, work, slots128, **log128, fold_len=full,
-                              check=False, block_k=bk, block_v=bv, num_warps=w,
+                              check=False, block_k=bk, block_kc=kc, block_v=bv, num_warps=w,
                               early_load=bool(early)))
         )  # fmt: skip
     for batch, (states, log, slots, one) in (

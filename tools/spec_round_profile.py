@@ -46,20 +46,29 @@ def _drafters(prompts, ref, acceptance):
     ]
 
 
-def _speculate(engine, prompts, ref, k, acceptance):
+def _speculate(engine, prompts, ref, k, acceptance, around=None):
+    """Admit the prompts, then time speculate_batch alone (inside ``around()`` when given:
+    a profiler that should see the rounds, not the admissions)."""
+    import contextlib
+
     pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
     drafters = _drafters(prompts, ref, acceptance)
     steps = engine.stats.steps
     _sync()
-    t0 = time.perf_counter()
-    tokens, proposed, accepted = engine.speculate_batch(
-        prompts, pending, ref[0].numel(), drafters, k=k
-    )
-    _sync()
-    seconds = time.perf_counter() - t0
+    with (around or contextlib.nullcontext)():
+        t0 = time.perf_counter()
+        tokens, proposed, accepted = engine.speculate_batch(
+            prompts, pending, ref[0].numel(), drafters, k=k
+        )
+        _sync()
+        seconds = time.perf_counter() - t0
     rounds = engine.stats.steps - steps
     return dict(
-        seconds=seconds, rounds=rounds, proposed=sum(proposed), accepted=sum(accepted)
+        seconds=seconds,
+        rounds=rounds,
+        proposed=sum(proposed),
+        accepted=sum(accepted),
+        sequence_rounds=[p / k for p in proposed],  # rounds each sequence verified in
     ), tokens
 
 
@@ -133,17 +142,28 @@ class _Timed:
 
 
 def _kernels(fn):
-    """Run ``fn`` under torch.profiler: (wall ms, GPU kernel ms, top kernels by total ms)."""
+    """Run ``fn(around)`` where ``around()`` opens torch.profiler over the part to profile:
+    (wall ms, GPU kernel ms, top kernels by total ms, count of kernel launches)."""
+    import contextlib
+
     from torch.profiler import ProfilerActivity, profile
 
-    _sync()
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        t0 = time.perf_counter()
-        fn()
+    held, wall = {}, [0.0]
+
+    @contextlib.contextmanager
+    def around():
         _sync()
-        wall = time.perf_counter() - t0
+        with profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            yield
+            _sync()
+            wall[0] = time.perf_counter() - t0
+        held["prof"] = prof
+
+    value = fn(around)
+    prof, wall = held["prof"], wall[0]
     per = defaultdict(lambda: [0.0, 0])
     busy = []
     for e in prof.events():
@@ -161,7 +181,8 @@ def _kernels(fn):
             covered += b - end
             end = b
     top = sorted(per.items(), key=lambda kv: -kv[1][0])[:12]
-    return wall * 1e3, covered / 1e3, [dict(kernel=n[:90], ms=m, calls=c) for n, (m, c) in top]
+    top = [dict(kernel=n[:90], ms=m, calls=c) for n, (m, c) in top]
+    return wall * 1e3, covered / 1e3, top, len(busy), value
 
 
 def main(argv=None):
@@ -197,10 +218,16 @@ def main(argv=None):
 
     tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
     _decode_seconds(engine, tok, 4)
-    d_wall, d_busy, d_top = _kernels(lambda: _decode_seconds(engine, tok, 16))
-    steps = engine.stats.steps
-    s_wall, s_busy, s_top = _kernels(lambda: _speculate(engine, prompts, ref, a.k, a.acceptance))
-    rounds = engine.stats.steps - steps
+
+    def decode(around):
+        with around():
+            _decode_seconds(engine, tok, 16)
+
+    d_wall, d_busy, d_top, d_launches, _ = _kernels(decode)
+    s_wall, s_busy, s_top, s_launches, (profiled, _) = _kernels(
+        lambda around: _speculate(engine, prompts, ref, a.k, a.acceptance, around)
+    )
+    rounds = profiled["rounds"]
     result = dict(
         provenance=dict(provenance(), command="python tools/spec_round_profile.py " + " ".join(sys.argv[1:])),
         preset=a.preset, batch=a.batch, k=a.k, acceptance=a.acceptance, n_spec=a.n_spec,
@@ -214,13 +241,21 @@ def main(argv=None):
         measured_acceptance=spec["accepted"] / max(1, spec["proposed"]),
         speculative_equal_greedy=equal,
         round_in_decode_steps=round_ms / (decode_s * 1e3),
+        # a static batch runs until its slowest sequence is done: the rounds each sequence
+        # needed against the batch's, and the tokens/s with no such tail (every sequence's
+        # own tokens per round at the measured round time)
+        sequence_rounds_mean=sum(spec["sequence_rounds"]) / a.batch,
+        sequence_rounds_max=max(spec["sequence_rounds"]),
+        tokens_per_s_without_tail=a.batch * a.n_spec
+        / (sum(spec["sequence_rounds"]) / a.batch * round_ms / 1e3),
         phases_ms_per_round=phases,
         profiler=dict(
             decode=dict(wall_ms_per_step=d_wall / 16, gpu_busy_ms_per_step=d_busy / 16,
-                        busy_fraction=d_busy / d_wall, top=d_top),
+                        busy_fraction=d_busy / d_wall, launches_per_step=d_launches / 16,
+                        top=d_top),
             speculation=dict(rounds=rounds, wall_ms_per_round=s_wall / rounds,
                              gpu_busy_ms_per_round=s_busy / rounds, busy_fraction=s_busy / s_wall,
-                             top=s_top),
+                             launches_per_round=s_launches / rounds, top=s_top),
         ),
     )  # fmt: skip
     with open(a.out, "w") as f:
@@ -233,7 +268,12 @@ def main(argv=None):
         f"({result['speculative_tokens_per_s'] * decode_s / a.batch:.2f}x decode), "
         f"GPU busy {s_busy / s_wall:.0%}, spec = greedy: {equal}"
     )
-    print(f"GPU busy per round {s_busy / rounds:.2f} ms vs per decode step {d_busy / 16:.2f} ms")
+    print(
+        f"GPU busy per round {s_busy / rounds:.2f} ms ({s_launches / rounds:.0f} launches) vs per "
+        f"decode step {d_busy / 16:.2f} ms ({d_launches / 16:.0f}); rounds per sequence "
+        f"{result['sequence_rounds_mean']:.1f} mean, {result['sequence_rounds_max']:.0f} max, "
+        f"batch {spec['rounds']}: {result['tokens_per_s_without_tail']:,.0f} tok/s with no tail"
+    )
     for name, ms in phases.items():
         print(f"  {name:40s} {ms:7.2f} ms/round")
     for r in s_top[:6]:
