@@ -166,55 +166,47 @@ def _fold_kernel(
     BLOCK_L: tl.constexpr,
     PRECISION: tl.constexpr,
     IN_PLACE: tl.constexpr,
-    EARLY_LOAD: tl.constexpr,
-    BLOCK_KC: tl.constexpr,
 ):
-    b, h, tile_id = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    pid_k, pid_v = tile_id // tl.cdiv(V, BLOCK_V), tile_id % tl.cdiv(V, BLOCK_V)
+    b, h, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     j = tl.load(fold_len + b)
     src = tl.load(src_slots + b).to(tl.int64)
     dst = tl.load(dst_slots + b).to(tl.int64)
     if (j > 0) | (src != dst) | (not IN_PLACE):  # an in-place fold of nothing: nothing to do
         hk = h // (H // Hk)
         head = tl.load(log_head + b)
+        offs_k = tl.arange(0, BLOCK_K)
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        mv = offs_v < V
+        mk, mv = offs_k < K, offs_v < V
+        tile = offs_k[:, None] * V + offs_v[None, :]
+        m_tile = mk[:, None] & mv[None, :]
         log_gamma = _log_decay_total(log_g, b, h, j, head, Lmax, H, BLOCK_L)  # log γ_j
-        # the program's BLOCK_K rows, BLOCK_KC at a time: fewer registers per chunk, and the
-        # log's u rows re-read from cache rather than by another program
-        for kc in tl.static_range(0, BLOCK_K, BLOCK_KC):
-            offs_k = pid_k * BLOCK_K + kc + tl.arange(0, BLOCK_KC)
-            mk = offs_k < K
-            tile = offs_k[:, None] * V + offs_v[None, :]
-            m_tile = mk[:, None] & mv[None, :]
-            S_ptrs = states + (src * H + h) * K * V + tile
-            if EARLY_LOAD:  # the checkpoint's read in flight while the log's products run
-                S = tl.load(S_ptrs, mask=m_tile, other=0.0)
-            acc = tl.zeros([BLOCK_KC, BLOCK_V], dtype=tl.float32)
-            run = 0.0
-            for l0 in range(0, j, BLOCK_L):
-                offs_l = l0 + tl.arange(0, BLOCK_L)
-                ml = offs_l < j
-                row = b * Lmax + (head + offs_l) % Lmax
-                g_l = tl.load(log_g + row * H + h, mask=ml, other=0.0)
-                w = tl.where(ml, tl.exp(log_gamma - (run + tl.cumsum(g_l, axis=0))), 0.0)
-                run += tl.sum(g_l)
-                k_l = tl.load(
-                    log_k + (row[:, None] * Hk + hk) * K + offs_k[None, :],
-                    mask=ml[:, None] & mk[None, :],
-                    other=0.0,
-                ).to(tl.float32)
-                u_l = tl.load(
-                    log_u + (row[:, None] * H + h) * V + offs_v[None, :],
-                    mask=ml[:, None] & mv[None, :],
-                    other=0.0,
-                )
-                # Σ_s (γ_j / γ_s) k_s u_sᵀ: (BLOCK_KC, BLOCK_L) @ (BLOCK_L, BLOCK_V)
-                acc += tl.dot(tl.trans(k_l * w[:, None]), u_l, input_precision=PRECISION)
-            if not EARLY_LOAD:  # fewer registers held through the loop
-                S = tl.load(S_ptrs, mask=m_tile, other=0.0)
-            S = tl.exp(log_gamma) * S + acc
-            tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
+        acc = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+        run = 0.0
+        for l0 in range(0, j, BLOCK_L):
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            ml = offs_l < j
+            row = b * Lmax + (head + offs_l) % Lmax
+            g_l = tl.load(log_g + row * H + h, mask=ml, other=0.0)
+            w = tl.where(ml, tl.exp(log_gamma - (run + tl.cumsum(g_l, axis=0))), 0.0)
+            run += tl.sum(g_l)
+            k_l = tl.load(
+                log_k + (row[:, None] * Hk + hk) * K + offs_k[None, :],
+                mask=ml[:, None] & mk[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            u_l = tl.load(
+                log_u + (row[:, None] * H + h) * V + offs_v[None, :],
+                mask=ml[:, None] & mv[None, :],
+                other=0.0,
+            )
+            # Σ_s (γ_j / γ_s) k_s u_sᵀ: (K, BLOCK_L) @ (BLOCK_L, BLOCK_V)
+            acc += tl.dot(tl.trans(k_l * w[:, None]), u_l, input_precision=PRECISION)
+        # the checkpoint read after the log's products, not before: 193 registers a thread
+        # instead of 255, and 0.70 of the copy bandwidth instead of 0.60 at batch 128 (H200,
+        # data/gdn_fold_sweep_tiles.jsonl; rows tiled or chunked per program did no better)
+        S = tl.load(states + (src * H + h) * K * V + tile, mask=m_tile, other=0.0)
+        S = tl.exp(log_gamma) * S + acc
+        tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
 
 
 # (batch bound, BLOCK_V, num_warps), from the H200 launch sweep in data/gdn_launch_sweep.jsonl
@@ -223,12 +215,6 @@ LAUNCH = {
     "replay_step": [(float("inf"), 32, 1)],
     "fold": [(float("inf"), 64, 4)],
 }
-# the fold's tile: rows of the state per program (None: all K rows), rows per chunk within a
-# program (None: all of the program's), and whether the checkpoint's read is issued before the
-# log's products or after them (after: 193 registers a thread instead of 255, and 0.70 of the
-# copy bandwidth instead of 0.60 at batch 128, 0.64 instead of 0.55 at 32, in the H200 tile
-# sweep data/gdn_fold_sweep_tiles.jsonl and data/ncu_summary.json)
-FOLD_TILE = dict(block_k=None, block_kc=None, early_load=False)
 
 
 def _launch(kernel, batch, V, block_v=None, num_warps=None):
@@ -402,18 +388,13 @@ def fold(
     num_warps=None,
     precision=None,
     block_l=16,
-    block_k=None,
-    early_load=None,
-    block_kc=None,
 ):
     """Write S_{c+j} = γ_j S_c + Σ_{s<=j} (γ_j/γ_s) k_s u_sᵀ to ``out[dst_slots[b]]`` from
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
     ``states``; then no slot may be both read by one sequence and written by another). A
     sequence folding 0 entries in place costs nothing. ``precision``: tl.dot's input precision
-    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3").
-    ``block_v``, ``block_k``, ``block_kc``, ``num_warps``, ``early_load``: the launch (default
-    ``LAUNCH`` and ``FOLD_TILE``); each program writes one (block_k, block_v) tile of one head,
-    block_kc rows at a time. Returns ``out``."""
+    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3"). Returns
+    ``out``."""
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     head = torch.zeros_like(fold_len) if log_head is None else log_head
     if check:
@@ -428,12 +409,7 @@ def fold(
         _check_int("log_head", head, batch, 0, Lmax - 1)
     BLOCK_V, warps = _launch("fold", batch, V, block_v, num_warps)
     BLOCK_V = max(16, BLOCK_V)  # tl.dot's smallest tile
-    block_k = block_k or FOLD_TILE["block_k"] or K
-    BLOCK_K = max(16, min(triton.next_power_of_2(block_k), triton.next_power_of_2(K)))
-    early = FOLD_TILE["early_load"] if early_load is None else early_load
-    BLOCK_KC = min(BLOCK_K, max(16, triton.next_power_of_2(block_kc or FOLD_TILE["block_kc"] or K)))
-    tiles = triton.cdiv(K, BLOCK_K) * triton.cdiv(V, BLOCK_V)
-    _fold_kernel[(batch, H, tiles)](
+    _fold_kernel[(batch, H, triton.cdiv(V, BLOCK_V))](
         states,
         src_slots,
         out,
@@ -448,13 +424,11 @@ def fold(
         Hk,
         K,
         V,
-        BLOCK_K=BLOCK_K,
+        BLOCK_K=max(16, triton.next_power_of_2(K)),
         BLOCK_V=BLOCK_V,
         BLOCK_L=block_l,
         PRECISION=precision or "ieee",
         IN_PLACE=out.data_ptr() == states.data_ptr(),
-        EARLY_LOAD=bool(early),
-        BLOCK_KC=BLOCK_KC,
         num_warps=warps,
     )
     return out

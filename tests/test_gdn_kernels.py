@@ -134,36 +134,6 @@ def test_fold_writes_the_state_after_the_logged_tokens(fold_fn):
     assert out[2].isnan().all()  # no sequence writes slot 2
 
 
-@pytest.mark.parametrize(
-    "launch",
-    [
-        dict(block_k=16, block_v=16, early_load=False),
-        dict(block_k=32, block_v=16, early_load=True),
-        dict(block_k=64, block_kc=16, block_v=16, early_load=False),
-    ],
-    ids=["k16-late", "k32-early", "k64-in-chunks-of-16"],
-)
-def test_fold_tiles_of_the_state_rows_and_columns_give_the_same_state(launch):
-    """Tiles over K and V (the last of each cut by the mask), and chunks of rows within a
-    tile, cover the state once each."""
-    batch, T, Lmax, K, V = 2, 9, 12, 40, 24
-    shape = dict(H=4, Hk=2, K=K, V=V)
-    states = torch.randn(batch, 4, K, V, device=DEVICE) * 0.3
-    slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
-    toks = tokens(batch, T, seed=5, **shape)
-    log = empty_log(batch, Lmax, **shape)
-    log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
-    head = torch.tensor([7, 2], dtype=torch.int32, device=DEVICE)
-    run_tokens(replay_step_ref, states, slots, log, log_len, toks, head)
-    out = torch.full_like(states, float("nan"))
-    fold_len = torch.tensor([T, 5], dtype=torch.int32, device=DEVICE)
-    fold(states, slots, out, slots, **log, fold_len=fold_len, log_head=head, **launch)
-    for b in range(batch):
-        part = {name: t[b : b + 1, : int(fold_len[b])] for name, t in toks.items()}
-        want = oracle(states[b][None], part).state[0]
-        assert_close(out[b].double(), want, atol=2e-5, rtol=2e-5)
-
-
 def test_fold_in_place_folds_only_the_named_sequences():
     batch, T, Lmax = 2, 6, 8
     states = torch.randn(batch, 4, 12, 10, device=DEVICE) * 0.3

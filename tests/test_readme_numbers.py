@@ -98,3 +98,21 @@ def test_the_family_engine_sentence_matches_the_committed_run():
         f"{q['replay_over_snapshot']:.2f}x the engine's snapshot and "
         f"{q['replay_over_fla_snapshot']:.2f}x a snapshot step through fla's" in text
     )
+
+
+def test_the_speculation_profile_sentence_matches_the_committed_run():
+    prof = load_bench("data/spec_round_profile.json")
+    text = " ".join((ROOT / "README.md").read_text().split())
+    phases = prof["phases_ms_per_round"]
+    host = sum(ms for name, ms in phases.items() if not name.startswith("verify"))
+    verify = next(ms for name, ms in phases.items() if name.startswith("verify"))
+    speedup = prof["speculative_tokens_per_s"] / prof["decode_tokens_per_s"]
+    assert (
+        f"ran at {speedup:.2f}x plain decode: a round took {prof['round_in_decode_steps']:.2f} "
+        f"decode steps for {prof['tokens_per_round'] / prof['batch']:.2f} tokens a sequence, of "
+        f"which the verify step {verify:.2f} ms and drafting, argmax, acceptance and rollback "
+        f"{host:.2f} ms, and the batch waited "
+        f"on its slowest sequence ({prof['rounds']} rounds against "
+        f"{prof['sequence_rounds_mean']:.1f} on average)" in text
+    )
+    assert prof["speculative_equal_greedy"] and prof["batch"] == 32

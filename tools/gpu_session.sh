@@ -94,18 +94,17 @@ case "$mode" in
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
     PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-330} python3 -m replaylab.bench \
       engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -60 ;;
-  profile)  # WHEELS=.whl-fla: the profiles behind the missed targets. The GDN fold's tile sweep
+  profile)  # WHEELS=.whl-fla: the profiles behind the missed targets. The GDN fold's launch sweep
     # beside a same-bytes copy, then the kernel bench with its best launch; Nsight Compute over
     # the fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases
-    timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
-    tile=$(python3 -c "import json,sys; rows=[json.loads(l) for l in open(sys.argv[1])]; f=[r for r in rows if r['provider']=='fold' and r['batch']==128]; b=min(f,key=lambda r:r['us']); print(f\"{b['block_k']},{b['block_kc']},{b['block_v']},{b['num_warps']},{int(b['early_load'])}\")" "$OUT/gdn_fold_sweep.jsonl" 2>/dev/null)
-    echo "ncu: $(command -v ncu), best fold tile at batch 128: ${tile:-none}"
+    timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --batches ${SWEEP_BATCHES:-128,32,8} --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
+    echo "ncu: $(command -v ncu)"
     timeout ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
       --print-units base -k 'regex:_probe_copy_kernel|_fold_kernel|_replay_step_kernel|fused_recurrent|_selective_scan_update_kernel' \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
       --log-file "$OUT/ncu_kernels.csv" python3 tools/ncu_probe.py "$OUT/ncu_labels.json" \
-      ${tile:+--fold-tile $tile} >"$OUT/ncu_probe.log" 2>&1
+      >"$OUT/ncu_probe.log" 2>&1
     echo "ncu rc $?"; tail -12 "$OUT/ncu_probe.log"
     python3 tools/ncu_probe.py --summary "$OUT/ncu_kernels.csv" "$OUT/ncu_labels.json" "$OUT/ncu_summary.json" 2>&1 | tail -12
     timeout -s INT ${SPEC_S:-110} python3 tools/spec_round_profile.py "$OUT/spec_round_profile.json" 2>&1 | tail -16

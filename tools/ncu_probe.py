@@ -4,12 +4,11 @@ kernels below, between cudaProfilerStart and cudaProfilerStop, for Nsight Comput
     ncu --clock-control none --profile-from-start off --csv --page details \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \
-        --log-file OUT/ncu_kernels.csv python3 tools/ncu_probe.py OUT/ncu_labels.json \
-        [--fold-tile BLOCK_K,BLOCK_KC,BLOCK_V,WARPS,EARLY]
+        --log-file OUT/ncu_kernels.csv python3 tools/ncu_probe.py OUT/ncu_labels.json
 
 Launches, in this order (``ncu_labels.json`` names them; ncu's IDs count from 0 in the same
 order): a Triton copy of the GDN state (the bandwidth reference), the GDN fold of 16 entries
-at batch 128 with the default tile (and with ``--fold-tile``, the sweep's best), the GDN
+at batch 128 with the default launch, the GDN
 replay step at batch 32 and 128 (8 entries in the log), fla's fused recurrent step at batch
 128, the Mamba-1 replay step at batch 32 (8 entries) and mamba-ssm's selective_state_update
 (Mamba-1 form) at batch 32. Everything is built and compiled before the profiled region.
@@ -107,7 +106,6 @@ def main(argv=None):
         return
     ap = argparse.ArgumentParser()
     ap.add_argument("labels")
-    ap.add_argument("--fold-tile", default=None, help="BLOCK_K,BLOCK_KC,BLOCK_V,WARPS,EARLY(0/1)")
     a = ap.parse_args(argv)
     H, K, V, L = gdn_bench.SHAPE["H"], gdn_bench.SHAPE["K"], gdn_bench.SHAPE["V"], 16
     launches = []  # (label, fn)
@@ -126,14 +124,6 @@ def main(argv=None):
         ("gdn_fold_default_b128", lambda: gdn.fold(work, slots128, work, slots128, **log128,
                                                     fold_len=full, check=False))
     )  # fmt: skip
-    if a.fold_tile:
-        bk, kc, bv, w, early = (int(x) for x in a.fold_tile.split(","))
-        launches.append(
-            (f"gdn_fold_bk{bk}_kc{kc}_bv{bv}_w{w}_early{early}_b128",
-             lambda: gdn.fold(work, slots128, work, slots128, **log128, fold_len=full,
-                              check=False, block_k=bk, block_kc=kc, block_v=bv, num_warps=w,
-                              early_load=bool(early)))
-        )  # fmt: skip
     for batch, (states, log, slots, one) in (
         (32, gdn_case(32)),
         (128, (s128, log128, slots128, one128)),

@@ -234,29 +234,16 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
 
 
 STEP_LAUNCHES = [(bv, w, bl) for bv in (16, 32, 64) for w in (1, 2, 4, 8) for bl in (8, 16)]
-# the fold's tiles: BLOCK_V x num_warps x (BLOCK_K, BLOCK_KC rows per chunk, checkpoint read
-# before the log's products); fp32 products ("ieee"), which beat "tf32x3" at every launch of
-# the first sweep. The tile sweep (data/gdn_fold_sweep_tiles.jsonl) found whole tiles fastest
-# with the read after the products and BLOCK_V 64; this one adds chunks of rows per program
-FOLD_LAUNCHES = [
-    (bv, w, (bk, bk, False)) for bk in (128, 64) for bv in (64, 128) for w in (2, 4, 8)
-]
-FOLD_LAUNCHES += [
-    (bv, w, (bk, kc, early))
-    for bk in (128, 64)
-    for kc in (32, 16)
-    for bv in (64, 128)
-    for w in (2, 4, 8)
-    for early in (False, True)
-]
+FOLD_LAUNCHES = [(bv, w, p) for bv in (16, 32, 64) for w in (2, 4, 8) for p in ("tf32x3", "ieee")]
 
 
 def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("replay_step", "fold")):
     """Launches of the step (at n = L/2: ``STEP_LAUNCHES``, BLOCK_V x num_warps x BLOCK_L)
-    and of the fold (L entries: ``FOLD_LAUNCHES``) at each batch, for each of ``kinds``,
+    and of the fold (L entries: ``FOLD_LAUNCHES``, BLOCK_V x num_warps x precision) at each
+    batch, for each of ``kinds``, beside a copy of the state's bytes under the same timer,
     until ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes
     (write it out: a cut-off run keeps what it measured). The numbers behind
-    ``kernels.gdn.LAUNCH`` and ``FOLD_TILE``."""
+    ``kernels.gdn.LAUNCH``."""
     import time
 
     from replaylab.kernels.gdn import fold, replay_step
@@ -296,10 +283,9 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
                 else:
                     fn = lambda a=a, w=warps, c=c: fold(  # noqa: E731
                         work, slots, work, slots, **log, fold_len=full, log_head=head,
-                        check=False, block_v=a, num_warps=w, block_k=c[0], block_kc=c[1],
-                        early_load=c[2],
+                        check=False, block_v=a, num_warps=w, precision=c,
                     )  # fmt: skip
-                    extra = dict(L=L, block_k=c[0], block_kc=c[1], early_load=c[2])
+                    extra = dict(L=L, precision=c)
                     nbytes = fold_bytes(batch, L)
                 ms, _ = time_ms(fn)
                 keep(_row(kind, batch, ms, nbytes, copy_gbs, block_v=a, num_warps=warps, **extra))
