@@ -483,11 +483,20 @@ p = gpu["provenance"]
 print(f"{p['device']}, fla {p['versions']['fla']}, triton {p['versions']['triton']}, {p['date'][:10]}")
 print("same-run check against fla: outputs differ by at most "
       f"{gpu['check']['outputs_vs_fla_recurrent']:.1e} (outputs up to {gpu['check']['outputs_scale']:.2f})")
-print(f"{'batch':>5} {'fla step':>9} {'best L':>6} {'replay':>8} {'fla / replay':>12}")
+fold_share = {r["batch"]: r["of_copy"] for r in gpu["rows"]
+              if r["provider"] == "fold" and r.get("L") == 16}
+print(f"{'batch':>5} {'fla step':>9} {'best L':>6} {'replay':>8} {'fla / replay':>12} "
+      f"{'fold of 16 / copy bandwidth':>28}")
 for batch in sorted({d["batch"] for d in gpu["decode"]}):
     best = min((d for d in gpu["decode"] if d["batch"] == batch), key=lambda d: d["amortised_us"])
     print(f"{batch:5d} {best['fla_step_us']:7.1f}us {best['L']:6d} "
-          f"{best['amortised_us']:6.1f}us {best['vs_fla']:12.2f}")
+          f"{best['amortised_us']:6.1f}us {best['vs_fla']:12.2f} {fold_share[batch]:28.0%}")
+ncu = load_bench("data/ncu_summary.json")  # Nsight Compute, one launch each, batch 128
+for label, name in (("copy_gdn_state_b128", "a copy of the states"),
+                    ("gdn_fold_default_b128", "the fold of 16")):
+    r = ncu[label]
+    print(f"{name:20s} DRAM {r['dram_pct']:4.1f}% of peak, {r['registers']:3.0f} registers a "
+          f"thread, {r['achieved_occupancy_pct']:4.1f}% of the warp slots occupied")
 
 # %%
 fig = go.Figure()
@@ -505,7 +514,11 @@ fig
 # At batch 1 the state (2 MiB per sequence and layer) is too small to keep the GPU busy and
 # fla's single pass wins; from batch 8 replay's one read plus a fold every $L$ tokens beats fla's
 # read and write, best near $L = 16$. Short logs fold too often, long logs make every step read
-# more of the log: the same trade-off as notebook 06's Mamba-2 kernel.
+# more of the log: the same trade-off as notebook 06's Mamba-2 kernel. From batch 8 the fold
+# itself moves its bytes at two thirds to three quarters of the copy bandwidth. The hardware
+# counters (last lines above) say why: its $128 \times 64$ tile and accumulator hold most of a
+# thread's registers, so few programs fit on a multiprocessor at once, too few reads in flight
+# to keep memory as busy as a copy does.
 
 # %% [markdown]
 # ## 8. The families in the serving engine, on an H200
@@ -606,8 +619,29 @@ for (preset, strategy, graphed), r in by.items():
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
 #   separate kernels, which NemotronH's fused path (notebook 13) folds together.
 # * Speculation pays at batch 1 and 8, gains little at batch 32 (Bamba's loses) and loses at 128.
-#   A round there costs three to four decode steps: a verify of $k + 1 = 5$ tokens per sequence,
-#   then the host's drafting, acceptance and rollback. Which part dominates is not profiled.
+#   A round costs a verify of $k + 1 = 5$ tokens per sequence, then the host's drafting,
+#   acceptance and rollback. The profile of one round at batch 32 (Qwen3.5-class, replay; below)
+#   splits it.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+prof = load_bench("data/spec_round_profile.json")
+print(f"{prof['preset']}, batch {prof['batch']}, k = {prof['k']}, acceptance {prof['acceptance']}: "
+      f"decode step {prof['decode_ms_per_step']:.2f} ms, round {prof['round_ms']:.2f} ms "
+      f"({prof['round_in_decode_steps']:.2f} steps)")
+for phase, ms in prof["phases_ms_per_round"].items():
+    print(f"  {phase:40s} {ms:5.2f} ms a round")
+print(f"tokens a round per sequence {prof['tokens_per_round'] / prof['batch']:.2f}; rounds: the "
+      f"batch {prof['rounds']}, a sequence {prof['sequence_rounds_mean']:.1f} on average")
+print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_tokens_per_s']:.2f}x; "
+      f"with no batch tail {prof['tokens_per_s_without_tail'] / prof['decode_tokens_per_s']:.2f}x")
+
+# %% [markdown]
+# The verify alone costs more than a decode step (five tokens' rows through every linear layer,
+# and the Gated DeltaNet step over five queries), the host's phases add about half a step, and
+# a batch that runs until its slowest sequence is done spends its last rounds on a few
+# sequences. A server that admits a new request into each finished slot loses no rounds to that
+# tail; the verify and the host are what remain.
 
 # %% [markdown]
 # ## Summary
