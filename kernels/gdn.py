@@ -202,8 +202,9 @@ def _fold_kernel(
             # Σ_s (γ_j / γ_s) k_s u_sᵀ: (K, BLOCK_L) @ (BLOCK_L, BLOCK_V)
             acc += tl.dot(tl.trans(k_l * w[:, None]), u_l, input_precision=PRECISION)
         # the checkpoint read after the log's products, not before: 193 registers a thread
-        # instead of 255, and 0.70 of the copy bandwidth instead of 0.60 at batch 128 (H200,
-        # data/gdn_fold_sweep_tiles.jsonl; rows tiled or chunked per program did no better)
+        # instead of 255 (data/ncu_summary*.json), and 0.70 of the copy bandwidth instead of
+        # 0.60 at batch 128 (H200, data/gdn_fold_sweep_tiles.jsonl; rows tiled or chunked per
+        # program did no better)
         S = tl.load(states + (src * H + h) * K * V + tile, mask=m_tile, other=0.0)
         S = tl.exp(log_gamma) * S + acc
         tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)

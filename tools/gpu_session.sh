@@ -99,7 +99,7 @@ case "$mode" in
     # the fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases
     timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --batches ${SWEEP_BATCHES:-128,32,8} --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
     echo "ncu: $(command -v ncu)"
-    timeout ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
+    timeout -s INT ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
       --print-units base -k 'regex:_probe_copy_kernel|_fold_kernel|_replay_step_kernel|fused_recurrent|_selective_scan_update_kernel' \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
       --section WarpStateStats --section ComputeWorkloadAnalysis --section LaunchStats \

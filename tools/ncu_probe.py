@@ -62,24 +62,28 @@ METRICS = {
 
 
 def summarise(csv_path, labels_path):
-    """{label: {metric: value}} from ncu's ``--csv --page details`` output."""
+    """{label: {metric: value}} from ncu's ``--csv --page details`` output. ncu numbers the
+    profiled launches from 0 in launch order, which is the order of ``labels``; a count that
+    differs (a launch more or fewer matched the filter) is an error, not a shifted table."""
     import csv
 
     with open(csv_path) as f:
-        lines = [line for line in f if not line.startswith("==")]
+        rows = list(csv.DictReader(line for line in f if not line.startswith("==")))
     names = json.load(open(labels_path))["labels"]
+    ids = sorted({int(row["ID"]) for row in rows})
+    if ids != list(range(len(names))):
+        raise ValueError(f"{csv_path}: launches {ids}, but {labels_path} names {len(names)}")
     out = {}
-    for row in csv.DictReader(lines):
-        i = int(row["ID"])
-        label = names[i] if i < len(names) else f"launch {i}"
-        entry = out.setdefault(label, dict(kernel=row["Kernel Name"][:60]))
+    for row in rows:
+        entry = out.setdefault(names[int(row["ID"])], dict(kernel=row["Kernel Name"][:60]))
         key = METRICS.get(row["Metric Name"])
-        if key and key not in entry:
-            value = row["Metric Value"].replace(",", "")
-            try:
-                entry[key] = float(value)
-            except ValueError:
-                entry[key] = value
+        if not key or key in entry or (key.endswith("_pct") and row["Metric Unit"] != "%"):
+            continue  # "Memory Throughput" comes as a % and as bytes/s: take the %
+        value = row["Metric Value"].replace(",", "")
+        try:
+            entry[key] = float(value)
+        except ValueError:
+            entry[key] = value
     return out
 
 

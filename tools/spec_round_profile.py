@@ -5,7 +5,7 @@ kernels) at one preset and batch: the round against a plain decode step, split i
 2. Plain decode: ms per step (CUDA events), and the kernels' share of it (torch.profiler).
 3. Speculation, timed as a user runs it: ms per round, tokens per round, tokens/s against decode.
 4. The same run with a device synchronisation around each phase, so each phase's wall time is
-   its own: drafting (host), the verify step (upload, graph replay, its GPU work), the argmax and
+   its own: drafting and the drafts' upload, the verify step (graph replay, its GPU work), the argmax and
    copy of the predictions to the host, acceptance (host), the rollback.
 5. torch.profiler over one more speculation run: the GPU-busy fraction of a round and its
    kernels by total time, beside the decode step's.
@@ -53,6 +53,9 @@ def _speculate(engine, prompts, ref, k, acceptance, around=None):
 
     pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
     drafters = _drafters(prompts, ref, acceptance)
+    calls = [0] * len(drafters)  # a sequence's rounds: the engine asks its drafter once a round
+    for i, d in enumerate(drafters):
+        d.propose = _counted(d.propose, calls, i)
     steps = engine.stats.steps
     _sync()
     with (around or contextlib.nullcontext)():
@@ -68,8 +71,16 @@ def _speculate(engine, prompts, ref, k, acceptance, around=None):
         rounds=rounds,
         proposed=sum(proposed),
         accepted=sum(accepted),
-        sequence_rounds=[p / k for p in proposed],  # rounds each sequence verified in
+        sequence_rounds=calls,
     ), tokens
+
+
+def _counted(propose, calls, i):
+    def counted(*args, **kwargs):
+        calls[i] += 1
+        return propose(*args, **kwargs)
+
+    return counted
 
 
 class _Phases:
@@ -99,9 +110,9 @@ def _phased(engine, prompts, ref, k, acceptance):
     drafters = _drafters(prompts, ref, acceptance)
 
     def timed_step(*args):
-        phases.close("drafting and host bookkeeping")
+        phases.close("drafting, upload and host bookkeeping")
         out = step(*args)
-        phases.close("verify step (upload, forward, folds)")
+        phases.close("verify step (graph replay: forward, folds)")
         return _Argmax(out, phases)
 
     def timed_rollback(*args):
@@ -114,7 +125,7 @@ def _phased(engine, prompts, ref, k, acceptance):
         steps = engine.stats.steps
         phases.start()
         engine.speculate_batch(prompts, pending, ref[0].numel(), drafters, k=k)
-        phases.close("drafting and host bookkeeping")
+        phases.close("drafting, upload and host bookkeeping")
     finally:
         del engine._step, engine._rollback
     rounds = engine.stats.steps - steps
@@ -244,6 +255,10 @@ def main(argv=None):
         # a static batch runs until its slowest sequence is done: the rounds each sequence
         # needed against the batch's, and the tokens/s with no such tail (every sequence's
         # own tokens per round at the measured round time)
+        # tokens a sequence's round yields on average if drafts are right independently with
+        # probability `acceptance`: 1 + a + ... + a^k (the counts above include the admission's
+        # first token in n_spec, as the family bench does)
+        drafter_tokens_per_round=sum(a.acceptance**i for i in range(a.k + 1)),
         sequence_rounds_mean=sum(spec["sequence_rounds"]) / a.batch,
         sequence_rounds_max=max(spec["sequence_rounds"]),
         tokens_per_s_without_tail=a.batch * a.n_spec

@@ -515,10 +515,10 @@ fig
 # fla's single pass wins; from batch 8 replay's one read plus a fold every $L$ tokens beats fla's
 # read and write, best near $L = 16$. Short logs fold too often, long logs make every step read
 # more of the log: the same trade-off as notebook 06's Mamba-2 kernel. From batch 8 the fold
-# itself moves its bytes at two thirds to three quarters of the copy bandwidth. The hardware
-# counters (last lines above) say why: its $128 \times 64$ tile and accumulator hold most of a
-# thread's registers, so few programs fit on a multiprocessor at once, too few reads in flight
-# to keep memory as busy as a copy does.
+# itself stays well short of the copy bandwidth (last column). The hardware counters (last
+# lines above) are consistent with one reason: its $128 \times 64$ tile and accumulator hold
+# most of a thread's registers, so few programs fit on a multiprocessor at once, and fewer
+# reads are in flight than a copy keeps.
 
 # %% [markdown]
 # ## 8. The families in the serving engine, on an H200
@@ -620,8 +620,9 @@ for (preset, strategy, graphed), r in by.items():
 #   separate kernels, which NemotronH's fused path (notebook 13) folds together.
 # * Speculation pays at batch 1 and 8, gains little at batch 32 (Bamba's loses) and loses at 128.
 #   A round costs a verify of $k + 1 = 5$ tokens per sequence, then the host's drafting,
-#   acceptance and rollback. The profile of one round at batch 32 (Qwen3.5-class, replay; below)
-#   splits it.
+#   acceptance and rollback. A profile of the rounds at batch 32 (Qwen3.5-class, replay; another
+#   run of the same configuration as the table's, and below 1x this time: the ratio moves from
+#   run to run) splits a round.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -631,17 +632,18 @@ print(f"{prof['preset']}, batch {prof['batch']}, k = {prof['k']}, acceptance {pr
       f"({prof['round_in_decode_steps']:.2f} steps)")
 for phase, ms in prof["phases_ms_per_round"].items():
     print(f"  {phase:40s} {ms:5.2f} ms a round")
-print(f"tokens a round per sequence {prof['tokens_per_round'] / prof['batch']:.2f}; rounds: the "
-      f"batch {prof['rounds']}, a sequence {prof['sequence_rounds_mean']:.1f} on average")
-print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_tokens_per_s']:.2f}x; "
-      f"with no batch tail {prof['tokens_per_s_without_tail'] / prof['decode_tokens_per_s']:.2f}x")
+geometric = sum(prof["acceptance"] ** i for i in range(prof["k"] + 1))
+print(f"tokens a round per sequence {prof['tokens_per_round'] / prof['batch']:.2f} "
+      f"(the drafter's acceptance alone: {geometric:.2f}); the batch ran {prof['rounds']} rounds")
+print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_tokens_per_s']:.2f}x")
 
 # %% [markdown]
 # The verify alone costs more than a decode step (five tokens' rows through every linear layer,
-# and the Gated DeltaNet step over five queries), the host's phases add about half a step, and
-# a batch that runs until its slowest sequence is done spends its last rounds on a few
-# sequences. A server that admits a new request into each finished slot loses no rounds to that
-# tail; the verify and the host are what remain.
+# and the Gated DeltaNet step over five queries), and the phases around it add most of another
+# step. A round also gives fewer tokens than the drafter's acceptance would: a round just
+# before a fold proposes fewer drafts, and a batch that runs until its slowest sequence is done
+# spends its last rounds on a few sequences. A server that admits a new request into each
+# finished slot loses no rounds to that tail; the verify and the host's phases remain.
 
 # %% [markdown]
 # ## Summary
