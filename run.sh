@@ -54,12 +54,11 @@ case "$cmd" in
     exec "$PY" tools/build_book.py "$@" ;;
   test)
     setup
-    # three workers (pytest-xdist; on two cores a third keeps them busy while notebook kernels
-    # start), a file at a time each (a notebook's cells stay in one kernel),
+    # two workers (pytest-xdist), a file at a time each (a notebook's cells stay in one kernel),
     # one torch thread each unless OMP_NUM_THREADS says otherwise
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider \
-      -n "${REPLAYLAB_TEST_WORKERS:-3}" --dist loadfile "$@" ;;
+      -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
   *)
     sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
     [ "$cmd" = help ] || exit 2 ;;
