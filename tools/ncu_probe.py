@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import torch
 import triton
@@ -31,6 +32,7 @@ import triton.language as tl
 from replaylab.bench import gdn as gdn_bench
 from replaylab.bench import mamba1_kernels as m1_bench
 from replaylab.bench.peers import load_kernel_peers
+from replaylab.bench.provenance import provenance
 from replaylab.kernels import gdn, mamba1
 
 
@@ -69,11 +71,12 @@ def summarise(csv_path, labels_path):
 
     with open(csv_path) as f:
         rows = list(csv.DictReader(line for line in f if not line.startswith("==")))
-    names = json.load(open(labels_path))["labels"]
+    meta = json.load(open(labels_path))
+    names = meta["labels"]
     ids = sorted({int(row["ID"]) for row in rows})
     if ids != list(range(len(names))):
         raise ValueError(f"{csv_path}: launches {ids}, but {labels_path} names {len(names)}")
-    out = {}
+    out = {"provenance": meta.get("provenance", {})}
     for row in rows:
         entry = out.setdefault(names[int(row["ID"])], dict(kernel=row["Kernel Name"][:60]))
         key = METRICS.get(row["Metric Name"])
@@ -92,14 +95,14 @@ def print_summary(table):
             "cycles_per_issue"]  # fmt: skip
     print(f"{'launch':42s} " + " ".join(f"{c[:10]:>10s}" for c in cols))
     for label, entry in table.items():
+        if label == "provenance":
+            continue
         cells = [entry.get(c, float("nan")) for c in cols]
         print(f"{label:42s} " + " ".join(f"{c:10.1f}" if isinstance(c, float) else f"{c!s:>10s}"
                                          for c in cells))  # fmt: skip
 
 
 def main(argv=None):
-    import sys
-
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--summary":
         table = summarise(argv[1], argv[2])
@@ -168,7 +171,17 @@ def main(argv=None):
     torch.cuda.cudart().cudaProfilerStop()
     with open(a.labels, "w") as f:
         json.dump(
-            dict(labels=[name for name, _ in launches], fla_error=fla_error, peer_errors=errors),
+            dict(
+                labels=[name for name, _ in launches],
+                fla_error=fla_error,
+                peer_errors=errors,
+                provenance=dict(
+                    provenance(),
+                    command="ncu ... python3 tools/ncu_probe.py "
+                    + " ".join(sys.argv[1:])
+                    + " (the ncu command: tools/gpu_session.sh profile)",
+                ),
+            ),
             f,
             indent=1,
         )
