@@ -94,10 +94,9 @@ case "$mode" in
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
     PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-330} python3 -m replaylab.bench \
       engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -60 ;;
-  profile)  # WHEELS=.whl-fla: the profiles behind the missed targets. The GDN fold's launch sweep
-    # beside a same-bytes copy, then the kernel bench with its best launch; Nsight Compute over
-    # the fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases
-    timeout -s INT ${TUNE_S:-280} python3 tools/tune_gdn_fold.py "$OUT" --batches ${SWEEP_BATCHES:-128,32,8} --budget ${SWEEP_BUDGET:-150} 2>&1 | tail -16
+  profile)  # WHEELS=.whl-fla: the profiles behind the missed targets. Nsight Compute over the GDN
+    # fold, the replay steps and the peers (tools/ncu_probe.py); a speculation round's phases.
+    # (The fold's launch sweep with a same-bytes copy beside it: tools/tune_families.py, `tune`.)
     echo "ncu: $(command -v ncu)"
     timeout -s INT ${NCU_S:-100} ncu --clock-control none --profile-from-start off --csv --page details \
       --print-units base -k 'regex:_probe_copy_kernel|_fold_kernel|_replay_step_kernel|fused_recurrent|_selective_scan_update_kernel' \
