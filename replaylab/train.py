@@ -246,7 +246,7 @@ def prepare(corpus: Corpus, folder, vocab_size=2048):
 def _now() -> str:
     import datetime
 
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
 
 FILE_MARK = "# ===== replaylab held-out file: "

@@ -69,7 +69,7 @@ def test_core_modules_import_without_the_notebook_extras():
 # The import graph, read from the source with ast (nothing is imported)
 
 REPO = Path(__file__).resolve().parents[1]
-# where each package's files live, as pyproject.toml's package-dir maps them
+# where each package's files live (replaylab/kernels links to the top-level kernels/)
 PACKAGE_DIRS = {"replaylab": REPO / "replaylab", "replaylab.kernels": REPO / "kernels"}
 # deferred imports that close a cycle on purpose, each with its reason
 ALLOWED_DEFERRED = {
@@ -86,7 +86,7 @@ def package_modules(dirs=None) -> dict[str, Path]:
         for path in sorted(folder.rglob("*.py")):
             rel = path.relative_to(folder)
             if any((folder / part).is_symlink() for part in rel.parts[:1]):
-                continue  # a worktree's replaylab/kernels link to kernels/, walked as itself
+                continue  # replaylab/kernels links to kernels/, walked as itself
             parts = [package, *rel.with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()

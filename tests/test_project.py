@@ -1,12 +1,15 @@
 """The project's set-up: environment.yml agrees with pyproject, kernels ship as
 replaylab.kernels, the interpreter is on without a GPU, and the notebook helpers work."""
 
+import json
 import os
 import pathlib
 import re
+import subprocess
+import sys
+import tomllib
 
 import pytest
-import tomllib
 import torch
 import yaml
 
@@ -26,18 +29,77 @@ def test_environment_yml_agrees_with_pyproject_and_run_sh():
     extras = set(re.search(r"\[(.*)\]", editable).group(1).split(","))
     assert extras == set(project["project"]["optional-dependencies"])
     torch_pin = next(p for p in pip if p.startswith("torch"))
-    assert f"TORCH_SPEC=${{TORCH_SPEC:-{torch_pin}}}" in (ROOT / "run.sh").read_text()
+    assert f"TORCH_DEFAULT={torch_pin}\n" in (ROOT / "run.sh").read_text()
     python = next(d for d in env["dependencies"] if isinstance(d, str) and d.startswith("python="))
-    assert project["project"]["requires-python"] == ">=3.10" and python >= "python=3.10"
+    assert project["project"]["requires-python"] == ">=3.11" and python >= "python=3.11"
+    assert "-r requirements.lock" in pip
 
 
 def test_kernels_ship_inside_the_package():
-    import replaylab.kernels
+    import replaylab.kernels.replay
 
-    assert pathlib.Path(replaylab.kernels.__file__).parent == ROOT / "kernels"
+    assert pathlib.Path(replaylab.kernels.replay.__file__).resolve().parent == ROOT / "kernels"
+    link = ROOT / "replaylab" / "kernels"
+    assert link.is_symlink() and link.resolve() == ROOT / "kernels"
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert tool["package-dir"]["replaylab.kernels"] == "kernels"
-    assert "kernels" not in tool["packages"]
+    assert "replaylab.kernels" in tool["packages"] and "kernels" not in tool["packages"]
+    assert "package-dir" not in tool
+
+
+def _root_import_names():
+    """Names that ``import NAME`` would find as a module or regular package in the checkout's
+    root, which `python -m pytest` and `python -m replaylab` put first on sys.path."""
+    names = set()
+    for entry in ROOT.iterdir():
+        if entry.name.startswith(".") or entry.name == "build":
+            continue
+        if entry.suffix == ".py" or entry.suffix == ".so":
+            names.add(entry.name.split(".")[0])
+        elif entry.is_dir() and (entry / "__init__.py").exists():
+            names.add(entry.name)
+    return names
+
+
+def test_no_top_level_name_in_the_checkout_shadows_an_installed_distribution():
+    import importlib.metadata
+
+    installed = importlib.metadata.packages_distributions()
+    names = _root_import_names()
+    assert "replaylab" in names  # the scan sees regular packages
+    assert not (ROOT / "kernels" / "__init__.py").exists()  # a namespace portion, never first
+    clashes = {n: installed[n] for n in names if n in installed and n != "replaylab"}
+    assert not clashes, f"the checkout's root shadows installed distributions: {clashes}"
+    # transformers >= 5.25 imports the `kernels` distribution: from the root it must be that one
+    code = "import kernels; print(getattr(kernels, '__file__', None))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if "kernels" in installed:
+        assert out.returncode == 0 and "site-packages" in out.stdout, out.stdout + out.stderr
+    else:  # at most the namespace portion, which holds no code of its own
+        assert out.returncode == 0 and out.stdout.strip() == "None", out.stdout + out.stderr
+
+
+def test_python_m_replaylab_generate_runs_from_the_checkout_root():
+    """`python -m replaylab` from the root puts the root first on sys.path, as a user would."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replaylab",
+            "generate",
+            "data/models/replaylab-code-10m",
+            "--prompt",
+            "def add(a, b):",
+            "--max-new-tokens",
+            "4",
+            "--json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len(json.loads(out.stdout)["tokens"]) == 4
 
 
 def test_triton_interpreter_is_on_without_a_gpu():

@@ -50,6 +50,6 @@ def provenance(argv=None) -> dict:
     return dict(
         device=device,
         versions=versions(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command="replaylab bench " + " ".join(map(str, args)),
     )
