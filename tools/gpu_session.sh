@@ -4,10 +4,10 @@
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile or suite}
-# the package itself, editable (replaylab.kernels maps to kernels/, as in a user's install);
-# where that cannot build, a link makes replaylab.kernels importable (one packaging test fails)
+# the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
+# where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
-  || { tail -3 /tmp/pip-e.log; ln -sfn ../kernels replaylab/kernels; }
+  || tail -3 /tmp/pip-e.log
 # WHEELS=.whl-gpu for the suite: no fla (transformers 5.17 routes its torch gated-delta rule
 # to fla when fla imports, on the tests' CPU tensors), no ruff (its test skips), with debugpy
 # and jedi (ipykernel needs them to run the notebooks)
