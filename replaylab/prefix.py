@@ -206,16 +206,29 @@ class PrefixTree:
         self._evict_to_budget()
 
     def _check_prompt(self, prompt) -> list:
+        """``prompt``: ids (T,) or (1, T) as a tensor of any integer dtype or a list of ints
+        (numpy integers too) -> a list of ints, checked."""
         if isinstance(prompt, torch.Tensor):
             if prompt.dim() == 2 and prompt.shape[0] == 1:
                 prompt = prompt[0]
-            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype == torch.bool:
+            if (
+                prompt.dim() != 1
+                or prompt.dtype.is_floating_point
+                or prompt.dtype.is_complex
+                or prompt.dtype == torch.bool
+            ):
                 raise TypeError(
                     f"prompt: expected integer token ids of shape (T,) or (1, T), got "
                     f"{prompt.dtype} of shape {tuple(prompt.shape)}"
                 )
             prompt = prompt.tolist()
-        tokens = [as_int("prompt token", t) for t in prompt]
+        elif not isinstance(prompt, (list, tuple, range)):
+            shown = repr(prompt) if len(repr(prompt)) <= 60 else repr(prompt)[:57] + "..."
+            raise TypeError(
+                f"prompt: expected token ids (T,) or (1, T): an integer tensor or a list of "
+                f"ints, got {type(prompt).__name__} {shown}"
+            )
+        tokens = [as_int(f"prompt[{i}]", t) for i, t in enumerate(prompt)]
         if not 1 <= len(tokens) <= self.max_prompt:
             raise ValueError(self._length_error(len(tokens)))
         bad = [t for t in tokens if not 0 <= t < self.vocab_size]

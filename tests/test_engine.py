@@ -298,7 +298,10 @@ def test_bad_input_is_refused_and_every_slot_stays_as_it_was(strategy):
         (lambda: engine.rollback([1, 2]), r"keep of slot 1: expected 1 <= keep of slot 1 <= 1"),
         (lambda: engine.rollback([0, 1]), r"keep of slot 0: expected 1 <= "),
         (lambda: engine.rollback([1, 1, 1]), r"keep: expected 2 values, one per slot, got 3"),
-        (lambda: engine.step(torch.tensor([[128], [0]])), r"ids in \[0, 128\)"),
+        (
+            lambda: engine.step(torch.tensor([[128], [0]])),
+            r"tokens: token id 128 at row 0 is outside the vocabulary \[0, 128\)",
+        ),
         (lambda: engine.step(torch.tensor([[1]])), r"shape \(slots=2, T\)"),
         (lambda: engine.step(torch.tensor([[1, 2]]), [1, 1], slots=[a]), r"expected 1 values"),
         (lambda: engine.step(torch.tensor([[1, 2]]), [3], slots=[a]), r"counts of slot 0: "),
@@ -391,20 +394,21 @@ def test_fewer_drafts_than_the_engine_verifies(strategy):
 
 
 def test_speculation_past_max_len_is_refused_before_the_step():
-    """A speculating slot whose verify would pass max_len is refused naming the position, the
-    limit and the settings, as a plain step would be, with its pools as they were."""
+    """Speculation that greedy decoding could not fit (position + n_new - 1 > max_len for a
+    slot) is refused before the first step, naming the slot, its position and the limit,
+    with every pool as it was (``test_engine_validation``: up to the limit it runs, its last
+    rounds verifying fewer drafts)."""
     engine = DecodeEngine(MODEL, 3, 24, "replay", log_length=4, max_verify=4)
     prompts = [torch.tensor([1, 2, 3, 4, 5]), torch.tensor([6] * 9), torch.tensor([7, 8])]
     pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
     drafters = [SyntheticDrafter(torch.zeros(40, dtype=torch.long), 0.0) for _ in prompts]
-    with pytest.raises(
-        ValueError, match=r"tokens: slot 1 at position 2\d \+ \d exceeds max_len=24"
-    ):
-        engine.speculate_batch(prompts, pending, 30, drafters, k=3)
-    assert max(engine.pos) <= 24
     before = pools(engine)
-    with pytest.raises(ValueError, match=r"exceeds max_len=24 \(n_new=30 with k=3"):
-        engine.speculate_batch(prompts, pending, 30, drafters, k=3)
+    with pytest.raises(
+        ValueError,
+        match=r"n_new: slot 1 at position 9 cannot take n_new=17 tokens: expected position "
+        r"\+ n_new - 1 <= max_len=24",
+    ):
+        engine.speculate_batch(prompts, pending, 17, drafters, k=3)
     after = pools(engine)
     for k, v in before.items():
         assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k

@@ -205,8 +205,15 @@ def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
     before = _state(sched)
     bad = [
         (Request(0, torch.tensor([1]), 2), r"id 0 was already added"),
-        (Request(1, torch.tensor([1, 2, VOCAB]), 2), rf"ids in \[0, {VOCAB}\)"),
-        (Request(2, torch.tensor([[1, 2]]), 2), r"prompt: expected ids \(T0,\), got \(1, 2\)"),
+        (
+            Request(1, torch.tensor([1, 2, VOCAB]), 2),
+            rf"request 1: prompt: token id {VOCAB} at index 2 is outside the vocabulary "
+            rf"\[0, {VOCAB}\)",
+        ),
+        (
+            Request(2, torch.tensor([[1, 2]]), 2),
+            r"request 2: prompt: expected token ids of shape \(T0,\), got shape \(1, 2\)",
+        ),
         (Request(3, torch.tensor([1, 2]), 0), r"max_new_tokens: expected 1 <= .*, got 0"),
         (
             Request(4, torch.arange(12) % VOCAB, 6),
@@ -244,7 +251,9 @@ def test_a_drafter_proposing_ids_outside_the_vocabulary_is_named():
     engine = DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5)
     sched = Scheduler(engine, k=4)
     sched.add(Request(0, torch.tensor([1, 2]), 4, drafter=Bad()))
-    with pytest.raises(ValueError, match=rf"request 0: its drafter proposed ids from {VOCAB}"):
+    with pytest.raises(
+        ValueError, match=rf"request 0: drafts: token id {VOCAB} at index 0 is outside"
+    ):
         sched.run()
 
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from replaylab.serving.validate import as_int
+
 __all__ = ["Admission"]
 
 
@@ -59,8 +61,7 @@ class Admission:
             raise ValueError(
                 f"admission of slot {self.slot}: already {'finished' if self.finished else 'aborted'}"
             )
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n: expected a positive number of tokens, got {n!r}")
+        n = as_int("n", n, low=1)  # tokens
         end = min(self.T0, self.done + n)
         logits = e._prefill(self.slot, self.prompt[:end], start=self.done, carried=self._carried)
         self.done = end

@@ -87,7 +87,7 @@ from replaylab.recurrent import LayerState, window_after, windows_per_token
 from replaylab.results import measured_log_length
 from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 from replaylab.serving.pools import KVPool, recurrent_pool
-from replaylab.validation import as_int, check_token_ids
+from replaylab.serving.validate import as_drafts, as_int, as_ints, as_token_ids, given
 
 __all__ = ["DecodeEngine", "EngineStats", "STRATEGIES", "unsupported_reason", "fused_reason"]
 
@@ -335,17 +335,12 @@ class DecodeEngine:
         return Admission(self, slot, prompt.to(self.device))
 
     def _check_prompt(self, prompt):
-        """``prompt`` (T0,) or (1, T0) ids -> (T0,), checked."""
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() not in (1, 2):
-            raise TypeError("prompt: expected an integer tensor (T0,) or (1, T0)")
-        if prompt.dim() == 2:
-            if prompt.shape[0] != 1:
-                raise ValueError(f"prompt: one sequence, got batch {prompt.shape[0]}")
-            prompt = prompt[0]
+        """``prompt`` (T0,) or (1, T0) ids of any integer dtype -> (T0,) int64, checked."""
+        prompt = as_token_ids("prompt", prompt, self.cfg.vocab_size, ("T0",), (1, "T0"))
+        prompt = prompt.reshape(-1)
         T0 = prompt.numel()
         if not 1 <= T0 < self.max_len:
             raise ValueError(f"prompt: length {T0}: expected 1 <= length < max_len={self.max_len}")
-        check_token_ids(prompt[None], 1, self.cfg.vocab_size)
         return prompt
 
     def free_slot(self):
@@ -403,16 +398,7 @@ class DecodeEngine:
         {layer: LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies;
         replay: the checkpoint, folded there) and, under replay, ``entries`` {layer: {field:
         (1, T0 - start, ...)}}: every prefilled token's log entries (the spec's fields only:
-        refused for a Mamba-1 or Gated DeltaNet kernel log)."""
-        if record is not None:
-            for l, pool in self.ssm.items():
-                if pool.log and not pool.spec_log:
-                    raise ValueError(
-                        f"use_kernels: the prefix cache seats slots from the spec's log fields "
-                        f"{pool.spec.log_fields}, but layer {l}'s Triton replay log "
-                        f"({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
-                        f"use_kernels=False for a prefix cache"
-                    )
+        ``EnginePrefixCache`` refuses a Mamba-1 or Gated DeltaNet kernel log)."""
         T0, C = prompt.numel(), self.prefill_chunk
         if carried is None:
             carried = {l: torch.zeros_like(p.state[:1]) for l, p in self.ssm.items()}  # replay
@@ -533,6 +519,8 @@ class DecodeEngine:
             if not live:
                 raise ValueError(f"{name}: no live sequence: admit one (or prefill) first")
             return live
+        if not isinstance(slots, (list, tuple, range, torch.Tensor, np.ndarray)):
+            raise TypeError(f"{name}: expected a list of live slots {live}, got {given(slots)}")
         slots = [as_int(name, s, 0, self.max_batch - 1) for s in slots]
         for s in slots:
             if not self.live[s]:
@@ -543,19 +531,7 @@ class DecodeEngine:
 
     def _per_slot(self, name, values, slots, low, high):
         """One int per slot (an int for all); each in [low, high] (high may be per slot)."""
-        if isinstance(values, torch.Tensor):
-            values = values.tolist()
-        if isinstance(values, int):
-            values = [values] * len(slots)
-        values = list(values)
-        if len(values) != len(slots):
-            raise ValueError(
-                f"{name}: expected {len(slots)} values, one per slot, got {len(values)}"
-            )
-        out = []
-        for s, v, hi in zip(slots, values, high if isinstance(high, list) else [high] * len(slots)):
-            out.append(as_int(f"{name} of slot {s}", v, low, hi))
-        return out
+        return as_ints(name, values, [f"slot {s}" for s in slots], low, high)
 
     @torch.no_grad()
     def step(self, tokens, counts=None, slots=None, check=True):
@@ -565,21 +541,14 @@ class DecodeEngine:
         out of it can no longer roll back an earlier one. ``check=False`` skips the id range
         check, which reads the ids back from the device; shapes are always checked."""
         slots = self._check_slots(slots)
-        if (
-            not isinstance(tokens, torch.Tensor)
-            or tokens.dim() != 2
-            or tokens.shape[0] != len(slots)
-        ):
-            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens)
-            raise ValueError(f"tokens: expected shape (slots={len(slots)}, T), got {shape}")
+        spec = (("slots", len(slots)), "T")
+        tokens = as_token_ids("tokens", tokens, self.cfg.vocab_size, spec, check_range=check)
         T = tokens.shape[1]
         if not 1 <= T <= self.max_verify:
             raise ValueError(
                 f"tokens: {T} per step, expected 1 <= T <= max_verify="
                 f"{self.max_verify} (the captured verify size)"
             )
-        if check:
-            check_token_ids(tokens, len(slots), self.cfg.vocab_size)
         counts = (
             [T] * len(slots) if counts is None else self._per_slot("counts", counts, slots, 1, T)
         )
@@ -606,7 +575,11 @@ class DecodeEngine:
         step_counts = dict(zip(slots, counts))
         folds = self._plan_folds(slots) if self.strategy == "replay" else []
         self._upload(step_counts, folds)
-        logits = self._run(full, bool(folds), save=True)
+        try:
+            logits = self._run(full, bool(folds), save=True)
+        except BaseException:  # the saved and draft copies are overwritten: no rollback now
+            self.last = [0] * self.max_batch
+            raise
         if self.strategy == "recompute":
             self._last_tokens[:bucket, :T] = full
         self.last = [0] * self.max_batch
@@ -980,24 +953,37 @@ class DecodeEngine:
     def prefill(self, prompts):
         """Retire every slot and admit the rows of ``prompts`` (B, T0) into slots 0 .. B-1;
         returns their last logits (B, vocab)."""
-        if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2:
-            raise TypeError("prompts: expected an integer tensor (batch, T0)")
-        B, T0 = prompts.shape
-        if not 1 <= B <= self.max_batch:
-            raise ValueError(
-                f"prompts: batch {B} does not fit the pools: expected 1 <= batch "
-                f"<= max_batch={self.max_batch}"
-            )
-        if not 1 <= T0 < self.max_len:
-            raise ValueError(f"prompts: length {T0}: expected 1 <= length < max_len={self.max_len}")
-        check_token_ids(prompts, B, self.cfg.vocab_size)
+        prompts, _ = self._check_prompts(prompts)
         for s in self.slots:
             self.retire(s)
         return torch.stack([self.admit(p)[1] for p in prompts])
 
+    def _check_prompts(self, prompts, n_new=1, name="prompts"):
+        """``prompts`` (B, T0) ids for ``prefill`` (B slots, the live ones retired first) and
+        ``n_new`` greedy tokens after them -> (prompts int64, n_new); nothing changes."""
+        prompts = as_token_ids(name, prompts, self.cfg.vocab_size, ("batch", "T0"))
+        B, T0 = prompts.shape
+        room = self.max_batch - len(self.prefilling)
+        if not 1 <= B <= room:
+            busy = f" - {len(self.prefilling)} prefilling" if self.prefilling else ""
+            raise ValueError(
+                f"{name}: batch {B} does not fit the pools: expected 1 <= batch "
+                f"<= max_batch={self.max_batch}{busy}"
+            )
+        if not 1 <= T0 < self.max_len:
+            raise ValueError(f"{name}: length {T0}: expected 1 <= length < max_len={self.max_len}")
+        n_new = as_int("n_new", n_new, low=1)
+        if T0 + n_new - 1 > self.max_len:
+            raise ValueError(
+                f"n_new: {n_new} tokens after a prompt of {T0} need T0 + n_new - 1 = "
+                f"{T0 + n_new - 1} positions: expected at most max_len={self.max_len}"
+            )
+        return prompts, n_new
+
     @torch.no_grad()
     def greedy(self, prompts, n_new):
         """Greedy decoding of ``n_new`` tokens after ``prompts`` (B, T0): (B, n_new)."""
+        prompts, n_new = self._check_prompts(prompts, n_new)
         logits = self.prefill(prompts)
         out = []
         for i in range(n_new):
@@ -1012,23 +998,39 @@ class DecodeEngine:
         """Greedy speculative decoding of one sequence with ``drafter.propose(context, k,
         vocab)``: (1, n_new) tokens, equal to ``greedy``'s. Returns (tokens, proposed,
         accepted)."""
-        self._check_k(k)
-        if prompt.shape[0] != 1:
-            raise ValueError(f"prompt: one sequence, got batch {prompt.shape[0]}")
+        k = self._check_k(k)
+        prompt = as_token_ids("prompt", prompt, self.cfg.vocab_size, (1, "T0"))
+        prompt, n_new = self._check_prompts(prompt, n_new, name="prompt")
+        self._check_drafters([drafter], 1)
         pending = self.prefill(prompt).argmax(-1, keepdim=True)
         return self.speculate(prompt, pending, n_new, drafter, k)
 
     def _check_k(self, k):
+        k = as_int("k", k, low=0)
         if k + 1 > self.max_verify:
             raise ValueError(
                 f"k: a verify of k + 1 = {k + 1} tokens exceeds max_verify={self.max_verify}"
             )
+        return k
+
+    def _check_drafters(self, drafters, S):
+        """``drafters``: a list of S objects with ``propose``."""
+        if not isinstance(drafters, (list, tuple)) or len(drafters) != S:
+            raise ValueError(
+                f"drafters: expected a list of {S}, one per slot, got {given(drafters)}"
+            )
+        for i, d in enumerate(drafters):
+            if not callable(getattr(d, "propose", None)):
+                raise TypeError(
+                    f"drafters[{i}]: expected a drafter with propose(context, k, vocab), got "
+                    f"{given(d)}"
+                )
 
     @torch.no_grad()
     def speculate(self, prompt, pending, n_new, drafter, k=4):
         """The decode part of ``speculative``, after ``prefill(prompt)`` gave the first token
         ``pending`` (1, 1): (tokens (1, n_new), proposed, accepted)."""
-        self._check_k(k)
+        prompt = as_token_ids("prompt", prompt, self.cfg.vocab_size, (1, "T0"))
         tokens, proposed, accepted = self.speculate_batch([prompt[0]], pending, n_new, [drafter], k)
         return tokens[0][None], proposed[0], accepted[0]
 
@@ -1036,13 +1038,31 @@ class DecodeEngine:
     def speculate_batch(self, prompts, pending, n_new, drafters, k=4, slots=None):
         """Speculative decoding of the live ``slots`` (default: all) together, each sequence
         accepting its own number of drafts per round: ``prompts`` the prompts (list of (T0,)),
-        ``pending`` (S, 1) their first tokens, one drafter each. Every round is one step of
-        k + 1 tokens per sequence and one rollback with a keep per sequence; a finished
-        sequence stops taking part. Returns (list of (n_new,) tokens on the engine's device,
-        proposed, accepted), the last two per sequence."""
-        self._check_k(k)
+        ``pending`` (S, 1) or (S,) their first tokens, one drafter each. Every round is one
+        step of k + 1 tokens per sequence and one rollback with a keep per sequence; a
+        finished sequence stops taking part. A round verifies fewer drafts before a fold
+        (replay) and near max_len: every slot needs only position + n_new - 1 <= max_len, as
+        greedy decoding of n_new tokens does. Returns (list of (n_new,) tokens on the
+        engine's device, proposed, accepted), the last two per sequence.
+
+        Everything is checked before the first step; a drafter's proposal (k ids in the
+        vocabulary) before the step of its round, so a bad one is refused with the rounds
+        before it kept and the engine as they left it."""
+        k = self._check_k(k)
         slots = self._check_slots(slots)
-        S = len(slots)
+        S, vocab = len(slots), self.cfg.vocab_size
+        if not isinstance(prompts, (list, tuple)) or len(prompts) != S:
+            raise ValueError(f"prompts: expected a list of {S}, one per slot, got {given(prompts)}")
+        prompts = [as_token_ids(f"prompts[{i}]", p, vocab, ("T0",)) for i, p in enumerate(prompts)]
+        pending = as_token_ids("pending", pending, vocab, (("slots", S), 1), (("slots", S),))
+        self._check_drafters(drafters, S)
+        n_new = as_int("n_new", n_new, low=1)
+        for s in slots:
+            if self.pos[s] + n_new - 1 > self.max_len:
+                raise ValueError(
+                    f"n_new: slot {s} at position {self.pos[s]} cannot take n_new={n_new} tokens: "
+                    f"expected position + n_new - 1 <= max_len={self.max_len}"
+                )
         outs = [[int(t)] for t in pending.flatten().tolist()]
         # the contexts on the host, a row each: prompt, then the tokens so far; a drafter reads
         # a view (no copy of the whole context every round)
@@ -1060,15 +1080,11 @@ class DecodeEngine:
                 break
             rows, ks = [], []
             for i in going:
-                drafts = drafters[i].propose(contexts[i, : lengths[i]], k, self.cfg.vocab_size)
-                rows.append([outs[i][-1], *drafts.reshape(k).tolist()])
-                ks.append(min(k, self._room(slots[i]) - 1))  # fewer drafts just before a fold
-                if self.pos[slots[i]] + ks[-1] + 1 > self.max_len:
-                    raise ValueError(
-                        f"tokens: slot {slots[i]} at position {self.pos[slots[i]]} + "
-                        f"{ks[-1] + 1} exceeds max_len={self.max_len} (n_new={n_new} with "
-                        f"k={k} drafts a round)"
-                    )
+                s = slots[i]
+                drafts = drafters[i].propose(contexts[i, : lengths[i]], k, vocab)
+                rows.append([outs[i][-1], *as_drafts(f"drafts of slot {s}", drafts, vocab, k)])
+                # fewer drafts just before a fold and near max_len
+                ks.append(min(k, self._room(s) - 1, self.max_len - self.pos[s] - 1))
             batch, limit = torch.tensor(rows), torch.tensor(ks)
             step_slots = [slots[i] for i in going]
             pred = self._step(batch.to(self.device), [kj + 1 for kj in ks], step_slots)

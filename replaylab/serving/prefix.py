@@ -55,7 +55,8 @@ import torch
 
 from replaylab.prefix import PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
 from replaylab.recurrent import window_after
-from replaylab.validation import as_int
+from replaylab.serving.engine import DecodeEngine
+from replaylab.serving.validate import as_int, given
 
 __all__ = ["EnginePrefixCache", "PrefixHit", "allowed_block_sizes"]
 
@@ -87,6 +88,8 @@ class EnginePrefixCache(PrefixTree):
     """
 
     def __init__(self, engine, block_size=None, budget_bytes=None, eviction="lru"):
+        if not isinstance(engine, DecodeEngine):
+            raise TypeError(f"engine: expected a DecodeEngine, got {given(engine)}")
         if eviction not in PREFIX_EVICTION:
             raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
         if engine.fused:
@@ -95,6 +98,14 @@ class EnginePrefixCache(PrefixTree):
                 "the fused replay log keeps x, dt, B, C only, so a conv window off the grid "
                 "cannot be rebuilt from it"
             )
+        for l, pool in engine.ssm.items():
+            if pool.log and not pool.spec_log:
+                raise ValueError(
+                    f"use_kernels: the prefix cache seats slots from the spec's log fields "
+                    f"{pool.spec.log_fields}, but layer {l}'s Triton replay log "
+                    f"({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
+                    f"use_kernels=False for a prefix cache"
+                )
         self.engine, self.strategy, self.eviction = engine, engine.strategy, eviction
         self.max_len = engine.max_len
         self.vocab_size = engine.cfg.vocab_size

@@ -32,13 +32,14 @@ tokens per step, keep = 1 + accepted drafts.
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
 import torch
 
 from replaylab.serving.request import FINISHED, RUNNING, WAITING, Request
-from replaylab.validation import as_int, check_token_ids
+from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
 
 __all__ = ["Scheduler", "SlotBytes", "slot_bytes", "request_bytes", "admissible", "StepRecord"]
 
@@ -221,17 +222,23 @@ class Scheduler:
         leaving the scheduler as it was, for a duplicate id, a prompt that is not (T0,)
         integer ids in the vocabulary, max_new_tokens < 1, a request longer than the engine's
         max_len, or one that needs more bytes than the whole budget."""
+        self._queue(request, *self._check_request(request, self._ids))
+
+    def _check_request(self, request, ids):
+        """``add``'s checks against the ids taken (``ids``): (prompt (T0,) int64, arrival,
+        bytes needed); nothing changes."""
         if not isinstance(request, Request):
             raise TypeError(f"request: expected a Request, got {type(request).__name__}")
-        if request.id in self._ids:
+        try:
+            taken = request.id in ids
+        except TypeError:
+            raise TypeError(f"request: id {request.id!r}: expected a hashable id") from None
+        if taken:
             raise ValueError(f"request: id {request.id!r} was already added")
         if request.status != WAITING or request.tokens:
             raise ValueError(f"request {request.id}: already served (status {request.status})")
-        prompt = request.prompt
-        if not isinstance(prompt, torch.Tensor) or prompt.dim() != 1:
-            got = tuple(prompt.shape) if isinstance(prompt, torch.Tensor) else type(prompt)
-            raise ValueError(f"request {request.id}: prompt: expected ids (T0,), got {got}")
-        check_token_ids(prompt[None], 1, self.engine.cfg.vocab_size)
+        vocab = self.engine.cfg.vocab_size
+        prompt = as_token_ids(f"request {request.id}: prompt", request.prompt, vocab, ("T0",))
         T0 = prompt.numel()
         n = as_int(f"request {request.id}: max_new_tokens", request.max_new_tokens, low=1)
         max_len = self.engine.max_len
@@ -241,16 +248,25 @@ class Scheduler:
                 f"{T0 + n - 1} positions: expected 1 <= prompt < max_len and prompt + "
                 f"max_new_tokens - 1 <= max_len={max_len}"
             )
+        if isinstance(request.arrival, bool) or not isinstance(request.arrival, numbers.Real):
+            raise TypeError(
+                f"request {request.id}: arrival: expected seconds (a real number), got "
+                f"{given(request.arrival)}"
+            )
         arrival = float(request.arrival)
         if not arrival >= 0:
             raise ValueError(f"request {request.id}: arrival: expected >= 0 s, got {arrival}")
-        need = self.need(request)
+        need = request_bytes(self.sizes, T0, n, self.k, self.kv_accounting)
         if need > self.budget:
             raise ValueError(
                 f"request {request.id}: needs {need} bytes, more than the whole "
                 f"budget_bytes={self.budget}: it could never be admitted"
             )
-        request.arrival, request.reserved = arrival, need
+        return prompt, arrival, need
+
+    def _queue(self, request, prompt, arrival, need):
+        """Queue a checked request."""
+        request.prompt, request.arrival, request.reserved = prompt, arrival, need
         at = len(self.waiting)
         while at and self.waiting[at - 1].arrival > arrival:
             at -= 1
@@ -357,14 +373,9 @@ class Scheduler:
 
     def _drafts(self, r, n, vocab):
         """The first ``n`` of ``r``'s drafter's k proposals, as a list of ids."""
-        d = torch.as_tensor(r.drafter.propose(r.context(), self.k, vocab)).reshape(-1)
-        d = d[:n].tolist()
-        if d and (min(d) < 0 or max(d) >= vocab):
-            raise ValueError(
-                f"request {r.id}: its drafter proposed ids from {min(d)} to {max(d)}: expected "
-                f"ids in [0, {vocab})"
-            )
-        return [int(t) for t in d]
+        return as_drafts(
+            f"request {r.id}: drafts", r.drafter.propose(r.context(), self.k, vocab), vocab
+        )[:n]
 
     def _decode(self, record, t0, start):
         """One engine step of every running request: a row (S, T) of its last token and its
@@ -426,8 +437,14 @@ class Scheduler:
     def run(self, requests=(), max_steps=None):
         """Add ``requests`` and step until every request is served (or ``max_steps``
         iterations); returns the finished requests in the order they finished."""
-        for r in requests:
-            self.add(r)
+        if max_steps is not None:
+            max_steps = as_int("max_steps", max_steps, low=0)
+        requests, ids, checked = list(requests), set(self._ids), []
+        for r in requests:  # every request checked before any is queued
+            checked.append(self._check_request(r, ids))
+            ids.add(r.id)
+        for r, c in zip(requests, checked):
+            self._queue(r, *c)
         steps = 0
         while not self.idle and (max_steps is None or steps < max_steps):
             self.step()
