@@ -254,6 +254,69 @@ def test_snapshot_store_wrong_answers(capsys):
     assert "y returned by advance: shape (2, 4, 3, 5), expected (2, 2, 4, 3)" in _out(capsys)
 
 
+def test_snapshot_store_keyed_by_position_fails(capsys):
+    """Issue 40: handles that name a position, not a snapshot. Two branches snapshotted at one
+    position: restoring the first handle gives the other branch's state."""
+    base = _snapshot_base()
+
+    class KeyedByPosition(base):  # the later snapshot at a position overwrites the earlier
+        def snapshot(self):
+            self.saved[self.position] = (self.position, self.state.clone())
+            return self.position
+
+    assert not exercises.check_snapshot_store(KeyedByPosition)
+    out = _out(capsys)
+    assert "restore(snapshot #1, position 4)" in out
+    assert "it is the state of snapshot #2, taken at the same position 4" in out
+    assert "a handle must name one snapshot, not a position" in out
+
+    class FirstAtPosition(base):  # reuses the handle of an earlier snapshot at that position
+        def snapshot(self):
+            for handle, (position, _) in self.saved.items():
+                if position == self.position:
+                    return handle
+            return super().snapshot()
+
+    assert not exercises.check_snapshot_store(FirstAtPosition)
+    out = _out(capsys)
+    assert "restore(snapshot #2, position 4)" in out
+    assert "it is the state of snapshot #1, taken at the same position 4" in out
+
+
+def _keeps_every_state(base, flatten=False):
+    """Issue 40: a recompute store that keeps every state privately and never re-runs."""
+
+    class KeepsEveryState(base):
+        def __init__(self, layer, batch, interval):
+            super().__init__(layer, batch, interval)
+            self._every = {0: self.state.clone()}
+
+        def advance(self, inputs):
+            res = self.layer.scan(self.state, inputs, return_states=True)
+            for j in range(len(inputs)):
+                s = res.states[:, j].clone()
+                self._every[self.position + j + 1] = s.flatten(1) if flatten else s
+            return super().advance(inputs)
+
+        def restore(self, p):  # looks the state up: nothing re-run, the count computed
+            c = max(q for q in self.checkpoints if q <= p)
+            self.checkpoints = {q: s for q, s in self.checkpoints.items() if q <= p}
+            self.state = self._every[p].reshape(self.state.shape).clone()
+            self.position = p
+            return p - c
+
+    return KeepsEveryState
+
+
+def test_recompute_store_that_keeps_every_state_fails_on_its_bytes(capsys):
+    base = _solution("05_recompute_vs_replay", "recompute_store")["MyRecomputeStore"]
+    for flatten in (False, True):  # by position (batch, H, P, N), or flattened (batch, H·P·N)
+        assert not exercises.check_recompute_store(_keeps_every_state(base, flatten))
+        out = _out(capsys)
+        assert "the store holds the states at positions [1, 2, 4]" in out, out
+        assert "against recompute's budget" in out and "re-runs the kept tokens" in out
+
+
 def test_recompute_store_wrong_answers(capsys):
     base = _solution("05_recompute_vs_replay", "recompute_store")["MyRecomputeStore"]
 
@@ -331,6 +394,96 @@ def test_replay_log_wrong_answers(capsys):
 
     assert not exercises.check_replay_log(ReturnsTheCheckpointItself)
     assert "returned a tensor the log keeps" in _out(capsys)
+
+
+def test_replay_log_that_caches_states_in_another_shape_fails(capsys):
+    """Issue 40: states cached per token, flattened to (batch, T, H·P·N) or with the axes
+    permuted: not state-shaped, found by their values."""
+    base = _solution("05_recompute_vs_replay", "replay_log")["MyReplayLog"]
+
+    class CachesFlattened(base):
+        def append(self, inputs):
+            super().append(inputs)
+            states = self.layer.scan(
+                self.checkpoint, ScanInputs.cat(self.entries), return_states=True
+            ).states
+            self.cache = states.flatten(2)  # (batch, T, H·P·N)
+
+    assert not exercises.check_replay_log(CachesFlattened)
+    out = _out(capsys)
+    assert "the log holds the states after [1, 2] logged tokens" in out
+    assert "in tensors of shape (2, 2, 60)" in out and "in any shape" in out
+
+    class CachesPermuted(base):  # {j: S_{c+j} as (batch, N, P, H)}
+        def append(self, inputs):
+            n = len(self)
+            super().append(inputs)
+            states = self.layer.scan(
+                self.checkpoint, ScanInputs.cat(self.entries), return_states=True
+            ).states
+            self.cache = {
+                j + 1: states[:, j].permute(0, 3, 2, 1).clone() for j in range(n, len(self))
+            }
+
+    assert not exercises.check_replay_log(CachesPermuted)
+    assert "the log holds the states after [1, 2] logged tokens" in _out(capsys)
+
+
+def _hand_fold(raw=True):
+    """A fold written from section 1's formula with the logged dt as Δ (``raw``) or
+    softplus(dt) without the bias."""
+
+    def state(self, j=None):
+        j = len(self) if j is None else j
+        S = self.checkpoint.clone()
+        if j == 0:
+            return S
+        e, H = ScanInputs.cat(self.entries)[:j], self.layer.H
+        for t in range(j):
+            dt = e.dt[:, t] if raw else torch.nn.functional.softplus(e.dt[:, t])  # (batch, H)
+            B = e.B[:, t].repeat_interleave(H // e.B.shape[2], 1)  # (batch, H, N)
+            write = (dt[..., None] * e.x[:, t])[..., None] * B[:, :, None, :]
+            S = torch.exp(dt * self.layer.A)[..., None, None] * S + write
+        return S
+
+    return state
+
+
+def test_replay_log_value_failures_are_diagnosed(capsys):
+    """Issue 40: a hand fold with the raw dt and a cursor log that appends after the stale
+    entries used to fail with a value error alone."""
+    base = _solution("05_recompute_vs_replay", "replay_log")["MyReplayLog"]
+    for raw, how in ((True, "the logged dt itself"), (False, "softplus(dt) without dt_bias")):
+        HandFold = type("HandFold", (base,), {"state": _hand_fold(raw)})
+        assert not exercises.check_replay_log(HandFold)
+        out = _out(capsys)
+        assert f"it is the fold with Δ = {how}: the log holds the raw dt" in out, out
+
+    class CursorLog(base):  # truncate_to moves a cursor; append goes after the stale entries
+        def __init__(self, layer, checkpoint):
+            super().__init__(layer, checkpoint)
+            self.n = 0
+
+        def __len__(self):
+            return self.n
+
+        def append(self, inputs):
+            self.entries.append(inputs)
+            self.n += len(inputs)
+
+        def truncate_to(self, j):
+            self.n = j
+
+        def state(self, j=None):
+            j = self.n if j is None else j
+            if j == 0:
+                return self.checkpoint.clone()
+            return self.layer.scan(self.checkpoint, ScanInputs.cat(self.entries)[:j]).state
+
+    assert not exercises.check_replay_log(CursorLog)
+    out = _out(capsys)
+    assert "truncate_to(" in out and "the ones truncate_to dropped still in place" in out
+    assert "the next append must go at position j" in out
 
 
 def _rebuild_cost(items, item):
@@ -550,6 +703,12 @@ def _fold_mistake(mistake):
             state = torch.exp(delta * A)[:, None, None] * state + write
         return state
 
+    def clamp_none(checkpoint, log, g, p, params):  # Δ = softplus(dt + dt_bias), no clamp
+        return fold(checkpoint, log, g, p, params._replace(dt_limit=(0.0, float("inf"))))
+
+    def clamp_lower_only(checkpoint, log, g, p, params):  # max(Δ, dt_min): the config's name
+        return fold(checkpoint, log, g, p, params._replace(dt_limit=(params.dt_limit[0], 1e9)))
+
     def in_place(checkpoint, log, g, p, params):  # the tree's state written into
         out = fold(checkpoint, log, g, p, params)
         checkpoint.copy_(out)
@@ -562,6 +721,8 @@ def _fold_mistake(mistake):
         raw_dt=raw_dt,
         no_bias=no_bias,
         tiled_groups=tiled_groups,
+        clamp_none=clamp_none,
+        clamp_lower_only=clamp_lower_only,
         in_place=in_place,
     )[mistake]
 
@@ -586,6 +747,11 @@ def test_state_at_wrong_answers(tiny_model, capsys):
     out = _out(capsys)
     assert "g=0, p=1" in out and "Δ lacks the bias" in out and "dt_bias" in out
     assert "decay" not in out  # the bias, not a decay, is what is missing
+    for limit in ("none", "lower_only"):  # the grouped model clamps Δ both ways
+        assert not check(_fold_mistake(f"clamp_{limit}"), tiny_model)
+        out = _out(capsys)
+        assert "the grouped model (H=4 heads, G=2 groups)" in out
+        assert "Δ is not clamped (at both ends)" in out and "dt_limit = (0." in out
     assert not check(_fold_mistake("tiled_groups"), tiny_model)  # right where G = H
     out = _out(capsys)
     assert "the grouped model (H=4 heads, G=2 groups)" in out
@@ -742,6 +908,18 @@ def skip_forgotten(S, x, dt, B, C, A, D, y, H, P: tl.constexpr, N: tl.constexpr)
 
 
 @triton.jit
+def output_decays_own_input(S, x, dt, B, C, A, D, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    S_c = tl.load(S + (row * P + p[:, None]) * N + n[None, :])
+    x_t, C_t = tl.load(x + row * P + p), tl.load(C + row * N + n)
+    d_t, a = tl.load(dt + row), tl.load(A + h)
+    v = tl.sum(S_c * C_t[None, :], axis=1) + d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, tl.exp(d_t * a) * v + tl.load(D + h) * x_t)  # decays its input
+
+
+@triton.jit
 def tile_per_token(
     S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
 ):
@@ -797,6 +975,26 @@ def log_loop_decay_after_input(
         B_s, x_s = tl.load(log_B + e * N + n), tl.load(log_x + e * P + p)
         v = tl.exp(d_s * a) * (v + d_s * tl.sum(B_s * C_t) * x_s)  # decays its own input
     d_t, x_t = tl.load(dt + row), tl.load(x + row * P + p)
+    v = tl.exp(d_t * a) * v + d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
+    tl.store(y + row * P + p, v + tl.load(D + h) * x_t)
+
+
+@triton.jit
+def log_loop_new_tokens_decay(
+    S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
+):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    row = b * H + h
+    a = tl.load(A + h)
+    C_t = tl.load(C + row * N + n)
+    d_t, x_t = tl.load(dt + row), tl.load(x + row * P + p)
+    v = tl.sum(tl.load(S + (row * P + p[:, None]) * N + n[None, :]) * C_t[None, :], axis=1)
+    for s in range(L):
+        e = (b * L + s) * H + h
+        d_s = tl.load(log_dt + e)
+        B_s, x_s = tl.load(log_B + e * N + n), tl.load(log_x + e * P + p)
+        v = tl.exp(d_t * a) * v + d_s * tl.sum(B_s * C_t) * x_s  # the new token's decay
     v = tl.exp(d_t * a) * v + d_t * tl.sum(tl.load(B + row * N + n) * C_t) * x_t
     tl.store(y + row * P + p, v + tl.load(D + h) * x_t)
 
@@ -1019,6 +1217,10 @@ def test_puzzle_output_wrong_answers(wrong_kernels, capsys):
     out = _out(capsys)
     assert "output y differs from the reference" in out and "every program (b, h)" in out
     assert "D: read 0x" in out
+    assert not puzzles.check_output_kernel(wrong_kernels.output_decays_own_input)
+    out = _out(capsys)
+    assert "output y differs" in out and "the decay applied to the new token's input term" in out
+    assert "never by its own" in out
 
 
 @interpreter_only
@@ -1040,6 +1242,12 @@ def test_puzzle_replay_step_wrong_answers(wrong_kernels, capsys):
     out = _out(capsys)
     assert "output y differs" in out and "every program (b, h)" in out
     assert "rule broken" not in out  # the traffic and the arithmetic are right
+    assert "it equals each logged token's write decayed by its own a_s" in out
+    assert "never by its own" in out
+    assert not puzzles.check_log_output_kernel(wrong_kernels.log_loop_new_tokens_decay)
+    out = _out(capsys)
+    assert "output y differs" in out and "rule broken" not in out
+    assert "the logged tokens decayed by the new token's Δ_t" in out
 
 
 @interpreter_only

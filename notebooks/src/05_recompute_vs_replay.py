@@ -327,10 +327,12 @@ exercises.check_recompute_store(MyRecomputeStore);
 # *Both short paths write this one.*
 #
 # Replay keeps one checkpoint $S_c$ and appends each token's inputs to a log. A rollback to
-# $c + j$ is `truncate_to(j)`: a cursor move. The state at $c + j$ is a *fold*: the scan of the
+# $c + j$ is `truncate_to(j)`: a cursor move (the entries past $j$ are dropped: the next append
+# goes at $j$). The state at $c + j$ is a *fold*: the scan of the
 # first $j$ entries from $S_c$, $S_{c+j} = \mathrm{fold}(S_c, \mathrm{log}[:j])$. The log must hold
-# inputs, not states: the check rejects a log that keeps any state besides its checkpoint, or
-# that writes into the checkpoint.
+# inputs, not states: the check rejects a log that keeps any state besides its checkpoint, in
+# any shape (it cuts every tensor the log holds into rows of $H \cdot P \cdot N$ values and
+# looks for the states along the branch), or that writes into the checkpoint.
 
 # %%
 from replaylab.teaching.diagrams import replay_log_diagram

@@ -230,7 +230,9 @@ print(f"this model: H = {log0['x'].shape[1]} heads, G = {log0['B'].shape[1]} gro
 # prefill of the first $p$ tokens leaves, at every block of random prompts (block sizes 4, 8 and
 # 16), for $p = g$, $p = g + 1$, $p$ at the block's end and a random $p$ inside, in both Mamba-2
 # layers; then the same on a second model, this one's configuration with heads that share groups
-# (printed above), where a wrong head-to-group mapping shows.
+# (printed above), where a wrong head-to-group mapping shows, and with $\Delta$ clamped at both
+# ends (this model's `dt_limit`, printed above, is never reached by its $\Delta$, so only there
+# a fold that leaves out the clamp is wrong).
 
 # %% exercise="state_at" tags=["exercise"]
 def my_state_at(checkpoint, log, g, p, params):

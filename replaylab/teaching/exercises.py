@@ -324,6 +324,15 @@ def _compare(what, got, want, tol=1e-4):
         )
 
 
+def _equals(got, want) -> bool:
+    """``got`` is a tensor equal to ``want`` within the checks' tolerance (for FAIL hints)."""
+    return (
+        isinstance(got, torch.Tensor)
+        and got.shape == want.shape
+        and torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-4)
+    )
+
+
 def _reference_path(layer, batch, path):
     """States after every token of ``path`` (ScanInputs) from zeros and the outputs:
     (states (batch, T, H, P, N) or None, y)."""
@@ -358,10 +367,30 @@ def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
     )
 
 
-# the start of every snapshot-store sequence: one handle restored twice with an advance between,
-# so a store whose restore hands out the saved tensor itself (no copy) fails the second restore
+# the start of every snapshot-store sequence: one handle restored three times with advances
+# between, so a store whose restore hands out the saved tensor itself (no copy) fails the second
+# restore; then two branches from it snapshotted at one position (4) and both restored, so a store
+# that keys its copies by position (the later snapshot overwrites the earlier) fails
 _SNAPSHOT_SCRIPT = (("advance", 2), ("snapshot",), ("advance", 3), ("restore", 0), ("advance", 2))
 _SNAPSHOT_SCRIPT += (("restore", 0), ("advance", 1), ("restore", 0))
+_SNAPSHOT_SCRIPT += (("advance", 2), ("snapshot",), ("restore", 0), ("advance", 2), ("snapshot",))
+_SNAPSHOT_SCRIPT += (("restore", 1), ("advance", 1), ("restore", 2), ("restore", 1))
+
+
+def _same_position_hint(layer, batch, state, k, saved):
+    """If ``state`` (what the store holds after restoring snapshot #k) is the state of another
+    snapshot taken at the same position, the FAIL hint that says so; else ''."""
+    pos = sum(len(p) for p in saved[k])
+    for j, path in saved.items():
+        if j == k or sum(len(p) for p in path) != pos or not path:
+            continue
+        if _equals(state, _reference_path(layer, batch, path)[0][:, -1]):
+            return (
+                f" - it is the state of snapshot #{j}, taken at the same position {pos} on "
+                "another branch: a handle must name one snapshot, not a position (a store "
+                "keyed by position lets a later snapshot at that position replace the first)"
+            )
+    return ""
 
 
 @guarded("snapshot store")
@@ -371,7 +400,9 @@ def check_snapshot_store(store_class, layer=None) -> bool:
     ``store_class(layer, batch)`` with ``.state``, ``.position``, ``.advance(inputs) -> y``,
     ``.snapshot() -> handle`` and ``.restore(handle)``. Each of three sequences starts with a
     fixed script that restores one handle three times with advances between (advance 2,
-    snapshot, advance 3, restore, advance 2, restore, advance 1, restore), then runs random
+    snapshot, advance 3, restore, advance 2, restore, advance 1, restore), then snapshots two
+    branches from it at one position (advance 2, snapshot, restore, advance 2, snapshot) and
+    restores both (the first, advance 1, the second, the first again), then runs random
     advances (1-3 tokens), snapshots and restores; after every operation the outputs, state and
     position are compared with one reference scan over the tokens of the current branch."""
     layer = layer or mini_layer()
@@ -434,6 +465,8 @@ def check_snapshot_store(store_class, layer=None) -> bool:
             try:
                 _compare("state", store.state, want)
             except _Mismatch as err:
+                if op[0] == "restore":
+                    hint = _same_position_hint(layer, batch, store.state, op[1], saved) or hint
                 raise _Mismatch(f"{err}{hint}") from None
         return len(_SNAPSHOT_SCRIPT) + n_ops
 
@@ -448,8 +481,10 @@ def check_recompute_store(store_class, layer=None, interval=3) -> bool:
     (dict position -> state), ``.advance(inputs) -> y`` and ``.restore(p) -> tokens re-run``,
     checked on random advances (1-5 tokens, so one call may cross several checkpoints) and
     restores to random earlier positions: outputs and states against a reference scan, the
-    checkpoints held (exactly the multiples of ``interval`` up to the position), and the
-    tokens re-run (p minus the last checkpoint at or before p)."""
+    checkpoints held (exactly the multiples of ``interval`` up to the position), the
+    tokens re-run (p minus the last checkpoint at or before p), and the bytes of state the store
+    holds (any tensor reachable from it, in any shape, whose values are a state along the
+    branch) against recompute's budget: the checkpoints and the current state."""
     layer = layer or mini_layer()
     batch = 2
 
@@ -492,19 +527,32 @@ def check_recompute_store(store_class, layer=None, interval=3) -> bool:
                 raise _Mismatch(f"checkpoints held at {keys}, expected {want_keys}")
             for q in keys:
                 _compare(f"checkpoint at {q}", store.checkpoints[q], state_at(q))
+            if pos:  # the bytes of state the store holds, against recompute's budget
+                found, nbytes, _ = _held_states(store, states.transpose(0, 1))
+                extra = [q + 1 for q in found if q + 1 not in keys and q + 1 != pos]
+                if extra:
+                    one = state_at(pos).numel() * 4
+                    raise _Mismatch(
+                        f"the store holds the states at positions {extra[:8]}"
+                        f"{' ...' if len(extra) > 8 else ''} besides its checkpoints and current "
+                        f"state: about {nbytes} bytes of state against recompute's budget of "
+                        f"{(len(keys) + 1) * one} ({len(keys)} checkpoints and the current "
+                        f"state, {one} bytes each); a recompute store keeps only the checkpoints "
+                        "and re-runs the kept tokens from the latest one on restore"
+                    )
         return n_ops
 
     return _run_ops("recompute store", ops)
 
 
-def _state_tensors(obj, state_shape, seen=None, depth=0):
-    """Tensors shaped like a state (..., H, P, N) reachable from obj's attributes."""
+def _held_tensors(obj, seen=None, depth=0):
+    """Every tensor reachable from obj's attributes, dicts, lists and tuples (not the layer)."""
     seen = seen if seen is not None else set()
     if id(obj) in seen or depth > 4:
         return []
     seen.add(id(obj))
     if isinstance(obj, torch.Tensor):
-        return [obj] if tuple(obj.shape[-3:]) == tuple(state_shape) else []
+        return [obj]
     if isinstance(obj, dict):
         children = list(obj.values())
     elif isinstance(obj, (list, tuple)):
@@ -515,8 +563,59 @@ def _state_tensors(obj, state_shape, seen=None, depth=0):
         return []
     found = []
     for child in children:
-        found += _state_tensors(child, state_shape, seen, depth + 1)
+        found += _held_tensors(child, seen, depth + 1)
     return found
+
+
+def _state_tensors(obj, state_shape):
+    """Tensors shaped like a state (..., H, P, N) reachable from obj's attributes."""
+    return [t for t in _held_tensors(obj) if tuple(t.shape[-3:]) == tuple(state_shape)]
+
+
+def _held_states(obj, states):
+    """The states among ``states`` (k, batch, H, P, N) that obj holds, in any shape: every tensor
+    reachable from it whose element count is a multiple of H·P·N is cut into rows of H·P·N
+    values, and a row whose sorted values equal one sequence's state is that state (so a state
+    flattened, reshaped or with its axes permuted is found; inputs never match). Returns
+    (sorted indices k found, bytes of the rows found, shapes of the tensors holding them)."""
+    k, batch = states.shape[:2]
+    if k == 0:
+        return [], 0, []
+    hpn = states[0, 0].numel()
+    ref = states.reshape(k * batch, hpn).double().sort(dim=1).values
+    owner = torch.arange(k).repeat_interleave(batch)
+    found, nbytes, shapes, seen = set(), 0, [], set()
+    for t in _held_tensors(obj):
+        key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+        if key in seen or not t.is_floating_point() or not t.numel() or t.numel() % hpn:
+            continue
+        seen.add(key)
+        rows = t.detach().reshape(-1, hpn).double().sort(dim=1).values
+        close = ((rows[:, None] - ref[None]).abs() <= 1e-4 + 1e-4 * ref.abs()[None]).all(-1)
+        if close.any():
+            found |= set(owner[close.any(0)].tolist())
+            nbytes += int(close.any(1).sum()) * hpn * t.element_size()
+            shapes.append(tuple(t.shape))
+    return sorted(found), nbytes, shapes
+
+
+def _raw_dt_hint(layer, start, inputs, got):
+    """A FAIL hint when ``got`` is the fold of ``inputs`` from ``start`` with Δ = dt as logged
+    (or softplus(dt) without the bias): the logged dt is raw."""
+    for how, kw in (
+        ("the logged dt itself", dict(dt_bias=None, dt_softplus=False)),
+        ("softplus(dt) without dt_bias", dict(dt_bias=None, dt_softplus=True)),
+    ):
+        wrong = ssd_scan(
+            inputs.x, inputs.dt, layer.A, inputs.B, inputs.C, layer.D, initial_state=start, **kw
+        ).state
+        if _equals(got, wrong):
+            return (
+                f" - it is the fold with Δ = {how}: the log holds the raw dt (before its bias "
+                "and softplus), and the step is Δ = softplus(dt + dt_bias); layer.scan "
+                "applies both (the stub's hint)"
+            )
+    return ""
 
 
 @guarded("replay log")
@@ -526,8 +625,8 @@ def check_replay_log(log_class, layer=None) -> bool:
     ``log_class(layer, checkpoint)`` with ``len(log)``, ``.append(inputs)``,
     ``.truncate_to(j)`` and ``.state(j=None) -> S_{c+j}``, checked on random appends,
     truncations and folds against a reference scan from the checkpoint. The log must keep
-    inputs, not states: besides the checkpoint it may hold no state-shaped tensor, the
-    checkpoint must come out unchanged, and ``state`` must return a new tensor (the check
+    inputs, not states: besides the checkpoint it may hold no state-shaped tensor and no state
+    in any other shape (found by its values), the checkpoint must come out unchanged, and ``state`` must return a new tensor (the check
     changes each one it gets in place, as a caller advancing it would)."""
     layer = layer or mini_layer()
     batch = 2
@@ -538,6 +637,9 @@ def check_replay_log(log_class, layer=None) -> bool:
         original = checkpoint.clone()
         replay = log_class(layer, checkpoint)
         entries: list[ScanInputs] = []
+        # what a log that only moves a cursor on truncate_to, and appends after the stale
+        # entries, folds: every entry ever appended, in order (for the FAIL hint)
+        stale: list[ScanInputs] = []
         for _ in range(n_ops):
             n = sum(len(e) for e in entries)
             roll = float(torch.rand(1, generator=g))
@@ -560,7 +662,24 @@ def check_replay_log(log_class, layer=None) -> bool:
                     if upto == 0
                     else layer.scan(original, ScanInputs.cat(entries)[:upto]).state
                 )
-                _compare(f"state after {upto} of {n} logged tokens", got, want)
+                try:
+                    _compare(f"state after {upto} of {n} logged tokens", got, want)
+                except _Mismatch as err:
+                    hint = (
+                        ""
+                        if upto == 0
+                        else _raw_dt_hint(layer, original, ScanInputs.cat(entries)[:upto], got)
+                    )
+                    if not hint and upto and stale and sum(len(e) for e in stale) >= upto:
+                        behind = layer.scan(original, ScanInputs.cat(stale)[:upto]).state
+                        if _equals(got, behind):
+                            hint = (
+                                " - it is the fold of the entries as they were appended, "
+                                "the ones truncate_to dropped still in place: after "
+                                "truncate_to(j), the next append must go at position j "
+                                "(drop or overwrite the entries past it), not after them"
+                            )
+                    raise _Mismatch(f"{err}{hint}") from None
                 if not torch.equal(checkpoint, original):
                     raise _Mismatch("the checkpoint was modified: a fold must not write into it")
                 want = want.clone()
@@ -578,6 +697,7 @@ def check_replay_log(log_class, layer=None) -> bool:
                 log.append(f"append({T} tokens) at {n}")
                 replay.append(new)
                 entries.append(new)
+                stale.append(new)
             n = sum(len(e) for e in entries)
             if len(replay) != n:
                 raise _Mismatch(f"len(log) is {len(replay)}, expected {n}")
@@ -589,6 +709,17 @@ def check_replay_log(log_class, layer=None) -> bool:
                     f"the log holds {len(held)} state-shaped tensors; a replay log keeps one "
                     "state (the checkpoint) and per-token inputs"
                 )
+            if n:  # a state cached in any shape, found by its values
+                states = layer.scan(original, ScanInputs.cat(entries), return_states=True).states
+                found, nbytes, shapes = _held_states(replay, states.transpose(0, 1))
+                if found:
+                    raise _Mismatch(
+                        f"the log holds the states after {[q + 1 for q in found][:8]} logged "
+                        f"tokens ({nbytes} bytes, in tensors of shape "
+                        f"{', '.join(map(str, shapes))}); a replay log keeps one state (the "
+                        "checkpoint) and per-token inputs, and folds them when asked: a cached "
+                        "state, in any shape, is the memory replay exists to save"
+                    )
         return n_ops
 
     return _run_ops("replay log", ops)

@@ -365,7 +365,7 @@ def _fold_hint(fn, ckpt, log, g, p, params, got):
         ),
         (
             dict(clamp=False),
-            f"Δ is not clamped: the layer's step is Δ = clamp(softplus(dt + dt_bias), "
+            f"Δ is not clamped (at both ends): the layer's step is Δ = clamp(softplus(dt + dt_bias), "
             f"*dt_limit), dt_limit = {tuple(params.dt_limit)}",
         ),
         (
@@ -438,16 +438,33 @@ def _state_mismatch(fn, ckpt, log, g, p, params, got, where):
 
 
 GROUPED_MODEL = dict(ssm_heads=4, n_groups=2)  # the check's second model: G < H
+# the second model clamps Δ both ways, at these quantiles of its own Δ on a random prompt: the
+# notebook's model clamps at (0.001, inf), which no Δ reaches, so only here a fold without the
+# clamp is wrong
+CLAMP_QUANTILES = (0.25, 0.75)
 
 
 def grouped_model(model, seed=3):
     """``model``'s configuration with fewer groups of B and C than heads (``GROUPED_MODEL``), so
-    that a wrong head-to-group mapping shows; random weights."""
+    that a wrong head-to-group mapping shows; random weights; each Mamba-2 layer's Δ clamped
+    both ways (``dt_limit`` at the ``CLAMP_QUANTILES`` of its Δ on a random 32-token prompt,
+    rounded to 0.01), so that a fold that leaves out the clamp (either end) shows."""
     from dataclasses import replace
 
     from replaylab.model import HybridLM
 
-    return HybridLM(replace(model.cfg, **GROUPED_MODEL), seed=seed).eval()
+    grouped = HybridLM(replace(model.cfg, **GROUPED_MODEL), seed=seed).eval()
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, grouped.cfg.vocab_size, (32,), generator=g).tolist()
+    prefix = _prefix_of_tokens(grouped, tokens, 8)
+    for layer, spec in grouped.cache_spec().recurrent.items():
+        p = _params64(grouped, layer)
+        dt = torch.cat([log["dt"] for _, _, log in _blocks(prefix, layer)])
+        delta = torch.nn.functional.softplus(dt + p.dt_bias)
+        lo, hi = (round(float(delta.quantile(q)), 2) for q in CLAMP_QUANTILES)
+        unclamped = spec.mixer.params
+        spec.mixer.params = lambda base=unclamped, limit=(lo, hi): base()._replace(dt_limit=limit)
+    return grouped
 
 
 def _state_cases(fn, model, block_sizes, rng, g_, label):
@@ -504,7 +521,8 @@ def check_state_at(fn, model, prompts=3, seed=0) -> bool:
     with ``ssd_scan`` in float64 and with a one-shot prefill's state at p, for ``prompts``
     random prompts at block sizes 4, 8 and 16 in turn (every block; p = g, g + 1, the block's
     end and a random p inside), in every recurrent layer of ``model``; then one prompt at
-    block size 8 through ``grouped_model(model)``, whose heads share groups (G < H)."""
+    block size 8 through ``grouped_model(model)``, whose heads share groups (G < H) and whose Δ is
+    clamped both ways."""
     name = "state at p from checkpoint + log"
     rng = random.Random(seed)
     g_ = torch.Generator().manual_seed(seed)

@@ -385,6 +385,32 @@ def check_state_update_kernel(kernel, seed=0) -> bool:
 # ---- puzzle 4: the output from the checkpoint
 
 
+def _replay_y(c, L=None, log_write_decayed=False, new_write_decayed=False, new_dt_decay=False):
+    """y (batch, H, P) of the new token after the first L logged tokens (all by default; 0 for
+    puzzle 4), carried as the P-vector v_s = S_s C_t (float64). The flags give a usual mistake's
+    y instead, for the FAIL diagnoses: ``log_write_decayed`` a logged token's write decayed by
+    its own a_s, a_s (v + w_s); ``new_write_decayed`` the same for the new token;
+    ``new_dt_decay`` every logged token decayed by the new token's Δ_t instead of its own Δ_s."""
+    S, x, dt, B, C, A, D = (c[k].double() for k in ("S", "x", "dt", "B", "C", "A", "D"))
+    L = c["log_x"].shape[1] if L is None else L
+    v = torch.einsum("bhpn,bhn->bhp", S, C)
+    for s in range(L):
+        d_s = c["log_dt"][:, s].double()  # (batch, H)
+        a = torch.exp((dt if new_dt_decay else d_s) * A)[..., None]
+        w = (d_s * (c["log_B"][:, s].double() * C).sum(-1))[..., None] * c["log_x"][:, s].double()
+        v = a * (v + w) if log_write_decayed else a * v + w
+    a_t = torch.exp(dt * A)[..., None]
+    w_t = (dt * (B * C).sum(-1))[..., None] * x
+    v = a_t * (v + w_t) if new_write_decayed else a_t * v + w_t
+    return (v + D[:, None] * x).float()
+
+
+_OWN_WRITE = (
+    "a write is decayed by the decays of the tokens after it, never by its own: "
+    "v_s = a_s v_(s-1) + Δ_s (B_s · C_t) x_s, not a_s (v_(s-1) + ...)"
+)
+
+
 def _output_args(c):
     batch, H, P, N = c["S"].shape
     y = poisoned((batch, H, P), c["S"])
@@ -406,6 +432,13 @@ def check_output_kernel(kernel, seed=0) -> bool:
         ("y is written exactly once", _once("y", "written")),
         ("inputs are not written", _untouched(names)),
     ]
+    diagnoses = [
+        (
+            "the decay applied to the new token's input term too, e^{Δ A} (S C + Δ (B · C) x) "
+            f"+ D x: {_OWN_WRITE}; y = e^{{Δ A}} (S C) + Δ (B · C) x + D x",
+            _replay_y(c, L=0, new_write_decayed=True),
+        ),
+    ]
     return run_kernel_check(
         "puzzle 4 (output from the checkpoint)",
         kernel,
@@ -413,6 +446,7 @@ def check_output_kernel(kernel, seed=0) -> bool:
         "y",
         output_ref(c),
         rules,
+        diagnoses=diagnoses,
         shared=("A", "D"),
         error_hint=_shape_hint,
         timing=lambda: _output_args(make_case(seed, **TIMING_SIZES)),
@@ -511,6 +545,26 @@ def check_log_output_kernel(kernel, seed=0) -> bool:
             "allowed); carry the P-vector v_s = S_s C_t instead (the hint)"
         )
 
+    diagnoses = [
+        (
+            "each logged token's write decayed by its own a_s = e^{Δ_s A} and the new "
+            f"token's by its own e^{{Δ_t A}}: {_OWN_WRITE}",
+            _replay_y(c, log_write_decayed=True, new_write_decayed=True),
+        ),
+        (
+            f"each logged token's write decayed by its own a_s = e^{{Δ_s A}}: {_OWN_WRITE}",
+            _replay_y(c, log_write_decayed=True),
+        ),
+        (
+            f"the new token's write decayed by its own e^{{Δ_t A}}: {_OWN_WRITE}",
+            _replay_y(c, new_write_decayed=True),
+        ),
+        (
+            "the logged tokens decayed by the new token's Δ_t: logged token s decays by its own "
+            "a_s = e^{Δ_s A} (log_dt[b, s, h]), the new token by e^{Δ_t A}",
+            _replay_y(c, new_dt_decay=True),
+        ),
+    ]
     return run_kernel_check(
         "puzzle 6 (the replay step: the log loop)",
         kernel,
@@ -518,6 +572,7 @@ def check_log_output_kernel(kernel, seed=0) -> bool:
         "y",
         log_output_ref(c),
         rules,
+        diagnoses=diagnoses,
         shared=("A", "D"),
         work_rules=(no_tile_per_token,),
         error_hint=_shape_hint,
