@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from einops import rearrange, repeat
 
 from replaylab import assert_close
@@ -180,70 +181,116 @@ def ssd_minimal_discrete(X, A, B, C, block_len, initial_states, ref):
     return ref(X, A, B, C, block_len, initial_states=initial_states)
 
 
-def _nemotron_h_functions():
-    from transformers.models.nemotron_h import modeling_nemotron_h as m
+# transformers' NemotronH Mamba-2 layer as the oracle, through its public model class: the
+# layer's forward with a DynamicCache; the scan output is what it hands its gated norm. Works
+# with transformers 5.17 (the GPU machine's), 5.24 (requirements.lock) and 5.25: the layer is
+# called positionally (its cache argument is `cache_params` up to 5.17, `cache` later) and the
+# state is read where every 5.x cache keeps it, `cache.layers[i].recurrent_states[0]`.
+DT_FLOOR = 0.001  # time_step_min and time_step_limit[0]: <= 5.24 reads one, >= 5.25 the other
 
-    # the undecorated PyTorch paths, whatever kernel package transformers found at import
-    return m.mamba2_chunk_scan.__wrapped__, m.mamba2_selective_state_update.__wrapped__
+
+def transformers_mamba2_layer(H, P, N, G, chunk=16, hidden=12):
+    """One NemotronH Mamba-2 layer (``NemotronHModel(...).layers[0].mixer``) with its SSM
+    scalars in trained ranges; head 0's dt_bias puts its Δ under the floor, so the clamp counts."""
+    from transformers import NemotronHConfig, NemotronHModel
+
+    cfg = NemotronHConfig(
+        vocab_size=8,
+        hidden_size=hidden,
+        num_hidden_layers=1,
+        hybrid_override_pattern="M",
+        mamba_num_heads=H,
+        mamba_head_dim=P,
+        ssm_state_size=N,
+        n_groups=G,
+        chunk_size=chunk,
+        time_step_min=DT_FLOOR,
+        time_step_limit=(DT_FLOOR, math.inf),
+    )
+    layer = NemotronHModel(cfg).eval().layers[0].mixer
+    with torch.no_grad():
+        layer.A_log.copy_(torch.rand(H) * math.log(16))
+        layer.D.copy_(torch.randn(H))
+        layer.dt_bias.copy_(torch.rand(H) - 0.5)
+        layer.dt_bias[0] = -9.0  # softplus(-9 + dt) ~ 1e-4 < DT_FLOOR
+    return layer, cfg
+
+
+def layer_scan_inputs(layer, h, H, P, N, G):
+    """x (batch,T,H,P), dt (batch,T,H), B, C (batch,T,G,N) as the layer computes them (input
+    projection, causal depthwise conv, SiLU), written out here from its weights."""
+    T, inner = h.shape[1], H * P
+    _, xBC, dt = layer.in_proj(h).split([inner, inner + 2 * G * N, H], dim=-1)
+    w = layer.conv1d.weight
+    conv = F.conv1d(
+        xBC.transpose(1, 2), w, layer.conv1d.bias, padding=w.shape[-1] - 1, groups=w.shape[0]
+    )
+    x, B, C = F.silu(conv[..., :T]).transpose(1, 2).split([inner, G * N, G * N], dim=-1)
+    return x.unflatten(-1, (H, P)), dt, B.unflatten(-1, (G, N)), C.unflatten(-1, (G, N))
+
+
+def run_layer(layer, h, cache):
+    """The layer's forward over h with the cache: (scan output (batch, T, H*P), state)."""
+    seen = []
+    hook = layer.norm.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    try:
+        layer(h, cache)
+    finally:
+        hook.remove()
+    return seen[0], cache.layers[0].recurrent_states[0]
+
+
+def layer_with_state(size, chunk=16, prefix=3):
+    """A transformers layer, fresh inputs, and a DynamicCache whose layer holds a random state
+    after a ``prefix``-token pass (the conv window stays the prefix's)."""
+    from transformers import DynamicCache
+
+    H, P, N, G = (size[k] for k in "HPNG")
+    layer, cfg = transformers_mamba2_layer(H, P, N, G, chunk)
+    h = torch.randn(size["batch"], prefix + size["T"], cfg.hidden_size)
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        _, state = run_layer(layer, h[:, :prefix], cache)
+        init = torch.randn_like(state)
+        state.copy_(init)
+        x, dt, B, C = (t[:, prefix:] for t in layer_scan_inputs(layer, h, H, P, N, G))
+    A = -torch.exp(layer.A_log.detach().float())
+    scalars = dict(A=A, D=layer.D.detach(), dt_bias=layer.dt_bias.detach(), dt_softplus=True)
+    return layer, h[:, prefix:], cache, init, (x, dt, B, C), scalars
 
 
 @pytest.mark.parametrize("size", SSD_SIZES[:2])
 @pytest.mark.parametrize("chunk", [8, 16])
-def test_ssd_scan_against_transformers_nemotron_h_chunk_scan(size, chunk):
-    chunk_scan, _ = _nemotron_h_functions()
-    inp = ssd_inputs(**size, z=False)
-    init = torch.randn(size["batch"], size["H"], size["P"], size["N"])
-    res = ssd_scan(**{**inp, "z": None}, initial_state=init)
-    ref_y, ref_state = chunk_scan(
-        inp["x"],
-        inp["dt"],
-        inp["A"],
-        inp["B"],
-        inp["C"],
-        chunk,
-        D=inp["D"],
-        dt_bias=inp["dt_bias"],
-        initial_states=init,
-        dt_softplus=True,
-        dt_limit=inp["dt_limit"],
-        return_final_states=True,
-    )
-    assert_close(res.y, ref_y, name="y")
+def test_ssd_scan_against_transformers_nemotron_h_layer_chunked(size, chunk):
+    layer, h, cache, init, (x, dt, B, C), scalars = layer_with_state(size, chunk)
+    delta = process_dt(dt, scalars["dt_bias"], True)
+    assert (delta < DT_FLOOR).any() and (delta > DT_FLOOR).any()  # the floor decides some Δ
+    with torch.no_grad():
+        ref_y, ref_state = run_layer(layer, h, cache)  # T > 1: transformers' chunked form
+    res = ssd_scan(x, dt, B=B, C=C, **scalars, dt_limit=(DT_FLOOR, math.inf), initial_state=init)
+    assert_close(res.y.flatten(-2), ref_y, name="y")
     assert_close(res.state, ref_state, name="state")
 
 
 @pytest.mark.parametrize("size", SSD_SIZES[:2])
-def test_ssd_step_against_transformers_nemotron_h_state_update(size):
-    _, state_update = _nemotron_h_functions()
-    inp = ssd_inputs(**size, z=False)
-    P, N = size["P"], size["N"]
-    state = torch.randn(size["batch"], size["H"], P, N)
-    ref_state = state.clone()
+def test_ssd_step_against_transformers_nemotron_h_layer_decode(size):
+    layer, h, cache, state, (x, dt, B, C), scalars = layer_with_state(size)
     for t in range(min(size["T"], 8)):
+        with torch.no_grad():
+            ref_y, ref_state = run_layer(layer, h[:, t : t + 1], cache)  # one token: decode
+        # transformers' decode path applies no floor on Δ
         y, state = ssd_step(
             state,
-            inp["x"][:, t],
-            inp["dt"][:, t],
-            inp["A"],
-            inp["B"][:, t],
-            inp["C"][:, t],
-            inp["D"],
-            dt_bias=inp["dt_bias"],
+            x[:, t],
+            dt[:, t],
+            scalars["A"],
+            B[:, t],
+            C[:, t],
+            scalars["D"],
+            dt_bias=scalars["dt_bias"],
             dt_softplus=True,
         )
-        # transformers' decode path applies no dt limit and ties scalars by expanding them
-        ref_y = state_update(
-            ref_state,
-            inp["x"][:, t],
-            repeat(inp["dt"][:, t], "b h -> b h p", p=P),
-            repeat(inp["A"], "h -> h p n", p=P, n=N),
-            inp["B"][:, t],
-            inp["C"][:, t],
-            repeat(inp["D"], "h -> h p", p=P),
-            dt_bias=repeat(inp["dt_bias"], "h -> h p", p=P),
-            dt_softplus=True,
-        )
-        assert_close(y, ref_y, name=f"y[t={t}]")
+        assert_close(y.flatten(-2), ref_y[:, 0], name=f"y[t={t}]")
     assert_close(state, ref_state, name="state")
 
 
