@@ -138,3 +138,127 @@ def test_where_replay_wins_is_stated_one_way():
         assert not [s for s in stale if s in text], path.name
         if path.name[:2] in ("05", "06", "09"):
             assert f"wins from batch {first}" in " ".join(text.split()), path.name
+
+
+# ---------------------------------------------------------------- issue 40: text and cells agree
+
+
+def _nb(prefix):
+    path = next(p for p in NOTEBOOKS if p.name.startswith(prefix))
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _markdown(nb) -> str:
+    return " ".join(
+        " ".join("".join(c["source"]).replace("#", " ").split())
+        for c in nb["cells"]
+        if c["cell_type"] == "markdown"
+    )
+
+
+def _outputs(nb) -> str:
+    return _outputs_text(nb).replace("\n\n", "\n")
+
+
+def test_every_matrix_rate_printed_is_measured_and_named_or_labelled_datasheet():
+    """A TFLOP/s figure a notebook prints is the datasheet's (labelled so), a rate measured in a
+    data/ file that the same line names, or a data file's own label quoted as such; the text
+    calls no rate "measured" that is not."""
+    from replaylab import costmodel as cm
+
+    measured = set()
+    for path in (ROOT / "data").glob("*.json"):
+        measured |= {
+            round(float(v)) for v in re.findall(r'"matrix_rate_tflops": ([\d.]+)', path.read_text())
+        }
+    assert measured, "no data file holds a measured matrix rate"
+    h200 = cm.HARDWARE["H200"]
+    assert f"{h200.matmul_rate / 1e12:.0f} TFLOP/s (datasheet)" in h200.source
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        for line in _outputs_text(nb).splitlines():
+            for rate in re.findall(r"(\d+) TFLOP/s", line):
+                ok = (
+                    f"{rate} TFLOP/s (datasheet)" in line
+                    or (int(rate) in measured and "data/" in line)
+                    or " labels it: " in line
+                )
+                assert ok, f"{path.name}: {line!r}"
+        text = _markdown(nb)
+        assert "measured matrix rate" not in text, path.name
+        assert "790 TFLOP/s" not in text, path.name
+    assert "data/bench_serve_ragged.json" in _outputs(_nb("13_"))
+
+
+def test_13_crossover_text_agrees_with_the_measured_stream():
+    """13 says the measurement is the answer and the cost model's crossover lies far beyond it;
+    the GPU file must bear that out, and the retired figures must stay out of the text."""
+    from replaylab.results import load_bench
+
+    result = load_bench("data/bench_serve_stream.json")
+    text = _markdown(_nb("13_"))
+    assert result["device_type"] == "cuda" and "the H200 run" in text
+    assert "until it is committed" not in text
+    for stale in ("near batch 1,100", "never for recompute", "near 175 rows"):
+        assert stale not in text
+    assert "speculation stops paying at the measured batch" in text
+    assert "far below the cost model's" in text
+    for strategy, row in result["strategies"].items():
+        c = row["crossover"]
+        measured, predicted = c["measured_batch"], c["predicted_batch"]
+        assert measured is not None, strategy
+        assert predicted is None or predicted >= 4 * measured, (strategy, measured, predicted)
+
+
+def test_log_entry_bytes_agree_between_05_and_13():
+    """05 counts an 8B log entry with the conv input, 13 the GPU engine's without it; 13 prints
+    both and the break-even lengths, and its text says the entry is about half 05's."""
+    e05 = int(
+        re.search(r"one log entry: +([\d,]+) bytes", _outputs(_nb("05_"))).group(1).replace(",", "")
+    )
+    out13 = _outputs(_nb("13_"))  # commas removed
+    m = re.search(
+        r"one log entry (\d+) B \(x dt B C; notebook 05's entry adds the conv input: (\d+) B\)",
+        out13,
+    )
+    assert m, "13 no longer prints both entries"
+    gpu, teaching = int(m.group(1)), int(m.group(2))
+    assert teaching == e05
+    assert 0.4 < gpu / teaching < 0.6  # "about half"
+    assert "about half of notebook 05's" in _markdown(_nb("13_"))
+
+
+def test_instructors_gives_execution_seconds_only_in_its_table():
+    guide = (ROOT / "notebooks" / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    after_table = guide.split("*How these were obtained.*")[1]
+    assert not re.search(r"runs in (about|under) ", after_table)
+    assert after_table.count("the seconds in the table under *Timing* above") >= 2
+
+
+def test_no_known_gpu_gap_the_code_has_fixed():
+    """06 section 4 and the log_room check put their tensors on ``kernel_device()``; 00 and the
+    guide no longer call it a known gap."""
+    import inspect
+
+    from replaylab.teaching import exercises
+
+    src = (ROOT / "notebooks" / "src" / "06_replay_kernel.py").read_text(encoding="utf-8")
+    section4 = src.split("## 4. Run it here")[1].split("# ## 5")[0]
+    assert "exercises.kernel_device()" in section4
+    assert "kernel_device()" in inspect.getsource(exercises.check_largest_log_len)
+    guide = (ROOT / "notebooks" / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    for text in (_markdown(_nb("00_")), " ".join(guide.split())):
+        assert "known gap" not in text.lower()
+
+
+def test_03_asks_about_the_work_it_counts_not_the_live_order():
+    """03's question after its live timings asks about the counted scan work (which the cell
+    below it prints), not about which strategy the live clock put last."""
+    nb = _nb("03_")
+    text = _markdown(nb)
+    assert "be the slowest here" not in text
+    assert "Why does replay do the most scan work here" in text
+    steps = dict(
+        re.findall(r"^(\w+) +logged tokens folded +\d+: ([\d.]+) scan steps", _outputs(nb), re.M)
+    )
+    assert float(steps["replay"]) > max(float(steps["snapshot"]), float(steps["recompute"]))

@@ -212,9 +212,8 @@
 # changes, and only this:
 # * `import replaylab` leaves the interpreter off, so Triton kernels compile for the GPU. In 06 the
 #   puzzles' inputs are put on the GPU (`puzzles.make_case`): values are checked, traffic is not
-#   counted (start Jupyter with `TRITON_INTERPRET=1` to count it again). Known gap, checked on an
-#   H200: 06's section 4 and the check of its exercise 2 still pass CPU tensors to the compiled
-#   kernel, which refuses them; until that is fixed, run 06 with `TRITON_INTERPRET=1` there too.
+#   counted (start Jupyter with `TRITON_INTERPRET=1` to count it again). 06's section 4 and the
+#   check of its exercise 2 put their tensors on the same device (`exercises.kernel_device()`).
 # * The notebooks' models and caches stay on the CPU (no cell moves them to the GPU), so the live
 #   timings of 03, 05, 09 and 11 are still CPU timings. A replay cache uses the Triton kernels only
 #   when its tensors are on a CUDA device (`strategies/replay.py`).
@@ -287,7 +286,9 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # * **amortised** — a cost spread over the steps that share it: replay's decode step costs
 #   step + fold($L$)/$L$, since every $L$-th step must also fold.
 # * **roofline** — the fastest a step can run: the bytes it must move over the measured copy
-#   bandwidth (and its FLOPs over the measured matrix rate); a *roofline fraction* is that bound
+#   bandwidth (and its FLOPs over a matrix rate: the cost model's H200 preset takes the
+#   datasheet's, labelled "datasheet" where it is printed; notebook 13 prints the rate one H200
+#   run measured, `data/bench_serve_ragged.json`); a *roofline fraction* is that bound
 #   over the measured time.
 # * **CUDA graph** — a recorded sequence of GPU kernel launches replayed with one call, so the
 #   host's per-launch cost (microseconds each) disappears from a decode step.

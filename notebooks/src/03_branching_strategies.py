@@ -307,10 +307,11 @@ for s, r in trees.items():
     print(f"{s:9s} {r.seconds * 1e3:6.1f} ms for the whole search, {r.restore_seconds * 1e3:5.1f} ms in restores")
 
 # %% [markdown]
-# **Why can replay be the slowest here, with the cheapest restores?** On a quiet machine it took
-# the longest of the three when this section was written; the times above are live, and on a
-# machine shared with other jobs they move by several times between runs. Its time is not in the
-# restores but in the forwards. On this CPU the replay cache has no kernel (`use_kernels` is off
+# **Why does replay do the most scan work here, with the cheapest restores?** The times above
+# are live, and on a machine shared with other jobs they move by several times between runs, so
+# their order is not the lesson (replay took the longest on a quiet machine when this section
+# was written; a loaded one has put recompute last); the work counted below does not move.
+# Replay's extra work is not in the restores but in the forwards. On this CPU the replay cache has no kernel (`use_kernels` is off
 # without CUDA), so every forward computes its outputs the reference way,
 # `spec.scan(fold(checkpoint, log), new_tokens)` in `ReplayStore.advance`: it folds the whole log
 # since the checkpoint again, then scans the new token. Here the log holds the path from the

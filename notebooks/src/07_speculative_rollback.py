@@ -65,7 +65,8 @@ verify_round_diagram(k=4, accepted=2).show()
 # decoding for Nemotron-H 8B's shape at the chosen batch on the H200 preset (the copy bandwidth of the engine run, `data/bench_engine.json`,
 # timed both ways and the larger kept, as notebook 06 section 5 explains; the cell below prints
 # it). The model is a **roofline**: a step is timed as the bytes it must move divided by the
-# copy bandwidth measured on the device (and its FLOPs by the measured matrix rate), the fastest
+# copy bandwidth measured on the device (and its FLOPs by the datasheet's matrix rate, labelled
+# so in the line the cell below prints), the fastest
 # it could run, not a measured time. Drafting is taken as free (prompt lookup), attention over the
 # context is left out, so read the speedups as upper bounds and the *ordering* as the lesson:
 # per-draft snapshots spend bandwidth on copies; recompute spends a forward per rollback; replay

@@ -33,6 +33,7 @@ import torch
 from replaylab.teaching import exercises_serving as ex
 from replaylab.bench.stream import StreamSpec, make_stream, stream_metrics, stream_requests
 from replaylab.decoding import greedy
+from replaylab.results import load_bench
 from replaylab.teaching.plotting import use_notebook_renderer
 from replaylab.teaching.plotting_serving import (
     crossover_figure,
@@ -150,7 +151,9 @@ for strategy in STRATEGIES:
 # holds L = 8 of them.
 # At real layer shapes the order flips. The same count for one Nemotron-H 8B Mamba-2 layer
 # (H = 128 heads of P = 64, N = 128, G = 8 groups; fp32 state, bf16 activations; the GPU
-# engine's layout, which logs x, dt, B, C but not the conv inputs), L = 16, k = 4:
+# engine's layout, which logs x, dt, B, C but not the conv inputs, so its entry is about half
+# of notebook 05's and the log grows as large as the state at about twice 05's break-even
+# length), L = 16, k = 4:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -159,6 +162,9 @@ conv = H * P + 2 * G * N  # conv channels
 state = H * P * N * 4  # fp32
 windows = (1 + k + 1) * K * conv * 2  # the window, and the window after each token of a step
 entry = (H * P + H + 2 * G * N) * 2  # one log entry: x, dt, B, C
+entry_05 = entry + conv * 2  # notebook 05's teaching-path entry also logs the raw conv input
+print(f"one log entry {entry:,} B (x, dt, B, C; notebook 05's entry adds the conv input: {entry_05:,} B); "
+      f"break-even log length state / entry {state / entry:.0f} here, {state / entry_05:.0f} in 05")
 layer = {
     "snapshot": state + windows + (k + 1) * state,  # the state after each verified token
     "recompute": state + windows + state + K * conv * 2,  # the state and window saved before a verify
@@ -265,11 +271,13 @@ for label, m in runs.items():
 # paying. The sweep times it in engine time (the steps and rollbacks, without the Python
 # drafters and the scheduler's own work, which the file also records on the scheduler's clock).
 # The cost model predicts it with a two-term roofline, each step taking
-# max(bytes / copy bandwidth, FLOPs / matrix rate) (the H200: the measured copy bandwidth and
-# 790 TFLOP/s bf16).
+# max(bytes / copy bandwidth, FLOPs / matrix rate); the rates it used are printed with the
+# crossover below, as the file labels them, beside the rates one measured H200 run holds
+# (`data/bench_serve_ragged.json`).
 #
-# The GPU result goes to `data/bench_serve_stream.json`; until it is committed this reads the
-# CPU smoke run, a tiny model on a CPU, which is **not a performance figure**:
+# This reads `data/bench_serve_stream.json`, the H200 run (the first line printed says which
+# file and device); without it, it falls back to the CPU smoke run, a tiny model on a CPU, which
+# is **not a performance figure**:
 
 # %%
 result, path = load_stream_result()
@@ -304,21 +312,30 @@ for strategy, row in result["strategies"].items():
           f"{c['verify_compute_bound_from_batch']} (cost model)")
     ratios = ", ".join(f"{r['batch']}: {r['verify_over_decode_step']:.2f}" for r in c["measured_rows"])
     print(f"{'':9s} one verify step over one decode step, by batch: {ratios}")
+print(f"the cost model's hardware, as {path} labels it: {c['prediction_hardware']}")
+ragged_run = load_bench("data/bench_serve_ragged.json")
+rates = ragged_run["ragged"][0]
+print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']}, {ragged_run['date'][:10]}): "
+      f"copy bandwidth {rates['copy_bandwidth_gbs']:,.0f} GB/s, bf16 matrix rate {rates['matrix_rate_tflops']:.0f} TFLOP/s")
 
 # %% [markdown]
 # Reading it: below the line at 1, speculation is slower than plain decoding. The last line per
 # strategy is the measured side of "compute-bound": a (k+1)-token verify step costs about what
 # a decode step costs while the step is bound by reading weights and state (a ratio near 1),
 # and up to k + 1 = 5 times as much once its matrix products are bound by FLOPs. The dashed lines
-# are the cost model for an H200; on the CPU smoke run the measured lines come from another
-# machine and a tiny model, so only the GPU file can confirm or refute the prediction. What the
-# cost model says for `8b-layers` (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
-# L = 16): one 8B-shape matrix product turns compute-bound near 175 rows, batch 35 at k = 4; with a round's
-# state traffic in the byte term, replay's 5-row verify turns compute-bound from about batch 60
-# and recompute's from about 200, while snapshot's stays bytes-bound (it writes k + 1 states a
-# round). Speculation is predicted to stop paying for snapshot near batch 1,100 and, within
-# 4,000, never for recompute and replay: plain decoding on this preset is bound by reading the
-# state every token, which a verify round reads once for 1 + E[a] tokens.
+# are the cost model for an H200 (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
+# L = 16); on the CPU smoke run the measured lines come from another machine and a tiny model,
+# so only the GPU file can confirm or refute the prediction.
+#
+# On the GPU file the two disagree, and the measurement is the answer. The cost model puts the
+# crossover far out (its batch is printed above, None when not within the 4,000 it searches):
+# plain decoding on its preset is bound by reading the state every token, which a verify round
+# reads once for 1 + E[a] tokens, so a verify only turns dear once its matrix products are
+# compute-bound (with a round's state traffic in the byte term, snapshot's verify stays
+# bytes-bound: it writes k + 1 states a round). The engine says otherwise: the measured ratios
+# above grow well before that batch, and speculation stops paying at the measured batch printed
+# for each strategy, far below the cost model's. The two-term roofline leaves out what a verify
+# step costs this engine beyond bytes and FLOPs, so read its crossover as an upper bound.
 #
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
