@@ -98,7 +98,10 @@ print(
 # Nemotron-H 8B's layer shapes (seven blocks), bf16 weights, random. The transformers baseline
 # is the same weights loaded into `NemotronHForCausalLM`; on that machine it ran its PyTorch
 # path (mamba-ssm's CUDA extension was not built there), which the caveats below take into
-# account.
+# account. The refusal printed below is that run's transformers (its version is in the file's
+# `versions`): up to 5.24 transformers refuses assisted generation for these stateful models;
+# from 5.25 it accepts `generate(assistant_model=...)` for NemotronH and keeps a recorded
+# recurrent state per draft token, the snapshot strategy.
 
 # %%
 # NBVAL_CHECK_OUTPUT
