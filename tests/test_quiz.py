@@ -127,3 +127,16 @@ def test_notebook_stub_and_solution_cover_every_question():
     assert list(sections) == ["quiz_answers"]
     for qid in IDS:
         assert f'"{qid}"' in sections["quiz_answers"], qid
+
+
+def test_an_unanswered_question_gives_nothing_away():
+    """Issue 40: grading the empty answers cell printed every explanation, and several name the
+    right choice; an explanation now follows an attempt only."""
+    none = quiz.grade({})
+    shown = repr(none) + none._repr_html_()
+    for qid in IDS:
+        assert quiz._BY_ID[qid].explanation not in shown, qid
+    assert shown.count(quiz.UNANSWERED) == 2 * len(IDS)
+    q = quiz._BY_ID[IDS[0]]
+    attempted = quiz.grade({q.id: _wrong(q, quiz.correct_answer(q.id))})
+    assert quiz._BY_ID[IDS[0]].explanation in repr(attempted)

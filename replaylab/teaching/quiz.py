@@ -529,8 +529,9 @@ class Grade:
 
 
 def grade(answers: dict) -> Grade:
-    """Grade ``answers`` ({question id: answer}; missing or None counts as unanswered).
-    Every question's verdict is recorded with ``exercises.record("quiz <id>", ok)``."""
+    """Grade ``answers`` ({question id: answer}; missing or None counts as unanswered, and its
+    explanation is withheld until an attempt). Every question's verdict is recorded with
+    ``exercises.record("quiz <id>", ok)``."""
     unknown = sorted(set(answers) - set(_BY_ID))
     if unknown:
         print(f"not questions of this quiz (ignored): {unknown}")
@@ -539,7 +540,10 @@ def grade(answers: dict) -> Grade:
         given = answers.get(q.id)
         ok = is_correct(q, given)
         exercises.record(f"quiz {q.id}", ok)
-        rows.append(
-            dict(id=q.id, question=q.text, answer=given, correct=ok, explanation=q.explanation)
-        )
+        # an unanswered question shows no explanation: several name the right choice
+        why = q.explanation if given is not None else UNANSWERED
+        rows.append(dict(id=q.id, question=q.text, answer=given, correct=ok, explanation=why))
     return Grade(rows)
+
+
+UNANSWERED = "(the explanation appears once you have answered)"
