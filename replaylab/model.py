@@ -24,6 +24,7 @@ cache is built from ``HybridLM.cache_spec()``, which names each recurrent layer'
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -64,7 +65,7 @@ class HybridConfig:
     head_dim: int = 16
     intermediate_size: int = 128
     eps: float = 1e-5
-    time_step_min: float = 0.001
+    time_step_min: float = 0.001  # the Mamba-2 layers' floor on Δ: Δ = max(softplus(..), this)
     use_conv_bias: bool = True
     tie_word_embeddings: bool = False
     mlp: str = "relu2"
@@ -376,8 +377,26 @@ class HybridLM(nn.Module):
         return model
 
 
+def _dt_floor(hf_config) -> float:
+    """The floor on Δ that a NemotronH or Bamba config asks for: ``time_step_limit[0]``.
+
+    transformers' Mamba-2 layers clamp Δ to ``time_step_limit`` (Mamba2, Bamba, and NemotronH
+    from 5.25 on, as mamba-ssm's kernels take ``dt_limit``); ``time_step_min`` only sets the
+    range ``dt_bias`` is initialised in. NemotronH up to 5.24 clamped at
+    ``(time_step_min, inf)`` instead (tests/test_model.py states both); the folders replaylab
+    writes set ``time_step_limit[0] == time_step_min``, so they compute one function in either.
+    """
+    low, high = (float(v) for v in hf_config.time_step_limit)
+    if high != math.inf:
+        raise ValueError(
+            f"time_step_limit: replaylab supports no upper limit on Δ, got {hf_config.time_step_limit}"
+        )
+    return low
+
+
 def config_from_nemotron_h(hf_config) -> HybridConfig:
-    """A HybridConfig from a transformers NemotronHConfig (Mamba-2, attention, MLP blocks)."""
+    """A HybridConfig from a transformers NemotronHConfig (Mamba-2, attention, MLP blocks).
+    The floor on Δ is ``time_step_limit[0]``, as transformers >= 5.25 reads it (``_dt_floor``)."""
     kinds = {"linear_attention": "M", "full_attention": "*", "mlp": "-"}
     unsupported = set(hf_config.layers_block_type) - set(kinds)
     if unsupported:
@@ -403,7 +422,7 @@ def config_from_nemotron_h(hf_config) -> HybridConfig:
         head_dim=hf_config.head_dim,
         intermediate_size=hf_config.intermediate_size,
         eps=hf_config.layer_norm_epsilon,
-        time_step_min=hf_config.time_step_min,
+        time_step_min=_dt_floor(hf_config),
         use_conv_bias=hf_config.use_conv_bias,
         tie_word_embeddings=hf_config.tie_word_embeddings,
     )
@@ -441,7 +460,7 @@ def config_from_bamba(hf_config) -> HybridConfig:
         head_dim=head_dim,
         intermediate_size=hf_config.intermediate_size,
         eps=hf_config.rms_norm_eps,
-        time_step_min=float(hf_config.time_step_limit[0]),
+        time_step_min=_dt_floor(hf_config),
         use_conv_bias=hf_config.mamba_conv_bias,
         tie_word_embeddings=hf_config.tie_word_embeddings,
         mlp="swiglu",
@@ -779,7 +798,10 @@ def to_transformers_nemotron_h(model: HybridLM):
         head_dim=c.head_dim,
         intermediate_size=c.intermediate_size,
         layer_norm_epsilon=c.eps,
+        # the floor on Δ in both fields: NemotronH reads time_step_min up to transformers 5.24
+        # and time_step_limit from 5.25
         time_step_min=c.time_step_min,
+        time_step_limit=(c.time_step_min, math.inf),
         use_conv_bias=c.use_conv_bias,
         tie_word_embeddings=c.tie_word_embeddings,
     )

@@ -2,6 +2,8 @@
 by token through the cache equals one forward; save/load round-trips."""
 
 import inspect
+import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from replaylab.model import (
 )
 
 
-def tiny_nemotron_h(pattern="M-M*-M", seed=0):
+def tiny_nemotron_h(pattern="M-M*-M", seed=0, **config):
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     torch.manual_seed(seed)
@@ -34,6 +36,7 @@ def tiny_nemotron_h(pattern="M-M*-M", seed=0):
         head_dim=8,
         intermediate_size=48,
         chunk_size=16,
+        **config,
     )
     model = NemotronHForCausalLM(cfg).eval()
     with torch.no_grad():  # move the SSM scalars off their initial values so they matter
@@ -53,6 +56,43 @@ def test_logits_equal_transformers_nemotron_h(pattern):
         got = ours(ids, HybridCache(ours, 3))
     err = assert_close(got, ref, atol=1e-4, rtol=1e-4, name="logits")
     assert err < 1e-4
+
+
+def test_nemotron_h_floor_on_dt_per_transformers_release():
+    """NemotronH's floor on Δ. transformers >= 5.25 clamps Δ to ``time_step_limit`` (as its
+    Mamba2 and Bamba do); up to 5.24 its NemotronH clamped at ``(time_step_min, inf)`` in the
+    chunked form (prefill) and not at all in decode. Where the two fields disagree (a default
+    config: time_step_limit (0, inf), time_step_min 0.001) the releases compute different
+    functions once a Δ falls under time_step_min. replaylab reads ``time_step_limit[0]``: it
+    mirrors >= 5.25 for every config, and <= 5.24 where the fields agree (the folders replaylab
+    writes: tests/test_train.py). time_step_min is 0.1 here, so the difference stands well
+    above rounding."""
+    import transformers
+    from packaging.version import Version
+
+    hf = tiny_nemotron_h(time_step_min=0.1)
+    assert tuple(hf.config.time_step_limit) == (0.0, math.inf)  # the default
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("dt_bias"):
+                p.fill_(-9.0)  # Δ = softplus(dt - 9) ~ 1e-4, under time_step_min
+    ours = load_transformers_nemotron_h(hf).eval()
+    assert ours.cfg.time_step_min == 0.0
+    floored = HybridLM(replace(ours.cfg, time_step_min=hf.config.time_step_min), seed=None)
+    floored.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, 97, (2, 37))
+    with torch.no_grad():
+        ref = hf(ids, use_cache=False).logits
+        got = {m: m(ids, HybridCache(m, 2)) for m in (ours, floored.eval())}
+    newer = Version(transformers.__version__) >= Version("5.25")
+    mirrored, other = (ours, floored) if newer else (floored, ours)
+    assert_close(got[mirrored], ref, atol=1e-4, rtol=1e-4, name="logits")
+    assert float((got[other] - ref).abs().max()) > 1e-3  # 10x the agreement above
+
+
+def test_an_upper_limit_on_dt_is_refused():
+    with pytest.raises(ValueError, match=r"time_step_limit: replaylab supports no upper limit"):
+        load_transformers_nemotron_h(tiny_nemotron_h(time_step_limit=(0.0, 10.0)))
 
 
 def test_checkpoint_folder_round_trip(tmp_path):

@@ -171,11 +171,19 @@ def transformers_vs_replaylab(folder, T=70):
 
 
 def test_smoke_folder_loads_in_transformers_with_equal_logits(smoke):
+    config = json.loads((smoke[0] / "config.json").read_text())
+    # the floor on Δ in both fields NemotronH has read it from (<= 5.24, >= 5.25)
+    assert config["time_step_limit"][0] == config["time_step_min"] == 0.001
     assert transformers_vs_replaylab(smoke[0]) < 1e-4
 
 
 @pytest.mark.parametrize("name", PAIR)
 def test_shipped_models_logits_equal_transformers(name):
+    """Under every release: NemotronH reads its floor on Δ from time_step_min up to
+    transformers 5.24 and from time_step_limit from 5.25 (tests/test_model.py), and the shipped
+    configs give both fields the floor the models were trained with."""
+    config = json.loads((MODELS / name / "config.json").read_text())
+    assert config["time_step_limit"][0] == config["time_step_min"] == 0.001
     assert transformers_vs_replaylab(MODELS / name) < 1e-4
 
 
