@@ -1,7 +1,8 @@
 """Decode a transformers hybrid checkpoint with replaylab: greedy, or speculatively (a smaller
-hybrid as draft model, or prompt lookup) under any state strategy. transformers refuses
-assisted generation for these models ("not supported with stateful models"); here the output
-is identical to greedy decoding whatever the draft and the strategy.
+hybrid as draft model, or prompt lookup) under any state strategy. transformers up to 5.24
+refuses assisted generation for these models ("not supported with stateful models"); from 5.25
+it keeps one recorded state per draft token (snapshot). Here the output is identical to greedy
+decoding whatever the draft and the strategy.
 
 Text in and out: ``prompt="def fibonacci(n):"`` is encoded with the folder's ``tokenizer.json``
 and the new tokens are decoded into ``result.extra["text"]``. Like transformers' ``generate``,

@@ -1,5 +1,6 @@
 """``replaylab generate`` on transformers checkpoints: transformers' own greedy tokens, under
-every strategy and draft; clear errors for bad input; and transformers' refusal recorded."""
+every strategy and draft; clear errors for bad input; and what transformers' own assisted
+generation does with these models, per release."""
 
 import json
 import shutil
@@ -136,17 +137,42 @@ def test_generate_a_bamba_checkpoint(checkpoints, capsys):
     assert code == 0 and out["tokens"] == hf_greedy(bamba, [4, 8, 15, 16, 23, 42], 10)
 
 
-def test_transformers_refuses_assisted_generation_for_these_models(checkpoints):
-    _, target, _ = checkpoints
-    ids = torch.tensor([PROMPT])
-    with pytest.raises(ValueError, match="assisted generation is not supported with stateful"):
-        target.generate(
+def hf_assisted(hf, prompt, n, assistant):
+    """transformers' assisted (speculative) greedy generation, drafting with ``assistant``."""
+    ids = torch.tensor([prompt])
+    assistant.generation_config.num_assistant_tokens = 3  # short drafts: many rounds
+    assistant.generation_config.num_assistant_tokens_schedule = "constant"
+    with torch.no_grad():
+        out = hf.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            max_new_tokens=4,
+            max_new_tokens=n,
+            min_new_tokens=n,
             do_sample=False,
-            assistant_model=target,
+            assistant_model=assistant,
         )
+    return out[0, len(prompt) :].tolist()
+
+
+def test_transformers_assisted_generation_per_release(checkpoints):
+    """Up to transformers 5.24 assisted generation refuses these hybrids (their model classes
+    are stateful: no way back from a rejected draft). From 5.25 their caches record past
+    recurrent states while verifying drafts (``activate_past_recording``) and roll back with
+    ``crop``, one snapshot per draft token, and the assisted tokens equal greedy ones, with the
+    target itself and with a smaller NemotronH as the draft."""
+    import transformers
+    from packaging.version import Version
+
+    root, target, _ = checkpoints
+    draft = type(target).from_pretrained(root / "draft").eval()
+    if Version(transformers.__version__) < Version("5.25"):
+        with pytest.raises(ValueError, match="assisted generation is not supported with stateful"):
+            hf_assisted(target, PROMPT, 4, target)
+        return
+    want = hf_greedy(target, PROMPT, 12)
+    assert hf_greedy(draft, PROMPT, 12) != want  # the draft is wrong at times: rollbacks happen
+    for assistant in (target, draft):
+        assert hf_assisted(target, PROMPT, 12, assistant) == want
 
 
 def test_bad_input_gets_a_clear_error(checkpoints, capsys, tmp_path):
