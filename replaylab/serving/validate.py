@@ -83,14 +83,15 @@ def as_token_ids(name, value, vocab, *specs, check_range=True) -> torch.Tensor:
         )
     ids = value.long()
     if check_range and ids.numel():
-        bad = ((ids < 0) | (ids >= vocab)).nonzero()
-        if len(bad):
-            at = bad[0].tolist()
-            raise ValueError(
-                f"{name}: token id {int(ids[tuple(at)])} {_where(at, ids.shape)} is outside "
-                f"the vocabulary [0, {vocab})"
-            )
+        low, high = torch.stack(ids.aminmax()).tolist()  # one read back
+        if low < 0 or high >= vocab:
+            at = ((ids < 0) | (ids >= vocab)).nonzero()[0].tolist()
+            raise ValueError(_outside(name, int(ids[tuple(at)]), _where(at, ids.shape), vocab))
     return ids
+
+
+def _outside(name, token, where, vocab) -> str:
+    return f"{name}: token id {token} {where} is outside the vocabulary [0, {vocab})"
 
 
 def as_ints(name, values, labels, low, high) -> list[int]:
@@ -122,4 +123,9 @@ def as_drafts(name, value, vocab, k=None) -> list[int]:
     if isinstance(value, (list, tuple)) and all(is_int(v) for v in value):
         value = torch.tensor([operator.index(v) for v in value], dtype=torch.long)
     size = "k" if k is None else ("k", k)
-    return as_token_ids(name, value, vocab, (size,), (1, size)).reshape(-1).tolist()
+    ids = as_token_ids(name, value, vocab, (size,), (1, size), check_range=False)
+    ids = ids.reshape(-1).tolist()  # checked on the host: a drafter's few ids, every round
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab:
+            raise ValueError(_outside(name, token, f"at index {i}", vocab))
+    return ids
