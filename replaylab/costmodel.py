@@ -19,7 +19,6 @@ import math
 from dataclasses import dataclass
 from functools import cache
 
-from replaylab.results import load_bench
 from replaylab.shapes import HybridShape
 from replaylab.strategies import STRATEGY_NAMES
 
@@ -69,28 +68,22 @@ class Hardware:
     source: str = ""
 
 
-def _h200():
-    """H200 preset: the device-copy bandwidth of the decode-engine run (the larger of a
-    graph-timed and an event-timed 1-2 GiB copy), else the kernel benchmark's; the matmul rate
-    from the datasheet. (The kernel benchmark's graph-timed copy, 2.77 TB/s, under-reads the
-    device: its own kernels reach 1.5x it.)"""
-    for path in ("data/bench_engine.json", "data/bench_kernels.json"):
-        try:
-            bw = load_bench(path)["copy_bandwidth_gbs"] * 1e9
-            src = f"copy bandwidth measured in {path}"
-            break
-        except (OSError, KeyError, ValueError):
-            continue
-    else:
-        bw, src = 4.8e12, "vendor datasheet (4.8 TB/s)"
-    return Hardware("H200", bw, 989e12, src + "; bf16 dense matmul 989 TFLOP/s (datasheet)")
-
-
+# The H200 preset, constants in code (the library reads no results): the device-copy bandwidth
+# that `replaylab bench engine` measured (data/bench_engine.json, copy_bandwidth_gbs; a test checks
+# they agree) and the datasheet's bf16 dense matmul rate.
+H200_COPY_BANDWIDTH = 4284.930211815105e9  # bytes/s, read + write counted
+H200_DATASHEET_MATMUL_RATE = 989e12  # FLOP/s
 H200_SPEC_BANDWIDTH = 4.8e12  # bytes/s, the H200 datasheet's HBM3e bandwidth (a citation)
 
 
 HARDWARE = {
-    "H200": _h200(),
+    "H200": Hardware(
+        "H200",
+        H200_COPY_BANDWIDTH,
+        H200_DATASHEET_MATMUL_RATE,
+        "copy bandwidth measured in data/bench_engine.json; "
+        "bf16 dense matmul 989 TFLOP/s (datasheet)",
+    ),
     "laptop CPU": Hardware(
         "laptop CPU", 20e9, 200e9, "round numbers for a laptop; Hardware.measure() for yours"
     ),

@@ -3,6 +3,8 @@ a brute-force checkpointing search, and against the committed GPU data."""
 
 import itertools
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -108,8 +110,17 @@ def test_h200_preset_comes_from_the_committed_benchmark():
     from replaylab.teaching.plotting import load_bench
 
     engine = load_bench("data/bench_engine.json")
-    assert cm.HARDWARE["H200"].bandwidth == engine["copy_bandwidth_gbs"] * 1e9
+    assert cm.HARDWARE["H200"].bandwidth == pytest.approx(engine["copy_bandwidth_gbs"] * 1e9, 1e-12)
     assert "bench_engine.json" in cm.HARDWARE["H200"].source
+    assert cm.HARDWARE["H200"].matmul_rate == 989e12 and "datasheet" in cm.HARDWARE["H200"].source
+
+
+def test_the_cost_model_imports_with_no_data_folder(tmp_path):
+    """The presets are constants: costmodel answers the same wherever it is imported from."""
+    code = "import replaylab.costmodel as cm; print(repr(cm.HARDWARE['H200']))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == repr(cm.HARDWARE["H200"])
 
 
 def test_kernel_bytes_per_decode_step_against_gpu_data():
