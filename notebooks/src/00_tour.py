@@ -62,7 +62,7 @@
 # | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 17 |
 # | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 50 |
 # | break | | | 10 |
-# | 5 | 06 section 1 (one read of the checkpoint) and, of section 5, its terms, the first table and *What the numbers say* (its figures, the verify kernel, the explorer and the launch sweep optional) | none (the puzzles and 1-3 optional) | 30 |
+# | 5 | 06 section 1 (one read of the checkpoint) and section 5: its terms, one table and one sentence (5b, the measurements in depth, optional) | none (the puzzles and 1-3 optional) | 30 |
 # | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 15 |
 # | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 10 |
 # | 8 | 12 section 1: the sequence in one page | the quiz optional | 5 |
@@ -70,7 +70,7 @@
 # | **total** | | | **180 (3 h)** |
 #
 # Optional on this path: 02, 04, 08, 10, 11, 13, 14 and the appendix 15 whole; 03's sections 2b, 3, 3b, 3c and 4 (but its first two cells); 05's
-# sections 2 and 4; 06's sections 2 (the Triton puzzles), 3 and 4; every exercise but 05's replay log.
+# sections 2 and 4; 06's sections 2 (the Triton puzzles), 3, 4 and 5b; every exercise but 05's replay log.
 #
 # ### The 1-day path: build every strategy, skip the second day's depth
 #
@@ -252,29 +252,38 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # %% [markdown]
 # ## Notation and terms
 #
-# One symbol, one meaning, in every notebook (a subscript $t$ is a token position).
+# One symbol, one meaning, in every notebook (a subscript $t$ is a token position). The third
+# column lists the notebooks whose text uses the symbol; `tests/test_notebook_scripts.py` parses
+# this table and fails if a symbol turns up in another notebook's equations or if one of the
+# meanings it replaced comes back.
 #
 # | symbol | meaning | notebooks |
 # |---|---|---|
 # | $t$, $s$, $u$ | token positions | all |
-# | $c$ | a checkpoint's position; $S_c$ the state kept there | 02-08, 11 |
-# | $j$ | tokens since the checkpoint that the current state has taken in (replay's cursor); in one speculative round (03, 07), the drafts accepted | 03, 05-07 |
+# | $p$ | a position to return to or resume at (05: $p = c + j$; 14: where a prefix match ends) | 05, 07, 14 |
+# | $c$ | a checkpoint's position; $S_c$ the state kept there | 02-08, 11, 14 |
+# | $j$ | tokens since the checkpoint that the current state has taken in: replay's cursor, the log entries folded | 02, 05, 11, 14 |
+# | $k_{\mathrm{acc}}$ | the drafts accepted in one speculative round, $0 \le k_{\mathrm{acc}} \le k$ (a round keeps $k_{\mathrm{acc}} + 1$ tokens) | 03, 07, 08, 13 |
 # | $S_t$ | the recurrent state after token $t$ | all |
-# | $H, P, N, G$ | Mamba-2: heads, channels per head, state size, groups sharing $B, C$ | 01-09 |
-# | $x_t, B_t, C_t$ | scan inputs: $x_t \in \mathbb{R}^P$ per head, $B_t, C_t \in \mathbb{R}^N$ per group | 01-11 |
-# | $dt_t$, $\Delta_t$ | the raw step and its softplus, $\Delta_t = \operatorname{softplus}(dt_t + b)$ | 02-11 |
-# | $A$ | the decay rate (negative; per head in Mamba-2, per channel and state entry in Mamba-1) | 01-11 |
-# | $a_t$ | the decay of one token, $a_t = e^{\Delta_t A}$ | 02, 06, 11 |
-# | $D$ | the skip weight, $y_t = S_t C_t + D x_t$ | 02, 06, 11 |
+# | $H, P, N, G$ | Mamba-2: heads, channels per head, state size, groups sharing $B, C$ | 01-09, 11, 13, 14 |
+# | $x_t, B_t, C_t$ | scan inputs: $x_t \in \mathbb{R}^P$ per head, $B_t, C_t \in \mathbb{R}^N$ per group | 01-11, 14 |
+# | $dt_t$, $\Delta_t$ | the raw step and its softplus, $\Delta_t = \operatorname{softplus}(dt_t + dt_{\mathrm{bias}})$ with a per-head bias (`dt_bias`) | 02-11, 14 |
+# | $A$ | the decay rate (negative; per head in Mamba-2, per channel and state entry in Mamba-1) | 01-11, 14 |
+# | $a_t$ | the decay of one token, $a_t = e^{\Delta_t A}$ | 02, 05, 06, 11 |
+# | $D$ | the skip weight, $y_t = S_t C_t + D x_t$ | 02, 03, 06, 11 |
 # | $d_{\mathrm{in}}$ | Mamba-1 (Jamba): channels of the layer; its state is $(d_{\mathrm{in}}, N)$ | 11 |
-# | $K, V$ | Gated DeltaNet: key and value widths; state $(H, K, V)$ | 11 |
-# | $q_t, k_t, v_t$; $\alpha_t, \beta_t$ | Gated DeltaNet: query, key, value vectors; decay and step | 11 |
+# | $W$ | the conv window: the last $d_{\mathrm{conv}} - 1$ inputs of each conv channel (`d_conv` in the config) | 13 |
+# | $K, V$ | Gated DeltaNet: key and value widths; state $(H, K, V)$ (a KV cache's keys and values are written out, never $K$ and $V$) | 11 |
+# | $q_t, k_t, v_t$; $\alpha_t, \beta_t$ | Gated DeltaNet: query, key, value vectors (always with their token's subscript); decay and step | 11 |
 # | $M$ | the strictly lower-triangular matrix of the chunked WY / UT form, $(I + M)\,U = \dots$ | 11 |
 # | $m$ | tokens per chunk in that form | 11 |
 # | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12, 15 |
-# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 07, 09, 15 |
+# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 06, 07, 09, 11, 15 |
 # | $\alpha$ | (07 only, no subscript) the chance that a draft is accepted | 07 |
-# | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09 |
+# | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09, 11 |
+# | $b$ | the batch: in a kernel, the sequence a program works on (program `(b, h)`: sequence $b$, head $h$); in a loop over measured runs, the batch size | 06, 09, 11, 15 |
+# | $n_{\mathrm{blk}}$ | a prefix cache's block size: tokens per node of its tree (`block_size`) | 14 |
+# | $g$ | a grid point of that cache, a multiple of $n_{\mathrm{blk}}$; $S_g$ the state kept there | 14 |
 #
 # Terms, each also defined where a notebook first uses it:
 # * **snapshot / recompute / replay** — the three strategies: copy the state at each point you may

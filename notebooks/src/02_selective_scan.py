@@ -34,7 +34,7 @@ use_notebook_renderer()
 #
 # Per head $h$ (one of $H$), with a scalar decay $A_h < 0$ and a state $S \in \mathbb{R}^{P\times N}$:
 #
-# $$\Delta_t = \operatorname{softplus}(dt_t + b),\qquad a_t = e^{\Delta_t A_h},\qquad
+# $$\Delta_t = \operatorname{softplus}(dt_t + dt_{\mathrm{bias}}),\qquad a_t = e^{\Delta_t A_h},\qquad
 # S_t = a_t\,S_{t-1} + \Delta_t\,x_t B_t^\top,\qquad y_t = S_t C_t + D\,x_t .$$
 #
 # $x_t \in \mathbb{R}^P$ is the layer's input for this head, $B_t, C_t \in \mathbb{R}^N$ are shared by

@@ -117,7 +117,7 @@ fig.show()
 #
 # The totals above sum many rounds. `replaylab.teaching.timeline` records a single one. It runs the round
 # as `speculative` does: prefill, `snapshot`, verify the pending token and k = 4 drafts in one
-# forward, `truncate_to` after the first j = 1 (the drafts are the model's own greedy tokens with
+# forward, `truncate_to` after the first $k_{\mathrm{acc}} = 1$ accepted draft (the drafts are the model's own greedy tokens with
 # the second one made wrong), `release`, one more decode step. After every call it reads the real
 # cache: its position, the copies the snapshot store keeps, the checkpoints, the replay log's
 # cursor, and from `cache.stats` the tokens re-run and the logged tokens folded. Recompute keeps a
@@ -141,11 +141,11 @@ for s, rec in rounds.items():
 timeline_figure({s: rec.steps for s, rec in rounds.items()}).show()
 
 # %% [markdown]
-# What each store did, checked against the round's arithmetic (k drafts, j accepted):
+# What each store did, checked against the round's arithmetic ($k$ drafts, $k_{\mathrm{acc}}$ of them accepted):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-k, j = 4, 1
+k, k_acc = 4, 1  # drafts proposed, drafts accepted
 snap, reco, repl = (rounds[s].steps for s in ("snapshot", "recompute", "replay"))
 print(f"snapshot:  copies made {sum(st.copies_made for st in snap)} = k + 2 (one at snapshot(), "
       f"one after each verified token); held at the verify {snap[2].copies_held}, "
@@ -153,7 +153,7 @@ print(f"snapshot:  copies made {sum(st.copies_made for st in snap)} = k + 2 (one
 print(f"recompute: re-ran {reco[3].rerun_tokens} tokens = kept position {reco[3].position} - "
       f"checkpoint {reco[3].checkpoint_positions[-1]}; the checkpoint the verify made at "
       f"{reco[2].checkpoint_positions[-1]} went with the rejected drafts")
-print(f"replay:    cursor {repl[2].log_cursor} -> {repl[3].log_cursor}, back by k - j = "
+print(f"replay:    cursor {repl[2].log_cursor} -> {repl[3].log_cursor}, back by k - k_acc = "
       f"{repl[2].log_cursor - repl[3].log_cursor}; tokens re-run "
       f"{sum(st.rerun_tokens for st in repl)}; checkpoint at {repl[3].checkpoint_positions[0]} "
       f"throughout")

@@ -106,9 +106,10 @@ fig.show()
 
 # %% [markdown]
 # **Why?** On a CPU, replay's decode step is *slower* than snapshot's (notebook 09 times it
-# too), although on a GPU, in the decode engine (the library's serving loop: many sequences
-# decoded together from preallocated memory, notebook 13), replay trails or ties at batch 1 and 8 and
-# wins from batch 32 (the end of this section reads that from the engine runs in `data/`). Without kernels (`use_kernels`, the
+# too). A GPU tells another story, in the library's **decode engine** (`serving.DecodeEngine`,
+# notebook 13: the serving loop that decodes many sequences together from memory allocated once
+# up front): there replay trails or ties at batch 1 and 8 and wins from batch 32 (the end of this
+# section reads that from the engine runs in `data/`). Without kernels (`use_kernels`, the
 # switch to notebook 06's Triton kernels, is off on a
 # CPU) the replay store computes a step's outputs the reference way, in `ReplayStore.advance`
 # (`replaylab/strategies/replay.py`): `spec.scan(fold(checkpoint, log), new_tokens)`. It folds
@@ -178,11 +179,14 @@ print(f"scan steps per SSM layer per decode step: snapshot 1, replay "
 
 # %% [markdown]
 # **And on a GPU?** There the replay step is one Triton kernel (notebook 06) and the decode engine
-# runs the whole model in CUDA graphs (notebook 09, section 4). Where replay wins there, per
-# workload and batch, from the two engine runs of the 8B-shaped preset on an H200 (replay's
-# tokens/s over the fastest other strategy in the same run; within 3% is a tie): plain decode
-# trails or ties at batch 1 and 8 and wins from batch 32 (the ragged run, which has no batch 32,
-# from 64); batched speculation wins from batch 64.
+# runs each step of the whole model as one **CUDA graph**: the step's GPU kernel launches,
+# recorded once and replayed with a single call, so the host's cost per launch drops out
+# (notebook 09, section 4). Where replay wins there, per workload and batch, from the two engine
+# runs of the 8B-shaped preset on an H200: `data/bench_engine.json`, every prompt the same
+# length, and **the ragged run**, `data/bench_serve_ragged.json`, where every sequence sits at its
+# own position as in a server (replay's tokens/s over the fastest other strategy in the same run;
+# within 3% is a tie): plain decode trails or ties at batch 1 and 8 and wins from batch 32 (the
+# ragged run, which has no batch 32, from 64); batched speculation wins from batch 64.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -37,7 +37,7 @@ use_notebook_renderer()
 # ## 1. How many tokens a round yields
 #
 # If each draft is accepted with probability α and a rejection ends the round, a round keeps
-# $E[a] + 1 = 1 + \sum_{i=1}^{k} \alpha^i$ tokens: the accepted drafts plus the target's own next
+# $E[k_{\mathrm{acc}}] + 1 = 1 + \sum_{i=1}^{k} \alpha^i$ tokens: the $k_{\mathrm{acc}}$ accepted drafts plus the target's own next
 # token. Longer drafts stop paying once $\alpha^i$ is small:
 
 # %%
@@ -63,7 +63,7 @@ verify_round_diagram(k=4, accepted=2).show()
 #
 # Four panels, one bar per strategy. Top left: the cost model's expected speedup over plain
 # decoding for Nemotron-H 8B's shape at the chosen batch on the H200 preset (the copy bandwidth of the engine run, `data/bench_engine.json`,
-# timed both ways and the larger kept, as notebook 06 section 5 explains; the cell below prints
+# timed both ways and the larger kept, as notebook 06 section 5b explains; the cell below prints
 # it). The model is a **roofline**: a step is timed as the bytes it must move divided by the
 # copy bandwidth measured on the device (and its FLOPs by the datasheet's matrix rate, labelled
 # so in the line the cell below prints), the fastest
@@ -117,8 +117,8 @@ explorer.static_figure().show()
 # **Why is accepted / proposed below the slider's acceptance?** The slider sets α, the
 # probability that *each* draft would pass on its own. Verification keeps drafts only up to the
 # first rejection: draft i counts only if drafts 1..i all pass, which happens with probability
-# $\alpha^i$. So a round accepts on average $E[a] = \sum_{i=1}^{k} \alpha^i$ of its k proposed
-# drafts, and accepted / proposed $= E[a] / k$: below α for every k > 1, because the later drafts
+# $\alpha^i$. So a round accepts on average $E[k_{\mathrm{acc}}] = \sum_{i=1}^{k} \alpha^i$ of its k proposed
+# drafts, and accepted / proposed $= E[k_{\mathrm{acc}}] / k$: below α for every k > 1, because the later drafts
 # are the ones lost. The live run above has a dozen rounds, so its ratio scatters around that
 # expectation; the same coin flips over many rounds (one per draft, as `SyntheticDrafter` draws
 # them; no model needed) settle on it. Section 4 runs this relation backwards, from a measured

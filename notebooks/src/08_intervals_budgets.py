@@ -43,10 +43,10 @@ use_notebook_renderer()
 # $$\mathrm{cost}(n, r) = \tau\,n - \binom{r+\tau}{r+1}, \qquad
 # \tau = \min\Big\{\tau : \binom{r+\tau}{r} \ge n\Big\}.$$
 #
-# It is the closed form of a recursion: advance $m$ steps and keep a state there, reverse the last
-# $n - m$ with one state fewer, then reverse the first $m$,
+# It is the closed form of a recursion: advance $i$ steps and keep a state there, reverse the last
+# $n - i$ with one state fewer, then reverse the first $i$,
 #
-# $$\mathrm{cost}(n, r) = \min_{1 \le m < n} \big[\, m + \mathrm{cost}(n - m, r - 1) + \mathrm{cost}(m, r) \,\big],
+# $$\mathrm{cost}(n, r) = \min_{1 \le i < n} \big[\, i + \mathrm{cost}(n - i, r - 1) + \mathrm{cost}(i, r) \,\big],
 # \qquad \mathrm{cost}(n, 1) = \tfrac{n(n-1)}{2},$$
 #
 # which `cm.revolve_cost(n, r - 1)` computes (its argument counts the states besides the start).
@@ -141,11 +141,11 @@ print("state equals a fresh prefill:", torch.allclose(h_restored, h_fresh, atol=
 # * **best-of-n**: samples fork once and never reorder: $S + (L/2 + 1)\,e + (2S + Le)/L$;
 # * **beam search**: every step reorders the beams and a beam takes its parent's log, about
 #   L/2 entries copied (read and written): $L\,e$ more per token, so a shorter log pays;
-# * **speculative**: the log is read once per round for the $1 + E[a]$ tokens the round keeps,
+# * **speculative**: the log is read once per round for the $1 + E[k_{\mathrm{acc}}]$ tokens the round keeps,
 #   so a longer log pays.
 #
 # With $S$ the state's bytes and $e$ one token's log entries, the optima are
-# $2\sqrt{S/e}$, $\sqrt{4S/(3e)}$ and $2\sqrt{S\,(1+E[a])/e}$. For Nemotron-H 8B's shape
+# $2\sqrt{S/e}$, $\sqrt{4S/(3e)}$ and $2\sqrt{S\,(1+E[k_{\mathrm{acc}}])/e}$. For Nemotron-H 8B's shape
 # (k = 4, α = 0.8):
 
 # %%

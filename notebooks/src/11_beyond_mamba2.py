@@ -279,7 +279,7 @@ for chunk in (1, 5, 16, 64):
 # Replay keeps, per layer, one checkpoint and one log entry per token since it. The shapes below
 # are written in `replaylab.families.FAMILY_SHAPES`, each with its source. Entries are counted as
 # replaylab's specs log them (the raw conv inputs plus the post-conv fields, bf16; the Gated
-# DeltaNet log decay $g$ in fp32) and at their minimum (the raw conv inputs and the per-token
+# DeltaNet log decay $g_t$ in fp32) and at their minimum (the raw conv inputs and the per-token
 # projections that bypass the conv: everything else follows from them by the conv).
 
 # %%
@@ -421,7 +421,7 @@ fig
 # its output $o_t = \alpha_t S_{t-1}^\top q_t + (k_t \cdot q_t)\, u_t$. The fold is one matrix
 # product per head. The price: $u_t$ depends on the state before the token, so it must be computed
 # when the token is appended (a prefill gets it from the chunked scan: section 3's $U$ is exactly
-# these updates). `replaylab.kernels.gdn` logs $(k, u, g)$; vLLM's Gated DeltaNet replay port logs
+# these updates). `replaylab.kernels.gdn` logs $(k_t, u_t, g_t)$ per token; vLLM's Gated DeltaNet replay port logs
 # the same update. Checked here in float64 on two heads:
 
 # %%

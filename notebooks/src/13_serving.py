@@ -150,30 +150,30 @@ for strategy in STRATEGIES:
 # log entry (x, dt, B, C and the raw conv inputs, fp32 on this CPU) is 588 bytes and the ring
 # holds L = 8 of them.
 # At real layer shapes the order flips. The same count for one Nemotron-H 8B Mamba-2 layer
-# (H = 128 heads of P = 64, N = 128, G = 8 groups; fp32 state, bf16 activations; the GPU
+# (H = 128 heads of P = 64, N = 128, G = 8 groups, a conv window of W = 3 inputs; fp32 state, bf16 activations; the GPU
 # engine's layout, which logs x, dt, B, C but not the conv inputs, so its entry is about half
 # of notebook 05's and the log grows as large as the state at about twice 05's break-even
 # length), L = 16, k = 4:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-H, P, N, G, K, k, L = 128, 64, 128, 8, 3, 4, 16
+H, P, N, G, W, k, L = 128, 64, 128, 8, 3, 4, 16  # W: the conv window, d_conv - 1 inputs
 conv = H * P + 2 * G * N  # conv channels
 state = H * P * N * 4  # fp32
-windows = (1 + k + 1) * K * conv * 2  # the window, and the window after each token of a step
+windows = (1 + k + 1) * W * conv * 2  # the window, and the window after each token of a step
 entry = (H * P + H + 2 * G * N) * 2  # one log entry: x, dt, B, C
 entry_05 = entry + conv * 2  # notebook 05's teaching-path entry also logs the raw conv input
 print(f"one log entry {entry:,} B (x, dt, B, C; notebook 05's entry adds the conv input: {entry_05:,} B); "
       f"break-even log length state / entry {state / entry:.0f} here, {state / entry_05:.0f} in 05")
 layer = {
     "snapshot": state + windows + (k + 1) * state,  # the state after each verified token
-    "recompute": state + windows + state + K * conv * 2,  # the state and window saved before a verify
+    "recompute": state + windows + state + W * conv * 2,  # the state and window saved before a verify
     "replay": state + windows + L * entry,  # the log ring
 }
-kv = 4 * 8 * 128 * 2 * 2  # Nemotron-H 8B: 4 attention layers, 8 KV heads of 128, K and V, bf16
-for strategy, b in layer.items():
-    seq = 24 * b + kv * (2048 + k)  # 24 Mamba-2 layers, 2,048 tokens
-    print(f"{strategy:9s} {b / 2**20:6.2f} MiB per layer; a 2,048-token sequence {seq / 2**20:6.1f} MiB; "
+kv = 4 * 8 * 128 * 2 * 2  # Nemotron-H 8B: 4 attention layers, 8 KV heads of 128, keys and values, bf16
+for strategy, per_layer in layer.items():
+    seq = 24 * per_layer + kv * (2048 + k)  # 24 Mamba-2 layers, 2,048 tokens
+    print(f"{strategy:9s} {per_layer / 2**20:6.2f} MiB per layer; a 2,048-token sequence {seq / 2**20:6.1f} MiB; "
           f"24 GiB fit {24 * 2**30 // seq:3d}")
 
 
@@ -330,7 +330,7 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # On the GPU file the two disagree, and the measurement is the answer. The cost model puts the
 # crossover far out (its batch is printed above, None when not within the 4,000 it searches):
 # plain decoding on its preset is bound by reading the state every token, which a verify round
-# reads once for 1 + E[a] tokens, so a verify only turns dear once its matrix products are
+# reads once for $1 + E[k_{\mathrm{acc}}]$ tokens ($k_{\mathrm{acc}}$: the drafts a round accepts), so a verify only turns dear once its matrix products are
 # compute-bound (with a round's state traffic in the byte term, snapshot's verify stays
 # bytes-bound: it writes k + 1 states a round). The engine says otherwise: the measured ratios
 # above grow well before that batch, and speculation stops paying at the measured batch printed
@@ -347,7 +347,7 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # * The scheduler changes no token: every request gets its own greedy tokens, with or without
 #   speculation.
 # * Speculation pays while a verify's extra rows are cheap (memory-bound steps); once they turn
-#   compute-bound they cost nearly their FLOPs, and only the 1 + E[a] tokens a round keeps pay
+#   compute-bound they cost nearly their FLOPs, and only the $1 + E[k_{\mathrm{acc}}]$ tokens a round keeps pay
 #   for them: the crossover is where they no longer do.
 #
 # ## Exercises

@@ -69,22 +69,22 @@ model = tiny_hybrid()  # "M*M-": two Mamba-2 layers, one attention layer, one ML
 # %% [markdown]
 # ## 1. Why a hybrid's prefix cache misses where a transformer's hits
 #
-# A prefix cache cuts requests into blocks of $b$ tokens on a fixed grid: node $i$ of a path in
-# the tree holds tokens $[ib, (i+1)b)$ of the requests that share them. What a block holds
+# A prefix cache cuts requests into blocks of $n_{\mathrm{blk}}$ tokens (`block_size`) on a fixed grid: node $i$ of a path in
+# the tree holds tokens $[i\,n_{\mathrm{blk}}, (i+1)\,n_{\mathrm{blk}})$ of the requests that share them. What a block holds
 # decides where a later request can resume:
 #
 # * **KV rows** are one row per token. A match that ends anywhere, even in the middle of a block,
 #   is usable: take the rows up to it.
 # * The **recurrent state** is one fixed-size block per layer, overwritten by every token. The
 #   tree can only hold copies saved at some positions, here the grid points $g$ (multiples of
-#   $b$); $S_g$ is the state after the first $g$ tokens. A match that ends at $m$ inside a block
-#   needs $S_m$, which nobody saved. **Align** (snapshot; vLLM's `mamba_cache_mode=align`) resumes
-#   at the grid point $g \le m$ below it and computes $[g, m)$ again. **Recompute** keeps its
-#   checkpoints every `checkpoint_interval` tokens, a multiple of $b$ (by default $b$ itself:
+#   $n_{\mathrm{blk}}$); $S_g$ is the state after the first $g$ tokens. A match that ends at $p$ inside a block
+#   needs $S_p$, which nobody saved. **Align** (snapshot; vLLM's `mamba_cache_mode=align`) resumes
+#   at the grid point $g \le p$ below it and computes $[g, p)$ again. **Recompute** keeps its
+#   checkpoints every `checkpoint_interval` tokens, a multiple of $n_{\mathrm{blk}}$ (by default $n_{\mathrm{blk}}$ itself:
 #   then it holds the states align holds and resumes where align does, as in section 4),
-#   restores the last one $c \le m$ and re-runs $[c, m)$ through the model.
+#   restores the last one $c \le p$ and re-runs $[c, p)$ through the model.
 # * **Replay** also holds, for every token, the layer's logged scan inputs (x, dt, B, C): then
-#   $S_m = \mathrm{fold}(S_g, \mathrm{log}[:m - g])$, at most one block of entries, no model run.
+#   $S_p = \mathrm{fold}(S_g, \mathrm{log}[:p - g])$, at most one block of entries, no model run.
 #
 # Drawn by `replaylab.teaching.diagrams`:
 
@@ -102,7 +102,7 @@ prefix_grid_diagram(block_size=4, blocks=3, matched=10).show()
 # %%
 # NBVAL_CHECK_OUTPUT
 cfg = model.cfg
-kv = 2 * cfg.kv_heads * 16 * cfg.head_dim * 4  # K and V rows of 16 tokens, fp32, one layer
+kv = 2 * cfg.kv_heads * 16 * cfg.head_dim * 4  # key and value rows of 16 tokens, fp32, one layer
 print(f"KV rows of 16 tokens (all a transformer would hold): {kv:6,d} bytes")
 for strategy in PREFIX_STRATEGIES:
     block = PrefixCache(model, strategy, block_size=16, max_len=64).block_bytes
@@ -115,7 +115,7 @@ print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']
 
 # %% [markdown]
 # Replay's block is the largest because it holds what align holds (the KV rows, one state
-# and conv window per layer at the block's end) plus an entry per token and layer: $b$ entries
+# and conv window per layer at the block's end) plus an entry per token and layer: $n_{\mathrm{blk}}$ entries
 # per state. One entry (x, dt, B, C and the raw conv inputs of one token) is already cheaper than
 # one state here, by the state : entry ratio printed above, and far cheaper at Nemotron-H 8B's
 # shapes (the second ratio), where the state grows with $H \cdot P \cdot N$ and an entry only with
@@ -125,11 +125,11 @@ print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']
 # ## 2. The lookup: a radix tree on a block grid
 #
 # The tree's root holds nothing; each node holds one block of token ids (`.tokens`, a tuple of up
-# to $b$ ids) starting at grid position `.start`, and its children the blocks that followed it in
-# some request. A request's last, shorter block becomes a **tail node** (fewer than $b$ tokens;
+# to $n_{\mathrm{blk}}$ ids) starting at grid position `.start`, and its children the blocks that followed it in
+# some request. A request's last, shorter block becomes a **tail node** (fewer than $n_{\mathrm{blk}}$ tokens;
 # nothing hangs below it). Siblings may share their first tokens: two requests that part in the
 # middle of a block give two children. `TokenTree` is the library's tree (`prefix.PrefixTree`)
-# holding token ids only; three prompts with $b = 4$:
+# holding token ids only; three prompts with $n_{\mathrm{blk}} = 4$:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -160,9 +160,9 @@ for query in ([1, 2, 3, 4, 5, 6, 0, 9], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 
 # of the tail node `[9]` and stops: nothing was held after it.
 #
 # **Exercise 1.** Write the lookup: walk down from the root, at each node take the child whose
-# tokens share the longest common prefix with the next $b$ tokens of the prompt, descend only
+# tokens share the longest common prefix with the next $n_{\mathrm{blk}}$ tokens of the prompt, descend only
 # through a block matched in full, and stop inside a block or at a tail node. Return the matched
-# length $m$ and the node that holds token $m - 1$ (`None` when $m = 0$): a node, not the reason
+# length $p$ and the node that holds token $p - 1$ (`None` when $p = 0$): a node, not the reason
 # `tree.lookup` gives. The check compares you with the library's `PrefixTree` on fixed edge cases
 # and several hundred random trees over small vocabularies (so prompts share prefixes by chance
 # as well as by design).
@@ -191,7 +191,7 @@ ex.check_prefix_lookup(my_lookup);
 # `B.repeat_interleave(H // G, dim=0)` expands (G, N) to (H, N); `repeat` would tile the rows,
 # head $h$ reading row $h \bmod G$), with the raw logged step $dt_s$:
 #
-# $$\Delta_s = \mathrm{clamp}\big(\mathrm{softplus}(dt_s + b_{dt}),\ \Delta_{\min}, \Delta_{\max}\big),
+# $$\Delta_s = \mathrm{clamp}\big(\mathrm{softplus}(dt_s + dt_{\mathrm{bias}}),\ \Delta_{\min}, \Delta_{\max}\big),
 # \qquad a_s = e^{\Delta_s A},\qquad S \leftarrow a_s S + \Delta_s\, x_s B_s^\top \quad (s = g, \dots, p-1),$$
 #
 # so, unrolled (notebook 06's closed form),
@@ -199,7 +199,7 @@ ex.check_prefix_lookup(my_lookup);
 # $$S_p = \Big(\prod_{s=g}^{p-1} a_s\Big) S_g + \sum_{s=g}^{p-1} \Big(\prod_{u=s+1}^{p-1} a_u\Big) \Delta_s\, x_s B_s^\top .$$
 #
 # Entry $i$ of a block's log is token $g + i$; the state at $p$ folds the first $p - g$ entries
-# ($p = g$: none; $p = g + b$: the whole block, which gives the next grid state). Both decays
+# ($p = g$: none; $p = g + n_{\mathrm{blk}}$: the whole block, which gives the next grid state). Both decays
 # are cumulative products with a definite origin: the checkpoint's runs over the $p - g$ folded
 # tokens, a write's over the tokens *after* it up to $p$. Measuring one from the wrong origin is
 # an easy slip, and a shipped one: vLLM's chunked Mamba-2 prefill took the cumulative decay from
@@ -251,7 +251,7 @@ ex.check_state_at(my_state_at, model);
 # %% [markdown]
 # That fold is what `PrefixCache` does when it seats a hit under replay: the state at the
 # grid point, the first $j$ log entries of the block after it, and the KV rows up to the match. A
-# second request that shares 21 tokens with a first one, $b = 8$: it resumes at 21 (the state at
+# second request that shares 21 tokens with a first one, $n_{\mathrm{blk}} = 8$: it resumes at 21 (the state at
 # 16 and 5 folded entries) and its logits are those of a cold prefill of the whole prompt. In its
 # hit report `match_stop` says why the tree's match stopped at `matched`, `limited_by` why the
 # strategy's resume stopped at `resumed_from`: the same reason, unless the strategy resumed below

@@ -586,7 +586,11 @@ for s in ("snapshot", "replay"):
 # %%
 # NBVAL_CHECK_OUTPUT
 def spec_prediction(shape, n_params, batch, k=4, alpha=0.8):
-    hw = cm.Hardware("H200, copy bandwidth of this run", bw, cm.HARDWARE["H200"].matmul_rate)
+    hw = cm.Hardware(
+        "H200, copy bandwidth of this run, the datasheet's matrix rate",
+        bw,
+        cm.HARDWARE["H200"].matmul_rate,  # the datasheet's bf16 rate (costmodel), not measured
+    )
     w = cm.Workload(batch=batch, k=k, acceptance=alpha, interval=16, context_len=160)
     plain = cm.plain_decode_seconds_per_token(shape, w, hw, n_params)
     out = cm.predict(shape, w, hw, n_params)
@@ -703,7 +707,7 @@ for b in (1, 128):
 
 # %% [markdown]
 # Over the whole grid: the map is the cost model (each kernel its bytes over the device-copy
-# bandwidth of the kernel run itself, timed from a CUDA graph as notebook 06 section 5 explains; not
+# bandwidth of the kernel run itself, timed from a CUDA graph as notebook 06 section 5b explains; not
 # the engine run's larger figure), with a floor per kernel launch taken from the measured batch-1 times, so the batch-1
 # column is fitted, not predicted); the black line is where it says replay stops paying; the
 # dashed line is where bytes alone say so (the log read grows with L, the fold's share of state
