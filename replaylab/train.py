@@ -591,13 +591,6 @@ def train(
     return log
 
 
-def main(argv=None):
-    """``replaylab train``'s body (see ``replaylab.cli``)."""
-    from replaylab.cli import main as cli_main
-
-    return cli_main(["train", *(argv if argv is not None else sys.argv[1:])])
-
-
 # ------------------------------------------------------------------------ draft acceptance
 
 
