@@ -195,6 +195,18 @@ def test_the_cycle_finder_finds_a_deferred_cycle(tmp_path):
     )
 
 
+def test_tools_import_only_public_names_of_the_library():
+    """tools/ calls the library through its public functions: no ``from replaylab... import
+    _name``."""
+    private = []
+    for path in sorted((REPO / "tools").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replaylab"):
+                names = [alias.name for alias in node.names]
+                private += [f"{path.name}: {n}" for n in names if n.startswith("_")]
+    assert not private, f"tools/ importing private names of replaylab: {private}"
+
+
 class DecaySpec(RecurrentSpec):
     """A layer family with no weights at all: h_t = a_t h_{t-1} + u_t (elementwise, D
     channels), y_t = h_t; the conv window keeps the last input. Stores must serve it through

@@ -11,14 +11,14 @@ import torch
 from replaylab.bench.cli import main
 from replaylab.bench.families import (
     PRESETS,
-    _preset,
-    _speculative,
     families_summary,
+    load_preset,
     ratios,
     run_families,
     step_bytes,
+    timed_speculation,
 )
-from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
+from replaylab.bench.serve import admit_all, greedy_ragged, random_prompts
 from replaylab.model import HybridLM
 from replaylab.serving import STRATEGIES, DecodeEngine
 
@@ -156,10 +156,10 @@ def test_the_ratios_are_the_targets_of_the_issue():
 
 @pytest.mark.parametrize("strategy", ["snapshot", "replay"])
 def test_the_bytes_of_a_decode_step_counted_by_hand(strategy):
-    _, cfg = _preset("tiny-gdn")
+    _, cfg = load_preset("tiny-gdn")
     model = HybridLM(cfg, seed=0).to(DEVICE).eval()  # fp32 on a GPU too
     engine = DecodeEngine(model, 3, 64, strategy, log_length=16, use_kernels=True)
-    tok = _admit_all(engine, _prompts(3, cfg.vocab_size, seed=7)).argmax(-1, keepdim=True)
+    tok = admit_all(engine, random_prompts(3, cfg.vocab_size, seed=7)).argmax(-1, keepdim=True)
     for _ in range(5):  # logs of several lengths, one past a fold
         tok = engine.step(tok)[:, -1].argmax(-1, keepdim=True)
     assert strategy == "snapshot" or engine.stats.folds > 0
@@ -183,15 +183,15 @@ def test_the_bytes_of_a_decode_step_counted_by_hand(strategy):
 def test_the_warmed_up_speculation_is_timed_from_a_fresh_prefill():
     """With ``warm`` (the graph rows) a whole untimed run comes first; the timed run starts
     from a fresh prefill, so its tokens still equal the engine's greedy ones."""
-    _, cfg = _preset("tiny-gdn")
+    _, cfg = load_preset("tiny-gdn")
     engine = DecodeEngine(HybridLM(cfg, seed=0).to(DEVICE).eval(), 2, 64, "replay", 16, 3)
-    prompts = _prompts(2, cfg.vocab_size, seed=7)
-    ref, _ = _greedy_ragged(engine, prompts, 6)
+    prompts = random_prompts(2, cfg.vocab_size, seed=7)
+    ref, _ = greedy_ragged(engine, prompts, 6)
     ref = [r.cpu() for r in ref]
-    row = _speculative(engine, prompts, ref, 2, 0.8, warm=True)
+    row = timed_speculation(engine, prompts, ref, 2, 0.8, warm=True)
     assert row["speculative_equal_greedy"] and row["sequences_parted"] == 0
     assert engine.stats.admitted == 3 * 2  # greedy, the warm-up and the timed run
     cold = DecodeEngine(engine.model, 2, 64, "replay", 16, 3)
-    once = _speculative(cold, prompts, ref, 2, 0.8)
+    once = timed_speculation(cold, prompts, ref, 2, 0.8)
     assert row["rollbacks"] == once["rollbacks"] > 0  # the timed run's own, not the warm-up's
     assert row["measured_acceptance"] == once["measured_acceptance"]

@@ -16,8 +16,8 @@ from test_engine_family_kernels import _model
 
 import replaylab.kernels.decode as decode_kernels
 import replaylab.kernels.matmul as matmul_kernels
-from replaylab.bench.families import _preset
-from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.bench.families import load_preset
+from replaylab.bench.serve import admit_all, random_prompts
 from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
 from replaylab.serving.invariant import RowInvariantLinear
@@ -55,7 +55,7 @@ def test_the_reference_path_routes_linears_and_attention_through_the_kernels(kin
         model, 2, 32, "snapshot", matmul="row_invariant", use_kernels=False, graphs=False
     )
     prompts = [torch.tensor([1, 2, 3, 4]), torch.tensor([5, 6, 7])]
-    _admit_all(engine, prompts)
+    admit_all(engine, prompts)
     linear_calls.clear(), attention_calls.clear()
     with torch.no_grad():
         engine.step(torch.tensor([[8, 9], [10, 11]], device=DEVICE))
@@ -68,15 +68,15 @@ def test_the_reference_path_routes_linears_and_attention_through_the_kernels(kin
 @pytest.mark.parametrize("preset", ["tiny-gdn", "tiny-mamba1", "tiny-bamba"])
 @pytest.mark.parametrize("strategy", ["snapshot", "recompute", "replay"])
 def test_a_verify_rounds_each_row_as_single_steps_on_a_gpu(preset, strategy):
-    _, cfg = _preset(preset)
+    _, cfg = load_preset(preset)
     cfg = dataclasses.replace(cfg, hidden_size=1024, intermediate_size=4096)
     model = HybridLM(cfg, seed=0).to("cuda", torch.bfloat16).eval()
     batch, T = 32, 4
-    prompts = _prompts(batch, cfg.vocab_size, seed=3, low=8, high=11)
+    prompts = random_prompts(batch, cfg.vocab_size, seed=3, low=8, high=11)
     engines = [DecodeEngine(model, batch, 64, strategy, 16, max_verify=T) for _ in range(2)]
     assert engines[0].matmul == "row_invariant"  # the default on a GPU
     for e in engines:
-        _admit_all(e, prompts)
+        admit_all(e, prompts)
     tokens = torch.randint(0, cfg.vocab_size, (batch, T), device="cuda")
     with torch.no_grad():
         whole = engines[0].step(tokens)

@@ -19,16 +19,16 @@ import traceback
 
 import torch
 
-from replaylab.bench.families import PRESETS, _preset, _speculative
+from replaylab.bench.families import PRESETS, load_preset, timed_speculation
 from replaylab.bench.provenance import provenance
-from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.bench.serve import admit_all, random_prompts
 from replaylab.model import HybridLM
 from replaylab.serving import STRATEGIES, DecodeEngine
 
 
 def _greedy(engine, prompts, n):
     """Greedy tokens (batch, n) and the stacked logits of every step (n, batch, vocab)."""
-    logits = _admit_all(engine, prompts)
+    logits = admit_all(engine, prompts)
     toks, seen = [], []
     for _ in range(n):
         seen.append(logits.float())
@@ -39,9 +39,9 @@ def _greedy(engine, prompts, n):
 
 
 def probe(name, strategy, batch, n, k=4):
-    _, cfg = _preset(name)
+    _, cfg = load_preset(name)
     model = HybridLM(cfg, seed=0).to("cuda", torch.bfloat16).eval()
-    prompts = _prompts(batch, cfg.vocab_size, seed=7)
+    prompts = random_prompts(batch, cfg.vocab_size, seed=7)
     max_len = 48 + 2 * n + k
     row = dict(preset=name, strategy=strategy, batch=batch, n=n)
     kw = dict(max_verify=k + 1, use_kernels=True)
@@ -61,7 +61,7 @@ def probe(name, strategy, batch, n, k=4):
         row["logits_equal_eager"] = bool(torch.equal(logits, ref_logits))
         row["max_logit_diff"] = float((logits - ref_logits).abs().max())
         greedy = [t.cpu() for t in tok]
-        row.update(_speculative(graphed, prompts, greedy, k, 0.8))
+        row.update(timed_speculation(graphed, prompts, greedy, k, 0.8))
         row["graphs_after_speculation"] = len(graphed._graphs)
     except Exception as err:  # noqa: BLE001 - record what broke the capture
         row["error"] = f"{type(err).__name__}: {err}"[:600]

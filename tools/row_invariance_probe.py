@@ -18,9 +18,9 @@ from collections import defaultdict
 
 import torch
 
-from replaylab.bench.families import _preset
+from replaylab.bench.families import load_preset
 from replaylab.bench.provenance import provenance
-from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.bench.serve import admit_all, random_prompts
 from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
 
@@ -65,11 +65,11 @@ def _rows(t, bucket, T):
 
 
 def probe(model, strategy, batch, matmul, T=4, seed=7):
-    prompts = _prompts(batch, model.cfg.vocab_size, seed=seed, low=8, high=11)
+    prompts = random_prompts(batch, model.cfg.vocab_size, seed=seed, low=8, high=11)
     engines = []
     for _ in range(2):
         e = DecodeEngine(model, batch, 64, strategy, 16, max_verify=T, matmul=matmul)
-        _admit_all(e, prompts)
+        admit_all(e, prompts)
         engines.append(e)
     g = torch.Generator().manual_seed(seed + 1)
     tokens = torch.randint(0, model.cfg.vocab_size, (batch, T), generator=g).to(e.device)
@@ -114,7 +114,7 @@ def main(argv=None):
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     results = []
     for name in a.presets.split(","):
-        _, cfg = _preset(name)
+        _, cfg = load_preset(name)
         model = HybridLM(cfg, seed=0).to(device, dtype).eval()
         for matmul in a.matmul.split(","):
             for strategy in a.strategies.split(","):

@@ -19,22 +19,22 @@ import time
 
 import torch
 
-from replaylab.bench.families import _preset
+from replaylab.bench.families import load_preset
 from replaylab.bench.provenance import provenance
-from replaylab.bench.serve import _admit_all, _prompts
+from replaylab.bench.serve import admit_all, random_prompts
 from replaylab.decoding import SyntheticDrafter
 from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
 
 
 def probe(batch, k, rounds, acceptance=0.8, repeats=3):
-    _, cfg = _preset("tiny-gdn")
+    _, cfg = load_preset("tiny-gdn")
     model = HybridLM(cfg, seed=0).eval()
     best, logits = None, torch.zeros(batch, k + 1, cfg.vocab_size)
     for _ in range(repeats):
         engine = DecodeEngine(model, batch, 48 + rounds * (k + 1), "replay", 16, k + 1)
-        prompts = _prompts(batch, cfg.vocab_size, seed=7)
-        pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+        prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+        pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
         engine._run = lambda tokens, folds, save: logits[: tokens.shape[0], : tokens.shape[1]]
         zeros = torch.zeros(48 + rounds * (k + 1) + k, dtype=torch.long)
         drafters = [SyntheticDrafter(zeros, acceptance, seed=i) for i in range(batch)]

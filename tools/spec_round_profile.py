@@ -26,9 +26,9 @@ from collections import defaultdict
 
 import torch
 
-from replaylab.bench.families import _decode_seconds, _preset
+from replaylab.bench.families import decode_seconds, load_preset
 from replaylab.bench.provenance import provenance
-from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
+from replaylab.bench.serve import admit_all, greedy_ragged, random_prompts
 from replaylab.decoding import SyntheticDrafter
 from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
@@ -51,7 +51,7 @@ def _speculate(engine, prompts, ref, k, acceptance, around=None):
     a profiler that should see the rounds, not the admissions)."""
     import contextlib
 
-    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
     drafters = _drafters(prompts, ref, acceptance)
     calls = [0] * len(drafters)  # a sequence's rounds: the engine asks its drafter once a round
     for i, d in enumerate(drafters):
@@ -106,7 +106,7 @@ def _phased(engine, prompts, ref, k, acceptance):
     engine's methods and the drafters' ``propose`` for this run only)."""
     phases = _Phases()
     step, rollback = engine._step, engine._rollback
-    pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
     drafters = _drafters(prompts, ref, acceptance)
 
     def timed_step(*args):
@@ -207,32 +207,32 @@ def main(argv=None):
     ap.add_argument("--log-length", type=int, default=16)
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()  # on a CPU: a smoke run (no graphs, fp32, no GPU kernels)
-    _, cfg = _preset(a.preset)
+    _, cfg = load_preset(a.preset)
     model = HybridLM(cfg, seed=0).to(*(("cuda", torch.bfloat16) if cuda else ("cpu",))).eval()
     max_len = 40 + 4 * a.n_spec + a.k + 8
     engine = DecodeEngine(
         model, a.batch, max_len, "replay", a.log_length, max_verify=a.k + 1, use_kernels=True,
         graphs=cuda,
     )  # fmt: skip
-    prompts = _prompts(a.batch, cfg.vocab_size, seed=7)
-    ref, _ = _greedy_ragged(engine, prompts, a.n_spec)
+    prompts = random_prompts(a.batch, cfg.vocab_size, seed=7)
+    ref, _ = greedy_ragged(engine, prompts, a.n_spec)
     _speculate(engine, prompts, ref, a.k, a.acceptance)  # warm-up: graphs captured
 
-    tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
-    _decode_seconds(engine, tok, 4)
-    decode_s, tok = _decode_seconds(engine, tok, 16)
+    tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
+    decode_seconds(engine, tok, 4)
+    decode_s, tok = decode_seconds(engine, tok, 16)
     spec, tokens = _speculate(engine, prompts, ref, a.k, a.acceptance)
     equal = all(torch.equal(t.cpu(), r) for t, r in zip(tokens, ref))
     round_ms = spec["seconds"] * 1e3 / spec["rounds"]
     tokens_per_round = a.batch * a.n_spec / spec["rounds"]
     phases, _ = _phased(engine, prompts, ref, a.k, a.acceptance)
 
-    tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
-    _decode_seconds(engine, tok, 4)
+    tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
+    decode_seconds(engine, tok, 4)
 
     def decode(around):
         with around():
-            _decode_seconds(engine, tok, 16)
+            decode_seconds(engine, tok, 16)
 
     d_wall, d_busy, d_top, d_launches, _ = _kernels(decode)
     s_wall, s_busy, s_top, s_launches, (profiled, _) = _kernels(

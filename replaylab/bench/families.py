@@ -45,7 +45,7 @@ import time
 
 import torch
 
-from replaylab.bench.serve import _admit_all, _greedy_ragged, _prompts
+from replaylab.bench.serve import admit_all, greedy_ragged, random_prompts
 from replaylab.bench.timing import spread, sync
 from replaylab.decoding import SyntheticDrafter
 from replaylab.gated_deltanet import GDNConfig
@@ -154,7 +154,9 @@ TINY_PRESETS = {  # CPU smoke tests: the same layouts at toy sizes (Triton's int
 }
 
 
-def _preset(name):
+def load_preset(name):
+    """(the preset's entry of ``PRESETS`` or ``TINY_PRESETS``, its ``HybridConfig``); a
+    ValueError names the known presets."""
     known = {**PRESETS, **TINY_PRESETS}
     if name not in known:
         raise ValueError(f"preset: expected one of {sorted(known)}, got {name!r}")
@@ -194,9 +196,9 @@ class _FlaDecodeScan:
         return ScanResult(o, final, final[:, None] if return_states else None)
 
 
-def _decode_seconds(engine, tok, n_new):
-    """Seconds per greedy step over ``n_new`` steps (CUDA events on a GPU), and the last
-    tokens."""
+def decode_seconds(engine, tok, n_new):
+    """Seconds per greedy step over ``n_new`` steps from ``tok`` (batch, 1) (CUDA events on a
+    GPU), and the last tokens (batch, 1)."""
     cuda = engine.device.type == "cuda"
     if cuda:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -212,14 +214,15 @@ def _decode_seconds(engine, tok, n_new):
     return (time.perf_counter() - t0) / n_new, tok
 
 
-def _speculative(engine, prompts, ref, k, acceptance, warm=False):
-    """Batched speculative decoding against the engine's own greedy tokens ``ref``; ``warm``:
+def timed_speculation(engine, prompts, ref, k, acceptance, warm=False):
+    """Batched speculative decoding of ``prompts`` (a list of (n,)) against the engine's own
+    greedy tokens ``ref`` (a list of (n_spec,)), k drafts per round; a row dict. ``warm``:
     a whole untimed run first (with CUDA graphs: the verify and rerun steps are captured
     there, not in the timed run)."""
     n_spec = ref[0].numel()
 
     def start():
-        pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+        pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
         drafters = [
             SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
             for i, (p, r) in enumerate(zip(prompts, ref))
@@ -292,7 +295,7 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
         model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True,
         graphs=graphs,
     )  # fmt: skip
-    prompts = _prompts(batch, model.cfg.vocab_size, seed=7)
+    prompts = random_prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
     if fla is not None:
         for spec in specs:
@@ -300,15 +303,15 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
     try:
         ref = None
         if n_spec:
-            ref, _ = _greedy_ragged(engine, prompts, n_spec)
+            ref, _ = greedy_ragged(engine, prompts, n_spec)
             tok = torch.stack([r[-1] for r in ref])[:, None].to(engine.device)
         else:
-            tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
-            _, tok = _decode_seconds(engine, tok, n_new)
+            tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
+            _, tok = decode_seconds(engine, tok, n_new)
         runs, moved = [], []
         for _ in range(repeats):
             before = step_bytes(engine)
-            seconds, tok = _decode_seconds(engine, tok, n_new)
+            seconds, tok = decode_seconds(engine, tok, n_new)
             runs.append(seconds)
             moved.append((before + step_bytes(engine)) / 2)
         row = dict(
@@ -325,7 +328,7 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             floor = row["bytes_per_step"] / (args["copy_gbs"] * 1e9)
             row["roofline_fraction"] = floor / row["seconds_per_step"]["median"]
         if fla is None and n_spec:
-            row.update(_speculative(engine, prompts, ref, k, args["acceptance"], warm=graphs))
+            row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=graphs))
         return row, ref
     finally:
         for spec in specs:
@@ -387,7 +390,7 @@ def run_families(
         recurrent, fla_error = fla, None
     rows, memory, errors, models, built = [], [], [], {}, {}
     for name in presets:  # every preset's model on the device first (2.1-2.5 GiB each)
-        info, cfg = _preset(name)
+        info, cfg = load_preset(name)
         t0 = time.perf_counter()
         built[name] = model = HybridLM(cfg, seed=0).to(device, dtype).eval()
         models[name] = dict(

@@ -52,22 +52,26 @@ def _model(name):
     return HybridLM(preset(name), seed=0).to(DEVICE, torch.bfloat16).eval()
 
 
-def _prompts(batch, vocab, seed, low=8, high=40):
+def random_prompts(batch, vocab, seed, low=8, high=40):
+    """``batch`` prompts of random ids below ``vocab``: a list of (n,) with n in [low, high),
+    fixed by ``seed``."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(low, high, (batch,), generator=g).tolist()
     return [torch.randint(0, vocab, (n,), generator=g) for n in lengths]
 
 
-def _admit_all(engine, prompts):
+def admit_all(engine, prompts):
+    """Retire every slot, then admit ``prompts`` (a list of (n,)) in order: the last logits of
+    each, (len(prompts), vocab)."""
     for s in engine.slots:
         engine.retire(s)
     return torch.stack([engine.admit(p.to(engine.device))[1] for p in prompts])
 
 
-def _greedy_ragged(engine, prompts, n_new):
+def greedy_ragged(engine, prompts, n_new):
     """Greedy tokens of every prompt decoded together (each at its own position): a list of
     (n_new,) and, per sequence, the top-2 logit gaps of each step."""
-    logits = _admit_all(engine, prompts)
+    logits = admit_all(engine, prompts)
     out, gaps = [], []
     for i in range(n_new):
         top = logits.float().topk(2, dim=-1)
@@ -97,12 +101,12 @@ def run_lossless(
                 model, max(batches), 40 + n_new + 8, strategy, log_length, matmul=matmul
             )
             for batch in batches:
-                prompts = _prompts(batch, vocab, seed=batch)
-                ref, gaps = _greedy_ragged(engine, prompts, n_new)
+                prompts = random_prompts(batch, vocab, seed=batch)
+                ref, gaps = greedy_ragged(engine, prompts, n_new)
                 ties = int((gaps < 0.1).sum())
                 for k in ks:
                     for a in acceptances:
-                        pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+                        pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
                         drafters = [
                             SyntheticDrafter(torch.cat([p, r]), a, seed=1000 * k + i)
                             for i, (p, r) in enumerate(zip(prompts, ref))
@@ -248,8 +252,8 @@ def run_ragged(
             engine = DecodeEngine(
                 model, batch, 40 + 4 * n_steps + 8, strategy, log_length, matmul=matmul
             )
-            prompts = _prompts(batch, vocab, seed=7)
-            tok = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+            prompts = random_prompts(batch, vocab, seed=7)
+            tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
             for _ in range(log_length + 2):  # capture both graphs (with and without a fold)
                 tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
             _sync()
@@ -281,14 +285,14 @@ def run_ragged(
                 pool_bytes_per_slot=engine.nbytes_per_slot(),
             )
             if batch in spec_batches:
-                ref, _ = _greedy_ragged(engine, prompts, 2 * n_steps)
-                pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+                ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
+                pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
                 drafters = [
                     SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
                     for i, (p, r) in enumerate(zip(prompts, ref))
                 ]
                 engine.speculate_batch(prompts, pending, 8, drafters, k=k)  # capture
-                pending = _admit_all(engine, prompts).argmax(-1, keepdim=True)
+                pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
                 drafters = [
                     SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
                     for i, (p, r) in enumerate(zip(prompts, ref))
