@@ -46,6 +46,18 @@ def test_kernels_ship_inside_the_package():
     assert "package-dir" not in tool
 
 
+def test_every_folder_of_modules_ships_in_the_wheel():
+    """pyproject lists the packages by hand: a new subpackage must be listed, or the wheel lacks
+    it while the editable install (which reads the source tree) hides the gap."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {
+        ".".join(path.parent.relative_to(ROOT).parts)
+        for path in (ROOT / "replaylab").rglob("*.py")
+        if "__pycache__" not in path.parts
+    }
+    assert folders <= set(tool["packages"]), sorted(folders - set(tool["packages"]))
+
+
 def _root_import_names():
     """Names that ``import NAME`` would find as a module or regular package in the checkout's
     root, which `python -m pytest` and `python -m replaylab` put first on sys.path."""
