@@ -197,13 +197,11 @@ def generate(
 
 def _use_engine(engine, model, cache):
     """Whether ``generate`` decodes with the serving engine (see its ``engine`` argument)."""
-    from replaylab.serving import STRATEGIES, fused_reason, unsupported_reason
+    from replaylab.serving import fused_reason, unsupported_reason
 
     if engine not in ("auto", True, False):
         raise ValueError(f"engine: expected 'auto', True or False, got {engine!r}")
-    reason = unsupported_reason(model.cfg)
-    if cache.strategy not in STRATEGIES:
-        reason = f"strategy {cache.strategy!r} is not one of the engine's {STRATEGIES}"
+    reason = unsupported_reason(model.cfg, cache.strategy)
     if engine is True and reason:
         raise ValueError(f"engine: the serving engine cannot decode this: {reason}")
     if engine == "auto":  # the engine where its fused path serves the model on a GPU

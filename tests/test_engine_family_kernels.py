@@ -117,7 +117,7 @@ def _batched_only(engine, monkeypatch):
     def per_slot(*args):
         raise AssertionError("the per-slot reference loop ran under use_kernels=True")
 
-    monkeypatch.setattr(engine, "_replay_outputs", per_slot)
+    monkeypatch.setattr(engine.policy, "_replay_outputs", per_slot)
     return calls
 
 

@@ -1,22 +1,25 @@
-"""The serving engine beside the teaching cache: preallocated pools (``pools``), the engine
-that decodes, verifies and rolls back every slot at its own position (``engine``), the
-per-slot rollback cursor (``cursor``), a prompt admitted a chunk at a time between other
-slots' steps (``admission``), requests (``request``), continuous batching under one byte
-budget (``scheduler``) and a prefix cache of KV and recurrent state over the slots
-(``prefix``)."""
+"""The serving engine beside the teaching cache.
+
+engine       DecodeEngine: the facade; checks (``checks``), then calls the parts below
+layouts      what the engine serves (layer kinds, the fused path's layouts) and its paths
+slots        SlotTable: host positions, counts, the rollback cursor (``cursor``)
+pools        preallocated memory per layer and slot, by family
+strategies   one class per strategy (snapshot, recompute, replay) and their registry
+runner       ModelRunner: the reference forward and CUDA graphs; ``fused``: the fused one
+prefill      a prompt through the pools; ``admission``: a chunk at a time between steps
+speculation  batched speculative decoding and acceptance
+request      a request; ``scheduler``: continuous batching under one byte budget (``budget``)
+prefix       a prefix cache of KV and recurrent state over the slots
+"""
 
 from replaylab.serving.admission import Admission
 from replaylab.serving.cursor import rollback_cursor
-from replaylab.serving.engine import (
-    STRATEGIES,
-    DecodeEngine,
-    EngineStats,
-    fused_reason,
-    unsupported_reason,
-)
+from replaylab.serving.engine import DecodeEngine, EngineStats
+from replaylab.serving.layouts import fused_reason, unsupported_reason
 from replaylab.serving.prefix import EnginePrefixCache, allowed_block_sizes
 from replaylab.serving.request import Request
 from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, slot_bytes
+from replaylab.serving.strategies import STRATEGIES
 
 __all__ = [
     "Admission",

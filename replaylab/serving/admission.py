@@ -3,8 +3,7 @@ between its chunks (chunked prefill interleaved with decode).
 
 ``DecodeEngine.admit`` prefills a whole prompt before it returns, and every running sequence
 waits for it: in a request stream each arrival stalls every decoder for its whole prefill
-(``data/bench_serve_stream.json``: batch-1 time per output token 1.2 ms, the stream's p99
-55-96 ms). ``Admission`` splits that work. ``engine.begin_admit(prompt)`` claims a slot and
+(measured in ``data/bench_serve_stream.json``). ``Admission`` splits that work. ``engine.begin_admit(prompt)`` claims a slot and
 reserves it; each ``advance(n)`` runs the next n prompt tokens through the engine's own
 prefill (the same ``_prefill`` ``admit`` runs, continued from where the last chunk stopped);
 after the last chunk the slot goes live with the prompt's last logits, as ``admit`` leaves it.

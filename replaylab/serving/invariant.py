@@ -5,7 +5,7 @@ Speculation is lossless only if a verify of k + 1 tokens rounds each of its rows
 step of one token would. On a GPU the teaching modules' matrix products do not: cuBLAS picks
 its kernel, tile and split of the reduction by the row count, so the B(k + 1) rows of a
 verify and the B rows of a decode step round differently, and bf16 near-ties part the
-tokens; so do torch's row reductions at some row counts (the RMSNorms at batch 8 on an H200,
+tokens; so do torch's row reductions at some row counts (the RMSNorms,
 ``tools/row_invariance_probe.py``). ``RowInvariantLinear`` routes every ``F.linear`` of the
 forward (each ``nn.Linear`` calls it) to ``kernels.matmul.linear``, whose launch depends on the
 weight's shape alone, and every sum or mean over the last dim to ``kernels.matmul.row_sum``;

@@ -70,8 +70,9 @@ def log_entry_shapes(mixer, dtype, device):
 
 
 class RecurrentPool:
-    """The pools of one recurrent layer under ``strategy`` (see the module docstring), built
-    from its mixer's ``state_spec`` alone. ``fused``: the engine's fused path; ``kernels``:
+    """The pools of one recurrent layer under ``strategy`` (a name or a class of
+    ``serving.strategies``, which adds its own buffers; see the module docstring), built from
+    its mixer's ``state_spec`` alone. ``fused``: the engine's fused path; ``kernels``:
     replay through the family's Triton kernels (a family without them, this base class,
     refuses ``kernels=True``)."""
 
@@ -81,8 +82,13 @@ class RecurrentPool:
     def __init__(
         self, mixer, slots, strategy, log_capacity, max_verify, dtype, device, fused, kernels=False
     ):
+        if isinstance(strategy, str):
+            from replaylab.serving.strategies import strategy_class
+
+            strategy = strategy_class(strategy)
         self.mixer, self.spec = mixer, mixer.state_spec
-        self.kernels = bool(kernels) and strategy == "replay"
+        self.dtype, self.device = dtype, device
+        self.kernels = strategy.replays_with_kernels(kernels)
         self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
         if self.kernels and not self.serves_kernels:
             raise ValueError(
@@ -95,16 +101,14 @@ class RecurrentPool:
         self.conv = zeros(slots, *conv_shape)
         self.draft_conv = zeros(slots, max_verify, *conv_shape)
         self.log = {}
-        if strategy == "replay":
-            entries = log_entry_shapes(mixer, dtype, device)
-            for field in self.logged_fields(fused):
-                shape, dt = self.entry_layout(entries, field)
-                self.log[field] = zeros(slots, log_capacity, *shape, dt=dt)
-        elif strategy == "snapshot":
-            self.draft_state = zeros(slots, max_verify, *state_shape, dt=torch.float32)
-        else:  # recompute
-            self.saved_state = zeros(slots, *state_shape, dt=torch.float32)
-            self.saved_conv = zeros(slots, *conv_shape)
+        strategy.allocate(self, zeros, slots, log_capacity, max_verify, fused)
+
+    def allocate_log(self, zeros, slots, capacity, fused):
+        """The log ring (replay): ``log[field]`` (slots, capacity, ...) for each logged field."""
+        entries = log_entry_shapes(self.mixer, self.dtype, self.device)
+        for field in self.logged_fields(fused):
+            shape, dt = self.entry_layout(entries, field)
+            self.log[field] = zeros(slots, capacity, *shape, dt=dt)
 
     def logged_fields(self, fused):
         """The fields the log keeps: the kernels' under ``kernels``, else every field the spec

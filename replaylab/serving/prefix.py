@@ -54,7 +54,6 @@ from __future__ import annotations
 import torch
 
 from replaylab.prefix import PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
-from replaylab.recurrent import window_after
 from replaylab.serving.engine import DecodeEngine
 from replaylab.serving.validate import as_int, given
 
@@ -64,7 +63,7 @@ __all__ = ["EnginePrefixCache", "PrefixHit", "allowed_block_sizes"]
 def allowed_block_sizes(engine) -> list[int]:
     """The block sizes an ``EnginePrefixCache`` over ``engine`` serves: under replay the
     multiples of L below max_len, else 1 .. max_len - 1."""
-    step = engine.L if engine.strategy == "replay" else 1
+    step = engine.policy.block_step()
     return list(range(step, engine.max_len, step))
 
 
@@ -112,15 +111,9 @@ class EnginePrefixCache(PrefixTree):
         allowed = allowed_block_sizes(engine)
         b = as_int("block_size", engine.L if block_size is None else block_size)
         if b not in allowed:
-            rule = (
-                f"multiples of the engine's log_length L={engine.L} below max_len="
-                f"{engine.max_len} (a block's end must be a fold position)"
-                if self.strategy == "replay"
-                else f"1 .. max_len - 1 = {engine.max_len - 1}"
-            )
             raise ValueError(
                 f"block_size: the engine's {self.strategy} strategy serves block sizes "
-                f"{rule}: {_sizes(allowed)}; got {b}"
+                f"{engine.policy.block_rule()}: {_sizes(allowed)}; got {b}"
             )
         self.block_size = self.interval = b
         self.block_bytes = self._block_bytes()
@@ -182,7 +175,7 @@ class EnginePrefixCache(PrefixTree):
     def _seat(self, slot, plan):
         """Write the held prefix [0, r) into ``slot`` (see the module docstring); returns
         replay's state at r per layer (what the prefill's scan carries from there)."""
-        e, b, L = self.engine, self.block_size, self.engine.L
+        e, b = self.engine, self.block_size
         path, r, j = plan.path, plan.r, plan.j
         upto = r + j
         for layer, pool in e.kv.items():
@@ -194,29 +187,18 @@ class EnginePrefixCache(PrefixTree):
                 pool.k[slot, :, node.start : node.start + n] = k[0, :, :n]
                 pool.v[slot, :, node.start : node.start + n] = v[0, :, :n]
         state = self._grid_state(path, r)  # layer -> LayerState (1, ...), None at 0: zeros
-        c = upto // L * L if self.strategy == "replay" else r
+        c = e.policy.seat_point(upto, r)  # replay: the decode grid's fold position
         one = slice(slot, slot + 1)
         carried = {}
         for layer, pool in e.ssm.items():
             ssm = state[layer].ssm.clone() if state else torch.zeros_like(pool.state[one])
             conv = state[layer].conv.clone() if state else torch.zeros_like(pool.conv[one])
-            if self.strategy == "replay" and j:
-                log = path[r // b].log[layer]  # {field: (1, len, ...)} of the block at r
-                for at in range(r, c, L):  # onto the decode grid, with decode's fold
-                    ssm = e._fold_entries(
-                        pool, ssm, {k: t[:, at - r : at - r + L] for k, t in log.items()}
-                    )
-                ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
-                for k, buf in pool.log.items():
-                    buf[slot, : upto - c] = ring[k][0]
-                conv = window_after(conv, log[pool.spec.conv_field][:, :j])
-                carried[layer] = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
-            else:
-                carried[layer] = ssm.clone()
+            ssm, conv, carried[layer] = e.policy.seat_layer(
+                pool, layer, path, b, ssm, conv, r, c, upto, j, slot
+            )
             pool.state[one] = ssm
             pool.conv[one] = conv
-        if self.strategy == "replay":
-            e.log_len[slot], e.head[slot] = upto - c, 0
+        e.policy.seat_cursor(slot, upto, c)
         e.pos[slot] = upto
         return carried
 
@@ -234,17 +216,5 @@ class EnginePrefixCache(PrefixTree):
             )
         if len(seg) == b:
             node.end_state = {l: s.clone() for l, s in record["states"][end].items()}
-        if self.strategy == "replay":
-            R = plan.resumed
-            node.log = {}
-            for layer, pool in e.ssm.items():
-                parts = []
-                if g < R:  # seated from the tree's node of this block (its log is held)
-                    parts.append(
-                        {k: t[:, : R - g] for k, t in plan.path[g // b].log[layer].items()}
-                    )
-                if end > R:
-                    new = record["entries"][layer]
-                    parts.append({k: t[:, max(g, R) - R : end - R] for k, t in new.items()})
-                node.log[layer] = {k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.log}
+        e.policy.node_log(node, g, end, b, plan, record)
         return node

@@ -1,0 +1,97 @@
+"""The fused path's forward (GPU; on CPU through Triton's interpreter, for the tests): NemotronH
+layouts (Mamba-2, plain attention without RoPE, relu2 MLPs) through ``replaylab.kernels.decode``,
+which folds each group of element-wise operations into one kernel (the residual add and the
+next block's norm are one kernel, and so on). Matrix products go through ``linear``: with
+``matmul="row_invariant"`` ``kernels.matmul.linear``, whose rows do not depend on the row
+count, so a verify rounds as decode steps do.
+
+Shapes: tokens (bucket, T); hidden (bucket, T, D); logits (bucket, T, vocab).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["forward_fused", "linear"]
+
+
+def forward_fused(runner, tokens):
+    """Logits (bucket, T, vocab) of ``tokens`` (bucket, T) over ``runner``'s engine's pools."""
+    from replaylab.kernels.decode import add_rmsnorm, relu2
+
+    e = runner.engine
+    bucket, T = tokens.shape
+    layers = runner.model.model.layers
+    norms = [block.norm for block in layers[1:]] + [runner.model.model.norm_f]
+    h, x = add_rmsnorm(
+        runner.model.model.embeddings(tokens), layers[0].norm.weight, layers[0].norm.eps
+    )
+    for i, block in enumerate(layers):
+        kind = runner.cfg.pattern[i]
+        if kind == "M":
+            out = _mamba(runner, i, x, bucket, T)
+        elif kind == "*":
+            out = _attention(runner, i, x, bucket, T)
+        else:
+            mlp = block.mixer
+            out = linear(e, mlp.down_proj.weight, relu2(linear(e, mlp.up_proj.weight, x)))
+        h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
+    return linear(e, runner.model.lm_head.weight, x)
+
+
+def linear(engine, weight, x):
+    """x @ weight.T with the engine's matrix product (see ``DecodeEngine``'s ``matmul``)."""
+    if engine.matmul == "row_invariant":
+        from replaylab.kernels.matmul import linear as row_invariant_linear
+
+        return row_invariant_linear(x, weight)
+    return torch.nn.functional.linear(x, weight)
+
+
+def _mamba(runner, layer, h, bucket, T):
+    """A Mamba-2 layer: in_proj, the conv step (windows after each token kept for a
+    rollback), the strategy's state update (``EngineStrategy.mamba_fused``), the gated norm and
+    out_proj."""
+    from replaylab.kernels.decode import conv_step, gated_rmsnorm
+
+    e = runner.engine
+    pool, c = e.ssm[layer], runner.cfg
+    mixer = pool.mixer
+    H, P, N, G = c.ssm_heads, c.ssm_head_dim, c.d_state, c.n_groups
+    inner = H * P
+    counts = e.table.counts_d[:bucket]
+    zx = linear(e, mixer.in_proj.weight, h).view(bucket * T, -1)  # gate | xBC | dt
+    x, Bm, Cm, dt = conv_step(
+        zx,
+        pool.conv[:bucket],
+        pool.conv_weight,
+        pool.conv_bias,
+        inner,
+        inner + c.conv_dim,
+        inner,
+        G * N,
+        H,
+        T,
+        drafts=pool.draft_conv if T > 1 else None,
+        counts=counts,
+    )
+    x, Bm, Cm = x.view(bucket, T, H, P), Bm.view(bucket, T, G, N), Cm.view(bucket, T, G, N)
+    y = e.policy.mamba_fused(pool, x, dt, Bm, Cm, counts, T)
+    y = gated_rmsnorm(
+        y.view(bucket * T, inner), zx[:, :inner], mixer.norm.weight, G, mixer.norm.eps
+    )
+    return linear(e, mixer.out_proj.weight, y).view(bucket, T, -1)
+
+
+def _attention(runner, layer, h, bucket, T):
+    """Attention over the static KV buffer with ``kernels.decode.attention``: each token reads
+    only the rows up to its own slot's position."""
+    from replaylab.kernels.decode import attention
+
+    e = runner.engine
+    att, pool, c = runner.model.model.layers[layer].mixer, e.kv[layer], runner.cfg
+    Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
+    q, k, v = linear(e, runner.qkv_weight[layer], h).split([Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+    runner.write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
+    out = attention(q.reshape(bucket, T, Hq, Dh), pool.k, pool.v, e.table.pos_d[:bucket], Dh**-0.5)
+    return linear(e, att.o_proj.weight, out.view(bucket, T, Hq * Dh))

@@ -1,0 +1,78 @@
+"""What the serving engine serves: the layer kinds and options of the reference path
+(``unsupported_reason``), the layouts of the fused path (``fused_reason``), its strategies
+(``serving.strategies``), and which path an engine takes on a device (``paths``).
+
+The reference path serves every family the teaching cache does: Mamba-2 ("M": NemotronH,
+Bamba), Mamba-1 ("S": Jamba) and Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or
+gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH
+layouts: Mamba-2, plain attention without RoPE, relu2 MLPs.
+"""
+
+from __future__ import annotations
+
+__all__ = ["LAYER_KINDS", "unsupported_reason", "fused_reason", "paths"]
+
+LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
+
+
+def unsupported_reason(cfg, strategy=None):
+    """Why the engine cannot serve a model of config ``cfg`` under ``strategy`` (a name; None:
+    any) (None: it can)."""
+    from replaylab.serving.strategies import REGISTRY
+
+    if strategy is not None and strategy not in REGISTRY:
+        return f"strategy {strategy!r} is not one of the engine's {tuple(REGISTRY)}"
+    unknown = sorted(set(cfg.pattern) - set(LAYER_KINDS))
+    if unknown:
+        return (
+            f"pattern: layer kinds {unknown} in {cfg.pattern!r} (the engine serves {LAYER_KINDS})"
+        )
+    if cfg.attention not in ("plain", "gated"):
+        return f"attention: {cfg.attention!r} (the engine serves 'plain' and 'gated')"
+    if cfg.mlp not in ("relu2", "swiglu"):
+        return f"mlp: {cfg.mlp!r} (the engine serves 'relu2' and 'swiglu')"
+    return None
+
+
+def fused_reason(cfg):
+    """What the fused path (GPU kernels, CUDA graphs) lacks for a model of config ``cfg``
+    (None: nothing)."""
+    missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("M*-"))]
+    if cfg.attention != "plain":
+        missing.append(f"{cfg.attention} attention (attention={cfg.attention!r})")
+    if cfg.rotary_dim:
+        missing.append(f"RoPE (rotary_dim={cfg.rotary_dim})")
+    if cfg.mlp != "relu2":
+        missing.append(f"{cfg.mlp} MLPs (mlp={cfg.mlp!r})")
+    return ", ".join(missing) or None
+
+
+def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
+    """(use_kernels, graphs, fused, matmul) of an engine under strategy class ``kind`` for a
+    model of config ``cfg`` on ``device``, the defaults filled in (see ``DecodeEngine``);
+    ValueError for a combination that cannot run."""
+    lacks = fused_reason(cfg)
+    cuda = device.type == "cuda"
+    use_kernels = cuda if use_kernels is None else use_kernels
+    graphable = kind.graphable(use_kernels)  # else host reads every step
+    graphs = (cuda and graphable) if graphs is None else graphs
+    fused = (cuda and use_kernels and not lacks) if fused is None else fused
+    if fused and lacks:
+        raise ValueError(
+            f"fused: the fused kernels serve NemotronH layouts and lack {lacks}; "
+            f"use fused=False (the reference path serves this model)"
+        )
+    if graphs and not cuda:
+        raise ValueError("graphs: CUDA graphs need a CUDA device")
+    if graphs and not graphable:
+        raise ValueError(
+            "graphs: replay without kernels reads each slot's log length on the host "
+            "every step, which a CUDA graph cannot; use use_kernels=True or graphs=False"
+        )
+    if fused and not use_kernels:
+        raise ValueError("fused: the fused path runs the replay kernels; use_kernels=True")
+    if matmul is None:
+        matmul = "row_invariant" if fused or (cuda and use_kernels) else "torch"
+    if matmul not in ("torch", "row_invariant"):
+        raise ValueError(f"matmul: expected 'torch' or 'row_invariant', got {matmul!r}")
+    return use_kernels, graphs, fused, matmul

@@ -1,0 +1,94 @@
+"""A prompt through the engine's own pools, a chunk at a time (``DecodeEngine.admit``,
+``serving.admission``, ``serving.prefix``): each recurrent layer's scan (its strategy's
+``prefill_scan``), attention over the slot's KV rows, the MLPs as they are.
+
+Snapshot and recompute end with the state after the prompt. Replay logs every token and folds
+its log L entries at a time with the fold decode uses, so the checkpoint lands on the decode
+grid (the largest multiple of L) with the same bits a decode of those tokens would fold to.
+
+Shapes: prompt (T0,) ids; a chunk's hidden (1, C, D); logits (vocab,).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replaylab.kv import attend
+from replaylab.recurrent import LayerState, window_after
+from replaylab.serving.runner import PoolCache
+
+__all__ = ["prefill"]
+
+
+def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None):
+    """Run ``prompt[start:]`` ((T0,) ids) through ``engine``'s pools for ``slot`` in chunks of
+    ``prefill_chunk`` tokens; returns the last logits (vocab,).
+
+    start > 0 (a prefix-cache hit): the slot already holds positions [0, start) as decode
+    would have them there (KV rows, the state or checkpoint, the conv window, replay's
+    ``log_len`` entries from ``head``); ``carried`` is then replay's state at ``start``
+    (layer -> (1, *state_shape); default zeros, for start 0). ``block``: chunks also end at
+    every multiple of it. ``record`` (a dict): filled with ``states`` {position: {layer:
+    LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies; replay: the
+    checkpoint, folded there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
+    ...)}}: every prefilled token's log entries."""
+    e, policy = engine, engine.policy
+    model, cfg = e.model, e.cfg
+    T0, C = prompt.numel(), e.prefill_chunk
+    if carried is None:
+        carried = {l: torch.zeros_like(p.state[:1]) for l, p in e.ssm.items()}  # replay
+    logged = None
+    if record is not None:
+        record.setdefault("states", {})
+        logged = policy.prefill_logged()
+    pools = PoolCache(lambda l, inputs: _advance(e, l, inputs, slot, carried, logged))
+    pos = start
+    while pos < T0:
+        end = min(T0, pos + C)
+        if block:
+            end = min(end, (pos // block + 1) * block)
+        h = model.model.embeddings(prompt[None, pos:end])
+        for i, layer in enumerate(model.model.layers):
+            x = layer.norm(h)
+            if cfg.pattern[i] == "*":
+                h = h + _attention(e, i, x, slot, pos)
+            else:  # a recurrent mixer through the pools, or an MLP (no memory)
+                h = h + layer.mixer(x, pools)
+        policy.prefill_chunk_done(slot, h.shape[1])
+        pos = end
+        if record is not None and block and pos % block == 0:
+            record["states"][pos] = {
+                l: LayerState(p.state[slot : slot + 1].clone(), p.conv[slot : slot + 1].clone())
+                for l, p in e.ssm.items()
+            }
+    if logged is not None:
+        record["entries"] = {
+            l: {k: torch.cat([c[k] for c in chunks], 1) for k in e.ssm[l].log}
+            for l, chunks in logged.items()
+        }
+    return model.lm_head(model.model.norm_f(h[:, -1]))[0]
+
+
+def _advance(engine, layer, inputs, slot, carried, logged=None):
+    """A prefill chunk through recurrent layer ``layer``'s pools (its mixer's ``inputs`` for T
+    tokens of ``slot``) -> y: the conv window moves on; the strategy scans."""
+    pool, one = engine.ssm[layer], slice(slot, slot + 1)
+    spec, window = pool.spec, pool.conv[one]
+    entries = spec.prepare(window, inputs)
+    pool.conv[one] = window_after(window, entries[spec.conv_field])
+    return engine.policy.prefill_scan(pool, layer, slot, entries, carried, logged)
+
+
+def _attention(engine, layer, h, slot, start):
+    """The chunk's queries against the slot's KV rows 0 .. start + T - 1 (causal), at
+    positions start .. start + T - 1."""
+    att, pool = engine.model.model.layers[layer].mixer, engine.kv[layer]
+    end = start + h.shape[1]
+    positions = torch.arange(start, end, device=engine.device)
+    q, k, v, gate = att.project(h, positions)
+    pool.k[slot, :, start:end] = k[0].to(pool.k.dtype)
+    pool.v[slot, :, start:end] = v[0].to(pool.v.dtype)
+    visible = torch.arange(end, device=engine.device) <= positions[:, None]  # (T, end)
+    one = slice(slot, slot + 1)
+    out = attend(q, pool.k[one, :, :end], pool.v[one, :, :end], visible)
+    return att.finish(out, gate)

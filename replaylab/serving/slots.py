@@ -1,0 +1,146 @@
+"""The slot table: the host's view of every slot and the device tensors a step reads.
+
+Per slot, on the host:
+
+    live        whether the slot holds a decoding sequence
+    pos         tokens held (KV rows in use); the next token's position
+    log_len     replay: entries in the log since the checkpoint (0 under other strategies)
+    head        replay: where the log's ring starts
+    last        tokens of the last step that a rollback may drop
+
+``prefilling`` holds the slots claimed by an unfinished ``begin_admit``. Before each step
+``upload`` copies the per-slot numbers into ``meta`` (5, slots) int32, rows ``log_len_d`` (after
+this step's folds), ``head_d`` (after them), ``head_pre_d`` (before them), ``fold_len_d``,
+``counts_d``, and ``pos_d`` (slots,) int64: the tensors the kernels and graphs read. A rollback
+moves the cursor with ``serving.cursor.rollback_cursor``.
+
+Glossary: L log length (replay's fold grid), T_max = max_verify, bucket: the captured batch
+size (slots 0 .. bucket-1 run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from replaylab.serving.cursor import rollback_cursor
+
+__all__ = ["SlotTable"]
+
+
+class SlotTable:
+    """``slots`` slots of a ``DecodeEngine``; ``logged``: the strategy keeps a log whose length
+    moves with each step and rollback (replay)."""
+
+    def __init__(self, slots, max_verify, L, logged, device):
+        self.size, self.L, self.logged = slots, L, logged
+        self.capacity = L  # log ring rows: a step never takes a slot past L entries
+        self.live = [False] * slots
+        self.prefilling = set()
+        self.pos, self.log_len, self.head, self.last = ([0] * slots for _ in range(4))
+        dev = dict(device=device)
+        self.meta = torch.zeros(5, slots, dtype=torch.int32, **dev)
+        self.log_len_d, self.head_d, self.head_pre_d, self.fold_len_d, self.counts_d = self.meta
+        self.pos_d = torch.zeros(slots, dtype=torch.long, **dev)
+        self.rows_d = torch.arange(slots, dtype=torch.int32, **dev)
+        self.steps_d = torch.arange(max_verify, **dev)
+        self.last_tokens = torch.zeros(slots, max_verify, dtype=torch.long, **dev)  # recompute
+        self.plan = None  # replay: slot -> ring head before this step's fold (reference path)
+        self.buckets = sorted({min(2**i, slots) for i in range(slots.bit_length() + 1)})
+
+    # --- who is where ----------------------------------------------------------------------
+    @property
+    def slots(self):
+        """The live slots, in order."""
+        return [s for s, on in enumerate(self.live) if on]
+
+    @property
+    def batch(self):
+        return sum(self.live)
+
+    @property
+    def n_free(self) -> int:
+        return self.size - self.batch - len(self.prefilling)
+
+    def free(self):
+        """The free slots (neither live nor prefilling), lowest first."""
+        return [s for s, on in enumerate(self.live) if not on and s not in self.prefilling]
+
+    def bucket(self, slots):
+        """The smallest captured batch size that holds every slot of ``slots``."""
+        return next(b for b in self.buckets if b > max(slots))
+
+    def room(self, slot, max_verify):
+        """Replay's limit: at most the tokens left before the slot's next fold."""
+        held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
+        return min(max_verify, self.L - held)
+
+    # --- admission and retirement -------------------------------------------------------
+    def reset(self, slot):
+        self.pos[slot] = self.log_len[slot] = self.head[slot] = self.last[slot] = 0
+
+    def go_live(self, slot, T0):
+        self.live[slot], self.pos[slot], self.last[slot] = True, T0, 0
+
+    def retire(self, slot):
+        self.live[slot] = False
+        self.reset(slot)
+
+    # --- steps and rollbacks ------------------------------------------------------------
+    def forget_last(self):
+        """No slot may roll back the last step any more."""
+        self.last = [0] * self.size
+
+    def commit(self, step_counts):
+        """A step ran: slot s took ``step_counts[s]`` tokens."""
+        self.forget_last()
+        for s, c in step_counts.items():
+            self.pos[s] += c
+            self.last[s] = c
+            if self.logged:
+                self.log_len[s] += c
+
+    def rollback(self, dropped):
+        """Slot s keeps k tokens of its last step for each (s, k) of ``dropped``."""
+        slots = [s for s, _ in dropped]
+        pos, log_len, last = rollback_cursor(
+            [self.pos[s] for s in slots],
+            [self.log_len[s] for s in slots],
+            [self.last[s] for s in slots],
+            [k for _, k in dropped],
+        )
+        for i, s in enumerate(slots):
+            self.pos[s], self.last[s] = pos[i], last[i]
+            if self.logged:  # a cursor move
+                self.log_len[s] = log_len[i]
+
+    def plan_folds(self, slots):
+        """Replay's fold grid: the slots whose log holds at least L entries fold their oldest L
+        (host lengths move now; the kernels read the old head from ``head_pre_d``)."""
+        folds = [s for s in slots if self.log_len[s] >= self.L]
+        self.plan = {s: self.head[s] for s in folds}  # slot -> ring head before the fold
+        for s in folds:
+            self.head[s] = (self.head[s] + self.L) % self.capacity
+            self.log_len[s] -= self.L
+        return folds
+
+    def fold_chunk(self, slot, T):
+        """The log length and head after a prefill chunk of T tokens; returns the folds."""
+        total = self.log_len[slot] + T
+        folds = total // self.L
+        self.log_len[slot] = total - folds * self.L
+        self.head[slot] = (self.head[slot] + folds * self.L) % self.capacity
+        return folds
+
+    def upload(self, step_counts, folds, positions=None):
+        """Copy the host's per-slot numbers to the device tensors the step reads."""
+        n = self.size
+        head_pre = list(self.head)
+        for s, h in (self.plan or {}).items():
+            head_pre[s] = h
+        fold_len = [self.L if s in folds else 0 for s in range(n)]
+        counts = [step_counts.get(s, 0) for s in range(n)]
+        meta = np.array([self.log_len, self.head, head_pre, fold_len, counts], dtype=np.int32)
+        self.meta.copy_(torch.from_numpy(meta), non_blocking=True)  # numpy: the faster build
+        pos = np.array(positions or self.pos, dtype=np.int64)
+        self.pos_d.copy_(torch.from_numpy(pos), non_blocking=True)

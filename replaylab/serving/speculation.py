@@ -1,0 +1,100 @@
+"""Batched greedy speculative decoding on a ``DecodeEngine``: each round, every sequence's
+drafter proposes k tokens, one step verifies k + 1 tokens per sequence, the target keeps the
+leading drafts equal to its own tokens (acceptance: the cumulative product of matches), and one
+rollback per round keeps 1 + accepted tokens per sequence.
+
+Shapes: prompts a list of (T0,) ids; pending (S, 1) or (S,); a round's tokens (G, k + 1) for
+the G sequences still going; contexts (S, width) on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replaylab.serving.checks import check_slots
+from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
+
+__all__ = ["speculate_batch", "check_k", "check_drafters"]
+
+
+def check_k(engine, k):
+    """``k`` drafts per round, with k + 1 <= the engine's max_verify."""
+    k = as_int("k", k, low=0)
+    if k + 1 > engine.max_verify:
+        raise ValueError(
+            f"k: a verify of k + 1 = {k + 1} tokens exceeds max_verify={engine.max_verify}"
+        )
+    return k
+
+
+def check_drafters(drafters, S):
+    """``drafters``: a list of S objects with ``propose``."""
+    if not isinstance(drafters, (list, tuple)) or len(drafters) != S:
+        raise ValueError(f"drafters: expected a list of {S}, one per slot, got {given(drafters)}")
+    for i, d in enumerate(drafters):
+        if not callable(getattr(d, "propose", None)):
+            raise TypeError(
+                f"drafters[{i}]: expected a drafter with propose(context, k, vocab), got {given(d)}"
+            )
+
+
+def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
+    """``DecodeEngine.speculate_batch``: checks everything, then runs the rounds. Returns
+    (list of (n_new,) tokens on the engine's device, proposed, accepted), the last two per
+    sequence."""
+    e = engine
+    k = check_k(e, k)
+    slots = check_slots(e, slots)
+    S, vocab = len(slots), e.cfg.vocab_size
+    if not isinstance(prompts, (list, tuple)) or len(prompts) != S:
+        raise ValueError(f"prompts: expected a list of {S}, one per slot, got {given(prompts)}")
+    prompts = [as_token_ids(f"prompts[{i}]", p, vocab, ("T0",)) for i, p in enumerate(prompts)]
+    pending = as_token_ids("pending", pending, vocab, (("slots", S), 1), (("slots", S),))
+    check_drafters(drafters, S)
+    n_new = as_int("n_new", n_new, low=1)
+    for s in slots:
+        if e.pos[s] + n_new - 1 > e.max_len:
+            raise ValueError(
+                f"n_new: slot {s} at position {e.pos[s]} cannot take n_new={n_new} tokens: "
+                f"expected position + n_new - 1 <= max_len={e.max_len}"
+            )
+    outs = [[int(t)] for t in pending.flatten().tolist()]
+    # the contexts on the host, a row each: prompt, then the tokens so far; a drafter reads a
+    # view (no copy of the whole context every round)
+    width = max(p.numel() for p in prompts) + n_new + k + 1
+    contexts = torch.zeros(S, width, dtype=torch.long)
+    lengths = [p.numel() + 1 for p in prompts]  # each context's tokens so far
+    for i, (prompt, first) in enumerate(zip(prompts, outs)):
+        contexts[i, : prompt.numel()] = prompt.cpu()
+        contexts[i, prompt.numel()] = first[0]
+    proposed, accepted = [0] * S, [0] * S
+    steps = torch.arange(k + 1)
+    while True:
+        going = [i for i in range(S) if len(outs[i]) < n_new]
+        if not going:
+            break
+        rows, ks = [], []
+        for i in going:
+            s = slots[i]
+            drafts = drafters[i].propose(contexts[i, : lengths[i]], k, vocab)
+            rows.append([outs[i][-1], *as_drafts(f"drafts of slot {s}", drafts, vocab, k)])
+            # fewer drafts just before a fold and near max_len
+            ks.append(min(k, e.policy.room(s) - 1, e.max_len - e.pos[s] - 1))
+        batch, limit = torch.tensor(rows), torch.tensor(ks)
+        step_slots = [slots[i] for i in going]
+        pred = e._step(batch.to(e.device), [kj + 1 for kj in ks], step_slots)
+        pred = pred.argmax(-1).cpu()  # (G, k + 1)
+        # accepted: the leading drafts equal to the target's tokens; the tokens taken are the
+        # target's first 1 + accepted (an accepted draft is the target's token)
+        same = (batch[:, 1:] == pred[:, :k]) & (steps[:k] < limit[:, None])
+        taken = same.long().cumprod(1).sum(1)
+        index = torch.tensor(going)[:, None].expand(-1, k + 1)
+        at = torch.tensor([lengths[i] for i in going])[:, None] + steps  # (G, k + 1)
+        new = steps <= taken[:, None]
+        contexts[index[new], at[new]] = pred[new]
+        for j, (i, a, tokens) in enumerate(zip(going, taken.tolist(), pred.tolist())):
+            proposed[i], accepted[i] = proposed[i] + ks[j], accepted[i] + a
+            outs[i] += tokens[: a + 1]
+            lengths[i] += a + 1
+        e._rollback((taken + 1).tolist(), step_slots)
+    return [torch.tensor(o[:n_new], device=e.device) for o in outs], proposed, accepted

@@ -1,0 +1,236 @@
+"""Replay: outputs come from checkpoint + log (no state write); a rollback is a cursor move.
+
+Folds sit on a fixed grid: the checkpoint is always at a multiple of L. A slot whose log holds
+L entries at the start of a step folds them into the checkpoint, and a step never crosses the
+grid: a slot takes at most ``room(slot)`` tokens in one step (the tokens left before its next
+fold). The token at position p is then always computed from the checkpoint at L * floor(p / L)
+and the entries after it, however the tokens were grouped into steps.
+
+Buffers per recurrent layer: ``state`` holds the checkpoint; ``log[field]`` (slots, L, ...) the
+entries since it, a ring (entry i of slot s at row (head[s] + i) % L). With ``use_kernels``
+each family's pool runs ``replay`` and ``fold`` through its Triton kernels for the whole
+bucket; without, the spec's ``outputs`` (one call per distinct log length) and ``fold``.
+
+Glossary: L log length, head ring start, log_len entries since the checkpoint, c a fold
+position (a multiple of L), b a prefix cache's block size.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replaylab.recurrent import window_after
+from replaylab.serving.strategies.base import EngineStrategy, register
+
+__all__ = ["EngineReplay"]
+
+
+@register
+class EngineReplay(EngineStrategy):
+    name = "replay"
+    store = "replay"
+    logged = True
+
+    @classmethod
+    def replays_with_kernels(cls, kernels):
+        return bool(kernels)
+
+    @classmethod
+    def graphable(cls, use_kernels):
+        return bool(use_kernels)  # else the slots are grouped by log length on the host
+
+    @classmethod
+    def allocate(cls, pool, zeros, slots, capacity, max_verify, fused):
+        pool.allocate_log(zeros, slots, capacity, fused)
+
+    def room(self, slot):
+        return self.engine.table.room(slot, self.engine.max_verify)
+
+    # --- a step ------------------------------------------------------------------------
+    def plan_folds(self, slots):
+        folds = self.engine.table.plan_folds(slots)
+        self.engine.stats.folds += len(folds)
+        self.engine.stats.folded_tokens += self.engine.L * len(folds)
+        return folds
+
+    def fold(self, bucket):
+        """Fold L entries of each slot that ``fold_len_d`` names into its checkpoint."""
+        e, table = self.engine, self.engine.table
+        for pool in e.ssm.values():
+            if pool.kernels:  # every slot of the bucket in one launch; fold_len 0: untouched
+                log = {k: v[:bucket] for k, v in pool.log.items()}
+                pool.fold(
+                    pool.state, table.rows_d[:bucket], log, table.fold_len_d[:bucket],
+                    table.head_pre_d[:bucket],
+                )  # fmt: skip
+                continue
+            for s, head in table.plan.items():
+                rows = (head + torch.arange(e.L, device=e.device)) % table.capacity
+                log = {k: v[s : s + 1, rows] for k, v in pool.log.items()}
+                pool.state[s : s + 1] = pool.spec.fold(pool.state[s : s + 1], log)
+
+    def advance(self, pool, entries, bucket, T):
+        """y from checkpoint + log (the kernels for the whole bucket, or the spec's outputs
+        per log length); appends each slot's counted tokens to its ring."""
+        table = self.engine.table
+        if pool.kernels:
+            meta = (table.log_len_d, table.head_d, table.counts_d)
+            y = pool.replay(entries, table.rows_d[:bucket], *(m[:bucket] for m in meta))
+            others = [f for f in pool.log if f not in pool.kernel_fields]  # Mamba-2: xBC
+            self._append_log(pool, entries, others, bucket, T)
+            return y
+        return self._replay_outputs(pool, bucket, T, entries)
+
+    def _replay_outputs(self, pool, bucket, T, entries):
+        """y of the new tokens from checkpoint + log (``spec.outputs``: no state written), one
+        call per distinct log length among the slots; appends each slot's counted tokens."""
+        e, table = self.engine, self.engine.table
+        y, held = None, table.log_len[:bucket]
+        for n in sorted(set(held)):
+            group = [s for s in range(bucket) if held[s] == n]
+            rows = torch.tensor(group, device=e.device)
+            heads = torch.tensor([table.head[s] for s in group], device=e.device)
+            old = (heads[:, None] + torch.arange(n, device=e.device)) % table.capacity
+            log = {k: v[rows[:, None], old] for k, v in pool.log.items()}  # (group, n, ...)
+            mine = {k: v[rows] for k, v in entries.items()}
+            out = pool.spec.outputs(pool.state[rows], log, mine)
+            if y is None:
+                y = out.new_empty((bucket, *out.shape[1:]))
+            y[rows] = out
+        self._append_log(pool, entries, list(pool.log), bucket, T)
+        return y
+
+    def _append_log(self, pool, entries, fields, bucket, T):
+        """Append ``fields`` of each slot's counted tokens (``entries``: field -> (bucket, T,
+        ...)) to its ring after its log_len entries, with no host read (a CUDA graph can hold
+        it): a padding token rewrites its slot's last counted token (the same value to the
+        same row), and a slot left out of the step (count 0) rewrites a row with what it
+        holds."""
+        if not fields:
+            return
+        table = self.engine.table
+        counts = table.counts_d[:bucket, None].long()
+        kept = torch.minimum(table.steps_d[:T], (counts - 1).clamp(min=0))  # (bucket, T)
+        rows = (
+            table.head_d[:bucket, None] + table.log_len_d[:bucket, None] + kept
+        ) % table.capacity
+        slots = table.rows_d[:bucket, None].long()
+        for k in fields:
+            buf, new = pool.log[k], entries[k]
+            at = kept.view(bucket, T, *(1,) * (new.dim() - 2)).expand_as(new)
+            value = new.gather(1, at).to(buf.dtype)
+            held = (counts > 0).view(bucket, 1, *(1,) * (new.dim() - 2))
+            buf[slots, rows] = torch.where(held, value, buf[slots, rows])
+
+    def mamba_fused(self, pool, x, dt, B, C, counts, T):
+        """``kernels.replay``, each verify row as a single step."""
+        table, bucket = self.engine.table, x.shape[0]
+        new = dict(x=x, dt=dt, B=B, C=C)
+        return pool.replay(
+            new, table.rows_d[:bucket], table.log_len_d[:bucket], table.head_d[:bucket], counts
+        )
+
+    # --- prefill -----------------------------------------------------------------------
+    def prefill_logged(self):
+        return {l: [] for l in self.engine.ssm}
+
+    def prefill_scan(self, pool, layer, slot, entries, carried, logged):
+        """Scan from the chunks' carried state and log the entries (appended to
+        ``logged[layer]`` when given); the checkpoint moves only by folds."""
+        before = carried[layer]
+        result = pool.spec.scan(before, entries)
+        carried[layer] = result.state
+        entries = pool.log_entries(entries, before)  # GDN kernels: u from the state before
+        self._prefill_log(pool, slot, entries)
+        if logged is not None:
+            logged[layer].append({k: entries[k].to(b.dtype) for k, b in pool.log.items()})
+        return result.y
+
+    def _prefill_log(self, pool, slot, entries):
+        """Append a chunk's entries to the slot's ring, folding each time it holds L."""
+        e, table = self.engine, self.engine.table
+        n, head, L = table.log_len[slot], table.head[slot], e.L
+        T = next(iter(entries.values())).shape[1]
+        done = 0
+        while done < T:
+            m = min(L - n, T - done)
+            rows = (head + n + torch.arange(m, device=e.device)) % table.capacity
+            for k, buf in pool.log.items():
+                buf[slot, rows] = entries[k][0, done : done + m].to(buf.dtype)
+            n, done = n + m, done + m
+            if n == L:
+                rows = (head + torch.arange(L, device=e.device)) % table.capacity
+                log = {k: v[slot : slot + 1, rows] for k, v in pool.log.items()}
+                pool.state[slot : slot + 1] = self.fold_entries(
+                    pool, pool.state[slot : slot + 1], log
+                )
+                head, n = (head + L) % table.capacity, 0
+
+    def prefill_chunk_done(self, slot, T):
+        folds = self.engine.table.fold_chunk(slot, T)
+        self.engine.stats.folds += folds
+        self.engine.stats.folded_tokens += folds * self.engine.L
+
+    def fold_entries(self, pool, state, entries):
+        """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use
+        (the pool's kernels under ``use_kernels``, else the spec's)."""
+        if not pool.kernels:
+            return pool.spec.fold(state, entries)
+        one = torch.zeros(1, dtype=torch.int32, device=self.engine.device)
+        n = next(iter(entries.values())).shape[1]
+        out = state.clone()
+        log = {k: t.contiguous() for k, t in entries.items()}
+        pool.fold(out, one, log, torch.full_like(one, n), one)
+        return out
+
+    # --- a prefix cache's seat ----------------------------------------------------------
+    def block_step(self):
+        return self.engine.L
+
+    def block_rule(self):
+        e = self.engine
+        return (
+            f"multiples of the engine's log_length L={e.L} below max_len={e.max_len} (a "
+            f"block's end must be a fold position)"
+        )
+
+    def seat_point(self, upto, r):
+        return upto // self.engine.L * self.engine.L
+
+    def seat_layer(self, pool, layer, path, block, ssm, conv, r, c, upto, j, slot):
+        """Fold the block's logged entries [g, c) onto the decode grid, put [c, upto) in the
+        ring, rebuild the window after ``upto``; carry the state at ``upto``."""
+        if not j:
+            return ssm, conv, ssm.clone()
+        L = self.engine.L
+        log = path[r // block].log[layer]  # {field: (1, len, ...)} of the block at r
+        for at in range(r, c, L):  # onto the decode grid, with decode's fold
+            ssm = self.fold_entries(
+                pool, ssm, {k: t[:, at - r : at - r + L] for k, t in log.items()}
+            )
+        ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
+        for k, buf in pool.log.items():
+            buf[slot, : upto - c] = ring[k][0]
+        conv = window_after(conv, log[pool.spec.conv_field][:, :j])
+        carried = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
+        return ssm, conv, carried
+
+    def seat_cursor(self, slot, upto, c):
+        table = self.engine.table
+        table.log_len[slot], table.head[slot] = upto - c, 0
+
+    def node_log(self, node, g, end, block, plan, record):
+        """The node's entries: those before the resumed position from the tree's node the slot
+        was seated from, the rest recorded by the prefill."""
+        R = plan.resumed
+        node.log = {}
+        for layer, pool in self.engine.ssm.items():
+            parts = []
+            if g < R:  # seated from the tree's node of this block (its log is held)
+                parts.append(
+                    {k: t[:, : R - g] for k, t in plan.path[g // block].log[layer].items()}
+                )
+            if end > R:
+                new = record["entries"][layer]
+                parts.append({k: t[:, max(g, R) - R : end - R] for k, t in new.items()})
+            node.log[layer] = {k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.log}
