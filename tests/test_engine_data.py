@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from replaylab.costmodel import decode_step_bytes
-from replaylab.model import preset
+from replaylab.model import HybridLM, preset
 from replaylab.results import load_bench
 from replaylab.teaching import exercises, puzzles
 from replaylab.teaching.plotting import best_launch
@@ -191,3 +191,21 @@ def test_kernel_device_on_this_machine():
     # and the check that launches replay_step on that device passes and fails as it should
     assert exercises.check_largest_log_len(14)
     assert not exercises.check_largest_log_len(15)
+
+
+def test_auto_log_length_is_the_committed_kernel_sweeps_choice():
+    """``DecodeEngine(log_length="auto")`` takes the constant ``AUTO_LOG_LENGTH`` (the library
+    reads no data file): it is the L of lowest amortised decode cost, step + fold(L)/L, at every
+    batch of ``data/bench_kernels.json``."""
+    from replaylab.results import amortised_decode
+    from replaylab.serving import DecodeEngine
+    from replaylab.serving.engine import AUTO_LOG_LENGTH
+
+    rows = amortised_decode(_load("data/bench_kernels.json"))
+    batches = sorted({r["batch"] for r in rows})
+    assert batches
+    for b in batches:
+        best = min((r for r in rows if r["batch"] == b), key=lambda r: r["amortised_us"])
+        assert best["L"] == AUTO_LOG_LENGTH, (b, best)
+    model = HybridLM(preset("tiny"), seed=0)
+    assert DecodeEngine(model, 2, 16, log_length="auto").L == AUTO_LOG_LENGTH
