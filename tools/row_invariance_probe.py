@@ -1,6 +1,6 @@
 """Where a verify's rows part from single steps: run T tokens per slot in one engine step, and
 the same T tokens one step at a time in a second engine, and compare every module's output
-row by row (forward hooks on every submodule, plus the engine's recurrent ``_advance`` and
+row by row (forward hooks on every submodule, plus the engine runner's recurrent ``advance`` and
 attention). Prints, per preset and arithmetic, the modules whose rows differ, in call order.
 
     python tools/row_invariance_probe.py OUT.json [--presets qwen3.5-9b-layers,...]
@@ -39,7 +39,8 @@ def _record(engine):
     for name, mod in engine.model.named_modules():
         if name:
             handles.append(mod.register_forward_hook(lambda m, a, o, n=name: keep(n, o)))
-    advance, attention = engine._advance, engine._attention
+    runner = engine.runner  # the engine's model runner: the recurrent pool work and attention
+    advance, attention = runner.advance, runner.attention
 
     def advance_hook(layer, inputs, bucket, T):
         y = advance(layer, inputs, bucket, T)
@@ -51,7 +52,7 @@ def _record(engine):
         keep(f"attention[{layer}]", y)
         return y
 
-    engine._advance, engine._attention = advance_hook, attention_hook
+    runner.advance, runner.attention = advance_hook, attention_hook
     return seen, order, handles
 
 

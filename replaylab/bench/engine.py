@@ -28,8 +28,8 @@ import torch
 from replaylab.bench.timing import copy_bandwidth_gbs, spread
 from replaylab.costmodel import decode_step_bytes
 from replaylab.model import HybridLM, preset
-from replaylab.results import measured_log_length
 from replaylab.serving import DecodeEngine
+from replaylab.serving.engine import AUTO_LOG_LENGTH
 
 __all__ = ["run_engine", "engine_summary"]
 
@@ -204,7 +204,7 @@ def _check_tokens(model, strategy, log_length, n_new=32):
     from replaylab.decoding import greedy
 
     if log_length == "auto":
-        log_length = measured_log_length(2)
+        log_length = AUTO_LOG_LENGTH
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(0, model.cfg.vocab_size, (2, 16), generator=g).cuda()
     ref = greedy(model, prompts, n_new, CacheConfig(strategy, log_length=log_length)).tokens
