@@ -4,6 +4,7 @@ on the stub and on typical mistakes; the traffic counter counts what a kernel re
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from pathlib import Path
 
@@ -180,6 +181,36 @@ def test_every_check_records_its_verdict():
     before = len(exercises.results())
     exercises.check_tokens_per_round(None)
     assert exercises.results()[before:] == [("tokens per round with falling acceptance", False)]
+
+
+# the topic modules of notebooks 01-09 (and 15's roofline), which ``exercises`` re-exports
+TOPICS = (
+    "memories",
+    "scan",
+    "branching",
+    "snapshot",
+    "recompute_replay",
+    "kernel",
+    "speculation",
+    "budgets",
+    "measuring",
+)
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_exercises_re_exports_every_check_of_the_topic_modules(topic):
+    """A notebook calls ``exercises.check_*``: each check of a topic module is reachable there
+    as the same object (and listed in ``__all__``), so a new check cannot be left out."""
+    module = importlib.import_module(f"replaylab.teaching.exercises_{topic}")
+    own = [
+        name
+        for name, obj in vars(module).items()
+        if name.startswith("check_") and getattr(obj, "__module__", None) == module.__name__
+    ]
+    assert own, topic
+    for name in own:
+        assert getattr(exercises, name, None) is getattr(module, name), name
+        assert name in exercises.__all__, name
 
 
 # ---------------------------------------------------------------- Triton puzzles

@@ -10,7 +10,14 @@ Modules, from the bottom up (each imports only those above it in this list, or t
     plotting, diagrams  plotly figures of committed results; access and memory diagrams
     widgets             the explorers (ipywidgets + plotly)
     timeline            the call-by-call timeline of one speculative round (notebook 03)
-    exercises           the ``check_*`` functions of notebooks 01-09, ``solution_sections``
+    solutions           ``solution_sections``, ``exercise_cells`` (the solutions / stubs run)
+    exercises_common    what the checks of 01-09 share: verdicts, the first mismatch,
+                        ``ScanInputs`` and ``MiniLayer`` (the mini stores' layer)
+    exercises_memories, exercises_scan, exercises_branching, exercises_snapshot,
+    exercises_recompute_replay, exercises_kernel, exercises_speculation, exercises_budgets,
+    exercises_measuring
+                        the checks of notebooks 01, 02, 03, 04, 05, 06, 07, 08 and 09 (+ 15)
+    exercises           re-exports them all: a notebook calls ``exercises.check_*``
     exercises_families, exercises_text, exercises_serving, exercises_prefix
                         the checks of notebooks 11, 10, 13 and 14
     puzzles             the Triton puzzles of notebook 06

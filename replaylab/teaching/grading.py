@@ -1,12 +1,12 @@
 """What every exercise check shares: the record of verdicts, the printed verdict and the guard
 that turns anything the learner's code raises into a reported failure.
 
-Glossary: a *check* is a ``check_*`` function of ``replaylab.teaching``'s ``exercises``,
-``exercises_families``, ``exercises_text``, ``exercises_serving``, ``exercises_prefix`` or
-``puzzles``; a *verdict* is (check name, passed); the *learner's frame* is the last frame of a
-traceback that lies outside replaylab and outside installed packages and the standard library
-(a notebook cell, a script, a test), i.e. the line of the learner's code where an exception was
-raised.
+Glossary: a *check* is a ``check_*`` function of one of ``replaylab.teaching``'s
+``exercises_<topic>`` modules (one per notebook topic; ``exercises`` re-exports those of
+notebooks 01-09) or of ``puzzles``; a *verdict* is (check name, passed); the *learner's frame*
+is the last frame of a traceback that lies outside replaylab and outside installed packages
+and the standard library (a notebook cell, a script, a test), i.e. the line of the learner's
+code where an exception was raised.
 
 ``@guarded("name")`` wraps a check so that it never raises: ``NotImplementedError`` (a stub)
 is reported as "not yet implemented", any other exception as ``FAIL name: ... raised
