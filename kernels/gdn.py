@@ -201,10 +201,8 @@ def _fold_kernel(
             )
             # Σ_s (γ_j / γ_s) k_s u_sᵀ: (K, BLOCK_L) @ (BLOCK_L, BLOCK_V)
             acc += tl.dot(tl.trans(k_l * w[:, None]), u_l, input_precision=PRECISION)
-        # the checkpoint read after the log's products, not before: 193 registers a thread
-        # instead of 255 (data/ncu_summary*.json), and 0.70 of the copy bandwidth instead of
-        # 0.60 at batch 128 (H200, data/gdn_fold_sweep_tiles.jsonl; rows tiled or chunked per
-        # program did no better)
+        # the checkpoint read after the log's products, not before: fewer registers, faster
+        # (data/gdn_fold_sweep_tiles.jsonl, data/ncu_summary*.json; figures in data/README.md)
         S = tl.load(states + (src * H + h) * K * V + tile, mask=m_tile, other=0.0)
         S = tl.exp(log_gamma) * S + acc
         tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
@@ -394,8 +392,7 @@ def fold(
     S_c = ``states[src_slots[b]]`` and the first j = ``fold_len[b]`` log entries (``out`` may be
     ``states``; then no slot may be both read by one sequence and written by another). A
     sequence folding 0 entries in place costs nothing. ``precision``: tl.dot's input precision
-    (default "ieee": fp32 products, which the H200 sweep also found faster than "tf32x3"). Returns
-    ``out``."""
+    (default "ieee": fp32 products, chosen by data/gdn_launch_sweep.jsonl). Returns ``out``."""
     batch, Lmax, H, Hk, K, V = _check_log(states, log_k, log_u, log_g)
     head = torch.zeros_like(fold_len) if log_head is None else log_head
     if check:

@@ -25,9 +25,7 @@ A verify row is computed by exactly the operations a one-token step at its posit
 (same update, same order), so T tokens in one call equal T single steps bit for bit. Both
 kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
 a sum into one FMA differently in the unrolled new-token updates and in the looped log
-updates. At Jamba's shape on an H200 a verify's rows parted from single steps before
-(``data/row_invariance_probe.json``); that contraction is the suspected cause, and the launch
-without it has not yet run on a GPU.
+updates (why: ``data/row_invariance_probe_jamba.json``, described in data/README.md).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 bits whatever the number of rows M, so a (k+1)-token verify at batch B (M = B(k+1)) rounds
 each row as a decode step at batch B (M = B) does.
 
-cuBLAS picks its kernel, tile and split of the reduction by shape; on an H200 its bf16 rows
-change with M at batch 64 and 128 (``data/bench_serve_matmul_rows.json``). Here the launch
+cuBLAS picks its kernel, tile and split of the reduction by shape, so its rows can change with
+M (``data/bench_serve_matmul_rows.json``). Here the launch
 depends only on the weight's shape (N, K), never on M: one compiled kernel, one tile shape,
 the K reduction in BLOCK_K chunks in one order, no split of K. A row's result then depends
 only on its own inputs. What that costs against cuBLAS is measured by ``bench serve``.

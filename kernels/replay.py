@@ -388,8 +388,8 @@ LAUNCH = {
 
 # One launch (block of P, warps) for every batch: the reduction order, and so a sequence's
 # bits, then do not depend on how many sequences share the launch. The serving engine's
-# default; LAUNCH above is tuned per batch for speed (data/bench_kernels_sweep.json: these
-# cost 8.6% / 12% more at batch 1 / 8 in the step, 56% in the batch-1 fold, nothing from 32).
+# default; LAUNCH above is tuned per batch for speed (what this costs: data/README.md, under
+# bench_kernels_sweep.json).
 BATCH_INVARIANT = {"replay_step": (64, 2), "fold": (32, 1)}
 
 
@@ -468,8 +468,8 @@ def replay_step(
     once as matrix products on tensor cores; needs P, N >= 16 on a GPU), "exact" (T launches
     of the one-token kernel, each appending before the next: bit for bit what T decode steps
     give, at T reads of the checkpoint; the one-launch loop rounds differently from single
-    steps on a GPU in fp32) or "auto" (verify for T >= 8, where the H200 measurements in
-    data/bench_kernels_verify.json show it faster).
+    steps on a GPU in fp32) or "auto" (verify for T >= 8; chosen by
+    data/bench_kernels_verify.json).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T
     (the caller keeps room: ``log_len + T <= Lmax``); ``advance=False`` leaves ``log_len``
