@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replaylab.kernels.replay import _delta
+from replaylab.kernels.mamba2 import _delta
 
 __all__ = ["add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "state_update", "attention"]
 

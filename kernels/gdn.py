@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replaylab.kernels.replay import _ring_rows
+from replaylab.kernels.mamba2 import _ring_rows
 
 __all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref", "corrected_updates"]
 

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replaylab.kernels.replay import _ring_rows
+from replaylab.kernels.mamba2 import _ring_rows
 from replaylab.scan import s6_scan
 from replaylab.validation import check_tensor
 

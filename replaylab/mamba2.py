@@ -168,7 +168,7 @@ class Mamba2Spec(RecurrentSpec):
 
 
 class Mamba2ReplayKernels(ReplayKernels):
-    """``replaylab.kernels.replay``'s Triton kernels over a Mamba-2 replay log."""
+    """``replaylab.kernels.mamba2``'s Triton kernels over a Mamba-2 replay log."""
 
     MAX_STEP_TOKENS = 16  # longer inputs (a prefill) go through fold + reference scan
 
@@ -180,7 +180,7 @@ class Mamba2ReplayKernels(ReplayKernels):
         return p.A.detach(), p.D.detach().float(), p.dt_bias.detach().float(), p.dt_limit
 
     def fold(self, checkpoint, rows, log, upto):
-        from replaylab.kernels.replay import fold
+        from replaylab.kernels.mamba2 import fold
 
         batch = rows.numel()
         A, _, bias, limit = self._params()
@@ -203,7 +203,7 @@ class Mamba2ReplayKernels(ReplayKernels):
     def step(self, checkpoint, rows, log, n, entries):
         if entries["x"].shape[1] > self.MAX_STEP_TOKENS:
             return None
-        from replaylab.kernels.replay import replay_step
+        from replaylab.kernels.mamba2 import replay_step
 
         A, D, bias, limit = self._params()
         log_len = torch.full((rows.numel(),), n, dtype=torch.int32, device=checkpoint.device)

@@ -36,10 +36,10 @@ CORE = [
     "replaylab.strategies",
     "replaylab.decoding",
     "replaylab.costmodel",
-    "replaylab.kernels.replay",
+    "replaylab.kernels.mamba2",
     "replaylab.kernels.mamba1",
     "replaylab.kernels.gdn",
-    "replaylab.bench.gdn",
+    "replaylab.bench.gdn_kernels",
     "replaylab.generate",
     "replaylab.cli",
     "replaylab.bench.cli",
@@ -152,7 +152,7 @@ def find_cycle(edges) -> list[str] | None:
 @pytest.fixture(scope="module")
 def edges():
     modules = package_modules()
-    assert {"replaylab.cache", "replaylab.teaching.exercises", "replaylab.kernels.replay"} <= set(
+    assert {"replaylab.cache", "replaylab.teaching.exercises", "replaylab.kernels.mamba2"} <= set(
         modules
     ), sorted(modules)
     return import_edges(modules)

@@ -2,7 +2,7 @@
 (``use_kernels=True``: the default on a GPU; here through Triton's interpreter) for the layouts
 the fused path does not serve: Gated DeltaNet ("G", ``kernels.gdn``: the log holds k, the
 corrected update u and g), Mamba-1 ("S", ``kernels.mamba1``: x, dt, B) and Mamba-2 beside RoPE
-attention and SwiGLU (Bamba, ``kernels.replay``). Against the independent teaching cache: the
+attention and SwiGLU (Bamba, ``kernels.mamba2``). Against the independent teaching cache: the
 same logits over folds and chunked prefill, and under ragged programs; a prefill leaves the
 checkpoint and log a token-by-token decode leaves; speculative decoding gives the engine's own
 greedy tokens bit for bit (k = 1 .. 4, per-sequence acceptance, across fold boundaries); one

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from replaylab import assert_close
-from replaylab.kernels.replay import fold, fold_ref, replay_step, replay_step_ref
+from replaylab.kernels.mamba2 import fold, fold_ref, replay_step, replay_step_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]

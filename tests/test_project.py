@@ -36,9 +36,9 @@ def test_environment_yml_agrees_with_pyproject_and_run_sh():
 
 
 def test_kernels_ship_inside_the_package():
-    import replaylab.kernels.replay
+    import replaylab.kernels.mamba2
 
-    assert pathlib.Path(replaylab.kernels.replay.__file__).resolve().parent == ROOT / "kernels"
+    assert pathlib.Path(replaylab.kernels.mamba2.__file__).resolve().parent == ROOT / "kernels"
     link = ROOT / "replaylab" / "kernels"
     assert link.is_symlink() and link.resolve() == ROOT / "kernels"
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]

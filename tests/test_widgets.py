@@ -98,7 +98,7 @@ def _log_explorer(**kw):
 
 
 def test_log_length_explorer_shows_the_measurements_and_the_model():
-    from replaylab.bench.kernels import amortised_decode
+    from replaylab.bench.mamba2_kernels import amortised_decode
     from replaylab.results import load_bench
 
     bench = load_bench()

@@ -1204,7 +1204,7 @@ def test_a_passing_kernel_is_timed_only_where_there_is_a_gpu(tmp_path, capsys, m
 
 
 def test_the_timing_shape_is_the_sweeps_layer():
-    from replaylab.bench.kernels import SHAPE
+    from replaylab.bench.mamba2_kernels import SHAPE
 
     sizes = puzzles.TIMING_SIZES
     assert (sizes["H"], sizes["P"], sizes["N"]) == (SHAPE["H"], SHAPE["P"], SHAPE["N"])

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replaylab.bench import gdn as gdn_bench
+from replaylab.bench import gdn_kernels as gdn_bench
 from replaylab.bench import mamba1_kernels as m1_bench
 from replaylab.bench.peers import load_kernel_peers
 from replaylab.bench.provenance import provenance

@@ -11,7 +11,7 @@ import time
 out = os.environ["OUT"]
 t0 = time.time()
 
-from replaylab.bench import gdn  # noqa: E402
+from replaylab.bench import gdn_kernels as gdn  # noqa: E402
 from replaylab.kernels import gdn as kernels  # noqa: E402
 
 with open(f"{out}/gdn_launch_sweep.jsonl", "w") as f:

@@ -5,7 +5,7 @@
 # %% quiz_answers
 import math
 
-from replaylab.bench.kernels import amortised_decode
+from replaylab.bench.mamba2_kernels import amortised_decode
 from replaylab.cache import HybridCache
 from replaylab.teaching.experiments import compare_strategies
 from replaylab.families import FAMILY_SHAPES, entry_bytes, state_bytes

@@ -322,7 +322,7 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # * `prefix` — a prefix cache for the teaching cache: a tree of blocks holding KV, states and (replay)
 #   logs, so a request resumes from a shared prefix at any position (`replaylab bench prefix`;
 #   notebook 14).
-# * `kernels` (`replaylab.kernels.replay`; `replaylab.kernels.mamba1` for Jamba's Mamba-1;
+# * `kernels` (`replaylab.kernels.mamba2`; `replaylab.kernels.mamba1` for Jamba's Mamba-1;
 #   `replaylab.kernels.gdn` for Gated DeltaNet) — Triton `replay_step` and `fold`.
 # * `costmodel` — analytic predictions.
 # * `bench`, `results` — the benchmark harness (`replaylab bench ...`) and the committed GPU

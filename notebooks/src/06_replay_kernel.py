@@ -35,9 +35,9 @@ import triton
 import triton.language as tl
 from replaylab import assert_close
 from replaylab.teaching import exercises, puzzles
-from replaylab.bench.kernels import summary
+from replaylab.bench.mamba2_kernels import summary
 from replaylab.teaching.diagrams import puzzle_access_diagram
-from replaylab.kernels import replay
+from replaylab.kernels import mamba2 as replay  # Mamba-2's replay kernels
 from replaylab.teaching.plotting import (
     fold_vs_copy_figure,
     kernel_bandwidth_figure,
@@ -383,7 +383,7 @@ puzzles.check_log_output_kernel(log_output_kernel);
 #
 # ## 3. The library's kernels
 #
-# `replaylab.kernels.replay` holds the same two operations at full size, each beside a PyTorch
+# `replaylab.kernels.mamba2` holds the same two operations at full size, each beside a PyTorch
 # reference with the same signature (`replay_step` / `replay_step_ref`, `fold` / `fold_ref`).
 #
 # **What one program owns.** Both kernels launch the grid `(batch, H, cdiv(P, BLOCK_P))`:
@@ -485,7 +485,7 @@ else:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from replaylab.bench.kernels import amortised_decode
+from replaylab.bench.mamba2_kernels import amortised_decode
 
 bench = load_bench()  # data/bench_kernels.json
 print(bench["device"], "|", bench["date"], "|", bench["command"])
@@ -685,7 +685,7 @@ kernel_sweep_figure(sweep).show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from replaylab.bench.kernels import SHAPE  # the layer shape the sweep timed: Nemotron-H 8B's
+from replaylab.bench.mamba2_kernels import SHAPE  # the layer shape the sweep timed: Nemotron-H 8B's
 
 b1 = min(b for _, b in fastest)
 launch = fastest[(step_k, b1)]

@@ -29,7 +29,7 @@ import torch
 
 from replaylab import costmodel as cm
 from replaylab.teaching import quiz
-from replaylab.bench.kernels import amortised_decode
+from replaylab.bench.mamba2_kernels import amortised_decode
 from replaylab.results import load_bench
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence, snapshot_in_kv_tokens
 

@@ -44,7 +44,7 @@ def _need_gpu(what):
 
 
 def _kernels(args):
-    from replaylab.bench.kernels import SHAPE, run_kernels, summary
+    from replaylab.bench.mamba2_kernels import SHAPE, run_kernels, summary
     from replaylab.bench.provenance import provenance
 
     _need_gpu("kernels")
@@ -68,7 +68,7 @@ def _kernels(args):
 
 
 def _gdn_kernels(args):
-    from replaylab.bench.gdn import run_gdn_kernels, summary
+    from replaylab.bench.gdn_kernels import run_gdn_kernels, summary
 
     _need_gpu("gdn-kernels")
     t0 = time.time()
@@ -81,7 +81,7 @@ def _gdn_kernels(args):
 
 
 def _sweep(args):
-    from replaylab.bench.kernels import sweep
+    from replaylab.bench.mamba2_kernels import sweep
     from replaylab.bench.provenance import provenance
 
     _need_gpu("sweep")

@@ -6,7 +6,7 @@ What runs: ``DecodeEngine``'s reference path (these layouts are not NemotronH's,
 kernels do not serve them: ``serving.engine.fused_reason``), each row with CUDA graphs (every
 step one graph replay) or without (``graphs``: both arms on a GPU), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
-whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.replay``) and its folds their
+whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
 ``fold``; snapshot and recompute run the layer spec's PyTorch token loop
 (no kernel of ours exists for their state update), so replay against snapshot here is kernels
 against PyTorch operations as well as one strategy against another. For Gated DeltaNet the

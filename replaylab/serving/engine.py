@@ -89,7 +89,7 @@ class DecodeEngine:
     "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
-    batch (``kernels.replay.LAUNCH``).
+    batch (``kernels.mamba2.LAUNCH``).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)

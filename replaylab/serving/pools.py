@@ -18,7 +18,7 @@ Replay through the Triton kernels (``kernels=True``): each family's pool calls i
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
 keeps what they read:
-    Mamba-2 (``Mamba2Pool``, ``kernels.replay``)      the spec's fields (xBC, x, dt, B, C); on
+    Mamba-2 (``Mamba2Pool``, ``kernels.mamba2``)      the spec's fields (xBC, x, dt, B, C); on
                                                       the fused path x, dt, B, C only (the fused
                                                       conv keeps the window in ``conv``); also
                                                       the conv weights the fused path reads
@@ -191,7 +191,7 @@ class Mamba2Pool(RecurrentPool):
         return self.kernel_fields if fused else self.spec.log_fields
 
     def replay(self, entries, rows, log_len, head, counts):
-        from replaylab.kernels.replay import replay_step
+        from replaylab.kernels.mamba2 import replay_step
 
         return replay_step(
             self.state,
@@ -214,14 +214,14 @@ class Mamba2Pool(RecurrentPool):
         )
 
     def fold(self, states, rows, log, fold_len, head):
-        from replaylab.kernels.replay import fold
+        from replaylab.kernels.mamba2 import fold
 
         logs = (log["x"], log["dt"], log["B"])
         fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, True,
              self.dt_limit, check=False, log_head=head, **self.launch.get("fold", {}))  # fmt: skip
 
     def batch_invariant_launch(self):
-        from replaylab.kernels.replay import BATCH_INVARIANT
+        from replaylab.kernels.mamba2 import BATCH_INVARIANT
 
         return {k: dict(block_p=p, num_warps=w) for k, (p, w) in BATCH_INVARIANT.items()}
 

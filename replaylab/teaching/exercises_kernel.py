@@ -1,5 +1,5 @@
 """Checks of notebook 06 (the replay kernel): questions on ``data/bench_kernels.json`` (the sweep
-these checks read), the log room ``kernels.replay.replay_step`` accepts, and the log length
+these checks read), the log room ``kernels.mamba2.replay_step`` accepts, and the log length
 that is best measured and by the cost model.
 
 Glossary: L, log_len, the log's length; Lmax, its capacity; T, new tokens per step; ssu,
@@ -37,7 +37,7 @@ def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
     """Notebook 06: the largest ``log_len`` at which ``replay_step`` can still append T=2 new
     tokens to a log of capacity Lmax=16. The check calls the reference with ``answer`` (must
     work) and ``answer + 1`` (must be refused)."""
-    from replaylab.kernels.replay import replay_step
+    from replaylab.kernels.mamba2 import replay_step
 
     name = "largest log_len that leaves room for T tokens"
     if answer is None:
@@ -81,7 +81,7 @@ def check_best_log_length(answer, batch=8, max_L=64) -> bool:
     step + fold(L) / L, in ``data/bench_kernels.json``; the integer L in 1..max_L at which the
     cost model's amortised bytes, ``kernel_bytes`` of replay_step over a log of L plus fold(L)
     / L for the benchmark's layer shape, are lowest)."""
-    from replaylab.bench.kernels import SHAPE, amortised_decode
+    from replaylab.bench.mamba2_kernels import SHAPE, amortised_decode
     from replaylab.costmodel import kernel_bytes
     from replaylab.results import load_bench
 

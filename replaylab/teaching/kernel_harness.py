@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # where a check times a kernel that passed, on a GPU: one sequence of Nemotron-H 8B's Mamba-2
-# layer (replaylab.bench.kernels.SHAPE, B and C expanded to the heads) and a log of 16, the
+# layer (replaylab.bench.mamba2_kernels.SHAPE, B and C expanded to the heads) and a log of 16, the
 # shape of the launch sweep's batch-1 replay step (data/bench_kernels_sweep.json)
 TIMING_SIZES = dict(batch=1, H=128, P=64, N=128, L=16)
 

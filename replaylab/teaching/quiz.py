@@ -123,7 +123,7 @@ def _one_read_key():
     """Count the library's replay_step traffic under Triton's interpreter: the checkpoint read
     once and no state written is choice "b". Without the interpreter (compiled kernels on a
     GPU) traffic cannot be counted; the key then comes from the derivation (also "b")."""
-    from replaylab.kernels.replay import replay_step
+    from replaylab.kernels.mamba2 import replay_step
 
     if not interpreting():
         return "b"
@@ -325,7 +325,7 @@ QUESTIONS: list[Question] = [
         "gives the lowest amortised cost per token?",
         "number",
         _best_log_length,
-        "replaylab.bench.kernels.amortised_decode(load_bench()): the batch-128 row with the "
+        "replaylab.bench.mamba2_kernels.amortised_decode(load_bench()): the batch-128 row with the "
         "smallest amortised_us",
         "A short log folds often (fold(L)/L is large); a long log makes every step read more "
         "entries. The optimum sits in between; quoting a step without its share of the fold "

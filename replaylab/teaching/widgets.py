@@ -609,7 +609,7 @@ class SpeculativeExplorer(_Explorer):
 class LogLengthExplorer(_Explorer):
     """Replay's decode cost against its log length L at one batch, from the H200 run in
     ``data/bench_kernels.json``: the measured amortised time per decode step, step(L) +
-    fold(L) / L (``bench.kernels.amortised_decode``: a step with L entries in the log, and its
+    fold(L) / L (``bench.mamba2_kernels.amortised_decode``: a step with L entries in the log, and its
     share of the fold a full log forces), and mamba-ssm's ``selective_state_update`` (which reads
     and writes the state every token) at the same batch; beside each, the cost model's line:
     the bytes the kernel must move (``costmodel.kernel_bytes``) over the device-copy bandwidth
@@ -618,7 +618,7 @@ class LogLengthExplorer(_Explorer):
     TICKS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
     def __init__(self, bench=None, batch=32, L=16, max_L=64):
-        from replaylab.bench.kernels import SHAPE, amortised_decode
+        from replaylab.bench.mamba2_kernels import SHAPE, amortised_decode
         from replaylab.results import load_bench
         from replaylab.validation import as_int
 

@@ -123,7 +123,7 @@ class EngineReplay(EngineStrategy):
             buf[slots, rows] = torch.where(held, value, buf[slots, rows])
 
     def mamba_fused(self, pool, x, dt, B, C, counts, T):
-        """``kernels.replay``, each verify row as a single step."""
+        """``kernels.mamba2``, each verify row as a single step."""
         table, bucket = self.engine.table, x.shape[0]
         new = dict(x=x, dt=dt, B=B, C=C)
         return pool.replay(

@@ -61,7 +61,7 @@ def _inputs(batch, L, T, dtype=torch.bfloat16, Lmax=None):
 
 def _providers(inp, L, T, peers):
     """name -> zero-argument callable, for one (batch, L, T) shape."""
-    from replaylab.kernels.replay import replay_step
+    from replaylab.kernels.mamba2 import replay_step
 
     H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
     batch = inp["x"].shape[0]
@@ -138,9 +138,9 @@ def sweep(batches=(1, 8, 32, 128)):
     """BLOCK_P x num_warps per kernel and batch (decode, T=1, L=16; fold of 16 entries), with
     mamba-ssm's ``selective_state_update`` beside them at each batch and the fold's bandwidth
     as a fraction of the device copy measured in the same run: the numbers behind
-    ``replaylab.kernels.replay.LAUNCH`` and ``replaylab.kernels.decode.LAUNCH_STATE_UPDATE``."""
+    ``replaylab.kernels.mamba2.LAUNCH`` and ``replaylab.kernels.decode.LAUNCH_STATE_UPDATE``."""
     from replaylab.kernels.decode import state_update
-    from replaylab.kernels.replay import fold, replay_step
+    from replaylab.kernels.mamba2 import fold, replay_step
 
     peers, _ = load_kernel_peers()
     copy_gbs = max(copy_bandwidth_gbs() for _ in range(3))
@@ -228,7 +228,7 @@ def sweep(batches=(1, 8, 32, 128)):
 def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None, fold=True):
     from tqdm.auto import tqdm
 
-    from replaylab.kernels.replay import fold
+    from replaylab.kernels.mamba2 import fold
 
     peers, errors = load_kernel_peers()
     bw = max(copy_bandwidth_gbs() for _ in range(3))  # the first runs while clocks ramp up
