@@ -10,7 +10,6 @@ __all__ = [
     "DATA_DIR",
     "amortised_decode",
     "load_bench",
-    "measured_log_length",
     "replay_wins",
     "replay_wins_summary",
 ]
@@ -57,20 +56,6 @@ def amortised_decode(result):
                     )
                 )
     return out
-
-
-def measured_log_length(batch, path="data/bench_kernels.json", default=16):
-    """Replay's L with the lowest measured amortised decode cost, step + fold(L)/L, at the
-    benchmarked batch nearest to ``batch`` (``amortised_decode`` over a committed GPU run);
-    ``default`` when no such file can be read."""
-    try:
-        rows = amortised_decode(load_bench(path))
-    except (OSError, KeyError, ValueError):
-        return default
-    if not rows:
-        return default
-    nearest = min({r["batch"] for r in rows}, key=lambda b: (abs(b - batch), b))
-    return min((r for r in rows if r["batch"] == nearest), key=lambda r: r["amortised_us"])["L"]
 
 
 def replay_wins(engine=None, ragged=None, acceptance=0.8):

@@ -25,7 +25,7 @@ import torch
 from replaylab.bench.peers import load_kernel_peers
 from replaylab.bench.timing import copy_bandwidth_gbs, time_ms
 from replaylab.costmodel import kernel_bytes
-from replaylab.results import amortised_decode  # noqa: F401  (re-exported: notebooks read it here)
+from replaylab.results import amortised_decode  # also re-exported: notebooks read it here
 
 __all__ = ["SHAPE", "run_kernels", "sweep", "summary", "amortised_decode"]
 
@@ -294,20 +294,16 @@ def summary(result):
     rows = [r for r in result["rows"] if "us" in r]
     get = lambda **k: next((r for r in rows if all(r[a] == v for a, v in k.items())), None)  # noqa: E731
     lines = []
+    # the decode figure: a full log forces a fold, so a step costs step + fold(L)/L (the step is
+    # timed with L entries in the log: its longest, a bound)
+    decode = amortised_decode(result)
     for batch in sorted({r["batch"] for r in rows}):
-        ssu1 = get(provider="ssu", batch=batch, T=1)
-        for L in sorted({r["log_len"] for r in rows if r["kind"] == "decode"}):
-            ours = get(provider="replay_step", batch=batch, log_len=L, T=1)
-            fold = get(provider="fold", batch=batch, log_len=L)
-            if ours and ssu1 and fold:
-                # the decode figure: a full log forces a fold, so a step costs step + fold(L)/L
-                # (the step is timed with L entries in the log: its longest, a bound)
-                amortised = ours["us"] + fold["us"] / L
-                lines.append(
-                    f"decode  b={batch:3d} L={L:2d}: step {ours['us']:7.1f} us + fold "
-                    f"{fold['us']:7.1f}/{L} = {amortised:7.1f} us amortised, ssu "
-                    f"{ssu1['us']:7.1f} us: {ssu1['us'] / amortised:.2f}x"
-                )
+        for d in (d for d in decode if d["batch"] == batch):
+            lines.append(
+                f"decode  b={batch:3d} L={d['L']:2d}: step {d['step_us']:7.1f} us + fold "
+                f"{d['fold_us']:7.1f}/{d['L']} = {d['amortised_us']:7.1f} us amortised, ssu "
+                f"{d['ssu_us']:7.1f} us: {d['speedup']:.2f}x"
+            )
         for T in sorted({r["T"] for r in rows if r["T"] > 1}):
             ssu = get(provider="ssu", batch=batch, T=T)
             ours = get(provider="replay_step", batch=batch, log_len=16, T=T) or get(
