@@ -57,20 +57,23 @@
 # | block | notebooks and sections | exercises | minutes |
 # |---|---|---|---:|
 # | set-up | as above | | 15 |
-# | 1 | 00: *What this sequence covers* and the notation table (its terms return in blocks 5 and 7) | | 10 |
-# | 2 | 01 sections 2 and 4: a state is overwritten; why branching hurts it | none (1-2 optional) | 8 |
-# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 17 |
-# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 50 |
+# | 1 | 00: *What this sequence covers* and the notation table (its terms return in blocks 5 and 7) | | 8 |
+# | 2 | 01 sections 2 and 4: a state is overwritten; why branching hurts it | none (1-2 optional) | 6 |
+# | 3 | 03: *The three strategies on one branching sequence*, sections 1 and 2, and the first two cells of section 4 (a layer's `scan` call, which block 4's exercise uses) | none (the rest of section 4 and 1-2 optional) | 9 |
+# | 4 | 05 sections 1 and 3, the first paragraph of 4, then section 5 | **write the replay log** (section 5) | 26 |
 # | break | | | 10 |
-# | 5 | 06 section 1 (one read of the checkpoint) and section 5: its terms, one table and one sentence (5b, the measurements in depth, optional) | none (the puzzles and 1-3 optional) | 30 |
-# | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 15 |
-# | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 10 |
-# | 8 | 12 section 1: the sequence in one page | the quiz optional | 5 |
-# | | questions, slack | | 10 |
+# | 5 | 06 section 1 (one read of the checkpoint) and section 5: its terms, one table and one sentence (5b, the measurements in depth, optional) | none (the puzzles and 1-3 optional) | 6 |
+# | 6 | 07 sections 1 and 2: tokens per round; the explorer | none (1-2 optional) | 12 |
+# | 7 | 09 section 4: the engine table and where replay wins (its kernel table repeats 06's) | none (1-2 optional) | 11 |
+# | 8 | 12 section 1: the sequence in one page | the quiz optional | 4 |
+# | | questions, discussion, slack (what the timed walk leaves of the 3 hours) | | 73 |
 # | **total** | | | **180 (3 h)** |
 #
 # Optional on this path: 02, 04, 08, 10, 11, 13, 14 and the appendix 15 whole; 03's sections 2b, 3, 3b, 3c and 4 (but its first two cells); 05's
 # sections 2 and 4; 06's sections 2 (the Triton puzzles), 3, 4 and 5b; every exercise but 05's replay log.
+# The block minutes come from a timed walk of this path on 2026-12-04 (`notebooks/INSTRUCTORS.md`,
+# *Short paths*, gives what was measured and the rule); the last row holds the rest of the three
+# hours.
 #
 # ### The 1-day path: build every strategy, skip the second day's depth
 #

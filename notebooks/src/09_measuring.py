@@ -305,8 +305,9 @@ for line in replay_wins_summary(replay_wins(eng, load_bench("data/bench_serve_ra
 # In words: **plain decode** trails or ties at batch 1 and 8 and wins from batch 32 (the ragged
 # run, which has no batch 32, from 64); **batched speculation** (k = 4 verify rounds) wins from
 # batch 64; **speculation at batch 1** trails per-draft snapshots, whose copies of one sequence's
-# state are cheap. The kernel alone wins earlier (the kernel table above: the amortised decode from
-# batch 8), because at small batch the weights, not the state, are most of a step's bytes.
+# state are cheap. The kernel alone wins earlier (the kernel table above, the same as 06 section 5's:
+# the amortised decode from batch 8), because at small batch the weights, not the state, are most
+# of a step's bytes.
 
 # %% [markdown]
 # ## 5. A caveat: the ratio of attention to recurrent layers
