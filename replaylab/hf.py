@@ -1,0 +1,651 @@
+"""replaylab's replay and recompute strategies as transformers cache layers.
+
+transformers 5.25 verifies a draft on a hybrid model by *recording*: while
+``activate_past_recording`` is on, each recurrent layer keeps its state after every draft token
+(``recurrent_states_history``) and ``crop(-n)`` picks one of them (the snapshot strategy). The
+caches here keep the same model's recurrent layers under replaylab's other two strategies and
+plug into transformers' own ``generate`` (greedy, beam search, assisted generation):
+
+    from replaylab.hf import ReplayCache
+    out = model.generate(ids, assistant_model=draft, past_key_values=ReplayCache(model))
+
+``RecomputeCache(model)`` is the same call with the recompute strategy.
+
+- **Replay** (``ReplayLayer``): one checkpoint state per layer plus a log of the layer's scan
+  inputs since it (raw conv inputs ``xBC``, and ``x, dt, B, C`` after the conv). Outputs of
+  new tokens come from checkpoint + log (``ReplayKernels.step``: no state written); ``crop(-n)``
+  moves the log's cursor back n entries; the log is folded into the checkpoint on a fixed grid
+  of ``log_length`` entries, at the start of a forward and only over entries no ``crop`` can
+  take back any more. The conv window is the last ``d_conv - 1`` logged conv inputs.
+- **Recompute** (``RecomputeLayer``): the current state plus the state at the last commit (a
+  ``crop``, or a forward outside recording); ``crop(-n)`` restores every layer to the commit,
+  drops the attention keys and values since it, and re-runs the kept tokens through the model.
+
+The math is replaylab's own: ``replaylab.mamba2.Mamba2Spec`` (the reference ``ssd_scan`` and
+its fold), ``replaylab.replay_ops.ReferenceReplayOps`` on CPU and ``Mamba2ReplayKernels`` (the
+Triton replay step and fold) where ``use_kernels`` says, by default on CUDA.
+
+Glossary (code name -> meaning, shape; H, P, N, G heads, head width, state size, groups):
+    ckpt        S_c, the checkpoint state, (batch, H, P, N) fp32
+    window0     the conv window at the checkpoint: the last d_conv - 1 conv inputs,
+                (batch, d_conv - 1, conv_dim) in the model dtype
+    log         field -> (batch, n, ...): xBC (conv_dim), x (H, P), dt (H), B, C (G, N)
+    n           log entries since the checkpoint (the cursor); ``committed`` of them are final
+
+Families: NemotronH and Bamba (Mamba-2). Jamba (Mamba-1), Qwen3-Next and Qwen3.5 (Gated
+DeltaNet) raise ``NotImplementedError`` naming the family.
+
+Releases and hooks: transformers >= 5.25 (older releases refuse assisted generation for
+hybrids, and are refused here with an error naming the version); written against 5.25.0. The
+layers subclass the public ``LinearAttentionLayer`` and override its public methods
+(``update_conv_state``, ``crop``, ``reorder_cache``, ``activate_past_recording``, ...). One
+hook is not public API: the cache replaces the module-level function ``mamba2_scan_forward``
+of ``modeling_nemotron_h`` / ``modeling_bamba`` (the one transformers documents as replaceable
+"with a runtime that manages the recurrent state itself") by a dispatcher that hands the call
+to a replaylab layer when the cache passed in is one, and to the original otherwise.
+``RecomputeCache`` also registers a forward pre-hook on the model, to learn the token ids it
+re-runs (batch rows without padding; ``inputs_embeds`` is refused).
+"""
+
+from __future__ import annotations
+
+import importlib
+import weakref
+
+import torch
+
+from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
+from replaylab.replay_ops import ReferenceReplayOps
+
+__all__ = [
+    "MIN_TRANSFORMERS",
+    "FAMILIES",
+    "ReplayCache",
+    "RecomputeCache",
+    "state_bytes",
+]
+
+MIN_TRANSFORMERS = "5.25"
+DEFAULT_LOG_LENGTH = 16  # as replaylab.serving.engine.AUTO_LOG_LENGTH
+MAX_STEP_TOKENS = 16  # longer forwards (a prefill) fold the log and scan instead
+
+# model_type -> the modeling module whose ``mamba2_scan_forward`` the caches dispatch
+FAMILIES = {
+    "nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
+    "bamba": "transformers.models.bamba.modeling_bamba",
+}
+NOT_YET = {
+    "jamba": "Jamba (Mamba-1)",
+    "qwen3_next": "Qwen3-Next (Gated DeltaNet)",
+    "qwen3_5": "Qwen3.5 (Gated DeltaNet)",
+    "qwen3_5_text": "Qwen3.5 (Gated DeltaNet)",
+}
+
+
+def _check_release():
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version(MIN_TRANSFORMERS):
+        raise RuntimeError(
+            f"replaylab.hf needs transformers >= {MIN_TRANSFORMERS} (its linear-attention cache "
+            f"layers with crop and past recording); this is transformers {transformers.__version__}"
+        )
+
+
+def _install_scan_hook(module_name):
+    """Route ``mamba2_scan_forward`` of ``module_name`` to replaylab layers (idempotent)."""
+    mod = importlib.import_module(module_name)
+    original = mod.mamba2_scan_forward
+    if getattr(original, "_replaylab_original", None) is not None:
+        return
+
+    def mamba2_scan_forward(module, hidden_states, B, C, dt, cache, **kwargs):
+        layers = getattr(cache, "layers", None)
+        layer = layers[module.layer_idx] if layers is not None else None
+        if isinstance(layer, _Mamba2Layer):
+            return layer.scan(module, hidden_states, B, C, dt)
+        return original(module, hidden_states, B, C, dt, cache, **kwargs)
+
+    mamba2_scan_forward._replaylab_original = original
+    mod.mamba2_scan_forward = mamba2_scan_forward
+
+
+class HFMamba2Spec(Mamba2Spec):
+    """``Mamba2Spec`` over a transformers Mamba-2 mixer (NemotronH, Bamba): the same scan, fold
+    and replay kernels, with the parameters read from ``module`` (``A_log``, ``D``,
+    ``dt_bias``, ``time_step_limit``). transformers runs the conv itself, so ``prepare`` is
+    not used."""
+
+    def __init__(self, module):
+        self.module = module
+        self.state_shape = (module.num_heads, module.head_dim, module.ssm_state_size)
+        self.conv_shape = (module.conv_kernel_size - 1, module.conv_dim)
+        self.kernels = Mamba2ReplayKernels(self)
+
+    def params(self) -> Mamba2Params:
+        m = self.module
+        low, high = (float(v) for v in m.time_step_limit)
+        return Mamba2Params(-torch.exp(m.A_log.float()), m.D, m.dt_bias, (low, high))
+
+    def prepare(self, window, inputs):
+        raise NotImplementedError("transformers runs the conv: entries come from its mixer")
+
+
+def _take(tensors: dict, fn):
+    return {k: fn(v) for k, v in tensors.items()}
+
+
+class _Mamba2Layer:
+    """What replay and recompute share: the conv window, the token count, the dispatch from the
+    mixer's scan. Mixed into ``LinearAttentionLayer`` by the two layers below."""
+
+    def _setup(self, module, use_kernels):
+        from transformers.cache_utils import LinearAttentionLayer
+
+        LinearAttentionLayer.__init__(self, number_of_states=1)
+        self.spec = HFMamba2Spec(module)
+        self.use_kernels = use_kernels
+        self.recording = False  # transformers' generate sets ``record_past``; we keep our own
+        self.recurrent_states_to_keep = None
+        self._pending = None  # raw conv inputs of the forward in flight, (batch, T, conv_dim)
+
+    # -- transformers' public layer API --------------------------------------------------
+    is_compileable = False
+
+    def activate_past_recording(self, recurrent_states_to_keep=None):
+        """From now on ``crop(-n)`` may take back tokens of later forwards: nothing past the
+        current position is folded (replay) or committed (recompute) until the next crop."""
+        self.recording = True
+        self.record_past = True
+        self.recurrent_states_to_keep = recurrent_states_to_keep
+        self.commit()
+
+    def get_seq_length(self) -> int:
+        return self.cumulative_length_linear
+
+    def update_conv_state(self, conv_states, state_idx=0, conv_kernel_size=None, **kwargs):
+        """Raw conv inputs ``conv_states (batch, conv_dim, T)`` in; the window before them
+        followed by them, ``(batch, conv_dim, d_conv - 1 + T)``, out (transformers' causal conv
+        keeps its last T outputs). The inputs are logged by the scan that follows."""
+        if state_idx != 0:
+            raise ValueError(f"state_idx must be 0 for a Mamba-2 layer, got {state_idx}")
+        if self.device is None:
+            self.device, self.dtype = conv_states.device, conv_states.dtype
+            self.cumulative_length_linear = self.cumulative_length_linear.to(self.device)
+        xBC = conv_states.transpose(1, 2)
+        window = self.window()
+        if window is None:
+            window = xBC.new_zeros(xBC.shape[0], self.spec.conv_shape[0], xBC.shape[2])
+        self.cumulative_length_linear.add_(xBC.shape[1])
+        self._pending = xBC
+        return torch.cat([window.transpose(1, 2).to(conv_states.dtype), conv_states], dim=-1)
+
+    def update_recurrent_state(self, recurrent_states, state_idx=0, **kwargs):
+        raise RuntimeError(
+            f"{type(self).__name__} keeps its own state: the mixer's scan must come through "
+            "replaylab.hf (was the cache built with the model it runs?)"
+        )
+
+    # -- shared helpers ------------------------------------------------------------------
+    def _entries(self, module, hidden_states, B, C, dt):
+        """The forward's log entries: xBC (batch, T, conv_dim), x (batch, T, H, P), dt
+        (batch, T, H), B and C (batch, T, G, N)."""
+        if self._pending is None or self._pending.shape[1] != hidden_states.shape[1]:
+            raise RuntimeError("a scan without its conv inputs: update_conv_state was not called")
+        b, T, _ = hidden_states.shape
+        G, N = module.n_groups, module.ssm_state_size
+        entries = dict(
+            xBC=self._pending,
+            x=hidden_states.reshape(b, T, module.num_heads, module.head_dim),
+            dt=dt,
+            B=B.reshape(b, T, G, N),
+            C=C.reshape(b, T, G, N),
+        )
+        self._pending = None
+        return entries
+
+    def _zero_state(self, batch, device):
+        return torch.zeros((batch, *self.spec.state_shape), dtype=torch.float32, device=device)
+
+
+def _last_window(window, xBC):
+    """The last ``K = window.shape[1]`` rows of ``window`` followed by ``xBC``."""
+    K = window.shape[1]
+    return torch.cat([window, xBC.to(window.dtype)], dim=1)[:, xBC.shape[1] :][:, -K:]
+
+
+def _ops(layer, device):
+    use = layer.use_kernels if layer.use_kernels is not None else device.type == "cuda"
+    return layer.spec.kernels if use else ReferenceReplayOps(layer.spec, MAX_STEP_TOKENS)
+
+
+def _make_layer_class(strategy_cls):
+    from transformers.cache_utils import LinearAttentionLayer
+
+    return type(strategy_cls.__name__, (strategy_cls, LinearAttentionLayer), {})
+
+
+class _ReplayLayer(_Mamba2Layer):
+    """Replay: ``ckpt`` + ``log`` (n entries, ``committed`` of them final), no current state.
+
+    ``log_length`` L: the log is folded on the grid ``ckpt`` at multiples of L entries;
+    ``use_kernels``: the Triton replay step and fold (None: on CUDA)."""
+
+    def __init__(self, module, log_length=DEFAULT_LOG_LENGTH, use_kernels=None):
+        if not isinstance(log_length, int) or log_length < 1:
+            raise ValueError(f"log_length must be an int >= 1, got {log_length!r}")
+        self._setup(module, use_kernels)
+        self.log_length = log_length
+        self.ckpt = self.window0 = None
+        self.log: dict = {}
+        self.n = self.committed = 0
+
+    def window(self):
+        if self.window0 is None:
+            return None
+        if not self.n:
+            return self.window0
+        return _last_window(self.window0, self.log["xBC"])
+
+    def commit(self):
+        self.committed = self.n
+
+    def _fold(self, upto):
+        """Fold the first ``upto`` log entries into the checkpoint."""
+        if not upto:
+            return
+        used = _take(self.log, lambda v: v[:, :upto])
+        rows = torch.arange(self.ckpt.shape[0], device=self.ckpt.device)
+        self.ckpt = _ops(self, self.ckpt.device).fold(self.ckpt, rows, used, upto)
+        self.window0 = _last_window(self.window0, used["xBC"])
+        self.log = _take(self.log, lambda v: v[:, upto:])
+        self.n -= upto
+        self.committed -= upto
+
+    def scan(self, module, hidden_states, B, C, dt):
+        """Outputs ``(batch, T, H*P)`` of T new tokens from checkpoint + log; the tokens'
+        entries join the log."""
+        entries = self._entries(module, hidden_states, B, C, dt)
+        batch, T = hidden_states.shape[:2]
+        if self.ckpt is None:
+            self.ckpt = self._zero_state(batch, hidden_states.device)
+            self.window0 = entries["xBC"].new_zeros(batch, *self.spec.conv_shape)
+        if not self.recording:
+            self.commit()
+        L = self.log_length
+        self._fold(self.committed // L * L)  # the grid: only entries no crop can take back
+        rows = torch.arange(batch, device=hidden_states.device)
+        scan_fields = {k: v for k, v in entries.items() if k != "xBC"}
+        y = None
+        if self.n and T <= MAX_STEP_TOKENS:
+            log = _take(self.log, lambda v: v)
+            y = _ops(self, hidden_states.device).step(self.ckpt, rows, log, self.n, scan_fields)
+        if y is None:  # a long forward (prefill), or an empty log: fold in a copy, then scan
+            if self.n:
+                start = _ops(self, hidden_states.device).fold(self.ckpt, rows, self.log, self.n)
+            else:
+                start = self.ckpt
+            y = self.spec.scan(start, scan_fields).y
+        self.log = (
+            _take(entries, lambda v: v)
+            if not self.n
+            else {k: torch.cat([self.log[k], entries[k].to(self.log[k].dtype)], 1) for k in entries}
+        )
+        self.n += T
+        return y.reshape(batch, T, -1).to(hidden_states.dtype)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """``crop(-k)``: the last k tokens go (a cursor move); ``crop(0)`` commits."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes -k (k tokens to remove), got {tokens_to_remove}")
+        k = -tokens_to_remove
+        if k > self.n - self.committed:
+            raise ValueError(
+                f"crop(-{k}): this replay layer can take back at most {self.n - self.committed} "
+                "tokens (those since its last commit)"
+            )
+        if k:
+            self.log = _take(self.log, lambda v: v[:, : self.n - k])
+            self.n -= k
+            self.cumulative_length_linear.sub_(k)
+        self.commit()
+
+    def reorder_cache(self, beam_idx):
+        if self.ckpt is None:
+            return
+        idx = beam_idx.to(self.ckpt.device)
+        self.ckpt, self.window0 = self.ckpt.index_select(0, idx), self.window0.index_select(0, idx)
+        self.log = _take(self.log, lambda v: v.index_select(0, idx))
+
+    def batch_repeat_interleave(self, repeats: int):
+        if self.ckpt is not None:
+            rep = lambda v: v.repeat_interleave(repeats, dim=0)  # noqa: E731
+            self.ckpt, self.window0, self.log = (
+                rep(self.ckpt),
+                rep(self.window0),
+                _take(self.log, rep),
+            )
+
+    def batch_select_indices(self, indices):
+        if self.ckpt is not None:
+            sel = lambda v: v[indices]  # noqa: E731
+            self.ckpt, self.window0, self.log = (
+                sel(self.ckpt),
+                sel(self.window0),
+                _take(self.log, sel),
+            )
+
+    def reset(self):
+        self.cumulative_length_linear.zero_()
+        self.ckpt = self.window0 = None
+        self.log, self.n, self.committed = {}, 0, 0
+
+    def tensors(self):
+        """Every tensor this layer holds (for byte counts)."""
+        held = [t for t in (self.ckpt, self.window0) if t is not None]
+        return held + list(self.log.values())
+
+
+class _RecomputeLayer(_Mamba2Layer):
+    """Recompute: the current ``state`` and ``window``, and their values at the last commit
+    (``ckpt``, ``ckpt_window``); the cache re-runs the model to roll back."""
+
+    def __init__(self, module, use_kernels=None):
+        self._setup(module, use_kernels)
+        self.state = self.win = self.ckpt = self.ckpt_window = None
+        self.since_commit = 0
+
+    def window(self):
+        return self.win
+
+    def commit(self):
+        self.ckpt, self.ckpt_window, self.since_commit = self.state, self.win, 0
+
+    def scan(self, module, hidden_states, B, C, dt):
+        """Outputs ``(batch, T, H*P)``: the reference scan from the current state."""
+        entries = self._entries(module, hidden_states, B, C, dt)
+        batch, T = hidden_states.shape[:2]
+        if self.state is None:
+            self.state = self._zero_state(batch, hidden_states.device)
+            self.win = entries["xBC"].new_zeros(batch, *self.spec.conv_shape)
+            self.commit()
+        if not self.recording:
+            self.commit()
+        result = self.spec.scan(self.state, {k: v for k, v in entries.items() if k != "xBC"})
+        self.state, self.win = result.state, _last_window(self.win, entries["xBC"])
+        self.since_commit += T
+        return result.y.reshape(batch, T, -1).to(hidden_states.dtype)
+
+    def restore(self):
+        """Back to the last commit; returns the tokens it took back."""
+        back = self.since_commit
+        self.state, self.win = self.ckpt, self.ckpt_window
+        self.cumulative_length_linear.sub_(back)
+        self.since_commit = 0
+        return back
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise RuntimeError(
+            "a RecomputeLayer is cropped by its RecomputeCache, which re-runs the model"
+        )
+
+    def reorder_cache(self, beam_idx):
+        if self.state is None:
+            return
+        idx = beam_idx.to(self.state.device)
+        for name in ("state", "win", "ckpt", "ckpt_window"):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+
+    def batch_repeat_interleave(self, repeats: int):
+        if self.state is not None:
+            for name in ("state", "win", "ckpt", "ckpt_window"):
+                setattr(self, name, getattr(self, name).repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices):
+        if self.state is not None:
+            for name in ("state", "win", "ckpt", "ckpt_window"):
+                setattr(self, name, getattr(self, name)[indices])
+
+    def reset(self):
+        self.cumulative_length_linear.zero_()
+        self.state = self.win = self.ckpt = self.ckpt_window = None
+        self.since_commit = 0
+
+    def tensors(self):
+        return [t for t in (self.state, self.win, self.ckpt, self.ckpt_window) if t is not None]
+
+
+def _unique_bytes(tensors):
+    seen, total = set(), 0
+    for t in tensors:
+        key = (t.data_ptr(), t.numel(), t.dtype)
+        if t.numel() and key not in seen:
+            seen.add(key)
+            total += t.numel() * t.element_size()
+    return total
+
+
+def state_bytes(cache) -> int:
+    """Bytes of recurrent memory ``cache`` holds now, over all its recurrent layers and the
+    whole batch (attention keys and values left out): for a replaylab cache its layers'
+    checkpoints, logs, states and windows; for transformers' own cache its conv states,
+    recurrent states and the recorded history of states. Tensors held twice count once."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+    held = []
+    for layer in cache.layers:
+        if isinstance(layer, _Mamba2Layer):
+            held += layer.tensors()
+        elif isinstance(layer, LinearAttentionCacheLayerMixin):
+            for i in range(layer.number_of_states):
+                for t in (layer.conv_states[i], layer.recurrent_states[i]):
+                    if t is not None:
+                        held.append(t)
+                history = getattr(layer, "recurrent_states_history", None) or {}
+                held += list(history.get(i, []))
+    return _unique_bytes(held)
+
+
+def _mixers(model):
+    """layer index -> the model's Mamba-2 mixer module."""
+    found = {}
+    for module in model.modules():
+        if hasattr(module, "A_log") and hasattr(module, "conv1d") and hasattr(module, "layer_idx"):
+            found[module.layer_idx] = module
+    return found
+
+
+def _family(model):
+    _check_release()
+    model_type = getattr(model.config.get_text_config(decoder=True), "model_type", None)
+    if model_type in NOT_YET:
+        raise NotImplementedError(
+            f"replaylab.hf does not cover {NOT_YET[model_type]} yet; it covers "
+            f"{', '.join(sorted(FAMILIES))}"
+        )
+    if model_type not in FAMILIES:
+        raise ValueError(f"replaylab.hf covers model types {sorted(FAMILIES)}, not {model_type!r}")
+    _install_scan_hook(FAMILIES[model_type])
+    return model_type
+
+
+def _hybrid_cache(model, make_layer):
+    """A ``DynamicCache`` for ``model`` whose linear-attention layers are ``make_layer(mixer)``."""
+    from transformers.cache_utils import LinearAttentionLayer
+
+    mixers = _mixers(model)
+    layers = []
+    from transformers import DynamicCache
+
+    template = DynamicCache(config=model.config)
+    for i, layer in enumerate(template.layers):
+        if type(layer) is LinearAttentionLayer:
+            if i not in mixers:
+                raise ValueError(f"layer {i} is a linear-attention layer without a Mamba-2 mixer")
+            layer = make_layer(mixers[i])
+        elif isinstance(layer, LinearAttentionLayer):
+            raise NotImplementedError(
+                f"layer {i}: {type(layer).__name__} (attention and a recurrent state in one "
+                "layer) is not covered by replaylab.hf"
+            )
+        layers.append(layer)
+    return layers
+
+
+_LAYERS: list = []
+
+
+def _layer_classes():
+    """(ReplayLayer, RecomputeLayer): built on first use, so that importing this module works
+    on any transformers release and only building a cache needs >= 5.25."""
+    if not _LAYERS:
+        _check_release()
+        _LAYERS.extend([_make_layer_class(_ReplayLayer), _make_layer_class(_RecomputeLayer)])
+    return tuple(_LAYERS)
+
+
+def __getattr__(name):
+    if name in ("ReplayLayer", "RecomputeLayer"):
+        return _layer_classes()[name == "RecomputeLayer"]
+    raise AttributeError(f"module 'replaylab.hf' has no attribute {name!r}")
+
+
+def _cache_base():
+    from transformers import DynamicCache
+
+    return DynamicCache
+
+
+class _ReplaylabCacheMixin:
+    """Helpers both caches share."""
+
+    def recurrent_layers(self):
+        return [layer for layer in self.layers if isinstance(layer, _Mamba2Layer)]
+
+    def state_bytes(self) -> int:
+        """Recurrent bytes held now, whole batch (see ``state_bytes``)."""
+        return state_bytes(self)
+
+
+def ReplayCache(model, log_length: int = DEFAULT_LOG_LENGTH, use_kernels: bool | None = None):
+    """A transformers cache for ``model`` (NemotronH or Bamba) whose Mamba-2 layers keep a
+    checkpoint and a log of their scan inputs (replay); attention layers stay transformers'
+    ``DynamicLayer``. ``log_length`` L >= 1: entries between folds (the grid);
+    ``use_kernels``: the Triton replay step and fold (None: when on CUDA).
+
+    Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
+    Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""
+    _family(model)
+    replay, _ = _layer_classes()
+    if not isinstance(log_length, int) or isinstance(log_length, bool) or log_length < 1:
+        raise ValueError(f"log_length must be an int >= 1, got {log_length!r}")
+    layers = _hybrid_cache(
+        model, lambda m: replay(m, log_length=log_length, use_kernels=use_kernels)
+    )
+    return _cache_class("ReplayDynamicCache")(layers, model)
+
+
+def RecomputeCache(model, use_kernels: bool | None = None):
+    """A transformers cache for ``model`` (NemotronH or Bamba) whose Mamba-2 layers keep the
+    state at the last commit; ``crop(-k)`` restores it and re-runs the kept tokens through
+    ``model`` (one forward). Returns a ``replaylab.hf.RecomputeDynamicCache``."""
+    _family(model)
+    _, recompute = _layer_classes()
+    layers = _hybrid_cache(model, lambda m: recompute(m, use_kernels=use_kernels))
+    return _cache_class("RecomputeDynamicCache")(layers, model)
+
+
+_CLASSES: dict = {}
+
+
+def _cache_class(name):
+    if name in _CLASSES:
+        return _CLASSES[name]
+    base = _cache_base()
+    from transformers.cache_utils import Cache
+
+    if name == "ReplayDynamicCache":
+
+        class ReplayDynamicCache(_ReplaylabCacheMixin, base):
+            """transformers' ``DynamicCache`` with replaylab's replay layers (see module doc)."""
+
+            def __init__(self, layers, model):
+                Cache.__init__(self, layers=layers)
+
+        cls = ReplayDynamicCache
+    else:
+
+        class RecomputeDynamicCache(_ReplaylabCacheMixin, base):
+            """transformers' ``DynamicCache`` with replaylab's recompute layers: ``crop(-k)``
+            restores each recurrent layer to its last commit and re-runs the kept tokens."""
+
+            def __init__(self, layers, model):
+                Cache.__init__(self, layers=layers)
+                self._model = weakref.ref(model)
+                self._ids = None  # token ids since the last commit, (batch, t)
+                ref = weakref.ref(self)
+                self._hook = model.register_forward_pre_hook(
+                    lambda module, args, kwargs: _record_ids(ref, args, kwargs), with_kwargs=True
+                )
+
+            def activate_past_recording(self, **kwargs):
+                super().activate_past_recording(**kwargs)
+                self._ids = None
+
+            def _commit(self):
+                for layer in self.recurrent_layers():
+                    layer.commit()
+                self._ids = None
+
+            def crop(self, tokens_to_remove: int) -> None:
+                """``crop(-k)``: restore every recurrent layer to the last commit, drop the
+                attention keys and values since it, re-run the kept tokens; ``crop(0)``
+                commits."""
+                if tokens_to_remove > 0:
+                    raise ValueError(f"crop takes -k (k tokens to remove), got {tokens_to_remove}")
+                k = -tokens_to_remove
+                since = 0 if self._ids is None else self._ids.shape[1]
+                if k > since:
+                    raise ValueError(
+                        f"crop(-{k}): this recompute cache can take back at most {since} tokens "
+                        "(those since its last commit)"
+                    )
+                if not k:
+                    self._commit()
+                    return
+                kept = self._ids[:, : since - k]
+                for layer in self.layers:
+                    if isinstance(layer, _Mamba2Layer):
+                        layer.restore()
+                    else:
+                        layer.crop(-since)
+                self._ids = None
+                if kept.shape[1]:
+                    model = self._model()
+                    if model is None:
+                        raise RuntimeError("the model of this RecomputeCache is gone")
+                    with torch.no_grad():
+                        model(input_ids=kept, cache=self, use_cache=True, logits_to_keep=1)
+                self._commit()
+
+        cls = RecomputeDynamicCache
+    _CLASSES[name] = cls
+    return cls
+
+
+def _record_ids(ref, args, kwargs):
+    """Forward pre-hook of a RecomputeCache's model: keep the ids of forwards through it."""
+    cache = ref()
+    if cache is None:
+        return None
+    if (kwargs.get("past_key_values") or kwargs.get("cache")) is not cache:
+        return None
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if ids is None:
+        raise ValueError("RecomputeCache re-runs token ids: inputs_embeds is not supported")
+    recording = any(layer.recording for layer in cache.recurrent_layers())
+    if not recording:
+        cache._ids = None
+    cache._ids = ids if cache._ids is None else torch.cat([cache._ids, ids], dim=1)
+    return None
