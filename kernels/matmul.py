@@ -3,10 +3,13 @@ bits whatever the number of rows M, so a (k+1)-token verify at batch B (M = B(k+
 each row as a decode step at batch B (M = B) does.
 
 cuBLAS picks its kernel, tile and split of the reduction by shape, so its rows can change with
-M (``data/bench_serve_matmul_rows.json``). Here the launch
-depends only on the weight's shape (N, K), never on M: one compiled kernel, one tile shape,
-the K reduction in BLOCK_K chunks in one order, no split of K. A row's result then depends
-only on its own inputs. What that costs against cuBLAS is measured by ``bench serve``.
+M (``data/bench_serve_matmul_rows.json``). Here the launch (``launch_for``) depends only on
+the weight's shape (N, K), never on M: one compiled kernel, one tile shape, K cut into a fixed
+number of slices, each slice reduced in BLOCK_K chunks in one order into an fp32 partial, and
+the partials summed in slice order. A row's result then depends only on its own inputs. The
+slices are what keep a narrow weight's product at the copy bandwidth when M is small: without
+them a (4096, K) weight gives the GPU 32-64 programs. What it costs against cuBLAS is measured
+by ``bench matmul``.
 
     y = x W^T      x: (M, K), W: (N, K) (nn.Linear's layout), y: (M, N), fp32 accumulation
 
@@ -19,29 +22,53 @@ the interpreter's bf16 arithmetic is not the GPU's).
 
 from __future__ import annotations
 
+import contextlib
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["linear", "linear_ref", "launch_for", "row_sum"]
+__all__ = [
+    "Launch", "linear", "linear_ref", "launch_for", "previous_launch_for", "row_sum", "use_launches",
+]  # fmt: skip
+
+
+class Launch(NamedTuple):
+    """One launch of ``linear`` for a weight (N, K): the output tile (block_m x block_n), the
+    K chunk a ``tl.dot`` takes (block_k), how many slices K is cut into (splits; each slice is
+    reduced by its own programs into an fp32 partial, the partials summed in slice order),
+    Triton's warps and pipeline stages, and the launch order of the tiles (group_m). Nothing in
+    it depends on the row count M."""
+
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 64
+    splits: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+    group_m: int = 8  # row tiles that run together on one weight tile (L2 reuse)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _linear_kernel(
     x,  # (M, K) rows
     w,  # (N, K) weight
-    y,  # (M, N) output
+    y,  # (M, N) output, or (splits, M, N) fp32 partials when PARTIAL
     M,
     N,
     K,
+    k_slice,  # columns of K per slice (a multiple of BLOCK_K); slice s is program_id(1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # M tiles that run together on one weight tile (L2 reuse)
+    EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no mask along K (vectorised loads)
+    PARTIAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,  # fp32 inputs: "ieee" (no TF32 rounding of the inputs)
 ):
-    pid = tl.program_id(0)
+    pid, s = tl.program_id(0), tl.program_id(1)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * tiles_n)
     first_m = group * GROUP_M
@@ -52,9 +79,10 @@ def _linear_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     mm, mn = offs_m < M, offs_n < N
+    k_end = tl.minimum(K, (s + 1) * k_slice)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        mk = (k0 + offs_k) < K
+    for k0 in range(s * k_slice, k_end, BLOCK_K):
+        mk = ((k0 + offs_k) < k_end) | EVEN_K
         a = tl.load(
             x + offs_m[:, None].to(tl.int64) * K + k0 + offs_k[None, :],
             mask=mm[:, None] & mk[None, :],
@@ -68,22 +96,98 @@ def _linear_kernel(
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
+    out = y + s.to(tl.int64) * M * N if PARTIAL else y
+    value = acc if PARTIAL else acc.to(y.dtype.element_ty)
     tl.store(
-        y + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
-        acc.to(y.dtype.element_ty),
+        out + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
+        value,
         mask=mm[:, None] & mn[None, :],
     )
 
 
+@triton.jit(do_not_specialize=["MN"])
+def _sum_slices_kernel(partials, y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """y = partials[0] + partials[1] + ... in slice order, rounded once to y's dtype."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLITS):
+        acc += tl.load(partials + s * MN + offs, mask=mask, other=0.0)
+    tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
+
+
+# Launches measured on an H200 for the weight shapes of the presets (bench matmul --sweep,
+# data/bench_matmul_sweep.json): the one with the lowest worst ratio to cuBLAS over the rows.
+TUNED: dict[tuple[int, int], Launch] = {
+    (32, 4096): Launch(64, 64, 64, 8, 4, 4),
+    (288, 8192): Launch(64, 128, 64, 8, 4, 4),
+    (512, 2048): Launch(64, 64, 64, 2, 4, 4),
+    (1024, 4096): Launch(64, 64, 64, 2, 4, 4),
+    (2048, 2048): Launch(64, 64, 64, 1, 4, 4),
+    (2048, 4096): Launch(64, 64, 64, 2, 4, 4),
+    (2048, 8192): Launch(128, 128, 64, 4, 8, 3),
+    (4096, 4096): Launch(64, 64, 64, 1, 4, 4),
+    (4096, 8192): Launch(128, 256, 64, 4, 8, 3),
+    (4096, 12288): Launch(128, 256, 64, 4, 8, 3),
+    (4096, 14336): Launch(128, 256, 64, 4, 8, 3),
+    (4096, 21504): Launch(128, 256, 64, 8, 8, 3),
+    (4096, 32256): Launch(128, 256, 64, 8, 8, 3),
+    (8192, 16): Launch(128, 128, 64, 1, 8, 3),
+    (8192, 256): Launch(128, 128, 64, 1, 8, 3),
+    (8192, 2048): Launch(64, 128, 64, 1, 4, 4),
+    (8192, 4096): Launch(64, 128, 64, 1, 4, 4),
+    (10304, 2048): Launch(128, 128, 64, 1, 8, 3),
+    (12288, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (14336, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (16384, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (16768, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (18560, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (21504, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (32000, 2048): Launch(128, 128, 64, 1, 8, 3),
+    (32000, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (32256, 4096): Launch(128, 128, 64, 1, 8, 3),
+    (32768, 4096): Launch(128, 128, 64, 1, 8, 3),
+}  # fmt: skip
+
+
+def previous_launch_for(N, K):
+    """The launch before K was sliced (2026-12-01 .. 12-04): one slice, 64 x 32 or 64 x 64
+    tiles. Kept to time the change against (``use_launches``)."""
+    return Launch(64, 64 if N >= 8192 else 32, 64, 1, 4, 4, 16)
+
+
+_policy = None  # a replacement for launch_for while ``use_launches`` is active
+
+
+@contextlib.contextmanager
+def use_launches(policy):
+    """Within the block, ``linear`` launches ``policy(N, K)`` instead of ``launch_for(N, K)``
+    (a benchmark's side-by-side arm; engines built inside keep it in their graphs)."""
+    global _policy
+    before, _policy = _policy, policy
+    try:
+        yield
+    finally:
+        _policy = before
+
+
 def launch_for(N, K):
-    """(BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for a weight (N, K): a
-    function of the weight alone (narrow outputs get narrow tiles so the SMs stay busy)."""
-    block_n = 64 if N >= 8192 else 32
-    return 64, block_n, 64, 16, 4, 4
+    """The ``Launch`` for a weight (N, K): a function of the weight's shape alone. Shapes
+    measured on an H200 come from ``TUNED``; others follow what the sweep found there: wide
+    outputs one slice of 128 x 128 tiles, narrow outputs with a long K 128 x 256 tiles and
+    K cut in 4-8 slices, small weights 64 x 64 tiles."""
+    if (N, K) in TUNED:
+        return TUNED[(N, K)]
+    if N >= 10240:
+        return Launch(128, 128, 64, 1, 8, 3)
+    if K >= 8192:
+        return Launch(128, 256, 64, 8 if K >= 16384 else 4, 8, 3)
+    return Launch(64, 64, 64, 2 if N <= 2048 and K >= 4096 else 1, 4, 4)
 
 
-def linear(x, weight):
-    """``x @ weight.T`` for x (..., K) and weight (N, K), row-invariant: (..., N)."""
+def linear(x, weight, launch=None):
+    """``x @ weight.T`` for x (..., K) and weight (N, K), row-invariant: (..., N). ``launch``
+    overrides ``launch_for(N, K)`` (a sweep's candidate)."""
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: x has {x.shape[-1]} features, weight (N, K) = {tuple(weight.shape)} "
@@ -99,13 +203,25 @@ def linear(x, weight):
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y.view(*lead, N)
-    BM, BN, BK, GM, warps, stages = launch_for(N, K)
-    grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN),)
+    L = launch or (_policy or launch_for)(N, K)
+    if L.splits < 1 or L.block_k < 16:
+        raise ValueError(f"linear: launch {L} needs splits >= 1 and block_k >= 16")
+    k_slice = triton.cdiv(triton.cdiv(K, L.splits), L.block_k) * L.block_k
+    splits = triton.cdiv(K, k_slice)  # a slice is never empty
+    partial = splits > 1
+    out = torch.empty(splits, M, N, dtype=torch.float32, device=x.device) if partial else y
+    grid = (triton.cdiv(M, L.block_m) * triton.cdiv(N, L.block_n), splits)
     _linear_kernel[grid](
-        x2, w, y, M, N, K, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK, GROUP_M=GM,
-        UPCAST=not x.is_cuda, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=warps, num_stages=stages,
+        x2, w, out, M, N, K, k_slice, BLOCK_M=L.block_m, BLOCK_N=L.block_n, BLOCK_K=L.block_k,
+        GROUP_M=L.group_m, EVEN_K=K % L.block_k == 0, PARTIAL=partial, UPCAST=not x.is_cuda,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=L.num_warps, num_stages=L.num_stages,
     )  # fmt: skip
+    if partial:
+        block = 1024
+        _sum_slices_kernel[(triton.cdiv(M * N, block),)](
+            out, y, M * N, SPLITS=splits, BLOCK=block, num_warps=4
+        )
     return y.view(*lead, N)
 
 

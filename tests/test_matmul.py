@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from replaylab import assert_close
-from replaylab.kernels.matmul import linear, linear_ref, row_sum
+from replaylab.kernels.matmul import (
+    Launch,
+    launch_for,
+    linear,
+    linear_ref,
+    previous_launch_for,
+    row_sum,
+    use_launches,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
@@ -30,6 +38,35 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
     assert torch.equal(linear(x[None, 3:8], w)[0], every[3:8])  # leading dims, an offset view
 
 
+@pytest.mark.parametrize("launch", [Launch(64, 32, 32, 3, 4, 4), Launch(64, 64, 16, 4, 4, 4)])
+def test_k_slices_keep_rows_invariant_and_match_fp32_accumulation(launch):
+    """K cut into slices (fp32 partials summed in slice order): still within fp32
+    accumulation's error, and a row's bits still do not depend on the row count."""
+    x = torch.randn(70, 100, device=DEVICE).to(torch.bfloat16)  # K=100: a partial last chunk
+    w = torch.randn(40, 100, device=DEVICE).to(torch.bfloat16)
+    every = linear(x, w, launch)
+    assert_close(every, linear_ref(x, w), dtype=torch.bfloat16, name="y")
+    for m in (1, 5, 64, 66):
+        assert torch.equal(linear(x[:m], w, launch), every[:m]), m
+
+
+def test_use_launches_swaps_the_policy_and_restores_it():
+    x = torch.randn(3, 96, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(40, 96, device=DEVICE).to(torch.bfloat16)
+    sliced = Launch(64, 32, 32, 3, 4, 4)
+    with use_launches(lambda N, K: sliced):
+        inside = linear(x, w)
+    assert torch.equal(inside, linear(x, w, sliced))
+    assert torch.equal(linear(x, w), linear(x, w, launch_for(40, 96)))  # restored
+    assert previous_launch_for(4096, 21504).splits == 1
+
+
+def test_a_bad_launch_is_named():
+    x = torch.randn(2, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="needs splits >= 1"):
+        linear(x, torch.randn(4, 8, device=DEVICE), Launch(64, 32, 32, 0))
+
+
 @pytest.mark.parametrize("C", [7, 128, 1500])  # a partial block, one block, two blocks
 def test_row_sum_matches_torch_and_its_rows_do_not_depend_on_the_row_count(C):
     x = torch.randn(9, 3, C, device=DEVICE)
@@ -50,10 +87,13 @@ def test_bad_input_is_named():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("NK", [(4096, 21504), (21504, 4096), (18560, 4096), (131072, 4096)])
+@pytest.mark.parametrize(
+    "NK", [(4096, 21504), (21504, 4096), (18560, 4096), (4096, 32256), (1024, 4096), (4096, 4096)]
+)
 def test_row_invariant_at_8b_shapes(NK):
-    """Nemotron-H 8B layer shapes: rows of a decode step at batch 1 .. 128 equal the same rows
-    of a 5-token verify of that batch, bit for bit."""
+    """Nemotron-H 8B layer shapes (some with K in slices, ``launch_for``): rows of a decode
+    step at batch 1 .. 128 equal the same rows of a 5-token verify of that batch, bit for
+    bit."""
     N, K = NK
     w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * K**-0.5
     x = torch.randn(640, K, device=DEVICE, dtype=torch.bfloat16)

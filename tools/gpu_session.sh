@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -108,6 +108,12 @@ case "$mode" in
     python3 tools/ncu_probe.py --summary "$OUT/ncu_kernels.csv" "$OUT/ncu_labels.json" "$OUT/ncu_summary.json" 2>&1 | tail -12
     timeout -s INT ${SPEC_S:-110} python3 tools/spec_round_profile.py "$OUT/spec_round_profile.json" 2>&1 | tail -16
     timeout -s INT ${HOST_S:-30} python3 tools/spec_host_probe.py "$OUT/spec_host_probe_gpu.json" 2>&1 | tail -6 ;;
+  matmul)  # the row-invariant product: its GPU tests, then the launch sweep (MATMUL_ARGS)
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py"
+    { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_matmul_tests.log" 2>&1
+    tail -4 "$OUT/gpu_matmul_tests.log"
+    timeout -s INT ${MATMUL_S:-420} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_sweep.json" \
+      --sweep ${MATMUL_ARGS:-} 2>&1 | tail -40 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

@@ -3,10 +3,13 @@
 replaylab bench kernels [--quick] [--batches 1,32] [--log-lens 4,16] [--ts 1,4] [--no-fold]
 replaylab bench gdn-kernels [--batches 1,128] [--log-lens 4,16,64]
 replaylab bench sweep
+replaylab bench matmul [--sweep] [--rows 1,8,640]
+replaylab bench matched [--batches 1,8,64,128,256] [--spec-batches 1,8,32,128]
 replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
 replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
 replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,8,32,128,256]
+replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -260,6 +263,32 @@ def _serve_stream(args):
     return 0
 
 
+def _matmul(args):
+    from replaylab.bench.matmul import run, run_summary, sweep, sweep_summary
+
+    _need_gpu("matmul")
+    t0 = time.time()
+    rows = tuple(args.rows) if args.rows else None
+    if args.sweep:
+        result = sweep(rows=rows) if rows else sweep()
+        out, lines = args.out or "data/bench_matmul_sweep.json", sweep_summary
+    else:
+        result = run(rows=rows) if rows else run()
+        out, lines = args.out or "data/bench_matmul.json", run_summary
+    return _save(args, result, out, lines, t0)
+
+
+def _matched(args):
+    from replaylab.bench.matched import matched_summary, run_matched
+
+    _need_gpu("matched")
+    t0 = time.time()
+    result = run_matched(
+        batches=args.batches, spec_batches=args.spec_batches, mamba_ssm=not args.no_mamba_ssm
+    )
+    return _save(args, result, args.out or "data/bench_matched.json", matched_summary, t0)
+
+
 def _save(args, result, out, lines, t0=None):
     """Write ``result`` with provenance (and the seconds since ``t0``) to ``out``, print
     ``lines`` (a summary) and where it went."""
@@ -365,6 +394,26 @@ def _prefix_ttft(args):
     return _save(args, result, out, ttft_summary)
 
 
+def _hf_cache(args):
+    import torch
+
+    from replaylab.bench.hf_cache import run, summary
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":  # a shared CPU: one thread unless told
+        torch.set_num_threads(args.threads or 1)
+    out = args.out or f"data/bench_hf_cache_{'cpu' if device == 'cpu' else 'gpu'}.json"
+    t0 = time.time()
+    result = run(
+        device=device,
+        dtype=args.dtype,
+        n_new=args.n_new,
+        repeats=args.repeats,
+        log_length=args.log_length,
+    )
+    return _save(args, result, out, summary, t0)
+
+
 def add_bench_parser(subparsers):
     """Add ``bench`` and its subcommands to an argparse subparsers object."""
     bench = subparsers.add_parser(
@@ -388,6 +437,19 @@ def add_bench_parser(subparsers):
     gk.set_defaults(run=_gdn_kernels)
     s = sub.add_parser("sweep", help="BLOCK_P x num_warps of the replay kernels (GPU)")
     s.set_defaults(run=_sweep)
+    mm = sub.add_parser(
+        "matmul", help="the row-invariant matrix product vs cuBLAS at the presets' weights (GPU)"
+    )
+    mm.add_argument("--sweep", action="store_true", help="time candidate launches per weight")
+    mm.add_argument("--rows", type=_ints, default=None, help="comma-separated row counts")
+    mm.set_defaults(run=_matmul)
+    mt = sub.add_parser(
+        "matched", help="the lossless engine vs mamba-ssm generate(cg=True), same weights (GPU)"
+    )
+    mt.add_argument("--batches", type=_ints, default=[1, 8, 64, 128, 256])
+    mt.add_argument("--spec-batches", type=_ints, default=[1, 8, 32, 128])
+    mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
+    mt.set_defaults(run=_matched)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")
     d.add_argument("--batches", type=_ints, default=[1, 4], help="comma-separated batch sizes")
@@ -574,7 +636,20 @@ def add_bench_parser(subparsers):
     px.add_argument("--prefill-chunk", type=int, default=None, help="--ttft: prefill chunk")
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)
-    for p in (k, gk, s, d, e, ef, v, ss, px):
+    hc = sub.add_parser(
+        "hf-cache",
+        help="transformers' assisted generation under its recording vs replaylab.hf's replay and "
+        "recompute caches: state bytes per draft length, tokens/s (CPU or GPU)",
+    )
+    hc.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    hc.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    hc.add_argument("--n-new", type=int, default=48, help="tokens per assisted generation")
+    hc.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
+    hc.add_argument("--log-length", type=int, default=16, help="replay's L")
+    hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
+    hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")
+    hc.set_defaults(run=_hf_cache)
+    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

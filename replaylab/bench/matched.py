@@ -1,0 +1,242 @@
+"""The lossless engine against mamba-ssm on the same weights (GPU): replaylab in mamba-ssm's
+block layout, every mixer followed by an MLP ("M-M-*-M-", Nemotron-H 8B shapes), beside
+mamba-ssm's ``MambaLMHeadModel`` whose gated MLPs hold the same bytes, decoded with
+``generate(cg=True)``.
+
+Per engine arm and batch: decode tokens/s (the user's loop of ``step`` + argmax, graphs
+warmed, ``n_steps`` timed, median of ``repeats``) and the two-term roofline share
+max(bytes / copy bandwidth, FLOPs / matrix rate) over the step time, both rates measured in the
+same run. The arms are the lossless default (``matmul="row_invariant"``, ``kernels.matmul``'s
+sliced-K launches), the same product with the launch it replaced (``previous_launch_for``), and
+cuBLAS (``matmul="torch"``, not row-invariant). Speculation rows (synthetic drafter, per-sequence
+acceptance) give speculative tokens/s over plain decode, and whether every sequence's tokens
+equal its greedy ones bit for bit.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from replaylab.bench.serve import (
+    admit_all,
+    greedy_ragged,
+    matrix_rate_tflops,
+    matrix_weights,
+    random_prompts,
+)
+from replaylab.decoding import SyntheticDrafter
+from replaylab.model import PRESETS, HybridConfig, HybridLM
+from replaylab.serving import DecodeEngine
+
+__all__ = ["MATCHED", "run_matched", "matched_summary"]
+
+# mamba-ssm's block layout at Nemotron-H 8B shapes: a relu2 MLP of 32,256 holds the bytes of
+# mamba-ssm's gated MLP of 21,504 (2 x 32,256 = 3 x 21,504 rows of 4,096)
+MATCHED = dict(PRESETS["8b-layers"], pattern="M-M-*-M-", intermediate_size=32256)
+MAMBA_SSM_INTERMEDIATE = 21504
+
+ARMS = {  # name: (matmul, launch policy or None for the default)
+    "row_invariant": ("row_invariant", None),
+    "row_invariant_previous_launch": ("row_invariant", "previous"),
+    "torch": ("torch", None),
+}
+
+
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _steps_per_s(engine, tok, n_steps, repeats):
+    runs = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
+        _sync()
+        runs.append(n_steps / (time.perf_counter() - t0))
+    return statistics.median(runs), tok
+
+
+def _speculation(engine, prompts, n_new, k, acceptance):
+    """(speculative tokens/s, all equal greedy, measured acceptance) of ``speculate_batch``."""
+    ref, _ = greedy_ragged(engine, prompts, n_new)
+
+    def drafters():
+        return [
+            SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
+            for i, (p, r) in enumerate(zip(prompts, ref))
+        ]
+
+    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
+    engine.speculate_batch(prompts, pending, n_new, drafters(), k=k)  # capture
+    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
+    _sync()
+    t0 = time.perf_counter()
+    toks, proposed, accepted = engine.speculate_batch(prompts, pending, n_new, drafters(), k=k)
+    _sync()
+    seconds = time.perf_counter() - t0
+    return (
+        len(prompts) * n_new / seconds,
+        all(torch.equal(t.cpu(), r) for t, r in zip(toks, ref)),
+        sum(accepted) / max(sum(proposed), 1),
+    )
+
+
+def run_matched(
+    batches=(1, 8, 64, 128, 256),
+    n_steps=32,
+    repeats=3,
+    arms=tuple(ARMS),
+    spec_batches=(1, 8, 32, 128),
+    spec_strategies=("replay", "snapshot"),
+    k=4,
+    acceptance=0.8,
+    log_length=16,
+    mamba_ssm=True,
+    config=None,
+    device="cuda",
+    progress=True,
+):
+    """Every row of the module docstring; ``spec_batches`` are decoded too (plain decode is
+    the denominator of each speculation row), speculated under the first of ``arms``. ``config`` (a dict of ``HybridConfig`` fields,
+    default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer."""
+    from tqdm.auto import tqdm
+
+    from replaylab.bench.timing import copy_bandwidth_gbs
+    from replaylab.costmodel import decode_step_bytes
+    from replaylab.kernels.matmul import previous_launch_for, use_launches
+
+    config = config or MATCHED
+    cfg = HybridConfig(**config)
+    cuda = device == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model = HybridLM(cfg, seed=0).to(device, dtype).eval()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    embed = model.model.embeddings.weight
+    step_weights = weights - embed.numel() * embed.element_size()  # a step reads B rows of it
+    bandwidth = max(copy_bandwidth_gbs() for _ in range(3)) * 1e9 if cuda else None
+    rate = max(matrix_rate_tflops() for _ in range(3)) * 1e12 if cuda else None
+    flops_per_token = 2 * matrix_weights(model)
+    all_batches = sorted(set(batches) | set(spec_batches))
+    jobs = [(a, "replay", b) for a in arms for b in all_batches]
+    jobs += [(arms[0], s, b) for s in spec_strategies if s != "replay" for b in spec_batches]
+    rows = []
+    for arm, strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
+        matmul, policy = ARMS[arm]
+        max_len = 40 + log_length + 2 + n_steps * repeats + 2 * n_steps + k + 8
+        with use_launches(previous_launch_for if policy == "previous" else None):
+            engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=matmul)
+            prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+            tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
+            for _ in range(log_length + 2):  # capture both graphs (with and without a fold)
+                tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
+            steps_per_s, tok = _steps_per_s(engine, tok, n_steps, repeats)
+            context = 24 + log_length + 2 + n_steps * repeats // 2
+            moved = decode_step_bytes(
+                cfg, "replay" if strategy == "replay" else "snapshot", batch, context,
+                log_length, step_weights,
+            )  # fmt: skip
+            row = dict(arm=arm, strategy=strategy, batch=batch)
+            row["decode_tokens_per_s"] = batch * steps_per_s
+            if cuda:
+                byte_s, flop_s = moved / bandwidth, flops_per_token * batch / rate
+                row["roofline"] = dict(
+                    bytes=moved,
+                    byte_seconds=byte_s,
+                    flop_seconds=flop_s,
+                    binds="bytes" if byte_s >= flop_s else "flops",
+                    share=max(byte_s, flop_s) * steps_per_s,
+                )
+            if arm == arms[0] and batch in spec_batches:
+                spec, equal, measured = _speculation(engine, prompts, 2 * n_steps, k, acceptance)
+                row.update(
+                    speculative_tokens_per_s=spec,
+                    speculation_over_decode=spec / row["decode_tokens_per_s"],
+                    speculative_equal_greedy=equal,
+                    measured_acceptance=measured,
+                )
+            rows.append(row)
+            del engine
+            torch.cuda.empty_cache()
+    peer = []
+    peer_weights = None
+    if mamba_ssm and cuda:
+        from replaylab.bench.engine import _mamba_ssm_baseline
+        from replaylab.bench.peers import use_mamba_ssm_kernels_in_transformers
+
+        if use_mamba_ssm_kernels_in_transformers():
+            peer_cfg = HybridConfig(**dict(MATCHED, intermediate_size=MAMBA_SSM_INTERMEDIATE))
+            peer, peer_weights = _mamba_ssm_baseline(peer_cfg, batches, n_steps, 32)
+        else:
+            peer = [dict(provider="mamba-ssm generate(cg=True)", error="mamba_ssm not importable")]
+    return dict(
+        kind="matched",
+        config=config,
+        weights_bytes=weights,
+        mamba_ssm_weights_bytes=peer_weights,
+        copy_bandwidth_gbs=bandwidth / 1e9 if cuda else None,
+        matrix_rate_tflops=rate / 1e12 if cuda else None,
+        n_steps=n_steps,
+        repeats=repeats,
+        k=k,
+        acceptance=acceptance,
+        log_length=log_length,
+        rows=rows,
+        mamba_ssm=peer,
+    )
+
+
+def matched_summary(result):
+    """Decode tokens/s per arm and batch beside mamba-ssm, then speculation over decode."""
+    peer = {
+        r["batch"]: r["batch"] / r["seconds_per_token"]["median"]
+        for r in result["mamba_ssm"]
+        if "seconds_per_token" in r
+    }
+    plain = [r for r in result["rows"] if r["strategy"] == "replay"]
+    batches = sorted({r["batch"] for r in plain})
+    lines = ["replay decode, tokens/s  " + "  ".join(f"{b:>8}" for b in batches)]
+    for arm in dict.fromkeys(r["arm"] for r in plain):
+        by = {r["batch"]: r for r in plain if r["arm"] == arm}
+        lines.append(
+            f"{arm[:24]:<24} " + "  ".join(f"{by[b]['decode_tokens_per_s']:8.0f}" for b in batches)
+        )
+    lines.append(
+        f"{'mamba-ssm cg=True':<24} " + "  ".join(f"{peer.get(b, 0):8.0f}" for b in batches)
+    )
+    default = {r["batch"]: r for r in plain if r["arm"] == plain[0]["arm"]}
+    torch_ = {r["batch"]: r for r in plain if r["arm"] == "torch"}
+    lines.append(
+        f"{'default / mamba-ssm':<24} "
+        + "  ".join(
+            f"{default[b]['decode_tokens_per_s'] / peer[b]:7.2f}x" if b in peer else "       -"
+            for b in batches
+        )
+    )
+    lines.append(
+        f"{'default / torch':<24} "
+        + "  ".join(
+            f"{default[b]['decode_tokens_per_s'] / torch_[b]['decode_tokens_per_s']:7.2f}x"
+            if b in torch_
+            else "       -"
+            for b in batches
+        )
+    )
+    if all("roofline" in default[b] for b in batches):
+        lines.append(
+            f"{'default roofline share':<24} "
+            + "  ".join(f"{default[b]['roofline']['share']:8.0%}" for b in batches)
+        )
+    for r in result["rows"]:
+        if "speculation_over_decode" in r:
+            lines.append(
+                f"speculation {r['strategy']:<8} batch {r['batch']:>3}: "
+                f"{r['speculation_over_decode']:.2f}x decode, equal greedy "
+                f"{r['speculative_equal_greedy']}, acceptance {r['measured_acceptance']:.2f}"
+            )
+    return lines

@@ -1,0 +1,196 @@
+"""The row-invariant matrix product (``kernels.matmul.linear``) against cuBLAS, on every weight
+shape of the presets (GPU).
+
+``sweep`` times candidate launches (tile, K slices, warps, stages) at a few row counts and picks,
+per weight shape, the one whose worst ratio to cuBLAS over those rows is lowest: what
+``kernels.matmul.TUNED`` holds. ``run`` times ``launch_for``'s launch against cuBLAS at rows
+1 .. 1,280 and checks the contract at each row count: rows 0 .. M-1 computed among M rows equal
+the same rows computed among the most rows, bit for bit.
+
+Each timing replays a CUDA graph of ``reps`` products, each behind a write of 256 MiB that
+evicts the weight from L2 (as a decode step's other layers do), minus the same graph without
+the products: microseconds a product, with no host launch cost on either side.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+__all__ = ["weight_shapes", "candidates", "sweep", "run", "sweep_summary", "run_summary"]
+
+ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP (issue #36)
+
+
+def weight_shapes(presets=None):
+    """{(N, K): [presets]} of every 2-D weight a forward multiplies by (not the embedding), for
+    the serving presets and the families' presets, built on the meta device (no memory)."""
+    from replaylab.bench.families import PRESETS, load_preset
+    from replaylab.model import HybridLM, preset
+
+    names = presets or ["8b-layers", "1b", *PRESETS]
+    shapes: dict[tuple[int, int], list[str]] = {}
+    with torch.device("meta"):
+        for name in names:
+            cfg = load_preset(name)[1] if name in PRESETS else preset(name)
+            for n, p in HybridLM(cfg, seed=0).named_parameters():
+                if p.dim() == 2 and "embed" not in n:
+                    shapes.setdefault(tuple(p.shape), []).append(name)
+    if presets is None:
+        for shape in ISSUE_SHAPES:
+            shapes.setdefault(shape, []).append("weight-matched M-M-*-M-")
+    return {s: sorted(set(v)) for s, v in sorted(shapes.items())}
+
+
+TILES = [  # (block_m, block_n, block_k, num_warps, num_stages)
+    (64, 64, 64, 4, 4),
+    (64, 128, 64, 4, 4),
+    (64, 128, 128, 4, 3),
+    (64, 256, 64, 8, 3),
+    (128, 128, 64, 8, 3),
+    (128, 256, 64, 8, 3),
+]
+
+
+def candidates(N, K):
+    """Launches worth timing for a weight (N, K): every tile of ``TILES`` at 1, 2, 4 or 8
+    slices of K, a slice at least 512 columns."""
+    from replaylab.kernels.matmul import Launch
+
+    out = []
+    for bm, bn, bk, warps, stages in TILES:
+        for splits in (1, 2, 4, 8):
+            if splits == 1 or K // splits >= 512:
+                out.append(Launch(bm, bn, bk, splits, warps, stages))
+    return out
+
+
+class _Timer:
+    """Microseconds of ``fn`` from a CUDA graph of ``reps`` calls behind L2-evicting writes."""
+
+    def __init__(self, reps=16):
+        self.reps = reps
+        self.flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+        self.empty_ms = self._graph_ms(None)
+
+    def _graph_ms(self, fn):
+        if fn is not None:
+            fn()  # compile and warm outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(self.reps):
+                self.flush.zero_()
+                if fn is not None:
+                    fn()
+        times = []
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            g.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        del g
+        return statistics.median(times)
+
+    def us(self, fn):
+        return max(0.0, 1e3 * (self._graph_ms(fn) - self.empty_ms) / self.reps)
+
+
+def _inputs(N, K, rows, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(N, K, device="cuda", generator=g) * K**-0.5).bfloat16()
+    x = torch.randn(max(rows), K, device="cuda", generator=g).bfloat16()
+    return x, w
+
+
+def sweep(shapes=None, rows=(1, 16, 128, 640), progress=True):
+    """Per weight shape: cuBLAS and every candidate launch (µs at each row count), whether the
+    candidate's rows equal under M = 1 and M = max(rows), and the chosen launch."""
+    from tqdm.auto import tqdm
+
+    from replaylab.kernels.matmul import linear
+
+    shapes = shapes or weight_shapes()
+    timer = _Timer()
+    out = []
+    for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
+        x, w = _inputs(N, K, rows)
+        cublas = {m: timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w)) for m in rows}
+        tried = []
+        for launch in candidates(N, K):
+            every = linear(x, w, launch)
+            us = {m: timer.us(lambda m=m: linear(x[:m], w, launch)) for m in rows}
+            tried.append(
+                dict(
+                    launch=launch._asdict(),
+                    us=us,
+                    worst_ratio=max(us[m] / max(cublas[m], 1e-3) for m in rows),
+                    rows_equal=bool(torch.equal(linear(x[:1], w, launch), every[:1])),
+                )
+            )
+        fair = [t for t in tried if t["rows_equal"]] or tried
+        best = min(fair, key=lambda t: t["worst_ratio"])
+        out.append(dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried, best=best))
+    return dict(kind="matmul sweep", rows=list(rows), shapes=out)
+
+
+def run(shapes=None, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280), progress=True):
+    """Per weight shape: ``launch_for``'s launch against cuBLAS and against the launch it
+    replaced (``previous_launch_for``), µs at each row count, and the contract: rows computed
+    among M rows equal the same rows among max(rows), at every M."""
+    from tqdm.auto import tqdm
+
+    from replaylab.kernels.matmul import launch_for, linear, linear_ref, previous_launch_for
+
+    shapes = shapes or weight_shapes()
+    timer = _Timer()
+    out = []
+    for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
+        x, w = _inputs(N, K, rows)
+        every = linear(x, w)
+        ref = linear_ref(x, w).float()
+        row = dict(
+            weight=[N, K],
+            presets=presets,
+            launch=launch_for(N, K)._asdict(),
+            rows_equal={m: bool(torch.equal(linear(x[:m], w), every[:m])) for m in rows},
+            max_abs_diff_vs_fp32_accumulation=float((every.float() - ref).abs().max()),
+            cublas_us={},
+            row_invariant_us={},
+            previous_launch_us={},
+        )
+        before = previous_launch_for(N, K)
+        for m in rows:
+            row["cublas_us"][m] = timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w))
+            row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w))
+            row["previous_launch_us"][m] = timer.us(lambda m=m: linear(x[:m], w, before))
+        row["weight_bytes"] = N * K * 2
+        out.append(row)
+    return dict(kind="matmul", rows=list(rows), shapes=out)
+
+
+def sweep_summary(result):
+    """One line per weight: the chosen launch and its worst ratio to cuBLAS."""
+    lines = [f"{'weight (N, K)':>16}  worst/cuBLAS  launch (bm, bn, bk, splits, warps, stages)"]
+    for s in result["shapes"]:
+        b = s["best"]
+        lines.append(
+            f"{str(tuple(s['weight'])):>16}  {b['worst_ratio']:11.2f}x  "
+            f"{tuple(b['launch'].values())}  rows equal {b['rows_equal']}"
+        )
+    return lines
+
+
+def run_summary(result, show=(1, 8, 128, 640)):
+    """One line per weight: row-invariant / cuBLAS at a few row counts, and the contract."""
+    head = "  ".join(f"M={m:<5}" for m in show)
+    lines = [f"{'weight (N, K)':>16}  {head}  rows equal at every M"]
+    for s in result["shapes"]:
+        ratios = "  ".join(
+            f"{s['row_invariant_us'][m] / max(s['cublas_us'][m], 1e-3):6.2f}x" for m in show
+        )
+        lines.append(f"{str(tuple(s['weight'])):>16}  {ratios}  {all(s['rows_equal'].values())}")
+    return lines
