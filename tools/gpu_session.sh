@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -114,6 +114,12 @@ case "$mode" in
     tail -4 "$OUT/gpu_matmul_tests.log"
     timeout -s INT ${MATMUL_S:-420} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_sweep.json" \
       --sweep ${MATMUL_ARGS:-} 2>&1 | tail -40 ;;
+  lossless)  # the row-invariant product against cuBLAS and its previous launch, then the
+    # lossless engine against mamba-ssm on the same weights (MATCHED_ARGS)
+    timeout -s INT ${MATMUL_S:-150} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul.json" \
+      --rows 1,8,64,128,256,640,1280 2>&1 | tail -32
+    timeout -s INT ${MATCHED_S:-360} python3 -m replaylab.bench matched --out "$OUT/bench_matched.json" \
+      ${MATCHED_ARGS:-} 2>&1 | tail -20 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
