@@ -7,12 +7,13 @@ caches here keep the same model's recurrent layers under replaylab's other two s
 plug into transformers' own ``generate`` (greedy, beam search, assisted generation):
 
     from replaylab.hf import ReplayCache
-    out = model.generate(ids, assistant_model=draft, past_key_values=ReplayCache(model))
+    out = model.generate(ids, assistant_model=draft, cache=ReplayCache(model))
 
-``RecomputeCache(model)`` is the same call with the recompute strategy.
+(``past_key_values=`` works too; transformers 5.25 names it ``cache`` and warns on the old
+name.) ``RecomputeCache(model)`` is the same call with the recompute strategy.
 
 - **Replay** (``ReplayLayer``): one checkpoint state per layer plus a log of the layer's scan
-  inputs since it (raw conv inputs ``xBC``, and ``x, dt, B, C`` after the conv). Outputs of
+  inputs since it (the raw conv inputs, and ``x, dt, B, C`` after the conv). Outputs of
   new tokens come from checkpoint + log (``ReplayKernels.step``: no state written); ``crop(-n)``
   moves the log's cursor back n entries; the log is folded into the checkpoint on a fixed grid
   of ``log_length`` entries, at the start of a forward and only over entries no ``crop`` can
@@ -25,24 +26,29 @@ The math is replaylab's own: ``replaylab.mamba2.Mamba2Spec`` (the reference ``ss
 its fold), ``replaylab.replay_ops.ReferenceReplayOps`` on CPU and ``Mamba2ReplayKernels`` (the
 Triton replay step and fold) where ``use_kernels`` says, by default on CUDA.
 
-Glossary (code name -> meaning, shape; H, P, N, G heads, head width, state size, groups):
-    ckpt        S_c, the checkpoint state, (batch, H, P, N) fp32
+Glossary (code name -> meaning, shape; Mamba-2: H, P, N, G heads, head width, state size,
+groups; Mamba-1: D channels, N state size):
+    ckpt        S_c, the checkpoint state, (batch, H, P, N) or (batch, D, N) fp32
     window0     the conv window at the checkpoint: the last d_conv - 1 conv inputs,
                 (batch, d_conv - 1, conv_dim) in the model dtype
-    log         field -> (batch, n, ...): xBC (conv_dim), x (H, P), dt (H), B, C (G, N)
+    log         field -> (batch, n, ...): conv_in (the raw conv inputs, conv_dim), and the
+                scan fields x (H, P | D), dt (H | D), B, C ((G, N) | N)
     n           log entries since the checkpoint (the cursor); ``committed`` of them are final
 
-Families: NemotronH and Bamba (Mamba-2). Jamba (Mamba-1), Qwen3-Next and Qwen3.5 (Gated
-DeltaNet) raise ``NotImplementedError`` naming the family.
+Families: NemotronH and Bamba (Mamba-2), Jamba (Mamba-1: ``Mamba1Spec``, its closed-form fold
+and outputs, on every device). Qwen3-Next and Qwen3.5 (Gated DeltaNet) raise
+``NotImplementedError`` naming the family: their mixers run the recurrence inline, with no
+function that receives the cache.
 
 Releases and hooks: transformers >= 5.25 (older releases refuse assisted generation for
 hybrids, and are refused here with an error naming the version); written against 5.25.0. The
 layers subclass the public ``LinearAttentionLayer`` and override its public methods
 (``update_conv_state``, ``crop``, ``reorder_cache``, ``activate_past_recording``, ...). One
-hook is not public API: the cache replaces the module-level function ``mamba2_scan_forward``
-of ``modeling_nemotron_h`` / ``modeling_bamba`` (the one transformers documents as replaceable
-"with a runtime that manages the recurrent state itself") by a dispatcher that hands the call
-to a replaylab layer when the cache passed in is one, and to the original otherwise.
+hook is not public API: building a cache replaces the module-level scan function
+(``mamba2_scan_forward`` of ``modeling_nemotron_h`` / ``modeling_bamba``, ``mamba_scan_forward``
+of ``modeling_jamba``: the functions transformers documents as replaceable "with a runtime
+that manages the recurrent state itself") by a dispatcher that hands the call to a replaylab
+layer when the cache passed in is one, and to the original otherwise.
 ``RecomputeCache`` also registers a forward pre-hook on the model, to learn the token ids it
 re-runs (batch rows without padding; ``inputs_embeds`` is refused).
 """
@@ -53,7 +59,9 @@ import importlib
 import weakref
 
 import torch
+import torch.nn.functional as F
 
+from replaylab.mamba1 import Mamba1Params, Mamba1Spec
 from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
 from replaylab.replay_ops import ReferenceReplayOps
 
@@ -73,9 +81,9 @@ MAX_STEP_TOKENS = 16  # longer forwards (a prefill) fold the log and scan instea
 FAMILIES = {
     "nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
     "bamba": "transformers.models.bamba.modeling_bamba",
+    "jamba": "transformers.models.jamba.modeling_jamba",
 }
 NOT_YET = {
-    "jamba": "Jamba (Mamba-1)",
     "qwen3_next": "Qwen3-Next (Gated DeltaNet)",
     "qwen3_5": "Qwen3.5 (Gated DeltaNet)",
     "qwen3_5_text": "Qwen3.5 (Gated DeltaNet)",
@@ -93,22 +101,24 @@ def _check_release():
         )
 
 
-def _install_scan_hook(module_name):
-    """Route ``mamba2_scan_forward`` of ``module_name`` to replaylab layers (idempotent)."""
+def _install_scan_hook(module_name, family):
+    """Route ``family.hook`` (the scan function) of ``module_name`` to replaylab layers when the
+    cache passed in (its last positional argument) is a replaylab cache (idempotent)."""
     mod = importlib.import_module(module_name)
-    original = mod.mamba2_scan_forward
+    original = getattr(mod, family.hook)
     if getattr(original, "_replaylab_original", None) is not None:
         return
 
-    def mamba2_scan_forward(module, hidden_states, B, C, dt, cache, **kwargs):
+    def scan_forward(module, *args, **kwargs):
+        cache = kwargs["cache"] if "cache" in kwargs else args[-1]
         layers = getattr(cache, "layers", None)
         layer = layers[module.layer_idx] if layers is not None else None
-        if isinstance(layer, _Mamba2Layer):
-            return layer.scan(module, hidden_states, B, C, dt)
-        return original(module, hidden_states, B, C, dt, cache, **kwargs)
+        if isinstance(layer, _RecurrentLayer):
+            return layer.scan(module, *(args if "cache" in kwargs else args[:-1]))
+        return original(module, *args, **kwargs)
 
-    mamba2_scan_forward._replaylab_original = original
-    mod.mamba2_scan_forward = mamba2_scan_forward
+    scan_forward._replaylab_original = original
+    setattr(mod, family.hook, scan_forward)
 
 
 class HFMamba2Spec(Mamba2Spec):
@@ -132,19 +142,82 @@ class HFMamba2Spec(Mamba2Spec):
         raise NotImplementedError("transformers runs the conv: entries come from its mixer")
 
 
+class HFMamba1Spec(Mamba1Spec):
+    """``Mamba1Spec`` over transformers' Jamba mixer: ``s6_scan``, the closed-form fold and
+    outputs, with A (D, N), D and dt_bias (``dt_proj.bias``) read from ``module``."""
+
+    def __init__(self, module):
+        self.module = module
+        self.state_shape = (module.intermediate_size, module.ssm_state_size)
+        self.conv_shape = (module.conv_kernel_size - 1, module.intermediate_size)
+        self.kernels = ReferenceReplayOps(self, MAX_STEP_TOKENS)
+
+    def params(self) -> Mamba1Params:
+        m = self.module
+        return Mamba1Params(-torch.exp(m.A_log.float()), m.D, m.dt_proj.bias)
+
+    def prepare(self, window, inputs):
+        raise NotImplementedError("transformers runs the conv: entries come from its mixer")
+
+
+class _Mamba2Family:
+    """NemotronH, Bamba: ``mamba2_scan_forward(module, hidden_states, B, C, dt, cache)``."""
+
+    hook = "mamba2_scan_forward"
+    spec = HFMamba2Spec
+
+    @staticmethod
+    def entries(module, hidden_states, B, C, dt):
+        """Scan entries x (batch, T, H, P), dt (batch, T, H), B and C (batch, T, G, N), and
+        the function from outputs y (batch, T, H, P) to what the hook returns, (batch, T, H*P)."""
+        b, T, _ = hidden_states.shape
+        G, N = module.n_groups, module.ssm_state_size
+        fields = dict(
+            x=hidden_states.reshape(b, T, module.num_heads, module.head_dim),
+            dt=dt,
+            B=B.reshape(b, T, G, N),
+            C=C.reshape(b, T, G, N),
+        )
+        return fields, lambda y: y.reshape(b, T, -1).to(hidden_states.dtype)
+
+
+class _Mamba1Family:
+    """Jamba: ``mamba_scan_forward(module, hidden_states, time_step, B, C, gate, cache)``,
+    channels first, the gate applied inside."""
+
+    hook = "mamba_scan_forward"
+    spec = HFMamba1Spec
+
+    @staticmethod
+    def entries(module, hidden_states, time_step, B, C, gate):
+        """Scan entries x and dt (batch, T, D), B and C (batch, T, N), and the function from
+        outputs y (batch, T, D) to the gated (batch, D, T) the hook returns."""
+        fields = dict(x=hidden_states.transpose(1, 2), dt=time_step.transpose(1, 2), B=B, C=C)
+
+        def finish(y):
+            gated = y.float() * F.silu(gate.transpose(1, 2).float())
+            return gated.transpose(1, 2).to(hidden_states.dtype)
+
+        return fields, finish
+
+
+_FAMILY_OF = {"nemotron_h": _Mamba2Family, "bamba": _Mamba2Family, "jamba": _Mamba1Family}
+
+
 def _take(tensors: dict, fn):
     return {k: fn(v) for k, v in tensors.items()}
 
 
-class _Mamba2Layer:
+class _RecurrentLayer:
     """What replay and recompute share: the conv window, the token count, the dispatch from the
     mixer's scan. Mixed into ``LinearAttentionLayer`` by the two layers below."""
 
-    def _setup(self, module, use_kernels):
+    def _setup(self, module, family, use_kernels):
         from transformers.cache_utils import LinearAttentionLayer
 
         LinearAttentionLayer.__init__(self, number_of_states=1)
-        self.spec = HFMamba2Spec(module)
+        self.family = family
+        self.spec = self.family.spec(module)
         self.use_kernels = use_kernels
         self.recording = False  # transformers' generate sets ``record_past``; we keep our own
         self.recurrent_states_to_keep = None
@@ -188,22 +261,16 @@ class _Mamba2Layer:
         )
 
     # -- shared helpers ------------------------------------------------------------------
-    def _entries(self, module, hidden_states, B, C, dt):
-        """The forward's log entries: xBC (batch, T, conv_dim), x (batch, T, H, P), dt
-        (batch, T, H), B and C (batch, T, G, N)."""
-        if self._pending is None or self._pending.shape[1] != hidden_states.shape[1]:
+    def _entries(self, module, *args):
+        """The forward's log entries (``conv_in``, the raw conv inputs (batch, T, channels), and
+        the family's scan fields, each (batch, T, ...)), and the family's ``finish``."""
+        fields, finish = self.family.entries(module, *args)
+        T = fields["x"].shape[1]
+        if self._pending is None or self._pending.shape[1] != T:
             raise RuntimeError("a scan without its conv inputs: update_conv_state was not called")
-        b, T, _ = hidden_states.shape
-        G, N = module.n_groups, module.ssm_state_size
-        entries = dict(
-            xBC=self._pending,
-            x=hidden_states.reshape(b, T, module.num_heads, module.head_dim),
-            dt=dt,
-            B=B.reshape(b, T, G, N),
-            C=C.reshape(b, T, G, N),
-        )
+        entries = dict(conv_in=self._pending, **fields)
         self._pending = None
-        return entries
+        return entries, finish
 
     def _zero_state(self, batch, device):
         return torch.zeros((batch, *self.spec.state_shape), dtype=torch.float32, device=device)
@@ -226,16 +293,16 @@ def _make_layer_class(strategy_cls):
     return type(strategy_cls.__name__, (strategy_cls, LinearAttentionLayer), {})
 
 
-class _ReplayLayer(_Mamba2Layer):
+class _ReplayLayer(_RecurrentLayer):
     """Replay: ``ckpt`` + ``log`` (n entries, ``committed`` of them final), no current state.
 
     ``log_length`` L: the log is folded on the grid ``ckpt`` at multiples of L entries;
     ``use_kernels``: the Triton replay step and fold (None: on CUDA)."""
 
-    def __init__(self, module, log_length=DEFAULT_LOG_LENGTH, use_kernels=None):
+    def __init__(self, module, family, log_length=DEFAULT_LOG_LENGTH, use_kernels=None):
         if not isinstance(log_length, int) or log_length < 1:
             raise ValueError(f"log_length must be an int >= 1, got {log_length!r}")
-        self._setup(module, use_kernels)
+        self._setup(module, family, use_kernels)
         self.log_length = log_length
         self.ckpt = self.window0 = None
         self.log: dict = {}
@@ -246,7 +313,7 @@ class _ReplayLayer(_Mamba2Layer):
             return None
         if not self.n:
             return self.window0
-        return _last_window(self.window0, self.log["xBC"])
+        return _last_window(self.window0, self.log["conv_in"])
 
     def commit(self):
         self.committed = self.n
@@ -258,32 +325,33 @@ class _ReplayLayer(_Mamba2Layer):
         used = _take(self.log, lambda v: v[:, :upto])
         rows = torch.arange(self.ckpt.shape[0], device=self.ckpt.device)
         self.ckpt = _ops(self, self.ckpt.device).fold(self.ckpt, rows, used, upto)
-        self.window0 = _last_window(self.window0, used["xBC"])
+        self.window0 = _last_window(self.window0, used["conv_in"])
         self.log = _take(self.log, lambda v: v[:, upto:])
         self.n -= upto
         self.committed -= upto
 
-    def scan(self, module, hidden_states, B, C, dt):
-        """Outputs ``(batch, T, H*P)`` of T new tokens from checkpoint + log; the tokens'
-        entries join the log."""
-        entries = self._entries(module, hidden_states, B, C, dt)
-        batch, T = hidden_states.shape[:2]
+    def scan(self, module, *args):
+        """Outputs of T new tokens from checkpoint + log, in the layout the family's hook returns;
+        the tokens' entries join the log."""
+        entries, finish = self._entries(module, *args)
+        batch, T = entries["x"].shape[:2]
+        device = entries["x"].device
         if self.ckpt is None:
-            self.ckpt = self._zero_state(batch, hidden_states.device)
-            self.window0 = entries["xBC"].new_zeros(batch, *self.spec.conv_shape)
+            self.ckpt = self._zero_state(batch, device)
+            self.window0 = entries["conv_in"].new_zeros(batch, *self.spec.conv_shape)
         if not self.recording:
             self.commit()
         L = self.log_length
         self._fold(self.committed // L * L)  # the grid: only entries no crop can take back
-        rows = torch.arange(batch, device=hidden_states.device)
-        scan_fields = {k: v for k, v in entries.items() if k != "xBC"}
+        rows = torch.arange(batch, device=device)
+        scan_fields = {k: v for k, v in entries.items() if k != "conv_in"}
         y = None
         if self.n and T <= MAX_STEP_TOKENS:
             log = _take(self.log, lambda v: v)
-            y = _ops(self, hidden_states.device).step(self.ckpt, rows, log, self.n, scan_fields)
+            y = _ops(self, device).step(self.ckpt, rows, log, self.n, scan_fields)
         if y is None:  # a long forward (prefill), or an empty log: fold in a copy, then scan
             if self.n:
-                start = _ops(self, hidden_states.device).fold(self.ckpt, rows, self.log, self.n)
+                start = _ops(self, device).fold(self.ckpt, rows, self.log, self.n)
             else:
                 start = self.ckpt
             y = self.spec.scan(start, scan_fields).y
@@ -293,7 +361,7 @@ class _ReplayLayer(_Mamba2Layer):
             else {k: torch.cat([self.log[k], entries[k].to(self.log[k].dtype)], 1) for k in entries}
         )
         self.n += T
-        return y.reshape(batch, T, -1).to(hidden_states.dtype)
+        return finish(y)
 
     def crop(self, tokens_to_remove: int) -> None:
         """``crop(-k)``: the last k tokens go (a cursor move); ``crop(0)`` commits."""
@@ -347,12 +415,12 @@ class _ReplayLayer(_Mamba2Layer):
         return held + list(self.log.values())
 
 
-class _RecomputeLayer(_Mamba2Layer):
+class _RecomputeLayer(_RecurrentLayer):
     """Recompute: the current ``state`` and ``window``, and their values at the last commit
     (``ckpt``, ``ckpt_window``); the cache re-runs the model to roll back."""
 
-    def __init__(self, module, use_kernels=None):
-        self._setup(module, use_kernels)
+    def __init__(self, module, family, use_kernels=None):
+        self._setup(module, family, use_kernels)
         self.state = self.win = self.ckpt = self.ckpt_window = None
         self.since_commit = 0
 
@@ -362,20 +430,21 @@ class _RecomputeLayer(_Mamba2Layer):
     def commit(self):
         self.ckpt, self.ckpt_window, self.since_commit = self.state, self.win, 0
 
-    def scan(self, module, hidden_states, B, C, dt):
-        """Outputs ``(batch, T, H*P)``: the reference scan from the current state."""
-        entries = self._entries(module, hidden_states, B, C, dt)
-        batch, T = hidden_states.shape[:2]
+    def scan(self, module, *args):
+        """Outputs (the family's layout): the reference scan from the current state."""
+        entries, finish = self._entries(module, *args)
+        batch, T = entries["x"].shape[:2]
+        device = entries["x"].device
         if self.state is None:
-            self.state = self._zero_state(batch, hidden_states.device)
-            self.win = entries["xBC"].new_zeros(batch, *self.spec.conv_shape)
+            self.state = self._zero_state(batch, device)
+            self.win = entries["conv_in"].new_zeros(batch, *self.spec.conv_shape)
             self.commit()
         if not self.recording:
             self.commit()
-        result = self.spec.scan(self.state, {k: v for k, v in entries.items() if k != "xBC"})
-        self.state, self.win = result.state, _last_window(self.win, entries["xBC"])
+        result = self.spec.scan(self.state, {k: v for k, v in entries.items() if k != "conv_in"})
+        self.state, self.win = result.state, _last_window(self.win, entries["conv_in"])
         self.since_commit += T
-        return result.y.reshape(batch, T, -1).to(hidden_states.dtype)
+        return finish(result.y)
 
     def restore(self):
         """Back to the last commit; returns the tokens it took back."""
@@ -435,7 +504,7 @@ def state_bytes(cache) -> int:
 
     held = []
     for layer in cache.layers:
-        if isinstance(layer, _Mamba2Layer):
+        if isinstance(layer, _RecurrentLayer):
             held += layer.tensors()
         elif isinstance(layer, LinearAttentionCacheLayerMixin):
             for i in range(layer.number_of_states):
@@ -466,7 +535,7 @@ def _family(model):
         )
     if model_type not in FAMILIES:
         raise ValueError(f"replaylab.hf covers model types {sorted(FAMILIES)}, not {model_type!r}")
-    _install_scan_hook(FAMILIES[model_type])
+    _install_scan_hook(FAMILIES[model_type], _FAMILY_OF[model_type])
     return model_type
 
 
@@ -482,7 +551,7 @@ def _hybrid_cache(model, make_layer):
     for i, layer in enumerate(template.layers):
         if type(layer) is LinearAttentionLayer:
             if i not in mixers:
-                raise ValueError(f"layer {i} is a linear-attention layer without a Mamba-2 mixer")
+                raise ValueError(f"layer {i} is a linear-attention layer without a Mamba mixer")
             layer = make_layer(mixers[i])
         elif isinstance(layer, LinearAttentionLayer):
             raise NotImplementedError(
@@ -521,7 +590,7 @@ class _ReplaylabCacheMixin:
     """Helpers both caches share."""
 
     def recurrent_layers(self):
-        return [layer for layer in self.layers if isinstance(layer, _Mamba2Layer)]
+        return [layer for layer in self.layers if isinstance(layer, _RecurrentLayer)]
 
     def state_bytes(self) -> int:
         """Recurrent bytes held now, whole batch (see ``state_bytes``)."""
@@ -536,12 +605,12 @@ def ReplayCache(model, log_length: int = DEFAULT_LOG_LENGTH, use_kernels: bool |
 
     Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
     Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""
-    _family(model)
+    family = _FAMILY_OF[_family(model)]
     replay, _ = _layer_classes()
     if not isinstance(log_length, int) or isinstance(log_length, bool) or log_length < 1:
         raise ValueError(f"log_length must be an int >= 1, got {log_length!r}")
     layers = _hybrid_cache(
-        model, lambda m: replay(m, log_length=log_length, use_kernels=use_kernels)
+        model, lambda m: replay(m, family, log_length=log_length, use_kernels=use_kernels)
     )
     return _cache_class("ReplayDynamicCache")(layers, model)
 
@@ -550,9 +619,9 @@ def RecomputeCache(model, use_kernels: bool | None = None):
     """A transformers cache for ``model`` (NemotronH or Bamba) whose Mamba-2 layers keep the
     state at the last commit; ``crop(-k)`` restores it and re-runs the kept tokens through
     ``model`` (one forward). Returns a ``replaylab.hf.RecomputeDynamicCache``."""
-    _family(model)
+    family = _FAMILY_OF[_family(model)]
     _, recompute = _layer_classes()
-    layers = _hybrid_cache(model, lambda m: recompute(m, use_kernels=use_kernels))
+    layers = _hybrid_cache(model, lambda m: recompute(m, family, use_kernels=use_kernels))
     return _cache_class("RecomputeDynamicCache")(layers, model)
 
 
@@ -616,7 +685,7 @@ def _cache_class(name):
                     return
                 kept = self._ids[:, : since - k]
                 for layer in self.layers:
-                    if isinstance(layer, _Mamba2Layer):
+                    if isinstance(layer, _RecurrentLayer):
                         layer.restore()
                     else:
                         layer.crop(-since)

@@ -1,12 +1,14 @@
 """replaylab.hf: replay and recompute as transformers cache layers, checked against transformers
 itself (its forward, its greedy ``generate``, its own assisted generation and beam search) on
-tiny random-weight NemotronH and Bamba models and on the shipped trained pair."""
+tiny random-weight NemotronH, Bamba (Mamba-2) and Jamba (Mamba-1) models and on the shipped
+trained pair."""
 
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from family_models import tiny_jamba
 from test_model import tiny_bamba, tiny_nemotron_h
 
 import replaylab.hf as hf
@@ -16,6 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPT = [5, 17, 3, 5, 17, 3, 9, 5, 17, 0, 3]
+FAMILIES = ["nemotron_h", "bamba", "jamba"]
 STRATEGIES = {
     "replay": lambda m: ReplayCache(m, log_length=3),  # short log: folds happen often
     "recompute": RecomputeCache,
@@ -31,6 +34,7 @@ def pairs():
     return {
         "nemotron_h": (tiny_nemotron_h("M-M*-M"), tiny_nemotron_h("M*-", seed=1)),
         "bamba": (tiny_bamba(), tiny_bamba(attn=(1,), layers=3, seed=1)),
+        "jamba": (tiny_jamba(), tiny_jamba(seed=1, num_hidden_layers=2, attn_layer_period=2)),
     }
 
 
@@ -59,12 +63,16 @@ def drafting(model, k=4):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("family", ["nemotron_h", "bamba"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_equal_transformers_forward(pairs, family, strategy):
     """A prefill, single tokens and a 3-token chunk through the cache, batch 2: the logits of
-    the same forwards through transformers' own ``DynamicCache`` to float32 rounding, and of
-    one forward over the whole sequence within what transformers' own cache differs from it
-    (Bamba's chunked and incremental forwards differ by ~5e-4 in transformers itself)."""
+    the same forwards through transformers' own ``DynamicCache``, or of one forward over the
+    whole sequence, to float32 rounding, and within 2e-3 of the whole forward.
+
+    transformers' own answers differ: Bamba's chunked and incremental forwards by ~5e-4 (the
+    replaylab caches follow its incremental ones); Jamba's incremental forward with its own
+    cache by ~2e-2 once a multi-token forward follows a single-token one (5.25.0), where the
+    replaylab caches give the whole forward's logits to 1e-7."""
     from transformers import DynamicCache
 
     model = pairs[family][0]
@@ -78,22 +86,25 @@ def test_logits_equal_transformers_forward(pairs, family, strategy):
     got, theirs = run(STRATEGIES[strategy](model)), run(DynamicCache(config=model.config))
     with torch.no_grad():
         whole = model(ids).logits
-    assert (got - theirs).abs().max() < 1e-5
-    assert (got - whole).abs().max() <= (theirs - whole).abs().max() + 1e-5 < 2e-3
+    assert min((got - theirs).abs().max(), (got - whole).abs().max()) < 1e-5
+    assert (got - whole).abs().max() < 2e-3
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("family", ["nemotron_h", "bamba"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_assisted_generation_equals_greedy(pairs, family, strategy):
     """Tokens under replaylab's cache equal transformers' greedy generate and its own assisted
     generation (its recording), drafting with a wrong draft (rollbacks) and with the target
-    itself (every draft accepted)."""
+    itself (every draft accepted). For Jamba, transformers 5.25.0's own assisted generation is
+    not an oracle: its cache's verify forwards are off (see the logits test) and its tokens
+    leave the greedy ones; replaylab's caches still give the greedy tokens."""
     target, draft = pairs[family]
     want = generate(target, PROMPT, 16)
     assert generate(target, PROMPT, 16, cache=STRATEGIES[strategy](target)) == want
     crops = []
     for assistant in (drafting(draft), drafting(target)):
-        assert generate(target, PROMPT, 16, assistant_model=assistant) == want  # the oracle
+        if family != "jamba":
+            assert generate(target, PROMPT, 16, assistant_model=assistant) == want  # the oracle
         cache = STRATEGIES[strategy](target)
         layer = cache.recurrent_layers()[0]
         crop, restore = type(layer).crop, getattr(type(layer), "restore", None)
@@ -124,10 +135,11 @@ def test_a_cache_that_forgets_to_roll_back_is_caught(pairs):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_crop_batch_of_two(pairs, strategy):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_crop_batch_of_two(pairs, family, strategy):
     """Batch 2: after a 5-token forward, crop(-3) and continue; logits equal transformers'
     forward over the kept sequence. Cropping past what the cache can take back is refused."""
-    model = pairs["nemotron_h"][0]
+    model = pairs[family][0]
     ids = torch.randint(0, 97, (2, 16), generator=torch.Generator().manual_seed(5))
     cache = STRATEGIES[strategy](model)
     with torch.no_grad():
@@ -139,7 +151,7 @@ def test_crop_batch_of_two(pairs, strategy):
         got = model(ids[:, 10:16], cache=cache).logits
         kept = torch.cat([ids[:, :10], ids[:, 10:16]], dim=1)
         want = model(kept).logits[:, 10:]
-        assert (got - want).abs().max() < 1e-4
+        assert (got - want).abs().max() < 2e-3  # Bamba: transformers' own forms differ ~7e-4
         cache.crop(0)
         with pytest.raises(ValueError, match="at most 0 tokens"):
             cache.crop(-1)
@@ -148,10 +160,11 @@ def test_crop_batch_of_two(pairs, strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_beam_search_equals_transformers(pairs, strategy):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_equals_transformers(pairs, family, strategy):
     """Beam search (3 beams, batch 2): transformers reorders the cache every step; the beams'
     tokens equal those under its own cache."""
-    model = pairs["nemotron_h"][0]
+    model = pairs[family][0]
     prompts = [PROMPT, PROMPT[::-1]]
     want = generate(model, prompts, 8, num_beams=3)
     reorders = []
@@ -228,10 +241,10 @@ def test_trained_pair_equals_transformers():
 
 def test_refusals(pairs, monkeypatch):
     import transformers
-    from family_models import tiny_jamba
+    from family_models import tiny_qwen3_next
 
-    with pytest.raises(NotImplementedError, match=r"Jamba \(Mamba-1\)"):
-        ReplayCache(tiny_jamba())
+    with pytest.raises(NotImplementedError, match=r"Qwen3-Next \(Gated DeltaNet\)"):
+        ReplayCache(tiny_qwen3_next())
     with pytest.raises(ValueError, match="log_length must be an int >= 1, got 0"):
         ReplayCache(pairs["nemotron_h"][0], log_length=0)
     monkeypatch.setattr(transformers, "__version__", "5.24.0")

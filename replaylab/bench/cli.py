@@ -409,7 +409,7 @@ def _hf_cache(args):
         dtype=args.dtype,
         n_new=args.n_new,
         repeats=args.repeats,
-        log_length=args.log_length,
+        log_lengths=tuple(args.log_lengths),
     )
     return _save(args, result, out, summary, t0)
 
@@ -645,7 +645,7 @@ def add_bench_parser(subparsers):
     hc.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     hc.add_argument("--n-new", type=int, default=48, help="tokens per assisted generation")
     hc.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
-    hc.add_argument("--log-length", type=int, default=16, help="replay's L")
+    hc.add_argument("--log-lengths", type=_ints, default=[16, 4], help="replay's L values")
     hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")
     hc.set_defaults(run=_hf_cache)

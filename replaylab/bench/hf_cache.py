@@ -1,0 +1,300 @@
+"""``replaylab bench hf-cache``: transformers' own assisted generation under its recording cache,
+beside replaylab's replay and recompute caches (``replaylab.hf``) on the same weights and prompts
+in one run, and replaylab's own speculative decoding of the same pair beside them.
+
+Two measurements:
+
+- **state bytes per sequence** at draft lengths k = 1..8, per family: the recurrent memory a
+  cache holds (``replaylab.hf.state_bytes``; attention keys and values left out, they are the
+  same under every cache) at its peak, right after the target verified the last token and k
+  drafts and before ``crop``. transformers' recording then holds every layer's state after each
+  draft token; replay holds its checkpoint and its log, which depends on where the log stands in
+  its fold grid of L entries, so both ends are reported (``replay_min``, ``replay_max``: prompts
+  of every length modulo L); recompute holds the state and the state at the last commit.
+- **assisted-generation tokens/s** on the trained NemotronH pair (``data/models``), batch 1:
+  transformers' greedy ``generate``, its assisted generation under its recording, under
+  ``ReplayCache`` and ``RecomputeCache``, and ``replaylab.generate`` (replay, k = 4) on the same
+  prompts. Each cell is the median of ``repeats`` runs after one warm-up, with whether its tokens
+  equal greedy ones.
+
+Glossary: k drafts per verification; L the replay log length (``replaylab.hf`` default 16).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = ["run", "summary", "state_bytes_rows", "tokens_per_second", "DRAFTS", "PROMPTS"]
+
+MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
+TARGET, DRAFT = MODELS / "replaylab-code-10m", MODELS / "replaylab-code-draft"
+DRAFTS = tuple(range(1, 9))
+PROMPTS = ("def fibonacci(n):", "import os\n\n\ndef list_files(path):")
+
+
+def _bamba_like(target, device, dtype):
+    """A random-weight Bamba with the trained NemotronH's Mamba-2 shapes (H, P, N, G, d_conv,
+    hidden size; one attention layer in six): bytes do not depend on the weights."""
+    from transformers import BambaConfig, BambaForCausalLM
+
+    c = target.config
+    torch.manual_seed(0)
+    config = BambaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=6,
+        attn_layer_indices=[3],
+        mamba_n_heads=c.mamba_num_heads,
+        mamba_d_head=c.mamba_head_dim,
+        mamba_d_state=c.ssm_state_size,
+        mamba_n_groups=c.n_groups,
+        mamba_d_conv=c.conv_kernel,
+        mamba_expand=c.mamba_num_heads * c.mamba_head_dim // c.hidden_size,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        intermediate_size=2 * c.hidden_size,
+    )
+    return BambaForCausalLM(config).eval().to(device=device, dtype=dtype)
+
+
+def _jamba_like(target, device, dtype):
+    """A random-weight Jamba (Mamba-1) of the trained model's hidden size, with Jamba's own
+    Mamba-1 shape ratios (expand 2, d_state 16, dt_rank hidden/16; one attention layer in
+    six, dense MLPs)."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    c = target.config
+    torch.manual_seed(0)
+    config = JambaConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=6,
+        attn_layer_period=6,
+        attn_layer_offset=3,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=1,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        intermediate_size=2 * c.hidden_size,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        mamba_expand=2,
+        mamba_dt_rank=c.hidden_size // 16,
+    )
+    return JambaForCausalLM(config).eval().to(device=device, dtype=dtype)
+
+
+def _peak_bytes(model, make_cache, prompt_len, k, device):
+    """Recurrent bytes a fresh cache holds after a ``prompt_len`` prefill, recording on, and a
+    verify forward of 1 + k tokens (before any crop)."""
+    from replaylab.hf import state_bytes
+
+    gen = torch.Generator().manual_seed(prompt_len)
+    ids = torch.randint(2, model.config.vocab_size, (1, prompt_len + 1 + k), generator=gen)
+    ids = ids.to(device)
+    cache = make_cache()
+    with torch.no_grad():
+        model(ids[:, :prompt_len], cache=cache)
+        cache.activate_past_recording(recurrent_states_to_keep=k)
+        model(ids[:, prompt_len:], cache=cache)
+    return state_bytes(cache)
+
+
+def _layer_shapes(model, device):
+    """Per recurrent layer: its state's bytes (fp32) and one replay log entry's bytes (the raw
+    conv inputs and the scan fields, in the model dtype), read off a ReplayCache."""
+    from replaylab.hf import ReplayCache
+
+    cache = ReplayCache(model)
+    with torch.no_grad():
+        model(torch.ones((1, 2), dtype=torch.long, device=device), cache=cache)
+    layers = cache.recurrent_layers()
+    state = layers[0].ckpt[0].numel() * layers[0].ckpt.element_size()
+    entry = sum(v[0, 0].numel() * v.element_size() for v in layers[0].log.values())
+    return dict(
+        recurrent_layers=len(layers),
+        state_bytes=state,
+        log_entry_bytes=entry,
+        state_per_log_entry=round(state / entry, 2),
+    )
+
+
+def state_bytes_rows(model, family, drafts=DRAFTS, prompt_len=40, log_length=16, device="cpu"):
+    """One row per draft length: bytes per sequence under recording, replay (min and max over
+    the fold grid) and recompute, and replay's worst case over recording."""
+    from transformers import DynamicCache
+
+    from replaylab.hf import RecomputeCache, ReplayCache
+
+    rows = []
+    for k in drafts:
+        recording = _peak_bytes(
+            model, lambda: DynamicCache(config=model.config), prompt_len, k, device
+        )
+        replay = [
+            _peak_bytes(model, lambda: ReplayCache(model, log_length), prompt_len + s, k, device)
+            for s in range(log_length)
+        ]
+        recompute = _peak_bytes(model, lambda: RecomputeCache(model), prompt_len, k, device)
+        rows.append(
+            dict(
+                family=family,
+                log_length=log_length,
+                drafts=k,
+                recording=recording,
+                replay_min=min(replay),
+                replay_max=max(replay),
+                recompute=recompute,
+                replay_max_over_recording=round(max(replay) / recording, 3),
+                recompute_over_recording=round(recompute / recording, 3),
+            )
+        )
+    return rows
+
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, repeats, device):
+    """(median seconds, last result) of ``repeats`` calls after one warm-up."""
+    fn()
+    times, out = [], None
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), out
+
+
+def tokens_per_second(target, draft, prompts, n_new=48, repeats=3, device="cpu", dtype=None):
+    """Assisted generation of ``n_new`` tokens after each prompt (ids), batch 1, under each
+    cache; rows with tokens/s (all prompts' tokens over their summed median seconds) and
+    whether every prompt's tokens equal transformers' greedy ones."""
+    from replaylab.generate import generate as replaylab_generate
+    from replaylab.hf import RecomputeCache, ReplayCache
+
+    def hf_run(ids, **kw):
+        with torch.no_grad():
+            out = target.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=False,
+                **kw,
+            )
+        return out[0, ids.shape[1] :].tolist()
+
+    runs = {
+        "greedy (transformers)": lambda ids: hf_run(ids),
+        "assisted, transformers' recording": lambda ids: hf_run(ids, assistant_model=draft),
+        "assisted, replaylab.hf ReplayCache": lambda ids: hf_run(
+            ids, assistant_model=draft, cache=ReplayCache(target)
+        ),
+        "assisted, replaylab.hf RecomputeCache": lambda ids: hf_run(
+            ids, assistant_model=draft, cache=RecomputeCache(target)
+        ),
+        "replaylab generate (replay, k=4)": lambda ids: replaylab_generate(
+            TARGET,
+            ids[0].tolist(),
+            n_new,
+            cache="replay",
+            draft=DRAFT,
+            k=4,
+            device=device,
+            stop_at_eos=False,
+            dtype=dtype,
+        ),
+    }
+    greedy, rows = {}, []
+    for name, fn in runs.items():
+        seconds, equal, internal = 0.0, True, 0.0
+        for i, prompt in enumerate(prompts):
+            ids = torch.tensor([prompt], device=device)
+            t, out = _timed(lambda: fn(ids), repeats, device)  # noqa: B023
+            if not isinstance(out, list):  # replaylab's DecodeResult: its own decode seconds
+                internal += out.seconds
+                out = out.tokens[0].tolist()
+            seconds += t
+            if name.startswith("greedy"):
+                greedy[i] = out
+            equal = equal and out == greedy[i]
+        row = dict(
+            cache=name,
+            tokens=n_new * len(prompts),
+            seconds=round(seconds, 4),
+            tokens_per_s=round(n_new * len(prompts) / seconds, 1),
+            tokens_equal_greedy=equal,
+        )
+        if internal:
+            row["decode_seconds_inside"] = round(internal, 4)
+        rows.append(row)
+    return rows
+
+
+def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_lengths=(16, 4)):
+    """The whole benchmark (see the module docstring); a JSON-ready dict."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    torch_dtype = getattr(torch, dtype)
+    load = dict(dtype=torch_dtype)
+    target = AutoModelForCausalLM.from_pretrained(TARGET, **load).eval().to(device)
+    draft = AutoModelForCausalLM.from_pretrained(DRAFT, **load).eval().to(device)
+    tok = AutoTokenizer.from_pretrained(TARGET)
+    prompts = [tok(p).input_ids for p in PROMPTS]
+    families = {
+        "nemotron_h (trained 10M)": target,
+        "bamba (random, same Mamba-2 shapes)": _bamba_like(target, device, torch_dtype),
+        "jamba (random, Mamba-1 d_state 16)": _jamba_like(target, device, torch_dtype),
+    }
+    shapes = {name: _layer_shapes(m, device) for name, m in families.items()}
+    rows = []
+    for name, model in families.items():
+        for L in log_lengths:
+            rows += state_bytes_rows(model, name, drafts, log_length=L, device=device)
+    speed = tokens_per_second(target, draft, prompts, n_new, repeats, device, torch_dtype)
+    return dict(
+        benchmark="hf-cache",
+        what=__doc__.split("\n\n")[0],
+        settings=dict(
+            device=str(device),
+            dtype=dtype,
+            drafts=list(drafts),
+            n_new=n_new,
+            repeats=repeats,
+            log_lengths=list(log_lengths),
+            prompts=list(PROMPTS),
+            assistant="the trained draft with transformers' default schedule",
+        ),
+        shapes=shapes,
+        state_bytes=rows,
+        assisted=speed,
+    )
+
+
+def summary(result):
+    """Lines for the terminal: bytes at each draft length, then tokens/s."""
+    lines = [f"{'family':38} L  k  recording   replay(min-max)   recompute  replay/rec"]
+    for r in result["state_bytes"]:
+        lines.append(
+            f"{r['family']:38} {r['log_length']:2d} {r['drafts']}  {r['recording']:9d}  "
+            f"{r['replay_min']:7d}-{r['replay_max']:7d}  {r['recompute']:9d}  "
+            f"{r['replay_max_over_recording']:.3f}"
+        )
+    for r in result["assisted"]:
+        lines.append(
+            f"{r['cache']:42} {r['tokens_per_s']:8.1f} tok/s  equal to greedy: "
+            f"{r['tokens_equal_greedy']}"
+        )
+    return lines
