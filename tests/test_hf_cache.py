@@ -250,3 +250,30 @@ def test_refusals(pairs, monkeypatch):
     monkeypatch.setattr(transformers, "__version__", "5.24.0")
     with pytest.raises(RuntimeError, match=r"transformers >= 5.25.*this is transformers 5.24.0"):
         RecomputeCache(pairs["nemotron_h"][0])
+
+
+def test_data_readme_quotes_the_committed_run():
+    """data/README.md's replay / recording ratios at 4 drafts and state / entry ratios are those
+    of data/bench_hf_cache_cpu.json, whose rows all give greedy tokens."""
+    import json
+    import re
+
+    root = MODELS.parent
+    run = json.loads((root / "bench_hf_cache_cpu.json").read_text())
+    text = " ".join((root / "README.md").read_text().split("bench hf-cache`, CPU")[1].split())
+    at4 = {
+        (r["family"].split()[0], r["log_length"]): r["replay_max_over_recording"]
+        for r in run["state_bytes"]
+        if r["drafts"] == 4
+    }
+    quoted = re.findall(r"([\d.]+) \(L = (\d+)\)", text)
+    assert [float(v) for v, _ in quoted] == [
+        at4["nemotron_h", 16],
+        at4["nemotron_h", 4],
+        at4["jamba", 16],
+        at4["jamba", 4],
+    ]
+    assert at4["bamba", 16] == at4["nemotron_h", 16] and at4["bamba", 4] == at4["nemotron_h", 4]
+    ratios = [s["state_per_log_entry"] for s in run["shapes"].values()]
+    assert f"weighs {ratios[0]} log entries" in text and f"weighs {ratios[2]} entries" in text
+    assert all(r["tokens_equal_greedy"] for r in run["assisted"])
