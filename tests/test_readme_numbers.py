@@ -142,3 +142,38 @@ def test_the_gdn_fold_sentence_matches_the_committed_runs():
         f"{round(fold['achieved_occupancy_pct'])}% occupancy with {fold['registers']:.0f} "
         f"registers a thread" in text
     )
+
+
+def test_the_lossless_sentence_matches_the_committed_run():
+    run = load_bench("data/bench_matched.json")
+    rows = run["rows"]
+    get = lambda arm, b, s="replay": next(  # noqa: E731
+        r for r in rows if r["arm"] == arm and r["batch"] == b and r["strategy"] == s
+    )
+    peer = {r["batch"]: _tok_s(r) for r in run["mamba_ssm"]}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(
+        r"replay decodes ([\d,]+), ([\d,]+), ([\d,]+), ([\d,]+) and ([\d,]+) tokens/s at batch "
+        r"1, 8, 64, 128 and 256: ([\d.]+)x, ([\d.]+)x, ([\d.]+)x, ([\d.]+)x and ([\d.]+)x "
+        r"mamba-ssm's `generate\(cg=True\)`, and ([\d.]+)-([\d.]+)x the same engine on cuBLAS",
+        text,
+    )
+    batches = [1, 8, 64, 128, 256]
+    tok = [round(get("row_invariant", b)["decode_tokens_per_s"]) for b in batches]
+    assert [int(v.replace(",", "")) for v in m.groups()[:5]] == tok
+    ratios = [round(get("row_invariant", b)["decode_tokens_per_s"] / peer[b], 2) for b in batches]
+    assert [float(v) for v in m.groups()[5:10]] == ratios
+    vs_torch = [
+        get("row_invariant", r["batch"])["decode_tokens_per_s"] / r["decode_tokens_per_s"]
+        for r in rows
+        if r["arm"] == "torch"
+    ]
+    assert [float(v) for v in m.groups()[10:]] == [round(min(vs_torch), 2), round(max(vs_torch), 2)]
+    spec = re.search(
+        r"gives ([\d.]+)x plain decode at batch 1, ([\d.]+)x at 8, ([\d.]+)x at 32 and "
+        r"([\d.]+)x at 128",
+        text,
+    )
+    found = [round(get("row_invariant", b)["speculation_over_decode"], 2) for b in (1, 8, 32, 128)]
+    assert [float(v) for v in spec.groups()] == found
+    assert all(r["speculative_equal_greedy"] for r in rows if "speculative_equal_greedy" in r)
