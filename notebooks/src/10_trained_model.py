@@ -188,6 +188,78 @@ for strategy in ("snapshot", "recompute", "replay"):
     out = speculative(target, short, 12, ModelDrafter(draft, strategy), k=4, cache=strategy)
     print(f"{strategy:9s} identical to greedy: {torch.equal(out.tokens, reference)}")
 
+# %% [markdown]
+# ## 6. Inside transformers: its recording, replaylab's replay
+#
+# transformers up to 5.24 refuses assisted generation (`generate(assistant_model=...)`) for
+# hybrid models: "not supported with stateful models". From 5.25 it accepts it, and while the
+# target verifies k drafts each recurrent layer *records* its state after every draft token, so
+# that `crop` can go back to any of them: the snapshot strategy, inside the library. `replaylab.hf`
+# gives the same `generate` replay or recompute instead: `ReplayCache(model)` keeps one
+# checkpoint per layer and a log of the layer's scan inputs, and a rollback moves the log's
+# cursor; `RecomputeCache(model)` keeps the state at the last accepted token and re-runs the kept
+# tokens. The transformers copy of the pair, in float32:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from transformers import AutoModelForCausalLM
+
+from replaylab.bench.hf_cache import state_bytes_rows
+from replaylab.hf import RecomputeCache, ReplayCache
+
+hf_logging.set_verbosity_error()  # no notes on its PyTorch fallbacks in the saved output
+hf_target = AutoModelForCausalLM.from_pretrained(TARGET, dtype=torch.float32).eval()
+hf_draft = AutoModelForCausalLM.from_pretrained(DRAFT, dtype=torch.float32).eval()
+ids = torch.tensor([tok.encode("def fibonacci(n):").ids])
+
+
+def hf_generate(**kw):
+    with torch.no_grad():
+        out = hf_target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24,
+                                 do_sample=False, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+hf_greedy = hf_generate()
+for name, cache in (("transformers' recording", None), ("replaylab ReplayCache", ReplayCache),
+                    ("replaylab RecomputeCache", RecomputeCache)):
+    kw = {} if cache is None else {"cache": cache(hf_target)}
+    print(f"{name:25s} assisted tokens identical to greedy: "
+          f"{hf_generate(assistant_model=hf_draft, **kw) == hf_greedy}")
+
+# %% [markdown]
+# Same tokens. What differs is the memory the recurrent layers hold at the peak of a round: after
+# the target verified the last token and k drafts, before `crop`. Recording holds the state after
+# each of them; replay holds its checkpoint and a log whose length depends on where it stands in
+# its fold grid of L = 16 entries (both ends shown); recompute holds the state and the state at
+# the last commit. Bytes per sequence, all five recurrent layers, attention left out:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rows = state_bytes_rows(hf_target, "nemotron_h", drafts=(1, 2, 4, 8))
+print(" k  recording KiB   replay KiB   recompute KiB   replay / recording (worst)")
+for r in rows:
+    print(f"{r['drafts']:2d}  {r['recording'] / 1024:13.0f}  {r['replay_min'] / 1024:5.0f}-"
+          f"{r['replay_max'] / 1024:5.0f}  {r['recompute'] / 1024:14.0f}  "
+          f"{r['replay_max_over_recording']:10.3f}")
+
+# %% [markdown]
+# Recording grows by one state per draft; replay by one log entry per draft, a small fraction of
+# a state (the ratio is printed below, from the benchmark's `shapes`). Time on this CPU, from `replaylab bench hf-cache`
+# (`data/bench_hf_cache_cpu.json`, the same prompts and weights side by side in one run; a
+# 10M-parameter model on a CPU is bound by Python and matrix products, not by state bytes, so
+# these are no GPU figures):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+bench = json.loads((MODELS.parent / "bench_hf_cache_cpu.json").read_text())
+print(f"{bench['device']}, transformers {bench['versions']['transformers']}, {bench['date'][:10]}")
+shape = bench["shapes"]["nemotron_h (trained 10M)"]
+print(f"one state = {shape['state_bytes']:,} bytes = {shape['state_per_log_entry']} log entries")
+for r in bench["assisted"]:
+    print(f"{r['cache']:40s} {r['tokens_per_s']:6.1f} tokens/s  identical to greedy: "
+          f"{r['tokens_equal_greedy']}")
+
 
 # %% [markdown]
 # ## Summary
@@ -199,6 +271,9 @@ for strategy in ("snapshot", "recompute", "replay"):
 #   acceptance replaces the hand-set α of the synthetic drafter.
 # * Acceptance decides how often the cache rolls back; the strategy decides what a rollback
 #   costs; the text is the same either way.
+# * transformers (5.25 on) speculates on hybrids by recording a state per draft token;
+#   `replaylab.hf`'s replay cache gives its `generate` the same tokens holding a checkpoint and a
+#   log instead.
 
 # %% [markdown]
 # ## Exercises
