@@ -13,7 +13,8 @@ plug into transformers' own ``generate`` (greedy, beam search, assisted generati
 name.) ``RecomputeCache(model)`` is the same call with the recompute strategy.
 
 - **Replay** (``ReplayLayer``): one checkpoint state per layer plus a log of the layer's scan
-  inputs since it (the raw conv inputs, and ``x, dt, B, C`` after the conv). Outputs of
+  inputs since it (the raw conv inputs, and the scan's inputs after the conv: Mamba
+  ``x, dt, B, C``, Gated DeltaNet ``q, k, v, g, beta``). Outputs of
   new tokens come from checkpoint + log (``ReplayKernels.step``: no state written); ``crop(-n)``
   moves the log's cursor back n entries; the log is folded into the checkpoint on a fixed grid
   of ``log_length`` entries, at the start of a forward and only over entries no ``crop`` can
@@ -22,23 +23,27 @@ name.) ``RecomputeCache(model)`` is the same call with the recompute strategy.
   ``crop``, or a forward outside recording); ``crop(-n)`` restores every layer to the commit,
   drops the attention keys and values since it, and re-runs the kept tokens through the model.
 
-The math is replaylab's own: ``replaylab.mamba2.Mamba2Spec`` (the reference ``ssd_scan`` and
-its fold), ``replaylab.replay_ops.ReferenceReplayOps`` on CPU and ``Mamba2ReplayKernels`` (the
+The math is replaylab's own: the families' specs (``Mamba2Spec``, ``Mamba1Spec``,
+``GatedDeltaNetSpec``: reference scans, folds and outputs from checkpoint + log) through
+``replaylab.replay_ops.ReferenceReplayOps``, and for Mamba-2 ``Mamba2ReplayKernels`` (the
 Triton replay step and fold) where ``use_kernels`` says, by default on CUDA.
 
 Glossary (code name -> meaning, shape; Mamba-2: H, P, N, G heads, head width, state size,
-groups; Mamba-1: D channels, N state size):
-    ckpt        S_c, the checkpoint state, (batch, H, P, N) or (batch, D, N) fp32
+groups; Mamba-1: D channels, N state size; Gated DeltaNet: H value heads, K, V head widths):
+    ckpt        S_c, the checkpoint state, (batch, H, P, N), (batch, D, N) or (batch, H, K, V)
+                fp32
     window0     the conv window at the checkpoint: the last d_conv - 1 conv inputs,
                 (batch, d_conv - 1, conv_dim) in the model dtype
     log         field -> (batch, n, ...): conv_in (the raw conv inputs, conv_dim), and the
-                scan fields x (H, P | D), dt (H | D), B, C ((G, N) | N)
+                scan fields (Mamba-2 x (H, P), dt (H), B, C (G, N); Mamba-1 x, dt (D), B, C
+                (N); Gated DeltaNet q, k (Hk, K), v (H, V), g, beta (H))
     n           log entries since the checkpoint (the cursor); ``committed`` of them are final
 
 Families: NemotronH and Bamba (Mamba-2), Jamba (Mamba-1: ``Mamba1Spec``, its closed-form fold
-and outputs, on every device). Qwen3-Next and Qwen3.5 (Gated DeltaNet) raise
-``NotImplementedError`` naming the family: their mixers run the recurrence inline, with no
-function that receives the cache.
+and outputs), Qwen3-Next and Qwen3.5 (Gated DeltaNet: ``GatedDeltaNetSpec``, the chunked WY
+fold and the backward query recursion); Mamba-1 and Gated DeltaNet use the PyTorch reference
+ops on every device. Qwen3.5-MoE raises ``NotImplementedError``; other model types
+``ValueError``.
 
 Releases and hooks: transformers >= 5.25 (older releases refuse assisted generation for
 hybrids, and are refused here with an error naming the version); written against 5.25.0. The
@@ -48,7 +53,13 @@ hook is not public API: building a cache replaces the module-level scan function
 (``mamba2_scan_forward`` of ``modeling_nemotron_h`` / ``modeling_bamba``, ``mamba_scan_forward``
 of ``modeling_jamba``: the functions transformers documents as replaceable "with a runtime
 that manages the recurrent state itself") by a dispatcher that hands the call to a replaylab
-layer when the cache passed in is one, and to the original otherwise.
+layer when the cache passed in is one, and to the original otherwise. Gated DeltaNet mixers
+run their recurrence inline through ``torch_chunk_gated_delta_rule`` /
+``torch_recurrent_gated_delta_rule`` (``modeling_qwen3_next``, ``modeling_qwen3_5``), which get
+no cache: the layer hands ``Cache.get_recurrent_state`` a sentinel tensor and the dispatchers
+that replace those two functions route a call whose ``initial_state`` is a sentinel to its
+layer. The layers keep ``record_past`` True (so every conv input reaches
+``update_conv_state``) and ``recurrent_states_to_keep`` 0 (no intermediate states asked for).
 ``RecomputeCache`` also registers a forward pre-hook on the model, to learn the token ids it
 re-runs (batch rows without padding; ``inputs_embeds`` is refused).
 """
@@ -61,6 +72,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from replaylab.gated_deltanet import GatedDeltaNetSpec, GDNParams, l2_normalize
 from replaylab.mamba1 import Mamba1Params, Mamba1Spec
 from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
 from replaylab.replay_ops import ReferenceReplayOps
@@ -82,11 +94,13 @@ FAMILIES = {
     "nemotron_h": "transformers.models.nemotron_h.modeling_nemotron_h",
     "bamba": "transformers.models.bamba.modeling_bamba",
     "jamba": "transformers.models.jamba.modeling_jamba",
+    "qwen3_next": "transformers.models.qwen3_next.modeling_qwen3_next",
+    "qwen3_5": "transformers.models.qwen3_5.modeling_qwen3_5",
+    "qwen3_5_text": "transformers.models.qwen3_5.modeling_qwen3_5",
 }
 NOT_YET = {
-    "qwen3_next": "Qwen3-Next (Gated DeltaNet)",
-    "qwen3_5": "Qwen3.5 (Gated DeltaNet)",
-    "qwen3_5_text": "Qwen3.5 (Gated DeltaNet)",
+    "qwen3_5_moe": "Qwen3.5-MoE (Gated DeltaNet with experts)",
+    "qwen3_5_moe_text": "Qwen3.5-MoE (Gated DeltaNet with experts)",
 }
 
 
@@ -99,6 +113,28 @@ def _check_release():
             f"replaylab.hf needs transformers >= {MIN_TRANSFORMERS} (its linear-attention cache "
             f"layers with crop and past recording); this is transformers {transformers.__version__}"
         )
+
+
+def _install_gdn_hooks(module_name, family):
+    """Route ``torch_chunk_gated_delta_rule`` and ``torch_recurrent_gated_delta_rule`` of
+    ``module_name`` to the replaylab layer whose sentinel arrives as ``initial_state`` (what
+    ``Cache.get_recurrent_state`` returned for it); other calls go to the originals."""
+    mod = importlib.import_module(module_name)
+    for name in family.hooks:
+        original = getattr(mod, name)
+        if getattr(original, "_replaylab_original", None) is not None:
+            continue
+
+        def dispatch(query, key, value, g, beta, *args, _original=original, **kwargs):
+            state = kwargs.get("initial_state")
+            owner = getattr(state, "_replaylab_layer", None)
+            layer = owner() if owner is not None else None
+            if layer is None:
+                return _original(query, key, value, g, beta, *args, **kwargs)
+            return layer.scan(layer.module, query, key, value, g, beta), state
+
+        dispatch._replaylab_original = original
+        setattr(mod, name, dispatch)
 
 
 def _install_scan_hook(module_name, family):
@@ -160,11 +196,52 @@ class HFMamba1Spec(Mamba1Spec):
         raise NotImplementedError("transformers runs the conv: entries come from its mixer")
 
 
+class HFGatedDeltaNetSpec(GatedDeltaNetSpec):
+    """``GatedDeltaNetSpec`` over transformers' Qwen3-Next / Qwen3.5 Gated DeltaNet: the token
+    loop ``gdn_scan``, the chunked WY fold and the backward query recursion for outputs; state
+    (H, K, V) fp32. transformers computes g and beta itself, so no parameter is read here."""
+
+    def __init__(self, module):
+        self.module = module
+        self.state_shape = (module.num_v_heads, module.head_k_dim, module.head_v_dim)
+        self.conv_shape = (module.conv_kernel_size - 1, module.conv_dim)
+        self.kernels = ReferenceReplayOps(self, MAX_STEP_TOKENS)
+
+    def params(self) -> GDNParams:
+        m = self.module
+        return GDNParams(-torch.exp(m.A_log.float()), m.dt_bias)
+
+    def prepare(self, window, inputs):
+        raise NotImplementedError("transformers runs the conv: entries come from its mixer")
+
+
+class _GatedDeltaNetFamily:
+    """Qwen3-Next, Qwen3.5: the recurrence runs inline in the mixer, through
+    ``torch_chunk_gated_delta_rule`` / ``torch_recurrent_gated_delta_rule(query, key, value,
+    g, beta, initial_state=...)``, which get no cache: the layer's sentinel state says whose
+    call it is."""
+
+    hooks = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+    spec = HFGatedDeltaNetSpec
+    install = staticmethod(_install_gdn_hooks)
+
+    @staticmethod
+    def entries(module, query, key, value, g, beta):
+        """Scan entries q, k (batch, T, Hk, K), L2-normalised in fp32 and q scaled by K^-1/2
+        (transformers' ``use_qk_l2norm_in_kernel``), v (batch, T, H, V), g (fp32) and beta
+        (batch, T, H); outputs (batch, T, H, V) go back in the input dtype."""
+        dtype, K = query.dtype, query.shape[-1]
+        q = (l2_normalize(query) * K**-0.5).to(dtype)
+        fields = dict(q=q, k=l2_normalize(key).to(dtype), v=value, g=g.float(), beta=beta)
+        return fields, lambda y: y.to(dtype)
+
+
 class _Mamba2Family:
     """NemotronH, Bamba: ``mamba2_scan_forward(module, hidden_states, B, C, dt, cache)``."""
 
     hook = "mamba2_scan_forward"
     spec = HFMamba2Spec
+    install = staticmethod(lambda module_name, family: _install_scan_hook(module_name, family))
 
     @staticmethod
     def entries(module, hidden_states, B, C, dt):
@@ -187,6 +264,7 @@ class _Mamba1Family:
 
     hook = "mamba_scan_forward"
     spec = HFMamba1Spec
+    install = staticmethod(lambda module_name, family: _install_scan_hook(module_name, family))
 
     @staticmethod
     def entries(module, hidden_states, time_step, B, C, gate):
@@ -201,7 +279,14 @@ class _Mamba1Family:
         return fields, finish
 
 
-_FAMILY_OF = {"nemotron_h": _Mamba2Family, "bamba": _Mamba2Family, "jamba": _Mamba1Family}
+_FAMILY_OF = {
+    "nemotron_h": _Mamba2Family,
+    "bamba": _Mamba2Family,
+    "jamba": _Mamba1Family,
+    "qwen3_next": _GatedDeltaNetFamily,
+    "qwen3_5": _GatedDeltaNetFamily,
+    "qwen3_5_text": _GatedDeltaNetFamily,
+}
 
 
 def _take(tensors: dict, fn):
@@ -216,22 +301,38 @@ class _RecurrentLayer:
         from transformers.cache_utils import LinearAttentionLayer
 
         LinearAttentionLayer.__init__(self, number_of_states=1)
-        self.family = family
+        self.family, self.module = family, module
         self.spec = self.family.spec(module)
         self.use_kernels = use_kernels
         self.recording = False  # transformers' generate sets ``record_past``; we keep our own
-        self.recurrent_states_to_keep = None
+        self.keep = None  # the rollback depth transformers asked for (informative)
+        # transformers asks for intermediate states when recording; none are needed here
+        self.recurrent_states_to_keep = 0
         self._pending = None  # raw conv inputs of the forward in flight, (batch, T, conv_dim)
+        # What ``Cache.get_recurrent_state`` / ``get_conv_state`` return for this layer: a
+        # token, not a state, that the Gated DeltaNet dispatch recognises as this layer's
+        self.sentinel = torch.empty(0)
+        self.sentinel._replaylab_layer = weakref.ref(self)
+        self.recurrent_states[0] = self.conv_states[0] = self.sentinel
+        self.has_previous_state[0] = True
 
     # -- transformers' public layer API --------------------------------------------------
     is_compileable = False
+
+    @property
+    def record_past(self):
+        """Always True: the mixers then hand every conv input to ``update_conv_state``."""
+        return True
+
+    @record_past.setter
+    def record_past(self, value):
+        pass  # generate switches recording off when it returns the cache; nothing to undo here
 
     def activate_past_recording(self, recurrent_states_to_keep=None):
         """From now on ``crop(-n)`` may take back tokens of later forwards: nothing past the
         current position is folded (replay) or committed (recompute) until the next crop."""
         self.recording = True
-        self.record_past = True
-        self.recurrent_states_to_keep = recurrent_states_to_keep
+        self.keep = recurrent_states_to_keep
         self.commit()
 
     def get_seq_length(self) -> int:
@@ -255,6 +356,8 @@ class _RecurrentLayer:
         return torch.cat([window.transpose(1, 2).to(conv_states.dtype), conv_states], dim=-1)
 
     def update_recurrent_state(self, recurrent_states, state_idx=0, **kwargs):
+        if recurrent_states is self.sentinel:  # Gated DeltaNet hands back what it was given
+            return self.sentinel
         raise RuntimeError(
             f"{type(self).__name__} keeps its own state: the mixer's scan must come through "
             "replaylab.hf (was the cache built with the model it runs?)"
@@ -265,11 +368,11 @@ class _RecurrentLayer:
         """The forward's log entries (``conv_in``, the raw conv inputs (batch, T, channels), and
         the family's scan fields, each (batch, T, ...)), and the family's ``finish``."""
         fields, finish = self.family.entries(module, *args)
-        T = fields["x"].shape[1]
-        if self._pending is None or self._pending.shape[1] != T:
+        T = next(iter(fields.values())).shape[1]
+        if self._pending is None or self._pending.shape[1] < T:
             raise RuntimeError("a scan without its conv inputs: update_conv_state was not called")
-        entries = dict(conv_in=self._pending, **fields)
-        self._pending = None
+        entries = dict(conv_in=self._pending[:, :T], **fields)
+        self._pending = self._pending[:, T:] if self._pending.shape[1] > T else None
         return entries, finish
 
     def _zero_state(self, batch, device):
@@ -334,8 +437,8 @@ class _ReplayLayer(_RecurrentLayer):
         """Outputs of T new tokens from checkpoint + log, in the layout the family's hook returns;
         the tokens' entries join the log."""
         entries, finish = self._entries(module, *args)
-        batch, T = entries["x"].shape[:2]
-        device = entries["x"].device
+        batch, T = entries["conv_in"].shape[:2]
+        device = entries["conv_in"].device
         if self.ckpt is None:
             self.ckpt = self._zero_state(batch, device)
             self.window0 = entries["conv_in"].new_zeros(batch, *self.spec.conv_shape)
@@ -433,8 +536,8 @@ class _RecomputeLayer(_RecurrentLayer):
     def scan(self, module, *args):
         """Outputs (the family's layout): the reference scan from the current state."""
         entries, finish = self._entries(module, *args)
-        batch, T = entries["x"].shape[:2]
-        device = entries["x"].device
+        batch, T = entries["conv_in"].shape[:2]
+        device = entries["conv_in"].device
         if self.state is None:
             self.state = self._zero_state(batch, device)
             self.win = entries["conv_in"].new_zeros(batch, *self.spec.conv_shape)
@@ -535,7 +638,8 @@ def _family(model):
         )
     if model_type not in FAMILIES:
         raise ValueError(f"replaylab.hf covers model types {sorted(FAMILIES)}, not {model_type!r}")
-    _install_scan_hook(FAMILIES[model_type], _FAMILY_OF[model_type])
+    family = _FAMILY_OF[model_type]
+    family.install(FAMILIES[model_type], family)
     return model_type
 
 

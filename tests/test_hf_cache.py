@@ -1,14 +1,14 @@
 """replaylab.hf: replay and recompute as transformers cache layers, checked against transformers
 itself (its forward, its greedy ``generate``, its own assisted generation and beam search) on
-tiny random-weight NemotronH, Bamba (Mamba-2) and Jamba (Mamba-1) models and on the shipped
-trained pair."""
+tiny random-weight NemotronH, Bamba (Mamba-2), Jamba (Mamba-1), Qwen3-Next and Qwen3.5 (Gated
+DeltaNet) models and on the shipped trained pair."""
 
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from family_models import tiny_jamba
+from family_models import tiny_jamba, tiny_qwen3_5, tiny_qwen3_next
 from test_model import tiny_bamba, tiny_nemotron_h
 
 import replaylab.hf as hf
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")
 
 MODELS = Path(__file__).resolve().parents[1] / "data" / "models"
 PROMPT = [5, 17, 3, 5, 17, 3, 9, 5, 17, 0, 3]
-FAMILIES = ["nemotron_h", "bamba", "jamba"]
+FAMILIES = ["nemotron_h", "bamba", "jamba", "qwen3_next", "qwen3_5"]
 STRATEGIES = {
     "replay": lambda m: ReplayCache(m, log_length=3),  # short log: folds happen often
     "recompute": RecomputeCache,
@@ -35,6 +35,8 @@ def pairs():
         "nemotron_h": (tiny_nemotron_h("M-M*-M"), tiny_nemotron_h("M*-", seed=1)),
         "bamba": (tiny_bamba(), tiny_bamba(attn=(1,), layers=3, seed=1)),
         "jamba": (tiny_jamba(), tiny_jamba(seed=1, num_hidden_layers=2, attn_layer_period=2)),
+        "qwen3_next": (tiny_qwen3_next(), tiny_qwen3_next(seed=1)),
+        "qwen3_5": (tiny_qwen3_5(), tiny_qwen3_5(seed=1)),
     }
 
 
@@ -240,11 +242,20 @@ def test_trained_pair_equals_transformers():
 
 
 def test_refusals(pairs, monkeypatch):
-    import transformers
-    from family_models import tiny_qwen3_next
+    from types import SimpleNamespace
 
-    with pytest.raises(NotImplementedError, match=r"Qwen3-Next \(Gated DeltaNet\)"):
-        ReplayCache(tiny_qwen3_next())
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    text = SimpleNamespace(model_type="qwen3_5_moe_text")
+    moe = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda decoder: text))
+    with pytest.raises(NotImplementedError, match=r"Qwen3.5-MoE \(Gated DeltaNet with experts\)"):
+        ReplayCache(moe)
+    llama = LlamaForCausalLM(
+        LlamaConfig(vocab_size=97, hidden_size=16, num_hidden_layers=1, num_attention_heads=2)
+    )
+    with pytest.raises(ValueError, match="covers model types .* not 'llama'"):
+        RecomputeCache(llama)
     with pytest.raises(ValueError, match="log_length must be an int >= 1, got 0"):
         ReplayCache(pairs["nemotron_h"][0], log_length=0)
     monkeypatch.setattr(transformers, "__version__", "5.24.0")
