@@ -290,7 +290,9 @@ _FAMILY_OF = {
 
 
 def _take(tensors: dict, fn):
-    return {k: fn(v) for k, v in tensors.items()}
+    """``fn`` of every field, made contiguous: the Triton replay kernels index a log buffer
+    (batch, n, ...) by its shape alone."""
+    return {k: fn(v).contiguous() for k, v in tensors.items()}
 
 
 class _RecurrentLayer:
@@ -425,10 +427,9 @@ class _ReplayLayer(_RecurrentLayer):
         """Fold the first ``upto`` log entries into the checkpoint."""
         if not upto:
             return
-        used = _take(self.log, lambda v: v[:, :upto])
         rows = torch.arange(self.ckpt.shape[0], device=self.ckpt.device)
-        self.ckpt = _ops(self, self.ckpt.device).fold(self.ckpt, rows, used, upto)
-        self.window0 = _last_window(self.window0, used["conv_in"])
+        self.ckpt = _ops(self, self.ckpt.device).fold(self.ckpt, rows, self.log, upto)
+        self.window0 = _last_window(self.window0, self.log["conv_in"][:, :upto])
         self.log = _take(self.log, lambda v: v[:, upto:])
         self.n -= upto
         self.committed -= upto
@@ -450,8 +451,7 @@ class _ReplayLayer(_RecurrentLayer):
         scan_fields = {k: v for k, v in entries.items() if k != "conv_in"}
         y = None
         if self.n and T <= MAX_STEP_TOKENS:
-            log = _take(self.log, lambda v: v)
-            y = _ops(self, device).step(self.ckpt, rows, log, self.n, scan_fields)
+            y = _ops(self, device).step(self.ckpt, rows, self.log, self.n, scan_fields)
         if y is None:  # a long forward (prefill), or an empty log: fold in a copy, then scan
             if self.n:
                 start = _ops(self, device).fold(self.ckpt, rows, self.log, self.n)

@@ -194,10 +194,25 @@ def test_greedy_batch_of_two(pairs):
 def test_replay_kernels_under_the_interpreter(pairs):
     """``use_kernels=True``: the Triton replay step and fold (here through Triton's
     interpreter) give transformers' greedy tokens under assisted generation."""
+    from transformers import DynamicCache
+
     target, _ = pairs["nemotron_h"]
     want = generate(target, PROMPT, 6)
     cache = ReplayCache(target, log_length=2, use_kernels=True)
     assert generate(target, PROMPT, 6, assistant_model=drafting(target, 2), cache=cache) == want
+    # batch 2, multi-token forwards, folds and a crop: the kernels read the log by its shape
+    ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        hf_cache, ours = DynamicCache(config=target.config), ReplayCache(target, 2, True)
+        want = torch.cat(
+            [target(ids[:, a:b], cache=hf_cache).logits for a, b in ((0, 3), (3, 8))], 1
+        )
+        got = [target(ids[:, :3], cache=ours).logits]
+        ours.activate_past_recording(recurrent_states_to_keep=3)
+        got.append(target(ids[:, 3:6], cache=ours).logits[:, :1])
+        ours.crop(-2)
+        got.append(target(ids[:, 4:8], cache=ours).logits)
+    assert (torch.cat(got, 1) - want).abs().max() < 1e-4
 
 
 def test_trained_pair_equals_transformers():

@@ -89,6 +89,31 @@ def _jamba_like(target, device, dtype):
     return JambaForCausalLM(config).eval().to(device=device, dtype=dtype)
 
 
+def _qwen3_5_like(target, device, dtype):
+    """A random-weight Qwen3.5 (Gated DeltaNet) of the trained model's hidden size, with
+    Qwen3.5's head ratios scaled down (4 key heads, 8 value heads, head widths 64; a full
+    attention layer in four)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    c = target.config
+    torch.manual_seed(0)
+    config = Qwen3_5TextConfig(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_hidden_layers=8,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.hidden_size // c.num_attention_heads,
+        intermediate_size=2 * c.hidden_size,
+        linear_num_key_heads=4,
+        linear_num_value_heads=8,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
+        linear_conv_kernel_dim=4,
+    )
+    return Qwen3_5ForCausalLM(config).eval().to(device=device, dtype=dtype)
+
+
 def _peak_bytes(model, make_cache, prompt_len, k, device):
     """Recurrent bytes a fresh cache holds after a ``prompt_len`` prefill, recording on, and a
     verify forward of 1 + k tokens (before any crop)."""
@@ -257,6 +282,7 @@ def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_l
         "nemotron_h (trained 10M)": target,
         "bamba (random, same Mamba-2 shapes)": _bamba_like(target, device, torch_dtype),
         "jamba (random, Mamba-1 d_state 16)": _jamba_like(target, device, torch_dtype),
+        "qwen3_5 (random, Gated DeltaNet 8x64x64)": _qwen3_5_like(target, device, torch_dtype),
     }
     shapes = {name: _layer_shapes(m, device) for name, m in families.items()}
     rows = []
@@ -285,10 +311,10 @@ def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_l
 
 def summary(result):
     """Lines for the terminal: bytes at each draft length, then tokens/s."""
-    lines = [f"{'family':38} L  k  recording   replay(min-max)   recompute  replay/rec"]
+    lines = [f"{'family':40} L  k  recording   replay(min-max)   recompute  replay/rec"]
     for r in result["state_bytes"]:
         lines.append(
-            f"{r['family']:38} {r['log_length']:2d} {r['drafts']}  {r['recording']:9d}  "
+            f"{r['family']:40} {r['log_length']:2d} {r['drafts']}  {r['recording']:9d}  "
             f"{r['replay_min']:7d}-{r['replay_max']:7d}  {r['recompute']:9d}  "
             f"{r['replay_max_over_recording']:.3f}"
         )
