@@ -293,13 +293,13 @@ def test_data_readme_quotes_the_committed_run():
         if r["drafts"] == 4
     }
     quoted = re.findall(r"([\d.]+) \(L = (\d+)\)", text)
-    assert [float(v) for v, _ in quoted] == [
-        at4["nemotron_h", 16],
-        at4["nemotron_h", 4],
-        at4["jamba", 16],
-        at4["jamba", 4],
-    ]
+    order = ["nemotron_h", "nemotron_h", "qwen3_5", "qwen3_5", "jamba", "jamba"]
+    assert [float(v) for v, _ in quoted] == [at4[f, int(L)] for f, (_, L) in zip(order, quoted)]
+    assert [int(L) for _, L in quoted] == [16, 4] * 3
     assert at4["bamba", 16] == at4["nemotron_h", 16] and at4["bamba", 4] == at4["nemotron_h", 4]
-    ratios = [s["state_per_log_entry"] for s in run["shapes"].values()]
-    assert f"weighs {ratios[0]} log entries" in text and f"weighs {ratios[2]} entries" in text
+    ratios = {name.split()[0]: s["state_per_log_entry"] for name, s in run["shapes"].items()}
+    assert f"weighs {ratios['nemotron_h']} log entries" in text
+    assert f"({ratios['qwen3_5']} entries)" in text and f"weighs {ratios['jamba']} entries" in text
+    recompute = [r["recompute_over_recording"] for r in run["state_bytes"] if r["drafts"] == 4]
+    assert "about 0.4 of recording's bytes" in text and {round(r, 1) for r in recompute} == {0.4}
     assert all(r["tokens_equal_greedy"] for r in run["assisted"])
