@@ -28,7 +28,8 @@ layer) + end_state (state + conv window per recurrent layer) + replay's log (b e
 recurrent layer). One byte budget covers all of it; eviction drops whole leaves (least recently
 used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
 its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
-(those blocks then serve align-style hits). The served cache holds copies: decoding, speculation and rollback on
+(those blocks then serve align-style hits), and under "logs-first" every log goes before any
+leaf (the tree then degrades to align's, never below it). The served cache holds copies: decoding, speculation and rollback on
 it never touch the tree (copy on write).
 
 The tree itself (nodes, matching, the resume plan, the hit report, insertion, the budget and
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
-PREFIX_EVICTION = ("lru", "cost")
+PREFIX_EVICTION = ("lru", "cost", "logs-first")
 STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
 
 
@@ -171,8 +172,10 @@ class PrefixTree:
     budget and eviction (``set_budget``, ``_evict_to_budget``) and the checks
     (``check_rebuildable``). A subclass sets ``strategy``, ``eviction``, ``max_len``,
     ``block_size``, ``interval`` (the grid of held states: block_size, or recompute's
-    checkpoint interval), ``vocab_size`` and ``block_bytes`` (one full node), then calls
-    ``_init_tree(budget_bytes)``."""
+    checkpoint interval), ``vocab_size`` and ``block_bytes`` (one full node; replay also
+    ``block_log_bytes``, its log's share), then calls ``_init_tree(budget_bytes)``."""
+
+    block_log_bytes = 0  # replay: the bytes of one full block's log (the rest is KV + state)
 
     def _init_tree(self, budget_bytes):
         self.root = _Node(0, (), None)
@@ -190,16 +193,23 @@ class PrefixTree:
     def _length_error(self, n) -> str:
         return f"prompt: expected 1..max_len={self.max_len} tokens, got {n}"
 
+    @property
+    def floor_bytes(self) -> int:
+        """The least bytes one full block can be held in: ``block_bytes``, or under
+        ``eviction="logs-first"`` a replay block without its log."""
+        return self.block_bytes - (self.block_log_bytes if self.eviction == "logs-first" else 0)
+
     # --- validation ---------------------------------------------------------------------
     def set_budget(self, budget_bytes):
         """Set (None: lift) the byte budget; evicts at once if over it. A budget under one full
-        block (``block_bytes``) is refused and changes nothing."""
+        block (``floor_bytes``) is refused and changes nothing."""
         if budget_bytes is not None:
             budget = as_int("budget_bytes", budget_bytes, low=1)
-            if budget < self.block_bytes:
+            if budget < self.floor_bytes:
+                held = " without its log" if self.floor_bytes < self.block_bytes else ""
                 raise ValueError(
                     f"budget_bytes: expected at least one {self.strategy} block of "
-                    f"{self.block_size} tokens ({self.block_bytes} bytes), got {budget}"
+                    f"{self.block_size} tokens{held} ({self.floor_bytes} bytes), got {budget}"
                 )
             budget_bytes = budget
         self.budget_bytes = budget_bytes
@@ -349,8 +359,12 @@ class PrefixTree:
     def _evict_to_budget(self):
         while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
             # replay: first the logs of blocks that later blocks extend (a hit passes through
-            # them on their end states; only a request diverging inside one needs its log)
+            # them on their end states; only a request diverging inside one needs its log);
+            # "logs-first": then every leaf's log before any leaf (a full leaf keeps its end
+            # state, a tail its KV: align's tree, so replay never hits less than align)
             logged = [n for n in self.nodes() if n.children and n.log is not None]
+            if not logged and self.eviction == "logs-first":
+                logged = [n for n in self.nodes() if n.log is not None]
             if logged:
                 victim = min(logged, key=lambda n: n.last_used)
                 self.held_bytes -= victim.nbytes
@@ -359,7 +373,7 @@ class PrefixTree:
                 self.held_bytes += victim.nbytes
                 continue
             leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction == "lru":
+            if self.eviction in ("lru", "logs-first"):
                 victim = min(leaves, key=lambda n: n.last_used)
             else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
                 victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
@@ -399,11 +413,12 @@ class PrefixCache(PrefixTree):
     ``strategy`` ("replay", "snapshot" or "recompute"), on a grid of ``block_size`` tokens.
 
     budget_bytes          cap on KV + states + logs held by the tree (None: no cap); at least
-                          one full block's bytes
+                          one full block's bytes (``floor_bytes``)
     max_len               longest request served
     checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
                           block_size; default block_size)
-    eviction              "lru" or "cost" (evict the leaf saving fewest tokens per byte)
+    eviction              "lru", "cost" (evict the leaf saving fewest tokens per byte) or
+                          "logs-first" (replay: every log before any leaf)
     chunk_size            prefill chunk (chunks also break at every grid position)
 
     Raises ValueError naming the value and the allowed range for a block size the strategy
@@ -465,6 +480,8 @@ class PrefixCache(PrefixTree):
         node = self._make_node(probe.tolist(), 0, None, cache, states, log_start=0)
         if node.end_state is None:  # recompute, block_size < checkpoint_interval: count one
             node.end_state = states[self.block_size]
+        fields = (t for f in (node.log or {}).values() for t in f.values())
+        self.block_log_bytes = sum(_tensor_bytes(t) for t in fields)
         return _node_bytes(node)
 
     # --- serving ---------------------------------------------------------------------------

@@ -249,8 +249,10 @@ def test_decode_rollback_and_retire_after_a_hit_never_change_the_tree(strategy):
     assert_same_tree(before, tree_tensors(prefix))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_random_request_streams_equal_cold_runs(strategy):
+@pytest.mark.parametrize(
+    ("strategy", "eviction"), [*((s, "lru") for s in STRATEGIES), ("replay", "logs-first")]
+)
+def test_random_request_streams_equal_cold_runs(strategy, eviction):
     """A fuzz: admissions with shared prefixes (system prompts, multi-turn extensions,
     prefixes cut anywhere), ragged steps (speculation-sized, up to each slot's room),
     rollbacks and retirements, under a budget of a few blocks (evictions on the way): every
@@ -258,8 +260,8 @@ def test_random_request_streams_equal_cold_runs(strategy):
     budget, and the stream did hit."""
     rng = random.Random(10 + STRATEGIES.index(strategy))
     engine, cold = engines(strategy, slots=3, max_len=80)
-    prefix = EnginePrefixCache(engine, block_size=8, budget_bytes=None)
-    prefix.set_budget(14 * prefix.block_bytes)
+    prefix = EnginePrefixCache(engine, block_size=8, budget_bytes=None, eviction=eviction)
+    prefix.set_budget(14 * prefix.floor_bytes)
     systems = [ids(rng, n) for n in (23, 9, 40)]
     history = []  # earlier prompts, for multi-turn extensions
     seq = {}  # slot -> tokens held (for the model-forward oracle at the end)

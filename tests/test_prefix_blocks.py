@@ -164,6 +164,31 @@ def test_a_small_block_bench_its_targets_and_tables():
     )
 
 
+def test_logs_first_never_hits_less_than_align():
+    """Under ``eviction="logs-first"`` a replay budget of one block without its log is served
+    (it would be refused under LRU), and replay's hit rate is at least align's at every budget
+    and block size: its tree under pressure is align's plus the logs that still fit."""
+    result = run_block_bench(
+        block_sizes=(64, 512),
+        budgets=(2**22, 2**23, 2**26),
+        workloads=("system_prompts", "multi_turn"),
+        validate=(),
+        eviction="logs-first",
+        strategies=("replay", "snapshot"),
+        log=lambda line: None,
+    )
+    assert result["eviction"] == "logs-first"
+    rows = {(r["workload"], r["block_size"], r["strategy"], r["budget"]): r for r in result["rows"]}
+    compared = 0
+    for (name, b, strategy, budget), row in rows.items():
+        if strategy != "replay" or "skipped" in rows[(name, b, "snapshot", budget)]:
+            continue
+        assert row["token_hit_rate"] >= rows[(name, b, "snapshot", budget)]["token_hit_rate"]
+        compared += 1
+    assert compared == 2 * 2 * 4 and "skipped" not in rows[("system_prompts", 512, "replay", 2**22)]
+    assert rows[("system_prompts", 512, "replay", 2**23)]["token_hit_rate"] > 0
+
+
 def test_the_hit_rate_figure():
     from replaylab.teaching.plotting_serving import prefix_hit_rate_figure
 

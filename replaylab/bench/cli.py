@@ -350,6 +350,7 @@ def _prefix_blocks(args):
     result = run_block_bench(
         block_sizes=tuple(args.block_sizes or BLOCK_SIZES),
         budgets=args.budgets,
+        eviction=args.eviction,
         log=lambda line: print(line, flush=True),
     )
 
@@ -595,6 +596,12 @@ def add_bench_parser(subparsers):
         default=None,
         help="byte budgets of the equal-bytes sweep (default 50000,...,800000 at block sizes "
         "16, 64; --blocks: 2 MiB to 512 MiB, two per octave)",
+    )
+    px.add_argument(
+        "--eviction",
+        default="lru",
+        choices=["lru", "cost", "logs-first"],
+        help="--blocks: the trees' eviction policy",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     px.add_argument(

@@ -206,7 +206,7 @@ class ByteTree(PrefixTree):
         self.strategy, self.eviction = real.strategy, eviction
         self.max_len, self.vocab_size = real.max_len, real.vocab_size
         self.block_size = self.interval = real.block_size
-        self.block_bytes = real.block_bytes
+        self.block_bytes, self.block_log_bytes = real.block_bytes, real.block_log_bytes
         self._kv = {l: (p.k.shape[1], p.k.shape[3], p.k.dtype) for l, p in engine.kv.items()}
         self._ssm = {
             l: (
@@ -302,6 +302,7 @@ def run_block_bench(
     strategies=("replay", "snapshot", "recompute"),
     log_length=16,
     validate=(("system_prompts", 512, (None, 2**25)), ("shared_docs", 64, (2**25,))),
+    eviction="lru",
     log=print,
 ) -> dict:
     """Per workload, block size, strategy and budget (``budgets``: bytes, default 2 MiB to
@@ -310,7 +311,8 @@ def run_block_bench(
     (``rows``; a budget under one block is recorded as ``skipped``). ``validate``: (workload,
     block size, budgets) whose streams the real engine cache also serves (the model prefilling
     every request): ``validation`` rows say whether each request's hit report and the bytes
-    held equal the ``ByteTree``'s, with the seconds the real run took."""
+    held equal the ``ByteTree``'s, with the seconds the real run took. ``eviction``: the
+    trees' policy (``prefix.PREFIX_EVICTION``)."""
     model = model or ratio_model()
     budgets = [None, *(_budgets() if budgets is None else budgets)]
     streams = {name: block_workload(name) for name in workloads}
@@ -331,7 +333,7 @@ def run_block_bench(
                         ideal_hit_rate=ideal,
                     )
                     try:
-                        tree = ByteTree(engines[strategy], block, budget)
+                        tree = ByteTree(engines[strategy], block, budget, eviction)
                     except ValueError as err:
                         rows.append(dict(row, skipped=str(err)))
                         continue
@@ -342,7 +344,7 @@ def run_block_bench(
                     rows.append(row)
         log(f"{name}: {len(block_sizes) * len(strategies) * len(budgets)} streams")
     checks = [
-        _validate(engines[strategy], name, block, budget)
+        _validate(engines[strategy], name, block, budget, eviction)
         for name, block, check_budgets in validate
         for strategy in strategies
         for budget in check_budgets
@@ -357,6 +359,7 @@ def run_block_bench(
     scale = ratios["nemotron"]["log_token_bytes"] / ratios["model"]["log_token_bytes"]
     return dict(
         kind="prefix-blocks",
+        eviction=eviction,
         model="replaylab.bench.prefix_blocks.ratio_model",
         ratios=ratios,
         nemotron_scale=round(scale, 3),
@@ -376,15 +379,15 @@ def run_block_bench(
     )
 
 
-def _validate(engine, name, block, budget) -> dict:
+def _validate(engine, name, block, budget, eviction="lru") -> dict:
     """One stream through the real ``EnginePrefixCache`` over ``engine`` (the model prefills
     every request) and through a ``ByteTree``: whether every hit report and the bytes held
     agree, the real run's token hit rate and seconds."""
     from replaylab.serving import EnginePrefixCache
 
     stream = block_workload(name)
-    tree = ByteTree(engine, block, budget)
-    real = EnginePrefixCache(engine, block_size=block, budget_bytes=budget)
+    tree = ByteTree(engine, block, budget, eviction)
+    real = EnginePrefixCache(engine, block_size=block, budget_bytes=budget, eviction=eviction)
     t0, hits, same = time.perf_counter(), [], True
     with torch.no_grad():
         for tokens in stream:

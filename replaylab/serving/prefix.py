@@ -79,8 +79,10 @@ class EnginePrefixCache(PrefixTree):
 
     block_size    the grid (see the module docstring for the sizes each strategy serves)
     budget_bytes  cap on KV + states + logs held by the tree (None: no cap); at least one
-                  full block's bytes (``block_bytes``)
-    eviction      "lru" or "cost" (evict the leaf saving fewest prefill tokens per byte)
+                  full block's bytes (``floor_bytes``; under "logs-first", without its log)
+    eviction      "lru", "cost" (evict the leaf saving fewest prefill tokens per byte) or
+                  "logs-first" (replay: every log before any leaf, so a hit never resumes
+                  before align's; LRU leaves after that)
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
@@ -122,7 +124,8 @@ class EnginePrefixCache(PrefixTree):
     # --- sizes and validation ----------------------------------------------------------------
     def _block_bytes(self) -> int:
         """Bytes of one full node, from the pools' shapes: KV rows, state + conv window, and
-        replay's b log entries (``tests/test_engine_prefix.py`` checks a real node's)."""
+        replay's b log entries (``tests/test_engine_prefix.py`` checks a real node's); sets
+        ``block_log_bytes`` to the last part."""
         e, b = self.engine, self.block_size
         kv = sum(2 * p.k[0, :, :b].numel() * p.k.element_size() for p in e.kv.values())
         state = sum(
@@ -134,6 +137,7 @@ class EnginePrefixCache(PrefixTree):
             for p in e.ssm.values()
             for buf in p.log.values()
         )
+        self.block_log_bytes = log
         return kv + state + log
 
     @property
