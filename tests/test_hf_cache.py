@@ -257,9 +257,9 @@ def test_replay_kernels(pairs):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     target = copy.deepcopy(pairs["nemotron_h"][0]).to(device)
-    want = generate(target, PROMPT, 6)
+    want = generate(target, PROMPT, 4)
     cache = ReplayCache(target, log_length=2, use_kernels=True)
-    assert generate(target, PROMPT, 6, assistant_model=drafting(target, 2), cache=cache) == want
+    assert generate(target, PROMPT, 4, assistant_model=drafting(target, 2), cache=cache) == want
     # batch 2, multi-token forwards, folds and a crop: the kernels read the log by its shape
     ids = torch.randint(0, 97, (2, 8), generator=torch.Generator().manual_seed(7)).to(device)
     with torch.no_grad():
@@ -361,3 +361,29 @@ def test_data_readme_quotes_the_committed_run():
     recompute = [r["recompute_over_recording"] for r in run["state_bytes"] if r["drafts"] == 4]
     assert "about 0.4 of recording's bytes" in text and {round(r, 1) for r in recompute} == {0.4}
     assert all(r["tokens_equal_greedy"] for r in run["assisted"])
+
+
+def test_bench_command_writes_its_json(tmp_path, monkeypatch):
+    """``replaylab bench hf-cache`` end to end, cut short (one prompt, 2 tokens, 1 draft, L = 2):
+    the JSON carries provenance, every family's bytes row and greedy-equal tokens/s rows."""
+    import json
+
+    import replaylab.bench.hf_cache as bench
+    from replaylab.bench.cli import main
+
+    monkeypatch.setattr(bench, "PROMPTS", ("def f(x):",))
+    out = tmp_path / "hf_cache.json"
+    argv = ["hf-cache", "--device", "cpu", "--n-new", "2", "--repeats", "1"]
+    assert main([*argv, "--log-lengths", "2", "--drafts", "1", "--out", str(out)]) == 0
+    run = json.loads(out.read_text())
+    assert {"device", "versions", "date", "command"} <= set(run)
+    assert run["command"].startswith("replaylab bench hf-cache")
+    assert [r["family"].split()[0] for r in run["state_bytes"]] == [
+        "nemotron_h",
+        "bamba",
+        "jamba",
+        "qwen3_5",
+    ]
+    for r in run["state_bytes"]:
+        assert r["replay_min"] <= r["replay_max"] and r["recording"] > 0, r
+    assert len(run["assisted"]) == 5 and all(r["tokens_equal_greedy"] for r in run["assisted"])

@@ -9,7 +9,7 @@ replaylab bench decode [--preset tiny] [--batches 1,4] [--n-new 32]
 replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--modes ...]
 replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
 replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,8,32,128,256]
-replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--repeats 3]
+replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--drafts 1,...,8]
 """
 
 from __future__ import annotations
@@ -411,6 +411,7 @@ def _hf_cache(args):
         n_new=args.n_new,
         repeats=args.repeats,
         log_lengths=tuple(args.log_lengths),
+        drafts=tuple(args.drafts),
     )
     return _save(args, result, out, summary, t0)
 
@@ -653,6 +654,7 @@ def add_bench_parser(subparsers):
     hc.add_argument("--n-new", type=int, default=48, help="tokens per assisted generation")
     hc.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
     hc.add_argument("--log-lengths", type=_ints, default=[16, 4], help="replay's L values")
+    hc.add_argument("--drafts", type=_ints, default=list(range(1, 9)), help="draft lengths")
     hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")
     hc.set_defaults(run=_hf_cache)
