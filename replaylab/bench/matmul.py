@@ -2,7 +2,8 @@
 shape of the presets (GPU).
 
 ``sweep`` times candidate launches (tile, K slices, warps, stages) at a few row counts and picks,
-per weight shape, the one ``choose`` prefers: what ``kernels.matmul.TUNED`` holds. ``run`` times ``launch_for``'s launch against cuBLAS at rows
+per weight shape, the one whose worst ratio to cuBLAS over those rows is lowest: what
+``kernels.matmul.TUNED`` holds. ``run`` times ``launch_for``'s launch against cuBLAS at rows
 1 .. 1,280 and checks the contract at each row count: rows 0 .. M-1 computed among M rows equal
 the same rows computed among the most rows, bit for bit.
 
@@ -17,7 +18,7 @@ import statistics
 
 import torch
 
-__all__ = ["weight_shapes", "candidates", "choose", "sweep", "run", "sweep_summary", "run_summary"]
+__all__ = ["weight_shapes", "candidates", "sweep", "run", "sweep_summary", "run_summary"]
 
 ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP (issue #36)
 
@@ -130,26 +131,10 @@ def sweep(shapes=None, rows=(1, 16, 128, 640), progress=True):
                     rows_equal=bool(torch.equal(linear(x[:1], w, launch), every[:1])),
                 )
             )
-        entry = dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried)
-        out.append(dict(entry, best=choose(entry)))
+        fair = [t for t in tried if t["rows_equal"]] or tried
+        best = min(fair, key=lambda t: t["worst_ratio"])
+        out.append(dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried, best=best))
     return dict(kind="matmul sweep", rows=list(rows), shapes=out)
-
-
-VERIFY_WEIGHT = 1.6  # how much more than a decode row count a verify's 640 rows may cost
-
-
-def choose(entry):
-    """The launch a sweep entry prefers: among those whose rows are equal, the lowest worst
-    ratio to cuBLAS over the decode row counts (up to 128) and the verify's 640 rows divided by
-    ``VERIFY_WEIGHT``. A plain decode step multiplies batch rows; a verify batch x (k + 1)
-    rows, which at batch 128 is compute-bound and the round loses to plain decode anyway."""
-    fair = [t for t in entry["tried"] if t["rows_equal"]] or entry["tried"]
-
-    def score(t):
-        ratio = {m: t["us"][m] / max(entry["cublas_us"][m], 1e-3) for m in t["us"]}
-        return max(r / (VERIFY_WEIGHT if int(m) >= 640 else 1) for m, r in ratio.items())
-
-    return min(fair, key=score)
 
 
 def run(shapes=None, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280), progress=True):
