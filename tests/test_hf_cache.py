@@ -364,8 +364,10 @@ def test_data_readme_quotes_the_committed_run():
 
 
 def test_bench_command_writes_its_json(tmp_path, monkeypatch):
-    """``replaylab bench hf-cache`` end to end, cut short (one prompt, 2 tokens, 1 draft, L = 2):
-    the JSON carries provenance, every family's bytes row and greedy-equal tokens/s rows."""
+    """``replaylab bench hf-cache`` end to end, cut short (one prompt, 2 tokens, 1 draft, L = 2,
+    the tiny preset): the JSON carries provenance, every family's bytes row and greedy-equal
+    tokens/s rows (transformers' recording with a rejecting draft left out: see
+    ``test_rejecting_every_draft``)."""
     import json
 
     import replaylab.bench.hf_cache as bench
@@ -374,7 +376,8 @@ def test_bench_command_writes_its_json(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "PROMPTS", ("def f(x):",))
     out = tmp_path / "hf_cache.json"
     argv = ["hf-cache", "--device", "cpu", "--n-new", "2", "--repeats", "1"]
-    assert main([*argv, "--log-lengths", "2", "--drafts", "1", "--out", str(out)]) == 0
+    argv += ["--log-lengths", "2", "--drafts", "1", "--presets", "tiny", "--out", str(out)]
+    assert main(argv) == 0
     run = json.loads(out.read_text())
     assert {"device", "versions", "date", "command"} <= set(run)
     assert run["command"].startswith("replaylab bench hf-cache")
@@ -387,3 +390,7 @@ def test_bench_command_writes_its_json(tmp_path, monkeypatch):
     for r in run["state_bytes"]:
         assert r["replay_min"] <= r["replay_max"] and r["recording"] > 0, r
     assert len(run["assisted"]) == 5 and all(r["tokens_equal_greedy"] for r in run["assisted"])
+    presets = run["presets"]
+    assert len(presets) == 7 and all(r["tokens_equal_greedy"] for r in presets[:4] + presets[5:])
+    held = {r["cache"]: r["state_bytes_at_peak"] for r in presets[1:4]}
+    assert held["replaylab.hf ReplayCache"] < held["transformers' recording"]

@@ -412,6 +412,7 @@ def _hf_cache(args):
         repeats=args.repeats,
         log_lengths=tuple(args.log_lengths),
         drafts=tuple(args.drafts),
+        presets=tuple(args.presets),
     )
     return _save(args, result, out, summary, t0)
 
@@ -655,6 +656,13 @@ def add_bench_parser(subparsers):
     hc.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
     hc.add_argument("--log-lengths", type=_ints, default=[16, 4], help="replay's L values")
     hc.add_argument("--drafts", type=_ints, default=list(range(1, 9)), help="draft lengths")
+    hc.add_argument(
+        "--presets",
+        type=lambda t: [p for p in t.split(",") if p],
+        default=[],
+        help="also time random NemotronH presets (tiny, 1b, 8b-layers), drafting with "
+        "themselves and with other weights, k = 4 (GPU: 8b-layers)",
+    )
     hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")
     hc.set_defaults(run=_hf_cache)

@@ -16,6 +16,11 @@ Two measurements:
   ``ReplayCache`` and ``RecomputeCache``, and ``replaylab.generate`` (replay, k = 4) on the same
   prompts. Each cell is the median of ``repeats`` runs after one warm-up, with whether its tokens
   equal greedy ones.
+- with ``presets`` (``--presets 8b-layers`` on a GPU): the same three caches on a random
+  NemotronH of a ``replaylab.model`` preset, drafting with itself (no rollback) and with other
+  random weights (a rollback every round), k = 4, with the bytes each holds at a round's peak.
+  transformers' assisted generation runs batch 1 only, so the regime where state bytes
+  dominate a step (large batches) is out of its reach; this is as close as its API allows.
 
 Glossary: k drafts per verification; L the replay log length (``replaylab.hf`` default 16).
 """
@@ -266,7 +271,85 @@ def tokens_per_second(target, draft, prompts, n_new=48, repeats=3, device="cpu",
     return rows
 
 
-def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_lengths=(16, 4)):
+def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=4, prompt_len=32):
+    """Assisted generation on a random-weight NemotronH of a ``replaylab.model`` preset
+    ("tiny", "1b", "8b-layers": Nemotron-H 8B's layer shapes), batch 1, k drafts a round, with
+    two assistants: the target itself (every draft accepted: no rollback) and the same preset
+    with other random weights (nearly every draft rejected: a rollback each round). Per
+    assistant and cache: tokens/s (median of ``repeats`` after a warm-up), whether the tokens
+    equal transformers' greedy ones, and the recurrent bytes at the peak of a round."""
+    from transformers import DynamicCache
+
+    from replaylab.hf import RecomputeCache, ReplayCache
+    from replaylab.model import HybridLM, preset, to_transformers_nemotron_h
+
+    def build(seed):
+        hf = to_transformers_nemotron_h(HybridLM(preset(name), seed=seed))
+        hf = hf.eval().to(device=device, dtype=dtype)
+        hf.generation_config.num_assistant_tokens = k
+        hf.generation_config.num_assistant_tokens_schedule = "constant"
+        hf.generation_config.assistant_confidence_threshold = 0.0
+        return hf
+
+    target, other = build(0), build(1)
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, target.config.vocab_size, (1, prompt_len), generator=gen).to(device)
+
+    def run_one(**kw):
+        with torch.no_grad():
+            out = target.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n_new,
+                min_new_tokens=n_new,
+                do_sample=False,
+                **kw,
+            )
+        return out[0, prompt_len:].tolist()
+
+    caches = {
+        "transformers' recording": None,
+        "replaylab.hf ReplayCache": ReplayCache,
+        "replaylab.hf RecomputeCache": RecomputeCache,
+    }
+    seconds, greedy = _timed(run_one, repeats, device)
+    rows = [dict(preset=name, assistant="none (greedy)", cache="transformers", k=0)]
+    rows[0].update(tokens_per_s=round(n_new / seconds, 1), tokens_equal_greedy=True)
+    for assistant_name, assistant in (("itself", target), ("other weights", other)):
+        for cache_name, make in caches.items():
+
+            def fn(assistant=assistant, make=make):
+                kw = dict(assistant_model=assistant)
+                return run_one(**kw) if make is None else run_one(cache=make(target), **kw)
+
+            seconds, tokens = _timed(fn, repeats, device)
+            rows.append(
+                dict(
+                    preset=name,
+                    assistant=assistant_name,
+                    cache=cache_name,
+                    k=k,
+                    tokens_per_s=round(n_new / seconds, 1),
+                    tokens_equal_greedy=tokens == greedy,
+                )
+            )
+    fresh = {"transformers' recording": lambda: DynamicCache(config=target.config)}
+    fresh.update({n: (lambda m=m: m(target)) for n, m in caches.items() if m is not None})
+    held = {n: _peak_bytes(target, f, prompt_len, k, device) for n, f in fresh.items()}
+    for row in rows[1:]:
+        row["state_bytes_at_peak"] = held[row["cache"]]
+    return rows
+
+
+def run(
+    device="cpu",
+    dtype="float32",
+    drafts=DRAFTS,
+    n_new=48,
+    repeats=3,
+    log_lengths=(16, 4),
+    presets=(),
+):
     """The whole benchmark (see the module docstring); a JSON-ready dict."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
@@ -290,6 +373,9 @@ def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_l
         for L in log_lengths:
             rows += state_bytes_rows(model, name, drafts, log_length=L, device=device)
     speed = tokens_per_second(target, draft, prompts, n_new, repeats, device, torch_dtype)
+    by_preset = []
+    for name in presets:
+        by_preset += preset_rows(name, device, torch_dtype, n_new=n_new, repeats=repeats)
     return dict(
         benchmark="hf-cache",
         what=__doc__.split("\n\n")[0],
@@ -306,6 +392,7 @@ def run(device="cpu", dtype="float32", drafts=DRAFTS, n_new=48, repeats=3, log_l
         shapes=shapes,
         state_bytes=rows,
         assisted=speed,
+        presets=by_preset,
     )
 
 
@@ -322,5 +409,11 @@ def summary(result):
         lines.append(
             f"{r['cache']:42} {r['tokens_per_s']:8.1f} tok/s  equal to greedy: "
             f"{r['tokens_equal_greedy']}"
+        )
+    for r in result.get("presets", []):
+        lines.append(
+            f"{r['preset']:10} draft: {r['assistant']:14} {r['cache']:28} "
+            f"{r['tokens_per_s']:8.1f} tok/s  equal to greedy: {r['tokens_equal_greedy']}  "
+            f"bytes {r.get('state_bytes_at_peak', '-')}"
         )
     return lines
