@@ -761,6 +761,7 @@ def _cache_class(name):
                 self._hook = model.register_forward_pre_hook(
                     lambda module, args, kwargs: _record_ids(ref, args, kwargs), with_kwargs=True
                 )
+                weakref.finalize(self, self._hook.remove)  # the model outlives its caches
 
             def activate_past_recording(self, **kwargs):
                 super().activate_past_recording(**kwargs)
