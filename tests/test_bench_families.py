@@ -67,7 +67,7 @@ def test_a_tiny_run_gives_every_row_and_the_table_last():
     header = next(line for line in lines if line.startswith("preset "))
     assert lines.index(header) == len(lines) - 1 - len(result["rows"])  # the table last
     assert header.split() == ["preset", "strategy", "graphs", "batch", "decode", "tok/s",
-                                 "roofline", "spec", "tok/s", "acc", "spec", "=", "greedy"]  # fmt: skip
+                                 "roofline", "busy", "spec", "tok/s", "acc", "spec", "=", "greedy"]  # fmt: skip
     assert "without CUDA graphs" in lines[0] and "weights and activations excluded" in lines[1]
     assert {r["graphs"] for r in result["rows"]} == ({False, True} if CUDA else {False})
     assert all(r["bytes_per_step"] > 0 for r in result["rows"])
@@ -195,3 +195,28 @@ def test_the_warmed_up_speculation_is_timed_from_a_fresh_prefill():
     once = timed_speculation(cold, prompts, ref, 2, 0.8)
     assert row["rollbacks"] == once["rollbacks"] > 0  # the timed run's own, not the warm-up's
     assert row["measured_acceptance"] == once["measured_acceptance"]
+
+
+def test_the_two_term_roofline_from_given_rates():
+    """With the rates given (a CPU smoke run of the arithmetic): each row's roofline share is
+    max(bytes / bandwidth, 2 x matrix weights x batch / matrix rate) over its median step,
+    with the binding term named; the table prints it."""
+    from replaylab.bench.families import load_preset
+    from replaylab.bench.serve import matrix_weights
+    from replaylab.model import HybridLM
+
+    result = run_families(
+        presets=("tiny-gdn",), strategies=("replay",), batches=(2,), n_new=2, repeats=1,
+        n_spec=0, fla=False, graphs=(False,), rates=(1.0, 1e-6),
+    )  # fmt: skip
+    (row,) = result["rows"]
+    flops = 2 * matrix_weights(HybridLM(load_preset("tiny-gdn")[1], seed=0)) * 2
+    step = row["seconds_per_step"]["median"]
+    roof = row["roofline"]
+    assert roof["byte_seconds"] == row["bytes_per_step"] / 1e9
+    assert roof["flop_seconds"] == flops / 1e6
+    assert roof["binds"] == ("bytes" if roof["byte_seconds"] >= roof["flop_seconds"] else "flops")
+    assert roof["share"] == max(roof["byte_seconds"], roof["flop_seconds"]) / step
+    assert row["roofline_fraction"] == roof["byte_seconds"] / step
+    assert "gpu_busy" not in row  # the profiler's share is a GPU measurement
+    assert f"{roof['share']:.0%} ({roof['binds']})" in families_summary(result)[-1]

@@ -25,7 +25,7 @@ import time
 
 import torch
 
-from replaylab.bench.timing import copy_bandwidth_gbs, spread
+from replaylab.bench.timing import busy_fraction, copy_bandwidth_gbs, spread
 from replaylab.costmodel import decode_step_bytes
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine
@@ -43,24 +43,6 @@ def _decode_ms(engine, tok, n_new):
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / n_new, tok
-
-
-def _busy_fraction(engine, tok, steps=16):
-    """Share of the wall time the GPU spent in kernels over ``steps`` decode steps."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-    kernel_us = sum(
-        getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
-        for e in prof.key_averages()
-    )
-    return min(1.0, kernel_us * 1e-6 / wall), tok
 
 
 def _kernel_profile(engine, tok, steps=8, top=8):
@@ -446,7 +428,7 @@ def run_engine(
                         ms, tok = _decode_ms(engine, tok, n_new)
                         runs.append(ms * 1e-3)
                     peak = torch.cuda.max_memory_allocated() - weights
-                    busy, tok = _busy_fraction(engine, tok) if batch in (1, 64) else (None, tok)
+                    busy, tok = busy_fraction(engine, tok) if batch in (1, 64) else (None, tok)
                     profile = None
                     if fused and batch in profile_batches:
                         profile, tok = _kernel_profile(engine, tok)

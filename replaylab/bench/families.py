@@ -45,8 +45,8 @@ import time
 
 import torch
 
-from replaylab.bench.serve import admit_all, greedy_ragged, random_prompts
-from replaylab.bench.timing import spread, sync
+from replaylab.bench.serve import admit_all, greedy_ragged, matrix_weights, random_prompts
+from replaylab.bench.timing import busy_fraction, spread, sync
 from replaylab.decoding import SyntheticDrafter
 from replaylab.gated_deltanet import GDNConfig
 from replaylab.mamba1 import Mamba1Config
@@ -325,8 +325,18 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             folds=engine.stats.folds,
         )
         if args.get("copy_gbs"):
-            floor = row["bytes_per_step"] / (args["copy_gbs"] * 1e9)
-            row["roofline_fraction"] = floor / row["seconds_per_step"]["median"]
+            step = row["seconds_per_step"]["median"]
+            byte_s = row["bytes_per_step"] / (args["copy_gbs"] * 1e9)
+            flop_s = 2 * matrix_weights(model) * batch / (args["matrix_tflops"] * 1e12)
+            row["roofline_fraction"] = byte_s / step
+            row["roofline"] = dict(
+                byte_seconds=byte_s,
+                flop_seconds=flop_s,
+                binds="bytes" if byte_s >= flop_s else "flops",
+                share=max(byte_s, flop_s) / step,
+            )
+        if args.get("busy"):
+            row["gpu_busy"], tok = busy_fraction(engine, tok, steps=8)
         if fla is None and n_spec:
             row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=graphs))
         return row, ref
@@ -361,6 +371,7 @@ def run_families(
     progress=True,
     time_budget_s=None,
     checkpoint=None,
+    rates=None,
 ):
     """Every row of the module docstring, for each preset, batch by batch (every preset's
     model held at once). ``n_spec=0`` skips speculation; ``time_budget_s``: no new row starts
@@ -372,7 +383,11 @@ def run_families(
     a GPU, without on CPU). ``checkpoint``: called with the result so far after every row (the
     CLI writes it, so a run cut short keeps the rows it finished). On a GPU each row's
     ``roofline_fraction`` is ``step_bytes`` over the device-copy bandwidth measured at the
-    start of the run, over the median step time."""
+    start of the run, over the median step time, and its ``roofline`` the two-term share:
+    max(bytes / copy bandwidth, 2 x matrix weights x batch / matrix rate, both measured at the
+    start) over the step time, with the term that binds; ``gpu_busy`` the profiler's share of
+    kernel time in the wall time of 8 steps. ``rates`` (copy GB/s, matrix TFLOP/s) sets both
+    rates instead of measuring them (on CPU too: a smoke run of the arithmetic)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(
@@ -381,10 +396,15 @@ def run_families(
     )  # fmt: skip
     cuda = device.type == "cuda"
     arms = tuple(graphs) if graphs is not None else ((False, True) if cuda else (False,))
-    if cuda:
+    if rates is not None:
+        args["copy_gbs"], args["matrix_tflops"] = rates
+    elif cuda:
+        from replaylab.bench.serve import matrix_rate_tflops
         from replaylab.bench.timing import copy_bandwidth_gbs
 
         args["copy_gbs"] = copy_bandwidth_gbs()
+        args["matrix_tflops"] = max(matrix_rate_tflops() for _ in range(3))
+    args["busy"] = cuda
     recurrent, fla_error = _fla_recurrent() if fla and cuda else (None, None)
     if callable(fla):
         recurrent, fla_error = fla, None
@@ -542,7 +562,7 @@ def families_summary(result):
     lines.append("")
     lines.append(
         f"{'preset':22s} {'strategy':13s} {'graphs':>6s} {'batch':>5s} {'decode tok/s':>13s} "
-        f"{'roofline':>8s} {'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
+        f"{'roofline':>14s} {'busy':>5s} {'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
     )
     order = {name: i for i, name in enumerate(result["models"])}
     strategies = {s: i for i, s in enumerate((*STRATEGIES, "fla snapshot"))}
@@ -554,10 +574,11 @@ def families_summary(result):
             lines.append(f"{head}{r['batch']:5d} {r['error']}")
             continue
         spec = r.get("speculative_tokens_per_s")
-        roof = r.get("roofline_fraction")
+        roof = r.get("roofline")
+        roof = "-" if roof is None else f"{roof['share']:.0%} ({roof['binds']})"
+        busy = "-" if r.get("gpu_busy") is None else f"{r['gpu_busy']:.0%}"
         lines.append(
-            f"{head}{r['batch']:5d} {r['decode_tokens_per_s']:13.1f} "
-            f"{'-' if roof is None else f'{roof:.0%}':>8s} "
+            f"{head}{r['batch']:5d} {r['decode_tokens_per_s']:13.1f} {roof:>14s} {busy:>5s} "
             + (
                 f"{spec:11.1f} {r['measured_acceptance']:5.2f} "
                 f"{str(r['speculative_equal_greedy']):>13s}"

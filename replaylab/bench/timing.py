@@ -1,10 +1,13 @@
-"""Timing helpers: CUDA-graph medians, the device-copy bandwidth, spreads of repeated runs."""
+"""Timing helpers: CUDA-graph medians, the device-copy bandwidth, the GPU-busy fraction, spreads
+of repeated runs."""
 
 from __future__ import annotations
 
+import time
+
 import torch
 
-__all__ = ["time_ms", "copy_bandwidth_gbs", "spread", "sync"]
+__all__ = ["time_ms", "copy_bandwidth_gbs", "busy_fraction", "spread", "sync"]
 
 
 def time_ms(fn, graphs=True):
@@ -56,3 +59,22 @@ def spread(values):
 def sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
+
+
+def busy_fraction(engine, tok, steps=16):
+    """(share of the wall time the GPU spent in kernels over ``steps`` greedy decode steps of
+    ``engine`` from ``tok`` (S, 1), the next token) (torch.profiler; GPU only)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    kernel_us = sum(
+        getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+        for e in prof.key_averages()
+    )
+    return min(1.0, kernel_us * 1e-6 / wall), tok
