@@ -394,3 +394,16 @@ def test_bench_command_writes_its_json(tmp_path, monkeypatch):
     assert len(presets) == 7 and all(r["tokens_equal_greedy"] for r in presets[:4] + presets[5:])
     held = {r["cache"]: r["state_bytes_at_peak"] for r in presets[1:4]}
     assert held["replaylab.hf ReplayCache"] < held["transformers' recording"]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_cache_carries_over_to_the_next_turn(pairs, strategy):
+    """Two assisted ``generate`` calls through one cache (a second turn appends three tokens to
+    the first's output): the tokens of a cache-less greedy run."""
+    target, draft = pairs["nemotron_h"]
+    cache = STRATEGIES[strategy](target)
+    first = generate(target, PROMPT, 6, assistant_model=drafting(draft), cache=cache)
+    turn = PROMPT + first[0] + [4, 8, 15]
+    assert generate(target, turn, 6, assistant_model=draft, cache=cache) == generate(
+        target, turn, 6
+    )
