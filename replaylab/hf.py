@@ -45,6 +45,10 @@ fold and the backward query recursion); Mamba-1 and Gated DeltaNet use the PyTor
 ops on every device. Qwen3.5-MoE raises ``NotImplementedError``; other model types
 ``ValueError``.
 
+transformers 5.25.0's own recording restores one token too far when a round rejects every
+draft (its history lacks the state after the verified token); these caches do not share that
+(``tests/test_hf_cache.py::test_rejecting_every_draft``).
+
 Releases and hooks: transformers >= 5.25 (older releases refuse assisted generation for
 hybrids, and are refused here with an error naming the version); written against 5.25.0. The
 layers subclass the public ``LinearAttentionLayer`` and override its public methods
