@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
-PREFIX_EVICTION = ("lru", "cost", "logs-first", "marconi")
+PREFIX_EVICTION = ("lru", "cost", "logs-first")
 STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
 
 
@@ -134,12 +134,6 @@ def _node_bytes(node) -> int:
     return total
 
 
-def _bytes_without_log(node) -> int:
-    if node.log is None:
-        return node.nbytes
-    return node.nbytes - sum(_tensor_bytes(t) for f in node.log.values() for t in f.values())
-
-
 def _common(a, b) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -203,8 +197,7 @@ class PrefixTree:
     def floor_bytes(self) -> int:
         """The least bytes one full block can be held in: ``block_bytes``, or under
         ``eviction="logs-first"`` a replay block without its log."""
-        drops_logs = self.eviction in ("logs-first", "marconi")
-        return self.block_bytes - (self.block_log_bytes if drops_logs else 0)
+        return self.block_bytes - (self.block_log_bytes if self.eviction == "logs-first" else 0)
 
     # --- validation ---------------------------------------------------------------------
     def set_budget(self, budget_bytes):
@@ -380,15 +373,7 @@ class PrefixTree:
                 self.held_bytes += victim.nbytes
                 continue
             leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction == "marconi":
-                kind, victim = self._least_useful(leaves)
-                if kind == "log":
-                    self.held_bytes -= victim.nbytes
-                    victim.log = None
-                    victim.nbytes = _node_bytes(victim)
-                    self.held_bytes += victim.nbytes
-                    continue
-            elif self.eviction in ("lru", "logs-first"):
+            if self.eviction in ("lru", "logs-first"):
                 victim = min(leaves, key=lambda n: n.last_used)
             else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
                 victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
@@ -396,29 +381,6 @@ class PrefixTree:
             self.held_bytes -= victim.nbytes
             self.evicted_prefixes.append(self._prefix_of(victim))
             del self.evicted_prefixes[:-4096]
-
-    def _least_useful(self, leaves):
-        """("log" or "leaf", node): the item with the lowest utility, min-max normalised
-        recency plus min-max normalised prefill tokens its keeping saves per byte it holds
-        (Marconi's rule, with tokens for FLOPs). A leaf's log saves about half its block (a hit
-        resumes at the match inside it, not at its start); the leaf itself its block (a hit
-        resumes after it), nothing for a tail without a log."""
-        items = []
-        for n in leaves:
-            log = n.nbytes - _bytes_without_log(n)
-            if log:
-                items.append(("log", n, len(n.tokens) / 2 / log))
-            useful = len(n.tokens) if (n.end_state is not None or log) else 0
-            items.append(("leaf", n, useful / max(n.nbytes, 1)))
-
-        def scaled(values):
-            lo, hi = min(values), max(values)
-            return [(v - lo) / (hi - lo) if hi > lo else 0.0 for v in values]
-
-        recency = scaled([n.last_used for _, n, _ in items])
-        worth = scaled([w for _, _, w in items])
-        best = min(range(len(items)), key=lambda i: (recency[i] + worth[i], items[i][1].last_used))
-        return items[best][0], items[best][1]
 
     # --- checks ----------------------------------------------------------------------------
     def check_rebuildable(self):
