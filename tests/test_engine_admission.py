@@ -155,11 +155,8 @@ def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
     assert runs[None] == runs[4]
 
 
-def test_the_scheduler_refuses_interleaving_with_a_prefix_cache():
-    from replaylab.serving import EnginePrefixCache
-
+def test_the_scheduler_refuses_a_prefill_chunk_under_one_token():
+    """(Interleaving through a prefix cache is served: ``test_engine_prefix``.)"""
     e = DecodeEngine(MODEL, 2, 40, "replay", log_length=4)
-    with pytest.raises(ValueError, match=r"prefill_per_step: interleaved prefill"):
-        Scheduler(e, prefix=EnginePrefixCache(e, block_size=8), prefill_per_step=8)
-    with pytest.raises(ValueError, match=r"prefill_per_step"):
+    with pytest.raises(ValueError, match=r"prefill_per_step: expected 1 <= prefill_per_step, got 0"):
         Scheduler(e, prefill_per_step=0)

@@ -396,6 +396,80 @@ def test_the_scheduler_admits_through_a_prefix_cache(strategy):
         Scheduler(DecodeEngine(MODEL, 1, 64), prefix=prefix)
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_chunked_admission_equals_a_whole_one(strategy):
+    """``begin_admit`` + ``advance`` in chunks of random sizes: the hit report and the tree
+    a whole ``admit`` gives, and the cold twin's logits (within TOL: other chunk boundaries)."""
+    rng = random.Random(20 + STRATEGIES.index(strategy))
+    system = ids(rng, 21)
+    prompts = [system + ids(rng, n) for n in (5, 9, 3, 14)] + [system[:13] + ids(rng, 4)]
+    whole, _ = engines(strategy)
+    chunked, cold = engines(strategy)
+    trees = [EnginePrefixCache(e, block_size=8) for e in (whole, chunked)]
+    resumed = []
+    for tokens in prompts:
+        slot, logits, hit = trees[0].admit(tokens)
+        resumed.append(hit.resumed_from)
+        admission = trees[1].begin_admit(tokens)
+        assert admission.slot == slot and admission.hit == hit
+        while not admission.advance(rng.randint(1, 7)):
+            pass
+        cslot, clogits = cold.admit(torch.tensor(tokens))
+        assert admission.inserted and cslot == slot
+        assert_close(admission.logits, logits, atol=TOL, rtol=0, name=f"chunked {hit}")
+        assert_close(admission.logits, clogits, atol=TOL, rtol=0, name=f"cold {hit}")
+        for e in (whole, chunked, cold):
+            e.retire(slot)
+    assert trees[0].held_bytes == trees[1].held_bytes
+    assert sorted(n.end for n in trees[0].nodes()) == sorted(n.end for n in trees[1].nodes())
+    assert all(h > 0 for h in resumed[1:])  # every later prompt resumed inside the system one
+
+
+def test_an_admission_whose_seat_is_evicted_meanwhile_inserts_nothing():
+    """A prompt seated from a node that another admission's eviction removes before its last
+    chunk: its logits are still the cold ones, and the tree learns nothing from it."""
+    engine, cold = engines("replay", slots=2)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    rng = random.Random(3)
+    first = ids(rng, 19)
+    slot, _, _ = prefix.admit(first)
+    engine.retire(slot)
+    admission = prefix.begin_admit(first[:17] + ids(rng, 6))
+    assert admission.hit.resumed_from == 17
+    prefix.set_budget(prefix.floor_bytes)  # evicts down to one block: the seat's path goes
+    other = ids(rng, 9)
+    slot2, _, _ = prefix.admit(other)
+    while not admission.advance(5):
+        pass
+    assert not admission.inserted
+    prefix.check_rebuildable()
+    _, clogits = cold.admit(torch.tensor(first[:17] + admission.tokens[17:]))
+    assert_close(admission.logits, clogits, atol=TOL, rtol=0, name="seated, then evicted")
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_scheduler_interleaves_prefill_through_a_prefix_cache(strategy):
+    """Interleaved chunked prefill (5 tokens an iteration) with a prefix cache: the tokens of
+    a cold scheduler, and every request after the first resumed inside the system prompt."""
+    rng = random.Random(11)
+    system = ids(rng, 24)
+    prompts = [torch.tensor(system + ids(rng, n)) for n in (3, 5, 2, 7)]
+    out = {}
+    for name in ("cold", "prefix"):
+        engine = DecodeEngine(MODEL, 2, 64, strategy, log_length=4, max_verify=3)
+        prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
+        sched = Scheduler(engine, k=2, prefix=prefix, prefill_per_step=5)
+        requests = [Request(i, p, 6, arrival=0.3 * i) for i, p in enumerate(prompts)]
+        done = sched.run(requests)
+        out[name] = {r.id: (r.tokens, r.prefix_hit) for r in done}
+    assert {i: t for i, (t, _) in out["prefix"].items()} == {
+        i: t for i, (t, _) in out["cold"].items()
+    }
+    hits = [out["prefix"][i][1] for i in range(4)]
+    assert hits[0].resumed_from == 0
+    assert all(h.resumed_from >= (24 if strategy == "replay" else 16) for h in hits[1:])
+
+
 def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():
     engine, _ = engines("replay", slots=1, max_len=64)
     with pytest.raises(ValueError, match=r"multiples of the engine's log_length L=4 .*4, 8, 12"):

@@ -62,15 +62,25 @@ class Admission:
             )
         n = as_int("n", n, low=1)  # tokens
         end = min(self.T0, self.done + n)
-        logits = e._prefill(self.slot, self.prompt[:end], start=self.done, carried=self._carried)
+        logits = self._prefill_to(end)
         self.done = end
         if self.done == self.T0:
             e.prefilling.discard(self.slot)
             e._go_live(self.slot, self.T0)
             self.logits = logits
+            self._finished()
         else:
             e.pos[self.slot] = e.max_len  # parked (module docstring)
         return self.finished
+
+    def _prefill_to(self, end):
+        """Prefill prompt tokens [done, end) into the slot: the last logits (vocab,)."""
+        return self.engine._prefill(
+            self.slot, self.prompt[:end], start=self.done, carried=self._carried
+        )
+
+    def _finished(self):
+        """Called once, when the slot has gone live (a prefix cache inserts the prompt here)."""
 
     def abort(self):
         """Give the slot back unfinished (its pools are cleared when it is next claimed)."""

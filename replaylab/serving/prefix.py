@@ -54,10 +54,11 @@ from __future__ import annotations
 import torch
 
 from replaylab.prefix import PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
+from replaylab.serving.admission import Admission
 from replaylab.serving.engine import DecodeEngine
 from replaylab.serving.validate import as_int, given
 
-__all__ = ["EnginePrefixCache", "PrefixHit", "allowed_block_sizes"]
+__all__ = ["EnginePrefixCache", "PrefixAdmission", "PrefixHit", "allowed_block_sizes"]
 
 
 def allowed_block_sizes(engine) -> list[int]:
@@ -176,6 +177,24 @@ class EnginePrefixCache(PrefixTree):
         self._evict_to_budget()
         return slot, logits, hit
 
+    @torch.no_grad()
+    def begin_admit(self, prompt):
+        """``admit`` a chunk at a time, for interleaved prefill: claim the lowest free slot,
+        seat it with the longest prefix the tree holds and return a ``PrefixAdmission``
+        (``serving.admission.Admission``: ``advance(n)`` prefills the next n tokens; its
+        ``hit`` is the ``PrefixHit``). The prompt's blocks are inserted when its last chunk is
+        in. Raises, with the engine and the tree unchanged, as ``admit`` does."""
+        tokens = self._check_prompt(prompt)
+        e = self.engine
+        e.free_slot()  # raises when every slot is in use
+        plan = self._plan(tokens)
+        slot = e._claim()
+        carried = self._seat(slot, plan)
+        e.prefilling.add(slot)
+        e.pos[slot] = e.max_len  # parked while it prefills (serving.admission)
+        ids = torch.tensor(tokens, dtype=torch.long, device=e.device)
+        return PrefixAdmission(self, slot, ids, tokens, plan, carried)
+
     def _seat(self, slot, plan):
         """Write the held prefix [0, r) into ``slot`` (see the module docstring); returns
         replay's state at r per layer (what the prefill's scan carries from there)."""
@@ -222,3 +241,50 @@ class EnginePrefixCache(PrefixTree):
             node.end_state = {l: s.clone() for l, s in record["states"][end].items()}
         e.policy.node_log(node, g, end, b, plan, record)
         return node
+
+
+class PrefixAdmission(Admission):
+    """A prompt seated from a prefix cache's tree and prefilled a chunk at a time (made by
+    ``EnginePrefixCache.begin_admit``): ``done`` starts at the resumed position, ``hit`` is the
+    ``PrefixHit``, and the prompt's blocks go into the tree (then the budget is enforced) when
+    the last chunk is in. ``inserted``: whether they did; not when a node the seat came from
+    was evicted while the prompt prefilled (its blocks could not be rebuilt from the slot)."""
+
+    def __init__(self, cache, slot, ids, tokens, plan, carried):
+        super().__init__(cache.engine, slot, ids)
+        self.cache, self.tokens, self.plan = cache, tokens, plan
+        self.done = plan.resumed
+        self._carried = carried
+        self.hit = cache._hit(len(tokens), plan)
+        self.inserted = False
+        self._record, self._entries = {"states": {}}, []
+
+    def _prefill_to(self, end):
+        record = {}
+        logits = self.engine._prefill(
+            self.slot, self.prompt[:end], start=self.done, carried=self._carried,
+            block=self.cache.block_size, record=record,
+        )  # fmt: skip
+        self._record["states"].update(record["states"])
+        if "entries" in record:
+            self._entries.append(record["entries"])
+        return logits
+
+    def _finished(self):
+        cache, plan = self.cache, self.plan
+        if self._entries:  # replay: every prefilled token's entries, chunk after chunk
+            self._record["entries"] = {
+                layer: {k: torch.cat([c[layer][k] for c in self._entries], 1) for k in fields}
+                for layer, fields in self._entries[0].items()
+            }
+        held = {id(n) for n in cache.nodes()}
+        seated = [n for n in plan.path if n.start < plan.resumed]
+        folded = plan.path[plan.r // cache.block_size] if plan.j else None
+        if any(id(n) not in held for n in seated) or (folded is not None and folded.log is None):
+            return  # evicted while prefilling: this prompt teaches the tree nothing
+        cache._insert(
+            self.tokens,
+            lambda seg, g, parent: cache._make_node(seg, g, parent, self.slot, plan, self._record),
+        )
+        cache._evict_to_budget()
+        self.inserted = True

@@ -75,9 +75,10 @@ class Scheduler:
     (default) prefills each admitted prompt whole before the iteration's engine step; a
     number n interleaves: each iteration prefills at most n prompt tokens of the admitted
     requests (first come, first served, a chunk of each in turn through
-    ``engine.begin_admit``), then steps the running requests, so an arrival delays each
-    decoder by one chunk instead of its whole prompt. A request runs from the iteration its
-    prefill ends (its first token). Not with ``prefix``.
+    ``engine.begin_admit``, or with ``prefix`` its ``begin_admit``: seated from the tree, the
+    rest in chunks), then steps the running requests, so an arrival delays each decoder by one
+    chunk instead of its whole prompt. A request runs from the iteration its prefill ends (its
+    first token).
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
@@ -130,11 +131,6 @@ class Scheduler:
         self.prefix = prefix
         if prefill_per_step is not None:
             prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
-            if prefix is not None:
-                raise ValueError(
-                    "prefill_per_step: interleaved prefill does not go through a prefix cache; "
-                    "pass prefill_per_step=None with prefix"
-                )
         self.prefill_per_step = prefill_per_step
         self.prefilling: list[Request] = []  # admitted, prefill unfinished (interleaving)
         self.waiting: list[Request] = []
@@ -267,7 +263,11 @@ class Scheduler:
             r.admitted_at = self._clock(t0, start)
             self.used += r.reserved
             if self.prefill_per_step is not None:
-                r.admission = self.engine.begin_admit(r.prompt.to(self.engine.device))
+                if self.prefix is None:
+                    r.admission = self.engine.begin_admit(r.prompt.to(self.engine.device))
+                else:  # seated from the tree; the rest a chunk at a time
+                    r.admission = self.prefix.begin_admit(r.prompt)
+                    r.prefix_hit = r.admission.hit
                 r.slot = r.admission.slot
                 self.prefilling.append(r)
                 continue
