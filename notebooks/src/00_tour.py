@@ -332,11 +332,13 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 #   results in `data/`.
 # * `generate`, `cli` — `replaylab generate CHECKPOINT --prompt-ids ...`: speculative decoding of
 #   transformers' NemotronH and Bamba checkpoints under any of the three strategies. Whether
-#   transformers itself speculates on them depends on its version: up to 5.24 (the version the
-#   project's lock pins) `generate(assistant_model=...)` refuses ("assisted generation is not
-#   supported with stateful models"); from 5.25 it accepts it for NemotronH and keeps a recorded
-#   recurrent state per draft token (`LinearAttentionCacheLayerMixin.activate_past_recording`,
-#   then `crop`), which is the snapshot strategy.
+#   transformers itself speculates on them depends on its version: up to 5.24
+#   `generate(assistant_model=...)` refuses ("assisted generation is not supported with
+#   stateful models"); from 5.25 (the version the project's lock pins) it accepts it and keeps
+#   a recorded recurrent state per draft token (`LinearAttentionCacheLayerMixin
+#   .activate_past_recording`, then `crop`), which is the snapshot strategy.
+# * `hf` — `ReplayCache(model)`, `RecomputeCache(model)`: replay and recompute as transformers'
+#   own cache layers, for its `generate` (notebook 10, section 6).
 # * `shapes`, `families`, `checks`, `testing` (oracles for tests and notebooks), `validation` —
 #   support.
 # * `teaching` — what these notebooks run beside the library, never imported by it: the checks
