@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -120,6 +120,15 @@ case "$mode" in
       --rows 1,8,64,128,256,640,1280 2>&1 | tail -32
     timeout -s INT ${MATCHED_S:-360} python3 -m replaylab.bench matched --out "$OUT/bench_matched.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -20 ;;
+  hf-suite)  # WHEELS=.whl-gpu2 (transformers 5.25 and its hub, tokenizers, safetensors, kernels
+    # as the lock pins them; no plotly, debugpy or jedi: the carry's 64 MiB): transformers'
+    # assisted generation under replaylab.hf, then the suite (SUITE_ARGS: its ignores)
+    timeout -s INT ${HF_S:-110} python3 -m replaylab bench hf-cache --device cuda \
+      --presets 8b-layers --out "$OUT/bench_hf_cache_gpu.json" 2>&1 | tail -16
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
+    { stamp "$cmd"; timeout -s INT ${SUITE_S:-400} $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -30 "$OUT/gpu_tests.log" ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
