@@ -227,6 +227,7 @@ class _GatedDeltaNetFamily:
 
     hooks = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
     spec = HFGatedDeltaNetSpec
+    log_length = DEFAULT_LOG_LENGTH
     install = staticmethod(_install_gdn_hooks)
 
     @staticmethod
@@ -245,6 +246,7 @@ class _Mamba2Family:
 
     hook = "mamba2_scan_forward"
     spec = HFMamba2Spec
+    log_length = DEFAULT_LOG_LENGTH
     install = staticmethod(lambda module_name, family: _install_scan_hook(module_name, family))
 
     @staticmethod
@@ -268,6 +270,9 @@ class _Mamba1Family:
 
     hook = "mamba_scan_forward"
     spec = HFMamba1Spec
+    # a state is only ~5 log entries at d_state 16 (data/bench_hf_cache_cpu.json): at L = 16 a
+    # round's log holds 0.90 of recording's bytes at 4 drafts, at L = 4 0.49
+    log_length = 4
     install = staticmethod(lambda module_name, family: _install_scan_hook(module_name, family))
 
     @staticmethod
@@ -705,16 +710,18 @@ class _ReplaylabCacheMixin:
         return state_bytes(self)
 
 
-def ReplayCache(model, log_length: int = DEFAULT_LOG_LENGTH, use_kernels: bool | None = None):
-    """A transformers cache for ``model`` (NemotronH or Bamba) whose Mamba-2 layers keep a
-    checkpoint and a log of their scan inputs (replay); attention layers stay transformers'
-    ``DynamicLayer``. ``log_length`` L >= 1: entries between folds (the grid);
-    ``use_kernels``: the Triton replay step and fold (None: when on CUDA).
+def ReplayCache(model, log_length: int | None = None, use_kernels: bool | None = None):
+    """A transformers cache for ``model`` (NemotronH, Bamba, Jamba, Qwen3-Next or Qwen3.5)
+    whose recurrent layers keep a checkpoint and a log of their scan inputs (replay);
+    attention layers stay transformers' ``DynamicLayer``. ``log_length`` L >= 1: entries
+    between folds (the grid; None: the family's, 16, or 4 for Jamba's Mamba-1);
+    ``use_kernels``: the Triton replay step and fold (Mamba-2; None: when on CUDA).
 
     Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
     Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""
     family = _FAMILY_OF[_family(model)]
     replay, _ = _layer_classes()
+    log_length = family.log_length if log_length is None else log_length
     if not isinstance(log_length, int) or isinstance(log_length, bool) or log_length < 1:
         raise ValueError(f"log_length must be an int >= 1, got {log_length!r}")
     layers = _hybrid_cache(

@@ -407,3 +407,15 @@ def test_a_cache_carries_over_to_the_next_turn(pairs, strategy):
     assert generate(target, turn, 6, assistant_model=draft, cache=cache) == generate(
         target, turn, 6
     )
+
+
+def test_the_default_log_length_follows_the_family(pairs):
+    """Jamba's Mamba-1 state is ~5 log entries, so its default L is 4 (at 16 its log would
+    hold 0.90 of recording's bytes at 4 drafts); Mamba-2 and Gated DeltaNet keep 16."""
+    from replaylab.hf import ReplayCache
+
+    for model_type, want in (("nemotron_h", 16), ("jamba", 4)):
+        cache = ReplayCache(pairs[model_type][0])
+        assert {layer.log_length for layer in cache.recurrent_layers()} == {want}
+    given = ReplayCache(pairs["jamba"][0], log_length=8)
+    assert {layer.log_length for layer in given.recurrent_layers()} == {8}
