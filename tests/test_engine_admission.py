@@ -158,5 +158,7 @@ def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
 def test_the_scheduler_refuses_a_prefill_chunk_under_one_token():
     """(Interleaving through a prefix cache is served: ``test_engine_prefix``.)"""
     e = DecodeEngine(MODEL, 2, 40, "replay", log_length=4)
-    with pytest.raises(ValueError, match=r"prefill_per_step: expected 1 <= prefill_per_step, got 0"):
+    with pytest.raises(
+        ValueError, match=r"prefill_per_step: expected 1 <= prefill_per_step, got 0"
+    ):
         Scheduler(e, prefill_per_step=0)
