@@ -23,6 +23,7 @@ the interpreter's bf16 arithmetic is not the GPU's).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import NamedTuple
 
 import torch
@@ -112,7 +113,7 @@ def _sum_slices_kernel(partials, y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexp
     mask = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLITS):
-        acc += tl.load(partials + s * MN + offs, mask=mask, other=0.0)
+        acc += tl.load(partials + s * MN.to(tl.int64) + offs, mask=mask, other=0.0)
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 
@@ -156,19 +157,19 @@ def previous_launch_for(N, K):
     return Launch(64, 64 if N >= 8192 else 32, 64, 1, 4, 4, 16)
 
 
-_policy = None  # a replacement for launch_for while ``use_launches`` is active
+_policy = contextvars.ContextVar("launch_policy", default=None)  # set by ``use_launches``
 
 
 @contextlib.contextmanager
 def use_launches(policy):
-    """Within the block, ``linear`` launches ``policy(N, K)`` instead of ``launch_for(N, K)``
-    (a benchmark's side-by-side arm; engines built inside keep it in their graphs)."""
-    global _policy
-    before, _policy = _policy, policy
+    """Within the block (this thread or task only), ``linear`` launches ``policy(N, K)``
+    instead of ``launch_for(N, K)``: a benchmark's side-by-side arm. The policy is read when
+    ``linear`` runs, so an engine's graphs must be captured inside the block too."""
+    token = _policy.set(policy)
     try:
         yield
     finally:
-        _policy = before
+        _policy.reset(token)
 
 
 def launch_for(N, K):
@@ -195,6 +196,8 @@ def linear(x, weight, launch=None):
         )
     if x.dtype != weight.dtype:
         raise ValueError(f"linear: x is {x.dtype} and weight {weight.dtype}; expected one dtype")
+    if weight.shape[1] == 0:
+        raise ValueError(f"linear: weight (N, K) = {tuple(weight.shape)}; expected K >= 1")
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1]).contiguous()
     w = weight.contiguous()
@@ -203,7 +206,7 @@ def linear(x, weight, launch=None):
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y.view(*lead, N)
-    L = launch or (_policy or launch_for)(N, K)
+    L = launch or (_policy.get() or launch_for)(N, K)
     if L.splits < 1 or L.block_k < 16:
         raise ValueError(f"linear: launch {L} needs splits >= 1 and block_k >= 16")
     k_slice = triton.cdiv(triton.cdiv(K, L.splits), L.block_k) * L.block_k

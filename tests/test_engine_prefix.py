@@ -447,6 +447,44 @@ def test_an_admission_whose_seat_is_evicted_meanwhile_inserts_nothing():
     assert_close(admission.logits, clogits, atol=TOL, rtol=0, name="seated, then evicted")
 
 
+def test_a_logs_first_seat_whose_log_goes_meanwhile_inserts_nothing():
+    """Under ``eviction="logs-first"`` a seat that folded a block's logged entries (j > 0)
+    loses that log to a budget cut between chunks: no insertion, the tree still rebuildable,
+    the logits still the cold ones."""
+    engine, cold = engines("replay", slots=2)
+    prefix = EnginePrefixCache(engine, block_size=8, eviction="logs-first")
+    rng = random.Random(5)
+    first = ids(rng, 21)
+    slot, _, _ = prefix.admit(first)
+    engine.retire(slot)
+    tokens = first[:19] + ids(rng, 5)
+    admission = prefix.begin_admit(tokens)
+    assert admission.plan.j > 0
+    admission.advance(2)
+    prefix.set_budget(prefix.floor_bytes * 3)  # every log goes before any state
+    assert all(n.log is None for n in prefix.nodes())
+    while not admission.advance(2):
+        pass
+    assert not admission.inserted
+    prefix.check_rebuildable()
+    _, clogits = cold.admit(torch.tensor(tokens))
+    assert_close(admission.logits, clogits, atol=TOL, rtol=0, name="folded seat, log dropped")
+
+
+def test_an_aborted_admission_cannot_go_on_in_the_next_ones_slot():
+    engine, _ = engines("replay", slots=1)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    rng = random.Random(6)
+    stale = prefix.begin_admit(ids(rng, 20))
+    stale.advance(5)
+    stale.abort()
+    fresh = prefix.begin_admit(ids(rng, 12))
+    assert fresh.slot == stale.slot
+    with pytest.raises(ValueError, match="already aborted"):
+        stale.advance(100)
+    assert fresh.advance(100) and fresh.inserted
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_the_scheduler_interleaves_prefill_through_a_prefix_cache(strategy):
     """Interleaved chunked prefill (5 tokens an iteration) with a prefix cache: the tokens of
@@ -459,7 +497,10 @@ def test_the_scheduler_interleaves_prefill_through_a_prefix_cache(strategy):
         engine = DecodeEngine(MODEL, 2, 64, strategy, log_length=4, max_verify=3)
         prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
         sched = Scheduler(engine, k=2, prefix=prefix, prefill_per_step=5)
-        requests = [Request(i, p, 6, arrival=0.3 * i) for i, p in enumerate(prompts)]
+        # the first request is done before the rest arrive (an idle clock jumps to the next
+        # arrival), so their hits do not depend on how fast this machine runs
+        arrivals = [0.0, 100.0, 100.01, 100.02]
+        requests = [Request(i, p, 6, arrival=a) for i, (p, a) in enumerate(zip(prompts, arrivals))]
         done = sched.run(requests)
         out[name] = {r.id: (r.tokens, r.prefix_hit) for r in done}
     assert {i: t for i, (t, _) in out["prefix"].items()} == {

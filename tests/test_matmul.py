@@ -65,6 +65,8 @@ def test_a_bad_launch_is_named():
     x = torch.randn(2, 8, device=DEVICE)
     with pytest.raises(ValueError, match="needs splits >= 1"):
         linear(x, torch.randn(4, 8, device=DEVICE), Launch(64, 32, 32, 0))
+    with pytest.raises(ValueError, match=r"weight \(N, K\) = \(4, 0\); expected K >= 1"):
+        linear(torch.randn(2, 0, device=DEVICE), torch.randn(4, 0, device=DEVICE))
 
 
 @pytest.mark.parametrize("C", [7, 128, 1500])  # a partial block, one block, two blocks
@@ -88,7 +90,16 @@ def test_bad_input_is_named():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize(
-    "NK", [(4096, 21504), (21504, 4096), (18560, 4096), (4096, 32256), (1024, 4096), (4096, 4096)]
+    "NK",
+    [
+        (4096, 21504),
+        (21504, 4096),
+        (18560, 4096),
+        (4096, 32256),
+        (1024, 4096),
+        (4096, 4096),
+        (131072, 4096),
+    ],  # fmt: skip
 )
 def test_row_invariant_at_8b_shapes(NK):
     """Nemotron-H 8B layer shapes (some with K in slices, ``launch_for``): rows of a decode

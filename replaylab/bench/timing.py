@@ -64,6 +64,7 @@ def sync(device):
 def busy_fraction(engine, tok, steps=16):
     """(share of the wall time the GPU spent in kernels over ``steps`` greedy decode steps of
     ``engine`` from ``tok`` (S, 1), the next token) (torch.profiler; GPU only)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
@@ -73,8 +74,9 @@ def busy_fraction(engine, tok, steps=16):
             tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
         torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-    kernel_us = sum(
+    kernel_us = sum(  # device events only: a CPU op also carries its kernels' time
         getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
         for e in prof.key_averages()
+        if e.device_type != DeviceType.CPU
     )
     return min(1.0, kernel_us * 1e-6 / wall), tok

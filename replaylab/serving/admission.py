@@ -36,6 +36,7 @@ class Admission:
         self.engine, self.slot, self.prompt = engine, slot, prompt
         self.done = 0
         self.logits = None
+        self.aborted = False
         # replay's state at ``done`` (the chunks carry it; the checkpoint sits on the grid)
         self._carried = {l: torch.zeros_like(p.state[:1]) for l, p in engine.ssm.items()}
 
@@ -56,7 +57,7 @@ class Admission:
         """Prefill the next ``n`` tokens (at most what remains); True when the prompt is done
         and the slot is live."""
         e = self.engine
-        if self.finished or self.slot not in e.prefilling:
+        if self.finished or self.aborted:
             raise ValueError(
                 f"admission of slot {self.slot}: already {'finished' if self.finished else 'aborted'}"
             )
@@ -87,5 +88,8 @@ class Admission:
         e = self.engine
         if self.finished:
             raise ValueError(f"admission of slot {self.slot}: finished; retire the slot instead")
+        if self.aborted:
+            return
+        self.aborted = True
         e.prefilling.discard(self.slot)
         e.pos[self.slot] = e.log_len[self.slot] = e.head[self.slot] = 0

@@ -190,6 +190,8 @@ class EnginePrefixCache(PrefixTree):
         plan = self._plan(tokens)
         slot = e._claim()
         carried = self._seat(slot, plan)
+        for node in plan.path:  # in use until the prompt is in: the last eviction candidates
+            node.last_used = next(self._clock)
         e.prefilling.add(slot)
         e.pos[slot] = e.max_len  # parked while it prefills (serving.admission)
         ids = torch.tensor(tokens, dtype=torch.long, device=e.device)
