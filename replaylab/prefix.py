@@ -349,6 +349,18 @@ class PrefixTree:
             parent = node
 
     # --- eviction --------------------------------------------------------------------------
+    def fit(self, nbytes) -> int:
+        """Evict, in the budget's order, until the tree holds at most ``nbytes`` (>= 0; 0: empty
+        it); the budget itself is unchanged. A scheduler whose one budget also holds running
+        requests calls it with what they leave. Returns the bytes held."""
+        nbytes = as_int("nbytes", nbytes, low=0)
+        budget, self.budget_bytes = self.budget_bytes, nbytes
+        try:
+            self._evict_to_budget()
+        finally:
+            self.budget_bytes = budget
+        return self.held_bytes
+
     def _prefix_of(self, node) -> tuple:
         parts = []
         while node is not None and node is not self.root:

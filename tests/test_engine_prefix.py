@@ -377,7 +377,7 @@ def test_the_scheduler_admits_through_a_prefix_cache(strategy):
     for name in ("cold", "prefix"):
         engine = DecodeEngine(MODEL, 2, 64, strategy, log_length=4, max_verify=3)
         prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
-        sched = Scheduler(engine, k=2, prefix=prefix)
+        sched = Scheduler(engine, budget_bytes=2**20, k=2, prefix=prefix)  # room for a tree
         requests = []
         for i, p in enumerate(prompts):
             full = torch.cat([p, torch.zeros(16, dtype=torch.long)])
@@ -496,7 +496,7 @@ def test_the_scheduler_interleaves_prefill_through_a_prefix_cache(strategy):
     for name in ("cold", "prefix"):
         engine = DecodeEngine(MODEL, 2, 64, strategy, log_length=4, max_verify=3)
         prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
-        sched = Scheduler(engine, k=2, prefix=prefix, prefill_per_step=5)
+        sched = Scheduler(engine, budget_bytes=2**20, k=2, prefix=prefix, prefill_per_step=5)
         # the first request is done before the rest arrive (an idle clock jumps to the next
         # arrival), so their hits do not depend on how fast this machine runs
         arrivals = [0.0, 100.0, 100.01, 100.02]
@@ -509,6 +509,43 @@ def test_the_scheduler_interleaves_prefill_through_a_prefix_cache(strategy):
     hits = [out["prefix"][i][1] for i in range(4)]
     assert hits[0].resumed_from == 0
     assert all(h.resumed_from >= (24 if strategy == "replay" else 16) for h in hits[1:])
+
+
+@pytest.mark.parametrize("prefill_per_step", [None, 6])
+def test_the_tree_lives_inside_the_schedulers_one_budget(prefill_per_step):
+    """A budget that holds the running requests and about two replay blocks: after every
+    iteration's admissions the tree holds at most what the requests leave, it was evicted
+    on the way, later requests still hit, and the tokens are the cold scheduler's."""
+    rng = random.Random(12)
+    systems = [ids(rng, 20), ids(rng, 18)]
+    prompts = [torch.tensor(systems[i % 2] + ids(rng, 3 + i)) for i in range(6)]
+    out = {}
+    for name in ("cold", "prefix"):
+        engine = DecodeEngine(MODEL, 2, 64, "replay", log_length=4, max_verify=3)
+        prefix = EnginePrefixCache(engine, block_size=8) if name == "prefix" else None
+        budget = 2 * Scheduler(engine).sizes.slot + (2 * prefix.block_bytes if prefix else 0)
+        sched = Scheduler(
+            engine, budget_bytes=budget, prefix=prefix, prefill_per_step=prefill_per_step
+        )
+        done = sched.run([Request(i, p, 5, arrival=10.0 * i) for i, p in enumerate(prompts)])
+        out[name] = {r.id: r.tokens for r in done}
+        if prefix is not None:
+            assert all(rec.used + rec.tree_bytes <= budget for rec in sched.history)
+            assert prefix.evicted_prefixes and max(rec.tree_bytes for rec in sched.history) > 0
+            assert sum(r.prefix_hit.resumed_from > 0 for r in done) >= 2
+    assert out["prefix"] == out["cold"]
+
+
+def test_fit_evicts_to_any_size_and_keeps_the_budget():
+    engine, _ = engines("replay", slots=1)
+    prefix = EnginePrefixCache(engine, block_size=8, budget_bytes=2**20)
+    slot, _, _ = prefix.admit(ids(random.Random(1), 30))
+    held = prefix.held_bytes
+    assert held > 0 and prefix.fit(held) == held
+    assert prefix.fit(prefix.block_bytes) <= prefix.block_bytes
+    assert prefix.fit(0) == 0 and not list(prefix.nodes()) and prefix.budget_bytes == 2**20
+    with pytest.raises(ValueError, match="nbytes"):
+        prefix.fit(-1)
 
 
 def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():

@@ -42,7 +42,8 @@ class StepRecord:
     admission (the most the iteration held), ``step_s`` / ``rollback_s`` seconds of the engine
     step and of the rollback, ``rejected`` drafts rolled back, ``rolled_back`` slots rolled
     back, ``tokens`` output tokens the step produced, ``prefilled`` prompt tokens an
-    interleaved prefill ran in it."""
+    interleaved prefill ran in it, ``tree_bytes`` what the prefix cache's tree held after the
+    iteration's admissions and prefill (``used + tree_bytes <= budget_bytes``)."""
 
     start: float
     end: float = 0.0
@@ -56,6 +57,7 @@ class StepRecord:
     rolled_back: int = 0
     tokens: int = 0
     prefilled: int = 0
+    tree_bytes: int = 0
 
 
 class Scheduler:
@@ -69,9 +71,11 @@ class Scheduler:
     ``admissible``'s signature (notebook 13's exercise plugs in here); an answer that would
     break the budget or the free slots is refused with a ValueError before anything is
     admitted; prefix: an ``EnginePrefixCache`` over ``engine`` (``serving.prefix``) that
-    admissions go through (each request's ``prefix_hit`` says what it reused). Its tree has
-    its own byte budget, outside ``budget_bytes``: the requests' reservations stay what they
-    are without it (a hit saves prefill compute, not slot memory). prefill_per_step: None
+    admissions go through (each request's ``prefix_hit`` says what it reused). Its tree's bytes
+    count inside ``budget_bytes``: the running requests' reservations come first, and after
+    each iteration's admissions and prefill the tree is evicted (``PrefixTree.fit``, in its
+    eviction order) down to what they leave; its own budget, if set, caps it further.
+    prefill_per_step: None
     (default) prefills each admitted prompt whole before the iteration's engine step; a
     number n interleaves: each iteration prefills at most n prompt tokens of the admitted
     requests (first come, first served, a chunk of each in turn through
@@ -279,9 +283,15 @@ class Scheduler:
                 done.append(r)
         record.admitted = tuple(r.id for r in arrived[:n])
         record.used = self.used
+        self._fit_tree(record)
         self.peak_used = max(self.peak_used, self.used)
         self.peak_running = max(self.peak_running, len(self.running))
         return done
+
+    def _fit_tree(self, record):
+        """One budget: the prefix tree holds at most what the running requests leave."""
+        if self.prefix is not None:
+            record.tree_bytes = self.prefix.fit(self.budget - self.used)
 
     def _start_running(self, r, logits, t0, start) -> bool:
         """``r``'s prompt is in: its first token, from the prompt's last logits; True if that
@@ -307,6 +317,7 @@ class Scheduler:
                 logits, r.admission = r.admission.logits, None  # the slot is live: let it go
                 if self._start_running(r, logits, t0, start):
                     done.append(r)
+        self._fit_tree(record)  # a finished prompt's blocks went into the tree
         return done
 
     def _drafts(self, r, n, vocab):
