@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from replaylab.bench.timing import sync
+
 __all__ = ["run", "summary", "state_bytes_rows", "tokens_per_second", "DRAFTS", "PROMPTS"]
 
 MODELS = Path(__file__).resolve().parents[2] / "data" / "models"
@@ -187,9 +189,19 @@ def state_bytes_rows(model, family, drafts=DRAFTS, prompt_len=40, log_length=16,
     return rows
 
 
-def _sync(device):
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+def _generated(model, ids, n_new, **kw):
+    """transformers' greedy ``generate`` of exactly ``n_new`` tokens after ``ids`` (1, T), with
+    ``kw`` (an assistant, a cache): the new ids, a list."""
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            **kw,
+        )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def _timed(fn, repeats, device):
@@ -197,10 +209,10 @@ def _timed(fn, repeats, device):
     fn()
     times, out = [], None
     for _ in range(repeats):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         out = fn()
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
 
@@ -213,16 +225,7 @@ def tokens_per_second(target, draft, prompts, n_new=48, repeats=3, device="cpu",
     from replaylab.hf import RecomputeCache, ReplayCache
 
     def hf_run(ids, **kw):
-        with torch.no_grad():
-            out = target.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n_new,
-                min_new_tokens=n_new,
-                do_sample=False,
-                **kw,
-            )
-        return out[0, ids.shape[1] :].tolist()
+        return _generated(target, ids, n_new, **kw)
 
     runs = {
         "greedy (transformers)": lambda ids: hf_run(ids),
@@ -296,16 +299,7 @@ def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=
     ids = torch.randint(2, target.config.vocab_size, (1, prompt_len), generator=gen).to(device)
 
     def run_one(**kw):
-        with torch.no_grad():
-            out = target.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=n_new,
-                min_new_tokens=n_new,
-                do_sample=False,
-                **kw,
-            )
-        return out[0, prompt_len:].tolist()
+        return _generated(target, ids, n_new, **kw)
 
     caches = {
         "transformers' recording": None,

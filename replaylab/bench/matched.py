@@ -16,10 +16,10 @@ equal its greedy ones bit for bit.
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
+from replaylab.bench.families import decode_seconds, timed_speculation
 from replaylab.bench.serve import (
     admit_all,
     greedy_ragged,
@@ -27,7 +27,6 @@ from replaylab.bench.serve import (
     matrix_weights,
     random_prompts,
 )
-from replaylab.decoding import SyntheticDrafter
 from replaylab.model import PRESETS, HybridConfig, HybridLM
 from replaylab.serving import DecodeEngine
 
@@ -45,46 +44,13 @@ ARMS = {  # name: (matmul, launch policy or None for the default)
 }
 
 
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def _steps_per_s(engine, tok, n_steps, repeats):
+    """(median greedy steps per second over ``repeats`` runs of ``n_steps``, the last tokens)."""
     runs = []
     for _ in range(repeats):
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(n_steps):
-            tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
-        _sync()
-        runs.append(n_steps / (time.perf_counter() - t0))
+        seconds, tok = decode_seconds(engine, tok, n_steps)
+        runs.append(1 / seconds)
     return statistics.median(runs), tok
-
-
-def _speculation(engine, prompts, n_new, k, acceptance):
-    """(speculative tokens/s, all equal greedy, measured acceptance) of ``speculate_batch``."""
-    ref, _ = greedy_ragged(engine, prompts, n_new)
-
-    def drafters():
-        return [
-            SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
-            for i, (p, r) in enumerate(zip(prompts, ref))
-        ]
-
-    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
-    engine.speculate_batch(prompts, pending, n_new, drafters(), k=k)  # capture
-    pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
-    _sync()
-    t0 = time.perf_counter()
-    toks, proposed, accepted = engine.speculate_batch(prompts, pending, n_new, drafters(), k=k)
-    _sync()
-    seconds = time.perf_counter() - t0
-    return (
-        len(prompts) * n_new / seconds,
-        all(torch.equal(t.cpu(), r) for t, r in zip(toks, ref)),
-        sum(accepted) / max(sum(proposed), 1),
-    )
 
 
 def run_matched(
@@ -153,12 +119,10 @@ def run_matched(
                     share=max(byte_s, flop_s) * steps_per_s,
                 )
             if arm == arms[0] and batch in spec_batches:
-                spec, equal, measured = _speculation(engine, prompts, 2 * n_steps, k, acceptance)
-                row.update(
-                    speculative_tokens_per_s=spec,
-                    speculation_over_decode=spec / row["decode_tokens_per_s"],
-                    speculative_equal_greedy=equal,
-                    measured_acceptance=measured,
+                ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
+                row.update(timed_speculation(engine, prompts, ref, k, acceptance, warm=True))
+                row["speculation_over_decode"] = (
+                    row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
                 )
             rows.append(row)
             del engine
