@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from replaylab.kv import attend, causal_mask
-from replaylab.recurrent import RecurrentSpec
+from replaylab.recurrent import RecurrentSpec, ReplayKernels
 from replaylab.replay_ops import ReferenceReplayOps
 from replaylab.scan import gdn_chunked_scan, gdn_replay_outputs, gdn_scan
 
@@ -45,6 +45,7 @@ __all__ = [
     "GDNConfig",
     "GatedDeltaNetMixer",
     "GatedDeltaNetSpec",
+    "GatedDeltaNetReplayKernels",
     "GDNParams",
     "GatedAttention",
     "l2_normalize",
@@ -222,6 +223,63 @@ class GatedDeltaNetSpec(RecurrentSpec):
 
     def outputs(self, state, log, entries):
         return gdn_replay_outputs(state, log, entries)
+
+
+class GatedDeltaNetReplayKernels(ReplayKernels):
+    """``replaylab.kernels.gdn``'s Triton kernels over a log of keys k (batch, n, Hk, K), fp32
+    corrected updates u_s = β_s (v_s - α_s S_{s-1}ᵀ k_s) (batch, n, H, V) and log-decays g
+    (batch, n, H): S after j entries is then a decayed sum over the log, read in parallel.
+
+    u depends on the state before its token, so it is made, not copied: ``step`` leaves the
+    new tokens' u in ``entries``, and ``logged`` computes it by the token recurrence
+    (``corrected_updates``) after a prefill. Entries: q (scaled by K^-1/2) and k
+    (batch, T, Hk, K), v (batch, T, H, V), g fp32 and beta (batch, T, H)."""
+
+    MAX_STEP_TOKENS = 16  # longer inputs (a prefill) go through fold + reference scan
+    LOG_FIELDS = ("k", "u", "g")
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    def fold(self, checkpoint, rows, log, upto):
+        from replaylab.kernels.gdn import fold
+
+        batch, device = rows.numel(), checkpoint.device
+        out = torch.empty((batch, *checkpoint.shape[1:]), device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        k, u, g = (log[f].contiguous() for f in self.LOG_FIELDS)
+        fold_len = torch.full((batch,), upto, **i32)
+        return fold(checkpoint, rows.to(torch.int32), out, torch.arange(batch, **i32), k, u, g,
+                    fold_len, check=False)  # fmt: skip
+
+    def step(self, checkpoint, rows, log, n, entries):
+        from replaylab.kernels.gdn import replay_step
+
+        q, k, v, g, beta = (entries[f] for f in ("q", "k", "v", "g", "beta"))
+        batch, T = v.shape[:2]
+        if T > self.MAX_STEP_TOKENS:
+            return None
+        # room for the T new entries after the n logged ones: the kernel appends each token's
+        # k, u and g before the next token reads the log
+        room = {}
+        for f in self.LOG_FIELDS:
+            old = log[f][:, :n]
+            room[f] = old.new_empty((batch, n + T, *old.shape[2:]))
+            room[f][:, :n] = old
+        log_len = torch.full((batch,), n, dtype=torch.int32, device=checkpoint.device)
+        o = replay_step(checkpoint, rows.to(torch.int32), room["k"], room["u"], room["g"],
+                        log_len, q, k.to(room["k"].dtype), v, g, beta, advance=False,
+                        check=False)  # fmt: skip
+        entries["u"] = room["u"][:, n:]
+        return o
+
+    def logged(self, start, entries):
+        if "u" not in entries:
+            from replaylab.kernels.gdn import corrected_updates
+
+            fields = (entries[f] for f in ("k", "v", "g", "beta"))
+            entries["u"] = corrected_updates(start, *fields)[0]
+        return {f: entries[f] for f in self.LOG_FIELDS}
 
 
 class GatedAttention(nn.Module):

@@ -25,8 +25,10 @@ name.) ``RecomputeCache(model)`` is the same call with the recompute strategy.
 
 The math is replaylab's own: the families' specs (``Mamba2Spec``, ``Mamba1Spec``,
 ``GatedDeltaNetSpec``: reference scans, folds and outputs from checkpoint + log) through
-``replaylab.replay_ops.ReferenceReplayOps``, and for Mamba-2 ``Mamba2ReplayKernels`` (the
-Triton replay step and fold) where ``use_kernels`` says, by default on CUDA.
+``replaylab.replay_ops.ReferenceReplayOps``, and the families' Triton replay step and fold
+(``Mamba2ReplayKernels``, ``Mamba1ReplayKernels``, ``GatedDeltaNetReplayKernels``) where
+``use_kernels`` says, by default on CUDA. Under the Gated DeltaNet kernels the log keeps k, the
+corrected updates u and g instead of q, k, v, g, beta (``GatedDeltaNetReplayKernels``).
 
 Glossary (code name -> meaning, shape; Mamba-2: H, P, N, G heads, head width, state size,
 groups; Mamba-1: D channels, N state size; Gated DeltaNet: H value heads, K, V head widths):
@@ -41,8 +43,7 @@ groups; Mamba-1: D channels, N state size; Gated DeltaNet: H value heads, K, V h
 
 Families: NemotronH and Bamba (Mamba-2), Jamba (Mamba-1: ``Mamba1Spec``, its closed-form fold
 and outputs), Qwen3-Next and Qwen3.5 (Gated DeltaNet: ``GatedDeltaNetSpec``, the chunked WY
-fold and the backward query recursion); Mamba-1 and Gated DeltaNet use the PyTorch reference
-ops on every device. Qwen3.5-MoE raises ``NotImplementedError``; other model types
+fold and the backward query recursion). Qwen3.5-MoE raises ``NotImplementedError``; other model types
 ``ValueError``.
 
 transformers 5.25.0's own recording restores one token too far when a round rejects every
@@ -76,8 +77,13 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from replaylab.gated_deltanet import GatedDeltaNetSpec, GDNParams, l2_normalize
-from replaylab.mamba1 import Mamba1Params, Mamba1Spec
+from replaylab.gated_deltanet import (
+    GatedDeltaNetReplayKernels,
+    GatedDeltaNetSpec,
+    GDNParams,
+    l2_normalize,
+)
+from replaylab.mamba1 import Mamba1Params, Mamba1ReplayKernels, Mamba1Spec
 from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
 from replaylab.replay_ops import ReferenceReplayOps
 
@@ -190,7 +196,7 @@ class HFMamba1Spec(Mamba1Spec):
         self.module = module
         self.state_shape = (module.intermediate_size, module.ssm_state_size)
         self.conv_shape = (module.conv_kernel_size - 1, module.intermediate_size)
-        self.kernels = ReferenceReplayOps(self, MAX_STEP_TOKENS)
+        self.kernels = Mamba1ReplayKernels(self)
 
     def params(self) -> Mamba1Params:
         m = self.module
@@ -209,7 +215,7 @@ class HFGatedDeltaNetSpec(GatedDeltaNetSpec):
         self.module = module
         self.state_shape = (module.num_v_heads, module.head_k_dim, module.head_v_dim)
         self.conv_shape = (module.conv_kernel_size - 1, module.conv_dim)
-        self.kernels = ReferenceReplayOps(self, MAX_STEP_TOKENS)
+        self.kernels = GatedDeltaNetReplayKernels(self)
 
     def params(self) -> GDNParams:
         m = self.module
@@ -457,16 +463,15 @@ class _ReplayLayer(_RecurrentLayer):
         L = self.log_length
         self._fold(self.committed // L * L)  # the grid: only entries no crop can take back
         rows = torch.arange(batch, device=device)
+        ops = _ops(self, device)
         scan_fields = {k: v for k, v in entries.items() if k != "conv_in"}
-        y = None
+        y = start = None
         if self.n and T <= MAX_STEP_TOKENS:
-            y = _ops(self, device).step(self.ckpt, rows, self.log, self.n, scan_fields)
+            y = ops.step(self.ckpt, rows, self.log, self.n, scan_fields)
         if y is None:  # a long forward (prefill), or an empty log: fold in a copy, then scan
-            if self.n:
-                start = _ops(self, device).fold(self.ckpt, rows, self.log, self.n)
-            else:
-                start = self.ckpt
+            start = ops.fold(self.ckpt, rows, self.log, self.n) if self.n else self.ckpt
             y = self.spec.scan(start, scan_fields).y
+        entries = dict(conv_in=entries["conv_in"], **ops.logged(start, scan_fields))
         self.log = (
             _take(entries, lambda v: v)
             if not self.n
@@ -715,7 +720,7 @@ def ReplayCache(model, log_length: int | None = None, use_kernels: bool | None =
     whose recurrent layers keep a checkpoint and a log of their scan inputs (replay);
     attention layers stay transformers' ``DynamicLayer``. ``log_length`` L >= 1: entries
     between folds (the grid; None: the family's, 16, or 4 for Jamba's Mamba-1);
-    ``use_kernels``: the Triton replay step and fold (Mamba-2; None: when on CUDA).
+    ``use_kernels``: the family's Triton replay step and fold (None: when on CUDA).
 
     Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
     Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""

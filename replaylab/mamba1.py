@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from replaylab.recurrent import RecurrentSpec
+from replaylab.recurrent import RecurrentSpec, ReplayKernels
 from replaylab.replay_ops import ReferenceReplayOps
 from replaylab.scan import s6_fold, s6_replay_outputs, s6_scan
 
-__all__ = ["Mamba1Config", "Mamba1Mixer", "Mamba1Spec", "Mamba1Params"]
+__all__ = ["Mamba1Config", "Mamba1Mixer", "Mamba1Spec", "Mamba1Params", "Mamba1ReplayKernels"]
 
 
 @dataclass
@@ -178,4 +178,68 @@ class Mamba1Spec(RecurrentSpec):
             p.D,
             p.dt_bias,
             dt_softplus=True,
+        )
+
+
+class Mamba1ReplayKernels(ReplayKernels):
+    """``replaylab.kernels.mamba1``'s Triton kernels over a Mamba-1 replay log (x, dt, B; the
+    kernels read no C of past tokens). ``spec.params()`` gives A (D, N), D and dt_bias."""
+
+    MAX_STEP_TOKENS = 16  # longer inputs (a prefill) go through fold + reference scan
+
+    def __init__(self, spec: Mamba1Spec):
+        self.spec = spec
+
+    def _params(self):
+        p = self.spec.params()
+        return (
+            p.A.detach().float().contiguous(),
+            p.D.detach().float().contiguous(),
+            p.dt_bias.detach().float().contiguous(),
+        )
+
+    def fold(self, checkpoint, rows, log, upto):
+        from replaylab.kernels.mamba1 import fold
+
+        batch, device = rows.numel(), checkpoint.device
+        A, _, bias = self._params()
+        out = torch.empty((batch, *checkpoint.shape[1:]), device=device)
+        i32 = dict(dtype=torch.int32, device=device)
+        return fold(
+            checkpoint,
+            rows.to(torch.int32),
+            out,
+            torch.arange(batch, **i32),
+            log["x"],
+            log["dt"],
+            log["B"],
+            torch.full((batch,), upto, **i32),
+            A,
+            bias,
+            check=False,
+        )
+
+    def step(self, checkpoint, rows, log, n, entries):
+        if entries["x"].shape[1] > self.MAX_STEP_TOKENS:
+            return None
+        from replaylab.kernels.mamba1 import replay_step
+
+        A, D, bias = self._params()
+        log_len = torch.full((rows.numel(),), n, dtype=torch.int32, device=checkpoint.device)
+        return replay_step(
+            checkpoint,
+            rows.to(torch.int32),
+            log["x"],
+            log["dt"],
+            log["B"],
+            log_len,
+            entries["x"],
+            entries["dt"],
+            entries["B"],
+            entries["C"],
+            A,
+            D,
+            bias,
+            append=False,
+            check=False,  # the inputs are the layer's own; checks would sync the device
         )

@@ -100,6 +100,12 @@ class ReplayKernels(ABC):
         has made room and appends the other fields). Returns y, or None where the kernel does
         not apply (then the store folds and scans)."""
 
+    def logged(self, start, entries: dict) -> dict:
+        """The log entries kept for new tokens whose scan started from state ``start``
+        (batch, *state_shape): ``entries`` itself, unless the kernels log something derived
+        (Gated DeltaNet: the corrected updates u, which ``step`` leaves in ``entries``)."""
+        return entries
+
 
 class RecurrentSpec(ABC):
     """A recurrent layer's memory and the operations the stores use on it.

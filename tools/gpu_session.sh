@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -129,6 +129,20 @@ case "$mode" in
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-400} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -30 "$OUT/gpu_tests.log" ;;
+  hf-families)  # WHEELS=.whl-bench (transformers 5.25 stack and mamba-ssm, no notebook stack),
+    # fla in .whl-fla (beside, for the family bench only): the GPU tests of replaylab.hf and
+    # the families' replay kernels, transformers' assisted generation under replaylab.hf at
+    # three families' published layer shapes, then the engine per family with fla beside
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 6 --dist loadfile tests/test_hf_cache.py tests/test_mamba1_kernels.py tests/test_gdn_kernels.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-70} $cmd; } >"$OUT/gpu_hf_tests.log" 2>&1
+    tail -4 "$OUT/gpu_hf_tests.log"
+    unset OMP_NUM_THREADS
+    timeout -s INT ${HF_S:-280} python3 -m replaylab bench hf-cache --device cuda \
+      --presets 8b-layers,qwen3.5-9b-layers,jamba-1.5-mini-layers --out "$OUT/bench_hf_cache_gpu.json" 2>&1 | tail -30
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla .whl-fla/* >/dev/null 2>&1
+    PYTHONPATH=/tmp/site-fla:$PYTHONPATH timeout -s INT ${FAMILIES_S:-200} python3 -m replaylab.bench \
+      engine-families --out "$OUT/bench_engine_families.json" ${FAMILIES_ARGS:-} 2>&1 | tail -40 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

@@ -660,8 +660,9 @@ def add_bench_parser(subparsers):
         "--presets",
         type=lambda t: [p for p in t.split(",") if p],
         default=[],
-        help="also time random NemotronH presets (tiny, 1b, 8b-layers), drafting with "
-        "themselves and with other weights, k = 4 (GPU: 8b-layers)",
+        help="also time random-weight presets (NemotronH: tiny, 1b, 8b-layers; Qwen3.5: "
+        "qwen3.5-9b-layers; Jamba: jamba-1.5-mini-layers), drafting with themselves and with "
+        "other weights, k = 4 (GPU)",
     )
     hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")

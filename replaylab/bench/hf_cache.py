@@ -274,9 +274,67 @@ def tokens_per_second(target, draft, prompts, n_new=48, repeats=3, device="cpu",
     return rows
 
 
+def _preset_model(name, seed):
+    """A random-weight transformers model of a preset: NemotronH for ``replaylab.model``'s
+    presets ("tiny", "1b", "8b-layers": Nemotron-H 8B's layer shapes); Qwen3.5 and Jamba for
+    ``replaylab.bench.families``' "qwen3.5-9b-layers" and "jamba-1.5-mini-layers" (their
+    recurrent and attention layers at the published shapes, 3 recurrent + 1 attention) and
+    its toy "tiny-gdn" and "tiny-mamba1"."""
+    from replaylab.bench.families import PRESETS, TINY_PRESETS
+    from replaylab.model import HybridLM, preset, to_transformers_nemotron_h
+
+    family_presets = {**PRESETS, **TINY_PRESETS}
+    if name not in family_presets:
+        return to_transformers_nemotron_h(HybridLM(preset(name), seed=seed))
+    c = family_presets[name]["config"]
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=c["vocab_size"],
+        hidden_size=c["hidden_size"],
+        num_hidden_layers=4,
+        num_attention_heads=c["attn_heads"],
+        num_key_value_heads=c["kv_heads"],
+        intermediate_size=c.get("intermediate_size", 2 * c["hidden_size"]),
+    )
+    if "gdn" in c:
+        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+        g = c["gdn"]
+        config = Qwen3_5TextConfig(
+            head_dim=c["head_dim"],
+            partial_rotary_factor=c["rotary_dim"] / c["head_dim"],
+            rope_theta=c.get("rope_theta", 1.0e4),
+            linear_num_key_heads=g["k_heads"],
+            linear_num_value_heads=g["v_heads"],
+            linear_key_head_dim=g["k_head_dim"],
+            linear_value_head_dim=g["v_head_dim"],
+            linear_conv_kernel_dim=g.get("d_conv", 4),
+            **common,
+        )  # layer_types default: full attention every fourth layer (the last here)
+        return Qwen3_5ForCausalLM(config)
+    if "mamba1" in c:
+        from transformers import JambaConfig, JambaForCausalLM
+
+        m = c["mamba1"]
+        config = JambaConfig(
+            attn_layer_period=4,
+            attn_layer_offset=3,
+            expert_layer_period=2,
+            expert_layer_offset=1,
+            num_experts=1,
+            mamba_d_state=m["d_state"],
+            mamba_d_conv=m.get("d_conv", 4),
+            mamba_expand=m["d_inner"] // c["hidden_size"],
+            mamba_dt_rank=m["dt_rank"],
+            **common,
+        )
+        return JambaForCausalLM(config)
+    raise ValueError(f"preset {name!r}: transformers has no model here for {sorted(c)}")
+
+
 def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=4, prompt_len=32):
-    """Assisted generation on a random-weight NemotronH of a ``replaylab.model`` preset
-    ("tiny", "1b", "8b-layers": Nemotron-H 8B's layer shapes), batch 1, k drafts a round, with
+    """Assisted generation on a random-weight model of a preset (``_preset_model``: NemotronH,
+    Qwen3.5 or Jamba at published layer shapes), batch 1, k drafts a round, with
     two assistants: the target itself (every draft accepted: no rollback) and the same preset
     with other random weights (nearly every draft rejected: a rollback each round). Per
     assistant and cache: tokens/s (median of ``repeats`` after a warm-up), whether the tokens
@@ -284,11 +342,9 @@ def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=
     from transformers import DynamicCache
 
     from replaylab.hf import RecomputeCache, ReplayCache
-    from replaylab.model import HybridLM, preset, to_transformers_nemotron_h
 
     def build(seed):
-        hf = to_transformers_nemotron_h(HybridLM(preset(name), seed=seed))
-        hf = hf.eval().to(device=device, dtype=dtype)
+        hf = _preset_model(name, seed).eval().to(device=device, dtype=dtype)
         hf.generation_config.num_assistant_tokens = k
         hf.generation_config.num_assistant_tokens_schedule = "constant"
         hf.generation_config.assistant_confidence_threshold = 0.0
