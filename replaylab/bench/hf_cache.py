@@ -343,8 +343,16 @@ def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=
 
     from replaylab.hf import RecomputeCache, ReplayCache
 
+    from replaylab.bench.families import PRESETS, TINY_PRESETS
+
+    # transformers' families draw their random weights where they run (GiBs at these shapes);
+    # replaylab.model's presets draw theirs from a CPU generator
+    where = device if name in {**PRESETS, **TINY_PRESETS} else "cpu"
+
     def build(seed):
-        hf = _preset_model(name, seed).eval().to(device=device, dtype=dtype)
+        with torch.device(where):
+            hf = _preset_model(name, seed)
+        hf = hf.eval().to(device=device, dtype=dtype)
         hf.generation_config.num_assistant_tokens = k
         hf.generation_config.num_assistant_tokens_schedule = "constant"
         hf.generation_config.assistant_confidence_threshold = 0.0
@@ -399,8 +407,11 @@ def run(
     repeats=3,
     log_lengths=(16, 4),
     presets=(),
+    progress=True,
 ):
-    """The whole benchmark (see the module docstring); a JSON-ready dict."""
+    """The whole benchmark (see the module docstring); a JSON-ready dict. ``progress``: tqdm
+    bars on stderr."""
+    from tqdm.auto import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 
@@ -419,12 +430,12 @@ def run(
     }
     shapes = {name: _layer_shapes(m, device) for name, m in families.items()}
     rows = []
-    for name, model in families.items():
+    for name, model in tqdm(families.items(), desc="state bytes", disable=not progress):
         for L in log_lengths:
             rows += state_bytes_rows(model, name, drafts, log_length=L, device=device)
     speed = tokens_per_second(target, draft, prompts, n_new, repeats, device, torch_dtype)
     by_preset = []
-    for name in presets:
+    for name in tqdm(presets, desc="presets", disable=not progress):
         by_preset += preset_rows(name, device, torch_dtype, n_new=n_new, repeats=repeats)
     return dict(
         benchmark="hf-cache",
