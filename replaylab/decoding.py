@@ -140,15 +140,15 @@ class ModelDrafter:
                 f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "
                 f"expected the target's {vocab_size}"
             )
-        context = context.reshape(1, -1)
+        # the context may live on the host (the serving engine keeps its contexts there)
+        context = context.reshape(1, -1).to(self.model.lm_head.weight.device)
         if self.cache is None:
             self.cache = self.config.build(self.model, 1)
         # keep what the draft cache shares with the context, feed the rest
         held = self.cache.tokens[0]
-        same = 0
         limit = min(held.numel(), context.shape[1] - 1)
-        while same < limit and held[same] == context[0, same]:
-            same += 1
+        differ = (held[:limit] != context[0, :limit].to(held.device)).nonzero()
+        same = int(differ[0, 0]) if differ.numel() else limit
         if same < self.cache.position:
             self.cache.truncate_to(same)
         if self.handle is not None:

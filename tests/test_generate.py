@@ -97,6 +97,12 @@ def test_generate_on_the_serving_engine_reproduces_transformers_greedy(checkpoin
     if torch.cuda.is_available():
         auto = generate(root / "target", PROMPT, 4, "replay", engine="auto", device="cuda")
         assert "engine" in auto.extra and auto.tokens[0].tolist() == want[:4]
+        # a draft model on the GPU drafts from the engine's host-side contexts; its speculative
+        # tokens equal the same engine's greedy ones (one arithmetic)
+        on_gpu = dict(engine="auto", device="cuda")
+        plain = generate(root / "target", PROMPT, 12, "replay", **on_gpu)
+        spec = generate(root / "target", PROMPT, 12, "replay", root / "draft", 3, **on_gpu)
+        assert spec.proposed > 0 and spec.tokens.tolist() == plain.tokens.tolist()
     odd = HybridLM(HybridConfig(), seed=None)
     odd.cfg.mlp = "gelu"  # past the config's own check: a layout the engine cannot serve
     with pytest.raises(ValueError, match=r"engine: the serving engine cannot decode this: mlp"):

@@ -341,9 +341,8 @@ def preset_rows(name, device="cpu", dtype=torch.float32, n_new=32, repeats=3, k=
     equal transformers' greedy ones, and the recurrent bytes at the peak of a round."""
     from transformers import DynamicCache
 
-    from replaylab.hf import RecomputeCache, ReplayCache
-
     from replaylab.bench.families import PRESETS, TINY_PRESETS
+    from replaylab.hf import RecomputeCache, ReplayCache
 
     # transformers' families draw their random weights where they run (GiBs at these shapes);
     # replaylab.model's presets draw theirs from a CPU generator
