@@ -185,6 +185,7 @@ class GatedDeltaNetSpec(RecurrentSpec):
     log_fields = ("qkv", "q", "k", "v", "g", "beta")
     conv_field = "qkv"
     CHUNKED_MIN_TOKENS = 64
+    UPDATES_CHUNKED_MIN_TOKENS = 64
     CHUNK_SIZE = 16
 
     def __init__(self, mixer: GatedDeltaNetMixer):
@@ -224,6 +225,25 @@ class GatedDeltaNetSpec(RecurrentSpec):
     def outputs(self, state, log, entries):
         return gdn_replay_outputs(state, log, entries)
 
+    def corrected_updates(self, state, entries):
+        """u_t = β_t (v_t - α_t S_{t-1}ᵀ k_t) (batch, T, H, V) fp32 of ``entries``' tokens from
+        ``state`` (batch, H, K, V): what the kernels' replay log keeps. From
+        ``UPDATES_CHUNKED_MIN_TOKENS`` tokens on (a prefill) the chunked form solves for them
+        (``gdn_chunked_scan``), otherwise the token recurrence does
+        (``kernels.gdn.corrected_updates``); the two agree to rounding."""
+        fields = [entries[f] for f in ("k", "v", "g", "beta")]
+        if fields[1].shape[1] >= self.UPDATES_CHUNKED_MIN_TOKENS:
+            return gdn_chunked_scan(
+                None,
+                *fields,
+                initial_state=state,
+                chunk_size=self.CHUNK_SIZE,
+                return_updates=True,
+            ).updates
+        from replaylab.kernels.gdn import corrected_updates
+
+        return corrected_updates(state, *fields)[0]
+
 
 class GatedDeltaNetReplayKernels(ReplayKernels):
     """``replaylab.kernels.gdn``'s Triton kernels over a log of keys k (batch, n, Hk, K), fp32
@@ -231,8 +251,8 @@ class GatedDeltaNetReplayKernels(ReplayKernels):
     (batch, n, H): S after j entries is then a decayed sum over the log, read in parallel.
 
     u depends on the state before its token, so it is made, not copied: ``step`` leaves the
-    new tokens' u in ``entries``, and ``logged`` computes it by the token recurrence
-    (``corrected_updates``) after a prefill. Entries: q (scaled by K^-1/2) and k
+    new tokens' u in ``entries``, and ``logged`` computes it after a prefill
+    (``GatedDeltaNetSpec.corrected_updates``). Entries: q (scaled by K^-1/2) and k
     (batch, T, Hk, K), v (batch, T, H, V), g fp32 and beta (batch, T, H)."""
 
     MAX_STEP_TOKENS = 16  # longer inputs (a prefill) go through fold + reference scan
@@ -275,10 +295,7 @@ class GatedDeltaNetReplayKernels(ReplayKernels):
 
     def logged(self, start, entries):
         if "u" not in entries:
-            from replaylab.kernels.gdn import corrected_updates
-
-            fields = (entries[f] for f in ("k", "v", "g", "beta"))
-            entries["u"] = corrected_updates(start, *fields)[0]
+            entries["u"] = self.spec.corrected_updates(start, entries)
         return {f: entries[f] for f in self.LOG_FIELDS}
 
 

@@ -57,11 +57,13 @@ class ScanResult:
     y:       outputs, shaped like the input x (input dtype)
     state:   the state after the last token (compute dtype)
     states:  every intermediate state, ``(batch, T, *state_shape)``, or None unless requested
+    updates: Gated DeltaNet's corrected updates u_t (batch, T, H, V), or None unless requested
     """
 
     y: torch.Tensor
     state: torch.Tensor
     states: torch.Tensor | None = None
+    updates: torch.Tensor | None = None
 
 
 def process_dt(dt, dt_bias=None, dt_softplus=False, dt_limit=NO_LIMIT, compute_dtype=torch.float32):
@@ -660,14 +662,26 @@ def gdn_scan(
 
 
 def gdn_chunked_scan(
-    q, k, v, g, beta, *, initial_state=None, chunk_size=16, compute_dtype=torch.float32
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    initial_state=None,
+    chunk_size=16,
+    compute_dtype=torch.float32,
+    return_updates=False,
 ) -> ScanResult:
     """``gdn_scan`` in the chunked WY / UT form: per chunk one unit lower-triangular solve and
     a few matrix products, then one state update (no token loop). ``q=None`` folds only: the
     final state, with y None. Agrees with ``gdn_scan`` to rounding, not bitwise.
 
     q, k: (batch, T, Hk, K); v: (batch, T, H, V); g, beta: (batch, T, H); initial_state:
-    (batch, H, K, V). Returns ``ScanResult(o (batch, T, H, V) or None, state)``.
+    (batch, H, K, V). Returns ``ScanResult(o (batch, T, H, V) or None, state)``; with
+    ``return_updates`` also ``updates``: the corrected updates u_t = β_t (v_t - α_t S_{t-1}ᵀ k_t)
+    (batch, T, H, V) in the compute dtype, which the chunk form solves for anyway (what a
+    replay log of the Gated DeltaNet kernels keeps).
     """
     _check_gdn(k if q is None else q, k, v, g, beta, initial_state, seq=True)
     if chunk_size < 1:
@@ -685,7 +699,7 @@ def gdn_chunked_scan(
     kh = heads_first(_gdn_heads(k, H, cd))
     qh = None if q is None else heads_first(_gdn_heads(q, H, cd))
     vh, gh, bh = heads_first(v.to(cd)), heads_first(g.to(cd)), heads_first(beta.to(cd))
-    outs = []
+    outs, updates = [], []
     for start in range(0, T, chunk_size):
         sl = slice(start, min(start + chunk_size, T))
         kc, vc, bc = kh[:, :, sl], vh[:, :, sl], bh[:, :, sl, None]
@@ -702,6 +716,8 @@ def gdn_chunked_scan(
         rhs = torch.cat([bc * vc, bc * gamma * kc], -1)  # [β V | βγ K]
         solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
         u = solved[..., :V] - solved[..., V:] @ state  # U = Ũ - W S_0: (b, H, C, V)
+        if return_updates:
+            updates.append(u)
         if qh is not None:
             qc = qh[:, :, sl]
             outs.append(gamma * (qc @ state) + ((qc @ kc.transpose(-1, -2)) * ratio) @ u)
@@ -710,10 +726,13 @@ def gdn_chunked_scan(
             torch.exp(gamma_log[..., -1])[..., None, None] * state
             + (to_end * kc).transpose(-1, -2) @ u
         )
+    u = None
+    if return_updates:
+        u = torch.cat(updates, 2).transpose(1, 2) if updates else vh.new_zeros(v.shape)
     if qh is None:
-        return ScanResult(None, state)
+        return ScanResult(None, state, updates=u)
     y = torch.cat(outs, 2) if outs else vh.new_zeros(vh.shape)
-    return ScanResult(y.transpose(1, 2).to(v.dtype), state)
+    return ScanResult(y.transpose(1, 2).to(v.dtype), state, updates=u)
 
 
 def gdn_replay_outputs(state, log, new, *, compute_dtype=torch.float32):

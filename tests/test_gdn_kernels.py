@@ -164,6 +164,42 @@ def test_corrected_updates_fill_a_log_that_replays_like_decode():
     assert_close(o.double(), oracle(states, toks).y[:, T:], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("T", [1, 16, 37])
+def test_the_chunked_form_gives_the_token_recurrences_updates(T):
+    """``gdn_chunked_scan(..., return_updates=True)`` solves for the corrected updates u_t that
+    ``corrected_updates`` builds token by token: both equal those of the float64 recurrence's
+    states to fp32 rounding, chunks of every fill (T = 37: two whole chunks of 16 and a part); and
+    ``GatedDeltaNetSpec.corrected_updates`` switches to the chunked form at
+    ``UPDATES_CHUNKED_MIN_TOKENS``."""
+    from replaylab.gated_deltanet import GatedDeltaNetSpec
+    from replaylab.scan import gdn_chunked_scan
+
+    states = torch.randn(2, 4, 12, 10, device=DEVICE) * 0.3
+    toks = tokens(2, T, seed=6)
+    fields = [toks[f] for f in ("k", "v", "g", "beta")]
+    # the float64 oracle: u_t = β_t (v_t - α_t S_{t-1}ᵀ k_t) from the recurrence's states
+    run = gdn_scan(**{n: t.double() for n, t in toks.items()}, initial_state=states.double(),
+                   return_states=True, compute_dtype=torch.float64)  # fmt: skip
+    before = torch.cat([states.double()[:, None], run.states[:, :-1]], 1)  # S_{t-1}
+    k64 = toks["k"].double().repeat_interleave(2, dim=2)  # 2 value heads per key head
+    read = torch.einsum("bthkv,bthk->bthv", before, k64) * toks["g"].double().exp()[..., None]
+    want = toks["beta"].double()[..., None] * (toks["v"].double() - read)
+    want_state = run.state
+    loop, _ = corrected_updates(states, *fields)
+    chunked = gdn_chunked_scan(None, *fields, initial_state=states, chunk_size=16,
+                               return_updates=True)  # fmt: skip
+    assert chunked.updates.dtype == torch.float32 and chunked.updates.shape == fields[1].shape
+    assert_close(chunked.updates.double(), want, atol=2e-5, rtol=2e-5)
+    assert_close(loop.double(), want, atol=2e-5, rtol=2e-5)
+    assert_close(chunked.state.double(), want_state, atol=2e-5, rtol=2e-5)
+
+    spec = GatedDeltaNetSpec.__new__(GatedDeltaNetSpec)  # only the class's thresholds are read
+    spec.UPDATES_CHUNKED_MIN_TOKENS = T
+    assert torch.equal(spec.corrected_updates(states, toks), chunked.updates)
+    spec.UPDATES_CHUNKED_MIN_TOKENS = T + 1
+    assert torch.equal(spec.corrected_updates(states, toks), loop)
+
+
 def test_bad_input_names_both_values():
     batch, Lmax = 2, 4
     states = torch.zeros(batch, 4, 12, 10, device=DEVICE)

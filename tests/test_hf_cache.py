@@ -370,6 +370,41 @@ def test_data_readme_quotes_the_committed_run():
     assert all(r["tokens_equal_greedy"] for r in run["assisted"])
 
 
+def test_readme_quotes_the_gpu_run():
+    """The README's H200 figures are those of data/bench_hf_cache_gpu.json: the bytes range over
+    the presets, replay / recording tokens/s at each shape drafting for itself, and the trained
+    pair's; replay's tokens equal greedy in every row."""
+    import json
+
+    root = MODELS.parent
+    run = json.loads((root / "bench_hf_cache_gpu.json").read_text())
+    text = " ".join((root.parent / "README.md").read_text().split())
+    cells = {(r["preset"], r["assistant"], r["cache"]): r for r in run["presets"]}
+    rep, rec = "replaylab.hf ReplayCache", "transformers' recording"
+    ratio = {
+        p: cells[p, "itself", rep]["tokens_per_s"] / cells[p, "itself", rec]["tokens_per_s"]
+        for p in ("8b-layers", "qwen3.5-9b-layers", "jamba-1.5-mini-layers")
+    }
+    held = [
+        cells[p, a, rep]["state_bytes_at_peak"] / cells[p, a, rec]["state_bytes_at_peak"]
+        for p, a, c in cells
+        if c == rep
+    ]
+    pair = {r["cache"]: r["tokens_per_s"] for r in run["assisted"]}
+    quoted = (
+        f"replay holds {min(held):.3f}-{max(held):.3f} of recording's recurrent bytes",
+        f"{ratio['qwen3.5-9b-layers']:.2f}x recording's at Qwen3.5-9B's layer shapes",
+        f"{ratio['jamba-1.5-mini-layers']:.2f}x at Jamba-1.5-Mini's",
+        f"{ratio['8b-layers']:.2f}x at Nemotron-H 8B's",
+        f"On the 10M trained pair they are "
+        f"{pair['assisted, replaylab.hf ReplayCache'] / pair[f'assisted, {rec}']:.2f}x",
+    )
+    for q in quoted:
+        assert q in text, q
+    assert run["device"] == "NVIDIA H200" and run["versions"]["transformers"] == "5.25.0"
+    assert all(r["tokens_equal_greedy"] for r in run["presets"] if r["cache"] == rep)
+
+
 def test_bench_command_writes_its_json(tmp_path, monkeypatch):
     """``replaylab bench hf-cache`` end to end, cut short (one prompt, 2 tokens, 1 draft, L = 2,
     the tiny preset): the JSON carries provenance, every family's bytes row and greedy-equal

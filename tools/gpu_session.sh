@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|hf-bench|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|hf-bench|probe-suite|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families, hf-bench or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families, hf-bench, probe-suite or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -147,6 +147,13 @@ case "$mode" in
     timeout -s INT ${HF_S:-500} python3 -m replaylab bench hf-cache --device cuda \
       --presets 8b-layers,qwen3.5-9b-layers,jamba-1.5-mini-layers --out "$OUT/bench_hf_cache_gpu.json" \
       ${HF_ARGS:-} 2>&1 | tr '\r' '\n' | tail -40 ;;
+  probe-suite)  # WHEELS=.whl-gpu2: the Gated DeltaNet prefill's corrected updates, token loop
+    # against the chunked form side by side (tools/gdn_prefill_probe.py), then the suite
+    timeout -s INT ${PROBE_S:-110} python3 tools/gdn_prefill_probe.py "$OUT/gdn_prefill_probe.json" 2>&1 | tail -8
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
+    { stamp "$cmd"; timeout -s INT ${SUITE_S:-380} $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -30 "$OUT/gpu_tests.log" ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

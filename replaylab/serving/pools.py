@@ -27,7 +27,7 @@ keeps what they read:
                                                       (fp32) and g = log α (fp32)
 Mamba-1's and Gated DeltaNet's kernel logs are not the spec's fields, so the spec cannot fold
 them (``spec_log``: whether a pool's log is the spec's); u depends on the state before each
-token, so a prefill computes it (``log_entries``: ``kernels.gdn.corrected_updates``).
+token, so a prefill computes it (``log_entries``: ``GatedDeltaNetSpec.corrected_updates``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
@@ -280,10 +280,7 @@ class GDNPool(RecurrentPool):
     def log_entries(self, entries, state):
         if not self.kernels:
             return entries
-        from replaylab.kernels.gdn import corrected_updates
-
-        u, _ = corrected_updates(state, *(entries[k] for k in ("k", "v", "g", "beta")))
-        return dict(entries, u=u)
+        return dict(entries, u=self.spec.corrected_updates(state, entries))
 
     def replay(self, entries, rows, log_len, head, counts):
         from replaylab.kernels.gdn import replay_step
