@@ -39,6 +39,9 @@ __all__ = [
     "shape_from_config",
     "STRATEGIES",
     "kernel_bytes",
+    "mamba1_replay_vs_ssu",
+    "mamba1_break_even",
+    "measured_update_rate",
     "decode_step_bytes",
     "fold_bytes",
     "decode_token_bytes",
@@ -616,6 +619,59 @@ def measured_replay_vs_ssu(bench) -> list[dict]:
     return sorted(out, key=lambda r: (r["batch"], r["L"]))
 
 
+def mamba1_replay_vs_ssu(batch, L, *, D, N, bandwidth, update_rate, esize=2) -> dict:
+    """One decode token of one Mamba-1 layer (D channels, d_state N) for ``batch`` sequences:
+    replay's amortised time (``replay_step`` over the mean log of (L - 1) / 2 entries, plus a
+    ``fold`` of L entries every L tokens) against ``selective_state_update`` (read and write the
+    state), each kernel max(its bytes / ``bandwidth``, its state-element updates /
+    ``update_rate``).
+
+    Mamba-1's decay exp(Δ_t[d] A[d, n]) differs per state element, so a replay step cannot
+    skip the state: it updates every element once per log entry and once for the new token
+    (Mamba-2's scalar decay per head folds the log into a few dot products instead). The
+    updates per element per token are (L - 1) / 2 + 1 for the step and 1 for the fold, against
+    selective_state_update's 1. ``update_rate``: element updates per second the kernel
+    sustains (``measured_update_rate``). Returns µs of each, ``speedup`` = ssu / replay (> 1:
+    replay pays) and ``replay_binds`` ("bytes" or "updates")."""
+    state = batch * D * N * 4
+    token = batch * (2 * D + N) * esize  # x, dt, B of one token (C read only for the new one)
+    new = batch * (3 * D + 2 * N) * esize  # x, dt, z, B, C in; y out
+    elements = batch * D * N
+    mean_log = (L - 1) / 2
+
+    def us(nbytes, updates):
+        return max(nbytes / bandwidth, updates / update_rate) * 1e6
+
+    step_bytes, step_updates = state + mean_log * token + new, (mean_log + 1) * elements
+    fold_bytes_, fold_updates = 2 * state + L * token, L * elements
+    step, fold = us(step_bytes, step_updates), us(fold_bytes_, fold_updates)
+    ssu = us(2 * state + new, elements)
+    binds = "updates" if step_updates / update_rate > step_bytes / bandwidth else "bytes"
+    replay = step + fold / L
+    return dict(batch=batch, L=L, N=N, replay_us=replay, step_us=step, fold_us=fold, ssu_us=ssu,
+                speedup=ssu / replay, replay_binds=binds)  # fmt: skip
+
+
+def mamba1_break_even(bandwidth, update_rate) -> float:
+    """The log length below which Mamba-1 replay could match ``selective_state_update``
+    when both run at their bound (state bytes large next to the inputs): replay's
+    (L + 3) / 2 updates per element per token against the 8 bytes per element the snapshot
+    step moves, (L + 3) / 2 / update_rate = 8 / bandwidth. d_state cancels: both sides scale
+    with D x N. Below 1 no log length pays."""
+    return 16 * update_rate / bandwidth - 3
+
+
+def measured_update_rate(bench) -> float:
+    """Element updates per second the Mamba-1 replay step sustains in a kernel benchmark
+    (``data/bench_mamba1_kernels.json``): at its largest batch and longest log, where the
+    updates bind, ``exps_per_token`` x batch / the step's time."""
+    row = max(bench["batches"], key=lambda r: r["batch"])
+    longest = max(row["L"], key=int)
+    step = row["L"][longest]["step"]
+    return step["exps_per_token"] * row["batch"] / (step["us"] * 1e-6)
+
+
+WORKLOADS = ("best-of-n", "beam search", "speculative")
 WORKLOADS = ("best-of-n", "beam search", "speculative")
 
 

@@ -263,6 +263,51 @@ def test_measured_replay_speedup_reads_the_kernel_benchmark():
     assert rows[(1, 16)]["speedup"] < 1 < rows[(128, 16)]["speedup"]
 
 
+def test_mamba1_break_even_is_where_updates_meet_the_snapshot_bytes():
+    """At a log length of ``mamba1_break_even`` replay's element updates per token take as long
+    as selective_state_update's state bytes (inputs negligible next to a large state): speedup 1
+    there, above 1 at shorter logs, below at longer ones; d_state cancels."""
+    bandwidth, rate = 1e12, 1e12  # break-even at L = 16 x 1 - 3 = 13
+    L0 = cm.mamba1_break_even(bandwidth, rate)
+    assert L0 == 13
+    big = dict(D=4096, N=4096, bandwidth=bandwidth, update_rate=rate)
+    assert math.isclose(cm.mamba1_replay_vs_ssu(8, 13, **big)["speedup"], 1, rel_tol=0.01)
+    assert cm.mamba1_replay_vs_ssu(8, 5, **big)["speedup"] > 1.3  # bytes bind there
+    assert cm.mamba1_replay_vs_ssu(8, 29, **big)["speedup"] < 0.6
+    by_n = [
+        cm.mamba1_replay_vs_ssu(64, 16, D=8192, N=n, bandwidth=4e12, update_rate=1e12)["speedup"]
+        for n in (16, 64, 256)
+    ]
+    assert max(by_n) / min(by_n) < 1.1
+
+
+def test_mamba1_model_against_the_h200_kernel_benchmark():
+    """data/bench_mamba1_kernels.json (H200, Jamba's D = 8192, N = 16): the rate the replay step
+    sustains, put in the model, predicts the measured replay / selective_state_update ratio
+    within 20% where the updates bind (batch >= 32, L >= 16; smaller batches sit at launch
+    latency, which the model leaves out); its break-even log length is below 1, and no measured
+    row pays."""
+    import json
+    from pathlib import Path
+
+    bench = json.loads(
+        (Path(__file__).resolve().parents[1] / "data" / "bench_mamba1_kernels.json").read_text()
+    )
+    bandwidth = bench["copy_bandwidth_gbs"] * 1e9
+    rate = cm.measured_update_rate(bench)
+    assert 0.5e12 < rate < 2e12
+    assert cm.mamba1_break_even(bandwidth, rate) < 1
+    for row in bench["batches"]:
+        for L, cell in row["L"].items():
+            measured = cell["amortised"]["speedup_vs_ssu"]
+            model = cm.mamba1_replay_vs_ssu(row["batch"], int(L), D=8192, N=16,
+                                            bandwidth=bandwidth, update_rate=rate)  # fmt: skip
+            assert measured < 1 and model["speedup"] < 1
+            if row["batch"] >= 32 and int(L) >= 16:
+                assert model["replay_binds"] == "updates"
+                assert abs(model["speedup"] / measured - 1) < 0.2, (row["batch"], L)
+
+
 def test_best_log_length_per_workload_matches_the_closed_forms():
     from replaylab.shapes import PUBLISHED_SHAPES
 

@@ -399,6 +399,53 @@ fig
 # state per draft or branch and replay keeps one checkpoint and a few entries.
 
 # %% [markdown]
+# ### Mamba-1: the arithmetic binds before the bytes
+#
+# By bytes alone Mamba-1 replay saves the state write, as above. But its decay
+# $e^{\Delta_s[d] A[d,n]}$ differs for every state element, so a replay step cannot fold the
+# log into a few dot products as Mamba-2's scalar decay allows: it updates every element of
+# the state once per logged entry and once for the new token, $\tfrac{L-1}{2} + 1$ updates per
+# element per token on average, and the fold adds one more. mamba-ssm's
+# `selective_state_update` (the snapshot step) makes one update per element and moves 8 bytes
+# per element (read and write in fp32). With a bandwidth $B$ and a kernel that sustains $U$
+# element updates per second, replay can only match it while
+# $\tfrac{L+3}{2}\,/\,U \le 8\,/\,B$, that is for $L \le 16\,U/B - 3$: both sides scale with
+# $d_{\mathrm{in}} \times N$, so **d_state cancels**. `costmodel.mamba1_replay_vs_ssu` is that model;
+# the rate $U$ comes from the committed H200 benchmark of the Mamba-1 replay kernel at Jamba's
+# shape (`data/bench_mamba1_kernels.json`, $d_{\mathrm{in}}$ = 8192, N = 16), at its largest
+# batch and longest log:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from replaylab import costmodel as cm
+
+m1 = load_bench("data/bench_mamba1_kernels.json")
+B_copy, U = m1["copy_bandwidth_gbs"] * 1e9, cm.measured_update_rate(m1)
+print(f"{m1['provenance']['device']}, {m1['provenance']['date'][:10]}: copy {B_copy / 1e12:.2f} TB/s, "
+      f"replay step {U / 1e12:.2f}e12 element updates/s")
+print(f"break-even log length 16 U / B - 3 = {cm.mamba1_break_even(B_copy, U):.2f}: "
+      "no log length of 1 or more pays")
+at128 = next(r for r in m1["batches"] if r["batch"] == 128)
+print("batch 128, replay / selective_state_update speed:")
+for L, cell in at128["L"].items():
+    model = cm.mamba1_replay_vs_ssu(128, int(L), D=8192, N=16, bandwidth=B_copy, update_rate=U)
+    print(f"  L={int(L):2d}: measured {cell['amortised']['speedup_vs_ssu']:.2f}, "
+          f"model {model['speedup']:.2f} ({model['replay_binds']} bind)")
+for N in (4, 16, 64, 256):
+    model = cm.mamba1_replay_vs_ssu(128, 16, D=8192, N=N, bandwidth=B_copy, update_rate=U)
+    print(f"  model at L=16 with d_state {N:3d}: {model['speedup']:.2f}")
+
+# %% [markdown]
+# The model is a ceiling at short logs (there the kernel does not reach its sustained rate)
+# and close from L = 16 on. Either way the answer for Jamba's shape is the snapshot step: its
+# one update per element is cheaper than any replay, and replay's log pays only where the
+# alternative is to *store* a state per draft or branch. Larger d_state does not change that
+# (the last lines); only a faster update rate relative to bandwidth would. replaylab's serving
+# engine does not yet have a fused snapshot step for Mamba-1 (its snapshot runs the PyTorch token
+# update), so in the engine replay is still the faster of the two (section 8's rows): that is
+# a missing kernel, not a reason to prefer replay.
+
+# %% [markdown]
 # ## 7. What the GPU kernels log: the corrected update
 #
 # The backward recursion needs the values $v_s$ and steps $\beta_s$ in the log. Rewrite one step of
