@@ -102,6 +102,39 @@ def test_the_command_writes_json_with_provenance_and_refuses_unknown_presets(tmp
     )  # fmt: skip
 
 
+def test_the_ssu_rows_put_mamba_ssms_update_in_the_mamba1_snapshot_decode_step():
+    """The "ssu snapshot" rows' plumbing, with a stand-in of ``selective_state_update``'s
+    signature (the S6 update, state written in place): every one-token state update goes
+    through it, prefill does not, its greedy tokens equal the snapshot path's, and the ratios
+    carry replay / ssu snapshot."""
+    import torch.nn.functional as F
+
+    calls = []
+
+    def update(state, x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=False):
+        assert dt_softplus and x.dim() == 2 and state.shape[1:] == A.shape
+        calls.append(x.shape[0])
+        delta = F.softplus(dt.float() + dt_bias.float())
+        state.mul_(torch.exp(delta[..., None] * A)).add_(
+            (delta * x.float())[..., None] * B.float()[:, None, :]
+        )
+        return ((state * C.float()[:, None, :]).sum(-1) + D.float() * x.float()).to(x.dtype)
+
+    result = run_families(
+        presets=("tiny-mamba1",), strategies=("snapshot", "replay"), batches=(2,), n_new=2,
+        repeats=1, n_spec=4, k=2, ssu=update, graphs=(False,),
+    )  # fmt: skip
+    plain, replay, ssu = result["rows"]
+    assert (plain["strategy"], ssu["strategy"]) == ("snapshot", "ssu snapshot")
+    assert ssu["greedy_equal_snapshot"] == 1.0 and "speculative_tokens_per_s" not in ssu
+    # 3 greedy steps, then 2 timed (prefill: the spec's), on a GPU 8 more for the busy fraction
+    assert calls == [2] * (4 - 1 + 2 + (8 if CUDA else 0))
+    (q,) = result["ratios"]
+    want = replay["decode_tokens_per_s"] / ssu["decode_tokens_per_s"]
+    assert q["replay_over_ssu_snapshot"] == pytest.approx(want)
+    assert "replay / ssu snapshot" in "\n".join(families_summary(result))
+
+
 def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
     """The "fla snapshot" rows' plumbing, with a stand-in of fla's signature (the token
     recurrence): every one-token state update goes through it, prefill does not, and its
@@ -129,8 +162,8 @@ def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
 
 
 def test_the_ratios_are_the_targets_of_the_issue():
-    """replay / snapshot and replay / fla snapshot decode, and replay's speculation over the
-    best plain decode of any strategy, per preset and batch (by hand)."""
+    """replay / snapshot, replay / fla snapshot and replay / ssu snapshot decode, and replay's
+    speculation over the best plain decode of any strategy, per preset and batch (by hand)."""
     row = lambda s, b, d, spec=None: dict(  # noqa: E731
         preset="p", strategy=s, batch=b, decode_tokens_per_s=d,
         **({} if spec is None else {"speculative_tokens_per_s": spec}),
@@ -142,16 +175,18 @@ def test_the_ratios_are_the_targets_of_the_issue():
     ]
     rows += [
         row("fla snapshot", 8, 150.0),
+        row("ssu snapshot", 8, 60.0),
         dict(preset="p", strategy="replay", batch=32, error="OOM"),
     ]
     rows.append(dict(row("replay", 8, 240.0), graphs=True))  # its own arm
+    none = dict(replay_over_snapshot=None, replay_over_fla_snapshot=None,
+                replay_over_ssu_snapshot=None, replay_speculative_over_best_decode=None)  # fmt: skip
     assert ratios(rows) == [
         dict(preset="p", batch=8, graphs=False, replay_over_snapshot=1.2,
-             replay_over_fla_snapshot=0.8, replay_speculative_over_best_decode=2.0),
-        dict(preset="p", batch=32, graphs=False, replay_over_snapshot=None,
-             replay_over_fla_snapshot=None, replay_speculative_over_best_decode=None),
-        dict(preset="p", batch=8, graphs=True, replay_over_snapshot=None,
-             replay_over_fla_snapshot=None, replay_speculative_over_best_decode=None),
+             replay_over_fla_snapshot=0.8, replay_over_ssu_snapshot=2.0,
+             replay_speculative_over_best_decode=2.0),
+        dict(preset="p", batch=32, graphs=False, **none),
+        dict(preset="p", batch=8, graphs=True, **none),
     ]  # fmt: skip
 
 

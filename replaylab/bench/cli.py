@@ -166,6 +166,7 @@ def _engine_families(args):
         acceptance=args.acceptance,
         log_length=args.log_length,
         fla=not args.no_fla,
+        ssu=not args.no_ssu,
         graphs=dict(both=(False, True), on=(True,), off=(False,))[args.graphs]
         if torch.cuda.is_available()
         else (False,),
@@ -504,6 +505,9 @@ def add_bench_parser(subparsers):
     ef.add_argument("--acceptance", type=float, default=0.8, help="per-sequence acceptance")
     ef.add_argument("--log-length", type=int, default=16, help="replay's L")
     ef.add_argument("--no-fla", action="store_true", help="skip the fla snapshot rows")
+    ef.add_argument(
+        "--no-ssu", action="store_true", help="skip the mamba-ssm (ssu) snapshot rows of Mamba-1"
+    )
     ef.add_argument(
         "--graphs",
         choices=("both", "on", "off"),

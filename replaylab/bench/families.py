@@ -196,6 +196,40 @@ class _FlaDecodeScan:
         return ScanResult(o, final, final[:, None] if return_states else None)
 
 
+def _mamba_ssm_update():
+    """mamba-ssm's ``selective_state_update``, or None and why it is missing."""
+    from replaylab.bench.peers import load_kernel_peers
+
+    peers, errors = load_kernel_peers()
+    return peers.get("ssu"), errors.get("mamba_ssm")
+
+
+class _SsuDecodeScan:
+    """A Mamba-1 spec's ``scan`` with one-token calls (the snapshot path's decode step) through
+    mamba-ssm's ``selective_state_update``, which writes the state in place; longer calls (a
+    prefill, a verify) go to the spec's own scan. The returned state is the updated input, so a
+    slot that takes no token in the step (ragged padding) is not kept at its old state: the
+    bench's decode steps give every slot one token. Installed on the spec instance."""
+
+    def __init__(self, spec, update):
+        self.own, self.update, self.spec = spec.scan, update, spec
+
+    def __call__(self, state, entries, return_states=False):
+        if entries["x"].shape[1] != 1:
+            return self.own(state, entries, return_states)
+        p = self.spec.params()
+        x, dt, B, C = (entries[f][:, 0].contiguous() for f in ("x", "dt", "B", "C"))
+        y = self.update(state, x, dt, p.A.contiguous(), B, C, D=p.D, dt_bias=p.dt_bias,
+                        dt_softplus=True)  # fmt: skip
+        return ScanResult(y[:, None], state, state[:, None] if return_states else None)
+
+
+PEERS = {  # row name -> (the layer letter it serves, its scan wrapper)
+    "fla snapshot": ("G", _FlaDecodeScan),
+    "ssu snapshot": ("S", _SsuDecodeScan),
+}
+
+
 def decode_seconds(engine, tok, n_new):
     """Seconds per greedy step over ``n_new`` steps from ``tok`` (batch, 1) (CUDA events on a
     GPU), and the last tokens (batch, 1)."""
@@ -284,11 +318,13 @@ def step_bytes(engine):
     return int(total)
 
 
-def _one(model, strategy, batch, args, fla=None, graphs=False):
+def _one(model, strategy, batch, args, peer=None, graphs=False):
     """One (strategy, batch) row and its greedy tokens (a list of (n_spec,), or None): greedy
     decoding of ``n_spec`` tokens (the speculation's reference, and the warm-up: Triton
     compiles, folds run, graphs are captured), timed decode steps after it, then speculation
-    from a fresh prefill (not for the fla rows). ``graphs``: every step a CUDA graph replay."""
+    from a fresh prefill (not for the peer rows). ``peer``: (row name of ``PEERS``, kernel):
+    the peer's kernel in the snapshot decode step. ``graphs``: every step a CUDA graph
+    replay."""
     n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
     max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
     engine = DecodeEngine(
@@ -297,9 +333,10 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
     )  # fmt: skip
     prompts = random_prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
-    if fla is not None:
+    if peer is not None:
+        wrap = PEERS[peer[0]][1]
         for spec in specs:
-            spec.scan = _FlaDecodeScan(spec, fla)
+            spec.scan = wrap(spec, peer[1])
     try:
         ref = None
         if n_spec:
@@ -315,7 +352,7 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             runs.append(seconds)
             moved.append((before + step_bytes(engine)) / 2)
         row = dict(
-            strategy="fla snapshot" if fla is not None else strategy,
+            strategy=peer[0] if peer is not None else strategy,
             graphs=bool(graphs),
             batch=batch,
             seconds_per_step=spread(runs),
@@ -337,7 +374,7 @@ def _one(model, strategy, batch, args, fla=None, graphs=False):
             )
         if args.get("busy"):
             row["gpu_busy"], tok = busy_fraction(engine, tok, steps=8)
-        if fla is None and n_spec:
+        if peer is None and n_spec:
             row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=graphs))
         return row, ref
     finally:
@@ -367,6 +404,7 @@ def run_families(
     concurrency_max_len=2048,
     device=None,
     fla=True,
+    ssu=True,
     graphs=None,
     progress=True,
     time_budget_s=None,
@@ -379,6 +417,9 @@ def run_families(
     ``fla``: the "fla snapshot" rows for Gated DeltaNet presets where fla imports on a GPU (a
     callable with fla's signature: that one, on any device), each with the fraction of its
     greedy tokens equal to the snapshot row's (two arithmetics: bf16 near-ties part them).
+    ``ssu``: likewise the "ssu snapshot" rows for Mamba-1 presets, mamba-ssm's
+    ``selective_state_update`` in the snapshot decode step (a callable with its signature:
+    that one).
     ``graphs``: the arms, each row run with CUDA graphs (True) or without (default: both on
     a GPU, without on CPU). ``checkpoint``: called with the result so far after every row (the
     CLI writes it, so a run cut short keeps the rows it finished). On a GPU each row's
@@ -408,6 +449,10 @@ def run_families(
     recurrent, fla_error = _fla_recurrent() if fla and cuda else (None, None)
     if callable(fla):
         recurrent, fla_error = fla, None
+    update, ssu_error = _mamba_ssm_update() if ssu is True and cuda else (None, None)
+    if callable(ssu):
+        update, ssu_error = ssu, None
+    kernels = {"fla snapshot": recurrent, "ssu snapshot": update}
     rows, memory, errors, models, built = [], [], [], {}, {}
     for name in presets:  # every preset's model on the device first (2.1-2.5 GiB each)
         info, cfg = load_preset(name)
@@ -439,12 +484,11 @@ def run_families(
         for name in presets:
             for graphed in arms:
                 plan += [(name, s, batch, None, graphed) for s in strategies]
-                if (
-                    recurrent is not None
-                    and "G" in built[name].cfg.pattern
-                    and "snapshot" in strategies
-                ):
-                    plan.append((name, "snapshot", batch, recurrent, graphed))
+                for label, (letter, _) in PEERS.items():
+                    fn = kernels[label]
+                    if fn is not None and letter in built[name].cfg.pattern:
+                        if "snapshot" in strategies:
+                            plan.append((name, "snapshot", batch, (label, fn), graphed))
 
     def result():
         return dict(
@@ -454,7 +498,8 @@ def run_families(
                 "NemotronH's), with and without CUDA graphs (each row's 'graphs'), "
                 "use_kernels=True: replay runs the Triton replay kernels batched over the slots; "
                 "snapshot and recompute run the spec's PyTorch token loop; 'fla snapshot' runs "
-                "fla's fused_recurrent_gated_delta_rule there"
+                "fla's fused_recurrent_gated_delta_rule there, 'ssu snapshot' mamba-ssm's "
+                "selective_state_update"
             ),
             graph_arms=list(arms),
             memory_note=(
@@ -471,13 +516,15 @@ def run_families(
             errors=errors,
             fla=None if recurrent is None else "fused_recurrent_gated_delta_rule",
             fla_error=fla_error,
+            ssu=None if update is None else "mamba_ssm selective_state_update",
+            ssu_error=ssu_error,
             time_budget_s=time_budget_s,
             **args,
         )
 
     start, greedy = time.perf_counter(), {}  # (preset, strategy, batch, graphs) -> tokens
     for name, strategy, batch, peer, graphed in plan:
-        shown = "fla snapshot" if peer else strategy
+        shown = peer[0] if peer else strategy
         label = f"{name} {shown} b={batch}" + (" graphs" if graphed else "")
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             rows.append(
@@ -487,7 +534,7 @@ def run_families(
         if progress:
             print(f"  {label} ...", flush=True)
         try:
-            row, ref = _one(built[name], strategy, batch, args, fla=peer, graphs=graphed)
+            row, ref = _one(built[name], strategy, batch, args, peer=peer, graphs=graphed)
             greedy[name, row["strategy"], batch, graphed] = ref
             theirs = greedy.get((name, "snapshot", batch, graphed))
             ungraphed = greedy.get((name, row["strategy"], batch, False))
@@ -517,7 +564,7 @@ def ratios(rows):
     found = {(r["preset"], r["strategy"], r["batch"], arm(r)): r for r in rows if "error" not in r}
     out = []
     for preset, batch, graphs in dict.fromkeys((r["preset"], r["batch"], arm(r)) for r in rows):
-        mine = {s: found.get((preset, s, batch, graphs)) for s in (*STRATEGIES, "fla snapshot")}
+        mine = {s: found.get((preset, s, batch, graphs)) for s in (*STRATEGIES, *PEERS)}
         decode = {s: r["decode_tokens_per_s"] for s, r in mine.items() if r}
         replay = mine["replay"] or {}
 
@@ -531,6 +578,7 @@ def ratios(rows):
                 graphs=graphs,
                 replay_over_snapshot=over(decode.get("replay"), decode.get("snapshot")),
                 replay_over_fla_snapshot=over(decode.get("replay"), decode.get("fla snapshot")),
+                replay_over_ssu_snapshot=over(decode.get("replay"), decode.get("ssu snapshot")),
                 replay_speculative_over_best_decode=over(
                     replay.get("speculative_tokens_per_s"), max(decode.values(), default=None)
                 ),
@@ -550,13 +598,16 @@ def families_summary(result):
     lines.extend(f"error: {e}" for e in result["errors"])
     if result.get("fla_error"):
         lines.append(f"fla: {result['fla_error']}")
+    if result.get("ssu_error"):
+        lines.append(f"mamba-ssm: {result['ssu_error']}")
     fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     for q in result["ratios"]:
         lines.append(
             f"{q['preset']:22s} b={q['batch']:3d}{' graphs' if q.get('graphs') else ''}: "
             f"replay / snapshot decode "
             f"{fmt(q['replay_over_snapshot'])}, replay / fla snapshot "
-            f"{fmt(q['replay_over_fla_snapshot'])}, replay speculative / best decode "
+            f"{fmt(q['replay_over_fla_snapshot'])}, replay / ssu snapshot "
+            f"{fmt(q.get('replay_over_ssu_snapshot'))}, replay speculative / best decode "
             f"{fmt(q['replay_speculative_over_best_decode'])}"
         )
     lines.append("")
@@ -565,7 +616,7 @@ def families_summary(result):
         f"{'roofline':>14s} {'busy':>5s} {'spec tok/s':>11s} {'acc':>5s} {'spec = greedy':>13s}"
     )
     order = {name: i for i, name in enumerate(result["models"])}
-    strategies = {s: i for i, s in enumerate((*STRATEGIES, "fla snapshot"))}
+    strategies = {s: i for i, s in enumerate((*STRATEGIES, *PEERS))}
     key = lambda r: (order[r["preset"]], strategies[r["strategy"]], r.get("graphs", False),  # noqa: E731
                      r["batch"])  # fmt: skip
     for r in sorted(result["rows"], key=key):
