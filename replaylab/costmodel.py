@@ -633,9 +633,15 @@ def mamba1_replay_vs_ssu(batch, L, *, D, N, bandwidth, update_rate, esize=2) -> 
     selective_state_update's 1. ``update_rate``: element updates per second the kernel
     sustains (``measured_update_rate``). Returns µs of each, ``speedup`` = ssu / replay (> 1:
     replay pays) and ``replay_binds`` ("bytes" or "updates")."""
+    for name, value in (("batch", batch), ("L", L), ("D", D), ("N", N)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+    for name, value in (("bandwidth", bandwidth), ("update_rate", update_rate)):
+        if not value > 0:
+            raise ValueError(f"{name}: expected a rate > 0, got {value!r}")
     state = batch * D * N * 4
     token = batch * (2 * D + N) * esize  # x, dt, B of one token (C read only for the new one)
-    new = batch * (3 * D + 2 * N) * esize  # x, dt, z, B, C in; y out
+    new = batch * (3 * D + 2 * N) * esize  # x, dt, B, C in, y out (no gate z: applied outside)
     elements = batch * D * N
     mean_log = (L - 1) / 2
 
@@ -657,7 +663,13 @@ def mamba1_break_even(bandwidth, update_rate) -> float:
     when both run at their bound (state bytes large next to the inputs): replay's
     (L + 3) / 2 updates per element per token against the 8 bytes per element the snapshot
     step moves, (L + 3) / 2 / update_rate = 8 / bandwidth. d_state cancels: both sides scale
-    with D x N. Below 1 no log length pays."""
+    with D x N. Below 1 no log length pays. Assumes the snapshot step is bound by its bytes
+    (update_rate > bandwidth / 8 bytes: one update per element is cheaper than moving it);
+    ``update_rate`` is the replay kernel's, so a faster kernel moves the break-even up."""
+    if not bandwidth > 0 or not update_rate > 0:
+        raise ValueError(
+            f"rates: expected > 0, got bandwidth {bandwidth!r}, update_rate {update_rate!r}"
+        )
     return 16 * update_rate / bandwidth - 3
 
 
@@ -671,7 +683,6 @@ def measured_update_rate(bench) -> float:
     return step["exps_per_token"] * row["batch"] / (step["us"] * 1e-6)
 
 
-WORKLOADS = ("best-of-n", "beam search", "speculative")
 WORKLOADS = ("best-of-n", "beam search", "speculative")
 
 

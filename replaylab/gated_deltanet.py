@@ -225,6 +225,18 @@ class GatedDeltaNetSpec(RecurrentSpec):
     def outputs(self, state, log, entries):
         return gdn_replay_outputs(state, log, entries)
 
+    def scan_with_updates(self, state, entries):
+        """``scan`` from ``state`` and the tokens' corrected updates u (batch, T, H, V) fp32:
+        from ``UPDATES_CHUNKED_MIN_TOKENS`` and ``CHUNKED_MIN_TOKENS`` tokens on, one chunked
+        pass gives both (its outputs are ``scan``'s bit for bit); otherwise ``scan`` and then
+        ``corrected_updates``. Returns (ScanResult, u)."""
+        T = entries["v"].shape[1]
+        if T >= max(self.CHUNKED_MIN_TOKENS, self.UPDATES_CHUNKED_MIN_TOKENS):
+            result = gdn_chunked_scan(*self._args(entries), initial_state=state,
+                                      chunk_size=self.CHUNK_SIZE, return_updates=True)  # fmt: skip
+            return result, result.updates
+        return self.scan(state, entries), self.corrected_updates(state, entries)
+
     def corrected_updates(self, state, entries):
         """u_t = β_t (v_t - α_t S_{t-1}ᵀ k_t) (batch, T, H, V) fp32 of ``entries``' tokens from
         ``state`` (batch, H, K, V): what the kernels' replay log keeps. From
@@ -250,9 +262,9 @@ class GatedDeltaNetReplayKernels(ReplayKernels):
     corrected updates u_s = β_s (v_s - α_s S_{s-1}ᵀ k_s) (batch, n, H, V) and log-decays g
     (batch, n, H): S after j entries is then a decayed sum over the log, read in parallel.
 
-    u depends on the state before its token, so it is made, not copied: ``step`` leaves the
-    new tokens' u in ``entries``, and ``logged`` computes it after a prefill
-    (``GatedDeltaNetSpec.corrected_updates``). Entries: q (scaled by K^-1/2) and k
+    u depends on the state before its token, so it is made, not copied: ``step`` adds the
+    new tokens' u to ``entries`` (the kernel computes it), and ``prefill`` gets it from the
+    same chunked pass as the outputs (``GatedDeltaNetSpec.scan_with_updates``). Entries: q (scaled by K^-1/2) and k
     (batch, T, Hk, K), v (batch, T, H, V), g fp32 and beta (batch, T, H)."""
 
     MAX_STEP_TOKENS = 16  # longer inputs (a prefill) go through fold + reference scan
@@ -293,9 +305,16 @@ class GatedDeltaNetReplayKernels(ReplayKernels):
         entries["u"] = room["u"][:, n:]
         return o
 
-    def logged(self, start, entries):
+    def prefill(self, start, entries):
+        result, u = self.spec.scan_with_updates(start, entries)
+        return result.y, {"k": entries["k"], "u": u, "g": entries["g"]}
+
+    def logged(self, entries):
         if "u" not in entries:
-            entries["u"] = self.spec.corrected_updates(start, entries)
+            raise ValueError(
+                "logged: entries carry no corrected updates u; they come from step (decode) or "
+                "prefill (a forward the step does not take)"
+            )
         return {f: entries[f] for f in self.LOG_FIELDS}
 
 

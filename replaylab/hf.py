@@ -465,13 +465,21 @@ class _ReplayLayer(_RecurrentLayer):
         rows = torch.arange(batch, device=device)
         ops = _ops(self, device)
         scan_fields = {k: v for k, v in entries.items() if k != "conv_in"}
-        y = start = None
+        y = None
         if self.n and T <= MAX_STEP_TOKENS:
             y = ops.step(self.ckpt, rows, self.log, self.n, scan_fields)
         if y is None:  # a long forward (prefill), or an empty log: fold in a copy, then scan
             start = ops.fold(self.ckpt, rows, self.log, self.n) if self.n else self.ckpt
-            y = self.spec.scan(start, scan_fields).y
-        entries = dict(conv_in=entries["conv_in"], **ops.logged(start, scan_fields))
+            y, kept = ops.prefill(start, scan_fields)
+        else:
+            kept = ops.logged(scan_fields)
+        entries = dict(conv_in=entries["conv_in"], **kept)
+        if self.n and set(entries) != set(self.log):
+            raise RuntimeError(
+                f"this replay layer's log holds {sorted(self.log)} but the forward logs "
+                f"{sorted(entries)}: the log's layout follows use_kernels and the device, which "
+                "must not change while the cache holds tokens (reset it first)"
+            )
         self.log = (
             _take(entries, lambda v: v)
             if not self.n

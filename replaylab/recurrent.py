@@ -97,13 +97,20 @@ class ReplayKernels(ABC):
     def step(self, checkpoint, rows, log, n: int, entries):
         """Outputs y of the T new tokens in ``entries`` from checkpoint + log[:n], with no
         state written; appends the kernel's fields of ``entries`` to ``log`` at n (the caller
-        has made room and appends the other fields). Returns y, or None where the kernel does
-        not apply (then the store folds and scans)."""
+        has made room and appends the other fields), and may add fields it derives to
+        ``entries`` for ``logged``. Returns y, or None where the kernel does not apply (then
+        the store folds and calls ``prefill``)."""
 
-    def logged(self, start, entries: dict) -> dict:
-        """The log entries kept for new tokens whose scan started from state ``start``
-        (batch, *state_shape): ``entries`` itself, unless the kernels log something derived
-        (Gated DeltaNet: the corrected updates u, which ``step`` leaves in ``entries``)."""
+    def prefill(self, start, entries: dict):
+        """A forward the step does not take (a prefill, or a first token after a fold to an
+        empty log), scanned from state ``start`` (batch, *state_shape): its outputs y and the
+        log entries its tokens keep, by default the spec's scan and ``entries`` themselves."""
+        return self.spec.scan(start, entries).y, entries
+
+    def logged(self, entries: dict) -> dict:
+        """The log entries kept for the tokens of a ``step``: ``entries`` itself, unless the
+        kernels log something derived (Gated DeltaNet: the corrected updates u, which its
+        ``step`` adds to ``entries``)."""
         return entries
 
 

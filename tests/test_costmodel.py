@@ -282,8 +282,9 @@ def test_mamba1_break_even_is_where_updates_meet_the_snapshot_bytes():
 
 
 def test_mamba1_model_against_the_h200_kernel_benchmark():
-    """data/bench_mamba1_kernels.json (H200, Jamba's D = 8192, N = 16): the rate the replay step
-    sustains, put in the model, predicts the measured replay / selective_state_update ratio
+    """data/bench_mamba1_kernels.json (H200, Jamba's D = 8192, N = 16), a consistency check (the
+    rate comes from one of the rows checked): the rate the replay step sustains at batch 256
+    and L = 64, put in the model, gives the measured replay / selective_state_update ratio
     within 20% where the updates bind (batch >= 32, L >= 16; smaller batches sit at launch
     latency, which the model leaves out); its break-even log length is below 1, and no measured
     row pays."""

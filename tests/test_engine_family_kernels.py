@@ -178,6 +178,38 @@ def test_a_prefill_leaves_the_checkpoint_and_log_of_a_token_by_token_decode(fami
         assert worst <= TOL * scale, (name, worst, scale)
 
 
+def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
+    """A 70-token prompt in one pass (over ``UPDATES_CHUNKED_MIN_TOKENS``: the Gated DeltaNet
+    log's corrected updates come from the chunked scan that gives the outputs, one pass), then
+    5 steps that read the 6 logged entries: every logit is the teaching cache's."""
+    from replaylab import gated_deltanet
+
+    passes = []
+    chunked = gated_deltanet.gdn_chunked_scan
+
+    def spy(*args, **kw):
+        passes.append(kw.get("return_updates", False))
+        return chunked(*args, **kw)
+
+    monkeypatch.setattr(gated_deltanet, "gdn_chunked_scan", spy)
+    model = MODELS["gdn"]
+    engine = _engine("gdn", 1, 80, "replay", log_length=16, max_verify=2, graphs=False)
+    prompt = _prompts((70,), seed=5)[0]
+    cache = CacheConfig("replay", log_length=16).build(model, 1)
+    with torch.no_grad():
+        want = model(prompt[None], cache)[0, -1]
+        got = engine.admit(prompt)[1].cpu()
+        assert engine.log_len == [6]
+        for _ in range(5):
+            torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+            token = want.argmax()
+            got = engine.step(token.view(1, 1).to(DEVICE))[0, 0].cpu()
+            want = model(token.view(1, 1), cache)[0, -1]
+    torch.testing.assert_close(got, want, atol=TOL, rtol=TOL)
+    # the engine's prefill: one chunked pass per recurrent layer, with the updates
+    assert passes.count(True) == len(engine.ssm)
+
+
 @pytest.mark.parametrize("family", ("gdn", "mamba1"))
 def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
     """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each

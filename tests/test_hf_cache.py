@@ -279,7 +279,27 @@ def test_replay_kernels(pairs, family):
         got.append(target(ids[:, 3:6], cache=ours).logits[:, :1])
         ours.crop(-2)
         got.append(target(ids[:, 4:8], cache=ours).logits)
-    assert (torch.cat(got, 1) - want).abs().max() < (1e-4 if device == "cpu" else 1e-3)
+    assert (torch.cat(got, 1) - want).abs().max() < (1e-5 if device == "cpu" else 1e-3)
+
+
+@pytest.mark.parametrize("family", ["nemotron_h", "jamba", "qwen3_5"])
+def test_replay_kernels_after_a_long_prefill(pairs, family):
+    """A 70-token prefill (Gated DeltaNet: over ``UPDATES_CHUNKED_MIN_TOKENS``, so the log's
+    corrected updates come from the chunked pass), then single tokens through the kernels, batch
+    2: the logits of one forward over the whole sequence."""
+    import copy
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = copy.deepcopy(pairs[family][0]).to(device)
+    vocab = target.config.vocab_size
+    ids = torch.randint(0, vocab, (2, 74), generator=torch.Generator().manual_seed(9)).to(device)
+    cache = ReplayCache(target, log_length=16, use_kernels=True)
+    with torch.no_grad():
+        want = target(ids).logits
+        got = [target(ids[:, :70], cache=cache).logits]
+        got += [target(ids[:, t : t + 1], cache=cache).logits for t in range(70, 74)]
+    assert cache.layers[0].n == 74 % 16  # a fold at 64; 10 entries logged
+    assert (torch.cat(got, 1) - want).abs().max() < (1e-5 if device == "cpu" else 1e-3)
 
 
 def test_trained_pair_equals_transformers(trained):
@@ -460,7 +480,7 @@ def test_bench_presets_of_the_other_families(name):
         assert by["other weights", cache]["tokens_equal_greedy"], cache
     # bytes are reported for every cache (at toy widths a state is only a few log entries, so
     # replay's log can outweigh recording's states: the comparison belongs to the real shapes)
-    assert all(r["state_bytes_at_peak"] > 0 for r in rows[1:])
+    assert all(r["state_bytes_at_peak"] > 0 for r in rows if r["k"])
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -95,13 +95,16 @@ def engine_rows(T, device):
             engine.retire(s)
         return engine.admit(prompt)[1]
 
-    for arm, threshold in ARMS.items():
-        GatedDeltaNetSpec.UPDATES_CHUNKED_MIN_TOKENS = threshold or 64
-        with torch.no_grad():
-            seconds = _median_seconds(admit, 3)
-            picks[arm] = int(admit().argmax())
-        rows.append(dict(kind="engine admission", tokens=T, arm=arm, seconds=seconds))
-    GatedDeltaNetSpec.UPDATES_CHUNKED_MIN_TOKENS = 64
+    default = GatedDeltaNetSpec.UPDATES_CHUNKED_MIN_TOKENS
+    try:
+        for arm, threshold in ARMS.items():
+            GatedDeltaNetSpec.UPDATES_CHUNKED_MIN_TOKENS = threshold or default
+            with torch.no_grad():
+                seconds = _median_seconds(admit, 3)
+                picks[arm] = int(admit().argmax())
+            rows.append(dict(kind="engine admission", tokens=T, arm=arm, seconds=seconds))
+    finally:
+        GatedDeltaNetSpec.UPDATES_CHUNKED_MIN_TOKENS = default
     for row in rows:
         row["same_next_token_as_other_arm"] = len(set(picks.values())) == 1
     return rows

@@ -148,8 +148,13 @@ case "$mode" in
       --presets 8b-layers,qwen3.5-9b-layers,jamba-1.5-mini-layers --out "$OUT/bench_hf_cache_gpu.json" \
       ${HF_ARGS:-} 2>&1 | tr '\r' '\n' | tail -40 ;;
   probe-suite)  # WHEELS=.whl-gpu2: the Gated DeltaNet prefill's corrected updates, token loop
-    # against the chunked form side by side (tools/gdn_prefill_probe.py), then the suite
+    # against the chunked form side by side (tools/gdn_prefill_probe.py), Jamba-class decode
+    # beside mamba-ssm's update, then the suite
     timeout -s INT ${PROBE_S:-110} python3 tools/gdn_prefill_probe.py "$OUT/gdn_prefill_probe.json" 2>&1 | tail -8
+    # Jamba-class decode: the engine's snapshot and replay beside mamba-ssm's update (ssu rows)
+    timeout -s INT ${FAMILIES_S:-100} python3 -m replaylab.bench engine-families \
+      --presets jamba-1.5-mini-layers --strategies snapshot,replay --batches ${SSU_BATCHES:-8,32,128} \
+      --graphs on --n-spec 0 --out "$OUT/bench_engine_families_ssu.json" 2>&1 | tail -12
     export OMP_NUM_THREADS=1
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-380} $cmd; } >"$OUT/gpu_tests.log" 2>&1

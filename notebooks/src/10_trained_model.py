@@ -297,9 +297,10 @@ print(f"the trained 10M pair: recording {recorded:.1f}, replay {replayed:.1f} to
 # a state per token, and replay's Triton step wins most where every draft is accepted. For
 # Mamba-2, transformers' chunked scan is already one vectorised pass: the two come out even.
 # Where every round rolls back, both also pay a rejected verify and the ratio comes nearer 1.
-# The 10M pair's states are tiny, so nothing there is bound by bytes: a step is a few dozen
-# small launches, and replay's extra per-layer work (its Triton launch, the log's
-# concatenation) costs more than the state copies it saves.
+# The 10M pair's states are tiny, so nothing there is bound by bytes; a step is a few dozen
+# small launches. Replay adds per-layer work of its own (a Triton launch, the log's
+# concatenation), which likely costs more than the state copies it saves; the run did not
+# profile it.
 
 # %% [markdown]
 # ## Summary

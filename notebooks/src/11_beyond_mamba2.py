@@ -437,10 +437,13 @@ for N in (4, 16, 64, 256):
 
 # %% [markdown]
 # The model is a ceiling at short logs (there the kernel does not reach its sustained rate)
-# and close from L = 16 on. Either way the answer for Jamba's shape is the snapshot step: its
-# one update per element is cheaper than any replay, and replay's log pays only where the
-# alternative is to *store* a state per draft or branch. Larger d_state does not change that
-# (the last lines); only a faster update rate relative to bandwidth would. replaylab's serving
+# and close from L = 16 on. $U$ is what *this* replay kernel sustains, not a hardware limit:
+# its update is several arithmetic operations per element besides the exponential, and a
+# kernel that updated elements faster would move the break-even up ($16\,U/B - 3$ grows with
+# $U$). With today's kernel the answer for Jamba's shape is the snapshot step: its one update
+# per element is cheaper than any replay, and replay's log pays only where the alternative is
+# to *store* a state per draft or branch. Larger d_state does not change that (the last
+# lines). replaylab's serving
 # engine does not yet have a fused snapshot step for Mamba-1 (its snapshot runs the PyTorch token
 # update), so in the engine replay is still the faster of the two (section 8's rows): that is
 # a missing kernel, not a reason to prefer replay.

@@ -274,6 +274,15 @@ def tokens_per_second(target, draft, prompts, n_new=48, repeats=3, device="cpu",
     return rows
 
 
+def _seeded(seed, model_class, config):
+    """``model_class(config)`` with its random weights drawn under ``seed``, the caller's
+    random state left as it was."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        return model_class(config)
+
+
 def _preset_model(name, seed):
     """A random-weight transformers model of a preset: NemotronH for ``replaylab.model``'s
     presets ("tiny", "1b", "8b-layers": Nemotron-H 8B's layer shapes); Qwen3.5 and Jamba for
@@ -287,7 +296,6 @@ def _preset_model(name, seed):
     if name not in family_presets:
         return to_transformers_nemotron_h(HybridLM(preset(name), seed=seed))
     c = family_presets[name]["config"]
-    torch.manual_seed(seed)
     common = dict(
         vocab_size=c["vocab_size"],
         hidden_size=c["hidden_size"],
@@ -311,11 +319,16 @@ def _preset_model(name, seed):
             linear_conv_kernel_dim=g.get("d_conv", 4),
             **common,
         )  # layer_types default: full attention every fourth layer (the last here)
-        return Qwen3_5ForCausalLM(config)
+        return _seeded(seed, Qwen3_5ForCausalLM, config)
     if "mamba1" in c:
         from transformers import JambaConfig, JambaForCausalLM
 
         m = c["mamba1"]
+        if m["d_inner"] % c["hidden_size"]:
+            raise ValueError(
+                f"preset {name!r}: Jamba's d_inner {m['d_inner']} is not a multiple of the hidden "
+                f"size {c['hidden_size']} (transformers takes an integer expand)"
+            )
         config = JambaConfig(
             attn_layer_period=4,
             attn_layer_offset=3,
@@ -328,7 +341,7 @@ def _preset_model(name, seed):
             mamba_dt_rank=m["dt_rank"],
             **common,
         )
-        return JambaForCausalLM(config)
+        return _seeded(seed, JambaForCausalLM, config)
     raise ValueError(f"preset {name!r}: transformers has no model here for {sorted(c)}")
 
 

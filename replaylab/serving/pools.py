@@ -27,7 +27,7 @@ keeps what they read:
                                                       (fp32) and g = log α (fp32)
 Mamba-1's and Gated DeltaNet's kernel logs are not the spec's fields, so the spec cannot fold
 them (``spec_log``: whether a pool's log is the spec's); u depends on the state before each
-token, so a prefill computes it (``log_entries``: ``GatedDeltaNetSpec.corrected_updates``).
+token, so a prefill computes it (``logged_scan``: ``GatedDeltaNetSpec.scan_with_updates``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
@@ -133,6 +133,11 @@ class RecurrentPool:
         """What the log keeps of T tokens (field -> (batch, T, ...)), from their spec
         ``entries`` and the state (batch, *state_shape) before them (a prefill's)."""
         return entries
+
+    def logged_scan(self, state, entries):
+        """A prefill chunk scanned from ``state``: (the spec's ScanResult, what the log keeps
+        of its tokens, ``log_entries``)."""
+        return self.spec.scan(state, entries), self.log_entries(entries, state)
 
     def batch_invariant_launch(self):
         """kernel -> launch keywords that are the same at every batch, so a slot's bits do
@@ -281,6 +286,12 @@ class GDNPool(RecurrentPool):
         if not self.kernels:
             return entries
         return dict(entries, u=self.spec.corrected_updates(state, entries))
+
+    def logged_scan(self, state, entries):
+        if not self.kernels:
+            return super().logged_scan(state, entries)
+        result, u = self.spec.scan_with_updates(state, entries)  # one chunked pass for both
+        return result, dict(entries, u=u)
 
     def replay(self, entries, rows, log_len, head, counts):
         from replaylab.kernels.gdn import replay_step

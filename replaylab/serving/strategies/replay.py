@@ -138,9 +138,8 @@ class EngineReplay(EngineStrategy):
         """Scan from the chunks' carried state and log the entries (appended to
         ``logged[layer]`` when given); the checkpoint moves only by folds."""
         before = carried[layer]
-        result = pool.spec.scan(before, entries)
+        result, entries = pool.logged_scan(before, entries)  # GDN kernels: u in the same pass
         carried[layer] = result.state
-        entries = pool.log_entries(entries, before)  # GDN kernels: u from the state before
         self._prefill_log(pool, slot, entries)
         if logged is not None:
             logged[layer].append({k: entries[k].to(b.dtype) for k, b in pool.log.items()})
