@@ -115,7 +115,14 @@ class PromptLookupDrafter:
         self.max_ngram = max_ngram
 
     def propose(self, context, k, vocab_size):
+        """(k,) drafts after ``context`` (at least one token); k = 0 gives none."""
         seq = context.flatten().tolist()
+        if k < 0:
+            raise ValueError(f"k: expected k >= 0 drafts, got {k!r}")
+        if not seq:
+            raise ValueError("context: expected at least one token to look up, got none")
+        if k == 0:
+            return torch.zeros(0, dtype=torch.long)
         for n in range(min(self.max_ngram, len(seq) - 1), 0, -1):
             tail = seq[-n:]
             for start in range(len(seq) - n - 1, -1, -1):
@@ -135,6 +142,8 @@ class ModelDrafter:
         self.cache, self.handle = None, None
 
     def propose(self, context, k, vocab_size):
+        if k < 1:
+            raise ValueError(f"k: a draft model proposes k >= 1 tokens, got {k!r}")
         if self.model.cfg.vocab_size != vocab_size:
             raise ValueError(
                 f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "

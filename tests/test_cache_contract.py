@@ -360,3 +360,18 @@ def test_eviction_policies():
     assert choose_victim(items, "cost") == "c"  # rebuilt from b in 1 token
     with pytest.raises(ValueError, match=r"eviction: expected one of \('lru', 'cost'\)"):
         HybridCache(MODEL, 1, "snapshot", eviction="fifo")
+
+
+def test_drafters_name_a_bad_draft_count_or_an_empty_context():
+    """Prompt lookup: k = 0 proposes nothing, a negative k and an empty context are named; a
+    draft model names k < 1 (it proposes one token at least)."""
+    lookup = PromptLookupDrafter()
+    assert lookup.propose(torch.tensor([3, 4, 3]), 0, 10).numel() == 0
+    assert lookup.propose(torch.tensor([3, 4, 3]), 2, 10).tolist() == [4, 3]
+    with pytest.raises(ValueError, match=r"k: expected k >= 0 drafts, got -1"):
+        lookup.propose(torch.tensor([3, 4]), -1, 10)
+    with pytest.raises(ValueError, match=r"context: expected at least one token"):
+        lookup.propose(torch.tensor([], dtype=torch.long), 2, 10)
+    drafter = ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval())
+    with pytest.raises(ValueError, match=r"k: a draft model proposes k >= 1 tokens, got 0"):
+        drafter.propose(torch.tensor([1, 2]), 0, 50)
