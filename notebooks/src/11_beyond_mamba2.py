@@ -656,6 +656,30 @@ for (preset, strategy, graphed), r in by.items():
               f"({r['decode_tokens_per_s'] / plain['decode_tokens_per_s']:.1f}x with graphs)")
 
 # %% [markdown]
+# A later run (`bench_engine_families_roofline.json`) records, for every row, the two-term
+# roofline: the larger of the step's bytes over the copy bandwidth and its matrix FLOPs over
+# the matrix rate, both measured at the start of the run, as a share of the step time, with the
+# term that binds. It also records the profiler's busy fraction: device time over 8 steps' wall
+# time. A third run (`bench_engine_families_ssu.json`) puts mamba-ssm's `selective_state_update`
+# in the Jamba-class snapshot step (`ssu snapshot`), the peer that section 6's cost model
+# compares replay with:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+roof = load_bench("data/bench_engine_families_roofline.json")
+print(f"data/bench_engine_families_roofline.json, {roof['device']}, {roof['date'][:10]}: copy "
+      f"{roof['copy_gbs']:,.0f} GB/s, matrix {roof['matrix_tflops']:.0f} TFLOP/s at its start")
+for r in roof["rows"]:
+    if r["strategy"] == "replay" and "error" not in r:
+        t = r["roofline"]
+        print(f"{r['preset']:22s} replay batch {r['batch']:3d}: {r['decode_tokens_per_s']:7,.0f} tok/s, "
+              f"{t['share']:4.0%} of the roofline ({t['binds']} bind), device busy {r['gpu_busy']:4.0%}")
+ssu = load_bench("data/bench_engine_families_ssu.json")
+for q in ssu["ratios"]:
+    print(f"{q['preset']:22s} batch {q['batch']:3d}: replay / ssu snapshot "
+          f"{q['replay_over_ssu_snapshot']:.2f}x, replay / snapshot {q['replay_over_snapshot']:.2f}x")
+
+# %% [markdown]
 # Read it with care:
 #
 # * Without graphs the host's Python (one call per module and per kernel) set the time: a step
@@ -667,7 +691,11 @@ for (preset, strategy, graphed), r in by.items():
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
 #   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one.
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
-#   separate kernels, which NemotronH's fused path (notebook 13) folds together.
+#   separate kernels, which NemotronH's fused path (notebook 13) folds together, and the device
+#   sits idle for part of each step.
+# * With mamba-ssm's update in its snapshot step, Jamba-class snapshot decodes as fast as replay
+#   in this engine, though the kernel alone is several times replay's (section 6): around the
+#   recurrence the reference path costs more than the kernels differ.
 # * Speculation pays at batch 1 and 8, gains little at batch 32 (Bamba's loses) and loses at 128.
 #   A round costs a verify of $k + 1 = 5$ tokens per sequence, then the host's drafting,
 #   acceptance and rollback. A profile of the rounds at batch 32 (Qwen3.5-class, replay; another
