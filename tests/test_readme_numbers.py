@@ -177,3 +177,29 @@ def test_the_lossless_sentence_matches_the_committed_run():
     found = [round(get("row_invariant", b)["speculation_over_decode"], 2) for b in (1, 8, 32, 128)]
     assert [float(v) for v in spec.groups()] == found
     assert all(r["speculative_equal_greedy"] for r in rows if "speculative_equal_greedy" in r)
+
+
+def test_the_mamba1_and_roofline_sentences_match_the_committed_runs():
+    """The Mamba-1 cost-model sentence (the kernel's rate and the break-even log length from
+    data/bench_mamba1_kernels.json), the ssu rows' ratios and the families' roofline range."""
+    from replaylab import costmodel as cm
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m1 = load_bench("data/bench_mamba1_kernels.json")
+    rate = cm.measured_update_rate(m1)
+    assert f"With the {rate / 1e12:.2f}e12 element updates a second" in text
+    bandwidth = m1["copy_bandwidth_gbs"] * 1e9
+    assert f"could pay at {cm.mamba1_break_even(bandwidth, rate):.2f}" in text
+    ratios = load_bench("data/bench_engine_families_ssu.json")["ratios"]
+    got = [f"{q['replay_over_ssu_snapshot']:.2f}x" for q in ratios]
+    assert f"{got[0]}, {got[1]} and {got[2]} at batch 8, 32 and 128" in text
+    assert [q["batch"] for q in ratios] == [8, 32, 128]
+    rows = load_bench("data/bench_engine_families_roofline.json")["rows"]
+    replay = [r for r in rows if r["strategy"] == "replay" and r["batch"] <= 32]
+    assert {r["preset"] for r in replay} == {
+        "qwen3.5-9b-layers", "jamba-1.5-mini-layers", "bamba-9b-layers",
+    }  # fmt: skip
+    shares = [round(100 * r["roofline"]["share"]) for r in replay]
+    busy = [round(100 * r["gpu_busy"]) for r in replay]
+    assert f"replay at {min(shares)}-{max(shares)}% of the roofline" in text
+    assert f"busy for {min(busy) // 10 * 10}-{-(-max(busy) // 10) * 10}% of the steps" in text
