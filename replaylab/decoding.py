@@ -142,8 +142,10 @@ class ModelDrafter:
         self.cache, self.handle = None, None
 
     def propose(self, context, k, vocab_size):
-        if k < 1:
-            raise ValueError(f"k: a draft model proposes k >= 1 tokens, got {k!r}")
+        if k < 0:
+            raise ValueError(f"k: expected k >= 0 drafts, got {k!r}")
+        if k == 0:  # the engine allows a round without drafts
+            return torch.zeros(0, dtype=torch.long)
         if self.model.cfg.vocab_size != vocab_size:
             raise ValueError(
                 f"draft model: vocabulary of {self.model.cfg.vocab_size} tokens, "

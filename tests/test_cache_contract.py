@@ -363,8 +363,8 @@ def test_eviction_policies():
 
 
 def test_drafters_name_a_bad_draft_count_or_an_empty_context():
-    """Prompt lookup: k = 0 proposes nothing, a negative k and an empty context are named; a
-    draft model names k < 1 (it proposes one token at least)."""
+    """Both drafters propose nothing at k = 0 (the engine allows it) and name a negative k;
+    prompt lookup names an empty context."""
     lookup = PromptLookupDrafter()
     assert lookup.propose(torch.tensor([3, 4, 3]), 0, 10).numel() == 0
     assert lookup.propose(torch.tensor([3, 4, 3]), 2, 10).tolist() == [4, 3]
@@ -373,5 +373,6 @@ def test_drafters_name_a_bad_draft_count_or_an_empty_context():
     with pytest.raises(ValueError, match=r"context: expected at least one token"):
         lookup.propose(torch.tensor([], dtype=torch.long), 2, 10)
     drafter = ModelDrafter(HybridLM(HybridConfig(vocab_size=50, pattern="M-"), seed=5).eval())
-    with pytest.raises(ValueError, match=r"k: a draft model proposes k >= 1 tokens, got 0"):
-        drafter.propose(torch.tensor([1, 2]), 0, 50)
+    assert drafter.propose(torch.tensor([1, 2]), 0, 50).numel() == 0
+    with pytest.raises(ValueError, match=r"k: expected k >= 0 drafts, got -2"):
+        drafter.propose(torch.tensor([1, 2]), -2, 50)

@@ -694,8 +694,9 @@ for q in ssu["ratios"]:
 #   separate kernels, which NemotronH's fused path (notebook 13) folds together, and the device
 #   sits idle for part of each step.
 # * With mamba-ssm's update in its snapshot step, Jamba-class snapshot decodes as fast as replay
-#   in this engine, though the kernel alone is several times replay's (section 6): around the
-#   recurrence the reference path costs more than the kernels differ.
+#   in this engine, though the kernel alone is several times replay's (section 6). Overhead
+#   both arms share would only dilute that gap, so the peer's arm must pay something of its own
+#   in the engine; the run did not profile what.
 # * Speculation pays at batch 1 and 8, gains little at batch 32 (Bamba's loses) and loses at 128.
 #   A round costs a verify of $k + 1 = 5$ tokens per sequence, then the host's drafting,
 #   acceptance and rollback. A profile of the rounds at batch 32 (Qwen3.5-class, replay; another
