@@ -14,6 +14,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>
 MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
   --no-build-isolation --target /tmp/site ${WHEELS:-.whl}/* >/tmp/pip.log 2>&1 || tail -5 /tmp/pip.log
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+# the copy on the GPU machine has no git history: the results name the commit they ran
+export REPLAYLAB_COMMIT=${COMMIT:-}
 stamp() {
   echo "# $*"
   echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton, transformers; print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}")'), $(date -u +%FT%TZ), tree of commit ${COMMIT:-unknown}"

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-__all__ = ["provenance", "versions"]
+__all__ = ["provenance", "versions", "source_commit"]
 
 
 # module -> the distributions that install it (mamba-ssm's import needs its CUDA extension or
@@ -41,8 +41,34 @@ def versions() -> dict:
     return out
 
 
+def source_commit() -> str | None:
+    """The commit of the code that ran: ``REPLAYLAB_COMMIT`` where the run sets it (a copy of
+    the checkout without its git history, as on the GPU machine), else the checkout's HEAD
+    (with "+changes" when its tracked files differ from it), else None."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    if os.environ.get("REPLAYLAB_COMMIT"):
+        return os.environ["REPLAYLAB_COMMIT"]
+    root = Path(__file__).resolve().parents[2]
+    if not (root / ".git").exists():  # an installed copy: no checkout of its own
+        return None
+    try:
+        git = lambda *a: subprocess.run(  # noqa: E731
+            ["git", "-C", str(root), *a], capture_output=True, text=True, timeout=10
+        )
+        head = git("rev-parse", "--short", "HEAD")
+        if head.returncode:
+            return None
+        dirty = git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+        return head.stdout.strip() + ("+changes" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def provenance(argv=None) -> dict:
-    """device, versions, date (UTC, ISO) and command of the current run."""
+    """device, versions, date (UTC, ISO), command and source commit of the current run."""
     device = (
         torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     )
@@ -52,4 +78,5 @@ def provenance(argv=None) -> dict:
         versions=versions(),
         date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         command="replaylab bench " + " ".join(map(str, args)),
+        commit=source_commit(),
     )
