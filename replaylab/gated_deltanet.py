@@ -276,13 +276,9 @@ class GatedDeltaNetReplayKernels(ReplayKernels):
     def fold(self, checkpoint, rows, log, upto):
         from replaylab.kernels.gdn import fold
 
-        batch, device = rows.numel(), checkpoint.device
-        out = torch.empty((batch, *checkpoint.shape[1:]), device=device)
-        i32 = dict(dtype=torch.int32, device=device)
+        out, src, dst, fold_len = self.fold_targets(checkpoint, rows, upto)
         k, u, g = (log[f].contiguous() for f in self.LOG_FIELDS)
-        fold_len = torch.full((batch,), upto, **i32)
-        return fold(checkpoint, rows.to(torch.int32), out, torch.arange(batch, **i32), k, u, g,
-                    fold_len, check=False)  # fmt: skip
+        return fold(checkpoint, src, out, dst, k, u, g, fold_len, check=False)
 
     def step(self, checkpoint, rows, log, n, entries):
         from replaylab.kernels.gdn import replay_step

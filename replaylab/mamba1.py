@@ -201,23 +201,10 @@ class Mamba1ReplayKernels(ReplayKernels):
     def fold(self, checkpoint, rows, log, upto):
         from replaylab.kernels.mamba1 import fold
 
-        batch, device = rows.numel(), checkpoint.device
         A, _, bias = self._params()
-        out = torch.empty((batch, *checkpoint.shape[1:]), device=device)
-        i32 = dict(dtype=torch.int32, device=device)
-        return fold(
-            checkpoint,
-            rows.to(torch.int32),
-            out,
-            torch.arange(batch, **i32),
-            log["x"],
-            log["dt"],
-            log["B"],
-            torch.full((batch,), upto, **i32),
-            A,
-            bias,
-            check=False,
-        )
+        out, src, dst, fold_len = self.fold_targets(checkpoint, rows, upto)
+        return fold(checkpoint, src, out, dst, log["x"], log["dt"], log["B"], fold_len, A, bias,
+                    check=False)  # fmt: skip
 
     def step(self, checkpoint, rows, log, n, entries):
         if entries["x"].shape[1] > self.MAX_STEP_TOKENS:

@@ -182,23 +182,10 @@ class Mamba2ReplayKernels(ReplayKernels):
     def fold(self, checkpoint, rows, log, upto):
         from replaylab.kernels.mamba2 import fold
 
-        batch = rows.numel()
         A, _, bias, limit = self._params()
-        out = torch.empty((batch, *checkpoint.shape[1:]), device=checkpoint.device)
-        return fold(
-            checkpoint,
-            rows.to(torch.int32),
-            out,
-            torch.arange(batch, dtype=torch.int32, device=checkpoint.device),
-            log["x"],
-            log["dt"],
-            log["B"],
-            torch.full((batch,), upto, dtype=torch.int32, device=checkpoint.device),
-            A,
-            bias,
-            True,
-            limit,
-        )
+        out, src, dst, fold_len = self.fold_targets(checkpoint, rows, upto)
+        return fold(checkpoint, src, out, dst, log["x"], log["dt"], log["B"], fold_len, A, bias,
+                    True, limit)  # fmt: skip
 
     def step(self, checkpoint, rows, log, n, entries):
         if entries["x"].shape[1] > self.MAX_STEP_TOKENS:

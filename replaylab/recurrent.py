@@ -89,6 +89,21 @@ class ReplayKernels(ABC):
     (batch, capacity, ...), of which the first ``n`` entries are in use.
     """
 
+    @staticmethod
+    def fold_targets(checkpoint, rows, upto: int):
+        """What a kernel fold of every branch into a fresh buffer takes: (out (batch,
+        *state_shape) fp32, source slots ``rows`` and destination slots 0..batch-1 as int32,
+        fold lengths (batch,) int32 all ``upto``)."""
+        batch, device = rows.numel(), checkpoint.device
+        i32 = dict(dtype=torch.int32, device=device)
+        out = torch.empty((batch, *checkpoint.shape[1:]), device=device)
+        return (
+            out,
+            rows.to(torch.int32),
+            torch.arange(batch, **i32),
+            torch.full((batch,), upto, **i32),
+        )
+
     @abstractmethod
     def fold(self, checkpoint, rows, log, upto: int):
         """S_{c+upto} for every branch: (batch, *state_shape) fp32."""

@@ -49,7 +49,6 @@ def _bamba_like(target, device, dtype):
     from transformers import BambaConfig, BambaForCausalLM
 
     c = target.config
-    torch.manual_seed(0)
     config = BambaConfig(
         vocab_size=c.vocab_size,
         hidden_size=c.hidden_size,
@@ -65,60 +64,80 @@ def _bamba_like(target, device, dtype):
         num_key_value_heads=c.num_key_value_heads,
         intermediate_size=2 * c.hidden_size,
     )
-    return BambaForCausalLM(config).eval().to(device=device, dtype=dtype)
+    return _seeded(0, BambaForCausalLM, config).eval().to(device=device, dtype=dtype)
+
+
+def _jamba(seed, *, d_state, d_conv, expand, dt_rank, layers, attn_period, attn_offset, **common):
+    """A random-weight transformers Jamba (dense MLPs: one expert) drawn under ``seed``;
+    ``common``: vocab_size, hidden_size, num_attention_heads, num_key_value_heads,
+    intermediate_size."""
+    from transformers import JambaConfig, JambaForCausalLM
+
+    config = JambaConfig(
+        num_hidden_layers=layers,
+        attn_layer_period=attn_period,
+        attn_layer_offset=attn_offset,
+        expert_layer_period=2,
+        expert_layer_offset=1,
+        num_experts=1,
+        mamba_d_state=d_state,
+        mamba_d_conv=d_conv,
+        mamba_expand=expand,
+        mamba_dt_rank=dt_rank,
+        **common,
+    )
+    return _seeded(seed, JambaForCausalLM, config)
+
+
+def _qwen3_5(seed, *, k_heads, v_heads, k_dim, v_dim, d_conv, layers, **common):
+    """A random-weight transformers Qwen3.5 text model drawn under ``seed`` (its default layer
+    types: full attention every fourth layer); ``common`` as ``_jamba``'s, plus head_dim and
+    optionally partial_rotary_factor and rope_theta."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        num_hidden_layers=layers,
+        linear_num_key_heads=k_heads,
+        linear_num_value_heads=v_heads,
+        linear_key_head_dim=k_dim,
+        linear_value_head_dim=v_dim,
+        linear_conv_kernel_dim=d_conv,
+        **common,
+    )
+    return _seeded(seed, Qwen3_5ForCausalLM, config)
+
+
+def _common_of(target):
+    """The trained target's vocabulary, width and attention heads, and an MLP of twice its
+    width: what the random family models of the bytes rows share with it."""
+    c = target.config
+    return dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        intermediate_size=2 * c.hidden_size,
+    )
 
 
 def _jamba_like(target, device, dtype):
     """A random-weight Jamba (Mamba-1) of the trained model's hidden size, with Jamba's own
     Mamba-1 shape ratios (expand 2, d_state 16, dt_rank hidden/16; one attention layer in
     six, dense MLPs)."""
-    from transformers import JambaConfig, JambaForCausalLM
-
-    c = target.config
-    torch.manual_seed(0)
-    config = JambaConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        num_hidden_layers=6,
-        attn_layer_period=6,
-        attn_layer_offset=3,
-        expert_layer_period=2,
-        expert_layer_offset=1,
-        num_experts=1,
-        num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads,
-        intermediate_size=2 * c.hidden_size,
-        mamba_d_state=16,
-        mamba_d_conv=4,
-        mamba_expand=2,
-        mamba_dt_rank=c.hidden_size // 16,
-    )
-    return JambaForCausalLM(config).eval().to(device=device, dtype=dtype)
+    hidden = target.config.hidden_size
+    model = _jamba(0, d_state=16, d_conv=4, expand=2, dt_rank=hidden // 16, layers=6,
+                   attn_period=6, attn_offset=3, **_common_of(target))  # fmt: skip
+    return model.eval().to(device=device, dtype=dtype)
 
 
 def _qwen3_5_like(target, device, dtype):
     """A random-weight Qwen3.5 (Gated DeltaNet) of the trained model's hidden size, with
     Qwen3.5's head ratios scaled down (4 key heads, 8 value heads, head widths 64; a full
     attention layer in four)."""
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
     c = target.config
-    torch.manual_seed(0)
-    config = Qwen3_5TextConfig(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        num_hidden_layers=8,
-        num_attention_heads=c.num_attention_heads,
-        num_key_value_heads=c.num_key_value_heads,
-        head_dim=c.hidden_size // c.num_attention_heads,
-        intermediate_size=2 * c.hidden_size,
-        linear_num_key_heads=4,
-        linear_num_value_heads=8,
-        linear_key_head_dim=64,
-        linear_value_head_dim=64,
-        linear_conv_kernel_dim=4,
-    )
-    return Qwen3_5ForCausalLM(config).eval().to(device=device, dtype=dtype)
+    model = _qwen3_5(0, k_heads=4, v_heads=8, k_dim=64, v_dim=64, d_conv=4, layers=8,
+                     head_dim=c.hidden_size // c.num_attention_heads, **_common_of(target))  # fmt: skip
+    return model.eval().to(device=device, dtype=dtype)
 
 
 def _peak_bytes(model, make_cache, prompt_len, k, device):
@@ -299,49 +318,30 @@ def _preset_model(name, seed):
     common = dict(
         vocab_size=c["vocab_size"],
         hidden_size=c["hidden_size"],
-        num_hidden_layers=4,
         num_attention_heads=c["attn_heads"],
         num_key_value_heads=c["kv_heads"],
         intermediate_size=c.get("intermediate_size", 2 * c["hidden_size"]),
     )
     if "gdn" in c:
-        from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
         g = c["gdn"]
-        config = Qwen3_5TextConfig(
-            head_dim=c["head_dim"],
+        return _qwen3_5(
+            seed, k_heads=g["k_heads"], v_heads=g["v_heads"], k_dim=g["k_head_dim"],
+            v_dim=g["v_head_dim"], d_conv=g.get("d_conv", 4), layers=4, head_dim=c["head_dim"],
             partial_rotary_factor=c["rotary_dim"] / c["head_dim"],
-            rope_theta=c.get("rope_theta", 1.0e4),
-            linear_num_key_heads=g["k_heads"],
-            linear_num_value_heads=g["v_heads"],
-            linear_key_head_dim=g["k_head_dim"],
-            linear_value_head_dim=g["v_head_dim"],
-            linear_conv_kernel_dim=g.get("d_conv", 4),
-            **common,
-        )  # layer_types default: full attention every fourth layer (the last here)
-        return _seeded(seed, Qwen3_5ForCausalLM, config)
+            rope_theta=c.get("rope_theta", 1.0e4), **common,
+        )  # fmt: skip
     if "mamba1" in c:
-        from transformers import JambaConfig, JambaForCausalLM
-
         m = c["mamba1"]
         if m["d_inner"] % c["hidden_size"]:
             raise ValueError(
                 f"preset {name!r}: Jamba's d_inner {m['d_inner']} is not a multiple of the hidden "
                 f"size {c['hidden_size']} (transformers takes an integer expand)"
             )
-        config = JambaConfig(
-            attn_layer_period=4,
-            attn_layer_offset=3,
-            expert_layer_period=2,
-            expert_layer_offset=1,
-            num_experts=1,
-            mamba_d_state=m["d_state"],
-            mamba_d_conv=m.get("d_conv", 4),
-            mamba_expand=m["d_inner"] // c["hidden_size"],
-            mamba_dt_rank=m["dt_rank"],
-            **common,
-        )
-        return _seeded(seed, JambaForCausalLM, config)
+        return _jamba(
+            seed, d_state=m["d_state"], d_conv=m.get("d_conv", 4),
+            expand=m["d_inner"] // c["hidden_size"], dt_rank=m["dt_rank"], layers=4,
+            attn_period=4, attn_offset=3, **common,
+        )  # fmt: skip
     raise ValueError(f"preset {name!r}: transformers has no model here for {sorted(c)}")
 
 

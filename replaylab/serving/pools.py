@@ -129,15 +129,11 @@ class RecurrentPool:
         it, and a prefix cache can seat a slot from them)."""
         return tuple(self.log) == tuple(self.spec.log_fields)
 
-    def log_entries(self, entries, state):
-        """What the log keeps of T tokens (field -> (batch, T, ...)), from their spec
-        ``entries`` and the state (batch, *state_shape) before them (a prefill's)."""
-        return entries
-
     def logged_scan(self, state, entries):
-        """A prefill chunk scanned from ``state``: (the spec's ScanResult, what the log keeps
-        of its tokens, ``log_entries``)."""
-        return self.spec.scan(state, entries), self.log_entries(entries, state)
+        """A prefill chunk scanned from ``state`` (batch, *state_shape): (the spec's
+        ScanResult, what the log keeps of its tokens: field -> (batch, T, ...), by default the
+        spec's ``entries``)."""
+        return self.spec.scan(state, entries), entries
 
     def batch_invariant_launch(self):
         """kernel -> launch keywords that are the same at every batch, so a slot's bits do
@@ -281,11 +277,6 @@ class GDNPool(RecurrentPool):
         if field == "u":  # not a spec field: one value row per head, fp32
             return tuple(self.spec.state_shape[::2]), torch.float32
         return entries[field]
-
-    def log_entries(self, entries, state):
-        if not self.kernels:
-            return entries
-        return dict(entries, u=self.spec.corrected_updates(state, entries))
 
     def logged_scan(self, state, entries):
         if not self.kernels:
