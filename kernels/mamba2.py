@@ -386,6 +386,10 @@ LAUNCH = {
 }
 
 
+# Entries the fold sums at a time (a block's decay and outer products, then the next block)
+FOLD_BLOCK_L = 16
+
+
 # One launch (block of P, warps) for every batch: the reduction order, and so a sequence's
 # bits, then do not depend on how many sequences share the launch. The serving engine's
 # default; LAUNCH above is tuned per batch for speed (what this costs: data/README.md, under
@@ -651,7 +655,7 @@ def fold(
         G,
         BLOCK_P=BLOCK_P,
         BLOCK_N=BLOCK_N,
-        BLOCK_L=16,
+        BLOCK_L=FOLD_BLOCK_L,
         SOFTPLUS=dt_softplus,
         num_warps=warps,
     )

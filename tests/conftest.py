@@ -8,6 +8,7 @@ Markers (registered in pyproject.toml):
     mamba_ssm  needs mamba-ssm's references (an optional oracle); skipped with the import error
 """
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -83,8 +84,11 @@ def _mamba_ssm_missing():
 
 def pytest_collection_modifyitems(config, items):
     no_gpu = not torch.cuda.is_available()
+    no_plotly = importlib.util.find_spec("plotly") is None
     missing = None
     for item in items:
+        if no_plotly and item.get_closest_marker("figures"):
+            item.add_marker(pytest.mark.skip(reason="plotly is not installed (no notebook stack)"))
         if no_gpu and item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (run on the GPU machine)"))
         if item.get_closest_marker("mamba_ssm"):

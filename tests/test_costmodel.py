@@ -107,7 +107,7 @@ def test_predict_orders_strategies_as_the_mechanism_says():
 
 
 def test_h200_preset_comes_from_the_committed_benchmark():
-    from replaylab.teaching.plotting import load_bench
+    from replaylab.results import load_bench
 
     engine = load_bench("data/bench_engine.json")
     assert cm.HARDWARE["H200"].bandwidth == pytest.approx(engine["copy_bandwidth_gbs"] * 1e9, 1e-12)
@@ -126,7 +126,7 @@ def test_the_cost_model_imports_with_no_data_folder(tmp_path):
 def test_kernel_bytes_per_decode_step_against_gpu_data():
     """The model's state traffic for a replay decode step vs selective_state_update (one read
     vs read + write) predicts the measured speedup at large batch within a factor 1.3."""
-    from replaylab.teaching.plotting import load_bench
+    from replaylab.results import load_bench
 
     rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 128 and r["T"] == 1]
     ours = next(r for r in rows if r["provider"] == "replay_step" and r["log_len"] == 4)

@@ -178,6 +178,48 @@ def test_a_prefill_leaves_the_checkpoint_and_log_of_a_token_by_token_decode(fami
         assert worst <= TOL * scale, (name, worst, scale)
 
 
+@pytest.mark.parametrize(
+    "family, L, chunk, launches", [("bamba", 16, 40, (2, 3)), ("mamba1", 4, 23, (3, 15)),
+                                    ("mamba1", 6, 23, (3, 10))]
+)  # fmt: skip
+def test_a_prefill_folds_its_grid_in_one_launch_with_the_bits_of_fold_by_fold(
+    family, L, chunk, launches, monkeypatch
+):
+    """Where the pool's fold chains, a prefill chunk folds every grid point it reaches in one
+    kernel launch a layer, leaving the checkpoint and ring of folding L entries at a time bit
+    for bit (61 tokens in chunks that straddle the grid and leave a partial ring)."""
+    prompt = _prompts((61,), seed=8)[0]
+    kw = dict(log_length=L, max_verify=2, prefill_chunk=chunk, graphs=False)
+    chained, stepwise = (_engine(family, 1, 64, "replay", **kw) for _ in range(2))
+    calls = {"chained": 0, "stepwise": 0}
+    for name, engine in (("chained", chained), ("stepwise", stepwise)):
+        for pool in engine.ssm.values():
+            fold = pool.fold
+
+            def counted(*args, fold=fold, name=name):
+                calls[name] += 1
+                return fold(*args)
+
+            monkeypatch.setattr(pool, "fold", counted)
+    for pool in stepwise.ssm.values():
+        assert pool.fold_chains(L)
+        monkeypatch.setattr(pool, "fold_chains", lambda L: False)
+    got, want = chained.admit(prompt)[1], stepwise.admit(prompt)[1]
+    assert torch.equal(got, want)
+    assert chained.log_len == stepwise.log_len == [61 % L]
+    assert chained.head == stepwise.head
+    layers = len(chained.ssm)
+    assert (calls["chained"], calls["stepwise"]) == tuple(n * layers for n in launches)
+    live = (chained.head[0] + torch.arange(61 % L)) % chained.table.capacity
+    for layer, pool in chained.ssm.items():
+        other = stepwise.ssm[layer]
+        assert torch.equal(pool.state, other.state) and torch.equal(pool.conv, other.conv)
+        for field, buf in pool.log.items():
+            assert torch.equal(
+                buf[0, live.to(buf.device)], other.log[field][0, live.to(buf.device)]
+            )
+
+
 def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
     """A 70-token prompt in one pass (over ``UPDATES_CHUNKED_MIN_TOKENS``: the Gated DeltaNet
     log's corrected updates come from the chunked scan that gives the outputs, one pass), then
@@ -336,6 +378,45 @@ def test_a_prefix_cache_seats_a_graphed_engine_as_an_ungraphed_one():
             logits.append(out)
             tok = out[:, -1].argmax(-1, keepdim=True)
         assert engine.stats.graph_replays == (6 if graphs else 0)
+        seen.append(logits)
+    for a, b in zip(*seen):
+        assert torch.equal(a, b)
+
+
+def test_a_prefix_hit_folds_its_block_in_one_launch_with_the_bits_of_fold_by_fold(monkeypatch):
+    """A hit seated off the grid on a Bamba-like replay engine (L = 16, blocks of 64): the
+    block's entries up to the seat fold in one launch where the pool's fold chains, with the
+    logits of folding 16 at a time bit for bit, and then the same decode."""
+    rng = random.Random(9)
+    system = [rng.randrange(50) for _ in range(110)]
+    prompts = [system + [rng.randrange(50) for _ in range(n)] for n in (5, 9)]
+    assert prompts[0][110] != prompts[1][110]
+    seen = []
+    for chained in (True, False):
+        engine = _engine("bamba", 2, 128, "replay", log_length=16, max_verify=2, graphs=False)
+        if not chained:
+            for pool in engine.ssm.values():
+                monkeypatch.setattr(pool, "fold_chains", lambda L: False)
+        sizes, fold_entries = [], engine.policy.fold_entries
+
+        def spy(pool, state, entries, fold_entries=fold_entries, sizes=sizes):
+            sizes.append(next(iter(entries.values())).shape[1])
+            return fold_entries(pool, state, entries)
+
+        monkeypatch.setattr(engine.policy, "fold_entries", spy)
+        prefix, logits = EnginePrefixCache(engine, block_size=64), []
+        slot, out, _ = prefix.admit(prompts[0])
+        del sizes[:]
+        logits.append(out)
+        slot, out, hit = prefix.admit(prompts[1])  # seated at 110: 64 + 32 folded + 14 in the ring
+        logits.append(out)
+        assert (hit.matched, hit.resumed_from, hit.folded) == (110, 110, 46)
+        assert sizes[: len(engine.ssm)] == [32 if chained else 16] * len(engine.ssm)
+        tok = torch.stack(logits).argmax(-1, keepdim=True)
+        for _ in range(3):
+            out = engine.step(tok)
+            logits.append(out)
+            tok = out[:, -1].argmax(-1, keepdim=True)
         seen.append(logits)
     for a, b in zip(*seen):
         assert torch.equal(a, b)

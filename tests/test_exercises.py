@@ -168,6 +168,7 @@ def test_answer_checks_reject_none_and_wrong_answers():
     assert not exercises.check_state_share((0.5, "more"))
 
 
+@pytest.mark.figures
 def test_recompute_break_even_matches_the_explorer():
     from replaylab.teaching.widgets import AcceptanceExplorer
 

@@ -189,6 +189,7 @@ def test_logs_first_never_hits_less_than_align():
     assert rows[("system_prompts", 512, "replay", 2**23)]["token_hit_rate"] > 0
 
 
+@pytest.mark.figures
 def test_the_hit_rate_figure():
     from replaylab.teaching.plotting_serving import prefix_hit_rate_figure
 

@@ -366,6 +366,7 @@ def test_run_stream_bench_refuses_unknown_settings():
         run_stream_bench("cpu", modes=("beam",))
 
 
+@pytest.mark.figures
 def test_the_serving_figures_draw_a_stream_and_the_committed_result():
     from replaylab.teaching.plotting_serving import (
         crossover_figure,

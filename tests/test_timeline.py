@@ -116,6 +116,7 @@ def test_replay_folds_every_L_tokens_while_decoding():
     assert sum(series(rec.steps, "folded_tokens")) == cache.stats.folded_tokens
 
 
+@pytest.mark.figures
 def test_figure_one_panel_per_strategy_same_fixed_range():
     timelines = {s: speculative_round(MODEL, s).steps for s in STRATEGY_NAMES}
     fig = timeline_figure(timelines)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|hf-bench|probe-suite|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families, hf-bench, probe-suite or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -161,6 +161,17 @@ case "$mode" in
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-380} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -30 "$OUT/gpu_tests.log" ;;
+  prefill)  # WHEELS=.whl-min: whether a dead graph collected inside a capture invalidates it
+    # (torch's capture, replaylab's), replay's cold prefill beside snapshot's with the folds
+    # chained and fold by fold (tools/replay_prefill_probe.py), then time to first token cold
+    # and with prefix hits, on the grid (2,048 shared tokens) and off it (2,000)
+    for c in torch replaylab; do timeout 60 python3 tools/graph_gc_probe.py $c 2>&1 | tail -1; done \
+      | tee "$OUT/graph_gc_probe.jsonl"
+    timeout -s INT ${PROBE_S:-150} python3 tools/replay_prefill_probe.py "$OUT/replay_prefill_probe.json" 2>&1 | tail -8
+    timeout -s INT ${TTFT_S:-100} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
+      --out "$OUT/bench_prefix_ttft_gpu.json" 2>&1 | tail -8
+    timeout -s INT ${TTFT_S:-100} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
+      --shared-tokens 2000 --out "$OUT/bench_prefix_ttft_offgrid_gpu.json" 2>&1 | tail -8 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

@@ -18,6 +18,8 @@ import statistics
 
 import torch
 
+from replaylab.serving.runner import capture
+
 __all__ = ["weight_shapes", "candidates", "sweep", "run", "sweep_summary", "run_summary"]
 
 ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP (issue #36)
@@ -79,7 +81,7 @@ class _Timer:
             fn()  # compile and warm outside the capture
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with capture(g):
             for _ in range(self.reps):
                 self.flush.zero_()
                 if fn is not None:

@@ -123,6 +123,11 @@ class RecurrentPool:
         """(shape, dtype) of one token's ``field``, from the probe's ``entries``."""
         return entries[field]
 
+    def fold_chains(self, L):
+        """Whether one kernel ``fold`` of G·L entries leaves the bits of G folds of L entries in
+        turn (then a prefill folds all the grid points a chunk reaches in one launch)."""
+        return False
+
     @property
     def spec_log(self):
         """Whether the log keeps the spec's fields (so ``spec.fold`` and ``spec.outputs`` read
@@ -221,6 +226,13 @@ class Mamba2Pool(RecurrentPool):
         fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, True,
              self.dt_limit, check=False, log_head=head, **self.launch.get("fold", {}))  # fmt: skip
 
+    def fold_chains(self, L):
+        """The fold sums blocks of ``FOLD_BLOCK_L`` entries in turn, so block edges agree when L
+        is a multiple of it."""
+        from replaylab.kernels.mamba2 import FOLD_BLOCK_L
+
+        return L % FOLD_BLOCK_L == 0
+
     def batch_invariant_launch(self):
         from replaylab.kernels.mamba2 import BATCH_INVARIANT
 
@@ -264,6 +276,10 @@ class Mamba1Pool(RecurrentPool):
         logs = (log["x"], log["dt"], log["B"])
         fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, log_head=head,
              check=False)  # fmt: skip
+
+    def fold_chains(self, L):
+        """The fold updates the state one entry at a time, for any L."""
+        return True
 
 
 class GDNPool(RecurrentPool):

@@ -13,13 +13,35 @@ Glossary: bucket the captured batch size, T tokens per step, vocab the vocabular
 
 from __future__ import annotations
 
+import contextlib
+import gc
+
 import torch
 
 from replaylab.kv import attend
 from replaylab.recurrent import windows_per_token
 from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 
-__all__ = ["ModelRunner", "PoolCache"]
+__all__ = ["ModelRunner", "PoolCache", "capture"]
+
+
+@contextlib.contextmanager
+def capture(graph):
+    """``torch.cuda.graph(graph)`` with Python's cyclic garbage collector kept out of the
+    capture. A dead cycle that holds an earlier ``CUDAGraph`` (an engine no longer used) would
+    otherwise be collected whenever an allocation inside the capture crosses the collector's
+    threshold; the graph's destructor then calls the driver, which a capture forbids, and the
+    capture is invalidated. torch collects before a capture only under
+    ``torch.compiler.config.force_cudagraph_gc``."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph):
+            yield graph
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class ModelRunner:
@@ -130,7 +152,7 @@ class ModelRunner:
                     self._restore_after_capture(saved, bucket)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with capture(graph):
                 out = self.forward(static, folds, save)
             self._restore_after_capture(saved, bucket)
             self.captured[key] = (graph, static, out)

@@ -146,29 +146,44 @@ class EngineReplay(EngineStrategy):
         return result.y
 
     def _prefill_log(self, pool, slot, entries):
-        """Append a chunk's entries to the slot's ring, folding each time it holds L."""
-        e, table = self.engine, self.engine.table
-        n, head, L = table.log_len[slot], table.head[slot], e.L
-        T = next(iter(entries.values())).shape[1]
-        done = 0
-        while done < T:
-            m = min(L - n, T - done)
-            rows = (head + n + torch.arange(m, device=e.device)) % table.capacity
-            for k, buf in pool.log.items():
-                buf[slot, rows] = entries[k][0, done : done + m].to(buf.dtype)
-            n, done = n + m, done + m
-            if n == L:
-                rows = (head + torch.arange(L, device=e.device)) % table.capacity
-                log = {k: v[slot : slot + 1, rows] for k, v in pool.log.items()}
-                pool.state[slot : slot + 1] = self.fold_entries(
-                    pool, pool.state[slot : slot + 1], log
-                )
-                head, n = (head + L) % table.capacity, 0
+        """Append a chunk's entries to the slot's ring and fold each L it completes with the
+        fold decode uses: all of them in one launch where the pool's fold chains
+        (``pool.fold_chains(L)``), else L at a time; the entries past the last fold stay in
+        the ring."""
+        e, table, L = self.engine, self.engine.table, self.engine.L
+        n, head = table.log_len[slot], table.head[slot]
+        held = (head + torch.arange(n, device=e.device)) % table.capacity
+        log = {  # (1, n + T, ...): the ring's entries, then the chunk's in the log's dtype
+            k: torch.cat([buf[slot, held], entries[k][0].to(buf.dtype)])[None]
+            for k, buf in pool.log.items()
+        }
+        total = next(iter(log.values())).shape[1]
+        folded = total // L * L
+        if folded:
+            one = slice(slot, slot + 1)
+            grid = {k: t[:, :folded] for k, t in log.items()}
+            pool.state[one] = self.fold_grid(pool, pool.state[one], grid)
+        rows = (head + torch.arange(folded, total, device=e.device)) % table.capacity
+        for k, buf in pool.log.items():
+            buf[slot, rows] = log[k][0, folded:]
 
     def prefill_chunk_done(self, slot, T):
         folds = self.engine.table.fold_chunk(slot, T)
         self.engine.stats.folds += folds
         self.engine.stats.folded_tokens += folds * self.engine.L
+
+    def fold_grid(self, pool, state, entries):
+        """``state`` (1, *state_shape) after ``entries`` (1, G·L, ...) folded L at a time, as
+        decode folds them: in one launch where the pool's fold chains
+        (``pool.fold_chains(L)``), else one fold per L."""
+        L = self.engine.L
+        n = next(iter(entries.values())).shape[1]
+        step = n if pool.kernels and pool.fold_chains(L) else L
+        for at in range(0, n, step):
+            state = self.fold_entries(
+                pool, state, {k: t[:, at : at + step] for k, t in entries.items()}
+            )
+        return state
 
     def fold_entries(self, pool, state, entries):
         """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use
@@ -201,12 +216,9 @@ class EngineReplay(EngineStrategy):
         ring, rebuild the window after ``upto``; carry the state at ``upto``."""
         if not j:
             return ssm, conv, ssm.clone()
-        L = self.engine.L
         log = path[r // block].log[layer]  # {field: (1, len, ...)} of the block at r
-        for at in range(r, c, L):  # onto the decode grid, with decode's fold
-            ssm = self.fold_entries(
-                pool, ssm, {k: t[:, at - r : at - r + L] for k, t in log.items()}
-            )
+        if c > r:  # onto the decode grid, with decode's fold
+            ssm = self.fold_grid(pool, ssm, {k: t[:, : c - r] for k, t in log.items()})
         ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
         for k, buf in pool.log.items():
             buf[slot, : upto - c] = ring[k][0]
