@@ -211,10 +211,16 @@ class GatedDeltaNetSpec(RecurrentSpec):
 
     def scan(self, state, entries, return_states=False):
         if not return_states and entries["v"].shape[1] >= self.CHUNKED_MIN_TOKENS:
-            return gdn_chunked_scan(
-                *self._args(entries), initial_state=state, chunk_size=self.CHUNK_SIZE
-            )
+            return self._chunked(state, entries)
         return gdn_scan(*self._args(entries), initial_state=state, return_states=return_states)
+
+    def scan_prompt(self, state, entries):
+        return self._chunked(state, entries)
+
+    def _chunked(self, state, entries):
+        return gdn_chunked_scan(
+            *self._args(entries), initial_state=state, chunk_size=self.CHUNK_SIZE
+        )
 
     def fold(self, state, log):
         _, k, v, g, beta = self._args(log)
@@ -225,13 +231,14 @@ class GatedDeltaNetSpec(RecurrentSpec):
     def outputs(self, state, log, entries):
         return gdn_replay_outputs(state, log, entries)
 
-    def scan_with_updates(self, state, entries):
-        """``scan`` from ``state`` and the tokens' corrected updates u (batch, T, H, V) fp32:
-        from ``UPDATES_CHUNKED_MIN_TOKENS`` and ``CHUNKED_MIN_TOKENS`` tokens on, one chunked
-        pass gives both (its outputs are ``scan``'s bit for bit); otherwise ``scan`` and then
-        ``corrected_updates``. Returns (ScanResult, u)."""
+    def scan_with_updates(self, state, entries, prompt=False):
+        """``scan`` (``prompt``: ``scan_prompt``) from ``state`` and the tokens' corrected
+        updates u (batch, T, H, V) fp32: for a prompt, or from ``UPDATES_CHUNKED_MIN_TOKENS``
+        and ``CHUNKED_MIN_TOKENS`` tokens on, one chunked pass gives both (its outputs are
+        ``scan``'s bit for bit); otherwise ``scan`` and then ``corrected_updates``. Returns
+        (ScanResult, u)."""
         T = entries["v"].shape[1]
-        if T >= max(self.CHUNKED_MIN_TOKENS, self.UPDATES_CHUNKED_MIN_TOKENS):
+        if prompt or T >= max(self.CHUNKED_MIN_TOKENS, self.UPDATES_CHUNKED_MIN_TOKENS):
             result = gdn_chunked_scan(*self._args(entries), initial_state=state,
                                       chunk_size=self.CHUNK_SIZE, return_updates=True)  # fmt: skip
             return result, result.updates

@@ -137,21 +137,9 @@ class Mamba2Spec(RecurrentSpec):
         return dict(xBC=xBC, x=x, dt=dt, B=B, C=C)
 
     def scan(self, state, entries, return_states=False):
-        p = self.params()
         if not return_states and entries["x"].shape[1] >= self.CHUNKED_MIN_TOKENS:
-            return ssd_chunked_scan(
-                entries["x"],
-                entries["dt"],
-                p.A,
-                entries["B"],
-                entries["C"],
-                p.D,
-                dt_bias=p.dt_bias,
-                dt_softplus=True,
-                dt_limit=p.dt_limit,
-                initial_state=state,
-                chunk_size=self.CHUNK_SIZE,
-            )
+            return self._chunked(state, entries)
+        p = self.params()
         return ssd_scan(
             entries["x"],
             entries["dt"],
@@ -164,6 +152,25 @@ class Mamba2Spec(RecurrentSpec):
             dt_limit=p.dt_limit,
             initial_state=state,
             return_states=return_states,
+        )
+
+    def scan_prompt(self, state, entries):
+        return self._chunked(state, entries)
+
+    def _chunked(self, state, entries):
+        p = self.params()
+        return ssd_chunked_scan(
+            entries["x"],
+            entries["dt"],
+            p.A,
+            entries["B"],
+            entries["C"],
+            p.D,
+            dt_bias=p.dt_bias,
+            dt_softplus=True,
+            dt_limit=p.dt_limit,
+            initial_state=state,
+            chunk_size=self.CHUNK_SIZE,
         )
 
 

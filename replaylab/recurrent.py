@@ -168,6 +168,12 @@ class RecurrentSpec(ABC):
         """The recurrence over ``entries`` from ``state`` (batch, *state_shape): outputs y,
         the final state and, if asked, every intermediate state (batch, T, *state_shape)."""
 
+    def scan_prompt(self, state, entries: dict) -> ScanResult:
+        """``scan`` of a prompt chunk (the serving engine's prefill) in the family's chunked
+        form at any length where it has one: matrix products, not a token loop; it agrees with
+        ``scan`` to rounding."""
+        return self.scan(state, entries)
+
     def fold(self, state, log: dict):
         """S_{c+j} = fold(S_c, log[:j]): the state after the j logged tokens in ``log``."""
         return self.scan(state, log).state

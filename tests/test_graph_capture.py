@@ -13,28 +13,27 @@ from replaylab.serving.runner import capture
 pytestmark = pytest.mark.gpu
 
 
-def _dead_cycle_holding_a_graph():
-    """A captured graph reachable only from a reference cycle (as an engine that captured
-    steps and then went out of use), so only the cyclic collector frees it."""
-    x = torch.ones(4096, device="cuda")
-    graph = torch.cuda.CUDAGraph()
-    with capture(graph):
-        y = x * 3
-    holder = {"graph": graph, "out": y}
-    holder["self"] = holder
-
-
 def test_a_dead_graph_collected_inside_a_capture_does_not_invalidate_it():
+    """An earlier graph reachable only from a reference cycle (as an engine that captured
+    steps and then went out of use), whose last outside reference goes inside the capture."""
     x = torch.arange(4096, device="cuda", dtype=torch.float32)
+    old = torch.cuda.CUDAGraph()
+    with capture(old):
+        _ = x * 3
+    holder = {"graph": old}
+    holder["self"] = holder
+    keep = [holder]
+    del holder, old
     threshold = gc.get_threshold()
-    _dead_cycle_holding_a_graph()
-    gc.set_threshold(1)  # a collection at nearly every Python allocation
     try:
         graph = torch.cuda.CUDAGraph()
         with capture(graph):
             y = x * 2
-            garbage = [[i] for i in range(200)]  # allocations that would trigger collections
+            keep.clear()
+            gc.set_threshold(1)  # a collection at nearly every Python allocation
+            garbage = [[i] for i in range(200)]
             z = y + len(garbage)
+        gc.set_threshold(*threshold)
         x.add_(1)
         graph.replay()
         torch.cuda.synchronize()

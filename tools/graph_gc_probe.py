@@ -24,15 +24,18 @@ def main(which):
     with ctx(old):
         _ = x * 3
     holder = {"graph": old}
-    holder["self"] = holder
+    holder["self"] = holder  # a cycle: only the cyclic collector frees the old graph
+    keep = [holder]
     del holder, old
-    gc.set_threshold(1)
     graph = torch.cuda.CUDAGraph()
     try:
         with ctx(graph):
             y = x * 2
+            keep.clear()  # the cycle is dead from here, inside the capture
+            gc.set_threshold(1)  # a collection at nearly every Python allocation
             garbage = [[i] for i in range(200)]
             z = y + len(garbage)
+        gc.set_threshold(700, 10, 10)
         graph.replay()
         torch.cuda.synchronize()
         result = {"capture": which, "ok": bool(torch.equal(z, x * 2 + 200)), "error": None}

@@ -1,22 +1,26 @@
-"""Replay's cold prefill beside snapshot's, side by side in one run: the serving engine's
-admission of one prompt on ``8b-layers`` (Nemotron-H 8B layer shapes, bf16 on a GPU, the TTFT
-bench's engine settings: reference path, no graphs, L = 16, prefill chunks of 256), three arms
-alternating within one process, median of 5 admissions each after a warm-up:
+"""Prefill in the serving engine, side by side in one run, on ``8b-layers`` (Nemotron-H 8B
+layer shapes, bf16 on a GPU, the TTFT bench's engine settings: reference path, no graphs,
+L = 16, prefill chunks of 256, prefix blocks of 512). Arms alternate within one process; each
+row is the median of 5 admissions after a warm-up.
 
-- snapshot;
-- replay, each prefill chunk folding all the grid points it reaches in one launch a layer
-  (``RecurrentPool.fold_chains``; the default from 2026-12-04);
-- replay folding L entries at a time (the previous default: a launch and its ring writes per
-  fold).
+- ``cold``: one prompt admitted whole, under snapshot and replay;
+- ``hit``: a prompt that extends a 2,000-token shared prompt already in the prefix cache by a
+  fresh suffix each time (the hit resumes off the block grid).
 
-Both replay arms must leave the same checkpoint bits, which the probe checks.
+The arms: ``default`` as the tree is; ``fold by fold`` replay folding L entries at a time,
+one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
+chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
+under 64 tokens through the scan's token loop (the default until 2026-12-04; now
+``RecurrentSpec.scan_prompt`` takes the chunked form at any length). The replay arms must
+leave the same checkpoint bits where only the folds differ, which the probe checks.
 
-    python tools/replay_prefill_probe.py OUT.json [--lengths 2048,2148]
+    python tools/replay_prefill_probe.py OUT.json [--lengths 2048,2100] [--suffixes 48,100]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -25,78 +29,142 @@ import time
 import torch
 
 from replaylab.bench.provenance import provenance
-from replaylab.bench.stream import _model
 from replaylab.bench.timing import sync
-from replaylab.serving import DecodeEngine
+from replaylab.model import HybridLM, preset
+from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-ARMS = ("snapshot", "replay, chained folds (default)", "replay, fold by fold (previous)")
+COLD_ARMS = [("snapshot", "default"), ("snapshot", "token loop"), ("replay", "default"),
+             ("replay", "fold by fold"), ("replay", "token loop")]  # fmt: skip
+HIT_ARMS = [("snapshot", "default"), ("snapshot", "token loop"), ("replay", "default"),
+            ("replay", "token loop")]  # fmt: skip
+SHARED, BLOCK = 2000, 512
 
 
-def _engine(model, arm, T):
-    strategy = arm.split(",")[0]
-    engine = DecodeEngine(model, 1, T + 1, strategy, log_length=16, max_verify=1,
-                          prefill_chunk=256, fused=False, graphs=False)  # fmt: skip
-    if "fold by fold" in arm:
-        for pool in engine.ssm.values():
+@contextlib.contextmanager
+def _arm(engine, arm):
+    """The engine's pools (and their specs, which the model's mixers share) as ``arm`` had
+    them, for the duration."""
+    pools = list(engine.ssm.values())
+    for pool in pools:
+        if arm == "fold by fold":
             pool.fold_chains = lambda L: False
-    return engine
+        if arm == "token loop":
+            pool.spec.scan_prompt = pool.spec.scan
+    try:
+        yield
+    finally:
+        for pool in pools:
+            vars(pool).pop("fold_chains", None)
+            vars(pool.spec).pop("scan_prompt", None)
 
 
-def rows_for(model, T, repeats=5):
+def _timed(fn, device):
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def _free(engine):
+    for s in list(engine.slots):
+        engine.retire(s)
+
+
+def cold_rows(model, T, repeats=5):
     device = next(model.parameters()).device
-    gen = torch.Generator().manual_seed(T)
-    prompt = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen).to(device)
-    engines = {arm: _engine(model, arm, T) for arm in ARMS}
-    times, picks = {arm: [] for arm in ARMS}, {}
+    prompt = torch.randint(
+        0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(T)
+    )
+    prompt = prompt.to(device)
+    engines = {arm: _engine(model, arm[0], T + 1) for arm in COLD_ARMS}
+    times, picks, states = {arm: [] for arm in COLD_ARMS}, {}, {}
+    for rep in range(repeats + 1):  # the first round warms up (Triton compiles)
+        for arm in COLD_ARMS:
+            engine = engines[arm]
+            _free(engine)
+            with _arm(engine, arm[1]), torch.no_grad():
+                (_, logits), seconds = _timed(lambda e=engine: e.admit(prompt), device)
+            picks[arm] = int(logits.argmax())
+            states[arm] = [p.state.clone() for p in engine.ssm.values()]
+            if rep:
+                times[arm].append(seconds)
+    same = all(map(torch.equal, states[("replay", "default")], states[("replay", "fold by fold")]))
+    return _rows("cold", T, times, picks, same_bits_default_vs_fold_by_fold=same)
 
-    def admit(arm):
-        engine = engines[arm]
-        for s in list(engine.slots):
-            engine.retire(s)
-        sync(device)
-        t0 = time.perf_counter()
-        logits = engine.admit(prompt)[1]
-        picks[arm] = int(logits.argmax())
-        sync(device)
-        return time.perf_counter() - t0
 
-    with torch.no_grad():
-        for arm in ARMS:
-            admit(arm)  # warm-up: Triton compiles, the allocator settles
-        for _ in range(repeats):
-            for arm in ARMS:
-                times[arm].append(admit(arm))
-    a, b = (engines[arm] for arm in ARMS[1:])
-    same_bits = all(torch.equal(p.state, b.ssm[l].state) for l, p in a.ssm.items())
+def hit_rows(model, suffix, repeats=5):
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(suffix)
+    ids = lambda n: torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    shared = ids(SHARED)
+    caches = {}
+    for arm in HIT_ARMS:
+        engine = _engine(model, arm[0], SHARED + suffix + 1)
+        caches[arm] = EnginePrefixCache(engine, block_size=BLOCK)
+        with torch.no_grad():
+            slot, _, _ = caches[arm].admit(shared)
+        engine.retire(slot)
+    times, picks, hits = {arm: [] for arm in HIT_ARMS}, {}, {}
+    for rep in range(repeats + 1):
+        prompt = shared + ids(suffix)  # a fresh suffix: every arm's hit is the same each time
+        for arm in HIT_ARMS:
+            cache = caches[arm]
+            with _arm(cache.engine, arm[1]), torch.no_grad():
+                (slot, logits, hit), seconds = _timed(lambda c=cache, p=prompt: c.admit(p), device)
+            cache.engine.retire(slot)
+            picks[arm], hits[arm] = int(logits.argmax()), hit
+            if rep:
+                times[arm].append(seconds)
+    rows = _rows("hit", SHARED + suffix, times, picks)
+    for row, arm in zip(rows, HIT_ARMS):
+        row.update(resumed_from=hits[arm].resumed_from, prefilled=hits[arm].prefilled)
+    return rows
+
+
+def _engine(model, strategy, max_len):
+    return DecodeEngine(model, 1, max_len, strategy, log_length=16, max_verify=1,
+                        prefill_chunk=256, fused=False, graphs=False)  # fmt: skip
+
+
+def _rows(kind, T, times, picks, **extra):
     return [
         dict(
+            kind=kind,
             tokens=T,
-            arm=arm,
-            seconds=statistics.median(times[arm]),
-            values=times[arm],
-            next_token=picks[arm],
-            replay_arms_same_checkpoint_bits=same_bits,
+            strategy=s,
+            arm=a,
+            seconds=statistics.median(times[(s, a)]),
+            values=times[(s, a)],
+            next_token=picks[(s, a)],
+            **extra,
         )  # fmt: skip
-        for arm in ARMS
+        for s, a in times
     ]
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--lengths", default="2048,2148")
+    p.add_argument("--lengths", default="2048,2100")
+    p.add_argument("--suffixes", default="48,100")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = _model("8b-layers", device)
+    model = HybridLM(preset("8b-layers"), seed=0).eval()  # as the TTFT bench builds it
+    if device.type == "cuda":
+        model = model.to(device, torch.bfloat16)
     rows = []
     for T in (int(t) for t in args.lengths.split(",") if t):
-        rows += rows_for(model, T)
+        rows += cold_rows(model, T)
+    for n in (int(t) for t in args.suffixes.split(",") if t):
+        rows += hit_rows(model, n)
     for row in rows:
-        snap = next(r for r in rows if r["tokens"] == row["tokens"] and r["arm"] == ARMS[0])
-        row["over_snapshot"] = row["seconds"] / snap["seconds"]
-        print(f"T={row['tokens']:5d} {row['arm']:34s} {row['seconds'] * 1e3:9.2f} ms "
-              f"{row['over_snapshot']:5.2f}x snapshot  token {row['next_token']}  "
-              f"same bits {row['replay_arms_same_checkpoint_bits']}")  # fmt: skip
+        base = next(r for r in rows if r["kind"] == row["kind"] and r["tokens"] == row["tokens"]
+                    and (r["strategy"], r["arm"]) == ("snapshot", "default"))  # fmt: skip
+        row["over_snapshot"] = row["seconds"] / base["seconds"]
+        print(f"{row['kind']:4s} T={row['tokens']:5d} {row['strategy']:8s} {row['arm']:12s} "
+              f"{row['seconds'] * 1e3:8.2f} ms {row['over_snapshot']:5.2f}x snapshot  "
+              f"token {row['next_token']}")  # fmt: skip
     result = dict(rows=rows, **provenance())
     result["command"] = "python tools/replay_prefill_probe.py " + " ".join(sys.argv[1:])
     with open(args.out, "w") as f:

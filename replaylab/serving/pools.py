@@ -138,7 +138,7 @@ class RecurrentPool:
         """A prefill chunk scanned from ``state`` (batch, *state_shape): (the spec's
         ScanResult, what the log keeps of its tokens: field -> (batch, T, ...), by default the
         spec's ``entries``)."""
-        return self.spec.scan(state, entries), entries
+        return self.spec.scan_prompt(state, entries), entries
 
     def batch_invariant_launch(self):
         """kernel -> launch keywords that are the same at every batch, so a slot's bits do
@@ -297,7 +297,7 @@ class GDNPool(RecurrentPool):
     def logged_scan(self, state, entries):
         if not self.kernels:
             return super().logged_scan(state, entries)
-        result, u = self.spec.scan_with_updates(state, entries)  # one chunked pass for both
+        result, u = self.spec.scan_with_updates(state, entries, prompt=True)  # one pass for both
         return result, dict(entries, u=u)
 
     def replay(self, entries, rows, log_len, head, counts):
