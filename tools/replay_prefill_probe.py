@@ -12,7 +12,10 @@ one launch and its ring writes per fold (the default until 2026-12-04; now every
 chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
 under 64 tokens through the scan's token loop (the default until 2026-12-04; now
 ``RecurrentSpec.scan_prompt`` takes the chunked form at any length). The replay arms must
-leave the same checkpoint bits where only the folds differ, which the probe checks.
+leave the same checkpoint bits where only the folds differ, which the probe checks. Every
+row's first-token logits (of the last admission) are compared with a float64 forward of the
+same weights over the whole prompt: their largest difference over the reference's scale, and
+whether the greedy token agrees (beside the reference's top-2 margin over its scale).
 
     python tools/replay_prefill_probe.py OUT.json [--lengths 2048,2100] [--suffixes 48,100]
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import sys
@@ -29,6 +33,7 @@ import time
 import torch
 
 from replaylab.bench.provenance import provenance
+from replaylab.cache import CacheConfig
 from replaylab.bench.timing import sync
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
@@ -71,7 +76,7 @@ def _free(engine):
         engine.retire(s)
 
 
-def cold_rows(model, T, repeats=5):
+def cold_rows(model, T, reference, repeats=5):
     device = next(model.parameters()).device
     prompt = torch.randint(
         0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(T)
@@ -85,15 +90,18 @@ def cold_rows(model, T, repeats=5):
             _free(engine)
             with _arm(engine, arm[1]), torch.no_grad():
                 (_, logits), seconds = _timed(lambda e=engine: e.admit(prompt), device)
-            picks[arm] = int(logits.argmax())
+            picks[arm] = logits
             states[arm] = [p.state.clone() for p in engine.ssm.values()]
             if rep:
                 times[arm].append(seconds)
     same = all(map(torch.equal, states[("replay", "default")], states[("replay", "fold by fold")]))
-    return _rows("cold", T, times, picks, same_bits_default_vs_fold_by_fold=same)
+    rows = _rows("cold", T, times, picks, reference(prompt))
+    for row in rows:
+        row["same_bits_default_vs_fold_by_fold"] = same
+    return rows
 
 
-def hit_rows(model, suffix, repeats=5):
+def hit_rows(model, suffix, reference, repeats=5):
     device = next(model.parameters()).device
     gen = torch.Generator().manual_seed(suffix)
     ids = lambda n: torch.randint(0, model.cfg.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
@@ -113,10 +121,10 @@ def hit_rows(model, suffix, repeats=5):
             with _arm(cache.engine, arm[1]), torch.no_grad():
                 (slot, logits, hit), seconds = _timed(lambda c=cache, p=prompt: c.admit(p), device)
             cache.engine.retire(slot)
-            picks[arm], hits[arm] = int(logits.argmax()), hit
+            picks[arm], hits[arm] = logits, hit
             if rep:
                 times[arm].append(seconds)
-    rows = _rows("hit", SHARED + suffix, times, picks)
+    rows = _rows("hit", SHARED + suffix, times, picks, reference(torch.tensor(prompt)))
     for row, arm in zip(rows, HIT_ARMS):
         row.update(resumed_from=hits[arm].resumed_from, prefilled=hits[arm].prefilled)
     return rows
@@ -127,20 +135,20 @@ def _engine(model, strategy, max_len):
                         prefill_chunk=256, fused=False, graphs=False)  # fmt: skip
 
 
-def _rows(kind, T, times, picks, **extra):
-    return [
-        dict(
-            kind=kind,
-            tokens=T,
-            strategy=s,
-            arm=a,
-            seconds=statistics.median(times[(s, a)]),
-            values=times[(s, a)],
-            next_token=picks[(s, a)],
-            **extra,
-        )  # fmt: skip
-        for s, a in times
-    ]
+def _rows(kind, T, times, logits, want):
+    """One row per arm; ``logits`` (vocab,) of each arm's last admission, ``want`` the float64
+    reference's for the same prompt."""
+    scale = float(want.abs().max())
+    top2 = want.topk(2).values
+    rows = []
+    for s, a in times:
+        got = logits[(s, a)].double().cpu()
+        rows.append(dict(kind=kind, tokens=T, strategy=s, arm=a,
+                         seconds=statistics.median(times[(s, a)]), values=times[(s, a)],
+                         next_token=int(got.argmax()), f64_next_token=int(want.argmax()),
+                         f64_top2_margin_over_scale=float(top2[0] - top2[1]) / scale,
+                         logit_error_over_scale_vs_f64=float((got - want).abs().max()) / scale))  # fmt: skip
+    return rows
 
 
 def main(argv=None):
@@ -153,18 +161,26 @@ def main(argv=None):
     model = HybridLM(preset("8b-layers"), seed=0).eval()  # as the TTFT bench builds it
     if device.type == "cuda":
         model = model.to(device, torch.bfloat16)
+    f64 = copy.deepcopy(model).double()  # the same (rounded) weights in float64
+
+    def reference(prompt):
+        with torch.no_grad():
+            cache = CacheConfig("snapshot").build(f64, 1)
+            return f64(prompt.to(device)[None], cache)[0, -1].cpu()
+
     rows = []
     for T in (int(t) for t in args.lengths.split(",") if t):
-        rows += cold_rows(model, T)
+        rows += cold_rows(model, T, reference)
     for n in (int(t) for t in args.suffixes.split(",") if t):
-        rows += hit_rows(model, n)
+        rows += hit_rows(model, n, reference)
     for row in rows:
         base = next(r for r in rows if r["kind"] == row["kind"] and r["tokens"] == row["tokens"]
                     and (r["strategy"], r["arm"]) == ("snapshot", "default"))  # fmt: skip
         row["over_snapshot"] = row["seconds"] / base["seconds"]
         print(f"{row['kind']:4s} T={row['tokens']:5d} {row['strategy']:8s} {row['arm']:12s} "
               f"{row['seconds'] * 1e3:8.2f} ms {row['over_snapshot']:5.2f}x snapshot  "
-              f"token {row['next_token']}")  # fmt: skip
+              f"token {row['next_token']} (f64 {row['f64_next_token']}, margin "
+              f"{row['f64_top2_margin_over_scale']:.1e}) err {row['logit_error_over_scale_vs_f64']:.1e}")  # fmt: skip
     result = dict(rows=rows, **provenance())
     result["command"] = "python tools/replay_prefill_probe.py " + " ".join(sys.argv[1:])
     with open(args.out, "w") as f:
