@@ -33,8 +33,8 @@ import time
 import torch
 
 from replaylab.bench.provenance import provenance
-from replaylab.cache import CacheConfig
 from replaylab.bench.timing import sync
+from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
 
