@@ -91,3 +91,28 @@ def test_the_cli_writes_the_result_with_provenance(tmp_path, capsys):
     assert "--ttft" in result["command"] and "replay" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="add --engine"):
         main(["prefix", "--ttft", "--out", str(out)])
+
+
+@pytest.mark.figures
+def test_the_notebook_reads_both_committed_gpu_runs():
+    """Notebook 14's section 6: a line per strategy with its medians and ratios, and a panel per
+    run whose bars are the medians in ms, cold then hit, from the committed JSON."""
+    from replaylab.results import load_bench
+    from replaylab.teaching.plotting_prefix import TTFT_RESULTS, ttft_figure, ttft_rows
+
+    results = [load_bench(p) for p in TTFT_RESULTS]
+    assert [r["shared_tokens"] for r in results] == [2048, 2000]
+    assert all(r["device"] == "NVIDIA H200" and r["device_type"] == "cuda" for r in results)
+    for r in results:
+        lines = ttft_rows(r)
+        assert len(lines) == 1 + len(r["strategies"])
+        replay = r["strategies"]["replay"]
+        cut = replay["cold_ttft_s"]["median"] / replay["prefix_ttft_s"]["median"]
+        assert f"cut {cut:4.1f}x" in next(line for line in lines if "replay" in line)
+    fig = ttft_figure(results)
+    assert len(fig.data) == 2 * len(results)
+    for i, r in enumerate(results):
+        cold, hit = fig.data[2 * i], fig.data[2 * i + 1]
+        for trace, key in ((cold, "cold_ttft_s"), (hit, "prefix_ttft_s")):
+            want = [1e3 * s[key]["median"] for s in r["strategies"].values()]
+            assert list(trace.y) == pytest.approx(want)

@@ -52,12 +52,16 @@ from replaylab.teaching.exercises_prefix import (
 from replaylab.teaching.plotting import use_notebook_renderer
 from replaylab.teaching.plotting_prefix import (
     LABELS,
+    TTFT_RESULTS,
     PrefixExplorer,
     hit_rate_figure,
     hit_rates,
     hit_report_rows,
     ideal_hit_rate,
+    ttft_figure,
+    ttft_rows,
 )
+from replaylab.results import load_bench
 from replaylab.prefix import PREFIX_STRATEGIES, PrefixCache
 from replaylab.testing import tiny_hybrid
 
@@ -409,6 +413,40 @@ align_zero_answer = None  # one of ALIGN_BLOCKS
 ex.check_align_zero_block(align_zero_answer, model);
 
 # %% [markdown]
+# ## 6. On a GPU: time to first token
+#
+# The tiny model counts tokens; a user waits for time. `replaylab bench prefix --engine --ttft
+# --preset gpu` ran the serving engine's prefix cache (`EnginePrefixCache`) on an H200 at
+# Nemotron-H 8B's layer shapes in bf16: 32 requests that share a prompt and differ in a suffix,
+# each admitted cold and then through a cache that already holds the shared prompt (block size
+# 512). Two runs: the shared prompt on the block grid, where align resumes where replay does, and
+# off it, where align resumes at the grid point below. The committed results, with their
+# provenance, are in `data/`:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ttft = [load_bench(path) for path in TTFT_RESULTS]
+for result in ttft:
+    print("\n".join(ttft_rows(result)))
+
+# %%
+ttft_figure(ttft).show()
+
+# %% [markdown]
+# Reading it:
+# * On the grid the three strategies compute the same tokens with the hit, from checkpoints with
+#   the cold run's bits, so the hit's logits equal the cold ones exactly.
+# * Off the grid align re-computes the shared prompt's last partial block (the "computed"
+#   column); replay folds that block's logged inputs onto its grid state and prefills only the
+#   suffix, which is where its shorter hit comes from.
+# * Replay's cold prefill does more than align's: it logs every token and folds the log at
+#   every L-th position (one fold launch per layer for all the grid points a prefill chunk
+#   reaches). That is the gap between the two cold columns.
+# * Off the grid replay's hit runs its suffix in other chunks than the cold prefill did, so its
+#   first-token logits differ from the cold ones by bf16 rounding; `data/README.md` compares both
+#   with a float64 forward of the same weights.
+
+# %% [markdown]
 # ## Summary
 # * A prefix cache matches token ids in a radix tree of blocks; KV rows make any matched
 #   position usable, a recurrent state only the positions where it was saved.
@@ -418,6 +456,8 @@ ex.check_align_zero_block(align_zero_answer, model);
 #   inputs, exact against a one-shot prefill. It pays in bytes for the logs, and under a tight
 #   budget its logs are evicted first and it falls back to align-style hits.
 # * Every hit explains itself: matched, resumed from, folded, re-run, and why it stopped.
+# * On a GPU (section 6) the tokens a hit saves become time to first token: off the block grid
+#   replay's hit computes far fewer tokens than align's, and its cold prefill pays for the log.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the

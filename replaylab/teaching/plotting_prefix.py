@@ -35,7 +35,14 @@ __all__ = [
     "budget_label",
     "BLOCK_SIZES",
     "BUDGETS_KB",
+    "TTFT_RESULTS",
+    "ttft_rows",
+    "ttft_figure",
 ]
+
+# The H200 time-to-first-token runs (``replaylab bench prefix --engine --ttft --preset gpu``): a
+# shared prompt on the block grid (2,048 tokens) and off it (2,000)
+TTFT_RESULTS = ("data/bench_prefix_ttft_gpu.json", "data/bench_prefix_ttft_offgrid_gpu.json")
 
 LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
 IDEAL = "attention-only ideal"
@@ -278,3 +285,60 @@ class PrefixExplorer(_Explorer):
                 self.figure.data[n + i].y, self.figure.data[n + i].text = held[s]
             self.figure.layout.shapes = [_budget_line(kb)] if kb else []
             self.figure.layout.title = _title(rates, self.strategies, b, kb)
+
+
+def ttft_rows(result) -> list[str]:
+    """One line per strategy of a TTFT result (``run_engine_ttft``'s JSON): median cold and hit
+    TTFT (ms), their ratio, prompt tokens computed with the hit, and the hit's first-token
+    logits against the cold ones (largest difference over their scale)."""
+    lines = [f"shared prompt {result['shared_tokens']:,} tokens, batch {result['batch']}, "
+             f"block {result['block_size']} ({result['device']}, {result['date'][:10]})"]  # fmt: skip
+    snap = result["strategies"]["snapshot"]["cold_ttft_s"]["median"]
+    for s, r in result["strategies"].items():
+        cold, hit = r["cold_ttft_s"]["median"], r["prefix_ttft_s"]["median"]
+        lines.append(
+            f"  {LABELS[s]:17s} cold {1e3 * cold:6.1f} ms ({cold / snap:4.2f}x align's)  "
+            f"hit {1e3 * hit:5.1f} ms  cut {cold / hit:4.1f}x  computed "
+            f"{r['prefix_computed_tokens']:,} of {r['cold_computed_tokens']:,}  "
+            f"hit vs cold {r['max_logit_diff_over_scale']:.1e}"
+        )
+    return lines
+
+
+def ttft_figure(results) -> go.Figure:
+    """One panel per TTFT result (``run_engine_ttft``'s JSON): median time to first token (ms)
+    per strategy, cold and with the prefix hit. Traces: per panel, the cold bars then the hit
+    bars."""
+    fig = make_subplots(
+        rows=1,
+        cols=len(results),
+        subplot_titles=[f"shared prompt {r['shared_tokens']:,} tokens" for r in results],
+    )
+    for col, result in enumerate(results, 1):
+        names = [LABELS[s] for s in result["strategies"]]
+        for key, label, opacity in (
+            ("cold_ttft_s", "cold (pale)", 0.45),
+            ("prefix_ttft_s", "hit", 1.0),
+        ):
+            ys = [1e3 * r[key]["median"] for r in result["strategies"].values()]
+            fig.add_trace(
+                go.Bar(
+                    x=names,
+                    y=ys,
+                    name=label,
+                    opacity=opacity,
+                    showlegend=col == 1,
+                    marker_color=[COLORS[s] for s in result["strategies"]],
+                    text=[f"{y:.0f}" for y in ys],
+                    textposition="outside",
+                ),  # fmt: skip
+                row=1,
+                col=col,
+            )
+    fig.update_yaxes(title_text="time to first token, median (ms)", col=1)
+    fig.update_layout(
+        barmode="group",
+        title="H200, 8b-layers, bf16: time to first token, cold and with a prefix hit",
+        height=420,
+    )
+    return fig
