@@ -561,9 +561,9 @@ def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():
         EnginePrefixCache(engine, block_size=8, budget_bytes=100)
     with pytest.raises(ValueError, match="eviction"):
         EnginePrefixCache(engine, block_size=8, eviction="fifo")
-    fused = DecodeEngine(MODEL, 1, 64, "replay", log_length=4, use_kernels=True, fused=True)
-    with pytest.raises(ValueError, match="reference path"):
-        EnginePrefixCache(fused, block_size=8)
+    gdn = DecodeEngine(tiny_family_model("gdn"), 1, 64, "replay", log_length=4, use_kernels=True)
+    with pytest.raises(ValueError, match=r"use_kernels: .* keeps \('k', 'u', 'g'\)"):
+        EnginePrefixCache(gdn, block_size=8)
     prefix = EnginePrefixCache(engine, block_size=8)
     rng = random.Random(8)
     slot, _, _ = prefix.admit(ids(rng, 20))
@@ -626,3 +626,69 @@ def test_the_committed_engine_prefix_result():
             assert r["token_hit_rate"] == r["ideal_hit_rate"]
         elif r["block_size"] == 256:
             assert r["token_hit_rate"] < r["ideal_hit_rate"]
+
+
+@pytest.mark.parametrize(
+    "family, kw",
+    [("mamba2", dict(fused=True, use_kernels=True)), ("mamba1", dict(use_kernels=True))],
+    ids=["fused", "mamba1-kernels"],
+)
+def test_a_kernel_log_without_conv_inputs_seats_hits_off_the_grid(family, kw):
+    """Replay engines whose log keeps only the kernels' fields (the fused path's x, dt, B, C;
+    Jamba's x, dt, B): the nodes keep the conv inputs beside them, so hits off the grid give
+    the cold twin's logits and greedy tokens, and speculation after a hit its own greedy."""
+    model = MODEL if family == "mamba2" else sharp(tiny_family_model("mamba1"))
+    engine, cold = engines("replay", model=model, graphs=False, **kw)
+    for pool in engine.ssm.values():
+        assert pool.spec.conv_field not in pool.log and pool.seats_from_log
+    prefix = EnginePrefixCache(engine, block_size=8)
+    rng = random.Random(4)
+    system = ids(rng, 29)
+    for extra in (3, 7, 2):
+        tokens = system + ids(rng, extra)
+        slot, logits, hit = prefix.admit(tokens)
+        cslot, clogits = cold.admit(torch.tensor(tokens))
+        assert_close(logits, clogits, atol=TOL, rtol=0)
+        assert_close(logits, forward_logits(model, tokens), atol=TOL, rtol=0)
+        got, got_logits = greedy_steps(engine, slot, logits, 5)
+        want, want_logits = greedy_steps(cold, cslot, clogits, 5)
+        assert got == want
+        for a, b in zip(got_logits, want_logits):
+            assert_close(a, b, atol=TOL, rtol=0)
+        engine.retire(slot)
+        cold.retire(cslot)
+    assert (hit.matched, hit.resumed_from, hit.folded) == (29, 29, 5)  # off the grid of 8 and 4
+    node = next(n for n in prefix.nodes() if n.log)
+    for layer, pool in engine.ssm.items():
+        assert set(node.log[layer]) == set(pool.log) | {pool.spec.conv_field}
+    full = next(n for n in prefix.nodes() if n.end_state and len(n.tokens) == 8)
+    assert prefix.block_bytes == _node_bytes(full)  # the conv inputs counted in the budget
+
+
+@pytest.mark.gpu
+def test_a_prefix_cache_seats_a_graphed_fused_engine_as_an_ungraphed_one():
+    """The fused path under CUDA graphs with a prefix cache (a miss, then two hits off the
+    grid), then decode steps of the three slots together: the logits of the same engine
+    without graphs, bit for bit (seating writes the pools the captured steps read)."""
+    import copy
+
+    model = copy.deepcopy(MODEL).cuda()
+    rng = random.Random(6)
+    system = ids(rng, 29)
+    prompts = [system + ids(rng, n) for n in (3, 7, 2)]
+    seen = []
+    for graphs in (False, True):
+        engine = DecodeEngine(model, 3, 64, "replay", log_length=4, max_verify=3, fused=True,
+                              use_kernels=True, graphs=graphs)  # fmt: skip
+        prefix, logits = EnginePrefixCache(engine, block_size=8), []
+        for p in prompts:
+            logits.append(prefix.admit(p)[1])
+        tok = torch.stack(logits).argmax(-1, keepdim=True)
+        for _ in range(6):
+            out = engine.step(tok)
+            logits.append(out)
+            tok = out[:, -1].argmax(-1, keepdim=True)
+        assert engine.stats.graph_replays == (6 if graphs else 0)
+        seen.append(logits)
+    for a, b in zip(*seen):
+        assert torch.equal(a, b)

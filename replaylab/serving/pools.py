@@ -131,8 +131,22 @@ class RecurrentPool:
     @property
     def spec_log(self):
         """Whether the log keeps the spec's fields (so ``spec.fold`` and ``spec.outputs`` read
-        it, and a prefix cache can seat a slot from them)."""
+        it)."""
         return tuple(self.log) == tuple(self.spec.log_fields)
+
+    @property
+    def seats_from_log(self):
+        """Whether a prefix cache can seat a slot from this log's entries: they are the spec's
+        fields or some of them (the Mamba kernels' x, dt, B(, C), which ``spec.fold`` reads),
+        not values of their own (Gated DeltaNet's corrected updates u)."""
+        return set(self.log) <= set(self.spec.log_fields)
+
+    @property
+    def node_fields(self):
+        """What a prefix node keeps of each prompt token: the log's fields, and the spec's conv
+        field (a seat off the grid rebuilds the conv window from it) where the log lacks it."""
+        conv = self.spec.conv_field
+        return tuple(self.log) + (() if conv in self.log else (conv,))
 
     def logged_scan(self, state, entries):
         """A prefill chunk scanned from ``state`` (batch, *state_shape): (the spec's

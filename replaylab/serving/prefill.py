@@ -31,7 +31,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
     every multiple of it. ``record`` (a dict): filled with ``states`` {position: {layer:
     LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies; replay: the
     checkpoint, folded there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
-    ...)}}: every prefilled token's log entries."""
+    ...)}}: every prefilled token's ``node_fields`` (its log entries and conv inputs)."""
     e, policy = engine, engine.policy
     model, cfg = e.model, e.cfg
     T0, C = prompt.numel(), e.prefill_chunk
@@ -63,7 +63,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
             }
     if logged is not None:
         record["entries"] = {
-            l: {k: torch.cat([c[k] for c in chunks], 1) for k in e.ssm[l].log}
+            l: {k: torch.cat([c[k] for c in chunks], 1) for k in e.ssm[l].node_fields}
             for l, chunks in logged.items()
         }
     return model.lm_head(model.model.norm_f(h[:, -1]))[0]

@@ -41,9 +41,11 @@ fold positions); snapshot and recompute, 1 .. max_len - 1. Others are refused na
 allowed values; a budget under one block, a prompt of max_len tokens or more, ids outside the
 vocabulary are refused with the tree and the engine unchanged.
 
-Not served: the fused path (``fused=True``; its replay log keeps x, dt, B, C only, so a conv
-window off the grid cannot be rebuilt; the error says so). The reference path's CUDA graphs
-are: seating a slot writes the pools in place, where the captured steps read them.
+The fused path is served too: where the log keeps the kernels' fields (x, dt, B, C), the nodes
+keep the conv inputs (xBC) beside them (``RecurrentPool.node_fields``) to rebuild a window off
+the grid. So are CUDA graphs: seating a slot writes the pools in place, where the captured
+steps read them. Not served: a kernel log of values the spec does not log (Gated DeltaNet's
+corrected updates u; ``RecurrentPool.seats_from_log``).
 
 Glossary: b block_size, L the engine's log length, m matched, u usable, r resumed from, g a
 grid position (a multiple of b), c a fold position (a multiple of L).
@@ -94,18 +96,12 @@ class EnginePrefixCache(PrefixTree):
             raise TypeError(f"engine: expected a DecodeEngine, got {given(engine)}")
         if eviction not in PREFIX_EVICTION:
             raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
-        if engine.fused:
-            raise ValueError(
-                "engine: the prefix cache serves the engine's reference path (fused=False): "
-                "the fused replay log keeps x, dt, B, C only, so a conv window off the grid "
-                "cannot be rebuilt from it"
-            )
         for l, pool in engine.ssm.items():
-            if pool.log and not pool.spec_log:
+            if pool.log and not pool.seats_from_log:
                 raise ValueError(
                     f"use_kernels: the prefix cache seats slots from the spec's log fields "
-                    f"{pool.spec.log_fields}, but layer {l}'s Triton replay log "
-                    f"({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
+                    f"{pool.spec.log_fields} (or some of them), but layer {l}'s Triton replay "
+                    f"log ({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
                     f"use_kernels=False for a prefix cache"
                 )
         self.engine, self.strategy, self.eviction = engine, engine.strategy, eviction
@@ -138,6 +134,12 @@ class EnginePrefixCache(PrefixTree):
             for p in e.ssm.values()
             for buf in p.log.values()
         )
+        if self.engine.strategy == "replay":  # and the conv inputs a log without them lacks
+            log += sum(
+                b * p.conv[0, 0].numel() * p.conv.element_size()
+                for p in e.ssm.values()
+                if p.spec.conv_field not in p.log
+            )
         self.block_log_bytes = log
         return kv + state + log
 

@@ -142,7 +142,12 @@ class EngineReplay(EngineStrategy):
         carried[layer] = result.state
         self._prefill_log(pool, slot, entries)
         if logged is not None:
-            logged[layer].append({k: entries[k].to(b.dtype) for k, b in pool.log.items()})
+            logged[layer].append(
+                {
+                    k: entries[k].to(pool.log[k].dtype) if k in pool.log else entries[k]
+                    for k in pool.node_fields
+                }  # fmt: skip
+            )
         return result.y
 
     def _prefill_log(self, pool, slot, entries):
@@ -244,4 +249,6 @@ class EngineReplay(EngineStrategy):
             if end > R:
                 new = record["entries"][layer]
                 parts.append({k: t[:, max(g, R) - R : end - R] for k, t in new.items()})
-            node.log[layer] = {k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.log}
+            node.log[layer] = {
+                k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.node_fields
+            }
