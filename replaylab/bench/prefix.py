@@ -337,8 +337,8 @@ def run_engine_ttft(
 ) -> dict:
     """Time to first token in the serving engine, cold against a prefix hit, per strategy.
 
-    A ``DecodeEngine`` (reference path: fused=False, graphs=False, as ``EnginePrefixCache``
-    needs; bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
+    A ``DecodeEngine`` (reference path: fused=False, graphs=False; prefill, which TTFT times,
+    runs the same modules on either path; bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
     ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids
     (four requests each: kernels compiled, the allocator warm), the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
