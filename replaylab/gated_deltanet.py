@@ -247,7 +247,7 @@ class GatedDeltaNetSpec(RecurrentSpec):
     def corrected_updates(self, state, entries):
         """u_t = β_t (v_t - α_t S_{t-1}ᵀ k_t) (batch, T, H, V) fp32 of ``entries``' tokens from
         ``state`` (batch, H, K, V): what the kernels' replay log keeps. From
-        ``UPDATES_CHUNKED_MIN_TOKENS`` tokens on (a prefill) the chunked form solves for them
+        ``UPDATES_CHUNKED_MIN_TOKENS`` tokens on (a long prefill) the chunked form solves for them
         (``gdn_chunked_scan``), otherwise the token recurrence does
         (``kernels.gdn.corrected_updates``); the two agree to rounding."""
         fields = [entries[f] for f in ("k", "v", "g", "beta")]

@@ -108,11 +108,12 @@ class Mamba2Spec(RecurrentSpec):
     """The memory of one ``Mamba2Mixer``: state (H, P, N) fp32, conv window (d_conv-1, conv_dim),
     log entries xBC, x, dt, B, C; the scan is ``replaylab.scan.ssd_scan``.
 
-    Inputs of ``CHUNKED_MIN_TOKENS`` tokens or more (a prefill, a long recompute, training)
+    Inputs of ``CHUNKED_MIN_TOKENS`` tokens or more (a long prefill or recompute, training)
     go through the chunked form ``ssd_chunked_scan`` when no intermediate states are asked
     for: matrix products instead of a loop over tokens. It agrees with the token loop to
     rounding, not bitwise, so shorter advances (decode steps, verification of k drafts, the
     cache-contract tests) keep the token loop, whose T steps equal one T-token scan bitwise.
+    The serving engine's prefill takes the chunked form at any length (``scan_prompt``).
     """
 
     family = "mamba2"

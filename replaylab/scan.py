@@ -385,7 +385,8 @@ def s6_scan(
 #     chunk state:      S_c = sum_s exp(L_last - L_s) Δ_s x_s B_s^T
 #     between chunks:   S_after = exp(L_last) S_before + S_c; y_t += exp(L_t) C_t . S_before
 # The floating-point order differs from the token loop, so it agrees to rounding, not bitwise:
-# the cache uses it only for long inputs (``Mamba2Spec.CHUNKED_MIN_TOKENS``).
+# the teaching cache uses it only for long inputs (``Mamba2Spec.CHUNKED_MIN_TOKENS``), the serving
+# engine's prefill for every prompt chunk (``Mamba2Spec.scan_prompt``).
 
 __all__ += ["ssd_chunked_scan", "segsum"]
 

@@ -23,15 +23,13 @@ def main(which):
     old = torch.cuda.CUDAGraph()
     with ctx(old):
         _ = x * 3
-    holder = {"graph": old}
-    holder["self"] = holder  # a cycle: only the cyclic collector frees the old graph
-    keep = [holder]
-    del holder, old
     graph = torch.cuda.CUDAGraph()
     try:
         with ctx(graph):
             y = x * 2
-            keep.clear()  # the cycle is dead from here, inside the capture
+            holder = {"graph": old}  # a cycle made inside the capture, so it is in the
+            holder["self"] = holder  # youngest generation whatever ran before the capture
+            del holder, old  # only the cyclic collector frees the old graph now
             gc.set_threshold(1)  # a collection at nearly every Python allocation
             garbage = [[i] for i in range(200)]
             z = y + len(garbage)

@@ -354,8 +354,7 @@ def run_engine_ttft(
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
-    requests' ``suffix_lengths`` are recorded in order with the per-request times (a suffix
-    under ``Mamba2Spec.CHUNKED_MIN_TOKENS`` = 64 tokens runs the reference scan's token loop).
+    requests' ``suffix_lengths`` are recorded in order with the per-request times.
     ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
     after each strategy (the CLI writes it, so a cut run keeps what it measured)."""
     from replaylab.bench.stream import _model

@@ -25,9 +25,10 @@ keeps what they read:
     Mamba-1 (``Mamba1Pool``, ``kernels.mamba1``)      x, dt, B (bf16 / the activations' dtype)
     Gated DeltaNet (``GDNPool``, ``kernels.gdn``)     k, the corrected update u = β(v − α Sᵀk)
                                                       (fp32) and g = log α (fp32)
-Mamba-1's and Gated DeltaNet's kernel logs are not the spec's fields, so the spec cannot fold
-them (``spec_log``: whether a pool's log is the spec's); u depends on the state before each
-token, so a prefill computes it (``logged_scan``: ``GatedDeltaNetSpec.scan_with_updates``).
+The Mamba kernels log some of the spec's fields, which the spec's fold reads; Gated
+DeltaNet's u is no spec field (``seats_from_log``: whether a prefix cache can seat from the
+log). u depends on the state before each token, so a prefill computes it (``logged_scan``:
+``GatedDeltaNetSpec.scan_with_updates``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
@@ -127,12 +128,6 @@ class RecurrentPool:
         """Whether one kernel ``fold`` of G·L entries leaves the bits of G folds of L entries in
         turn (then a prefill folds all the grid points a chunk reaches in one launch)."""
         return False
-
-    @property
-    def spec_log(self):
-        """Whether the log keeps the spec's fields (so ``spec.fold`` and ``spec.outputs`` read
-        it)."""
-        return tuple(self.log) == tuple(self.spec.log_fields)
 
     @property
     def seats_from_log(self):

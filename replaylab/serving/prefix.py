@@ -31,7 +31,7 @@ why reuse stopped ("unique tokens", "evicted", "not on the grid", "end of prompt
 What the tree holds per node of tokens [g, g + b): per attention layer the KV rows, per
 recurrent layer the state and conv window at g + b (full blocks; replay: the checkpoint, which
 sits there since g + b is on the fold grid), under replay every token's log entries (the
-fields of the layer's ring). All are copies taken after the prefill: a slot's later decode,
+layer's ``node_fields``: its ring's fields, and the conv inputs where the ring lacks them). All are copies taken after the prefill: a slot's later decode,
 verify, rollback or retire never changes the tree, and a seat copies out of it (copy on write).
 The prompt's tail shorter than a block is held too (KV, and replay's entries), so replay
 resumes inside it; snapshot and recompute cannot.
@@ -77,8 +77,8 @@ def _sizes(values) -> str:
 
 
 class EnginePrefixCache(PrefixTree):
-    """A prefix tree over ``engine`` (a ``DecodeEngine`` on its reference path) under the
-    engine's strategy.
+    """A prefix tree over ``engine`` (a ``DecodeEngine``, reference or fused path, with or
+    without CUDA graphs) under the engine's strategy.
 
     block_size    the grid (see the module docstring for the sizes each strategy serves)
     budget_bytes  cap on KV + states + logs held by the tree (None: no cap); at least one
@@ -134,12 +134,11 @@ class EnginePrefixCache(PrefixTree):
             for p in e.ssm.values()
             for buf in p.log.values()
         )
-        if self.engine.strategy == "replay":  # and the conv inputs a log without them lacks
-            log += sum(
-                b * p.conv[0, 0].numel() * p.conv.element_size()
-                for p in e.ssm.values()
-                if p.spec.conv_field not in p.log
-            )
+        log += sum(  # and the conv inputs a log without them lacks
+            b * p.conv[0, 0].numel() * p.conv.element_size()
+            for p in e.ssm.values()
+            if p.log and p.spec.conv_field not in p.log
+        )
         self.block_log_bytes = log
         return kv + state + log
 

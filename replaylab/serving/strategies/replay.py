@@ -191,8 +191,9 @@ class EngineReplay(EngineStrategy):
         return state
 
     def fold_entries(self, pool, state, entries):
-        """fold(state (1, *state_shape), entries (1, L, ...)) with the fold decode steps use
-        (the pool's kernels under ``use_kernels``, else the spec's)."""
+        """fold(state (1, *state_shape), entries (1, n, ...)) with the fold decode steps use
+        (the pool's kernels under ``use_kernels``, else the spec's); n is L, or G·L where the
+        pool's fold chains."""
         if not pool.kernels:
             return pool.spec.fold(state, entries)
         one = torch.zeros(1, dtype=torch.int32, device=self.engine.device)
