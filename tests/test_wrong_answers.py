@@ -1290,3 +1290,21 @@ def test_gdn_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, cap
     assert not exercises_families.check_gdn_step_kernel(wrong_kernels.gdn_own_decay_forgotten)
     out = _out(capsys)
     assert "output o differs from the reference" in out and "new u differs" in out
+
+
+def test_offgrid_extra_tokens_wrong_answers(capsys):
+    """Notebook 14's question 3 against the committed off-grid TTFT run: the per-request answer
+    passes; the whole run's difference and a whole block fail with their hints."""
+    from replaylab.results import load_bench
+
+    run = load_bench(exercises_prefix.OFFGRID_TTFT)
+    right = run["shared_tokens"] % run["block_size"]
+    assert exercises_prefix.check_offgrid_extra_tokens(right)
+    assert exercises_prefix.check_offgrid_extra_tokens(float(right))
+    _out(capsys)
+    assert not exercises_prefix.check_offgrid_extra_tokens(right * run["batch"])
+    assert f"per request ({run['batch']} requests)" in _out(capsys)
+    assert not exercises_prefix.check_offgrid_extra_tokens(run["block_size"])
+    assert "not a whole block" in _out(capsys)
+    assert not exercises_prefix.check_offgrid_extra_tokens(right + 1)
+    assert "largest multiple of the block size" in _out(capsys)

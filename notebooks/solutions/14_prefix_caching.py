@@ -52,3 +52,8 @@ align_zero_answer = next(  # the first block size, in increasing order, with no 
     for b in ALIGN_BLOCKS
     if token_hit_rate(serve_stream(model, "snapshot", workload("shared_system"), b)[0]) == 0
 )
+
+
+# %% offgrid_extra_tokens
+run = ttft[1]  # the off-grid run: align resumes at the grid point below the match, replay at it
+offgrid_answer = run["shared_tokens"] - run["shared_tokens"] // run["block_size"] * run["block_size"]

@@ -445,6 +445,17 @@ ttft_figure(ttft).show()
 # * Off the grid replay's hit runs its suffix in other chunks than the cold prefill did, so its
 #   first-token logits differ from the cold ones by bf16 rounding; `data/README.md` compares both
 #   with a float64 forward of the same weights.
+#
+# **Question 3.** In the off-grid run (the second one printed), align computed more prompt
+# tokens with the hit than replay did. How many more per request? Reason from the run's
+# shared prompt length and block size (section 1 says where each strategy resumes); the check
+# reads the run's computed tokens.
+
+# %% exercise="offgrid_extra_tokens" tags=["exercise"]
+offgrid_answer = None  # prompt tokens per request
+
+# %%
+ex.check_offgrid_extra_tokens(offgrid_answer);
 
 # %% [markdown]
 # ## Summary
@@ -461,7 +472,7 @@ ttft_figure(ttft).show()
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
-# two questions in sections 4 and 5, each with its check; reference answers in
+# three questions in sections 4, 5 and 6, each with its check; reference answers in
 # `solutions/14_prefix_caching.py`. On the 3-hour and 1-day paths this whole notebook is
 # *optional*.
 #

@@ -45,7 +45,12 @@ __all__ = [
     "serve_stream",
     "token_hit_rate",
     "check_align_zero_block",
+    "OFFGRID_TTFT",
+    "check_offgrid_extra_tokens",
 ]
+
+# The H200 TTFT run with the shared prompt off the block grid (notebook 14, section 6)
+OFFGRID_TTFT = "data/bench_prefix_ttft_offgrid_gpu.json"
 
 
 # --------------------------------------------------------------------------------------------
@@ -665,4 +670,35 @@ def check_align_zero_block(answer, model, workload="shared_system") -> bool:
             f"align saves nothing at block size {answer}, but it already saves nothing at a "
             "smaller one of ALIGN_BLOCKS: the question asks for the smallest"
         )
+    return report(name, False, f"{answer!r} - {hint}")
+
+
+@guarded("align's extra tokens per hit off the grid")
+def check_offgrid_extra_tokens(answer, path=OFFGRID_TTFT) -> bool:
+    """Question (notebook 14): in the off-grid TTFT run (``path``), how many more prompt tokens
+    align (snapshot) computed than replay, per request, with the hit; from the run's computed
+    tokens over its batch."""
+    from replaylab.results import load_bench
+
+    name = "align's extra tokens per hit off the grid"
+    if answer is None or answer is Ellipsis:
+        return report(name, False, "no answer yet (replace None with your answer)")
+    run = load_bench(path)
+    s = run["strategies"]
+    extra, batch = (
+        s["snapshot"]["prefix_computed_tokens"] - s["replay"]["prefix_computed_tokens"],
+        run["batch"],
+    )
+    want = extra / batch
+    if answer == want:
+        return report(name, True, f"{answer!r}: align resumes at the grid point below the match")
+    if answer == extra:
+        hint = (
+            f"that is the whole run's difference; the question asks per request ({batch} requests)"
+        )
+    elif answer == run["block_size"]:
+        hint = "align goes back to the grid point below the match, not a whole block"
+    else:
+        hint = ("align resumes at the largest multiple of the block size at or below the match; "
+                "replay at the match itself")  # fmt: skip
     return report(name, False, f"{answer!r} - {hint}")
