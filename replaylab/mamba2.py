@@ -138,41 +138,21 @@ class Mamba2Spec(RecurrentSpec):
         return dict(xBC=xBC, x=x, dt=dt, B=B, C=C)
 
     def scan(self, state, entries, return_states=False):
+        args, kw = self._scan_args(state, entries)
         if not return_states and entries["x"].shape[1] >= self.CHUNKED_MIN_TOKENS:
-            return self._chunked(state, entries)
-        p = self.params()
-        return ssd_scan(
-            entries["x"],
-            entries["dt"],
-            p.A,
-            entries["B"],
-            entries["C"],
-            p.D,
-            dt_bias=p.dt_bias,
-            dt_softplus=True,
-            dt_limit=p.dt_limit,
-            initial_state=state,
-            return_states=return_states,
-        )
+            return ssd_chunked_scan(*args, **kw, chunk_size=self.CHUNK_SIZE)
+        return ssd_scan(*args, **kw, return_states=return_states)
 
     def scan_prompt(self, state, entries):
-        return self._chunked(state, entries)
+        args, kw = self._scan_args(state, entries)
+        return ssd_chunked_scan(*args, **kw, chunk_size=self.CHUNK_SIZE)
 
-    def _chunked(self, state, entries):
+    def _scan_args(self, state, entries):
+        """(x, dt, A, B, C, D) and the keywords both scan forms take."""
         p = self.params()
-        return ssd_chunked_scan(
-            entries["x"],
-            entries["dt"],
-            p.A,
-            entries["B"],
-            entries["C"],
-            p.D,
-            dt_bias=p.dt_bias,
-            dt_softplus=True,
-            dt_limit=p.dt_limit,
-            initial_state=state,
-            chunk_size=self.CHUNK_SIZE,
-        )
+        args = (entries["x"], entries["dt"], p.A, entries["B"], entries["C"], p.D)
+        kw = dict(dt_bias=p.dt_bias, dt_softplus=True, dt_limit=p.dt_limit, initial_state=state)
+        return args, kw
 
 
 class Mamba2ReplayKernels(ReplayKernels):

@@ -14,14 +14,12 @@ Two measurements, each arm alternating within one process:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import sys
 import time
 
 import torch
 
-from replaylab.bench.provenance import provenance
+from replaylab.bench.provenance import write_tool_result
 from replaylab.gated_deltanet import GatedDeltaNetSpec, l2_normalize
 
 ARMS = {"token recurrence (previous)": 10**9, "chunked (default)": None}
@@ -127,10 +125,7 @@ def main(argv=None):
             f"{row['kind']:17s} T={row['tokens']:5d} {row['arm']:28s} {row['seconds'] * 1e3:9.2f} ms"
             f"  {row.get('error_vs_f64', '')}"
         )
-    result = dict(rows=rows, **provenance())
-    result["command"] = "python tools/gdn_prefill_probe.py " + " ".join(sys.argv[1:])
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_tool_result(args.out, "gdn_prefill_probe.py", rows)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,12 @@ device and host time. Writes OUT.json and prints a short table.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from replaylab.bench.provenance import provenance
+from replaylab.bench.provenance import write_tool_result
 from replaylab.bench.timing import sync
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine
@@ -81,10 +79,7 @@ def main(argv=None):
         for e in r["top_device"][:6]:
             print(f"    {e['device_us'] / 1e3:7.2f} ms dev {e['host_us'] / 1e3:7.2f} ms host "
                   f"x{e['calls']:5d} {e['name'][:60]}")  # fmt: skip
-    result = dict(rows=rows, **provenance())
-    result["command"] = "python tools/prefill_profile.py " + " ".join(sys.argv[1:])
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_tool_result(args.out, "prefill_profile.py", rows)
 
 
 if __name__ == "__main__":

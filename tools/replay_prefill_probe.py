@@ -25,14 +25,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import json
 import statistics
-import sys
 import time
 
 import torch
 
-from replaylab.bench.provenance import provenance
+from replaylab.bench.provenance import write_tool_result
 from replaylab.bench.timing import sync
 from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
@@ -181,10 +179,7 @@ def main(argv=None):
               f"{row['seconds'] * 1e3:8.2f} ms {row['over_snapshot']:5.2f}x snapshot  "
               f"token {row['next_token']} (f64 {row['f64_next_token']}, margin "
               f"{row['f64_top2_margin_over_scale']:.1e}) err {row['logit_error_over_scale_vs_f64']:.1e}")  # fmt: skip
-    result = dict(rows=rows, **provenance())
-    result["command"] = "python tools/replay_prefill_probe.py " + " ".join(sys.argv[1:])
-    with open(args.out, "w") as f:
-        json.dump(result, f, indent=1)
+    write_tool_result(args.out, "replay_prefill_probe.py", rows)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-__all__ = ["provenance", "versions", "source_commit"]
+__all__ = ["provenance", "versions", "source_commit", "write_tool_result"]
 
 
 # module -> the distributions that install it (mamba-ssm's import needs its CUDA extension or
@@ -80,3 +80,16 @@ def provenance(argv=None) -> dict:
         command="replaylab bench " + " ".join(map(str, args)),
         commit=source_commit(),
     )
+
+
+def write_tool_result(path, script, rows) -> dict:
+    """Write ``rows`` with the run's provenance to ``path`` (JSON) for a measurement script of
+    ``tools/`` (``script``: its file name; the command is that script with this run's
+    arguments); returns what it wrote."""
+    import json
+
+    result = dict(rows=rows, **provenance())
+    result["command"] = f"python tools/{script} " + " ".join(sys.argv[1:])
+    with open(path, "w") as f:
+        json.dump(result, f, indent=1)
+    return result
