@@ -579,15 +579,16 @@ class SpeculativeExplorer(_Explorer):
         finally:
             self.button.disabled = False
         self.measured, self._measured_at = measured, (a, k, L)
-        with self.figure.batch_update():
-            self._overlay()
         r = measured[self.names[0]]
         same = all(m["same_tokens_as_greedy"] for m in measured.values())
+        # the status first: the front end then shows it by the time the markers appear
         self.status.value = (
             f"measured in {time.perf_counter() - t0:.1f} s: {r['rounds']:.0f} rounds, accepted "
             f"{r['accepted']}/{r['proposed']} drafts = {r['accepted'] / r['proposed']:.2f}; "
             f"tokens equal greedy decoding's under every strategy: {same}"
         )
+        with self.figure.batch_update():
+            self._overlay()
         return measured
 
     def widget(self):
