@@ -7,7 +7,9 @@ import torch
 
 from replaylab import assert_close
 from replaylab.kernels.matmul import (
+    PREVIOUS,
     Launch,
+    _tickets,
     launch_for,
     linear,
     linear_ref,
@@ -50,6 +52,19 @@ def test_k_slices_keep_rows_invariant_and_match_fp32_accumulation(launch):
         assert torch.equal(linear(x[:m], w, launch), every[:m]), m
 
 
+@pytest.mark.parametrize("splits", [2, 3, 4])
+def test_the_in_kernel_sum_equals_a_second_launchs_sum_bit_for_bit(splits):
+    """The last slice of a tile to finish sums the partials in slice order: the bits of a
+    separate summing launch, and the tickets are left at zero for the next launch."""
+    x = torch.randn(70, 200, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(72, 200, device=DEVICE).to(torch.bfloat16)
+    fused = Launch(64, 32, 32, splits, 4, 4, sum_in_kernel=True)
+    second = fused._replace(sum_in_kernel=False)
+    for m in (1, 70):
+        assert torch.equal(linear(x[:m], w, fused), linear(x[:m], w, second)), m
+    assert not _tickets[torch.device(DEVICE)][-1].any()
+
+
 def test_use_launches_swaps_the_policy_and_restores_it():
     x = torch.randn(3, 96, device=DEVICE).to(torch.bfloat16)
     w = torch.randn(40, 96, device=DEVICE).to(torch.bfloat16)
@@ -58,7 +73,7 @@ def test_use_launches_swaps_the_policy_and_restores_it():
         inside = linear(x, w)
     assert torch.equal(inside, linear(x, w, sliced))
     assert torch.equal(linear(x, w), linear(x, w, launch_for(40, 96)))  # restored
-    assert previous_launch_for(4096, 21504).splits == 1
+    assert previous_launch_for(4096, 21504) == PREVIOUS[(4096, 21504)]._replace(sum_in_kernel=False)
 
 
 def test_a_bad_launch_is_named():
@@ -112,3 +127,9 @@ def test_row_invariant_at_8b_shapes(NK):
     for m in (1, 8, 64, 128, 320):
         assert torch.equal(linear(x[:m], w), every[:m]), m
     assert_close(every[:8], linear_ref(x[:8], w), dtype=torch.bfloat16, name="y")
+    second = launch_for(N, K)._replace(sum_in_kernel=False)  # partials summed in a 2nd launch
+    for _ in range(10):  # a slice that read a partial before it was written would differ
+        assert torch.equal(
+            linear(x, w, launch_for(N, K)._replace(splits=4)),
+            linear(x, w, second._replace(splits=4)),
+        )

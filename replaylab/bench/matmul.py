@@ -50,19 +50,22 @@ TILES = [  # (block_m, block_n, block_k, num_warps, num_stages)
     (64, 128, 64, 4, 4),
     (64, 128, 128, 4, 3),
     (64, 256, 64, 8, 3),
+    (128, 64, 64, 4, 4),
     (128, 128, 64, 8, 3),
+    (128, 128, 64, 8, 4),
     (128, 256, 64, 8, 3),
 ]
+SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def candidates(N, K):
-    """Launches worth timing for a weight (N, K): every tile of ``TILES`` at 1, 2, 4 or 8
-    slices of K, a slice at least 512 columns."""
+    """Launches worth timing for a weight (N, K): every tile of ``TILES`` at each count of
+    ``SPLITS`` slices of K (a slice at least 512 columns), partials summed in the kernel."""
     from replaylab.kernels.matmul import Launch
 
     out = []
     for bm, bn, bk, warps, stages in TILES:
-        for splits in (1, 2, 4, 8):
+        for splits in SPLITS:
             if splits == 1 or K // splits >= 512:
                 out.append(Launch(bm, bn, bk, splits, warps, stages))
     return out
@@ -108,9 +111,10 @@ def _inputs(N, K, rows, seed=0):
     return x, w
 
 
-def sweep(shapes=None, rows=(1, 16, 128, 640), progress=True):
+def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True):
     """Per weight shape: cuBLAS and every candidate launch (µs at each row count), whether the
-    candidate's rows equal under M = 1 and M = max(rows), and the chosen launch."""
+    candidate's rows computed among M rows equal the same rows among max(rows) at every M, and
+    the chosen launch (the lowest worst ratio to cuBLAS over the rows)."""
     from tqdm.auto import tqdm
 
     from replaylab.kernels.matmul import linear
@@ -130,7 +134,7 @@ def sweep(shapes=None, rows=(1, 16, 128, 640), progress=True):
                     launch=launch._asdict(),
                     us=us,
                     worst_ratio=max(us[m] / max(cublas[m], 1e-3) for m in rows),
-                    rows_equal=bool(torch.equal(linear(x[:1], w, launch), every[:1])),
+                    rows_equal=all(torch.equal(linear(x[:m], w, launch), every[:m]) for m in rows),
                 )
             )
         fair = [t for t in tried if t["rows_equal"]] or tried
