@@ -122,25 +122,33 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True):
     shapes = shapes or weight_shapes()
     timer = _Timer()
     out = []
-    for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
-        x, w = _inputs(N, K, rows)
-        cublas = {m: timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w)) for m in rows}
-        tried = []
-        for launch in candidates(N, K):
-            every = linear(x, w, launch)
-            us = {m: timer.us(lambda m=m: linear(x[:m], w, launch)) for m in rows}
-            tried.append(
-                dict(
-                    launch=launch._asdict(),
-                    us=us,
-                    worst_ratio=max(us[m] / max(cublas[m], 1e-3) for m in rows),
-                    rows_equal=all(torch.equal(linear(x[:m], w, launch), every[:m]) for m in rows),
+    stopped = None
+    try:  # a SIGINT (the device call's time limit) keeps the shapes already swept
+        for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
+            x, w = _inputs(N, K, rows)
+            cublas = {m: timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w)) for m in rows}
+            tried = []
+            for launch in candidates(N, K):
+                every = linear(x, w, launch)
+                us = {m: timer.us(lambda m=m: linear(x[:m], w, launch)) for m in rows}
+                tried.append(
+                    dict(
+                        launch=launch._asdict(),
+                        us=us,
+                        worst_ratio=max(us[m] / max(cublas[m], 1e-3) for m in rows),
+                        rows_equal=all(
+                            torch.equal(linear(x[:m], w, launch), every[:m]) for m in rows
+                        ),
+                    )
                 )
+            fair = [t for t in tried if t["rows_equal"]] or tried
+            best = min(fair, key=lambda t: t["worst_ratio"])
+            out.append(
+                dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried, best=best)
             )
-        fair = [t for t in tried if t["rows_equal"]] or tried
-        best = min(fair, key=lambda t: t["worst_ratio"])
-        out.append(dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried, best=best))
-    return dict(kind="matmul sweep", rows=list(rows), shapes=out)
+    except KeyboardInterrupt:
+        stopped = f"interrupted after {len(out)} of {len(shapes)} weights"
+    return dict(kind="matmul sweep", rows=list(rows), shapes=out, stopped=stopped)
 
 
 def run(shapes=None, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280), progress=True):
