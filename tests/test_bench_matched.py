@@ -38,3 +38,39 @@ def test_matched_layout_holds_mamba_ssms_bytes():
     d = MATCHED["hidden_size"]
     assert 2 * d * MATCHED["intermediate_size"] == 3 * d * MAMBA_SSM_INTERMEDIATE
     assert MATCHED["pattern"].count("-") == sum(c != "-" for c in MATCHED["pattern"])
+
+
+def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
+    """``--launches``: a sweep's chosen launch replaces ``launch_for``'s for its weight only,
+    and the row-invariant arm's products run it (here a launch of 3 slices that the tiny
+    model's default would not pick, recorded as it runs)."""
+    from replaylab.bench import matmul as bench_matmul
+    from replaylab.kernels import matmul as kernels_matmul
+
+    cfg = dict(PRESETS["tiny"], pattern=MATCHED["pattern"])
+    d, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    chosen = kernels_matmul.Launch(64, 32, 32, 3, 4, 4)
+    sweep = dict(shapes=[dict(weight=[vocab, d], best=dict(launch=chosen._asdict()))])
+    table = bench_matmul.best_launches(sweep)
+    assert table == {(vocab, d): chosen}
+    policy = bench_matmul.table_policy(table)
+    assert policy(vocab, d) == chosen and policy(7, d) == kernels_matmul.launch_for(7, d)
+
+    seen = []
+    product = kernels_matmul.linear
+
+    def recording(x, w, launch=None):
+        seen.append((tuple(w.shape), launch or kernels_matmul._policy.get()(*w.shape)))
+        return product(x, w, launch)
+
+    torch.manual_seed(0)
+    kernels_matmul.linear = recording
+    try:
+        run_matched(
+            batches=(1,), n_steps=1, repeats=1, arms=("row_invariant",), spec_batches=(),
+            log_length=4, config=cfg, device="cpu", progress=False, launches=table,
+        )  # fmt: skip
+    finally:
+        kernels_matmul.linear = product
+    assert ((vocab, d), chosen) in seen
+    assert all(launch == policy(*shape) for shape, launch in seen)

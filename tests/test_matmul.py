@@ -62,7 +62,7 @@ def test_the_in_kernel_sum_equals_a_second_launchs_sum_bit_for_bit(splits):
     second = fused._replace(sum_in_kernel=False)
     for m in (1, 70):
         assert torch.equal(linear(x[:m], w, fused), linear(x[:m], w, second)), m
-    assert not _tickets[torch.device(DEVICE)][-1].any()
+    assert not _tickets[x.device][-1].any()
 
 
 def test_use_launches_swaps_the_policy_and_restores_it():

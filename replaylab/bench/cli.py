@@ -265,18 +265,33 @@ def _serve_stream(args):
 
 
 def _matmul(args):
-    from replaylab.bench.matmul import run, run_summary, sweep, sweep_summary
+    from replaylab.bench.matmul import run, run_summary, sweep, sweep_summary, weight_shapes
+    from replaylab.bench.provenance import provenance
 
     _need_gpu("matmul")
     t0 = time.time()
     rows = tuple(args.rows) if args.rows else None
     if args.sweep:
-        result = sweep(rows=rows) if rows else sweep()
         out, lines = args.out or "data/bench_matmul_sweep.json", sweep_summary
+        partial = dict(checkpoint=lambda r: _write(dict(provenance(args.argv), **r), out))
+        shapes = weight_shapes(args.presets) if args.presets else None
+        result = sweep(shapes, **partial, **({"rows": rows} if rows else {}))
     else:
-        result = run(rows=rows) if rows else run()
+        table = dict(launches=_launch_table(args.launches))
+        shapes = weight_shapes(args.presets) if args.presets else None
+        result = run(shapes, **table, **({"rows": rows} if rows else {}))
         out, lines = args.out or "data/bench_matmul.json", run_summary
     return _save(args, result, out, lines, t0)
+
+
+def _launch_table(path):
+    """The launches of a ``bench matmul --sweep`` JSON (``bench.matmul.best_launches``)."""
+    if path is None:
+        return None
+    from replaylab.bench.matmul import best_launches
+
+    with open(path) as f:
+        return best_launches(json.load(f))
 
 
 def _matched(args):
@@ -285,7 +300,10 @@ def _matched(args):
     _need_gpu("matched")
     t0 = time.time()
     result = run_matched(
-        batches=args.batches, spec_batches=args.spec_batches, mamba_ssm=not args.no_mamba_ssm
+        batches=args.batches,
+        spec_batches=args.spec_batches,
+        mamba_ssm=not args.no_mamba_ssm,
+        launches=_launch_table(args.launches),
     )
     return _save(args, result, args.out or "data/bench_matched.json", matched_summary, t0)
 
@@ -446,6 +464,10 @@ def add_bench_parser(subparsers):
     )
     mm.add_argument("--sweep", action="store_true", help="time candidate launches per weight")
     mm.add_argument("--rows", type=_ints, default=None, help="comma-separated row counts")
+    mm.add_argument("--launches", help="a --sweep JSON whose chosen launches replace TUNED's")
+    mm.add_argument(
+        "--presets", type=lambda v: v.split(","), default=None, help="weights of these presets"
+    )
     mm.set_defaults(run=_matmul)
     mt = sub.add_parser(
         "matched", help="the lossless engine vs mamba-ssm generate(cg=True), same weights (GPU)"
@@ -453,6 +475,7 @@ def add_bench_parser(subparsers):
     mt.add_argument("--batches", type=_ints, default=[1, 8, 64, 128, 256])
     mt.add_argument("--spec-batches", type=_ints, default=[1, 8, 32, 128])
     mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
+    mt.add_argument("--launches", help="a matmul --sweep JSON whose launches replace TUNED's")
     mt.set_defaults(run=_matched)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")

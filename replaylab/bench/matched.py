@@ -67,12 +67,16 @@ def run_matched(
     config=None,
     device="cuda",
     progress=True,
+    launches=None,
 ):
     """Every row of the module docstring; ``spec_batches`` are decoded too (plain decode is
     the denominator of each speculation row), speculated under the first of ``arms``. ``config`` (a dict of ``HybridConfig`` fields,
-    default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer."""
+    default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer.
+    ``launches`` (a table from ``bench.matmul.best_launches``) replaces ``launch_for``'s
+    launches in the row-invariant arm."""
     from tqdm.auto import tqdm
 
+    from replaylab.bench.matmul import table_policy
     from replaylab.bench.timing import copy_bandwidth_gbs
     from replaylab.costmodel import decode_step_bytes
     from replaylab.kernels.matmul import previous_launch_for, use_launches
@@ -95,7 +99,8 @@ def run_matched(
     for arm, strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
         matmul, policy = ARMS[arm]
         max_len = 40 + log_length + 2 + n_steps * repeats + 2 * n_steps + k + 8
-        with use_launches(previous_launch_for if policy == "previous" else None):
+        default = table_policy(launches) if launches else None
+        with use_launches(previous_launch_for if policy == "previous" else default):
             engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=matmul)
             prompts = random_prompts(batch, cfg.vocab_size, seed=7)
             tok = admit_all(engine, prompts).argmax(-1, keepdim=True)

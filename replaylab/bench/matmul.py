@@ -20,7 +20,10 @@ import torch
 
 from replaylab.serving.runner import capture
 
-__all__ = ["weight_shapes", "candidates", "sweep", "run", "sweep_summary", "run_summary"]
+__all__ = [
+    "weight_shapes", "candidates", "sweep", "best_launches", "table_policy", "run",
+    "sweep_summary", "run_summary",
+]  # fmt: skip
 
 ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP (issue #36)
 
@@ -36,10 +39,16 @@ def weight_shapes(presets=None):
     with torch.device("meta"):
         for name in names:
             cfg = load_preset(name)[1] if name in PRESETS else preset(name)
-            for n, p in HybridLM(cfg, seed=0).named_parameters():
+            model = HybridLM(cfg, seed=0)
+            for n, p in model.named_parameters():
                 if p.dim() == 2 and "embed" not in n:
                     shapes.setdefault(tuple(p.shape), []).append(name)
-    if presets is None:
+            for l in cfg.attn_layers:  # the fused path's one product for q, k and v
+                qkv = [getattr(model.model.layers[l].mixer, f"{c}_proj").weight for c in "qkv"]
+                if all(w.dim() == 2 for w in qkv):
+                    rows = sum(w.shape[0] for w in qkv)
+                    shapes.setdefault((rows, qkv[0].shape[1]), []).append(f"{name} (fused qkv)")
+    if presets is None or "8b-layers" in presets:
         for shape in ISSUE_SHAPES:
             shapes.setdefault(shape, []).append("weight-matched M-M-*-M-")
     return {s: sorted(set(v)) for s, v in sorted(shapes.items())}
@@ -84,7 +93,7 @@ class _Timer:
             fn()  # compile and warm outside the capture
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
-        with capture(g):
+        with capture(g, collect=False):  # the sweep collects once per weight
             for _ in range(self.reps):
                 self.flush.zero_()
                 if fn is not None:
@@ -111,10 +120,13 @@ def _inputs(N, K, rows, seed=0):
     return x, w
 
 
-def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True):
+def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint=None):
     """Per weight shape: cuBLAS and every candidate launch (µs at each row count), whether the
     candidate's rows computed among M rows equal the same rows among max(rows) at every M, and
-    the chosen launch (the lowest worst ratio to cuBLAS over the rows)."""
+    the chosen launch (the lowest worst ratio to cuBLAS over the rows). ``checkpoint(result)``
+    is called after each weight with the result so far."""
+    import gc
+
     from tqdm.auto import tqdm
 
     from replaylab.kernels.matmul import linear
@@ -125,6 +137,7 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True):
     stopped = None
     try:  # a SIGINT (the device call's time limit) keeps the shapes already swept
         for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
+            gc.collect()  # once a weight, not once a capture (``capture``)
             x, w = _inputs(N, K, rows)
             cublas = {m: timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w)) for m in rows}
             tried = []
@@ -151,26 +164,53 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True):
     return dict(kind="matmul sweep", rows=list(rows), shapes=out, stopped=stopped)
 
 
-def run(shapes=None, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280), progress=True):
-    """Per weight shape: ``launch_for``'s launch against cuBLAS and against the launch it
-    replaced (``previous_launch_for``), µs at each row count, and the contract: rows computed
-    among M rows equal the same rows among max(rows), at every M."""
+def best_launches(result):
+    """{(N, K): Launch} of a sweep's result (``sweep``, or its JSON loaded): each weight's
+    chosen launch, the table ``kernels.matmul.TUNED`` is written from."""
+    from replaylab.kernels.matmul import Launch
+
+    return {tuple(s["weight"]): Launch(**s["best"]["launch"]) for s in result["shapes"]}
+
+
+def table_policy(table):
+    """A launch policy for ``kernels.matmul.use_launches``: ``table``'s launch for the weights
+    it holds, ``launch_for``'s for the others."""
+    from replaylab.kernels.matmul import launch_for
+
+    return lambda N, K: table.get((N, K)) or launch_for(N, K)
+
+
+def run(
+    shapes=None,
+    rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280),
+    progress=True,
+    launches=None,
+):
+    """Per weight shape: ``launch_for``'s launch (or ``launches``'s, a table from
+    ``best_launches``) against cuBLAS and against the launch it replaced
+    (``previous_launch_for``), µs at each row count, and the contract: rows computed among M
+    rows equal the same rows among max(rows), at every M."""
+    import gc
+
     from tqdm.auto import tqdm
 
-    from replaylab.kernels.matmul import launch_for, linear, linear_ref, previous_launch_for
+    from replaylab.kernels.matmul import linear, linear_ref, previous_launch_for
 
     shapes = shapes or weight_shapes()
+    policy = table_policy(launches or {})
     timer = _Timer()
     out = []
     for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
+        gc.collect()  # once a weight, not once a capture (``capture``)
+        launch = policy(N, K)
         x, w = _inputs(N, K, rows)
-        every = linear(x, w)
+        every = linear(x, w, launch)
         ref = linear_ref(x, w).float()
         row = dict(
             weight=[N, K],
             presets=presets,
-            launch=launch_for(N, K)._asdict(),
-            rows_equal={m: bool(torch.equal(linear(x[:m], w), every[:m])) for m in rows},
+            launch=launch._asdict(),
+            rows_equal={m: bool(torch.equal(linear(x[:m], w, launch), every[:m])) for m in rows},
             max_abs_diff_vs_fp32_accumulation=float((every.float() - ref).abs().max()),
             cublas_us={},
             row_invariant_us={},
@@ -179,7 +219,7 @@ def run(shapes=None, rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 320, 640, 1280), pr
         before = previous_launch_for(N, K)
         for m in rows:
             row["cublas_us"][m] = timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w))
-            row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w))
+            row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w, launch))
             row["previous_launch_us"][m] = timer.us(lambda m=m: linear(x[:m], w, before))
         row["weight_bytes"] = N * K * 2
         out.append(row)

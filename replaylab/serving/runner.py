@@ -26,14 +26,16 @@ __all__ = ["ModelRunner", "PoolCache", "capture"]
 
 
 @contextlib.contextmanager
-def capture(graph):
+def capture(graph, collect=True):
     """``torch.cuda.graph(graph)`` with Python's cyclic garbage collector kept out of the
     capture. A dead cycle that holds an earlier ``CUDAGraph`` (an engine no longer used) would
     otherwise be collected whenever an allocation inside the capture crosses the collector's
     threshold; the graph's destructor then calls the driver, which a capture forbids, and the
     capture is invalidated. torch collects before a capture only under
-    ``torch.compiler.config.force_cudagraph_gc``."""
-    gc.collect()
+    ``torch.compiler.config.force_cudagraph_gc``. ``collect=False`` skips the collection (a
+    caller that captures many graphs and collects once before them)."""
+    if collect:
+        gc.collect()
     enabled = gc.isenabled()
     gc.disable()
     try:
