@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 __all__ = [
     "Launch", "linear", "linear_ref", "launch_for", "previous_launch_for", "row_sum", "use_launches",
@@ -39,9 +40,8 @@ class Launch(NamedTuple):
     """One launch of ``linear`` for a weight (N, K): the output tile (block_m x block_n), the
     K chunk a ``tl.dot`` takes (block_k), how many slices K is cut into (splits; each slice is
     reduced by its own programs into an fp32 partial, the partials summed in slice order),
-    Triton's warps and pipeline stages, the launch order of the tiles (group_m), and who sums
-    the partials: the last slice of each tile to finish, in the same launch (sum_in_kernel), or
-    a second launch. Nothing in it depends on the row count M."""
+    Triton's warps and pipeline stages, and the launch order of the tiles (group_m). Nothing in
+    it depends on the row count M."""
 
     block_m: int = 64
     block_n: int = 64
@@ -50,41 +50,29 @@ class Launch(NamedTuple):
     num_warps: int = 4
     num_stages: int = 4
     group_m: int = 8  # row tiles that run together on one weight tile (L2 reuse)
-    sum_in_kernel: bool = True
+    tma: bool = False  # tiles loaded by the tensor memory accelerator (K x itemsize % 16 == 0)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
 def _linear_kernel(
     x,  # (M, K) rows
     w,  # (N, K) weight
-    y,  # (M, N) output
-    partials,  # (splits, M, N) fp32 partials (splits > 1)
-    tickets,  # int32, one per output tile, zero between launches (SUM_IN_KERNEL)
+    y,  # (M, N) output, or (splits, M, N) fp32 partials when PARTIAL
     M,
     N,
     K,
-    k_slice,  # columns of K per slice (a multiple of BLOCK_K)
-    splits,  # slices of K: program s of a tile reduces columns [s k_slice, (s+1) k_slice)
-    SLICED: tl.constexpr,  # splits > 1
+    k_slice,  # columns of K per slice (a multiple of BLOCK_K); slice s is program_id(1)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,  # M tiles that run together on one weight tile (L2 reuse)
     EVEN_K: tl.constexpr,  # K a multiple of BLOCK_K: no mask along K (vectorised loads)
-    SUM_IN_KERNEL: tl.constexpr,  # the last slice of a tile to finish sums the partials
+    PARTIAL: tl.constexpr,
     UPCAST: tl.constexpr,
     PRECISION: tl.constexpr,  # fp32 inputs: "ieee" (no TF32 rounding of the inputs)
 ):
-    if SUM_IN_KERNEL:  # a tile's slices are adjacent programs, so its partials stay in L2
-        tile, s = tl.program_id(0) // splits, tl.program_id(0) % splits
-    else:
-        tile, s = tl.program_id(0), tl.program_id(1)
-    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-    group = tile // (GROUP_M * tiles_n)
-    first_m = group * GROUP_M
-    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (tile % (GROUP_M * tiles_n)) % rows_in_group
-    pid_n = (tile % (GROUP_M * tiles_n)) // rows_in_group
+    s = tl.program_id(1)
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -106,27 +94,70 @@ def _linear_kernel(
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
-    at = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
-    inside = mm[:, None] & mn[None, :]
-    if not SLICED:
-        tl.store(y + at, acc.to(y.dtype.element_ty), mask=inside)
-    else:
-        tl.store(partials + s.to(tl.int64) * M * N + at, acc, mask=inside)
-        if SUM_IN_KERNEL:
-            tl.debug_barrier()  # every thread's partial is written before the ticket
-            if tl.atomic_add(tickets + tile, 1, sem="acq_rel") == splits - 1:
-                total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-                for t in range(splits):  # slice order, whichever slice came last
-                    part = partials + t * M.to(tl.int64) * N + at
-                    total += tl.load(part, mask=inside, other=0.0, cache_modifier=".cg")
-                tl.store(y + at, total.to(y.dtype.element_ty), mask=inside)
-                tl.atomic_xchg(tickets + tile, 0)  # ready for the next launch
+    _store(y, acc, s, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, PARTIAL)
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count
+def _linear_tma_kernel(
+    x_desc,  # (M, K) rows, tiles (BLOCK_M, BLOCK_K) fetched by the tensor memory accelerator
+    w_desc,  # (N, K) weight, tiles (BLOCK_N, BLOCK_K)
+    y,  # (M, N) output, or (splits, M, N) fp32 partials when PARTIAL
+    M,
+    N,
+    K,
+    k_slice,  # columns of K per slice (a multiple of BLOCK_K); slice s is program_id(1)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PARTIAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``_linear_kernel``'s products with the tiles loaded by TMA (zeros past M, N and K:
+    no masks) instead of pointer loads; the same reduction order along K."""
+    s = tl.program_id(1)
+    pid_m, pid_n = _tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(s * k_slice, tl.minimum(K, (s + 1) * k_slice), BLOCK_K):
+        a = x_desc.load([pid_m * BLOCK_M, k0])
+        b = w_desc.load([pid_n * BLOCK_N, k0])
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        acc = tl.dot(a, b.T, acc, input_precision=PRECISION)
+    _store(y, acc, s, pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, PARTIAL)
+
+
+@triton.jit
+def _tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid``: GROUP_M row tiles run together on one
+    weight tile."""
+    tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
+    first_m = pid // (GROUP_M * tiles_n) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * tiles_n)) % rows_in_group
+    pid_n = (pid % (GROUP_M * tiles_n)) // rows_in_group
+    return pid_m, pid_n
+
+
+@triton.jit
+def _store(y, acc, s, pid_m, pid_n, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           PARTIAL: tl.constexpr):  # fmt: skip
+    """The tile's fp32 sums: slice s of the partials, or rounded once into y."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = y + s.to(tl.int64) * M * N if PARTIAL else y
+    value = acc if PARTIAL else acc.to(y.dtype.element_ty)
+    tl.store(
+        out + offs_m[:, None].to(tl.int64) * N + offs_n[None, :],
+        value,
+        mask=(offs_m < M)[:, None] & (offs_n < N)[None, :],
+    )
 
 
 @triton.jit(do_not_specialize=["MN"])
 def _sum_slices_kernel(partials, y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexpr):
-    """y = partials[0] + partials[1] + ... in slice order, rounded once to y's dtype (a
-    second launch: ``Launch.sum_in_kernel=False``)."""
+    """y = partials[0] + partials[1] + ... in slice order, rounded once to y's dtype."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -135,22 +166,9 @@ def _sum_slices_kernel(partials, y, MN, SPLITS: tl.constexpr, BLOCK: tl.constexp
     tl.store(y + offs, acc.to(y.dtype.element_ty), mask=mask)
 
 
-_tickets: dict = {}  # device -> [int32 tensors], the newest last; older ones stay alive for
-# the CUDA graphs that captured them
-
-
-def _tickets_for(device, tiles):
-    """A zeroed int32 buffer of at least ``tiles`` entries on ``device``, reused by every launch
-    on it (each launch leaves it zero). Launches on two streams at once would share it."""
-    held = _tickets.setdefault(device, [])
-    if not held or held[-1].numel() < tiles:
-        held.append(torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device))
-    return held[-1]
-
-
-# The launches of 2026-12-04 (bench matmul --sweep on the tree of 0566551), with a second
-# launch summing the partials: what ``previous_launch_for`` gives, to time TUNED against.
-PREVIOUS: dict[tuple[int, int], Launch] = {
+# Launches measured on an H200 for the weight shapes of the presets (bench matmul --sweep,
+# data/bench_matmul_sweep.json): the one with the lowest worst ratio to cuBLAS over the rows.
+TUNED: dict[tuple[int, int], Launch] = {
     (32, 4096): Launch(64, 64, 64, 8, 4, 4),
     (288, 8192): Launch(64, 128, 64, 8, 4, 4),
     (512, 2048): Launch(64, 64, 64, 2, 4, 4),
@@ -182,15 +200,10 @@ PREVIOUS: dict[tuple[int, int], Launch] = {
 }  # fmt: skip
 
 
-# Launches measured on an H200 for the weight shapes of the presets (bench matmul --sweep,
-# data/bench_matmul_sweep.json): the one with the lowest worst ratio to cuBLAS over the rows.
-TUNED: dict[tuple[int, int], Launch] = dict(PREVIOUS)
-
-
 def previous_launch_for(N, K):
-    """The launch ``TUNED`` replaced: ``PREVIOUS``'s tiles and slices, a second launch summing
-    the partials. Kept to time the change against (``use_launches``)."""
-    return (PREVIOUS.get((N, K)) or _untuned(N, K))._replace(sum_in_kernel=False)
+    """The launch before K was sliced (2026-12-01 .. 12-04): one slice, 64 x 32 or 64 x 64
+    tiles. Kept to time the change against (``use_launches``)."""
+    return Launch(64, 64 if N >= 8192 else 32, 64, 1, 4, 4, 16)
 
 
 _policy = contextvars.ContextVar("launch_policy", default=None)  # set by ``use_launches``
@@ -210,14 +223,11 @@ def use_launches(policy):
 
 def launch_for(N, K):
     """The ``Launch`` for a weight (N, K): a function of the weight's shape alone. Shapes
-    measured on an H200 come from ``TUNED``, others from ``_untuned``."""
-    return TUNED.get((N, K)) or _untuned(N, K)
-
-
-def _untuned(N, K):
-    """What the sweep found on an H200 for shapes it did not time: wide outputs one slice of
-    128 x 128 tiles, narrow outputs with a long K 128 x 256 tiles and K cut in 4-8 slices,
-    small weights 64 x 64 tiles."""
+    measured on an H200 come from ``TUNED``; others follow what the sweep found there: wide
+    outputs one slice of 128 x 128 tiles, narrow outputs with a long K 128 x 256 tiles and
+    K cut in 4-8 slices, small weights 64 x 64 tiles."""
+    if (N, K) in TUNED:
+        return TUNED[(N, K)]
     if N >= 10240:
         return Launch(128, 128, 64, 1, 8, 3)
     if K >= 8192:
@@ -250,22 +260,29 @@ def linear(x, weight, launch=None):
         raise ValueError(f"linear: launch {L} needs splits >= 1 and block_k >= 16")
     k_slice = triton.cdiv(triton.cdiv(K, L.splits), L.block_k) * L.block_k
     splits = triton.cdiv(K, k_slice)  # a slice is never empty
-    tiles = triton.cdiv(M, L.block_m) * triton.cdiv(N, L.block_n)
-    partials = y if splits == 1 else torch.empty(splits, M, N, dtype=torch.float32, device=x.device)
-    fused = L.sum_in_kernel and splits > 1
-    tickets = _tickets_for(x.device, tiles) if fused else y
-    grid = (tiles * splits,) if L.sum_in_kernel else (tiles, splits)
-    _linear_kernel[grid](
-        x2, w, y, partials, tickets, M, N, K, k_slice, splits, SLICED=splits > 1, BLOCK_M=L.block_m,
-        BLOCK_N=L.block_n, BLOCK_K=L.block_k, GROUP_M=L.group_m, EVEN_K=K % L.block_k == 0,
-        SUM_IN_KERNEL=L.sum_in_kernel, UPCAST=not x.is_cuda,
+    partial = splits > 1
+    out = torch.empty(splits, M, N, dtype=torch.float32, device=x.device) if partial else y
+    grid = (triton.cdiv(M, L.block_m) * triton.cdiv(N, L.block_n), splits)
+    common = dict(
+        BLOCK_M=L.block_m, BLOCK_N=L.block_n, BLOCK_K=L.block_k, GROUP_M=L.group_m,
+        PARTIAL=partial, UPCAST=not x.is_cuda,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=L.num_warps, num_stages=L.num_stages,
     )  # fmt: skip
-    if splits > 1 and not fused:
+    if L.tma and (K * x.element_size()) % 16 == 0 and w.data_ptr() % 16 == 0:  # TMA's rules
+        if x2.data_ptr() % 16:
+            x2 = x2.clone()  # an offset view: TMA needs a 16-byte aligned base
+        x_desc = TensorDescriptor.from_tensor(x2, [L.block_m, L.block_k])
+        w_desc = TensorDescriptor.from_tensor(w, [L.block_n, L.block_k])
+        _linear_tma_kernel[grid](x_desc, w_desc, out, M, N, K, k_slice, **common)
+    else:
+        _linear_kernel[grid](
+            x2, w, out, M, N, K, k_slice, EVEN_K=K % L.block_k == 0, **common
+        )  # fmt: skip
+    if partial:
         block = 1024
         _sum_slices_kernel[(triton.cdiv(M * N, block),)](
-            partials, y, M * N, SPLITS=splits, BLOCK=block, num_warps=4
+            out, y, M * N, SPLITS=splits, BLOCK=block, num_warps=4
         )
     return y.view(*lead, N)
 

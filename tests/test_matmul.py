@@ -7,9 +7,7 @@ import torch
 
 from replaylab import assert_close
 from replaylab.kernels.matmul import (
-    PREVIOUS,
     Launch,
-    _tickets,
     launch_for,
     linear,
     linear_ref,
@@ -40,29 +38,24 @@ def test_a_rows_bits_do_not_depend_on_the_row_count():
     assert torch.equal(linear(x[None, 3:8], w)[0], every[3:8])  # leading dims, an offset view
 
 
-@pytest.mark.parametrize("launch", [Launch(64, 32, 32, 3, 4, 4), Launch(64, 64, 16, 4, 4, 4)])
+LAUNCHES = [
+    Launch(64, 32, 32, 3, 4, 4),
+    Launch(64, 64, 16, 4, 4, 4),
+    Launch(64, 32, 32, 3, 4, 4, tma=True),
+    Launch(64, 64, 64, 1, 4, 4, tma=True),
+]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES)
 def test_k_slices_keep_rows_invariant_and_match_fp32_accumulation(launch):
-    """K cut into slices (fp32 partials summed in slice order): still within fp32
-    accumulation's error, and a row's bits still do not depend on the row count."""
-    x = torch.randn(70, 100, device=DEVICE).to(torch.bfloat16)  # K=100: a partial last chunk
-    w = torch.randn(40, 100, device=DEVICE).to(torch.bfloat16)
+    """K cut into slices (fp32 partials summed in slice order), tiles by pointer loads or by
+    TMA: within fp32 accumulation's error, and a row's bits do not depend on the row count."""
+    x = torch.randn(70, 104, device=DEVICE).to(torch.bfloat16)  # K=104: a partial last chunk
+    w = torch.randn(40, 104, device=DEVICE).to(torch.bfloat16)
     every = linear(x, w, launch)
     assert_close(every, linear_ref(x, w), dtype=torch.bfloat16, name="y")
     for m in (1, 5, 64, 66):
         assert torch.equal(linear(x[:m], w, launch), every[:m]), m
-
-
-@pytest.mark.parametrize("splits", [2, 3, 4])
-def test_the_in_kernel_sum_equals_a_second_launchs_sum_bit_for_bit(splits):
-    """The last slice of a tile to finish sums the partials in slice order: the bits of a
-    separate summing launch, and the tickets are left at zero for the next launch."""
-    x = torch.randn(70, 200, device=DEVICE).to(torch.bfloat16)
-    w = torch.randn(72, 200, device=DEVICE).to(torch.bfloat16)
-    fused = Launch(64, 32, 32, splits, 4, 4, sum_in_kernel=True)
-    second = fused._replace(sum_in_kernel=False)
-    for m in (1, 70):
-        assert torch.equal(linear(x[:m], w, fused), linear(x[:m], w, second)), m
-    assert not _tickets[x.device][-1].any()
 
 
 def test_use_launches_swaps_the_policy_and_restores_it():
@@ -73,7 +66,7 @@ def test_use_launches_swaps_the_policy_and_restores_it():
         inside = linear(x, w)
     assert torch.equal(inside, linear(x, w, sliced))
     assert torch.equal(linear(x, w), linear(x, w, launch_for(40, 96)))  # restored
-    assert previous_launch_for(4096, 21504) == PREVIOUS[(4096, 21504)]._replace(sum_in_kernel=False)
+    assert previous_launch_for(4096, 21504).splits == 1
 
 
 def test_a_bad_launch_is_named():
@@ -127,9 +120,19 @@ def test_row_invariant_at_8b_shapes(NK):
     for m in (1, 8, 64, 128, 320):
         assert torch.equal(linear(x[:m], w), every[:m]), m
     assert_close(every[:8], linear_ref(x[:8], w), dtype=torch.bfloat16, name="y")
-    second = launch_for(N, K)._replace(sum_in_kernel=False)  # partials summed in a 2nd launch
-    for _ in range(10):  # a slice that read a partial before it was written would differ
-        assert torch.equal(
-            linear(x, w, launch_for(N, K)._replace(splits=4)),
-            linear(x, w, second._replace(splits=4)),
-        )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("NK", [(4096, 8192), (18560, 4096)])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_tma_launches_are_row_invariant_at_8b_shapes(NK, splits):
+    """Tiles loaded by TMA (zeros past the edges instead of masks): rows of 1 .. 320 equal the
+    same rows among 640, bit for bit, and match fp32 accumulation."""
+    N, K = NK
+    launch = Launch(128, 128, 64, splits, 8, 3, tma=True)
+    w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * K**-0.5
+    x = torch.randn(640, K, device=DEVICE, dtype=torch.bfloat16)
+    every = linear(x, w, launch)
+    for m in (1, 8, 64, 128, 320):
+        assert torch.equal(linear(x[:m], w, launch), every[:m]), m
+    assert_close(every[:8], linear_ref(x[:8], w), dtype=torch.bfloat16, name="y")

@@ -73,13 +73,13 @@ def run_matched(
     the denominator of each speculation row), speculated under the first of ``arms``. ``config`` (a dict of ``HybridConfig`` fields,
     default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer.
     ``launches`` (a table from ``bench.matmul.best_launches``) replaces ``launch_for``'s
-    launches in the row-invariant arm."""
+    launches in the row-invariant arm, and the previous-launch arm then runs ``launch_for``'s."""
     from tqdm.auto import tqdm
 
     from replaylab.bench.matmul import table_policy
     from replaylab.bench.timing import copy_bandwidth_gbs
     from replaylab.costmodel import decode_step_bytes
-    from replaylab.kernels.matmul import previous_launch_for, use_launches
+    from replaylab.kernels.matmul import launch_for, previous_launch_for, use_launches
 
     config = config or MATCHED
     cfg = HybridConfig(**config)
@@ -99,8 +99,11 @@ def run_matched(
     for arm, strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
         matmul, policy = ARMS[arm]
         max_len = 40 + log_length + 2 + n_steps * repeats + 2 * n_steps + k + 8
-        default = table_policy(launches) if launches else None
-        with use_launches(previous_launch_for if policy == "previous" else default):
+        if launches:  # the table against today's launches
+            chosen = launch_for if policy == "previous" else table_policy(launches)
+        else:
+            chosen = previous_launch_for if policy == "previous" else None
+        with use_launches(chosen):
             engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=matmul)
             prompts = random_prompts(batch, cfg.vocab_size, seed=7)
             tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
@@ -155,6 +158,8 @@ def run_matched(
         k=k,
         acceptance=acceptance,
         log_length=log_length,
+        launches={f"{n}x{k}": l._asdict() for (n, k), l in (launches or {}).items()},
+        previous_launch="launch_for (TUNED)" if launches else "previous_launch_for",
         rows=rows,
         mamba_ssm=peer,
     )

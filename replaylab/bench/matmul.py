@@ -69,14 +69,16 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 
 def candidates(N, K):
     """Launches worth timing for a weight (N, K): every tile of ``TILES`` at each count of
-    ``SPLITS`` slices of K (a slice at least 512 columns), partials summed in the kernel."""
+    ``SPLITS`` slices of K (a slice at least 512 columns), its tiles loaded by pointers and by
+    TMA."""
     from replaylab.kernels.matmul import Launch
 
     out = []
-    for bm, bn, bk, warps, stages in TILES:
-        for splits in SPLITS:
-            if splits == 1 or K // splits >= 512:
-                out.append(Launch(bm, bn, bk, splits, warps, stages))
+    for tma in (False, True):
+        for bm, bn, bk, warps, stages in TILES:
+            for splits in SPLITS:
+                if splits == 1 or K // splits >= 512:
+                    out.append(Launch(bm, bn, bk, splits, warps, stages, tma=tma))
     return out
 
 
@@ -140,9 +142,13 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint
             gc.collect()  # once a weight, not once a capture (``capture``)
             x, w = _inputs(N, K, rows)
             cublas = {m: timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w)) for m in rows}
-            tried = []
+            tried, failed = [], []
             for launch in candidates(N, K):
-                every = linear(x, w, launch)
+                try:
+                    every = linear(x, w, launch)
+                except Exception as error:  # a launch this Triton cannot compile
+                    failed.append(dict(launch=launch._asdict(), error=repr(error)[:300]))
+                    continue
                 us = {m: timer.us(lambda m=m: linear(x[:m], w, launch)) for m in rows}
                 tried.append(
                     dict(
@@ -186,18 +192,19 @@ def run(
     progress=True,
     launches=None,
 ):
-    """Per weight shape: ``launch_for``'s launch (or ``launches``'s, a table from
-    ``best_launches``) against cuBLAS and against the launch it replaced
-    (``previous_launch_for``), µs at each row count, and the contract: rows computed among M
-    rows equal the same rows among max(rows), at every M."""
+    """Per weight shape: ``launch_for``'s launch against cuBLAS and against the launch it
+    replaced (``previous_launch_for``), µs at each row count, and the contract: rows computed
+    among M rows equal the same rows among max(rows), at every M. With ``launches`` (a table
+    from ``best_launches``) the table's launches are timed against ``launch_for``'s."""
     import gc
 
     from tqdm.auto import tqdm
 
-    from replaylab.kernels.matmul import linear, linear_ref, previous_launch_for
+    from replaylab.kernels.matmul import launch_for, linear, linear_ref, previous_launch_for
 
     shapes = shapes or weight_shapes()
     policy = table_policy(launches or {})
+    previous = launch_for if launches else previous_launch_for  # what the table would replace
     timer = _Timer()
     out = []
     for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
@@ -216,14 +223,15 @@ def run(
             row_invariant_us={},
             previous_launch_us={},
         )
-        before = previous_launch_for(N, K)
+        before = previous(N, K)
         for m in rows:
             row["cublas_us"][m] = timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w))
             row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w, launch))
             row["previous_launch_us"][m] = timer.us(lambda m=m: linear(x[:m], w, before))
         row["weight_bytes"] = N * K * 2
         out.append(row)
-    return dict(kind="matmul", rows=list(rows), shapes=out)
+    arm = "launch_for (TUNED)" if launches else "previous_launch_for"
+    return dict(kind="matmul", rows=list(rows), shapes=out, previous_launch=arm)
 
 
 def sweep_summary(result):
