@@ -163,7 +163,14 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint
             fair = [t for t in tried if t["rows_equal"]] or tried
             best = min(fair, key=lambda t: t["worst_ratio"])
             out.append(
-                dict(weight=[N, K], presets=presets, cublas_us=cublas, tried=tried, best=best)
+                dict(
+                    weight=[N, K],
+                    presets=presets,
+                    cublas_us=cublas,
+                    tried=tried,
+                    failed=failed,
+                    best=best,
+                )  # fmt: skip
             )
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(out)} of {len(shapes)} weights"
