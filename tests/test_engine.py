@@ -258,6 +258,25 @@ def test_a_freed_slot_keeps_nothing_of_its_last_tenant(strategy):
     assert torch.equal(got, fresh.step(torch.tensor([[5, 6, 1]]), [count]))
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_step_places_its_rows_at_their_slots_in_any_order(strategy):
+    """A step's row i goes to ``slots[i]`` whatever their order, and a slot left out of it stays
+    as it was: two engines, one stepping slots (3, 0) in that order with slot 1 left out, the
+    other stepping (0, 3) then slot 1, give the same logits, row for row, and the same state."""
+    prompts = torch.randint(0, 128, (4, 6), generator=torch.Generator().manual_seed(1))
+    tokens = torch.tensor([[5, 9, 2], [4, 4, 1]])
+    shuffled = DecodeEngine(MODEL, 4, 32, strategy, log_length=4, max_verify=3)
+    ordered = DecodeEngine(MODEL, 4, 32, strategy, log_length=4, max_verify=3)
+    for engine in (shuffled, ordered):
+        engine.prefill(prompts)
+    got = shuffled.step(tokens, [2, 1], slots=[3, 0])
+    want = ordered.step(tokens.flip(0), [1, 2], slots=[0, 3]).flip(0)
+    assert torch.equal(got, want)
+    step = torch.tensor([[8]])
+    assert torch.equal(shuffled.step(step, slots=[1]), ordered.step(step, slots=[1]))
+    assert torch.equal(shuffled.step(step, slots=[3]), ordered.step(step, slots=[3]))
+
+
 def pools(engine):
     out = {
         "live": list(engine.live),
