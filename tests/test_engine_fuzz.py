@@ -1,6 +1,8 @@
 """A differential fuzz of the serving engine (issue 34): a hypothesis state machine runs admit,
-begin_admit + advance, prefix-cache hits, steps with per-slot counts, rollbacks, retires and
-batched speculation on the tiny preset model, under each strategy, and compares every row the
+begin_admit + advance (interleaved prefill, also seated from the prefix cache), prefix-cache
+hits under a byte budget that changes (evictions, also of nodes a prefilling prompt was seated
+from), steps with per-slot counts, rollbacks, retires and batched speculation on the tiny
+preset model, under each strategy, and compares every row the
 engine returns with a fresh teaching-cache prefill of that slot's whole sequence
 (``test_engine_validation.prefill_logits``, to 2e-4). Before every rule one bad input is tried
 (ids outside the vocabulary or of a float dtype, wrong shapes and lengths, counts and keeps out
@@ -27,9 +29,10 @@ from test_engine_validation import (
 
 from replaylab.decoding import PromptLookupDrafter
 from replaylab.serving import DecodeEngine, EnginePrefixCache
+from replaylab.serving.prefix import PrefixAdmission
 
 STRATEGIES = ("snapshot", "recompute", "replay")
-EXAMPLES, STEPS = 4, 30
+EXAMPLES, STEPS = 12, 50
 SLOTS, MAX_LEN, L, MAX_VERIFY = 3, 32, 4, 3
 STEM = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]  # shared prompt starts: prefix-cache hits
 TOL = 2e-4
@@ -94,6 +97,7 @@ class EngineMachine(RuleBasedStateMachine):
             (lambda: e.retire(SLOTS), ValueError),
             (lambda: self.prefix.admit(None), TypeError),
             (lambda: self.prefix.admit([1, VOCAB]), ValueError),
+            (lambda: self.prefix.set_budget(self.prefix.floor_bytes - 1), ValueError),
             (lambda: e.step(torch.zeros(len(live) + 1, 1, dtype=torch.long)), ValueError),
         ]
         if live:
@@ -156,7 +160,34 @@ class EngineMachine(RuleBasedStateMachine):
     def begin_admit(self, data):
         self.poke(data)
         prompt = self.prompt(data)
-        self.admission = (self.engine.begin_admit(torch.tensor(prompt)), prompt)
+        if data.draw(st.booleans(), label="interleaved through the prefix cache"):
+            adm = self.prefix.begin_admit(prompt)
+            assert 0 <= adm.hit.resumed_from <= adm.hit.matched <= len(prompt)
+        else:
+            adm = self.engine.begin_admit(torch.tensor(prompt))
+        self.admission = (adm, prompt)
+
+    @rule(data=st.data())
+    def budget(self, data):
+        """The tree's byte budget: lifted, or one to four blocks, so evictions come (also
+        while a prompt prefills from a node they drop)."""
+        self.poke(data)
+        blocks = data.draw(st.sampled_from([None, 1, 2, 4]), label="budget in blocks")
+        self.prefix.set_budget(None if blocks is None else blocks * self.prefix.block_bytes)
+        assert blocks is None or self.prefix.held_bytes <= blocks * self.prefix.block_bytes
+
+    @precondition(
+        lambda self: (
+            self.admission is not None
+            and isinstance(self.admission[0], PrefixAdmission)
+            and self.admission[0].plan.resumed > 0
+        )
+    )
+    @rule()
+    def squeeze_while_prefilling(self):
+        """The budget falls to one block while a prompt seated from the tree prefills: the
+        nodes it came from may go, and the prompt must still come out right."""
+        self.prefix.set_budget(self.prefix.block_bytes)
 
     @precondition(lambda self: self.admission is not None)
     @rule(data=st.data())
