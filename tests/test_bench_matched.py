@@ -2,6 +2,7 @@
 batch gives a row, speculation equals greedy, the summary prints. The GPU run is
 ``replaylab bench matched`` (data/bench_matched.json)."""
 
+import pytest
 import torch
 
 from replaylab.bench.matched import MATCHED, matched_summary, run_matched
@@ -29,6 +30,25 @@ def test_matched_smoke_run_on_cpu():
     assert all(r["decode_tokens_per_s"] > 0 for r in result["rows"])
     lines = matched_summary(result)
     assert lines[0].split()[-3:] == ["1", "2", "3"] and "speculation replay" in lines[-2]
+
+
+def test_matched_arms_take_turns_and_pair_their_runs():
+    """Two arms at one batch: each has ``repeats`` runs, and the second arm's paired ratio is
+    the median of its runs over the first arm's, run by run."""
+    torch.manual_seed(0)
+    result = run_matched(
+        batches=(2,), n_steps=2, repeats=3, arms=("torch", "row_invariant"), spec_batches=(),
+        log_length=4, config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu",
+        progress=False,
+    )  # fmt: skip
+    first, second = result["rows"]
+    assert (first["arm"], second["arm"]) == ("torch", "row_invariant")
+    assert len(first["decode_runs_tokens_per_s"]) == len(second["decode_runs_tokens_per_s"]) == 3
+    paired = [
+        b / a for a, b in zip(first["decode_runs_tokens_per_s"], second["decode_runs_tokens_per_s"])
+    ]
+    assert second["over_first_arm_paired_median"] == pytest.approx(sorted(paired)[1])
+    assert "over_first_arm_paired_median" not in first
 
 
 def test_matched_layout_holds_mamba_ssms_bytes():

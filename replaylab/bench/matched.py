@@ -4,7 +4,10 @@ mamba-ssm's ``MambaLMHeadModel`` whose gated MLPs hold the same bytes, decoded w
 ``generate(cg=True)``.
 
 Per engine arm and batch: decode tokens/s (the user's loop of ``step`` + argmax, graphs
-warmed, ``n_steps`` timed, median of ``repeats``) and the two-term roofline share
+warmed, ``n_steps`` timed, median of ``repeats``; every arm's engine is built and warmed first,
+then their timed runs take turns, so drift between runs hits the arms alike, and
+``over_first_arm_paired_median`` is the median of each run over the first arm's run beside it)
+and the two-term roofline share
 max(bytes / copy bandwidth, FLOPs / matrix rate) over the step time, both rates measured in the
 same run. The arms are the lossless default (``matmul="row_invariant"``, ``kernels.matmul``'s
 sliced-K launches), the same product with the launch it replaced (``previous_launch_for``), and
@@ -42,15 +45,6 @@ ARMS = {  # name: (matmul, launch policy or None for the default)
     "row_invariant_previous_launch": ("row_invariant", "previous"),
     "torch": ("torch", None),
 }
-
-
-def _steps_per_s(engine, tok, n_steps, repeats):
-    """(median greedy steps per second over ``repeats`` runs of ``n_steps``, the last tokens)."""
-    runs = []
-    for _ in range(repeats):
-        seconds, tok = decode_seconds(engine, tok, n_steps)
-        runs.append(1 / seconds)
-    return statistics.median(runs), tok
 
 
 def run_matched(
@@ -93,48 +87,75 @@ def run_matched(
     rate = max(matrix_rate_tflops() for _ in range(3)) * 1e12 if cuda else None
     flops_per_token = 2 * matrix_weights(model)
     all_batches = sorted(set(batches) | set(spec_batches))
-    jobs = [(a, "replay", b) for a in arms for b in all_batches]
-    jobs += [(arms[0], s, b) for s in spec_strategies if s != "replay" for b in spec_batches]
-    rows = []
-    for arm, strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
-        matmul, policy = ARMS[arm]
-        max_len = 40 + log_length + 2 + n_steps * repeats + 2 * n_steps + k + 8
+    max_len = 40 + log_length + 2 + n_steps * repeats + 2 * n_steps + k + 8
+
+    def policy_of(arm):
+        policy = ARMS[arm][1]
         if launches:  # the table against today's launches
-            chosen = launch_for if policy == "previous" else table_policy(launches)
-        else:
-            chosen = previous_launch_for if policy == "previous" else None
-        with use_launches(chosen):
-            engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=matmul)
-            prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+            return launch_for if policy == "previous" else table_policy(launches)
+        return previous_launch_for if policy == "previous" else None
+
+    def warm_engine(arm, strategy, batch, prompts):
+        with use_launches(policy_of(arm)):  # the graphs are captured under the arm's launches
+            engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=ARMS[arm][0])
             tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
             for _ in range(log_length + 2):  # capture both graphs (with and without a fold)
                 tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
-            steps_per_s, tok = _steps_per_s(engine, tok, n_steps, repeats)
-            context = 24 + log_length + 2 + n_steps * repeats // 2
-            moved = decode_step_bytes(
-                cfg, "replay" if strategy == "replay" else "snapshot", batch, context,
-                log_length, step_weights,
-            )  # fmt: skip
-            row = dict(arm=arm, strategy=strategy, batch=batch)
-            row["decode_tokens_per_s"] = batch * steps_per_s
-            if cuda:
-                byte_s, flop_s = moved / bandwidth, flops_per_token * batch / rate
-                row["roofline"] = dict(
-                    bytes=moved,
-                    byte_seconds=byte_s,
-                    flop_seconds=flop_s,
-                    binds="bytes" if byte_s >= flop_s else "flops",
-                    share=max(byte_s, flop_s) * steps_per_s,
-                )
+        return engine, tok
+
+    def decode_row(arm, strategy, batch, runs):
+        steps_per_s = statistics.median(runs)
+        context = 24 + log_length + 2 + n_steps * repeats // 2
+        moved = decode_step_bytes(
+            cfg, "replay" if strategy == "replay" else "snapshot", batch, context,
+            log_length, step_weights,
+        )  # fmt: skip
+        row = dict(arm=arm, strategy=strategy, batch=batch)
+        row["decode_tokens_per_s"] = batch * steps_per_s
+        row["decode_runs_tokens_per_s"] = [batch * r for r in runs]
+        if cuda:
+            byte_s, flop_s = moved / bandwidth, flops_per_token * batch / rate
+            row["roofline"] = dict(
+                bytes=moved,
+                byte_seconds=byte_s,
+                flop_seconds=flop_s,
+                binds="bytes" if byte_s >= flop_s else "flops",
+                share=max(byte_s, flop_s) * steps_per_s,
+            )
+        return row
+
+    def speculation(row, engine, prompts):
+        ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
+        row.update(timed_speculation(engine, prompts, ref, k, acceptance, warm=True))
+        row["speculation_over_decode"] = (
+            row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
+        )
+
+    rows = []
+    jobs = [("replay", b) for b in all_batches]
+    jobs += [(s, b) for s in spec_strategies if s != "replay" for b in spec_batches]
+    for strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
+        prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+        arms_here = arms if strategy == "replay" else arms[:1]
+        engines = {a: warm_engine(a, strategy, batch, prompts) for a in arms_here}
+        runs = {a: [] for a in arms_here}
+        for _ in range(repeats):  # the arms in turn, so drift between runs hits them alike
+            for arm, (engine, tok) in engines.items():
+                with use_launches(policy_of(arm)):
+                    seconds, tok = decode_seconds(engine, tok, n_steps)
+                engines[arm] = (engine, tok)
+                runs[arm].append(1 / seconds)
+        for arm in arms_here:
+            row = decode_row(arm, strategy, batch, runs[arm])
+            if arm != arms[0]:  # each run over the first arm's run beside it
+                paired = [r / f for r, f in zip(runs[arm], runs[arms[0]])]
+                row["over_first_arm_paired_median"] = statistics.median(paired)
             if arm == arms[0] and batch in spec_batches:
-                ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
-                row.update(timed_speculation(engine, prompts, ref, k, acceptance, warm=True))
-                row["speculation_over_decode"] = (
-                    row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
-                )
+                with use_launches(policy_of(arm)):
+                    speculation(row, engines[arm][0], prompts)
             rows.append(row)
-            del engine
-            torch.cuda.empty_cache()
+        del engines
+        torch.cuda.empty_cache()
     peer = []
     peer_weights = None
     if mamba_ssm and cuda:
@@ -201,6 +222,12 @@ def matched_summary(result):
             for b in batches
         )
     )
+    for arm in dict.fromkeys(r["arm"] for r in plain if "over_first_arm_paired_median" in r):
+        by = {r["batch"]: r["over_first_arm_paired_median"] for r in plain if r["arm"] == arm}
+        lines.append(
+            f"{(arm + ' / first, paired')[:24]:<24} "
+            + "  ".join(f"{by[b]:7.3f}x" if b in by else "       -" for b in batches)
+        )
     if all("roofline" in default[b] for b in batches):
         lines.append(
             f"{'default roofline share':<24} "
