@@ -6,7 +6,8 @@ with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
 
     python tools/spec_host_probe.py OUT.json [--batches 8,32,128] [--k 4] [--rounds 40]
 
-Run it on the machine whose host you want to know (a GPU machine's host sets the floor under
+``--drafters batched`` times one ``serving.BatchSyntheticDrafter`` instead of a list of
+per-sequence drafters. Run it on the machine whose host you want to know (a GPU machine's host sets the floor under
 its speculation rounds there); the pools are the tiny-gdn preset's, on the CPU.
 """
 
@@ -27,7 +28,7 @@ from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
 
 
-def probe(batch, k, rounds, acceptance=0.8, repeats=3):
+def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
     _, cfg = load_preset("tiny-gdn")
     model = HybridLM(cfg, seed=0).eval()
     best, logits = None, torch.zeros(batch, k + 1, cfg.vocab_size)
@@ -37,14 +38,19 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3):
         pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
         engine._run = lambda tokens, folds, save: logits[: tokens.shape[0], : tokens.shape[1]]
         zeros = torch.zeros(48 + rounds * (k + 1) + k, dtype=torch.long)
-        drafters = [SyntheticDrafter(zeros, acceptance, seed=i) for i in range(batch)]
+        if drafters == "batched":  # one BatchSyntheticDrafter for the whole batch
+            from replaylab.serving import BatchSyntheticDrafter
+
+            proposer = BatchSyntheticDrafter([zeros] * batch, acceptance, seed=0)
+        else:
+            proposer = [SyntheticDrafter(zeros, acceptance, seed=i) for i in range(batch)]
         n_new = rounds * (1 + k) // 2  # about `rounds` rounds at this acceptance
         t0 = time.perf_counter()
-        engine.speculate_batch(prompts, pending, n_new, drafters, k=k)
+        engine.speculate_batch(prompts, pending, n_new, proposer, k=k)
         seconds = time.perf_counter() - t0
         per_round = seconds / engine.stats.steps
         if best is None or per_round < best["ms_per_round"] / 1e3:
-            best = dict(batch=batch, k=k, rounds=engine.stats.steps,
+            best = dict(batch=batch, k=k, drafters=drafters, rounds=engine.stats.steps,
                         ms_per_round=per_round * 1e3, us_per_sequence=per_round * 1e6 / batch)  # fmt: skip
     return best
 
@@ -55,9 +61,14 @@ def main(argv=None):
     ap.add_argument("--batches", default="8,32,128")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--drafters", default="list", choices=["list", "batched"],
+                    help="a SyntheticDrafter per sequence, or one BatchSyntheticDrafter")  # fmt: skip
+    ap.add_argument("--label", default=None, help="names the tree, for side-by-side runs")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [probe(int(b), a.k, a.rounds) for b in a.batches.split(",")]
+    rows = [probe(int(b), a.k, a.rounds, drafters=a.drafters) for b in a.batches.split(",")]
+    for r in rows:
+        r["label"] = a.label
     found = provenance()
     found["command"] = "python tools/spec_host_probe.py " + " ".join(sys.argv[1:])
     with open(a.out, "w") as f:

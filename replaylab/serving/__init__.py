@@ -7,13 +7,14 @@ pools        preallocated memory per layer and slot, by family
 strategies   one class per strategy (snapshot, recompute, replay) and their registry
 runner       ModelRunner: the reference forward and CUDA graphs; ``fused``: the fused one
 prefill      a prompt through the pools; ``admission``: a chunk at a time between steps
-speculation  batched speculative decoding and acceptance
+speculation  batched speculative decoding and acceptance; ``drafters``: batched drafters
 request      a request; ``scheduler``: continuous batching under one byte budget (``budget``)
 prefix       a prefix cache of KV and recurrent state over the slots
 """
 
 from replaylab.serving.admission import Admission
 from replaylab.serving.cursor import rollback_cursor
+from replaylab.serving.drafters import BatchPromptLookupDrafter, BatchSyntheticDrafter
 from replaylab.serving.engine import DecodeEngine, EngineStats
 from replaylab.serving.layouts import fused_reason, unsupported_reason
 from replaylab.serving.prefix import EnginePrefixCache, allowed_block_sizes
@@ -23,6 +24,8 @@ from replaylab.serving.strategies import STRATEGIES
 
 __all__ = [
     "Admission",
+    "BatchPromptLookupDrafter",
+    "BatchSyntheticDrafter",
     "DecodeEngine",
     "EnginePrefixCache",
     "allowed_block_sizes",

@@ -28,7 +28,10 @@ def check_k(engine, k):
 
 
 def check_drafters(drafters, S):
-    """``drafters``: a list of S objects with ``propose``."""
+    """``drafters``: a list of S objects with ``propose``, or one batched drafter (with
+    ``propose_batch``, ``serving.drafters``)."""
+    if callable(getattr(drafters, "propose_batch", None)):
+        return
     if not isinstance(drafters, (list, tuple)) or len(drafters) != S:
         raise ValueError(f"drafters: expected a list of {S}, one per slot, got {given(drafters)}")
     for i, d in enumerate(drafters):
@@ -69,18 +72,23 @@ def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
         contexts[i, prompt.numel()] = first[0]
     proposed, accepted = [0] * S, [0] * S
     steps = torch.arange(k + 1)
+    batched = callable(getattr(drafters, "propose_batch", None))
     while True:
         going = [i for i in range(S) if len(outs[i]) < n_new]
         if not going:
             break
-        rows, ks = [], []
-        for i in going:
-            s = slots[i]
-            drafts = drafters[i].propose(contexts[i, : lengths[i]], k, vocab)
-            rows.append([outs[i][-1], *as_drafts(f"drafts of slot {s}", drafts, vocab, k)])
-            # fewer drafts just before a fold and near max_len
-            ks.append(min(k, e.policy.room(s) - 1, e.max_len - e.pos[s] - 1))
-        batch, limit = torch.tensor(rows), torch.tensor(ks)
+        # fewer drafts just before a fold and near max_len
+        ks = [min(k, e.policy.room(slots[i]) - 1, e.max_len - e.pos[slots[i]] - 1) for i in going]
+        if batched:
+            batch = propose_rows(drafters, contexts, lengths, going, outs, k, vocab, slots)
+        else:
+            rows = []
+            for i in going:
+                drafts = drafters[i].propose(contexts[i, : lengths[i]], k, vocab)
+                drafts = as_drafts(f"drafts of slot {slots[i]}", drafts, vocab, k)
+                rows.append([outs[i][-1], *drafts])
+            batch = torch.tensor(rows)
+        limit = torch.tensor(ks)
         step_slots = [slots[i] for i in going]
         pred = e._step(batch.to(e.device), [kj + 1 for kj in ks], step_slots)
         pred = pred.argmax(-1).cpu()  # (G, k + 1)
@@ -98,3 +106,33 @@ def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
             lengths[i] += a + 1
         e._rollback((taken + 1).tolist(), step_slots)
     return [torch.tensor(o[:n_new], device=e.device) for o in outs], proposed, accepted
+
+
+def propose_rows(drafter, contexts, lengths, going, outs, k, vocab, slots):
+    """A round's tokens (G, k + 1) from a batched drafter: each sequence's last token, then
+    its k drafts, checked at once (an integer (G, k) tensor, every id in [0, vocab))."""
+    index = torch.tensor(going)
+    drafts = drafter.propose_batch(contexts[index], torch.tensor(lengths)[index], index, k, vocab)
+    shape = (len(going), k)
+    if (
+        not isinstance(drafts, torch.Tensor)
+        or drafts.dtype in (torch.bool,)
+        or (drafts.is_floating_point() or drafts.is_complex())
+    ):
+        raise TypeError(
+            f"drafts: propose_batch must return an integer tensor {shape}, got {given(drafts)}"
+        )
+    if tuple(drafts.shape) != shape:
+        raise ValueError(
+            f"drafts: expected shape {shape} (sequences going, k), got {given(drafts)}"
+        )
+    drafts = drafts.long().cpu()
+    bad = (drafts < 0) | (drafts >= vocab)
+    if bad.any():
+        g, j = bad.nonzero()[0].tolist()
+        raise ValueError(
+            f"drafts of slot {slots[going[g]]}: token id {int(drafts[g, j])} at index {j} is "
+            f"outside the vocabulary [0, {vocab})"
+        )
+    last = torch.tensor([outs[i][-1] for i in going])
+    return torch.cat([last[:, None], drafts], 1)

@@ -68,18 +68,21 @@ def as_token_ids(name, value, vocab, *specs, check_range=True) -> torch.Tensor:
     """``value``: an integer tensor of token ids whose shape fits one of ``specs`` (see the
     glossary) with every id in [0, vocab) -> the same ids as int64, on the same device.
     ``check_range=False`` skips the range check (it reads the ids back from the device)."""
-    allowed = " or ".join(_show(s) for s in specs)
+
+    def allowed():  # for the messages only: a speculation round checks every drafter's ids
+        return " or ".join(_show(s) for s in specs)
+
     if not isinstance(value, torch.Tensor):
         raise TypeError(
-            f"{name}: expected an integer tensor of token ids {allowed}, got {given(value)}"
+            f"{name}: expected an integer tensor of token ids {allowed()}, got {given(value)}"
         )
     if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
         raise TypeError(
-            f"{name}: expected an integer tensor of token ids {allowed}, got dtype {value.dtype}"
+            f"{name}: expected an integer tensor of token ids {allowed()}, got dtype {value.dtype}"
         )
     if not any(_fits(tuple(value.shape), s) for s in specs):
         raise ValueError(
-            f"{name}: expected token ids of shape {allowed}, got shape {tuple(value.shape)}"
+            f"{name}: expected token ids of shape {allowed()}, got shape {tuple(value.shape)}"
         )
     ids = value.long()
     if check_range and ids.numel():
@@ -120,6 +123,16 @@ def as_ints(name, values, labels, low, high) -> list[int]:
 def as_drafts(name, value, vocab, k=None) -> list[int]:
     """A drafter's proposal: ``k`` ids (any number when None) as a tensor (k,) or (1, k) of
     any integer dtype, or a list of ints, each in [0, vocab) -> a list of ints."""
+    if (  # the usual proposal, a (k,) integer tensor on the host: read it once
+        isinstance(value, torch.Tensor)
+        and value.device.type == "cpu"
+        and value.dim() == 1
+        and (k is None or value.shape[0] == k)
+        and not (value.dtype == torch.bool or value.is_floating_point() or value.is_complex())
+    ):
+        ids = value.tolist()
+        if all(0 <= token < vocab for token in ids):
+            return ids
     if isinstance(value, (list, tuple)) and all(is_int(v) for v in value):
         value = torch.tensor([operator.index(v) for v in value], dtype=torch.long)
     size = "k" if k is None else ("k", k)
