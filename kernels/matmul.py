@@ -13,6 +13,11 @@ by ``bench matmul``.
 
     y = x W^T      x: (M, K), W: (N, K) (nn.Linear's layout), y: (M, N), fp32 accumulation
 
+A launch may fetch its tiles with the tensor memory accelerator (``Launch.tma``, Hopper and
+later): the same slices and order along K, zeros past the edges instead of masks; it applies
+where a weight's rows are 16-byte multiples and its base 16-byte aligned (the rows are copied
+to an aligned buffer where theirs is not), else the launch keeps pointer loads.
+
 ``row_sum`` is the same promise for a sum over the last dim (the norms' mean of squares, an
 L2 normalisation): one program per row, its chunks in one order, whatever the row count.
 
@@ -50,7 +55,7 @@ class Launch(NamedTuple):
     num_warps: int = 4
     num_stages: int = 4
     group_m: int = 8  # row tiles that run together on one weight tile (L2 reuse)
-    tma: bool = False  # tiles loaded by the tensor memory accelerator (K x itemsize % 16 == 0)
+    tma: bool = False  # tiles fetched by TMA where it applies (16-byte rows and weight base)
 
 
 @triton.jit(do_not_specialize=["M"])  # one compiled kernel for every row count

@@ -32,9 +32,20 @@ def test_matched_smoke_run_on_cpu():
     assert lines[0].split()[-3:] == ["1", "2", "3"] and "speculation replay" in lines[-2]
 
 
-def test_matched_arms_take_turns_and_pair_their_runs():
-    """Two arms at one batch: each has ``repeats`` runs, and the second arm's paired ratio is
-    the median of its runs over the first arm's, run by run."""
+def test_matched_arms_take_turns_and_pair_their_runs(monkeypatch):
+    """Two arms at one batch: their timed runs alternate (first, second, first, ...), each has
+    ``repeats`` runs, and the second arm's paired ratio is the median of its runs over the
+    first arm's, run by run."""
+    from replaylab.bench import matched
+
+    timed = []
+    decode_seconds = matched.decode_seconds
+
+    def recording(engine, tok, n_new):
+        timed.append(engine.matmul)
+        return decode_seconds(engine, tok, n_new)
+
+    monkeypatch.setattr(matched, "decode_seconds", recording)
     torch.manual_seed(0)
     result = run_matched(
         batches=(2,), n_steps=2, repeats=3, arms=("torch", "row_invariant"), spec_batches=(),
@@ -49,6 +60,7 @@ def test_matched_arms_take_turns_and_pair_their_runs():
     ]
     assert second["over_first_arm_paired_median"] == pytest.approx(sorted(paired)[1])
     assert "over_first_arm_paired_median" not in first
+    assert timed == ["torch", "row_invariant"] * 3
 
 
 def test_matched_layout_holds_mamba_ssms_bytes():

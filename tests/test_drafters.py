@@ -65,6 +65,10 @@ def test_batched_synthetic_drafter_follows_its_references():
     assert 0.65 < torch.cat(right).float().mean() < 0.75  # 1,200 draws at acceptance 0.7
     with pytest.raises(ValueError, match="acceptance"):
         BatchSyntheticDrafter(refs, 1.5)
+    with pytest.raises(ValueError, match="expected a list of one reference"):
+        BatchSyntheticDrafter(torch.zeros(2, 5, dtype=torch.long), 0.5)
+    with pytest.raises(ValueError, match="sequence 2 has no reference"):
+        BatchSyntheticDrafter(refs, 0.5).propose_batch(rows, lengths, torch.tensor([0, 2]), 4, 10)
 
 
 def engine_and_refs(strategy, prompts):
@@ -108,7 +112,11 @@ class Returns:
 @pytest.mark.parametrize(
     "value, error, match",
     [
-        (torch.zeros(3, 3, dtype=torch.long), ValueError, r"expected shape \(3, 2\)"),
+        (
+            torch.zeros(3, 3, dtype=torch.long),
+            ValueError,
+            r"shape \(sequences going=3, k=2\), got shape \(3, 3\)",
+        ),
         (torch.zeros(3, 2), TypeError, "integer tensor"),
         ([[0, 0]] * 3, TypeError, "integer tensor"),
         (torch.tensor([[0, 0], [0, 999], [0, 0]]), ValueError, "token id 999 at index 1"),

@@ -58,6 +58,21 @@ def test_k_slices_keep_rows_invariant_and_match_fp32_accumulation(launch):
         assert torch.equal(linear(x[:m], w, launch), every[:m]), m
 
 
+def test_a_tma_launch_where_tma_cannot_apply():
+    """Rows that are not 16-byte multiples keep pointer loads (the same bits as tma=False);
+    rows at an unaligned base are copied to an aligned buffer first (the same bits as an
+    aligned copy of them)."""
+    tma = Launch(64, 32, 32, 3, 4, 4, tma=True)
+    x = torch.randn(70, 100, device=DEVICE).to(torch.bfloat16)  # 200-byte rows
+    w = torch.randn(40, 100, device=DEVICE).to(torch.bfloat16)
+    assert torch.equal(linear(x, w, tma), linear(x, w, tma._replace(tma=False)))
+    flat = torch.randn(70 * 104 + 1, device=DEVICE).to(torch.bfloat16)
+    shifted = flat[1:].view(70, 104)  # its base 2 bytes past an aligned one
+    w = torch.randn(40, 104, device=DEVICE).to(torch.bfloat16)
+    assert shifted.data_ptr() % 16
+    assert torch.equal(linear(shifted, w, tma), linear(shifted.clone(), w, tma))
+
+
 def test_use_launches_swaps_the_policy_and_restores_it():
     x = torch.randn(3, 96, device=DEVICE).to(torch.bfloat16)
     w = torch.randn(40, 96, device=DEVICE).to(torch.bfloat16)

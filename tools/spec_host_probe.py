@@ -5,10 +5,12 @@ round, at each batch. Drafters follow an all-zero reference (the stub's greedy t
 with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
 
     python tools/spec_host_probe.py OUT.json [--batches 8,32,128] [--k 4] [--rounds 40]
+        [--drafters list|batched] [--label NAME]
 
 ``--drafters batched`` times one ``serving.BatchSyntheticDrafter`` instead of a list of
-per-sequence drafters. Run it on the machine whose host you want to know (a GPU machine's host sets the floor under
-its speculation rounds there); the pools are the tiny-gdn preset's, on the CPU.
+per-sequence drafters. Run it on the machine whose host you want to know (a GPU machine's
+host sets the floor under its speculation rounds there); the pools are the tiny-gdn
+preset's, on the CPU.
 """
 
 from __future__ import annotations

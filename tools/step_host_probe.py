@@ -17,8 +17,10 @@ import statistics
 
 import torch
 
+REPEATS = 5
 
-def _timed(fn, repeats=5):
+
+def _timed(fn, repeats=REPEATS):
     """Median milliseconds of ``fn()`` between CUDA events."""
     times = []
     for _ in range(repeats):
@@ -60,7 +62,7 @@ def probe(batch, model, vocab, n_steps=64, log_length=16):
         wall_ms = _timed(loop)
     finally:
         torch.cuda.CUDAGraph.replay = original
-    sequence = replayed[-n_steps:]
+    sequence = replayed[-len(replayed) // REPEATS :]  # the last timed loop's replays
 
     def graphs_alone():
         for g in sequence:
@@ -73,7 +75,7 @@ def probe(batch, model, vocab, n_steps=64, log_length=16):
         step_us=1e3 * wall_ms / n_steps,
         graph_replay_us=1e3 * replay_ms / n_steps,
         wall_over_replay=wall_ms / replay_ms,
-        graphs_per_step=len(replayed) / (5 * n_steps),
+        graphs_per_step=len(replayed) / (REPEATS * n_steps),
     )
 
 

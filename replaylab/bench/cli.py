@@ -270,16 +270,14 @@ def _matmul(args):
 
     _need_gpu("matmul")
     t0 = time.time()
-    rows = tuple(args.rows) if args.rows else None
+    shapes = weight_shapes(args.presets) if args.presets else None
+    given = {"rows": tuple(args.rows)} if args.rows else {}
     if args.sweep:
         out, lines = args.out or "data/bench_matmul_sweep.json", sweep_summary
-        partial = dict(checkpoint=lambda r: _write(dict(provenance(args.argv), **r), out))
-        shapes = weight_shapes(args.presets) if args.presets else None
-        result = sweep(shapes, **partial, **({"rows": rows} if rows else {}))
+        save = lambda r: _write(dict(provenance(args.argv), **r), out)  # noqa: E731
+        result = sweep(shapes, checkpoint=save, **given)
     else:
-        table = dict(launches=_launch_table(args.launches))
-        shapes = weight_shapes(args.presets) if args.presets else None
-        result = run(shapes, **table, **({"rows": rows} if rows else {}))
+        result = run(shapes, launches=_launch_table(args.launches), **given)
         out, lines = args.out or "data/bench_matmul.json", run_summary
     return _save(args, result, out, lines, t0)
 

@@ -30,7 +30,9 @@ ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP
 
 def weight_shapes(presets=None):
     """{(N, K): [presets]} of every 2-D weight a forward multiplies by (not the embedding), for
-    the serving presets and the families' presets, built on the meta device (no memory)."""
+    the serving presets and the families' presets (or ``presets``), built on the meta device
+    (no memory); with the fused path's one q/k/v product of each attention layer, and, with
+    8b-layers, the weight-matched layout's MLP (``ISSUE_SHAPES``, ``bench matched``)."""
     from replaylab.bench.families import PRESETS, load_preset
     from replaylab.model import HybridLM, preset
 
@@ -69,12 +71,12 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 
 def candidates(N, K):
     """Launches worth timing for a weight (N, K): every tile of ``TILES`` at each count of
-    ``SPLITS`` slices of K (a slice at least 512 columns), its tiles loaded by pointers and by
-    TMA."""
+    ``SPLITS`` slices of K (a slice at least 512 columns), its tiles loaded by pointers and,
+    where bf16 rows of K are 16-byte multiples, by TMA."""
     from replaylab.kernels.matmul import Launch
 
     out = []
-    for tma in (False, True):
+    for tma in (False, True) if K * 2 % 16 == 0 else (False,):  # TMA: 16-byte bf16 rows
         for bm, bn, bk, warps, stages in TILES:
             for splits in SPLITS:
                 if splits == 1 or K // splits >= 512:
@@ -172,6 +174,8 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint
                     best=best,
                 )  # fmt: skip
             )
+            if checkpoint is not None:  # what is done survives a kill, not only a SIGINT
+                checkpoint(dict(kind="matmul sweep", rows=list(rows), shapes=out, stopped=None))
     except KeyboardInterrupt:
         stopped = f"interrupted after {len(out)} of {len(shapes)} weights"
     return dict(kind="matmul sweep", rows=list(rows), shapes=out, stopped=stopped)

@@ -30,8 +30,11 @@ class BatchSyntheticDrafter:
     def __init__(self, references, acceptance, seed=0):
         if not 0 <= acceptance <= 1:
             raise ValueError(f"acceptance: expected 0 <= acceptance <= 1, got {acceptance}")
-        if not references:
-            raise ValueError("references: expected one reference (n,) per sequence, got none")
+        if not isinstance(references, (list, tuple)) or not references:
+            raise ValueError(
+                "references: expected a list of one reference (n,) per sequence, got "
+                f"{type(references).__name__}"
+            )
         width = max(r.numel() for r in references)
         self.reference = torch.zeros(len(references), width, dtype=torch.long)
         for i, r in enumerate(references):
@@ -40,6 +43,11 @@ class BatchSyntheticDrafter:
         self.generator = torch.Generator().manual_seed(seed)
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        if len(rows) and int(rows.max()) >= self.reference.shape[0]:
+            raise ValueError(
+                f"rows: sequence {int(rows.max())} has no reference (this drafter holds "
+                f"{self.reference.shape[0]}); expected one reference per sequence"
+            )
         at = lengths[:, None] + torch.arange(k)  # (G, k) positions after each context
         inside = at < self.reference.shape[1]
         true = self.reference[rows[:, None], at.clamp(max=self.reference.shape[1] - 1)]

@@ -344,7 +344,8 @@ class DecodeEngine:
     def speculate_batch(self, prompts, pending, n_new, drafters, k=4, slots=None):
         """Speculative decoding of the live ``slots`` (default: all) together, each sequence
         accepting its own number of drafts per round (``serving.speculation``): ``prompts``
-        (list of (T0,)), ``pending`` (S, 1) or (S,) their first tokens, one drafter each. A
+        (list of (T0,)), ``pending`` (S, 1) or (S,) their first tokens, ``drafters`` one per
+        sequence (``propose``) or one batched drafter for all (``serving.drafters``). A
         round verifies fewer drafts before a fold (replay) and near max_len. Returns (list of
         (n_new,) tokens on the engine's device, proposed, accepted), the last two per sequence.
         Everything is checked before the first step; a drafter's proposal before the step of

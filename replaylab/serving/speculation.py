@@ -113,20 +113,9 @@ def propose_rows(drafter, contexts, lengths, going, outs, k, vocab, slots):
     its k drafts, checked at once (an integer (G, k) tensor, every id in [0, vocab))."""
     index = torch.tensor(going)
     drafts = drafter.propose_batch(contexts[index], torch.tensor(lengths)[index], index, k, vocab)
-    shape = (len(going), k)
-    if (
-        not isinstance(drafts, torch.Tensor)
-        or drafts.dtype in (torch.bool,)
-        or (drafts.is_floating_point() or drafts.is_complex())
-    ):
-        raise TypeError(
-            f"drafts: propose_batch must return an integer tensor {shape}, got {given(drafts)}"
-        )
-    if tuple(drafts.shape) != shape:
-        raise ValueError(
-            f"drafts: expected shape {shape} (sequences going, k), got {given(drafts)}"
-        )
-    drafts = drafts.long().cpu()
+    shape = (("sequences going", len(going)), ("k", k))
+    drafts = as_token_ids("drafts of propose_batch", drafts, vocab, shape, check_range=False)
+    drafts = drafts.cpu()
     bad = (drafts < 0) | (drafts >= vocab)
     if bad.any():
         g, j = bad.nonzero()[0].tolist()
