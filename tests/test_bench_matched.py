@@ -106,3 +106,17 @@ def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
         kernels_matmul.linear = product
     assert ((vocab, d), chosen) in seen
     assert all(launch == policy(*shape) for shape, launch in seen)
+
+
+def test_matched_speculation_with_the_batched_drafter():
+    """``drafter="batched"``: the speculation rows run one BatchSyntheticDrafter, say so, and
+    still equal greedy."""
+    torch.manual_seed(0)
+    result = run_matched(
+        batches=(), n_steps=2, repeats=1, arms=("torch",), spec_batches=(2,),
+        spec_strategies=("replay",), log_length=4,
+        config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu", progress=False,
+        drafter="batched",
+    )  # fmt: skip
+    (row,) = result["rows"]
+    assert row["drafter"] == "batched" and row["speculative_equal_greedy"]

@@ -302,6 +302,7 @@ def _matched(args):
         spec_batches=args.spec_batches,
         mamba_ssm=not args.no_mamba_ssm,
         launches=_launch_table(args.launches),
+        drafter=args.drafter,
     )
     return _save(args, result, args.out or "data/bench_matched.json", matched_summary, t0)
 
@@ -474,6 +475,10 @@ def add_bench_parser(subparsers):
     mt.add_argument("--spec-batches", type=_ints, default=[1, 8, 32, 128])
     mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
     mt.add_argument("--launches", help="a matmul --sweep JSON whose launches replace TUNED's")
+    mt.add_argument(
+        "--drafter", default="list", choices=["list", "batched"],
+        help="speculation rows: a SyntheticDrafter per sequence, or one BatchSyntheticDrafter",
+    )  # fmt: skip
     mt.set_defaults(run=_matched)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")

@@ -248,19 +248,24 @@ def decode_seconds(engine, tok, n_new):
     return (time.perf_counter() - t0) / n_new, tok
 
 
-def timed_speculation(engine, prompts, ref, k, acceptance, warm=False):
+def timed_speculation(engine, prompts, ref, k, acceptance, warm=False, drafter="list"):
     """Batched speculative decoding of ``prompts`` (a list of (n,)) against the engine's own
     greedy tokens ``ref`` (a list of (n_spec,)), k drafts per round; a row dict. ``warm``:
     a whole untimed run first (with CUDA graphs: the verify and rerun steps are captured
-    there, not in the timed run)."""
+    there, not in the timed run). ``drafter``: "list", a ``SyntheticDrafter`` per sequence,
+    or "batched", one ``serving.BatchSyntheticDrafter``."""
+    from replaylab.serving import BatchSyntheticDrafter
+
+    if drafter not in ("list", "batched"):
+        raise ValueError(f"drafter: expected 'list' or 'batched', got {drafter!r}")
     n_spec = ref[0].numel()
 
     def start():
         pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
-        drafters = [
-            SyntheticDrafter(torch.cat([p, r]), acceptance, seed=i)
-            for i, (p, r) in enumerate(zip(prompts, ref))
-        ]
+        references = [torch.cat([p, r]) for p, r in zip(prompts, ref)]
+        if drafter == "batched":
+            return pending, BatchSyntheticDrafter(references, acceptance, seed=0)
+        drafters = [SyntheticDrafter(r, acceptance, seed=i) for i, r in enumerate(references)]
         return pending, drafters
 
     if warm:
@@ -275,6 +280,7 @@ def timed_speculation(engine, prompts, ref, k, acceptance, warm=False):
     seconds = time.perf_counter() - t0
     parted = [i for i, (t, r) in enumerate(zip(tokens, ref)) if not torch.equal(t.cpu(), r)]
     return dict(
+        drafter=drafter,
         speculative_tokens_per_s=len(prompts) * n_spec / seconds,
         speculative_equal_greedy=not parted,
         sequences_parted=len(parted),

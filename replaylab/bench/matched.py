@@ -62,12 +62,14 @@ def run_matched(
     device="cuda",
     progress=True,
     launches=None,
+    drafter="list",
 ):
     """Every row of the module docstring; ``spec_batches`` are decoded too (plain decode is
     the denominator of each speculation row), speculated under the first of ``arms``. ``config`` (a dict of ``HybridConfig`` fields,
     default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer.
     ``launches`` (a table from ``bench.matmul.best_launches``) replaces ``launch_for``'s
-    launches in the row-invariant arm, and the previous-launch arm then runs ``launch_for``'s."""
+    launches in the row-invariant arm, and the previous-launch arm then runs ``launch_for``'s.
+    ``drafter`` ("list" or "batched") is ``timed_speculation``'s."""
     from tqdm.auto import tqdm
 
     from replaylab.bench.matmul import table_policy
@@ -126,7 +128,7 @@ def run_matched(
 
     def speculation(row, engine, prompts):
         ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
-        row.update(timed_speculation(engine, prompts, ref, k, acceptance, warm=True))
+        row.update(timed_speculation(engine, prompts, ref, k, acceptance, True, drafter))
         row["speculation_over_decode"] = (
             row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
         )
