@@ -203,3 +203,13 @@ def test_the_mamba1_and_roofline_sentences_match_the_committed_runs():
     busy = [round(100 * r["gpu_busy"]) for r in replay]
     assert f"replay at {min(shares)}-{max(shares)}% of the roofline" in text
     assert f"busy for {min(busy)}-{max(busy)}% of the steps" in text
+
+
+def test_the_batched_drafter_sentence_matches_the_host_probe():
+    runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    found = re.search(r"at batch 128 falls from ([\d.]+) to ([\d.]+) ms", text)
+    at_128 = [next(r for r in run["rows"] if r["batch"] == 128) for run in runs]
+    previous, batched = at_128[0], at_128[2]
+    assert previous["label"].startswith("previous") and batched["drafters"] == "batched"
+    assert found.groups() == (f"{previous['ms_per_round']:.2f}", f"{batched['ms_per_round']:.2f}")
