@@ -118,3 +118,18 @@ def tiny_family_model(family, seed=3):
     else:
         raise ValueError(f"family: expected 'mamba1' or 'gdn', got {family!r}")
     return HybridLM(cfg, seed=seed).eval()
+
+
+def decode_after_admissions(engine, logits, n=6):
+    """``logits``: the admissions' last logits, one per slot; n greedy steps of every slot
+    together, appended to them. Returns the list (for a graphed engine against an ungraphed
+    one, bit for bit)."""
+    import torch
+
+    logits = list(logits)
+    tok = torch.stack(logits).argmax(-1, keepdim=True)
+    for _ in range(n):
+        out = engine.step(tok)
+        logits.append(out)
+        tok = out[:, -1].argmax(-1, keepdim=True)
+    return logits

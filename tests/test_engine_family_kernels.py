@@ -26,6 +26,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from family_models import decode_after_admissions
 from test_engine import pools, run_program
 from test_engine_families import TOL, one_thread  # noqa: F401 - the fixture applies here too
 
@@ -372,13 +373,8 @@ def test_a_prefix_cache_seats_a_graphed_engine_as_an_ungraphed_one():
         prefix, logits = EnginePrefixCache(engine, block_size=4), []
         for p in prompts:
             logits.append(prefix.admit(p)[1])
-        tok = torch.stack(logits).argmax(-1, keepdim=True)
-        for _ in range(6):
-            out = engine.step(tok)
-            logits.append(out)
-            tok = out[:, -1].argmax(-1, keepdim=True)
+        seen.append(decode_after_admissions(engine, logits, 6))
         assert engine.stats.graph_replays == (6 if graphs else 0)
-        seen.append(logits)
     for a, b in zip(*seen):
         assert torch.equal(a, b)
 

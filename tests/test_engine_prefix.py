@@ -21,7 +21,7 @@ import random
 
 import pytest
 import torch
-from family_models import tiny_family_model
+from family_models import decode_after_admissions, tiny_family_model
 
 from replaylab.checks import assert_close
 from replaylab.decoding import SyntheticDrafter
@@ -107,6 +107,16 @@ def greedy_steps(engine, slot, logits, n):
     return tokens, seen
 
 
+def assert_decodes_like_cold(engine, slot, logits, cold, cslot, clogits, n):
+    """n greedy steps of ``slot`` after a hit and of its cold twin ``cslot``: the same tokens,
+    the same logits to TOL."""
+    got, got_logits = greedy_steps(engine, slot, logits, n)
+    want, want_logits = greedy_steps(cold, cslot, clogits, n)
+    assert got == want
+    for a, b in zip(got_logits, want_logits):
+        assert_close(a, b, atol=TOL, rtol=0)
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_shared_system_prompt_hits_and_gives_the_cold_logits_and_tokens(strategy):
     """Varied suffixes after a 37-token system prompt (block 8, L 4): grid and off-grid hits,
@@ -128,11 +138,7 @@ def test_a_shared_system_prompt_hits_and_gives_the_cold_logits_and_tokens(strate
         cslot, clogits = cold.admit(torch.tensor(tokens))
         assert_close(logits, clogits, atol=TOL, rtol=0)
         assert_close(logits, forward_logits(MODEL, tokens), atol=TOL, rtol=0)
-        got, got_logits = greedy_steps(engine, slot, logits, 6)
-        want, want_logits = greedy_steps(cold, cslot, clogits, 6)
-        assert got == want
-        for a, b in zip(got_logits, want_logits):
-            assert_close(a, b, atol=TOL, rtol=0)
+        assert_decodes_like_cold(engine, slot, logits, cold, cslot, clogits, 6)
         assert hit.resumed_from + hit.recomputed + hit.prefilled == len(tokens)
         hits.append(hit)
         engine.retire(slot)
@@ -167,11 +173,7 @@ def test_replay_block_sizes_that_are_multiples_of_L(block_size):
         cslot, clogits = cold.admit(torch.tensor(tokens))
         assert_close(logits, clogits, atol=TOL, rtol=0)
         assert (engine.log_len[slot], engine.head[slot] == 0) == (cold.log_len[cslot], True)
-        got, got_logits = greedy_steps(engine, slot, logits, 9)  # past two folds
-        want, want_logits = greedy_steps(cold, cslot, clogits, 9)
-        assert got == want
-        for a, b in zip(got_logits, want_logits):
-            assert_close(a, b, atol=TOL, rtol=0)
+        assert_decodes_like_cold(engine, slot, logits, cold, cslot, clogits, 9)  # past two folds
         engine.retire(slot)
         cold.retire(cslot)
     assert hit.resumed_from == 30 and hit.folded == 30 % block_size
@@ -359,11 +361,7 @@ def test_other_families_hit_with_the_cold_logits(family, strategy):
     assert hit.resumed_from == (19 if strategy == "replay" else 16)
     cslot, clogits = cold.admit(torch.tensor(tokens))
     assert_close(logits, clogits, atol=TOL, rtol=0)
-    got, got_logits = greedy_steps(engine, slot, logits, 6)
-    want, want_logits = greedy_steps(cold, cslot, clogits, 6)
-    assert got == want
-    for a, b in zip(got_logits, want_logits):
-        assert_close(a, b, atol=TOL, rtol=0)
+    assert_decodes_like_cold(engine, slot, logits, cold, cslot, clogits, 6)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
@@ -655,11 +653,7 @@ def test_a_kernel_log_without_conv_inputs_seats_hits_off_the_grid(family, kw):
         cslot, clogits = cold.admit(torch.tensor(tokens))
         assert_close(logits, clogits, atol=TOL, rtol=0)
         assert_close(logits, forward_logits(model, tokens), atol=TOL, rtol=0)
-        got, got_logits = greedy_steps(engine, slot, logits, 5)
-        want, want_logits = greedy_steps(cold, cslot, clogits, 5)
-        assert got == want
-        for a, b in zip(got_logits, want_logits):
-            assert_close(a, b, atol=TOL, rtol=0)
+        assert_decodes_like_cold(engine, slot, logits, cold, cslot, clogits, 5)
         engine.retire(slot)
         cold.retire(cslot)
     assert (hit.matched, hit.resumed_from, hit.folded) == (29, 29, 5)  # off the grid of 8 and 4
@@ -697,12 +691,7 @@ def test_a_prefix_cache_seats_a_graphed_kernel_engine_as_an_ungraphed_one(family
                 want = cold.admit(torch.tensor(p, device="cuda"))[1]
                 assert_close(out, want, atol=2e-5, rtol=0)
         assert hit.resumed_from == 29  # off the grid
-        tok = torch.stack(logits).argmax(-1, keepdim=True)
-        for _ in range(6):
-            out = engine.step(tok)
-            logits.append(out)
-            tok = out[:, -1].argmax(-1, keepdim=True)
+        seen.append(decode_after_admissions(engine, logits, 6))
         assert engine.stats.graph_replays == (6 if graphs else 0)
-        seen.append(logits)
     for a, b in zip(*seen):
         assert torch.equal(a, b)
