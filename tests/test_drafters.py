@@ -1,7 +1,9 @@
 """Batched drafters (``serving.drafters``) against the per-sequence ones of ``decoding``: prompt
 lookup proposes the same drafts row for row; the synthetic drafter proposes the reference's
-continuation with its acceptance; through ``speculate_batch`` both give the greedy tokens, and
-a bad proposal is refused before the round's step."""
+continuation with its acceptance; the draft model in its own engine proposes that model's
+greedy tokens, and with the target's weights every one is accepted; through
+``speculate_batch`` all give the greedy tokens, and a bad proposal is refused before the
+round's step."""
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ from replaylab.decoding import PromptLookupDrafter
 from replaylab.model import HybridLM, preset
 from replaylab.serving import (
     STRATEGIES,
+    BatchModelDrafter,
     BatchPromptLookupDrafter,
     BatchSyntheticDrafter,
     DecodeEngine,
@@ -128,3 +131,122 @@ def test_a_bad_batched_proposal_is_refused_before_the_step(value, error, match):
     with pytest.raises(error, match=match):
         engine.speculate_batch(PROMPTS, pending, 8, Returns(value), k=2)
     assert engine.stats.steps == steps and list(engine.pos) == pos
+
+
+def test_a_provisional_block_gives_its_tokens_back():
+    engine = DecodeEngine(MODEL, 2, 48, "replay", log_length=4, max_verify=3)
+    slot, logits = engine.admit(torch.tensor([3, 1, 4, 1, 5, 9]))  # pos 6, log_len 2
+    before = engine.step(torch.tensor([[2]]), slots=[slot])[0, -1]
+    engine.rollback(1, [slot])  # nothing dropped: the one token stays
+    assert engine.provisional_room(slot) == 1  # position 7, next fold at 8
+    conv = {l: p.conv[slot].clone() for l, p in engine.ssm.items()}
+    with engine.provisional([slot]) as room:
+        assert room == [1]
+        engine.step(torch.tensor([[6]]), slots=[slot])
+        with pytest.raises(ValueError, match="may reach position 8 inside engine.provisional"):
+            engine.step(torch.tensor([[5]]), slots=[slot])
+    assert engine.pos[slot] == 7 and engine.last[slot] == 0
+    assert all(torch.equal(p.conv[slot], conv[l]) for l, p in engine.ssm.items())
+    # the next token sees only the true ones: as an engine that never drafted
+    fresh = DecodeEngine(MODEL, 2, 48, "replay", log_length=4, max_verify=3)
+    other, _ = fresh.admit(torch.tensor([3, 1, 4, 1, 5, 9]))
+    fresh.step(torch.tensor([[2]]), slots=[other])
+    got = engine.step(torch.tensor([[7]]), slots=[slot])[0, -1]
+    want = fresh.step(torch.tensor([[7]]), slots=[other])[0, -1]
+    assert torch.equal(got, want) and not torch.equal(got, before)
+    with pytest.raises(ValueError, match="'snapshot' strategy cannot give back"):
+        with DecodeEngine(MODEL, 1, 48, "snapshot").provisional([0]):
+            pass
+
+
+def spec_with_model_drafter(draft, L, prompts=PROMPTS, n_new=30, k=4, strategy="replay"):
+    """speculate_batch on MODEL with ``draft`` in a replay engine of log length L; returns
+    (tokens, proposed, accepted, the greedy tokens, the drafter)."""
+    engine = DecodeEngine(MODEL, len(prompts), 64, strategy, log_length=L, max_verify=k + 1)
+    refs = [engine.greedy(p[None], n_new)[0] for p in prompts]
+    for s in engine.slots:
+        engine.retire(s)
+    pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])
+    drafter = Recording(DecodeEngine(draft, len(prompts), 64, "replay", L, max_verify=k + 1))
+    tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n_new, drafter, k)
+    return tokens, proposed, accepted, refs, drafter
+
+
+def perturbed(model, scale, seed=7):
+    """A draft that agrees with ``model`` part of the time: its weights plus noise of
+    ``scale`` times each tensor's spread."""
+    draft = HybridLM(model.cfg, seed=0).eval()
+    draft.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0))
+    return draft
+
+
+class Recording(BatchModelDrafter):
+    def __init__(self, engine):
+        super().__init__(engine)
+        self.rounds = []  # per round, (context, drafts) per row
+
+    def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        drafts = super().propose_batch(contexts, lengths, rows, k, vocab_size)
+        self.rounds += [(contexts[g, : lengths[g]].clone(), drafts[g]) for g in range(len(rows))]
+        return drafts
+
+
+@pytest.mark.parametrize("L", [16, 4, 3])
+def test_the_target_as_its_own_draft_model_has_every_draft_accepted(L):
+    tokens, proposed, accepted, refs, drafter = spec_with_model_drafter(MODEL, L)
+    assert all(torch.equal(t, r) for t, r in zip(tokens, refs))
+    assert accepted == proposed and min(proposed) > 0  # any state left by a draft would show
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_the_model_drafter_proposes_its_models_greedy_tokens(strategy):
+    draft, L, k = perturbed(MODEL, 0.1), 4, 4
+    tokens, proposed, accepted, refs, drafter = spec_with_model_drafter(
+        draft, L, strategy=strategy, k=k
+    )
+    assert all(torch.equal(t, r) for t, r in zip(tokens, refs))
+    assert 0 < sum(accepted) < sum(proposed)
+    for context, drafts in drafter.rounds:  # oracle: the draft model decoding alone
+        T0 = next(p.numel() for p in PROMPTS if torch.equal(context[: p.numel()], p))
+        alone = DecodeEngine(draft, 1, 64, "replay", log_length=L, max_verify=k + 1)
+        _, logits = alone.admit(context[:T0])
+        for t in context[T0:]:
+            logits = alone.step(t.view(1, 1))[0, -1]
+        want = [int(logits.argmax())]
+        for _ in range(k - 1):
+            want.append(int(alone.step(torch.tensor([want[-1:]]))[0, -1].argmax()))
+        # drafts up to the slot's next fold, then the last one repeated
+        j = min(k, 1 + L - context.numel() % L)
+        assert drafts.tolist() == want[:j] + want[j - 1 : j] * (k - j)
+
+
+def test_the_model_drafter_reseats_new_sequences_and_refuses_what_does_not_fit():
+    draft = HybridLM(preset("tiny"), seed=1).eval()
+    drafter = BatchModelDrafter(DecodeEngine(draft, 2, 64, "replay", 4, max_verify=3))
+    rows = torch.tensor([[1, 2, 3, 0], [4, 5, 0, 0]])
+    first = drafter.propose_batch(rows, torch.tensor([3, 2]), torch.tensor([0, 1]), 2, 128)
+    again = BatchModelDrafter(DecodeEngine(draft, 2, 64, "replay", 4, max_verify=3))
+    assert torch.equal(
+        first, again.propose_batch(rows, torch.tensor([3, 2]), torch.arange(2), 2, 128)
+    )
+    # a row whose context does not extend its slot's tokens is admitted afresh
+    swapped = drafter.propose_batch(rows.flip(0), torch.tensor([2, 3]), torch.arange(2), 2, 128)
+    assert torch.equal(swapped, first.flip(0))
+    with pytest.raises(
+        ValueError, match="3 sequences draft at once, the draft engine has max_batch=2"
+    ):
+        drafter.propose_batch(
+            torch.ones(3, 4, dtype=torch.long), torch.tensor([2] * 3), torch.arange(3), 2, 128
+        )
+    with pytest.raises(ValueError, match="need max_len >= 66"):
+        drafter.propose_batch(
+            torch.ones(1, 64, dtype=torch.long), torch.tensor([62]), torch.arange(1), 4, 128
+        )
+    with pytest.raises(ValueError, match="the draft model has 128 tokens, the target 50"):
+        drafter.propose_batch(rows, torch.tensor([3, 2]), torch.arange(2), 2, 50)
+    with pytest.raises(ValueError, match="strategy must be 'replay'"):
+        BatchModelDrafter(DecodeEngine(draft, 2, 64, "snapshot"))

@@ -10,6 +10,7 @@ replaylab bench serve-stream [--preset cpu|8b-layers] [--strategies ...] [--mode
 replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
 replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,8,32,128,256]
 replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--drafts 1,...,8]
+replaylab bench draft-model [--device cpu|cuda] [--batches 1,8] [--n-new 48] [--k 4]
 """
 
 from __future__ import annotations
@@ -413,6 +414,20 @@ def _prefix_ttft(args):
     return _save(args, result, out, ttft_summary)
 
 
+def _draft_model(args):
+    import torch
+
+    from replaylab.bench.draft_model import draft_model_summary, run_draft_model_bench
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.time()
+    result = run_draft_model_bench(
+        device, args.batches, args.n_new, args.k, log_length=args.log_length, repeats=args.repeats
+    )
+    out = args.out or f"data/bench_draft_model_{'gpu' if device == 'cuda' else 'cpu'}.json"
+    return _save(args, result, out, draft_model_summary, t0)
+
+
 def _hf_cache(args):
     import torch
 
@@ -697,7 +712,19 @@ def add_bench_parser(subparsers):
     hc.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     hc.add_argument("--out", default=None, help="result file (default: data/bench_hf_cache_*.json)")
     hc.set_defaults(run=_hf_cache)
-    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px):
+    dm = sub.add_parser(
+        "draft-model",
+        help="the trained pair speculating in the engine: greedy, a ModelDrafter per sequence "
+        "and one BatchModelDrafter (CPU or GPU)",
+    )
+    dm.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    dm.add_argument("--batches", type=_ints, default=[1, 8], help="comma-separated batch sizes")
+    dm.add_argument("--n-new", type=int, default=48, help="tokens per sequence")
+    dm.add_argument("--k", type=int, default=4, help="drafts per round")
+    dm.add_argument("--log-length", type=int, default=16, help="both engines' replay L")
+    dm.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (median)")
+    dm.set_defaults(run=_draft_model)
+    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

@@ -14,7 +14,11 @@ prefix       a prefix cache of KV and recurrent state over the slots
 
 from replaylab.serving.admission import Admission
 from replaylab.serving.cursor import rollback_cursor
-from replaylab.serving.drafters import BatchPromptLookupDrafter, BatchSyntheticDrafter
+from replaylab.serving.drafters import (
+    BatchModelDrafter,
+    BatchPromptLookupDrafter,
+    BatchSyntheticDrafter,
+)
 from replaylab.serving.engine import DecodeEngine, EngineStats
 from replaylab.serving.layouts import fused_reason, unsupported_reason
 from replaylab.serving.prefix import EnginePrefixCache, allowed_block_sizes
@@ -24,6 +28,7 @@ from replaylab.serving.strategies import STRATEGIES
 
 __all__ = [
     "Admission",
+    "BatchModelDrafter",
     "BatchPromptLookupDrafter",
     "BatchSyntheticDrafter",
     "DecodeEngine",

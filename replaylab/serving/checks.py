@@ -67,6 +67,12 @@ def check_step(engine, tokens, counts, slots, check):
                 f"tokens: slot {s} at position {engine.pos[s]} + {c} exceeds "
                 f"max_len={engine.max_len}"
             )
+        limit = engine._limits.get(s)
+        if limit is not None and engine.pos[s] + c > limit:
+            raise ValueError(
+                f"counts: slot {s} at position {engine.pos[s]} may reach position {limit} "
+                f"inside engine.provisional (its next fold), got {c} tokens"
+            )
         if c > engine.policy.room(s):
             raise ValueError(
                 f"counts: slot {s} may take at most room={engine.policy.room(s)} tokens in this "

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BatchSyntheticDrafter", "BatchPromptLookupDrafter"]
+__all__ = ["BatchSyntheticDrafter", "BatchPromptLookupDrafter", "BatchModelDrafter"]
 
 
 class BatchSyntheticDrafter:
@@ -82,3 +82,127 @@ class BatchPromptLookupDrafter:
             found |= now
         at = torch.minimum(follow[:, None] + torch.arange(k), last[:, None])
         return contexts.gather(1, at)
+
+
+class BatchModelDrafter:
+    """A draft model in its own ``DecodeEngine`` (strategy "replay"), drafting for every row of
+    a round in k batched steps: one step feeds each row the true tokens it has not seen yet
+    (its first draft from the last one's logits), then k - 1 one-token steps draft greedily
+    inside ``engine.provisional``, which gives those tokens back after the round (a cursor
+    move), so every slot holds only its sequence's true tokens between rounds.
+
+    engine   a replay ``DecodeEngine`` over the draft model, with the target's vocabulary,
+             ``max_batch`` at least the sequences drafted for at once and ``max_len`` at least
+             a context + k
+    A sequence first seen (or whose context no longer extends what its slot holds) is admitted
+    with all but its last token, so its prompt is prefilled as the target's was. A row may
+    draft fewer than k tokens before its slot's next fold (``provisional_room``); its last draft
+    then repeats. ``proposed_steps`` counts the draft engine's steps."""
+
+    def __init__(self, engine):
+        from replaylab.serving.engine import DecodeEngine
+
+        if not isinstance(engine, DecodeEngine):
+            raise TypeError(f"engine: expected a DecodeEngine over the draft model, got {engine!r}")
+        if engine.strategy != "replay":
+            raise ValueError(
+                f"engine: the draft engine gives back its drafts by a cursor move, so its "
+                f"strategy must be 'replay', got {engine.strategy!r}"
+            )
+        self.engine = engine
+        self.seats = {}  # row -> (slot, the true tokens the slot holds (P,))
+        self.proposed_steps = 0
+
+    def reset(self):
+        """Retire every slot this drafter holds (before drafting for new sequences)."""
+        for slot, _ in self.seats.values():
+            self.engine.retire(slot)
+        self.seats = {}
+
+    def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        e = self.engine
+        if e.cfg.vocab_size != vocab_size:
+            raise ValueError(
+                f"vocab_size: the draft model has {e.cfg.vocab_size} tokens, the target "
+                f"{vocab_size}; expected the same vocabulary"
+            )
+        G = len(rows)
+        drafts = torch.zeros(G, k, dtype=torch.long)
+        if k == 0 or G == 0:
+            return drafts
+        longest = int(lengths.max())
+        if longest + k > e.max_len:
+            raise ValueError(
+                f"contexts: a context of {longest} tokens and k={k} drafts need max_len >= "
+                f"{longest + k}, the draft engine has max_len={e.max_len}"
+            )
+        rows, lengths = rows.tolist(), lengths.tolist()
+        slots, logits = self._seat(contexts, lengths, rows)
+        logits = self._catch_up(contexts, lengths, rows, slots, logits)
+        drafts[:, 0] = logits.argmax(-1).cpu()
+        with e.provisional(slots) as room:
+            for j in range(1, k):
+                going = [g for g in range(G) if room[g] >= j]
+                drafts[:, j:] = drafts[:, j - 1 : j]  # a row out of room repeats its last
+                if not going:
+                    break
+                step = e.step(
+                    drafts[going, j - 1 : j],
+                    slots=[slots[g] for g in going],
+                    check=False,
+                )
+                self.proposed_steps += 1
+                drafts[going, j] = step[:, -1].argmax(-1).cpu()
+        for g, row in enumerate(rows):
+            self.seats[row] = (slots[g], contexts[g, : lengths[g]].clone())
+        return drafts
+
+    def _seat(self, contexts, lengths, rows):
+        """Each row's slot, admitting the rows whose slot does not hold a prefix of their
+        context; returns (slots, {g: last logits} of rows admitted whole (one token))."""
+        e, slots, logits = self.engine, [], {}
+        wanted = set(rows)
+        for g, row in enumerate(rows):
+            seat = self.seats.get(row)
+            if seat is not None:
+                slot, held = seat
+                if held.numel() < lengths[g] and torch.equal(contexts[g, : held.numel()], held):
+                    slots.append(slot)
+                    continue
+                e.retire(slot)
+                del self.seats[row]
+            if not e.n_free:  # free the slots of sequences not drafted for in this round
+                for other in [r for r in self.seats if r not in wanted]:
+                    e.retire(self.seats.pop(other)[0])
+            if not e.n_free:
+                raise ValueError(
+                    f"rows: {len(rows)} sequences draft at once, the draft engine has "
+                    f"max_batch={e.max_batch} slots"
+                )
+            n = max(lengths[g] - 1, 1)  # the last token goes through a step, as the target's
+            slot, last = e.admit(contexts[g, :n])
+            self.seats[row] = (slot, contexts[g, :n].clone())
+            if n == lengths[g]:
+                logits[g] = last
+            slots.append(slot)
+        return slots, logits
+
+    def _catch_up(self, contexts, lengths, rows, slots, logits):
+        """Step every row's unseen true tokens in (as few steps as its folds allow); the last
+        logits (G, vocab) of each row's context."""
+        e = self.engine
+        out = [logits.get(g) for g in range(len(rows))]
+        seen = [self.seats[row][1].numel() for row in rows]
+        while True:
+            going = [g for g in range(len(rows)) if seen[g] < lengths[g]]
+            if not going:
+                return torch.stack(out)
+            counts = [min(lengths[g] - seen[g], e.room(slots[g])) for g in going]
+            tokens = torch.zeros(len(going), max(counts), dtype=torch.long)
+            for i, (g, c) in enumerate(zip(going, counts)):
+                tokens[i, :c] = contexts[g, seen[g] : seen[g] + c]
+            step = e.step(tokens, counts, [slots[g] for g in going], check=False)
+            self.proposed_steps += 1
+            for i, (g, c) in enumerate(zip(going, counts)):
+                seen[g] += c
+                out[g] = step[i, c - 1]

@@ -22,6 +22,7 @@ the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -149,6 +150,7 @@ class DecodeEngine:
         self.policy = kind(self)
         self.runner = ModelRunner(self)
         self.stats = EngineStats()
+        self._limits = {}  # slot -> the position ``provisional`` lets it reach
 
     # --- the slot table's views (lists shared with it) -------------------------------------
     live = _table_field("live", "Whether each slot holds a decoding sequence.")
@@ -296,6 +298,42 @@ class DecodeEngine:
         self.table.rollback(dropped)
         self.stats.rollbacks += len(dropped)
         self.policy.after_rollback(dropped)
+
+    def provisional_room(self, slot):
+        """Tokens ``slot`` may take inside ``provisional``: up to its next fold after the one
+        its held log may need (replay), and up to max_len."""
+        slot = as_int("slot", slot, 0, self.max_batch - 1)
+        held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
+        return min(self.L - held, self.max_len - self.pos[slot])
+
+    @contextmanager
+    def provisional(self, slots):
+        """Steps of ``slots`` inside the block are given back when it ends, however many
+        steps took them: a draft model's engine drafting past its sequences' true tokens.
+        Replay only: the slots' positions and log lengths move back and their conv windows are
+        copied back; the checkpoint stays valid because a slot takes at most
+        ``provisional_room(slot)`` tokens inside (``step`` refuses more), so the only fold
+        inside folds entries held on entry. Yields that room per slot (a list)."""
+        if self.strategy != "replay":
+            raise ValueError(
+                f"provisional: the engine's {self.strategy!r} strategy cannot give back more "
+                "than its last step; use strategy='replay' (a cursor move)"
+            )
+        slots = check_slots(self, slots)
+        start = [self.pos[s] for s in slots]
+        room = [self.provisional_room(s) for s in slots]
+        index = torch.tensor(slots, device=self.device)
+        windows = {l: pool.conv[index].clone() for l, pool in self.ssm.items()}
+        self._limits = dict(zip(slots, (p + r for p, r in zip(start, room))))
+        try:
+            yield room
+        finally:
+            self._limits = {}
+            for l, pool in self.ssm.items():
+                pool.conv[index] = windows[l]
+            for s, p in zip(slots, start):
+                if self.live[s]:  # a slot retired inside holds nothing to give back
+                    self.table.rewind(s, self.pos[s] - p)
 
     # --- lock-step workloads and speculation ---------------------------------------------
     @torch.no_grad()

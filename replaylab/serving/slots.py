@@ -86,6 +86,19 @@ class SlotTable:
         self.live[slot] = False
         self.reset(slot)
 
+    def rewind(self, slot, n):
+        """Replay: the slot gives back its last ``n`` tokens, whichever steps took them (a
+        cursor move; the caller checked that its checkpoint sits at or before the new
+        position). No step may be rolled back afterwards."""
+        if not self.logged or n > self.log_len[slot]:
+            raise ValueError(
+                f"rewind: slot {slot} holds {self.log_len[slot]} log entries since its "
+                f"checkpoint, cannot give back {n} tokens"
+            )
+        self.pos[slot] -= n
+        self.log_len[slot] -= n
+        self.last[slot] = 0
+
     # --- steps and rollbacks ------------------------------------------------------------
     def forget_last(self):
         """No slot may roll back the last step any more."""
