@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["mamba_ssm_references", "scan_agreement", "tiny_hybrid"]
+__all__ = ["mamba_ssm_references", "scan_agreement", "tiny_hybrid", "perturbed"]
 
 
 # transformers picks a hybrid layer's implementation when its modeling module is first
@@ -186,3 +186,16 @@ def tiny_hybrid(seed=2):
         intermediate_size=64,
     )
     return HybridLM(cfg, seed=seed).eval()
+
+
+def perturbed(model, scale, seed=7):
+    """A draft model that agrees with ``model`` part of the time: a copy of it whose every
+    weight tensor has Gaussian noise of ``scale`` times that tensor's spread added."""
+    import copy
+
+    draft = copy.deepcopy(model).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0))
+    return draft

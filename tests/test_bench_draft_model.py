@@ -1,19 +1,24 @@
 """``bench draft-model`` on the CPU, small: the trained pair speculates with a ModelDrafter per
-sequence and with one BatchModelDrafter, both giving greedy's tokens, and the summary reads
-the rows."""
+sequence and with one BatchModelDrafter, in a static batch and through the scheduler, every
+mode giving decode's tokens, and the summary reads the rows."""
 
 from replaylab.bench.draft_model import draft_model_summary, run_draft_model_bench
 
 
 def test_the_trained_pair_speculates_losslessly_with_both_drafters():
-    result = run_draft_model_bench("cpu", batches=(2,), n_new=8, k=3, repeats=1, log=lambda _: 0)
-    rows = {r["mode"]: r for r in result["rows"]}
-    assert set(rows) == {"greedy", "per-sequence ModelDrafter", "BatchModelDrafter"}
-    for mode in ("per-sequence ModelDrafter", "BatchModelDrafter"):
-        assert rows[mode]["same_tokens_as_greedy"] is True
-        assert 0 <= rows[mode]["acceptance"] <= 1 and rows[mode]["proposed"] > 0
-    # a round: one catch-up step and k - 1 drafting steps (more where a fold splits them)
-    rounds = rows["BatchModelDrafter"]["proposed"] // (2 * 3)
-    assert rows["BatchModelDrafter"]["draft_engine_steps"] >= 3 * rounds
+    result = run_draft_model_bench(
+        "cpu", batches=(2,), n_new=8, k=3, repeats=1, stream_factor=2, log=lambda _: 0
+    )
+    rows = {(r["part"], r["mode"]): r for r in result["rows"]}
+    modes = ("decode", "ModelDrafter", "BatchModelDrafter")
+    assert set(rows) == {(p, m) for p in ("static", "continuous") for m in modes}
+    for part in ("static", "continuous"):
+        assert rows[(part, "decode")]["requests"] == (2 if part == "static" else 4)
+        for mode in modes[1:]:
+            row = rows[(part, mode)]
+            assert row["same_tokens_as_decode"] is True
+            assert 0 <= row["acceptance"] <= 1 and row["proposed"] > 0
+        # each round: a catch-up step, then up to k - 1 drafting steps
+        assert rows[(part, "BatchModelDrafter")]["draft_steps_per_run"] > 0
     table = draft_model_summary(result)
-    assert len(table) == 2 + 3 and "| 2 | BatchModelDrafter |" in table[-1]
+    assert len(table) == 2 + 6 and "| 2 | continuous | BatchModelDrafter |" in table[-1]

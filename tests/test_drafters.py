@@ -19,6 +19,7 @@ from replaylab.serving import (
     BatchSyntheticDrafter,
     DecodeEngine,
 )
+from replaylab.testing import perturbed
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
 
@@ -170,18 +171,6 @@ def spec_with_model_drafter(draft, L, prompts=PROMPTS, n_new=30, k=4, strategy="
     drafter = Recording(DecodeEngine(draft, len(prompts), 64, "replay", L, max_verify=k + 1))
     tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n_new, drafter, k)
     return tokens, proposed, accepted, refs, drafter
-
-
-def perturbed(model, scale, seed=7):
-    """A draft that agrees with ``model`` part of the time: its weights plus noise of
-    ``scale`` times each tensor's spread."""
-    draft = HybridLM(model.cfg, seed=0).eval()
-    draft.load_state_dict(model.state_dict())
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0))
-    return draft
 
 
 class Recording(BatchModelDrafter):

@@ -21,6 +21,7 @@ from replaylab.bench.stream import (
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy
 from replaylab.serving import (
     STRATEGIES,
+    BatchModelDrafter,
     DecodeEngine,
     Request,
     Scheduler,
@@ -29,7 +30,7 @@ from replaylab.serving import (
     rollback_cursor,
     slot_bytes,
 )
-from replaylab.testing import tiny_hybrid
+from replaylab.testing import perturbed, tiny_hybrid
 
 MODEL = tiny_hybrid()
 
@@ -125,6 +126,29 @@ def test_every_request_gets_its_own_greedy_tokens_under_a_binding_budget(strateg
     if mode == "synthetic":
         assert sum(r.proposed for r in finished) > 0 and sum(r.accepted for r in finished) > 0
         assert engine.stats.rollbacks > 0 and any(h.rejected for h in sched.history)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_one_batched_draft_model_drafts_for_every_request_as_they_come_and_go(strategy):
+    engine = DecodeEngine(MODEL, 3, 28, strategy, log_length=5, max_verify=5)
+    drafts = DecodeEngine(perturbed(MODEL, 0.1), 3, 28, "replay", log_length=5, max_verify=5)
+    drafter = BatchModelDrafter(drafts)
+    sched = Scheduler(engine, k=4, drafter=drafter)
+    finished = sched.run(_requests("decode", [0.0] * len(PROMPTS)))  # 9 requests, 3 slots
+    assert sorted(r.id for r in finished) == list(range(len(PROMPTS)))
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+    proposed, accepted = sum(r.proposed for r in finished), sum(r.accepted for r in finished)
+    assert 0 < accepted < proposed
+    assert drafts.stats.admitted >= 6  # slots freed by finished requests seat new ones
+    with pytest.raises(ValueError, match="carries its own drafter"):
+        Scheduler(DecodeEngine(MODEL, 1, 28, strategy), k=2, drafter=drafter).add(
+            Request(0, PROMPTS[0], 2, drafter=PromptLookupDrafter())
+        )
+    with pytest.raises(ValueError, match="needs k >= 1"):
+        Scheduler(DecodeEngine(MODEL, 1, 28, strategy), drafter=drafter)
+    with pytest.raises(TypeError, match="expected a batched drafter"):
+        Scheduler(DecodeEngine(MODEL, 1, 28, strategy), k=2, drafter=PromptLookupDrafter())
 
 
 def test_admission_is_first_come_first_served_and_blocks_behind_a_large_request():

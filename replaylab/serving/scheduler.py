@@ -82,7 +82,10 @@ class Scheduler:
     ``engine.begin_admit``, or with ``prefix`` its ``begin_admit``: seated from the tree, the
     rest in chunks), then steps the running requests, so an arrival delays each decoder by one
     chunk instead of its whole prompt. A request runs from the iteration its prefill ends (its
-    first token).
+    first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
+    drafts for every running request at once, its rows the requests' engine slots (a
+    ``BatchModelDrafter`` keeps a draft slot per row and re-seats a row whose context does not
+    extend what it holds); requests then carry no drafter of their own.
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
@@ -99,6 +102,7 @@ class Scheduler:
         admission=admissible,
         prefix=None,
         prefill_per_step=None,
+        drafter=None,
     ):
         if engine.batch:
             raise ValueError(
@@ -136,6 +140,14 @@ class Scheduler:
         if prefill_per_step is not None:
             prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
         self.prefill_per_step = prefill_per_step
+        if drafter is not None and not callable(getattr(drafter, "propose_batch", None)):
+            raise TypeError(
+                f"drafter: expected a batched drafter with propose_batch (serving.drafters), "
+                f"got {given(drafter)}"
+            )
+        if drafter is not None and not self.k:
+            raise ValueError("drafter: a batched drafter needs k >= 1 drafts per round, got k=0")
+        self.drafter = drafter
         self.prefilling: list[Request] = []  # admitted, prefill unfinished (interleaving)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -175,6 +187,11 @@ class Scheduler:
             raise ValueError(f"request: id {request.id!r} was already added")
         if request.status != WAITING or request.tokens:
             raise ValueError(f"request {request.id}: already served (status {request.status})")
+        if request.drafter is not None and self.drafter is not None:
+            raise ValueError(
+                f"request {request.id}: carries its own drafter, but the scheduler's batched "
+                "drafter drafts for every request; give one or the other"
+            )
         vocab = self.engine.cfg.vocab_size
         prompt = as_token_ids(f"request {request.id}: prompt", request.prompt, vocab, ("T0",))
         T0 = prompt.numel()
@@ -326,6 +343,26 @@ class Scheduler:
             f"request {r.id}: drafts", r.drafter.propose(r.context(), self.k, vocab), vocab
         )[:n]
 
+    def _batch_drafts(self, going, wants, vocab):
+        """The scheduler's batched drafter's first ``wants[i]`` proposals for each request of
+        ``going`` that wants any (one call for all of them), as lists of ids."""
+        asked = [i for i, n in enumerate(wants) if n > 0]
+        drafts = [[] for _ in going]
+        if not asked:
+            return drafts
+        contexts = [going[i].context() for i in asked]
+        lengths = torch.tensor([c.numel() for c in contexts])
+        rows = torch.zeros(len(asked), int(lengths.max()) + self.k + 1, dtype=torch.long)
+        for j, c in enumerate(contexts):
+            rows[j, : c.numel()] = c
+        slots = torch.tensor([going[i].slot for i in asked])
+        got = self.drafter.propose_batch(rows, lengths, slots, self.k, vocab)
+        shape = (("requests drafted for", len(asked)), ("k", self.k))
+        got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).tolist()
+        for j, i in enumerate(asked):
+            drafts[i] = got[j][: wants[i]]
+        return drafts
+
     def _decode(self, record, t0, start):
         """One engine step of every running request: a row (S, T) of its last token and its
         drafts (T = k + 1 when any running request speculates, padded past its count), then
@@ -333,17 +370,19 @@ class Scheduler:
         going = [r for r in self.running if not r.done]
         if not going:
             return []
-        T = self.k + 1 if self.k and any(r.drafter is not None for r in going) else 1
+        batched = self.drafter is not None
+        T = self.k + 1 if self.k and (batched or any(r.drafter is not None for r in going)) else 1
         vocab = self.engine.cfg.vocab_size
-        rows, drafts = [], []
-        for r in going:
-            d = []
-            # fewer drafts than k near the end, and under replay near the fold grid (room)
-            n = min(self.k, r.remaining - 1, self.engine.room(r.slot) - 1)
-            if T > 1 and r.drafter is not None and n > 0:
-                d = self._drafts(r, n, vocab)
-            rows.append([r.tokens[-1], *d] + [0] * (T - 1 - len(d)))
-            drafts.append(d)
+        # fewer drafts than k near the end, and under replay near the fold grid (room)
+        wants = [min(self.k, r.remaining - 1, self.engine.room(r.slot) - 1) for r in going]
+        if batched:
+            drafts = self._batch_drafts(going, wants, vocab)
+        else:
+            drafts = [
+                self._drafts(r, n, vocab) if T > 1 and r.drafter is not None and n > 0 else []
+                for r, n in zip(going, wants)
+            ]
+        rows = [[r.tokens[-1], *d] + [0] * (T - 1 - len(d)) for r, d in zip(going, drafts)]
         counts = [1 + len(d) for d in drafts]
         slots = [r.slot for r in going]
         tokens = torch.tensor(rows, dtype=torch.long, device=self.engine.device)
