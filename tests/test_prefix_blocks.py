@@ -222,3 +222,10 @@ def test_the_committed_block_result_and_the_tables_in_prefix_md():
     assert f"({targets['per_budget'][-1]['ratio']:.2f}x)" in text
     for rows in targets["per_workload"].values():
         assert rows[-1]["ratio"] is None or f"{rows[-1]['ratio']:.2f}x" in text
+        # with no budget replay is the ideal, so its ratio over align is the ceiling any
+        # prefix cache could reach on that workload (within the rounding of the rates)
+        assert rows[-1]["ceiling"] is None or abs(rows[-1]["ratio"] - rows[-1]["ceiling"]) < 0.01
+    few_shot = targets["per_workload"]["few_shot"][-1]
+    assert few_shot["ceiling"] < 2 and f"ceiling {few_shot['ceiling']:.2f}x" in text
+    system = targets["per_workload"]["system_prompts"][-1]
+    assert system["ceiling"] < 2 and f"ceiling {system['ceiling']:.2f}x" in text

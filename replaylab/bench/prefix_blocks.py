@@ -430,7 +430,9 @@ def block_targets(result, block=512, within=0.05) -> dict:
 
     per_budget     for each budget: replay's and align's (snapshot's) token hit rates pooled
                    over the workloads, and their ratio (None where align hits nothing)
-    per_workload   per workload and budget the same pair
+    per_workload   per workload and budget the same pair, and ``ceiling``: the attention-only
+                   ideal over align's hit rate, the most any prefix cache could reach over
+                   align there (no cache resumes past the matched tokens)
     ideal_from     per block size: the smallest budget from which replay's pooled hit rate
                    stays within ``within`` (relative) of the pooled ideal, replay's and
                    align's hit rates there, and the budget from which align's stays within
@@ -464,11 +466,18 @@ def block_targets(result, block=512, within=0.05) -> dict:
         )
         for budget in budgets
     ]
+
+    def ceiling(name, budget):
+        align = one(name, "snapshot", block, budget)
+        ideal = next(r["ideal_hit_rate"] for r in rows if r["workload"] == name)
+        return None if not align else round(ideal / align, 3)
+
     per_workload = {
         name: [
             dict(
                 budget=budget,
                 **pair(one(name, "replay", block, budget), one(name, "snapshot", block, budget)),
+                ceiling=ceiling(name, budget),
             )
             for budget in budgets
         ]
