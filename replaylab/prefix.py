@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
-PREFIX_EVICTION = ("lru", "cost", "logs-first", "leaf-log-first")
+PREFIX_EVICTION = ("lru", "cost", "logs-first")
 STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
 
 
@@ -197,8 +197,7 @@ class PrefixTree:
     def floor_bytes(self) -> int:
         """The least bytes one full block can be held in: ``block_bytes``, or under
         ``eviction="logs-first"`` a replay block without its log."""
-        logless = self.eviction in ("logs-first", "leaf-log-first")
-        return self.block_bytes - (self.block_log_bytes if logless else 0)
+        return self.block_bytes - (self.block_log_bytes if self.eviction == "logs-first" else 0)
 
     # --- validation ---------------------------------------------------------------------
     def set_budget(self, budget_bytes):
@@ -386,15 +385,8 @@ class PrefixTree:
                 self.held_bytes += victim.nbytes
                 continue
             leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction in ("lru", "logs-first", "leaf-log-first"):
+            if self.eviction in ("lru", "logs-first"):
                 victim = min(leaves, key=lambda n: n.last_used)
-                # "leaf-log-first": the least recently used leaf loses its log, then itself
-                if self.eviction == "leaf-log-first" and victim.log is not None:
-                    self.held_bytes -= victim.nbytes
-                    victim.log = None
-                    victim.nbytes = _node_bytes(victim)
-                    self.held_bytes += victim.nbytes
-                    continue
             else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
                 victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
             victim.parent.children.remove(victim)

@@ -647,7 +647,7 @@ def add_bench_parser(subparsers):
     px.add_argument(
         "--eviction",
         default="lru",
-        choices=["lru", "cost", "logs-first", "leaf-log-first"],
+        choices=["lru", "cost", "logs-first"],
         help="--blocks: the trees' eviction policy",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
