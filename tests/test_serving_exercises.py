@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from replaylab.teaching.exercises import solution_sections
-from replaylab.teaching.exercises_serving import check_admission_rule, check_rollback_cursor
+from replaylab.teaching.exercises_serving import (
+    check_admission_rule,
+    check_provisional_room,
+    check_rollback_cursor,
+)
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "13_serving.py"
 
@@ -26,15 +30,19 @@ def _out(capsys):
 def test_the_reference_answers_pass(capsys):
     assert check_rollback_cursor(_solution("rollback_cursor", "my_rollback_cursor"))
     assert check_admission_rule(_solution("admission_rule", "my_admissible"))
+    assert check_provisional_room(_solution("provisional_room", "my_provisional_room"))
     out = _out(capsys)
     assert "PASS rollback cursor" in out and "PASS admission rule" in out
+    assert "PASS provisional room" in out
 
 
 def _stub(*args):
     raise NotImplementedError("write it")
 
 
-@pytest.mark.parametrize("check", [check_rollback_cursor, check_admission_rule])
+@pytest.mark.parametrize(
+    "check", [check_rollback_cursor, check_provisional_room, check_admission_rule]
+)
 def test_stubs_and_exceptions_are_failures_not_errors(check, capsys):
     assert check(_stub) is False
     assert "not yet implemented" in _out(capsys)
@@ -76,6 +84,24 @@ def _in_place(pos, log_len, last, keep):
     return pos, log_len
 
 
+# ------------------------------------------------------------------ the provisional room
+
+
+def _no_fold_at_all(pos, log_len, L, max_len):
+    """Counts the full log as no room (forgets that the next step folds it first)."""
+    return min(L - log_len, max_len - pos)
+
+
+def _target_room(pos, log_len, L, max_len):
+    """One short: the target's verify limit (k <= room - 1), not the draft slot's room."""
+    held = log_len if log_len < L else 0
+    return min(L - held - 1, max_len - pos)
+
+
+def _ignores_max_len(pos, log_len, L, max_len):
+    return L - (log_len if log_len < L else 0)
+
+
 # ------------------------------------------------------------------ the admission rule
 
 
@@ -108,7 +134,7 @@ def _strict_budget(needs, used, budget, free_slots):
     return n
 
 
-CURSOR, ADMISSION = check_rollback_cursor, check_admission_rule
+CURSOR, ADMISSION, ROOM = check_rollback_cursor, check_admission_rule, check_provisional_room
 
 
 @pytest.mark.parametrize(
@@ -118,6 +144,9 @@ CURSOR, ADMISSION = check_rollback_cursor, check_admission_rule
         (CURSOR, _forgets_the_log, r"new_log_len of slot 0 expected .* the log moves back with"),
         (CURSOR, _counts_accepted_drafts, r"new_pos of slot 0 expected 10, got 9"),
         (CURSOR, _in_place, r"your function changed its arguments"),
+        (ROOM, _no_fold_at_all, r"log_len=5, L=5.*expected 5, got 0 \(a full log is folded"),
+        (ROOM, _target_room, r"log_len=1, L=5.*expected 4, got 3 \(the log holds 1 of L=5"),
+        (ROOM, _ignores_max_len, r"pos=97.*expected 3, got 14 \(max_len binds"),
         (ADMISSION, _skips_ahead, r"needs=\[20, 1, 1\].*expected 0, got 2: .*first come, first"),
         (ADMISSION, _ignores_slots, r"free_slots=2: expected 2, got 3: only free_slots=2 slots"),
         (ADMISSION, _strict_budget, r"expected 3, got 2: .*\(an exact fit is allowed\)"),

@@ -11,6 +11,13 @@ def my_rollback_cursor(pos, log_len, last, keep):
     return new_pos, new_log_len
 
 
+# %% provisional_room
+def my_provisional_room(pos, log_len, L, max_len):
+    """Tokens a draft slot may take and give back by a cursor move (see the stub)."""
+    held = log_len if log_len < L else 0  # a full log is folded first, by the next step
+    return min(L - held, max_len - pos)
+
+
 # %% admission_rule
 def my_admissible(needs, used, budget, free_slots):
     """How many requests from the head of the queue to admit (see the stub)."""

@@ -12,8 +12,9 @@
 # strategy, and the batch from which speculation stops paying.
 #
 # **You will** step a ragged batch and roll each slot back by its own amount, write the rollback
-# cursor, count what each strategy's slot holds, write the admission rule, serve a live stream
-# whose tokens equal every request decoded alone, and read TTFT / TPOT distributions and the
+# cursor and a draft slot's provisional room, count what each strategy's slot holds, write the
+# admission rule, serve a live stream whose tokens equal every request decoded alone (also with
+# a draft model drafting for every request at once), and read TTFT / TPOT distributions and the
 # speculation crossover with the cost model's prediction beside it.
 #
 # **Time:** about 35 minutes.
@@ -43,6 +44,7 @@ from replaylab.teaching.plotting_serving import (
 )
 from replaylab.serving import (
     STRATEGIES,
+    BatchModelDrafter,
     DecodeEngine,
     Request,
     Scheduler,
@@ -51,7 +53,7 @@ from replaylab.serving import (
     rollback_cursor,
     slot_bytes,
 )
-from replaylab.testing import tiny_hybrid
+from replaylab.testing import perturbed, tiny_hybrid
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # a model this small only waits for a second thread
@@ -125,6 +127,53 @@ print("the cursor predicted it:", (engine.pos, engine.log_len, engine.last) == w
 print("slots rolled back:", engine.stats.rollbacks, "; tokens re-run:", engine.stats.rerun_tokens)
 
 # %% [markdown]
+# ### Giving back the drafts of several steps
+#
+# Where do the drafts come from? A draft model in its own engine can draft for every sequence
+# at once (`serving.BatchModelDrafter`): one step feeds each draft slot the true tokens it has
+# not seen yet (its first draft comes from the last one's logits), then k - 1 one-token steps
+# draft greedily. Those k - 1 tokens are not true, so after the round the draft slot gives them
+# back: the tokens of several steps, where `rollback` undoes only the last step. Under replay
+# that is the same cursor move, now over several steps (`engine.provisional`): position and log
+# length go back, and the conv windows saved before are copied back.
+#
+# It is only valid while the checkpoint stays at or before the position the slot returns to. A
+# fold of a drafted entry would move the checkpoint past it, and the state before that fold is
+# gone. So the draft slot may take only the tokens left before its next fold, with one
+# exception: a log that is already full (`log_len` = L) is folded by the next step *before* its
+# first token, and everything folded then is true.
+#
+# **Exercise (b).** Write the room: how many tokens a slot at `pos` with `log_len` entries since
+# its checkpoint may take and still give back by a cursor move, never past `max_len`.
+
+# %% exercise="provisional_room" tags=["exercise"]
+def my_provisional_room(pos, log_len, L, max_len):
+    # pos: tokens the slot holds; log_len: entries since its checkpoint (0 <= log_len <= L)
+    # return an int: the tokens it may take before the next fold that would fold a draft
+    raise NotImplementedError
+
+
+# %%
+ex.check_provisional_room(my_provisional_room);
+
+# %% [markdown]
+# The engine refuses a step past that room inside `provisional`, and gives everything back when
+# the block ends. A slot of a replay engine with L = 5, drafting two tokens after the true ones:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+drafting = DecodeEngine(model, max_batch=1, max_len=40, strategy="replay", log_length=5)
+slot, logits = drafting.admit(torch.arange(7) % 50)
+print("true tokens in: pos", drafting.pos[slot], " log_len", drafting.log_len[slot],
+      " room", drafting.provisional_room(slot))
+with drafting.provisional([slot]):
+    for _ in range(2):
+        token = logits.argmax().view(1, 1)
+        logits = drafting.step(token, slots=[slot])[0, -1]
+    print("drafted:        pos", drafting.pos[slot], " log_len", drafting.log_len[slot])
+print("given back:     pos", drafting.pos[slot], " log_len", drafting.log_len[slot])
+
+# %% [markdown]
 # ## 3. One byte budget for KV, state and logs
 #
 # A server fits as many sequences as its memory allows. What one request holds in this engine
@@ -186,7 +235,7 @@ for strategy, per_layer in layer.items():
 # otherwise it waits, **and so does everyone behind it** (letting small requests overtake a large
 # one could starve the large one forever).
 #
-# **Exercise (b).** Write the admission rule: `needs` are the bytes of the waiting requests that
+# **Exercise (c).** Write the admission rule: `needs` are the bytes of the waiting requests that
 # have arrived, in queue order; `used` the bytes the running ones hold; return how many to admit
 # from the head of the queue.
 
@@ -258,6 +307,28 @@ latency_figure(runs, "a live stream on this CPU (tiny model)").show()
 for label, m in runs.items():
     print(f"{label:20s} TTFT p50 {1e3 * m['ttft_s']['p50']:6.1f} ms  p99 {1e3 * m['ttft_s']['p99']:6.1f} ms"
           f"   TPOT p50 {1e3 * m['tpot_s']['p50']:5.2f} ms  p99 {1e3 * m['tpot_s']['p99']:5.2f} ms")
+
+# %% [markdown]
+# The same stream with a draft model in its own engine drafting for every running request at
+# once (`Scheduler(..., drafter=BatchModelDrafter(draft_engine))`; its rows are the requests'
+# slots, and a slot taken by a new request is seated afresh). The draft here is the target with
+# noise added to every weight (`testing.perturbed`), so it agrees part of the time; the trained
+# pair of notebook 10 runs the same way in `replaylab bench draft-model`.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+draft_engine = DecodeEngine(perturbed(model, 0.1), max_batch=4, max_len=40, strategy="replay",
+                            log_length=5)
+for strategy in STRATEGIES:
+    engine = DecodeEngine(model, max_batch=4, max_len=40, strategy=strategy, log_length=5)
+    drafter = BatchModelDrafter(draft_engine)
+    sched = Scheduler(engine, k=4, drafter=drafter)
+    done = sched.run(stream_requests(stream, 150.0, "decode"))
+    drafter.reset()  # free the draft slots for the next strategy
+    same = all(torch.equal(torch.tensor(r.tokens), alone[r.id]) for r in done)
+    accepted, proposed = sum(r.accepted for r in done), sum(r.proposed for r in done)
+    print(f"{strategy:9s}: tokens equal alone: {same}, drafts accepted {accepted} of {proposed}, "
+          f"draft engine steps so far {draft_engine.stats.steps}")
 
 # %% [markdown]
 # ## 5. The measured stream: sustainable rate and the crossover
@@ -339,7 +410,8 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 #
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
-#   a rollback. Under replay a rollback moves two numbers per slot.
+#   a rollback. Under replay a rollback moves two numbers per slot, and a draft model's slot
+#   gives back the drafts of several steps the same way, up to its next fold.
 # * One byte budget for KV + state + logs decides how many sequences run at once; at real layer
 #   shapes snapshot's per-draft states make its slots the largest (about 4x replay's on
 #   Nemotron-H 8B; the tiny model's tiny state reverses the order).
@@ -351,8 +423,8 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 #   for them: the crossover is where they no longer do.
 #
 # ## Exercises
-# The two build-it exercises are in sections 2 and 3 (a: `my_rollback_cursor`; b:
-# `my_admissible`), each with its check; reference answers in `solutions/13_serving.py`. Once
+# The three build-it exercises are in sections 2 and 3 (a: `my_rollback_cursor`; b:
+# `my_provisional_room`; c: `my_admissible`), each with its check; reference answers in `solutions/13_serving.py`. Once
 # `check_admission_rule` passes, serve section 4's stream with your rule:
 # `Scheduler(engine, budget_bytes=budget, admission=my_admissible)` (the scheduler refuses an
 # answer that would break the budget or the free slots, naming it).

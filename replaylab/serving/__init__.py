@@ -13,7 +13,7 @@ prefix       a prefix cache of KV and recurrent state over the slots
 """
 
 from replaylab.serving.admission import Admission
-from replaylab.serving.cursor import rollback_cursor
+from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.drafters import (
     BatchModelDrafter,
     BatchPromptLookupDrafter,
@@ -42,6 +42,7 @@ __all__ = [
     "request_bytes",
     "slot_bytes",
     "rollback_cursor",
+    "provisional_room",
     "fused_reason",
     "unsupported_reason",
 ]

@@ -8,16 +8,21 @@ head and the checkpoint stay where they are. ``DecodeEngine.rollback`` applies e
 ``engine.pos``, ``engine.log_len`` and ``engine.last`` (and, under snapshot and recompute,
 copies state as well).
 
+A draft model's engine drafts past its sequences' true tokens and gives the drafts back after
+the round (``DecodeEngine.provisional``): again a cursor move, valid while the slot's
+checkpoint stays at or before the position it returns to. ``provisional_room`` is how many
+tokens a slot may take for that: up to its next fold after the one its held log may need.
+
 Glossary: pos (tokens a slot holds, the next token's position), log_len (replay: entries in the
 log since the checkpoint), last (tokens the slot took in the last step), keep (tokens of that
-step it keeps).
+step it keeps), L (replay's log length: a fold every L tokens).
 """
 
 from __future__ import annotations
 
 from replaylab.validation import as_int
 
-__all__ = ["rollback_cursor"]
+__all__ = ["rollback_cursor", "provisional_room"]
 
 
 def rollback_cursor(pos, log_len, last, keep):
@@ -41,3 +46,12 @@ def rollback_cursor(pos, log_len, last, keep):
         new_log.append(log_len[i] - drop)
         new_last.append(k)
     return new_pos, new_log, new_last
+
+
+def provisional_room(pos, log_len, L, max_len):
+    """Tokens a slot at ``pos`` with ``log_len`` entries since its checkpoint (0 <= log_len
+    <= L) may take and still give back by a cursor move: its log holds L - log_len more before
+    the next fold (a full log, log_len = L, is folded by the next step, whose fold holds only
+    true tokens: then L), and never past ``max_len``."""
+    held = log_len if log_len < L else 0
+    return min(L - held, max_len - pos)

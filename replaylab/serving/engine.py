@@ -34,6 +34,7 @@ from replaylab.serving.checks import (
     check_step,
     per_slot,
 )
+from replaylab.serving.cursor import provisional_room
 from replaylab.serving.layouts import LAYER_KINDS, fused_reason, paths, unsupported_reason
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.serving.prefill import prefill as run_prefill
@@ -303,8 +304,7 @@ class DecodeEngine:
         """Tokens ``slot`` may take inside ``provisional``: up to its next fold after the one
         its held log may need (replay), and up to max_len."""
         slot = as_int("slot", slot, 0, self.max_batch - 1)
-        held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
-        return min(self.L - held, self.max_len - self.pos[slot])
+        return provisional_room(self.pos[slot], self.log_len[slot], self.L, self.max_len)
 
     @contextmanager
     def provisional(self, slots):

@@ -1,24 +1,26 @@
-"""Exercise checks of notebook 13 (serving): the per-slot rollback cursor and the scheduler's
-admission rule under a byte budget. Each check compares the learner's function with the
-library's (``serving.cursor.rollback_cursor``, ``serving.scheduler.admissible``) on fixed edge
-cases and then random ones, prints PASS or FAIL with the first mismatch and what it points at,
+"""Exercise checks of notebook 13 (serving): the per-slot rollback cursor, a draft slot's
+provisional room and the scheduler's admission rule under a byte budget. Each check compares
+the learner's function with the library's (``serving.cursor.rollback_cursor``,
+``serving.cursor.provisional_room``, ``serving.scheduler.admissible``) on fixed edge cases and
+then random ones, prints PASS or FAIL with the first mismatch and what it points at,
 and records its verdict (``grading``).
 
 Glossary: pos (tokens a slot holds), log_len (replay's log entries since the checkpoint), last
 (tokens the slot took in its last step), keep (tokens of that step it keeps: the pending token
 plus the accepted drafts), needs (bytes of each waiting request, in queue order), used (bytes
-the running requests hold), budget (the byte budget), free_slots (engine slots free).
+the running requests hold), budget (the byte budget), free_slots (engine slots free), L
+(replay's log length), max_len (the engine's longest sequence).
 """
 
 from __future__ import annotations
 
 import random
 
-from replaylab.serving.cursor import rollback_cursor
+from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
 from replaylab.teaching.grading import describe_exception, guarded, report
 
-__all__ = ["check_rollback_cursor", "check_admission_rule"]
+__all__ = ["check_rollback_cursor", "check_provisional_room", "check_admission_rule"]
 
 
 def _cursor_cases(n_random, seed):
@@ -99,6 +101,59 @@ def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
                     f"log_len - {drop}; the dropped entries are overwritten by the next step)",
                 )
     return report(name, True, f"{cases + 3} cases give the engine's cursor")
+
+
+def _room_cases(n_random, seed):
+    fixed = [
+        dict(pos=21, log_len=1, L=5, max_len=100),  # 4 entries to go before the next fold
+        dict(pos=25, log_len=5, L=5, max_len=100),  # a full log: the next step folds it first
+        dict(pos=10, log_len=0, L=16, max_len=100),  # just folded
+        dict(pos=97, log_len=2, L=16, max_len=100),  # max_len binds
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        L = rng.choice([1, 2, 3, 4, 5, 8, 16, 64])
+        log_len = rng.randint(0, L)
+        max_len = rng.randint(log_len + 2, 400)
+        fixed.append(
+            dict(pos=rng.randint(log_len, max_len - 1), log_len=log_len, L=L, max_len=max_len)
+        )
+    return fixed
+
+
+@guarded("provisional room")
+def check_provisional_room(fn, cases=300, seed=0) -> bool:
+    """Exercise (notebook 13): ``fn(pos, log_len, L, max_len) -> int``, the tokens a draft slot
+    may take and still give back by a cursor move, compared with ``provisional_room``."""
+    name = "provisional room"
+    for case in _room_cases(cases, seed):
+        want = provisional_room(**case)
+        where = ", ".join(f"{k}={v}" for k, v in case.items())
+        try:
+            got = fn(case["pos"], case["log_len"], case["L"], case["max_len"])
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            return report(name, False, f"on {where}: {describe_exception(err)}")
+        if got is None:
+            return report(name, False, "not done yet (the function returned None)")
+        if got == want:
+            continue
+        pos, log_len, L, max_len = case["pos"], case["log_len"], case["L"], case["max_len"]
+        if max_len - pos < L - (log_len % L):
+            why = f"max_len binds: the slot holds {pos} of max_len={max_len} positions"
+        elif log_len == L:
+            why = (
+                "a full log is folded by the next step, before its first token, and that fold "
+                "holds only true tokens; the entries after it may run to the next fold, L away"
+            )
+        else:
+            why = (
+                f"the log holds {log_len} of L={L} entries: {L - log_len} more fit before the "
+                "next fold, and a fold of a drafted entry could not be given back"
+            )
+        return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
+    return report(name, True, f"{cases + 4} cases give the engine's provisional room")
 
 
 def _admission_cases(n_random, seed):
