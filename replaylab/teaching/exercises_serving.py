@@ -103,6 +103,20 @@ def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
     return report(name, True, f"{cases + 3} cases give the engine's cursor")
 
 
+def _answer(name, fn, args, where):
+    """(the learner's answer to one case, None), or (None, the failed report) when it raised
+    or returned None; a stub's NotImplementedError goes on to ``guarded``."""
+    try:
+        got = fn(*args)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        return None, report(name, False, f"on {where}: {describe_exception(err)}")
+    if got is None:
+        return None, report(name, False, "not done yet (the function returned None)")
+    return got, None
+
+
 def _room_cases(n_random, seed):
     fixed = [
         dict(pos=21, log_len=1, L=5, max_len=100),  # 4 entries to go before the next fold
@@ -129,14 +143,10 @@ def check_provisional_room(fn, cases=300, seed=0) -> bool:
     for case in _room_cases(cases, seed):
         want = provisional_room(**case)
         where = ", ".join(f"{k}={v}" for k, v in case.items())
-        try:
-            got = fn(case["pos"], case["log_len"], case["L"], case["max_len"])
-        except NotImplementedError:
-            raise
-        except Exception as err:
-            return report(name, False, f"on {where}: {describe_exception(err)}")
-        if got is None:
-            return report(name, False, "not done yet (the function returned None)")
+        args = (case["pos"], case["log_len"], case["L"], case["max_len"])
+        got, failed = _answer(name, fn, args, where)
+        if failed is not None:
+            return failed
         if got == want:
             continue
         pos, log_len, L, max_len = case["pos"], case["log_len"], case["L"], case["max_len"]
@@ -184,14 +194,11 @@ def check_admission_rule(fn, cases=300, seed=0) -> bool:
         needs = list(case["needs"])
         want = admissible(**case)
         where = ", ".join(f"{k}={v}" for k, v in case.items())
-        try:
-            got = fn(needs, case["used"], case["budget"], case["free_slots"])
-        except NotImplementedError:
-            raise
-        except Exception as err:
-            return report(name, False, f"on {where}: {describe_exception(err)}")
-        if got is None:
-            return report(name, False, "not done yet (the function returned None)")
+        got, failed = _answer(
+            name, fn, (needs, case["used"], case["budget"], case["free_slots"]), where
+        )
+        if failed is not None:
+            return failed
         if needs != case["needs"]:
             return report(name, False, f"on {where}: your function changed the queue {needs}")
         try:
