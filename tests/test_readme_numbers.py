@@ -213,3 +213,19 @@ def test_the_batched_drafter_sentence_matches_the_host_probe():
     previous, batched = at_128[0], at_128[2]
     assert previous["label"].startswith("previous") and batched["drafters"] == "batched"
     assert found.groups() == (f"{previous['ms_per_round']:.2f}", f"{batched['ms_per_round']:.2f}")
+
+
+def test_the_draft_model_table_in_data_readme_matches_its_json():
+    result = load_bench("data/bench_draft_model_cpu.json")
+    text = (ROOT / "data" / "README.md").read_text()
+    rate = {(r["batch"], r["part"], r["mode"]): r for r in result["rows"]}
+    for batch in (1, 8):
+        for part in ("static", "continuous"):
+            row = [rate[(batch, part, m)] for m in ("decode", "ModelDrafter", "BatchModelDrafter")]
+            tps = [r["tokens_per_s"]["median"] for r in row]
+            assert row[1]["acceptance"] == row[2]["acceptance"] and row[2]["same_tokens_as_decode"]
+            line = (
+                f"| {batch}, {part} | {tps[0]:.1f} | {tps[1]:.1f} | {tps[2]:.1f} | "
+                f"{tps[2] / tps[1]:.2f}x | {row[2]['acceptance']:.3f} |"
+            )
+            assert line in text, line

@@ -147,6 +147,12 @@ def test_one_batched_draft_model_drafts_for_every_request_as_they_come_and_go(st
         )
     with pytest.raises(ValueError, match="needs k >= 1"):
         Scheduler(DecodeEngine(MODEL, 1, 28, strategy), drafter=drafter)
+    with pytest.raises(ValueError, match="its engine is the scheduler's own"):
+        fresh = DecodeEngine(MODEL, 3, 28, "replay", log_length=5, max_verify=5)
+        Scheduler(fresh, k=2, drafter=BatchModelDrafter(fresh))
+    small = BatchModelDrafter(DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5))
+    with pytest.raises(ValueError, match="expected at least max_running=3 slots"):
+        Scheduler(DecodeEngine(MODEL, 3, 28, strategy), k=2, drafter=small)
     with pytest.raises(TypeError, match="expected a batched drafter"):
         Scheduler(DecodeEngine(MODEL, 1, 28, strategy), k=2, drafter=PromptLookupDrafter())
 

@@ -146,7 +146,7 @@ CURSOR, ADMISSION, ROOM = check_rollback_cursor, check_admission_rule, check_pro
         (CURSOR, _in_place, r"your function changed its arguments"),
         (ROOM, _no_fold_at_all, r"log_len=5, L=5.*expected 5, got 0 \(a full log is folded"),
         (ROOM, _target_room, r"log_len=1, L=5.*expected 4, got 3 \(the log holds 1 of L=5"),
-        (ROOM, _ignores_max_len, r"pos=97.*expected 3, got 14 \(max_len binds"),
+        (ROOM, _ignores_max_len, r"pos=98.*expected 2, got 14 \(max_len binds"),
         (ADMISSION, _skips_ahead, r"needs=\[20, 1, 1\].*expected 0, got 2: .*first come, first"),
         (ADMISSION, _ignores_slots, r"free_slots=2: expected 2, got 3: only free_slots=2 slots"),
         (ADMISSION, _strict_budget, r"expected 3, got 2: .*\(an exact fit is allowed\)"),

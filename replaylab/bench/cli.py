@@ -420,6 +420,8 @@ def _draft_model(args):
     from replaylab.bench.draft_model import draft_model_summary, run_draft_model_bench
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cpu":  # a shared CPU: one thread unless told
+        torch.set_num_threads(args.threads or 1)
     t0 = time.time()
     result = run_draft_model_bench(
         device, args.batches, args.n_new, args.k, log_length=args.log_length, repeats=args.repeats
@@ -723,6 +725,7 @@ def add_bench_parser(subparsers):
     dm.add_argument("--k", type=int, default=4, help="drafts per round")
     dm.add_argument("--log-length", type=int, default=16, help="both engines' replay L")
     dm.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (median)")
+    dm.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     dm.set_defaults(run=_draft_model)
     for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")

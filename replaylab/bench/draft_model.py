@@ -115,6 +115,7 @@ def run_draft_model_bench(
         prompt_tokens=prompt_tokens,
         log_length=log_length,
         stream_factor=stream_factor,
+        threads=torch.get_num_threads(),
         rows=rows,
     )
 

@@ -53,5 +53,9 @@ def provisional_room(pos, log_len, L, max_len):
     <= L) may take and still give back by a cursor move: its log holds L - log_len more before
     the next fold (a full log, log_len = L, is folded by the next step, whose fold holds only
     true tokens: then L), and never past ``max_len``."""
+    L = as_int("L", L, low=1)
+    log_len = as_int("log_len", log_len, 0, L)
+    pos = as_int("pos", pos, low=log_len)
+    max_len = as_int("max_len", max_len, low=pos)
     held = log_len if log_len < L else 0
     return min(L - held, max_len - pos)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from replaylab.serving.validate import as_int, given
+
 __all__ = ["BatchSyntheticDrafter", "BatchPromptLookupDrafter", "BatchModelDrafter"]
 
 
@@ -92,12 +94,14 @@ class BatchModelDrafter:
     move), so every slot holds only its sequence's true tokens between rounds.
 
     engine   a replay ``DecodeEngine`` over the draft model, with the target's vocabulary,
-             ``max_batch`` at least the sequences drafted for at once and ``max_len`` at least
-             a context + k
+             ``max_batch`` at least the sequences drafted for at once, ``max_len`` at least the
+             longest context (the target's max_len), ``max_verify`` k + 1 for a catch-up in
+             one step, and the target's L (or a multiple of it)
     A sequence first seen (or whose context no longer extends what its slot holds) is admitted
     with all but its last token, so its prompt is prefilled as the target's was. A row may
-    draft fewer than k tokens before its slot's next fold (``provisional_room``); its last draft
-    then repeats. ``proposed_steps`` counts the draft engine's steps."""
+    draft fewer than k tokens before its slot's next fold or max_len (``provisional_room``);
+    its last draft then repeats. With the target's L the target's own round stops at the same
+    fold, so no draft it verifies is cut. ``proposed_steps`` counts the draft engine's steps."""
 
     def __init__(self, engine):
         from replaylab.serving.engine import DecodeEngine
@@ -121,41 +125,70 @@ class BatchModelDrafter:
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         e = self.engine
-        if e.cfg.vocab_size != vocab_size:
-            raise ValueError(
-                f"vocab_size: the draft model has {e.cfg.vocab_size} tokens, the target "
-                f"{vocab_size}; expected the same vocabulary"
-            )
+        contexts, lengths, rows, k = self._check(contexts, lengths, rows, k, vocab_size)
         G = len(rows)
-        drafts = torch.zeros(G, k, dtype=torch.long)
         if k == 0 or G == 0:
-            return drafts
-        longest = int(lengths.max())
-        if longest + k > e.max_len:
-            raise ValueError(
-                f"contexts: a context of {longest} tokens and k={k} drafts need max_len >= "
-                f"{longest + k}, the draft engine has max_len={e.max_len}"
-            )
-        rows, lengths = rows.tolist(), lengths.tolist()
+            return torch.zeros(G, k, dtype=torch.long)
         slots, logits = self._seat(contexts, lengths, rows)
         logits = self._catch_up(contexts, lengths, rows, slots, logits)
-        drafts[:, 0] = logits.argmax(-1).cpu()
+        drafts = torch.empty(G, k, dtype=torch.long, device=e.device)  # read back once
+        drafts[:, 0] = logits.argmax(-1)
         with e.provisional(slots) as room:
             for j in range(1, k):
                 going = [g for g in range(G) if room[g] >= j]
                 drafts[:, j:] = drafts[:, j - 1 : j]  # a row out of room repeats its last
                 if not going:
                     break
+                index = torch.tensor(going, device=e.device)
                 step = e.step(
-                    drafts[going, j - 1 : j],
-                    slots=[slots[g] for g in going],
-                    check=False,
+                    drafts[index, j - 1 : j], slots=[slots[g] for g in going], check=False
                 )
                 self.proposed_steps += 1
-                drafts[going, j] = step[:, -1].argmax(-1).cpu()
+                drafts[index, j] = step[:, -1].argmax(-1)
         for g, row in enumerate(rows):
             self.seats[row] = (slots[g], contexts[g, : lengths[g]].clone())
-        return drafts
+        return drafts.cpu()
+
+    def _check(self, contexts, lengths, rows, k, vocab_size):
+        """The arguments checked before any slot changes -> (contexts, lengths as a list,
+        rows as a list, k)."""
+        e = self.engine
+        if e.cfg.vocab_size != vocab_size:
+            raise ValueError(
+                f"vocab_size: the draft model has {e.cfg.vocab_size} tokens, the target "
+                f"{vocab_size}; expected the same vocabulary"
+            )
+        k = as_int("k", k, low=0)
+        for name, t, dims in (
+            ("contexts", contexts, 2),
+            ("lengths", lengths, 1),
+            ("rows", rows, 1),
+        ):
+            if not isinstance(t, torch.Tensor) or t.dim() != dims or t.is_floating_point():
+                raise TypeError(f"{name}: expected a {dims}-d integer tensor, got {given(t)}")
+        G, width = contexts.shape
+        if lengths.numel() != G or rows.numel() != G:
+            raise ValueError(
+                f"lengths, rows: expected {G} each (one per context row), got "
+                f"{lengths.numel()} and {rows.numel()}"
+            )
+        lengths, rows = lengths.tolist(), rows.tolist()
+        if len(set(rows)) != G:
+            raise ValueError(f"rows: expected distinct sequences, got {rows}")
+        for g, n in enumerate(lengths):
+            if not 1 <= n <= min(width, e.max_len):
+                raise ValueError(
+                    f"lengths[{g}]: expected 1 <= length <= {min(width, e.max_len)} (the "
+                    f"contexts' width {width} and the draft engine's max_len {e.max_len}), got {n}"
+                )
+        seated = sum(row in self.seats for row in rows)
+        free = e.n_free + sum(row not in rows for row in self.seats)
+        if G - seated > free:
+            raise ValueError(
+                f"rows: {G} sequences draft at once, the draft engine has "
+                f"max_batch={e.max_batch} slots ({free} free or held for other sequences)"
+            )
+        return contexts, lengths, rows, k
 
     def _seat(self, contexts, lengths, rows):
         """Each row's slot, admitting the rows whose slot does not hold a prefix of their
@@ -174,11 +207,6 @@ class BatchModelDrafter:
             if not e.n_free:  # free the slots of sequences not drafted for in this round
                 for other in [r for r in self.seats if r not in wanted]:
                     e.retire(self.seats.pop(other)[0])
-            if not e.n_free:
-                raise ValueError(
-                    f"rows: {len(rows)} sequences draft at once, the draft engine has "
-                    f"max_batch={e.max_batch} slots"
-                )
             n = max(lengths[g] - 1, 1)  # the last token goes through a step, as the target's
             slot, last = e.admit(contexts[g, :n])
             self.seats[row] = (slot, contexts[g, :n].clone())

@@ -237,6 +237,7 @@ class DecodeEngine:
         if not self.live[slot]:
             raise ValueError(f"slot: {slot} is not live (live slots: {self.slots})")
         self.table.retire(slot)
+        self._limits.pop(slot, None)  # a provisional block gives it nothing back
         self.stats.retired += 1
 
     def _prefill(self, slot, prompt, start=0, carried=None, block=None, record=None):
@@ -313,11 +314,17 @@ class DecodeEngine:
         Replay only: the slots' positions and log lengths move back and their conv windows are
         copied back; the checkpoint stays valid because a slot takes at most
         ``provisional_room(slot)`` tokens inside (``step`` refuses more), so the only fold
-        inside folds entries held on entry. Yields that room per slot (a list)."""
+        inside folds entries held on entry. A slot retired inside is left as it is, even when
+        a new sequence takes it inside. Blocks do not nest. Yields the room per slot (a list)."""
         if self.strategy != "replay":
             raise ValueError(
                 f"provisional: the engine's {self.strategy!r} strategy cannot give back more "
                 "than its last step; use strategy='replay' (a cursor move)"
+            )
+        if self._limits:
+            raise ValueError(
+                f"provisional: slots {sorted(self._limits)} are inside a provisional block "
+                "already; blocks do not nest"
             )
         slots = check_slots(self, slots)
         start = [self.pos[s] for s in slots]
@@ -328,12 +335,14 @@ class DecodeEngine:
         try:
             yield room
         finally:
+            kept = [i for i, s in enumerate(slots) if s in self._limits]  # not retired inside
             self._limits = {}
-            for l, pool in self.ssm.items():
-                pool.conv[index] = windows[l]
-            for s, p in zip(slots, start):
-                if self.live[s]:  # a slot retired inside holds nothing to give back
-                    self.table.rewind(s, self.pos[s] - p)
+            if kept:
+                back = torch.tensor(kept, device=self.device)
+                for l, pool in self.ssm.items():
+                    pool.conv[index[back]] = windows[l][back]
+            for i in kept:
+                self.table.rewind(slots[i], self.pos[slots[i]] - start[i])
 
     # --- lock-step workloads and speculation ---------------------------------------------
     @torch.no_grad()

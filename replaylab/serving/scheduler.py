@@ -147,6 +147,20 @@ class Scheduler:
             )
         if drafter is not None and not self.k:
             raise ValueError("drafter: a batched drafter needs k >= 1 drafts per round, got k=0")
+        inner = getattr(drafter, "engine", None)  # a BatchModelDrafter's draft engine
+        if inner is engine:
+            raise ValueError(
+                "drafter: its engine is the scheduler's own; give the draft model a "
+                "DecodeEngine of its own"
+            )
+        if inner is not None and (
+            inner.max_batch < self.max_running or inner.max_len < engine.max_len
+        ):
+            raise ValueError(
+                f"drafter: its engine has max_batch={inner.max_batch}, max_len={inner.max_len}; "
+                f"expected at least max_running={self.max_running} slots and the target's "
+                f"max_len={engine.max_len}"
+            )
         self.drafter = drafter
         self.prefilling: list[Request] = []  # admitted, prefill unfinished (interleaving)
         self.waiting: list[Request] = []

@@ -90,7 +90,7 @@ class SlotTable:
         """Replay: the slot gives back its last ``n`` tokens, whichever steps took them (a
         cursor move; the caller checked that its checkpoint sits at or before the new
         position). No step may be rolled back afterwards."""
-        if not self.logged or n > self.log_len[slot]:
+        if not self.logged or not 0 <= n <= self.log_len[slot]:
             raise ValueError(
                 f"rewind: slot {slot} holds {self.log_len[slot]} log entries since its "
                 f"checkpoint, cannot give back {n} tokens"

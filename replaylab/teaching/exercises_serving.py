@@ -121,17 +121,15 @@ def _room_cases(n_random, seed):
     fixed = [
         dict(pos=21, log_len=1, L=5, max_len=100),  # 4 entries to go before the next fold
         dict(pos=25, log_len=5, L=5, max_len=100),  # a full log: the next step folds it first
-        dict(pos=10, log_len=0, L=16, max_len=100),  # just folded
-        dict(pos=97, log_len=2, L=16, max_len=100),  # max_len binds
+        dict(pos=16, log_len=0, L=16, max_len=100),  # just folded
+        dict(pos=98, log_len=2, L=16, max_len=100),  # max_len binds
     ]
     rng = random.Random(seed)
     for _ in range(n_random):
         L = rng.choice([1, 2, 3, 4, 5, 8, 16, 64])
         log_len = rng.randint(0, L)
-        max_len = rng.randint(log_len + 2, 400)
-        fixed.append(
-            dict(pos=rng.randint(log_len, max_len - 1), log_len=log_len, L=L, max_len=max_len)
-        )
+        pos = L * rng.randint(0, 300 // L) + log_len  # the checkpoint on the grid of L
+        fixed.append(dict(pos=pos, log_len=log_len, L=L, max_len=pos + rng.randint(1, 40)))
     return fixed
 
 
