@@ -29,7 +29,9 @@ recurrent layer). One byte budget covers all of it; eviction drops whole leaves 
 used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
 its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
 (those blocks then serve align-style hits), and under "logs-first" every log goes before any
-leaf (the tree then degrades to align's, never below it). The served cache holds copies: decoding, speculation and rollback on
+leaf (the tree then degrades to align's, never below it); under "lru-fit" a leaf that cannot
+fit beside its ancestors goes first, then the logs of full leaves (which keep their end
+states), then whole leaves by LRU (a tail, with no end state, goes whole). The served cache holds copies: decoding, speculation and rollback on
 it never touch the tree (copy on write).
 
 The tree itself (nodes, matching, the resume plan, the hit report, insertion, the budget and
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
-PREFIX_EVICTION = ("lru", "cost", "logs-first")
+PREFIX_EVICTION = ("lru", "cost", "logs-first", "lru-fit")
 STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
 
 
@@ -196,8 +198,9 @@ class PrefixTree:
     @property
     def floor_bytes(self) -> int:
         """The least bytes one full block can be held in: ``block_bytes``, or under
-        ``eviction="logs-first"`` a replay block without its log."""
-        return self.block_bytes - (self.block_log_bytes if self.eviction == "logs-first" else 0)
+        ``eviction="logs-first"`` or ``"lru-fit"`` a replay block without its log."""
+        logless = self.eviction in ("logs-first", "lru-fit")
+        return self.block_bytes - (self.block_log_bytes if logless else 0)
 
     # --- validation ---------------------------------------------------------------------
     def set_budget(self, budget_bytes):
@@ -368,6 +371,13 @@ class PrefixTree:
             node = node.parent
         return tuple(t for part in reversed(parts) for t in part)
 
+    def _path_bytes(self, node) -> int:
+        """Bytes of ``node`` and its ancestors: what a hit through it needs held."""
+        total = 0
+        while node is not None and node is not self.root:
+            total, node = total + node.nbytes, node.parent
+        return total
+
     def _evict_to_budget(self):
         while self.budget_bytes is not None and self.held_bytes > self.budget_bytes:
             # replay: first the logs of blocks that later blocks extend (a hit passes through
@@ -377,6 +387,10 @@ class PrefixTree:
             logged = [n for n in self.nodes() if n.children and n.log is not None]
             if not logged and self.eviction == "logs-first":
                 logged = [n for n in self.nodes() if n.log is not None]
+            # "lru-fit": then the logs of full leaves (each keeps its end state); a tail, which
+            # has no end state to fall back on, goes whole
+            if not logged and self.eviction == "lru-fit":
+                logged = [n for n in self.nodes() if n.log is not None and n.end_state is not None]
             if logged:
                 victim = min(logged, key=lambda n: n.last_used)
                 self.held_bytes -= victim.nbytes
@@ -385,7 +399,10 @@ class PrefixTree:
                 self.held_bytes += victim.nbytes
                 continue
             leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction in ("lru", "logs-first"):
+            if self.eviction == "lru-fit":  # first a leaf that cannot fit beside its ancestors
+                alone = [n for n in leaves if self._path_bytes(n) > self.budget_bytes]
+                leaves = alone or leaves
+            if self.eviction in ("lru", "logs-first", "lru-fit"):
                 victim = min(leaves, key=lambda n: n.last_used)
             else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
                 victim = min(leaves, key=lambda n: (n.end / max(n.nbytes, 1), n.last_used))
@@ -429,8 +446,9 @@ class PrefixCache(PrefixTree):
     max_len               longest request served
     checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
                           block_size; default block_size)
-    eviction              "lru", "cost" (evict the leaf saving fewest tokens per byte) or
-                          "logs-first" (replay: every log before any leaf)
+    eviction              "lru", "cost" (evict the leaf saving fewest tokens per byte),
+                          "logs-first" (replay: every log before any leaf) or "lru-fit"
+                          (LRU after the leaves that cannot fit and full leaves' logs)
     chunk_size            prefill chunk (chunks also break at every grid position)
 
     Raises ValueError naming the value and the allowed range for a block size the strategy

@@ -252,7 +252,8 @@ def test_decode_rollback_and_retire_after_a_hit_never_change_the_tree(strategy):
 
 
 @pytest.mark.parametrize(
-    ("strategy", "eviction"), [*((s, "lru") for s in STRATEGIES), ("replay", "logs-first")]
+    ("strategy", "eviction"),
+    [*((s, "lru") for s in STRATEGIES), ("replay", "logs-first"), ("replay", "lru-fit")],
 )
 def test_random_request_streams_equal_cold_runs(strategy, eviction):
     """A fuzz: admissions with shared prefixes (system prompts, multi-turn extensions,

@@ -649,7 +649,7 @@ def add_bench_parser(subparsers):
     px.add_argument(
         "--eviction",
         default="lru",
-        choices=["lru", "cost", "logs-first"],
+        choices=["lru", "cost", "logs-first", "lru-fit"],
         help="--blocks: the trees' eviction policy",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")

@@ -82,10 +82,12 @@ class EnginePrefixCache(PrefixTree):
 
     block_size    the grid (see the module docstring for the sizes each strategy serves)
     budget_bytes  cap on KV + states + logs held by the tree (None: no cap); at least one
-                  full block's bytes (``floor_bytes``; under "logs-first", without its log)
-    eviction      "lru", "cost" (evict the leaf saving fewest prefill tokens per byte) or
+                  full block's bytes (``floor_bytes``; under "logs-first" and "lru-fit",
+                  without its log)
+    eviction      "lru", "cost" (evict the leaf saving fewest prefill tokens per byte),
                   "logs-first" (replay: every log before any leaf, so a hit never resumes
-                  before align's; LRU leaves after that)
+                  before align's; LRU leaves after that) or "lru-fit" (first a leaf that
+                  cannot fit beside its ancestors, then full leaves' logs, then LRU leaves)
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
