@@ -131,15 +131,16 @@ print("slots rolled back:", engine.stats.rollbacks, "; tokens re-run:", engine.s
 #
 # Where do the drafts come from? A draft model in its own engine can draft for every sequence
 # at once (`serving.BatchModelDrafter`): one step feeds each draft slot the true tokens it has
-# not seen yet (its first draft comes from the last one's logits), then k - 1 one-token steps
-# draft greedily. Those k - 1 tokens are not true, so after the round the draft slot gives them
-# back: the tokens of several steps, where `rollback` undoes only the last step. Under replay
-# that is the same cursor move, now over several steps (`engine.provisional`): position and log
-# length go back, and the conv windows saved before are copied back.
+# not seen yet (its first draft is the argmax of the logits after its last true token), then
+# k - 1 one-token steps feed drafts 1 .. k - 1 (draft k is read from the last logits and never
+# fed). Those k - 1 fed tokens are not true, so after the round the draft slot gives them back:
+# the tokens of several steps, where `rollback` undoes only the last step. Under replay that is
+# the same cursor move, now over several steps (`engine.provisional`): position and log length
+# go back, and the conv windows saved when the block began are copied back.
 #
-# It is only valid while the checkpoint stays at or before the position the slot returns to. A
-# fold of a drafted entry would move the checkpoint past it, and the state before that fold is
-# gone. So the draft slot may take only the tokens left before its next fold, with one
+# This cursor move is only valid while the checkpoint stays at or before the position the slot
+# returns to. A fold of a drafted entry would move the checkpoint past that position, and the
+# state before that fold is gone. So the draft slot may take only the tokens left before its next fold, with one
 # exception: a log that is already full (`log_len` = L) is folded by the next step *before* its
 # first token, and everything folded then is true.
 #
@@ -158,7 +159,9 @@ ex.check_provisional_room(my_provisional_room);
 
 # %% [markdown]
 # The engine refuses a step past that room inside `provisional`, and gives everything back when
-# the block ends. A slot of a replay engine with L = 5, drafting two tokens after the true ones:
+# the block ends. A slot of a replay engine with L = 5 drafts until its room is used up; the
+# next step is refused. Then a slot whose log is full (5 entries) has the whole L as room: its
+# first drafting step folds the five true entries.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -166,12 +169,19 @@ drafting = DecodeEngine(model, max_batch=1, max_len=40, strategy="replay", log_l
 slot, logits = drafting.admit(torch.arange(7) % 50)
 print("true tokens in: pos", drafting.pos[slot], " log_len", drafting.log_len[slot],
       " room", drafting.provisional_room(slot))
-with drafting.provisional([slot]):
-    for _ in range(2):
+with drafting.provisional([slot]) as room:
+    for _ in range(room[0]):
         token = logits.argmax().view(1, 1)
         logits = drafting.step(token, slots=[slot])[0, -1]
     print("drafted:        pos", drafting.pos[slot], " log_len", drafting.log_len[slot])
+    try:
+        drafting.step(logits.argmax().view(1, 1), slots=[slot])
+    except ValueError as err:
+        print("one more:      ", err)
 print("given back:     pos", drafting.pos[slot], " log_len", drafting.log_len[slot])
+drafting.step(torch.tensor([[1, 2, 3]]), slots=[slot])  # three true tokens: a full log
+print("full log:       pos", drafting.pos[slot], " log_len", drafting.log_len[slot],
+      " room", drafting.provisional_room(slot))
 
 # %% [markdown]
 # ## 3. One byte budget for KV, state and logs
@@ -310,10 +320,14 @@ for label, m in runs.items():
 
 # %% [markdown]
 # The same stream with a draft model in its own engine drafting for every running request at
-# once (`Scheduler(..., drafter=BatchModelDrafter(draft_engine))`; its rows are the requests'
-# slots, and a slot taken by a new request is seated afresh). The draft here is the target with
-# noise added to every weight (`testing.perturbed`), so it agrees part of the time; the trained
-# pair of notebook 10 runs the same way in `replaylab bench draft-model`.
+# once (`Scheduler(..., drafter=BatchModelDrafter(draft_engine))`). The draft engine keeps one
+# slot per running request; when a new request takes a target slot, the draft engine prefills
+# that request's prompt into a slot of its own. It uses the target's L, so the target's round
+# stops at the same fold as the draft slot's room and no draft the target verifies is cut (a
+# row out of room repeats its last draft). The draft here is the target with noise added to
+# every weight (`testing.perturbed`), so it agrees part of the time; the trained pair of
+# notebook 10 runs the same way in `replaylab bench draft-model`. Replay's target verifies
+# fewer drafts when a slot is near its fold grid (section 1), so it proposes fewer.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -321,14 +335,14 @@ draft_engine = DecodeEngine(perturbed(model, 0.1), max_batch=4, max_len=40, stra
                             log_length=5)
 for strategy in STRATEGIES:
     engine = DecodeEngine(model, max_batch=4, max_len=40, strategy=strategy, log_length=5)
-    drafter = BatchModelDrafter(draft_engine)
+    drafter, steps = BatchModelDrafter(draft_engine), draft_engine.stats.steps
     sched = Scheduler(engine, k=4, drafter=drafter)
     done = sched.run(stream_requests(stream, 150.0, "decode"))
     drafter.reset()  # free the draft slots for the next strategy
     same = all(torch.equal(torch.tensor(r.tokens), alone[r.id]) for r in done)
     accepted, proposed = sum(r.accepted for r in done), sum(r.proposed for r in done)
     print(f"{strategy:9s}: tokens equal alone: {same}, drafts accepted {accepted} of {proposed}, "
-          f"draft engine steps so far {draft_engine.stats.steps}")
+          f"draft engine steps {draft_engine.stats.steps - steps}")
 
 # %% [markdown]
 # ## 5. The measured stream: sustainable rate and the crossover

@@ -71,7 +71,7 @@ def check_step(engine, tokens, counts, slots, check):
         if limit is not None and engine.pos[s] + c > limit:
             raise ValueError(
                 f"counts: slot {s} at position {engine.pos[s]} may reach position {limit} "
-                f"inside engine.provisional (its next fold), got {c} tokens"
+                f"inside engine.provisional (its next fold); a step of {c} would pass it"
             )
         if c > engine.policy.room(s):
             raise ValueError(
