@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -122,6 +122,17 @@ case "$mode" in
       --rows 1,8,64,128,256,640,1280 2>&1 | tail -32
     timeout -s INT ${MATCHED_S:-360} python3 -m replaylab.bench matched --out "$OUT/bench_matched.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -20 ;;
+  drafts)  # WHEELS=.whl-gpu2 (the suite's set): the batched drafters on the GPU (issue 36, item 3): their tests,
+    # then the trained pair with BatchModelDrafter (DRAFT_ARGS), then the matched engine's
+    # speculation with one BatchSyntheticDrafter beside the previous rows (MATCHED_ARGS)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_drafters.py tests/test_bench_draft_model.py tests/test_scheduler.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_drafter_tests.log" 2>&1
+    tail -4 "$OUT/gpu_drafter_tests.log"
+    timeout -s INT ${DRAFT_S:-200} python3 -m replaylab.bench draft-model --device cuda \
+      --out "$OUT/bench_draft_model_gpu.json" ${DRAFT_ARGS:---batches 1,8,32,64} 2>&1 | tail -16
+    timeout -s INT ${MATCHED_S:-200} python3 -m replaylab.bench matched --drafter batched \
+      --out "$OUT/bench_matched_batched_drafter.json" ${MATCHED_ARGS:---no-mamba-ssm} 2>&1 | tail -20 ;;
   hf-suite)  # WHEELS=.whl-gpu2 (transformers 5.25 and its hub, tokenizers, safetensors, kernels
     # as the lock pins them; no plotly, debugpy or jedi: the carry's 64 MiB): transformers'
     # assisted generation under replaylab.hf, then the suite (SUITE_ARGS: its ignores)
