@@ -29,9 +29,10 @@ recurrent layer). One byte budget covers all of it; eviction drops whole leaves 
 used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
 its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
 (those blocks then serve align-style hits), and under "logs-first" every log goes before any
-leaf (the tree then degrades to align's, never below it); under "lru-fit" a leaf that cannot
-fit beside its ancestors goes first, then the logs of full leaves (which keep their end
-states), then whole leaves by LRU (a tail, with no end state, goes whole). The served cache holds copies: decoding, speculation and rollback on
+leaf (the tree then degrades to align's, never below it); under "lru-fit" the logs of full
+leaves go next (each keeps its end state), then a leaf that cannot fit beside its ancestors,
+then tails (shorter than a block: no end state, they go whole), then full leaves, each group
+least recently used first. The served cache holds copies: decoding, speculation and rollback on
 it never touch the tree (copy on write).
 
 The tree itself (nodes, matching, the resume plan, the hit report, insertion, the budget and
@@ -399,9 +400,11 @@ class PrefixTree:
                 self.held_bytes += victim.nbytes
                 continue
             leaves = [n for n in self.nodes() if not n.children]
-            if self.eviction == "lru-fit":  # first a leaf that cannot fit beside its ancestors
+            if self.eviction == "lru-fit":  # a leaf that cannot fit beside its ancestors, then
+                # tails (no end state to fall back on) before full leaves: align's states stay
                 alone = [n for n in leaves if self._path_bytes(n) > self.budget_bytes]
-                leaves = alone or leaves
+                tails = [n for n in leaves if n.end_state is None]
+                leaves = alone or tails or leaves
             if self.eviction in ("lru", "logs-first", "lru-fit"):
                 victim = min(leaves, key=lambda n: n.last_used)
             else:  # fewest prefill tokens saved per byte held (a hit here skips [0, end))
@@ -448,7 +451,7 @@ class PrefixCache(PrefixTree):
                           block_size; default block_size)
     eviction              "lru", "cost" (evict the leaf saving fewest tokens per byte),
                           "logs-first" (replay: every log before any leaf) or "lru-fit"
-                          (LRU after the leaves that cannot fit and full leaves' logs)
+                          (full leaves' logs, leaves that cannot fit, tails, full leaves)
     chunk_size            prefill chunk (chunks also break at every grid position)
 
     Raises ValueError naming the value and the allowed range for a block size the strategy

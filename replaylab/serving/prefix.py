@@ -86,8 +86,9 @@ class EnginePrefixCache(PrefixTree):
                   without its log)
     eviction      "lru", "cost" (evict the leaf saving fewest prefill tokens per byte),
                   "logs-first" (replay: every log before any leaf, so a hit never resumes
-                  before align's; LRU leaves after that) or "lru-fit" (first a leaf that
-                  cannot fit beside its ancestors, then full leaves' logs, then LRU leaves)
+                  before align's; LRU leaves after that) or "lru-fit" (full leaves' logs, a
+                  leaf that cannot fit beside its ancestors, tails, then full leaves; LRU
+                  within each)
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
