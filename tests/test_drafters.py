@@ -252,6 +252,8 @@ def test_the_model_drafter_reseats_new_sequences_and_refuses_what_does_not_fit()
     assert full[0, 1:].eq(full[0, 0]).all()
     with pytest.raises(ValueError, match="strategy must be 'replay'"):
         BatchModelDrafter(DecodeEngine(draft, 2, 64, "snapshot"))
+    with pytest.raises(TypeError, match="expected a DecodeEngine over the draft model, got"):
+        BatchModelDrafter(draft)
 
 
 def test_a_provisional_block_leaves_a_slot_retired_inside_and_does_not_nest():

@@ -107,7 +107,9 @@ class BatchModelDrafter:
         from replaylab.serving.engine import DecodeEngine
 
         if not isinstance(engine, DecodeEngine):
-            raise TypeError(f"engine: expected a DecodeEngine over the draft model, got {engine!r}")
+            raise TypeError(
+                f"engine: expected a DecodeEngine over the draft model, got {given(engine)}"
+            )
         if engine.strategy != "replay":
             raise ValueError(
                 f"engine: the draft engine gives back its drafts by a cursor move, so its "
