@@ -25,15 +25,16 @@ Glossary (code name -> meaning):
 
 What each strategy holds per full node: KV rows (2 * kv_heads * b * head_dim per attention
 layer) + end_state (state + conv window per recurrent layer) + replay's log (b entries per
-recurrent layer). One byte budget covers all of it; eviction drops whole leaves (least recently
-used, or "cost": fewest prefill tokens saved per byte), so every node left has its ancestors and
-its state can be rebuilt; under replay the logs of blocks that later blocks extend go first
-(those blocks then serve align-style hits), and under "logs-first" every log goes before any
-leaf (the tree then degrades to align's, never below it); under "lru-fit" the logs of full
-leaves go next (each keeps its end state), then a leaf that cannot fit beside its ancestors,
-then tails (shorter than a block: no end state, they go whole), then full leaves, each group
-least recently used first. The served cache holds copies: decoding, speculation and rollback on
-it never touch the tree (copy on write).
+recurrent layer). One byte budget covers all of it. Eviction drops whole leaves, so every node
+left has its ancestors and its state can be rebuilt; under replay the logs of blocks that later
+blocks extend go first (those blocks then serve align-style hits). After them, by policy:
+"lru-fit" (the default) drops the logs of full leaves (each keeps its end state), then a leaf
+that cannot fit beside its ancestors, then tails (shorter than a block: no end state, they go
+whole), then full leaves, each group least recently used first, so replay never hits less than
+align and a budget of one block without its log is served; "lru" drops the least recently used
+leaf, log and all; "cost" the leaf saving fewest prefill tokens per byte; "logs-first" every
+log before any leaf (the tree then degrades to align's). The served cache holds copies:
+decoding, speculation and rollback on it never touch the tree (copy on write).
 
 The tree itself (nodes, matching, the resume plan, the hit report, insertion, the budget and
 eviction, ``check_rebuildable``) is ``PrefixTree``, which the serving engine's prefix cache
@@ -62,10 +63,14 @@ __all__ = [
     "Served",
     "PREFIX_STRATEGIES",
     "PREFIX_EVICTION",
+    "DEFAULT_EVICTION",
 ]
 
 PREFIX_STRATEGIES = ("replay", "snapshot", "recompute")
 PREFIX_EVICTION = ("lru", "cost", "logs-first", "lru-fit")
+# replay never hits less than align under it (data/PREFIX.md), and a budget of one block
+# without its log is served
+DEFAULT_EVICTION = "lru-fit"
 STOP_REASONS = ("end of prompt", "unique tokens", "evicted")
 
 
@@ -445,13 +450,14 @@ class PrefixCache(PrefixTree):
     ``strategy`` ("replay", "snapshot" or "recompute"), on a grid of ``block_size`` tokens.
 
     budget_bytes          cap on KV + states + logs held by the tree (None: no cap); at least
-                          one full block's bytes (``floor_bytes``)
+                          one full block's bytes (``floor_bytes``: under "lru-fit" and
+                          "logs-first" a replay block without its log)
     max_len               longest request served
     checkpoint_interval   recompute only: grid states every this many tokens (a multiple of
                           block_size; default block_size)
-    eviction              "lru", "cost" (evict the leaf saving fewest tokens per byte),
-                          "logs-first" (replay: every log before any leaf) or "lru-fit"
-                          (full leaves' logs, leaves that cannot fit, tails, full leaves)
+    eviction              "lru-fit" (default: full leaves' logs, leaves that cannot fit,
+                          tails, full leaves), "lru" (whole leaves), "cost" (the leaf saving
+                          fewest tokens per byte) or "logs-first" (replay: every log first)
     chunk_size            prefill chunk (chunks also break at every grid position)
 
     Raises ValueError naming the value and the allowed range for a block size the strategy
@@ -468,7 +474,7 @@ class PrefixCache(PrefixTree):
         budget_bytes=None,
         max_len=2048,
         checkpoint_interval=None,
-        eviction="lru",
+        eviction=DEFAULT_EVICTION,
         chunk_size=None,
     ):
         if strategy not in PREFIX_STRATEGIES:

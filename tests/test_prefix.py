@@ -131,7 +131,7 @@ def test_a_prompt_the_tree_holds_whole_recomputes_only_its_last_token(tiny_model
     assert hit.limited_by == "end of prompt"
 
 
-@pytest.mark.parametrize("eviction", ("lru", "cost"))
+@pytest.mark.parametrize("eviction", ("lru-fit", "lru", "cost"))
 @pytest.mark.parametrize("strategy", ("replay", "recompute"))
 def test_eviction_keeps_every_node_rebuildable(tiny_model, generator, strategy, eviction):
     prefix = PrefixCache(
@@ -240,6 +240,35 @@ def test_prefix_bench_rows(tiny_model):
         assert replay["token_hit_rate"] == replay["ideal_hit_rate"] > 0.5
         assert align["token_hit_rate"] < replay["token_hit_rate"]
         assert align["computed_tokens"] > replay["computed_tokens"]
+
+
+def test_the_committed_budget_sweep_and_its_table_in_prefix_md():
+    """data/bench_prefix_cpu.json (default eviction, lru-fit) beside bench_prefix_lru_cpu.json
+    (the same tree, LRU): PREFIX.md shows the first's table, replay hits at least align in
+    every cell of it, and the LRU losses the prose quotes are the LRU run's."""
+    import json
+    from pathlib import Path
+
+    from replaylab.bench.prefix import budget_markdown
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    fit = json.loads((data / "bench_prefix_cpu.json").read_text())
+    lru = json.loads((data / "bench_prefix_lru_cpu.json").read_text())
+    assert (fit["eviction"], lru["eviction"]) == ("lru-fit", "lru")
+    assert fit["commit"] == lru["commit"] and {"device", "versions", "date"} <= set(fit)
+    assert "\n".join(budget_markdown(fit["budget_sweep"])) in (data / "PREFIX.md").read_text()
+
+    def cells(sweep):
+        return {(r["workload"], r["block_size"], r["strategy"], r["budget"]): r for r in sweep}
+
+    got, old = cells(fit["budget_sweep"]), cells(lru["budget_sweep"])
+    for (name, b, strategy, budget), row in got.items():
+        if strategy == "replay":
+            assert "skipped" not in row, (name, b, budget)
+            assert row["token_hit_rate"] >= got[(name, b, "snapshot", budget)]["token_hit_rate"]
+    assert "skipped" in old[("few_shot", 64, "replay", 50_000)]  # LRU refuses it
+    assert old[("few_shot", 16, "replay", 100_000)]["token_hit_rate"] == 0.0227
+    assert old[("shared_docs", 64, "replay", 100_000)]["token_hit_rate"] == 0
 
 
 def test_replay_drops_inner_logs_first_and_then_resumes_on_the_grid(tiny_model, generator):

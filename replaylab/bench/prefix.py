@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from replaylab.prefix import PrefixCache
+from replaylab.prefix import DEFAULT_EVICTION, PREFIX_EVICTION, PrefixCache
 
 __all__ = [
     "WORKLOADS",
@@ -29,6 +29,7 @@ __all__ = [
     "run_prefix_bench",
     "budget_sweep",
     "prefix_summary",
+    "budget_markdown",
     "run_engine_prefix_bench",
     "engine_prefix_summary",
     "TTFT_PRESETS",
@@ -122,10 +123,14 @@ def run_prefix_bench(model, block_sizes=(16, 64, 256), strategies=None, log=prin
     return {"model": "replaylab.testing.tiny_hybrid", "rows": rows}
 
 
-def budget_sweep(model, budgets, block_sizes=(16, 64), strategies=None, log=print) -> list:
+def budget_sweep(
+    model, budgets, block_sizes=(16, 64), strategies=None, eviction=DEFAULT_EVICTION, log=print
+) -> list:
     """Token hit rate at equal bytes: every workload, strategy and block size under each byte
-    budget in ``budgets`` (LRU eviction; a budget under one block of a strategy is skipped and
-    recorded as such)."""
+    budget in ``budgets``, the trees evicting by ``eviction`` (``prefix.PREFIX_EVICTION``; a
+    budget under one block of a strategy, ``floor_bytes``, is skipped and recorded as such)."""
+    if eviction not in PREFIX_EVICTION:
+        raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
     strategies = strategies or ("replay", "snapshot", "recompute")
     rows = []
     for name in WORKLOADS:
@@ -138,7 +143,12 @@ def budget_sweep(model, budgets, block_sizes=(16, 64), strategies=None, log=prin
                     row = dict(workload=name, strategy=strategy, block_size=block, budget=budget)
                     try:
                         prefix = PrefixCache(
-                            model, strategy, block_size=block, max_len=max_len, budget_bytes=budget
+                            model,
+                            strategy,
+                            block_size=block,
+                            max_len=max_len,
+                            budget_bytes=budget,
+                            eviction=eviction,
                         )
                     except ValueError as err:
                         rows.append(dict(row, skipped=str(err)))
@@ -156,6 +166,33 @@ def budget_sweep(model, budgets, block_sizes=(16, 64), strategies=None, log=prin
                         f"hit {row['token_hit_rate']:.3f}"
                     )
     return rows
+
+
+def budget_markdown(sweep, a="replay", b="snapshot") -> list[str]:
+    """``budget_sweep``'s rows as the markdown table ``data/PREFIX.md`` shows: one line per
+    (workload, block size), one column per budget, "a / b" token hit rates ("refused": the
+    budget is under one block of that strategy)."""
+    budgets = sorted({r["budget"] for r in sweep})
+    cell = {(r["workload"], r["block_size"], r["strategy"], r["budget"]): r for r in sweep}
+
+    def rate(key):
+        row = cell.get(key)
+        return (
+            "-"
+            if row is None
+            else "refused"
+            if "skipped" in row
+            else f"{row['token_hit_rate']:.3f}"
+        )
+
+    lines = [
+        "| workload, block | " + " | ".join(f"{x / 1000:g} kB" for x in budgets) + " |",
+        "|---" * (len(budgets) + 1) + "|",
+    ]
+    for name, block in dict.fromkeys((r["workload"], r["block_size"]) for r in sweep):
+        pairs = [f"{rate((name, block, a, x))} / {rate((name, block, b, x))}" for x in budgets]
+        lines.append(f"| {name}, {block} | " + " | ".join(pairs) + " |")
+    return lines
 
 
 def prefix_summary(result) -> list[str]:
@@ -357,17 +394,10 @@ def run_engine_ttft(
     requests' ``suffix_lengths`` are recorded in order with the per-request times.
     ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
     after each strategy (the CLI writes it, so a cut run keeps what it measured)."""
-    from replaylab.bench.stream import _model
+    from replaylab.bench.stream import _model, preset_config
     from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-    if preset not in TTFT_PRESETS:
-        raise ValueError(f"preset: expected one of {sorted(TTFT_PRESETS)}, got {preset!r}")
-    unknown = set(overrides) - set(TTFT_PRESETS[preset])
-    if unknown:
-        raise ValueError(
-            f"overrides: unknown fields {sorted(unknown)}; known {sorted(TTFT_PRESETS[preset])}"
-        )
-    run = {**TTFT_PRESETS[preset], **overrides}
+    run = preset_config(TTFT_PRESETS, preset, overrides)
     lo, hi = run["suffix_tokens"]
     if not 1 <= lo <= hi:
         raise ValueError(f"suffix_tokens: expected 1 <= low <= high, got {run['suffix_tokens']}")

@@ -11,13 +11,14 @@ layers, one attention layer, vocabulary 50, random weights) but its two byte rat
 Nemotron-H 8B's (``nemotron_ratios``, from ``replaylab.families`` and ``replaylab.shapes``):
 
     state_per_entry   (fp32 state H*P*N + bf16 conv window (d_conv - 1) * (H*P + 2*G*N)) per
-                      layer / one token's log entry per layer as replaylab logs it (bf16 xBC,
-                      x, dt, B, C: (2*H*P + 4*G*N + H) values) = 4,255,744 / 41,216 = 103.3
-    kv_per_log        KV bytes per token (4 attention layers, bf16) / log bytes per token
-                      (24 Mamba-2 layers) = 16,384 / 989,184 = 0.0166
+                      layer / what a node keeps of one token per layer (bf16 xBC and dt, the
+                      inputs a seat derives the log's x, B, C from: (H*P + 2*G*N + H) values)
+                      = 4,255,744 / 20,736 = 205.2
+    kv_per_log        KV bytes per token (4 attention layers, bf16) / node-entry bytes per
+                      token (24 Mamba-2 layers) = 16,384 / 497,664 = 0.0329
 
 The model runs in fp32 (every tensor 4 bytes), with H=16, P=64, N=336, G=1 and one KV head of
-width 56: ratios 102.5 and 0.0164 (within 1%, ``model_ratios`` measures them from a real node).
+width 56: ratios 203.9 and 0.0327 (within 1%, ``model_ratios`` measures them from a real node).
 Byte counts scale to Nemotron-H 8B by ``nemotron_scale`` (its log bytes per token over the
 model's), within those 1%.
 
@@ -43,7 +44,7 @@ import time
 
 import torch
 
-from replaylab.prefix import PrefixTree, _Node
+from replaylab.prefix import DEFAULT_EVICTION, PREFIX_EVICTION, PrefixTree, _Node
 from replaylab.recurrent import LayerState
 
 __all__ = [
@@ -106,19 +107,24 @@ def block_workload(name, seed=0) -> list[list[int]]:
     raise ValueError(f"block_workload: expected one of {BLOCK_WORKLOADS}, got {name!r}")
 
 
-def nemotron_ratios(name="Nemotron-H 8B") -> dict:
+def nemotron_ratios(name="Nemotron-H 8B", entry="node") -> dict:
     """A published Mamba-2 hybrid's byte sizes per sequence, as the engine's prefix tree holds
-    them (fp32 state; bf16 conv window, log entries and KV): ``state_bytes`` state + conv window
-    of one recurrent layer, ``entry_bytes`` one token's log entry of one layer, ``kv_token_bytes``
-    KV of one token over every attention layer, ``log_token_bytes`` log of one token over every
-    recurrent layer, and the two ratios ``state_per_entry`` and ``kv_per_log``."""
-    from replaylab.families import FAMILY_SHAPES, entry_bytes, state_bytes
+    them (fp32 state; bf16 conv window, node entries and KV): ``state_bytes`` state + conv
+    window of one recurrent layer, ``entry_bytes`` what a node keeps of one token of one layer
+    (the layer's inputs before the conv, xBC and dt: ``families.minimal_entry_bytes``; a seat
+    derives the log's entries from them), ``kv_token_bytes`` KV of one token over every
+    attention layer, ``log_token_bytes`` node entries of one token over every recurrent layer,
+    and the two ratios ``state_per_entry`` and ``kv_per_log``. ``entry="log"``: the whole log
+    entry instead (xBC, x, dt, B, C: what the teaching cache's nodes and the decode log keep)."""
+    from replaylab.families import FAMILY_SHAPES, entry_bytes, minimal_entry_bytes, state_bytes
     from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
 
+    if entry not in ("node", "log"):
+        raise ValueError(f"entry: expected 'node' or 'log', got {entry!r}")
     fam, shape = FAMILY_SHAPES[name], PUBLISHED_SHAPES[name]
     conv = memory_per_sequence(shape, 1)["conv_state"] // shape.n_ssm
     state = state_bytes(fam) + conv
-    entry = sum(entry_bytes(fam).values())
+    entry = minimal_entry_bytes(fam) if entry == "node" else sum(entry_bytes(fam).values())
     kv = shape.kv_elems_per_token * 2
     return _ratios(name, state, entry, kv, shape.n_ssm)
 
@@ -199,7 +205,7 @@ class ByteTree(PrefixTree):
     engine cache's ``admit`` runs them, without the model. The block sizes, budgets and
     prompts refused are the engine cache's (it is built once on ``engine`` to check them)."""
 
-    def __init__(self, engine, block_size, budget_bytes=None, eviction="lru"):
+    def __init__(self, engine, block_size, budget_bytes=None, eviction=DEFAULT_EVICTION):
         from replaylab.serving import EnginePrefixCache
 
         real = EnginePrefixCache(engine, block_size=block_size, eviction=eviction)
@@ -212,7 +218,7 @@ class ByteTree(PrefixTree):
             l: (
                 (tuple(p.state.shape[1:]), p.state.dtype),
                 (tuple(p.conv.shape[1:]), p.conv.dtype),
-                {f: (tuple(b.shape[2:]), b.dtype) for f, b in p.log.items()},
+                p.node_layout(),
             )
             for l, p in engine.ssm.items()
         }
@@ -302,7 +308,7 @@ def run_block_bench(
     strategies=("replay", "snapshot", "recompute"),
     log_length=16,
     validate=(("system_prompts", 512, (None, 2**25)), ("shared_docs", 64, (2**25,))),
-    eviction="lru",
+    eviction=DEFAULT_EVICTION,
     log=print,
 ) -> dict:
     """Per workload, block size, strategy and budget (``budgets``: bytes, default 2 MiB to
@@ -313,6 +319,8 @@ def run_block_bench(
     every request): ``validation`` rows say whether each request's hit report and the bytes
     held equal the ``ByteTree``'s, with the seconds the real run took. ``eviction``: the
     trees' policy (``prefix.PREFIX_EVICTION``)."""
+    if eviction not in PREFIX_EVICTION:
+        raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
     model = model or ratio_model()
     budgets = [None, *(_budgets() if budgets is None else budgets)]
     streams = {name: block_workload(name) for name in workloads}
@@ -379,7 +387,7 @@ def run_block_bench(
     )
 
 
-def _validate(engine, name, block, budget, eviction="lru") -> dict:
+def _validate(engine, name, block, budget, eviction=DEFAULT_EVICTION) -> dict:
     """One stream through the real ``EnginePrefixCache`` over ``engine`` (the model prefills
     every request) and through a ``ByteTree``: whether every hit report and the bytes held
     agree, the real run's token hit rate and seconds."""
@@ -611,8 +619,8 @@ def blocks_markdown(result, block=512, octave_only=True) -> dict[str, list[str]]
             f"| {b} | {budget} | {_rate(v['replay'])} | {_rate(v['align'])} | {align} |"
         )
     ratios = [
-        "| model | state + conv window / layer | log entry / layer, token | KV / token | "
-        "log / token | state / entry | KV / log |",
+        "| model | state + conv window / layer | node entry / layer, token | KV / token | "
+        "node entries / token | state / entry | KV / entries |",
         "|---|---|---|---|---|---|---|",
     ]
     for key in ("nemotron", "model"):

@@ -12,7 +12,8 @@ Glossary:
     align            the snapshot strategy's prefix cache: vLLM's ``mamba_cache_mode=align``,
                      states only on the block grid
     budget           one byte cap on what the tree holds (KV + states + replay's logs); a
-                     budget under one block is refused by the cache ("refused")
+                     budget under one block (``floor_bytes``: under the default eviction,
+                     replay's without its log) is refused by the cache ("refused")
 """
 
 from __future__ import annotations
