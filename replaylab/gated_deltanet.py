@@ -184,6 +184,7 @@ class GatedDeltaNetSpec(RecurrentSpec):
     family = "gated_deltanet"
     log_fields = ("qkv", "q", "k", "v", "g", "beta")
     conv_field = "qkv"
+    input_fields = ("qkv", "a", "b")
     CHUNKED_MIN_TOKENS = 64
     UPDATES_CHUNKED_MIN_TOKENS = 64
     CHUNK_SIZE = 16

@@ -132,6 +132,7 @@ class Mamba1Spec(RecurrentSpec):
     family = "mamba1"
     log_fields = ("x_in", "x", "dt", "B", "C")
     conv_field = "x_in"
+    input_fields = ("x_in",)
 
     def __init__(self, mixer: Mamba1Mixer):
         s = mixer.settings

@@ -119,6 +119,7 @@ class Mamba2Spec(RecurrentSpec):
     family = "mamba2"
     log_fields = ("xBC", "x", "dt", "B", "C")
     conv_field = "xBC"
+    input_fields = ("xBC", "dt")
     CHUNKED_MIN_TOKENS = 64  # tokens from which ``scan`` uses the chunked form
     CHUNK_SIZE = 64
 

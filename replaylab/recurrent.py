@@ -134,8 +134,9 @@ class RecurrentSpec(ABC):
 
     Subclasses set ``family`` (a name), ``state_shape`` (per sequence), ``conv_shape``
     ``(d_conv - 1, conv_channels)``, ``log_fields`` (the entry names a replay log keeps),
-    ``conv_field`` (the entry whose last d_conv - 1 rows are the conv window) and
-    ``kernels`` (a ``ReplayKernels`` or None).
+    ``conv_field`` (the entry whose last d_conv - 1 rows are the conv window),
+    ``input_fields`` (the inputs ``prepare`` takes, from which it derives every entry; None
+    where not stated) and ``kernels`` (a ``ReplayKernels`` or None).
     """
 
     family: str
@@ -143,6 +144,7 @@ class RecurrentSpec(ABC):
     conv_shape: tuple[int, int]
     log_fields: tuple[str, ...]
     conv_field: str
+    input_fields: tuple[str, ...] | None = None
     kernels: ReplayKernels | None = None
     state_dtype = torch.float32
 

@@ -301,16 +301,21 @@ def test_kernel_ragged_programs_give_the_teaching_logits(family):
     assert all(p.kernels for p in engine.ssm.values())
 
 
-def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools():
-    """A prefix cache over a kernel log (which holds no spec fields to seat a slot from) is
-    refused naming the fix; a step across the fold grid is refused before any kernel runs;
-    kernels for a family that has none are refused naming it."""
+def test_bad_input_with_kernel_logs_is_refused_and_leaves_the_pools(monkeypatch):
+    """A prefix cache over a kernel log of values the spec neither logs nor can derive (a spec
+    that names no input fields) is refused naming the fix; a step across the fold grid is
+    refused before any kernel runs; kernels for a family that has none are refused naming
+    it."""
     engine = _engine("gdn", 2, 16, "replay", log_length=4)
     assert tuple(engine.ssm[0].log) == ("k", "u", "g")
-    with pytest.raises(
-        ValueError, match=r"layer 0's Triton replay log \(gated_deltanet\) keeps \('k', 'u', 'g'\)"
-    ):
-        EnginePrefixCache(engine).admit(torch.tensor([1, 2, 3]))
+    with monkeypatch.context() as m:
+        m.setattr(type(engine.ssm[0].spec), "input_fields", None)
+        with pytest.raises(
+            ValueError,
+            match=r"layer 0's spec names no input fields and its Triton replay log \(gated_deltanet\) "
+            r"keeps \('k', 'u', 'g'\)",
+        ):
+            EnginePrefixCache(engine).admit(torch.tensor([1, 2, 3]))
     assert engine.slots == []
     slot, _ = engine.admit(torch.tensor([1, 2, 3]))
     before = pools(engine)

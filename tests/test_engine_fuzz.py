@@ -169,12 +169,20 @@ class EngineMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def budget(self, data):
-        """The tree's byte budget: lifted, or one to four blocks, so evictions come (also
-        while a prompt prefills from a node they drop)."""
+        """The tree's byte budget: lifted, one to four blocks, or one or two blocks without
+        their logs (``floor_bytes``: the default eviction, lru-fit, then keeps replay's blocks
+        without logs), so evictions come (also while a prompt prefills from a node they
+        drop)."""
         self.poke(data)
-        blocks = data.draw(st.sampled_from([None, 1, 2, 4]), label="budget in blocks")
-        self.prefix.set_budget(None if blocks is None else blocks * self.prefix.block_bytes)
-        assert blocks is None or self.prefix.held_bytes <= blocks * self.prefix.block_bytes
+        p = self.prefix
+        budget = data.draw(
+            st.sampled_from(
+                [None, p.floor_bytes, 2 * p.floor_bytes, *(b * p.block_bytes for b in (1, 2, 4))]
+            ),
+            label="budget in bytes",
+        )
+        p.set_budget(budget)
+        assert budget is None or p.held_bytes <= budget
 
     @precondition(
         lambda self: (
@@ -185,9 +193,10 @@ class EngineMachine(RuleBasedStateMachine):
     )
     @rule()
     def squeeze_while_prefilling(self):
-        """The budget falls to one block while a prompt seated from the tree prefills: the
-        nodes it came from may go, and the prompt must still come out right."""
-        self.prefix.set_budget(self.prefix.block_bytes)
+        """The budget falls to one block without its log while a prompt seated from the tree
+        prefills: the nodes it came from (or their logs) may go, and the prompt must still
+        come out right."""
+        self.prefix.set_budget(self.prefix.floor_bytes)
 
     @precondition(lambda self: self.admission is not None)
     @rule(data=st.data())

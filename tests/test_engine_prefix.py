@@ -460,7 +460,13 @@ def test_a_logs_first_seat_whose_log_goes_meanwhile_inserts_nothing():
     admission = prefix.begin_admit(tokens)
     assert admission.plan.j > 0
     admission.advance(2)
-    prefix.set_budget(prefix.floor_bytes * 3)  # every log goes before any state
+    logs = sum(
+        t.numel() * t.element_size()
+        for n in prefix.nodes()
+        for fields in (n.log or {}).values()
+        for t in fields.values()
+    )
+    prefix.set_budget(prefix.held_bytes - logs)  # every log goes before any state
     assert all(n.log is None for n in prefix.nodes())
     while not admission.advance(2):
         pass
@@ -561,8 +567,7 @@ def test_bad_input_is_refused_with_the_tree_and_the_engine_unchanged():
     with pytest.raises(ValueError, match="eviction"):
         EnginePrefixCache(engine, block_size=8, eviction="fifo")
     gdn = DecodeEngine(tiny_family_model("gdn"), 1, 64, "replay", log_length=4, use_kernels=True)
-    with pytest.raises(ValueError, match=r"use_kernels: .* keeps \('k', 'u', 'g'\)"):
-        EnginePrefixCache(gdn, block_size=8)
+    EnginePrefixCache(gdn, block_size=8)  # its kernel log (k, u, g) is derived from the inputs
     prefix = EnginePrefixCache(engine, block_size=8)
     rng = random.Random(8)
     slot, _, _ = prefix.admit(ids(rng, 20))
@@ -629,8 +634,12 @@ def test_the_committed_engine_prefix_result():
 
 KERNEL_LOGS = pytest.mark.parametrize(
     "family, kw",
-    [("mamba2", dict(fused=True, use_kernels=True)), ("mamba1", dict(use_kernels=True))],
-    ids=["fused", "mamba1-kernels"],
+    [
+        ("mamba2", dict(fused=True, use_kernels=True)),
+        ("mamba1", dict(use_kernels=True)),
+        ("gdn", dict(use_kernels=True)),
+    ],
+    ids=["fused", "mamba1-kernels", "gdn-kernels"],
 )
 
 
@@ -638,10 +647,12 @@ KERNEL_LOGS = pytest.mark.parametrize(
                     "on a GPU the graphed test below serves both engines")  # fmt: skip
 @KERNEL_LOGS
 def test_a_kernel_log_without_conv_inputs_seats_hits_off_the_grid(family, kw):
-    """Replay engines whose log keeps only the kernels' fields (the fused path's x, dt, B, C;
-    Jamba's x, dt, B): the nodes keep the conv inputs beside them, so hits off the grid give
-    the cold twin's logits and greedy tokens, and speculation after a hit its own greedy."""
-    model = MODEL if family == "mamba2" else sharp(tiny_family_model("mamba1"))
+    """Replay engines whose log keeps the kernels' fields (the fused path's x, dt, B, C;
+    Jamba's x, dt, B; Gated DeltaNet's k, u, g, u its own values): the nodes keep the layer's
+    inputs (conv inputs, and Mamba-2's dt, GDN's a and b), from which a seat derives the log's
+    fields (GDN's u by the prefill's scan from the block's state), so hits off the grid give the
+    cold twin's logits and greedy tokens, and speculation after a hit its own greedy."""
+    model = MODEL if family == "mamba2" else sharp(tiny_family_model(family))
     engine, cold = engines("replay", model=model, graphs=False, **kw)
     for pool in engine.ssm.values():
         assert pool.spec.conv_field not in pool.log and pool.seats_from_log
@@ -660,9 +671,10 @@ def test_a_kernel_log_without_conv_inputs_seats_hits_off_the_grid(family, kw):
     assert (hit.matched, hit.resumed_from, hit.folded) == (29, 29, 5)  # off the grid of 8 and 4
     node = next(n for n in prefix.nodes() if n.log)
     for layer, pool in engine.ssm.items():
-        assert set(node.log[layer]) == set(pool.log) | {pool.spec.conv_field}
+        assert set(node.log[layer]) == set(pool.spec.input_fields) == set(pool.node_fields)
+        assert pool.spec.conv_field in pool.spec.input_fields
     full = next(n for n in prefix.nodes() if n.end_state and len(n.tokens) == 8)
-    assert prefix.block_bytes == _node_bytes(full)  # the conv inputs counted in the budget
+    assert prefix.block_bytes == _node_bytes(full)  # what the nodes keep, counted
 
 
 @pytest.mark.gpu

@@ -26,9 +26,9 @@ keeps what they read:
     Gated DeltaNet (``GDNPool``, ``kernels.gdn``)     k, the corrected update u = β(v − α Sᵀk)
                                                       (fp32) and g = log α (fp32)
 The Mamba kernels log some of the spec's fields, which the spec's fold reads; Gated
-DeltaNet's u is no spec field (``seats_from_log``: whether a prefix cache can seat from the
-log). u depends on the state before each token, so a prefill computes it (``logged_scan``:
-``GatedDeltaNetSpec.scan_with_updates``).
+DeltaNet's u is no spec field. u depends on the state before each token, so a prefill computes
+it (``logged_scan``: ``GatedDeltaNetSpec.scan_with_updates``), and so does a prefix cache's seat
+from the node's inputs and the state at the block's start (``seats_from_log``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
@@ -54,19 +54,23 @@ class _Probe:
 
     def advance(self, **inputs):
         zero = self.spec.zero_state(1, self.dtype, self.device)
+        self.inputs = inputs
         self.entries = self.spec.prepare(zero.conv, inputs)
         return self.spec.scan(zero.ssm, self.entries).y
 
 
 @torch.no_grad()
 def log_entry_shapes(mixer, dtype, device):
-    """field -> (shape of one token's entry, dtype), for each field the spec logs: one token
-    of zeros through the mixer, with a cache that records the entries."""
-    probe = _Probe(mixer.state_spec, dtype, device)
+    """field -> (shape of one token's entry, dtype), for each field the spec logs and each of
+    its ``input_fields``: one token of zeros through the mixer, with a cache that records the
+    inputs and the entries."""
+    spec = mixer.state_spec
+    probe = _Probe(spec, dtype, device)
     mixer(torch.zeros(1, 1, mixer.cfg.hidden_size, dtype=dtype, device=device), probe)
+    seen = {**probe.inputs, **probe.entries}
     return {
-        f: (tuple(probe.entries[f].shape[2:]), probe.entries[f].dtype)
-        for f in mixer.state_spec.log_fields
+        f: (tuple(seen[f].shape[2:]), seen[f].dtype)
+        for f in dict.fromkeys((*spec.log_fields, *(spec.input_fields or ())))
     }
 
 
@@ -131,17 +135,32 @@ class RecurrentPool:
 
     @property
     def seats_from_log(self):
-        """Whether a prefix cache can seat a slot from this log's entries: they are the spec's
-        fields or some of them (the Mamba kernels' x, dt, B(, C), which ``spec.fold`` reads),
-        not values of their own (Gated DeltaNet's corrected updates u)."""
-        return set(self.log) <= set(self.spec.log_fields)
+        """Whether a prefix cache can seat a slot's log: its nodes keep the spec's
+        ``input_fields`` (a seat derives every field from them, and a kernel's own values such
+        as Gated DeltaNet's corrected updates u by the scan the prefill logs them with,
+        ``logged_scan``), or the log's fields are the spec's (the Mamba kernels' x, dt, B(, C),
+        which ``spec.fold`` reads)."""
+        return bool(self.spec.input_fields) or set(self.log) <= set(self.spec.log_fields)
 
     @property
     def node_fields(self):
-        """What a prefix node keeps of each prompt token: the log's fields, and the spec's conv
-        field (a seat off the grid rebuilds the conv window from it) where the log lacks it."""
+        """What a prefix node keeps of each prompt token: the spec's ``input_fields``, from which
+        a seat off the grid derives the log's entries (``spec.prepare`` from the window at the
+        block's start) and the conv window; where the spec names none, the log's fields and
+        the conv field."""
+        if self.spec.input_fields:
+            return self.spec.input_fields
         conv = self.spec.conv_field
         return tuple(self.log) + (() if conv in self.log else (conv,))
+
+    def node_layout(self):
+        """field -> (shape of one token's entry, dtype) for each of ``node_fields``, as the
+        prefill records them: in the log's dtype where the log keeps the field."""
+        shapes = log_entry_shapes(self.mixer, self.dtype, self.device)
+        return {
+            f: (shapes[f][0], self.log[f].dtype if f in self.log else shapes[f][1])
+            for f in self.node_fields
+        }
 
     def logged_scan(self, state, entries):
         """A prefill chunk scanned from ``state`` (batch, *state_shape): (the spec's

@@ -31,7 +31,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
     every multiple of it. ``record`` (a dict): filled with ``states`` {position: {layer:
     LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies; replay: the
     checkpoint, folded there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
-    ...)}}: every prefilled token's ``node_fields`` (its log entries and conv inputs)."""
+    ...)}}: every prefilled token's ``node_fields`` (its inputs to the layer)."""
     e, policy = engine, engine.policy
     model, cfg = e.model, e.cfg
     T0, C = prompt.numel(), e.prefill_chunk
@@ -74,7 +74,7 @@ def _advance(engine, layer, inputs, slot, carried, logged=None):
     tokens of ``slot``) -> y: the conv window moves on; the strategy scans."""
     pool, one = engine.ssm[layer], slice(slot, slot + 1)
     spec, window = pool.spec, pool.conv[one]
-    entries = spec.prepare(window, inputs)
+    entries = {**inputs, **spec.prepare(window, inputs)}  # the inputs too: what a prefix node keeps
     pool.conv[one] = window_after(window, entries[spec.conv_field])
     return engine.policy.prefill_scan(pool, layer, slot, entries, carried, logged)
 

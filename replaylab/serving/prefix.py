@@ -1,6 +1,6 @@
 """A prefix cache for the serving engine: the teaching prefix cache's radix tree
 (``replaylab.prefix.PrefixTree``: matching, the resume plan, ``PrefixHit``, insertion, one byte
-budget with LRU or cost eviction) over a ``DecodeEngine``'s slots.
+budget and its eviction) over a ``DecodeEngine``'s slots.
 
     engine = DecodeEngine(model, max_batch=8, max_len=512, strategy="replay", log_length=16)
     prefix = EnginePrefixCache(engine, block_size=32, budget_bytes=2**24)
@@ -13,10 +13,11 @@ prefix m and u = min(m, T - 1) (the last token is always computed, for its logit
 
     every strategy   KV rows [0, r) of every attention layer (r: the resumed position below)
     replay           r = u: the state at the grid point g = b * floor(u / b) (a node's end
-                     state), the block's logged entries [g, c) folded L at a time into it
+                     state), the block's entries [g, c) (derived from the node's inputs)
+                     folded L at a time into it
                      (c = L * floor(u / L): the decode grid, since b is a multiple of L), the
                      entries [c, u) in the log ring (log_len = u - c, head 0), the conv window
-                     after u (rebuilt from the logged conv inputs); if that block's log was
+                     after u (rebuilt from the node's conv inputs); if that block's log was
                      evicted, r = g
     snapshot         r = the last grid point <= u: the state and conv window held there (vLLM's
                      mamba_cache_mode=align); [r, T) prefilled
@@ -30,8 +31,10 @@ why reuse stopped ("unique tokens", "evicted", "not on the grid", "end of prompt
 
 What the tree holds per node of tokens [g, g + b): per attention layer the KV rows, per
 recurrent layer the state and conv window at g + b (full blocks; replay: the checkpoint, which
-sits there since g + b is on the fold grid), under replay every token's log entries (the
-layer's ``node_fields``: its ring's fields, and the conv inputs where the ring lacks them). All are copies taken after the prefill: a slot's later decode,
+sits there since g + b is on the fold grid), under replay every token's inputs to the layer
+(``RecurrentPool.node_fields``: the spec's ``input_fields``, Mamba-2's xBC and dt, about half
+its log entry), from which a seat derives the ring's entries (``spec.prepare`` from the window
+at g, the node's start) and the conv window. All are copies taken after the prefill: a slot's later decode,
 verify, rollback or retire never changes the tree, and a seat copies out of it (copy on write).
 The prompt's tail shorter than a block is held too (KV, and replay's entries), so replay
 resumes inside it; snapshot and recompute cannot.
@@ -41,11 +44,11 @@ fold positions); snapshot and recompute, 1 .. max_len - 1. Others are refused na
 allowed values; a budget under one block, a prompt of max_len tokens or more, ids outside the
 vocabulary are refused with the tree and the engine unchanged.
 
-The fused path is served too: where the log keeps the kernels' fields (x, dt, B, C), the nodes
-keep the conv inputs (xBC) beside them (``RecurrentPool.node_fields``) to rebuild a window off
-the grid. So are CUDA graphs: seating a slot writes the pools in place, where the captured
-steps read them. Not served: a kernel log of values the spec does not log (Gated DeltaNet's
-corrected updates u; ``RecurrentPool.seats_from_log``).
+The fused path is served too: its log keeps the kernels' fields (x, dt, B, C), which a seat
+derives from the node's inputs as the reference path's are; so is Gated DeltaNet's kernel log,
+whose corrected updates u a seat computes from the inputs and the state at g by the scan the
+prefill logs them with (``RecurrentPool.logged_scan``). So are CUDA graphs: seating a slot
+writes the pools in place, where the captured steps read them.
 
 Glossary: b block_size, L the engine's log length, m matched, u usable, r resumed from, g a
 grid position (a multiple of b), c a fold position (a multiple of L).
@@ -53,9 +56,11 @@ grid position (a multiple of b), c a fold position (a multiple of L).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from replaylab.prefix import PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
+from replaylab.prefix import DEFAULT_EVICTION, PREFIX_EVICTION, PrefixHit, PrefixTree, _Node
 from replaylab.serving.admission import Admission
 from replaylab.serving.engine import DecodeEngine
 from replaylab.serving.validate import as_int, given
@@ -76,6 +81,14 @@ def _sizes(values) -> str:
     return f"{values[0]}, {values[1]}, {values[2]}, ..., {values[-1]}"
 
 
+def _entry_bytes(pool) -> int:
+    """Bytes a prefix node keeps of one token for recurrent layer ``pool``."""
+    return sum(
+        math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        for shape, dtype in pool.node_layout().values()
+    )
+
+
 class EnginePrefixCache(PrefixTree):
     """A prefix tree over ``engine`` (a ``DecodeEngine``, reference or fused path, with or
     without CUDA graphs) under the engine's strategy.
@@ -84,17 +97,17 @@ class EnginePrefixCache(PrefixTree):
     budget_bytes  cap on KV + states + logs held by the tree (None: no cap); at least one
                   full block's bytes (``floor_bytes``; under "logs-first" and "lru-fit",
                   without its log)
-    eviction      "lru", "cost" (evict the leaf saving fewest prefill tokens per byte),
-                  "logs-first" (replay: every log before any leaf, so a hit never resumes
-                  before align's; LRU leaves after that) or "lru-fit" (full leaves' logs, a
-                  leaf that cannot fit beside its ancestors, tails, then full leaves; LRU
-                  within each)
+    eviction      "lru-fit" (default: after the logs of extended blocks, full leaves' logs, a
+                  leaf that cannot fit beside its ancestors, tails, then full leaves; least
+                  recently used first within each), "lru" (whole leaves), "cost" (the leaf
+                  saving fewest prefill tokens per byte) or "logs-first" (replay: every log
+                  before any leaf, so a hit never resumes before align's)
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
     """
 
-    def __init__(self, engine, block_size=None, budget_bytes=None, eviction="lru"):
+    def __init__(self, engine, block_size=None, budget_bytes=None, eviction=DEFAULT_EVICTION):
         if not isinstance(engine, DecodeEngine):
             raise TypeError(f"engine: expected a DecodeEngine, got {given(engine)}")
         if eviction not in PREFIX_EVICTION:
@@ -102,8 +115,9 @@ class EnginePrefixCache(PrefixTree):
         for l, pool in engine.ssm.items():
             if pool.log and not pool.seats_from_log:
                 raise ValueError(
-                    f"use_kernels: the prefix cache seats slots from the spec's log fields "
-                    f"{pool.spec.log_fields} (or some of them), but layer {l}'s Triton replay "
+                    f"use_kernels: the prefix cache seats slots from the spec's input fields "
+                    f"or its log fields {pool.spec.log_fields}, but layer {l}'s spec names no "
+                    f"input fields and its Triton replay "
                     f"log ({pool.spec.family}) keeps {tuple(pool.log)}; build the engine with "
                     f"use_kernels=False for a prefix cache"
                 )
@@ -124,7 +138,7 @@ class EnginePrefixCache(PrefixTree):
     # --- sizes and validation ----------------------------------------------------------------
     def _block_bytes(self) -> int:
         """Bytes of one full node, from the pools' shapes: KV rows, state + conv window, and
-        replay's b log entries (``tests/test_engine_prefix.py`` checks a real node's); sets
+        replay's b node entries (``RecurrentPool.node_layout``) (``tests/test_engine_prefix.py`` checks a real node's); sets
         ``block_log_bytes`` to the last part."""
         e, b = self.engine, self.block_size
         kv = sum(2 * p.k[0, :, :b].numel() * p.k.element_size() for p in e.kv.values())
@@ -132,16 +146,7 @@ class EnginePrefixCache(PrefixTree):
             p.state[0].numel() * p.state.element_size() + p.conv[0].numel() * p.conv.element_size()
             for p in e.ssm.values()
         )
-        log = sum(
-            b * buf[0, 0].numel() * buf.element_size()
-            for p in e.ssm.values()
-            for buf in p.log.values()
-        )
-        log += sum(  # and the conv inputs a log without them lacks
-            b * p.conv[0, 0].numel() * p.conv.element_size()
-            for p in e.ssm.values()
-            if p.log and p.spec.conv_field not in p.log
-        )
+        log = sum(b * _entry_bytes(p) for p in e.ssm.values() if p.log)
         self.block_log_bytes = log
         return kv + state + log
 

@@ -191,4 +191,4 @@ class EngineStrategy:
         """The slot's host numbers after a seat at ``upto``."""
 
     def node_log(self, node, g, end, block, plan, record):
-        """What a prefix node keeps of its tokens' log entries."""
+        """What a prefix node keeps of its tokens (replay: their ``node_fields``)."""

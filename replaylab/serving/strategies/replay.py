@@ -218,19 +218,40 @@ class EngineReplay(EngineStrategy):
         return upto // self.engine.L * self.engine.L
 
     def seat_layer(self, pool, layer, path, block, ssm, conv, r, c, upto, j, slot):
-        """Fold the block's logged entries [g, c) onto the decode grid, put [c, upto) in the
-        ring, rebuild the window after ``upto``; carry the state at ``upto``."""
+        """Derive the block's log entries [g, upto) from the node's inputs and the window at g
+        (``conv``), fold [g, c) onto the decode grid, put [c, upto) in the ring, rebuild the
+        window after ``upto``; carry the state at ``upto``."""
         if not j:
             return ssm, conv, ssm.clone()
-        log = path[r // block].log[layer]  # {field: (1, len, ...)} of the block at r
+        held = path[r // block].log[layer]  # {field: (1, len, ...)}: the block's node_fields
+        log, scanned = self.node_entries(pool, conv, ssm, {k: t[:, :j] for k, t in held.items()})
         if c > r:  # onto the decode grid, with decode's fold
             ssm = self.fold_grid(pool, ssm, {k: t[:, : c - r] for k, t in log.items()})
         ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
         for k, buf in pool.log.items():
             buf[slot, : upto - c] = ring[k][0]
-        conv = window_after(conv, log[pool.spec.conv_field][:, :j])
-        carried = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
+        conv = window_after(conv, held[pool.spec.conv_field][:, :j])
+        if scanned is not None:  # the scan that derived the log reached upto
+            carried = scanned
+        else:
+            carried = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
         return ssm, conv, carried
+
+    @staticmethod
+    def node_entries(pool, window, state, held):
+        """(the log's entries {field: (1, n, ...)} in its dtypes, the state after them or
+        None) from a node's ``held`` fields (1, n, ...): derived by ``spec.prepare`` from the
+        window before them where the node keeps the spec's inputs (``RecurrentPool.
+        node_fields``), and values of the kernels' own (Gated DeltaNet's u) by ``logged_scan``
+        from ``state`` (1, *state_shape), the state before them, as the prefill logged them
+        (then the state after them is that scan's); else the held ones."""
+        after = None
+        if pool.spec.input_fields:
+            held = pool.spec.prepare(window, held)
+            if not set(pool.log) <= set(held):
+                result, held = pool.logged_scan(state, held)
+                after = result.state
+        return {k: held[k].to(buf.dtype) for k, buf in pool.log.items()}, after
 
     def seat_cursor(self, slot, upto, c):
         table = self.engine.table
