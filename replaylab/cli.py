@@ -268,6 +268,11 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     args.argv = argv[1:]  # after the subcommand: what a result's provenance records
+    if args.command == "bench":
+        from replaylab.bench.provenance import pin_commit
+
+        with pin_commit():  # the commit at the start, not the end, of a long run
+            return args.run(args)
     return args.run(args)
 
 

@@ -5,6 +5,8 @@ greedy tokens, and with the target's weights every one is accepted; through
 ``speculate_batch`` all give the greedy tokens, and a bad proposal is refused before the
 round's step."""
 
+import warnings
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -248,8 +250,16 @@ def test_the_model_drafter_reseats_new_sequences_and_refuses_what_does_not_fit()
         assert drafter.seats.keys() == seats.keys() and list(engine.pos) == pos
     # a context as long as max_len: its first draft, then that one repeated (no room left)
     long = torch.ones(1, 64, dtype=torch.long)
-    full = drafter.propose_batch(long, torch.tensor([64]), torch.tensor([7]), 3, 128)
+    with pytest.warns(UserWarning, match=r"max_verify=3 is under min\(k \+ 1, L\) = 4"):
+        full = drafter.propose_batch(long, torch.tensor([64]), torch.tensor([7]), 3, 128)
     assert full[0, 1:].eq(full[0, 0]).all()
+    wide = BatchModelDrafter(DecodeEngine(draft, 2, 64, "replay", 4, max_verify=4))
+    assert torch.equal(
+        full, wide.propose_batch(long, torch.tensor([64]), torch.tensor([7]), 3, 128)
+    )
+    with warnings.catch_warnings():  # once per drafter
+        warnings.simplefilter("error")
+        drafter.propose_batch(rows, torch.tensor([3, 2]), torch.tensor([5, 6]), 3, 128)
     with pytest.raises(ValueError, match="strategy must be 'replay'"):
         BatchModelDrafter(DecodeEngine(draft, 2, 64, "snapshot"))
     with pytest.raises(TypeError, match="expected a DecodeEngine over the draft model, got"):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -57,6 +57,12 @@ case "$mode" in
   stream)  # the request stream (STREAM_S seconds at most)
     timeout -s INT ${STREAM_S:-300} python3 -m replaylab.bench serve-stream --preset 8b-layers \
       --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:-} 2>&1 | tail -40 ;;
+  workloads)  # the prefix-sharing request streams (issue 38, item 3), one workload per file
+    # (WS_S seconds each at most; WS_ARGS: e.g. "--modes decode,synthetic")
+    for w in ${WORKLOADS:-multi_turn system_prompts few_shot agents}; do
+      timeout -s INT ${WS_S:-140} python3 -m replaylab.bench workload-stream --preset gpu \
+        --workloads "$w" --out "$OUT/bench_workload_stream_gpu_$w.json" ${WS_ARGS:-} 2>&1 | tail -4
+    done ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):
     # the GPU tests of what changed, then the engine per family, time to first token with a
     # prefix hit, and whether a slot's bits depend on its batch; each writes under $OUT

@@ -87,8 +87,8 @@ model = tiny_hybrid()  # "M*M-": two Mamba-2 layers, one attention layer, one ML
 #   checkpoints every `checkpoint_interval` tokens, a multiple of $n_{\mathrm{blk}}$ (by default $n_{\mathrm{blk}}$ itself:
 #   then it holds the states align holds and resumes where align does, as in section 4),
 #   restores the last one $c \le p$ and re-runs $[c, p)$ through the model.
-# * **Replay** also holds, for every token, the layer's logged scan inputs (x, dt, B, C): then
-#   $S_p = \mathrm{fold}(S_g, \mathrm{log}[:p - g])$, at most one block of entries, no model run.
+# * **Replay** also holds, for every token, the layer's logged scan inputs (x, dt, B, C, and
+#   the raw conv inputs): then $S_p = \mathrm{fold}(S_g, \mathrm{log}[:p - g])$, at most one block of entries, no model run.
 #
 # Drawn by `replaylab.teaching.diagrams`:
 
@@ -111,7 +111,7 @@ print(f"KV rows of 16 tokens (all a transformer would hold): {kv:6,d} bytes")
 for strategy in PREFIX_STRATEGIES:
     block = PrefixCache(model, strategy, block_size=16, max_len=64).block_bytes
     print(f"{strategy:9s} one full block of 16 tokens: {block:6,d} bytes")
-parts, big = block_parts(model, 16), nemotron_ratios()
+parts, big = block_parts(model, 16), nemotron_ratios(entry="log")
 print(f"per recurrent layer ({parts['recurrent']} here): state + conv window {parts['state']:,d} "
       f"bytes, one token's log entry {parts['entry']:,d} bytes")
 print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']:,d} : "
@@ -124,7 +124,9 @@ print(f"state : entry = {parts['state_per_entry']:.1f} here; {big['state_bytes']
 # one state here, by the state : entry ratio printed above, and far cheaper at Nemotron-H 8B's
 # shapes (the second ratio), where the state grows with $H \cdot P \cdot N$ and an entry only with
 # $H \cdot P + G \cdot N$. So a grid state every token would be the expensive choice: replay keeps
-# a state per block and an entry per token.
+# a state per block and an entry per token. (The serving engine's tree, `EnginePrefixCache`,
+# keeps less: only the raw conv inputs and dt of each token, about half an entry, and derives
+# x, B and C when it seats a slot.)
 #
 # ## 2. The lookup: a radix tree on a block grid
 #
@@ -361,12 +363,19 @@ ex.check_resume_points(resume_answer, model);
 # ## 5. Explorer: block size and byte budget
 #
 # Move the block size to see align lose its hits as blocks grow past the shared prefixes while
-# replay keeps the ideal; move the budget (one cap on KV, states and logs, least recently used
-# whole leaves evicted; under replay the logs of blocks that later blocks extend go first, so
-# those blocks then serve align-style hits) to compare the two under the same cap ("no cap":
-# none). A budget under one block is refused by the cache, and the title and bars say so. Each
-# setting serves the four workloads live (a few seconds; small blocks under a tight budget take
-# longer, as evictions turn hits into misses):
+# replay keeps the ideal; move the budget to compare the two under the same cap ("no cap":
+# none). The cap covers KV, states and logs. Under it replay's logs go before its states: first
+# the logs of blocks that later blocks extend, then the logs of full leaves, and a block
+# without its log serves align-style hits; only then whole nodes go: a leaf that cannot fit
+# beside its ancestors, then tails (a request's last, partial block: no state to fall back on),
+# then full leaves, each least recently used first (the cache's default eviction, `"lru-fit"`).
+# A replay block without its log holds what an align block holds, so replay is served from the
+# same budgets as align, and in the committed sweeps (`data/PREFIX.md`) it never hits less than
+# align under the same cap. A budget under one align block (a replay block without its log) is
+# refused for both strategies (on the slider: 50 kB at block 512), and the title and bars say
+# so. The bytes panel shows what each tree holds after the last request. Each setting serves
+# the four workloads live (a few seconds; small blocks under a tight budget take longer, as
+# evictions turn hits into misses):
 
 # %%
 # budget_kb=0: no cap (the setting of section 4's run, reused)
@@ -391,10 +400,11 @@ for name, row in capped.items():
 
 # %% [markdown]
 # At this cap align's whole tree fits (it holds what it held uncapped) and replay's does
-# not. Replay then evicts first the logs of blocks that later blocks extend, and a match that
-# ends inside such a block resumes on the grid, as align does (its report says "evicted": the
-# log it needed is gone): where the streams' matches end there, the two meet; elsewhere replay
-# keeps its lead, in fewer tokens computed for more bytes held.
+# not. Replay then evicts logs first: of blocks that later blocks extend, then of full leaves.
+# A tail has no state to fall back on, so it goes whole. A match that ends in a full block whose
+# log went resumes on the grid, as align does; one that ended in an evicted tail stops at the
+# tail's start. Either way its report says "evicted". Where the streams' matches end there, the
+# two meet; elsewhere replay keeps its lead, computing fewer tokens while holding more bytes.
 #
 # **Question 2.** vLLM raises a hybrid's block size to hundreds of tokens (864 to 1648 in the
 # reports of vLLM #26201, #45238 and #51250) so that one state fits a KV page. Of `ALIGN_BLOCKS`, what is
@@ -440,7 +450,7 @@ ttft_figure(ttft).show()
 #   column); replay folds that block's logged inputs onto its grid state and prefills only the
 #   suffix, which is where its shorter hit comes from.
 # * Replay's cold prefill does more than align's: it logs every token and folds the log at
-#   every L-th position (one fold launch per layer for all the grid points a prefill chunk
+#   every L-th position (L, the engine's replay log length: 16 in these runs) (one fold launch per layer for all the grid points a prefill chunk
 #   reaches). That is the gap between the two cold columns.
 # * Off the grid replay's hit runs its suffix in other chunks than the cold prefill did, so its
 #   first-token logits differ from the cold ones by bf16 rounding; `data/README.md` compares both

@@ -11,6 +11,7 @@ replaylab bench prefix [--blocks | --engine [--ttft --preset cpu|gpu]]
 replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,8,32,128,256]
 replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--drafts 1,...,8]
 replaylab bench draft-model [--device cpu|cuda] [--batches 1,8] [--n-new 48] [--k 4]
+replaylab bench workload-stream [--preset cpu|gpu] [--workloads ...] [--modes ...]
 """
 
 from __future__ import annotations
@@ -337,14 +338,20 @@ def _prefix(args):
         return _prefix_engine(args)
     if args.blocks:
         return _prefix_blocks(args)
-    out = args.out or "data/bench_prefix_cpu.json"
+    out = args.out or f"data/bench_prefix{_eviction_tag(args)}_cpu.json"
     t0 = time.time()
     with torch.no_grad():
         model = tiny_hybrid()
         result = run_prefix_bench(model, block_sizes=tuple(args.block_sizes or [16, 64, 256, 1024]))
         budgets = args.budgets or [50_000, 100_000, 200_000, 400_000, 800_000]
-        result["budget_sweep"] = budget_sweep(model, budgets=tuple(budgets))
+        result["budget_sweep"] = budget_sweep(model, tuple(budgets), eviction=args.eviction)
+        result["eviction"] = args.eviction
     return _save(args, result, out, prefix_summary, t0)
+
+
+def _eviction_tag(args) -> str:
+    """ "" for the default eviction, else "_<name>": a default out file that says its policy."""
+    return "" if args.eviction == "lru-fit" else "_" + args.eviction.replace("-", "_")
 
 
 def _prefix_engine(args):
@@ -364,7 +371,7 @@ def _prefix_engine(args):
 def _prefix_blocks(args):
     from replaylab.bench.prefix_blocks import BLOCK_SIZES, blocks_markdown, run_block_bench
 
-    out = args.out or "data/bench_prefix_blocks_cpu.json"
+    out = args.out or f"data/bench_prefix_blocks{_eviction_tag(args)}_cpu.json"
     t0 = time.time()
     result = run_block_bench(
         block_sizes=tuple(args.block_sizes or BLOCK_SIZES),
@@ -428,6 +435,31 @@ def _draft_model(args):
     )
     out = args.out or f"data/bench_draft_model_{'gpu' if device == 'cuda' else 'cpu'}.json"
     return _save(args, result, out, draft_model_summary, t0)
+
+
+def _workload_stream(args):
+    import torch
+
+    from replaylab.bench.workload_stream import run_workload_stream, workload_summary
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.preset == "gpu" and device != "cuda":
+        sys.exit("replaylab bench workload-stream --preset gpu is the GPU run: no CUDA device")
+    if device == "cpu":  # a shared CPU: one thread unless told
+        torch.set_num_threads(args.threads or 1)
+    t0 = time.time()
+    with torch.no_grad():
+        result = run_workload_stream(
+            args.preset,
+            workloads=tuple(args.workloads),
+            strategies=tuple(args.strategies),
+            modes=tuple(args.modes),
+            k=args.k,
+            device=device,
+            log=lambda line: print(line, flush=True),
+        )
+    out = args.out or f"data/bench_workload_stream_{args.preset}.json"
+    return _save(args, result, out, workload_summary, t0)
 
 
 def _hf_cache(args):
@@ -648,9 +680,10 @@ def add_bench_parser(subparsers):
     )
     px.add_argument(
         "--eviction",
-        default="lru",
+        default="lru-fit",
         choices=["lru", "cost", "logs-first", "lru-fit"],
-        help="--blocks: the trees' eviction policy",
+        help="the trees' eviction policy, --blocks and the teaching budget sweep (default "
+        "lru-fit, the library's: prefix.DEFAULT_EVICTION)",
     )
     px.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     px.add_argument(
@@ -727,7 +760,36 @@ def add_bench_parser(subparsers):
     dm.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (median)")
     dm.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     dm.set_defaults(run=_draft_model)
-    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm):
+    ws = sub.add_parser(
+        "workload-stream",
+        help="four prefix-sharing workloads (multi-turn, system prompts, few-shot, agents) at "
+        "Poisson rates through the scheduler with the prefix cache, interleaved prefill and a "
+        "binding budget, per strategy and mode (CPU or GPU)",
+    )
+    ws.add_argument("--preset", default="cpu", choices=["cpu", "gpu"], help="run size")
+    ws.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    ws.add_argument(
+        "--workloads",
+        type=lambda t: t.split(","),
+        default=["multi_turn", "system_prompts", "few_shot", "agents"],
+        help="comma-separated workloads",
+    )
+    ws.add_argument(
+        "--strategies",
+        type=lambda t: t.split(","),
+        default=["replay", "snapshot", "recompute"],
+        help="comma-separated strategies",
+    )
+    ws.add_argument(
+        "--modes",
+        type=lambda t: t.split(","),
+        default=["decode", "synthetic", "lookup", "draft-model"],
+        help="comma-separated modes",
+    )
+    ws.add_argument("--k", type=int, default=4, help="drafts per round")
+    ws.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
+    ws.set_defaults(run=_workload_stream)
+    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm, ws):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 
@@ -742,4 +804,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(["bench", *argv])
     args.argv = argv
-    return args.run(args)
+    from replaylab.bench.provenance import pin_commit
+
+    with pin_commit():  # the commit at the start, not the end, of a long run
+        return args.run(args)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import sys
 
 import torch
 
-__all__ = ["provenance", "versions", "source_commit", "write_tool_result"]
+__all__ = ["provenance", "versions", "source_commit", "pin_commit", "write_tool_result"]
 
 
 # module -> the distributions that install it (mamba-ssm's import needs its CUDA extension or
@@ -65,6 +66,27 @@ def source_commit() -> str | None:
         return head.stdout.strip() + ("+changes" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return None
+
+
+@contextlib.contextmanager
+def pin_commit():
+    """Inside ``with pin_commit():`` the commit a run records is the checkout's state when the
+    block starts (``REPLAYLAB_COMMIT`` set to ``source_commit``'s answer then, unless already
+    set; put back as it was after), so a checkout that moves on while a long benchmark runs
+    does not relabel its result. The CLIs run each benchmark inside it."""
+    import os
+
+    before = os.environ.get("REPLAYLAB_COMMIT")
+    commit = before or source_commit()
+    if commit:
+        os.environ["REPLAYLAB_COMMIT"] = commit
+    try:
+        yield commit
+    finally:
+        if before is None:
+            os.environ.pop("REPLAYLAB_COMMIT", None)
+        else:
+            os.environ["REPLAYLAB_COMMIT"] = before
 
 
 def provenance(argv=None) -> dict:

@@ -274,6 +274,19 @@ def sustainable_rate(probe, start, objective, probes=6):
     return lo, tried
 
 
+def preset_config(presets, preset, overrides) -> dict:
+    """``presets[preset]`` with ``overrides`` replacing its fields; refuses an unknown preset
+    or field, naming the known ones."""
+    if preset not in presets:
+        raise ValueError(f"preset: expected one of {sorted(presets)}, got {preset!r}")
+    unknown = set(overrides) - set(presets[preset])
+    if unknown:
+        raise ValueError(
+            f"overrides: unknown fields {sorted(unknown)}; known {sorted(presets[preset])}"
+        )
+    return {**presets[preset], **overrides}
+
+
 def _closed_batch(engine, reqs, k, budget=None):
     """``reqs`` arriving at once, all running together (concurrency capped at their number).
     Returns (tokens/s on the scheduler's clock, tokens/s of engine time alone (its steps and
@@ -479,17 +492,10 @@ def run_stream_bench(
     line (default: none); ``checkpoint``: a function called with the result so far after
     the batch-1 pass and after each strategy (the CLI writes it, so a cut run keeps what it
     measured)."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset: expected one of {sorted(PRESETS)}, got {preset!r}")
-    unknown = set(overrides) - set(PRESETS[preset])
-    if unknown:
-        raise ValueError(
-            f"overrides: unknown fields {sorted(unknown)}; known {sorted(PRESETS[preset])}"
-        )
+    cfg_run = preset_config(PRESETS, preset, overrides)
     for m in modes:
         if m not in MODES:
             raise ValueError(f"modes: expected some of {MODES}, got {m!r}")
-    cfg_run = {**PRESETS[preset], **overrides}
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     warm_up = cuda if warm_up is None else warm_up

@@ -16,6 +16,8 @@ Glossary: G sequences still going in the round, S sequences of the call, k draft
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from replaylab.serving.validate import as_int, given
@@ -118,6 +120,7 @@ class BatchModelDrafter:
         self.engine = engine
         self.seats = {}  # row -> (slot, the true tokens the slot holds (P,))
         self.proposed_steps = 0
+        self._warned = False
 
     def reset(self):
         """Retire every slot this drafter holds (before drafting for new sequences)."""
@@ -131,6 +134,15 @@ class BatchModelDrafter:
         G = len(rows)
         if k == 0 or G == 0:
             return torch.zeros(G, k, dtype=torch.long)
+        if min(k + 1, e.L) > e.max_verify and not self._warned:  # a step takes at most L
+            warnings.warn(
+                f"BatchModelDrafter: the draft engine's max_verify={e.max_verify} is under "
+                f"min(k + 1, L) = {min(k + 1, e.L)}, so a catch-up of up to k + 1 tokens takes "
+                f"more steps than it must (the same drafts, more time); build it with "
+                f"max_verify >= {min(k + 1, e.L)}",
+                stacklevel=2,
+            )
+            self._warned = True
         slots, logits = self._seat(contexts, lengths, rows)
         logits = self._catch_up(contexts, lengths, rows, slots, logits)
         drafts = torch.empty(G, k, dtype=torch.long, device=e.device)  # read back once

@@ -1,0 +1,359 @@
+"""Request streams that share prefixes (``replaylab bench workload-stream``; issue 38, item 3):
+four workloads arrive as Poisson processes at a serving ``Scheduler`` with the engine's prefix
+cache (``serving.EnginePrefixCache``, default eviction), interleaved prefill and one byte budget
+that binds, per strategy and decoding mode.
+
+Workloads (``workload_prompts``; lengths in units of the block size b, so that prefixes span
+one to two blocks and part off the block grid where the workload says so):
+
+    multi_turn      3 conversations of 4 turns, round robin; each turn's prompt is the
+                    previous one extended by b/4..b/2 tokens (opening b/2..b)
+    system_prompts  3 system prompts of about 0.6b, 1.3b and 1.75b tokens, each with unique
+                    user turns of b/8..b/3; 12 requests, round robin
+    few_shot        2 example sets of 1.4b tokens and unique queries of b/16..b/5; 10 requests
+    agents          one shared context of 1.3b tokens, then one of 3 tool calls of b/3 tokens,
+                    then unique arguments of b/8..b/4; 12 requests. Every divergence is off
+                    the grid (1.3b, 1.3b + b/3): replay resumes at the match, align below it
+
+Modes: "decode"; "synthetic" (each request its own drafter right with probability
+``acceptance`` against the request's greedy tokens, k drafts); "lookup" (prompt lookup, k
+drafts); "draft-model" (one ``serving.BatchModelDrafter`` over ``draft`` in its own replay
+engine; the CPU preset's draft is the target with its weights perturbed, a stand-in).
+
+The budget (``budget_bytes``): ``budget_share`` of the bytes every request of the workload
+would hold at once under snapshot (``Scheduler.need`` summed), the same bytes for every
+strategy, so snapshot cannot run all requests together; the prefix tree's bytes count
+inside it.
+
+Per (workload, strategy, mode, rate): TTFT and TPOT p50 / p99 (``stream.stream_metrics``),
+output tokens/s, acceptance, the token hit rate (prompt tokens the prefix cache resumed from /
+prompt tokens) and prompt tokens computed, peak bytes, and how many requests' tokens equal
+their greedy tokens served alone by the same strategy without a prefix cache
+(``tokens_equal_alone``). Per (workload, strategy, mode in ``rate_modes``): the sustainable
+rate (``stream.sustainable_rate``: the largest rate at which p99 TPOT stays within 2x the
+lowest batch-1 TPOT among the strategies and p90 wait within the batch-1 time to serve one
+request; one objective for every row of a workload), and beside it a prediction
+(``predicted_rate``): concurrency the budget allows over the time a request holds its slot,
+
+    rate ~ C / (t_prefill x (T - h T) + n_out x t_token),    C = min(max_batch, B / bytes)
+
+with t_prefill, t_token a strategy's measured batch-1 prefill time per computed token and
+TPOT, h its measured token hit rate, T and n_out the mean prompt and output lengths, B the
+budget less the tree's peak bytes and bytes a request's mean accounted bytes. It takes a step
+of C requests to cost a batch-1 step (the memory-bound regime of a GPU at small batches), so
+where a step's time grows with the batch (a CPU) it overestimates; the ratio replay /
+snapshot is what it is for.
+
+Glossary: b block size, L log length, k drafts per round, T prompt length, TTFT, TPOT
+(``serving.request``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from replaylab.bench.stream import (
+    _model,
+    _slim,
+    preset_config,
+    stream_metrics,
+    sustainable_rate,
+)
+
+__all__ = [
+    "WORKLOADS",
+    "MODES",
+    "PRESETS",
+    "workload_prompts",
+    "arrivals",
+    "predicted_rate",
+    "run_workload_stream",
+    "workload_summary",
+]
+
+WORKLOADS = ("multi_turn", "system_prompts", "few_shot", "agents")
+MODES = ("decode", "synthetic", "lookup", "draft-model")
+STRATEGIES = ("replay", "snapshot", "recompute")
+
+PRESETS = {
+    # seconds per workload on a 2-core CPU: the tiny test model, blocks of 16 tokens
+    "cpu": dict(
+        model="tiny", block=16, log_length=8, max_batch=4, chunk=16, rates=(20.0, 80.0),
+        rate_modes=("decode", "synthetic"), rate_probes=6, budget_share=0.25,
+    ),
+    # Nemotron-H 8B's layer shapes in bf16, blocks of 512 (the GPU run)
+    "gpu": dict(
+        model="8b-layers", block=512, log_length=16, max_batch=32, chunk=512,
+        rates=(2.0, 8.0, 32.0), rate_modes=("decode", "synthetic"), rate_probes=6,
+        budget_share=0.25,
+    ),
+}  # fmt: skip
+
+
+def _ids(g, n, vocab):
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def _n(g, low, high):
+    return int(torch.randint(max(1, low), max(1, low, high) + 1, (1,), generator=g))
+
+
+def workload_prompts(name, block, vocab, seed=0) -> tuple[list[list[int]], list[int]]:
+    """(prompts as token id lists in arrival order, output lengths b/8..b/4 each) of workload
+    ``name`` (see the module docstring) at block size ``block``, ids in [0, vocab)."""
+    if name not in WORKLOADS:
+        raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
+    b = int(block)
+    if b < 8:
+        raise ValueError(f"block: expected at least 8 tokens, got {block}")
+    g = torch.Generator().manual_seed(seed)
+    if name == "multi_turn":
+        chats = [_ids(g, _n(g, b // 2, b), vocab) for _ in range(3)]
+        prompts = []
+        for _ in range(4):
+            for c in range(3):
+                chats[c] = chats[c] + _ids(g, _n(g, b // 4, b // 2), vocab)
+                prompts.append(list(chats[c]))
+    elif name == "system_prompts":
+        systems = [_ids(g, round(f * b), vocab) for f in (0.6, 1.3, 1.75)]
+        prompts = [systems[i % 3] + _ids(g, _n(g, b // 8, b // 3), vocab) for i in range(12)]
+    elif name == "few_shot":
+        sets = [_ids(g, round(1.4 * b), vocab) for _ in range(2)]
+        prompts = [sets[i % 2] + _ids(g, _n(g, b // 16, b // 5), vocab) for i in range(10)]
+    else:  # agents
+        shared = _ids(g, round(1.3 * b), vocab)
+        tools = [_ids(g, max(1, b // 3), vocab) for _ in range(3)]
+        prompts = [shared + tools[i % 3] + _ids(g, _n(g, b // 8, b // 4), vocab) for i in range(12)]
+    outs = [_n(g, b // 8, b // 4) for _ in prompts]
+    return prompts, outs
+
+
+def arrivals(n, rate, seed=0) -> list[float]:
+    """Arrival times (s) of ``n`` requests of a Poisson process at ``rate`` requests/s
+    (``math.inf``: all at 0)."""
+    if not rate > 0:
+        raise ValueError(f"rate: expected > 0 requests/s, got {rate}")
+    if math.isinf(rate):
+        return [0.0] * n
+    g = torch.Generator().manual_seed(seed)
+    gaps = -torch.log1p(-torch.rand(n, generator=g, dtype=torch.float64)) / rate
+    return torch.cumsum(gaps, 0).tolist()
+
+
+def predicted_rate(max_batch, budget, tree_bytes, request_bytes, prefill_s_per_token,
+                   tpot_s, prompt_len, n_out, hit_rate):  # fmt: skip
+    """The module docstring's prediction (requests/s) and its concurrency C."""
+    concurrency = max(1, min(max_batch, int((budget - tree_bytes) // max(1, request_bytes))))
+    held = prefill_s_per_token * prompt_len * (1 - hit_rate) + n_out * tpot_s
+    return concurrency / held, concurrency
+
+
+def _requests(prompts, outs, times, mode, references, acceptance, device):
+    from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter
+    from replaylab.serving import Request
+
+    reqs = []
+    for i, (p, n, t) in enumerate(zip(prompts, outs, times)):
+        drafter = None
+        if mode == "synthetic":
+            drafter = SyntheticDrafter(references[i], acceptance, seed=i)
+        elif mode == "lookup":
+            drafter = PromptLookupDrafter()
+        reqs.append(Request(i, torch.tensor(p, device=device), n, arrival=t, drafter=drafter))
+    return reqs
+
+
+def run_workload_stream(
+    preset="cpu",
+    workloads=WORKLOADS,
+    strategies=STRATEGIES,
+    modes=("decode", "synthetic", "lookup", "draft-model"),
+    k=4,
+    acceptance=0.8,
+    device=None,
+    seed=0,
+    log=print,
+    **overrides,
+) -> dict:
+    """Every row of the module docstring for one ``PRESETS`` entry (``overrides`` replace its
+    fields); a JSON-ready dict without provenance (the CLI adds it)."""
+    from replaylab.serving import (
+        BatchModelDrafter,
+        DecodeEngine,
+        EnginePrefixCache,
+        Request,
+        Scheduler,
+    )
+    from replaylab.testing import perturbed
+
+    cfg = preset_config(PRESETS, preset, overrides)
+    for name, given, allowed in (
+        ("workloads", workloads, WORKLOADS),
+        ("strategies", strategies, STRATEGIES),
+        ("modes", modes, MODES),
+    ):
+        bad = [v for v in given if v not in allowed]
+        if bad or not given:
+            raise ValueError(f"{name}: expected some of {allowed}, got {tuple(given)}")
+    for r in cfg["rates"]:
+        if not r > 0:
+            raise ValueError(f"rates: expected > 0 requests/s each, got {r}")
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    t_start = time.perf_counter()
+
+    def say(text):
+        if log is not None:
+            log(f"[{time.perf_counter() - t_start:7.1f} s] {text}")
+
+    model = _model(cfg["model"], device)
+    vocab, b, L = model.cfg.vocab_size, cfg["block"], cfg["log_length"]
+    draft = perturbed(model, 0.1) if "draft-model" in modes else None
+    result = dict(kind="workload-stream", preset=preset, config=cfg, k=k, acceptance=acceptance,
+                  device_type=device.type, workloads={})  # fmt: skip
+
+    for name in workloads:
+        prompts, outs = workload_prompts(name, b, vocab, seed)
+        max_len = max(map(len, prompts)) + max(outs) + k + 2
+
+        def engine(strategy, slots=cfg["max_batch"], model=model):
+            return DecodeEngine(model, slots, max_len, strategy, log_length=L, max_verify=k + 1)
+
+        # greedy alone per strategy (no prefix cache, one request at a time): the references
+        alone, batch1 = {}, {}
+        for s in strategies:
+            e, toks, prefill_s, decode_s = engine(s, 1), [], 0.0, 0.0
+            for p, n in zip(prompts, outs):
+                t0 = time.perf_counter()
+                slot, logits = e.admit(torch.tensor(p, device=device))
+                t1 = time.perf_counter()
+                out = [int(logits.argmax())]
+                for _ in range(n - 1):
+                    out.append(
+                        int(e.step(torch.tensor([[out[-1]]], device=device))[0, -1].argmax())
+                    )
+                decode_s += time.perf_counter() - t1
+                prefill_s += t1 - t0
+                e.retire(slot)
+                toks.append(out)
+            alone[s] = toks
+            batch1[s] = dict(
+                prefill_s_per_token=prefill_s / sum(map(len, prompts)),
+                tpot_s=decode_s / max(1, sum(n - 1 for n in outs)),
+                serve_s=(prefill_s + decode_s) / len(prompts),
+            )
+        references = [torch.tensor(p + t) for p, t in zip(prompts, alone[strategies[0]])]
+        sizes = Scheduler(engine("snapshot", 1), k=k).need
+        total = sum(
+            sizes(Request(i, torch.tensor(p), n)) for i, (p, n) in enumerate(zip(prompts, outs))
+        )
+        budget = int(cfg["budget_share"] * total)
+        objective = dict(
+            tpot_p99_max_s=2 * min(v["tpot_s"] for v in batch1.values()),
+            wait_p90_max_s=min(v["serve_s"] for v in batch1.values()),
+        )
+        w = dict(prompts=len(prompts), prompt_tokens=sum(map(len, prompts)),
+                 output_tokens=sum(outs), budget_bytes=budget,
+                 budget_rule=f"{cfg['budget_share']} x the bytes of every request at once under snapshot",
+                 batch1=batch1, objective=objective, rows=[], rates=[])  # fmt: skip
+
+        def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, budget=budget,
+                  references=references, alone=alone):  # fmt: skip
+            e = engine(strategy)
+            prefix = EnginePrefixCache(e, block_size=b)
+            kk = 0 if mode == "decode" else k
+            drafter = None
+            if mode == "draft-model":
+                drafter = BatchModelDrafter(engine("replay", model=draft))
+            sched = Scheduler(e, budget_bytes=budget, k=kk, prefix=prefix,
+                              prefill_per_step=cfg["chunk"], drafter=drafter)  # fmt: skip
+            reqs = _requests(prompts, outs, arrivals(len(prompts), rate, seed), mode,
+                             references, acceptance, device)  # fmt: skip
+            sched.run(reqs)
+            done = sorted(sched.finished, key=lambda r: r.id)
+            m = stream_metrics(done, sched, alone={r.id: alone[strategy][r.id] for r in done})
+            resumed = sum(r.prefix_hit.resumed_from for r in done)
+            m.update(
+                token_hit_rate=resumed / w["prompt_tokens"],
+                prompt_tokens_computed=w["prompt_tokens"] - resumed,
+                tree_peak_bytes=max((h.tree_bytes for h in sched.history), default=0),
+            )
+            return m
+
+        for s in strategies:
+            for mode in modes:
+                if device.type == "cuda":  # capture the CUDA graphs before anything is timed
+                    serve(s, mode, max(cfg["rates"]))
+                for rate in cfg["rates"]:
+                    m = serve(s, mode, rate)
+                    w["rows"].append(dict(strategy=s, mode=mode, rate=rate, **_slim(m)))
+                    say(f"{name:14s} {s:9s} {mode:11s} rate {rate:6.1f}: TTFT p50 "
+                        f"{1e3 * m['ttft_s']['p50']:7.1f} ms, TPOT p99 "
+                        f"{1e3 * m['tpot_s']['p99']:6.1f} ms, hit {m['token_hit_rate']:.3f}, "
+                        f"equal alone {m['tokens_equal_alone']}/{m['requests']}")  # fmt: skip
+            for mode in cfg["rate_modes"]:
+                if mode not in modes:
+                    continue
+                start = 2.0 / batch1[s]["serve_s"]
+                found, tried = sustainable_rate(
+                    lambda r, s=s, mode=mode: serve(s, mode, r),
+                    start,
+                    objective,
+                    probes=cfg["rate_probes"],
+                )
+                ref_row = next(r for r in w["rows"] if r["strategy"] == s and r["mode"] == mode)
+                pred, conc = predicted_rate(
+                    cfg["max_batch"], budget, ref_row["tree_peak_bytes"],
+                    ref_row["accounted_bytes_per_request"]["mean"],
+                    batch1[s]["prefill_s_per_token"], batch1[s]["tpot_s"],
+                    w["prompt_tokens"] / len(prompts), sum(outs) / len(outs),
+                    ref_row["token_hit_rate"],
+                )  # fmt: skip
+                w["rates"].append(dict(strategy=s, mode=mode, sustainable_rate=found,
+                                       predicted_rate=pred, predicted_concurrency=conc,
+                                       probes=tried))  # fmt: skip
+                shown = "none met" if found is None else f"{found:.2f}"
+                say(f"{name:14s} {s:9s} {mode:11s} sustainable rate {shown} (predicted {pred:.2f})")
+        result["workloads"][name] = w
+    return result
+
+
+def _ratio(w, mode, key):
+    by = {r["strategy"]: r[key] for r in w["rates"] if r["mode"] == mode}
+    if by.get("replay") and by.get("snapshot"):
+        return by["replay"] / by["snapshot"]
+    return None
+
+
+def workload_summary(result) -> list[str]:
+    """A short table: per workload and mode in the rate search, replay's sustainable rate over
+    snapshot's (the target: at least 1.3x) beside the prediction's ratio, then the hit rates
+    and the lossless counts of the decode rows at the lowest rate."""
+    lines = [
+        "| workload | mode | sustainable rate, replay / snapshot (req/s) | ratio | predicted "
+        "ratio | hit rate, replay / snapshot | equal alone |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, w in result["workloads"].items():
+        modes = dict.fromkeys(r["mode"] for r in w["rates"]) or {"decode": None}
+        low = min(r["rate"] for r in w["rows"])
+        for mode in modes:
+            got, pred = _ratio(w, mode, "sustainable_rate"), _ratio(w, mode, "predicted_rate")
+            found = {r["strategy"]: r["sustainable_rate"] for r in w["rates"] if r["mode"] == mode}
+            rates = " / ".join(
+                "none met" if found.get(s) is None else f"{found[s]:.1f}"
+                for s in ("replay", "snapshot")
+            )
+            rows = {r["strategy"]: r for r in w["rows"] if r["mode"] == mode and r["rate"] == low}
+            hit = " / ".join(
+                f"{rows[s]['token_hit_rate']:.3f}" for s in ("replay", "snapshot") if s in rows
+            )
+            equal = sum(r["tokens_equal_alone"] for r in rows.values())
+            n = sum(r["requests"] for r in rows.values())
+            lines.append(
+                f"| {name} | {mode} | {rates} | {'-' if got is None else f'{got:.2f}x'} | "
+                f"{'-' if pred is None else f'{pred:.2f}x'} | {hit} | {equal}/{n} |"
+            )
+    return lines

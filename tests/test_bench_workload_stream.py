@@ -1,0 +1,126 @@
+"""``replaylab bench workload-stream`` (issue 38, item 3): the four prefix-sharing workloads,
+their arrivals, the rows of a small run on the tiny model (every request's tokens its greedy
+tokens served alone, replay's hit rate above align's off the grid, a budget that binds), the
+prediction's formula, bad input, and the committed CPU result with its table in
+data/README.md."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from replaylab.bench.workload_stream import (
+    WORKLOADS,
+    arrivals,
+    predicted_rate,
+    run_workload_stream,
+    workload_prompts,
+    workload_summary,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("block", [16, 512])
+def test_the_workloads_share_what_they_say(block):
+    for name in WORKLOADS:
+        prompts, outs = workload_prompts(name, block, vocab=50_000)
+        assert (prompts, outs) == workload_prompts(name, block, vocab=50_000)  # seeded
+        assert len(outs) == len(prompts) and all(block // 8 <= n <= block // 4 for n in outs)
+        shared = [common_prefix(a, b) for i, a in enumerate(prompts) for b in prompts[:i]]
+        assert max(shared) >= block  # some pair shares at least one block
+    agents, _ = workload_prompts("agents", block, vocab=50_000)
+    parts = {common_prefix(a, b) for i, a in enumerate(agents) for b in agents[:i]}
+    assert len(parts) == 2 and all(p % block for p in parts)  # both divergences off the grid
+    chats, _ = workload_prompts("multi_turn", block, vocab=50_000)
+    for earlier, later in zip(chats, chats[3:]):  # each turn extends the conversation
+        assert later[: len(earlier)] == earlier and len(later) > len(earlier)
+
+
+def test_arrivals_are_a_seeded_poisson_process():
+    times = arrivals(2000, 50.0, seed=1)
+    assert times == sorted(times) and times == arrivals(2000, 50.0, seed=1)
+    assert 2000 / times[-1] == pytest.approx(50.0, rel=0.1)
+    assert arrivals(3, math.inf) == [0.0, 0.0, 0.0]
+
+
+def test_the_prediction_is_the_stated_formula():
+    rate, concurrency = predicted_rate(4, 1000, 200, 100, 0.01, 0.02, 10, 5, 0.5)
+    assert concurrency == 4 and rate == pytest.approx(4 / (0.01 * 10 * 0.5 + 5 * 0.02))
+    rate, concurrency = predicted_rate(16, 1000, 200, 300, 0.01, 0.02, 10, 5, 0.0)
+    assert concurrency == 2 and rate == pytest.approx(2 / 0.2)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: workload_prompts("chat", 16, 50), "workload: expected one of"),
+        (lambda: workload_prompts("agents", 4, 50), "block: expected at least 8 tokens, got 4"),
+        (lambda: arrivals(3, 0.0), r"rate: expected > 0 requests/s, got 0.0"),
+        (lambda: run_workload_stream("tpu"), r"preset: expected one of \['cpu', 'gpu'\]"),
+        (lambda: run_workload_stream(modes=("decode", "beam")), "modes: expected some of"),
+        (lambda: run_workload_stream(workloads=()), r"workloads: expected some of .* got \(\)"),
+        (lambda: run_workload_stream(rates=(1.0, -2.0)), r"rates: expected > 0 .* got -2.0"),
+        (lambda: run_workload_stream(block_size=16), r"overrides: unknown fields \['block_size'\]"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_value(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            result = run_workload_stream(
+                "cpu",
+                workloads=("agents",),
+                strategies=("replay", "snapshot"),
+                modes=("decode", "synthetic", "draft-model"),
+                device="cpu",
+                rates=(math.inf,),
+                rate_modes=("decode",),
+                rate_probes=2,
+                log=None,
+            )
+    finally:
+        torch.set_num_threads(threads)
+    w = result["workloads"]["agents"]
+    rows = {(r["strategy"], r["mode"]): r for r in w["rows"]}
+    assert len(rows) == 2 * 3
+    for r in rows.values():
+        assert r["tokens_equal_alone"] == r["requests"] == 12
+        assert r["peak_used_bytes"] <= w["budget_bytes"]
+    for mode in ("decode", "synthetic", "draft-model"):  # the divergences are off the grid
+        assert rows[("replay", mode)]["token_hit_rate"] > rows[("snapshot", mode)]["token_hit_rate"]
+    # all arriving at once, snapshot runs fewer than the engine's slots: the budget binds
+    assert rows[("snapshot", "decode")]["peak_running"] < result["config"]["max_batch"]
+    assert rows[("replay", "synthetic")]["acceptance"] > 0.5
+    assert {(r["strategy"], r["mode"]) for r in w["rates"]} == {
+        ("replay", "decode"),
+        ("snapshot", "decode"),
+    }
+    table = workload_summary(result)
+    assert len(table) == 3 and table[2].startswith("| agents | decode |")
+
+
+def test_the_committed_cpu_result_and_its_table_in_the_data_readme():
+    result = json.loads((ROOT / "data" / "bench_workload_stream_cpu.json").read_text())
+    assert {"device", "versions", "date", "command", "commit"} <= set(result)
+    assert set(result["workloads"]) == set(WORKLOADS)
+    for w in result["workloads"].values():
+        for r in w["rows"]:
+            assert r["tokens_equal_alone"] == r["requests"], (r["strategy"], r["mode"])
+            assert r["peak_used_bytes"] <= w["budget_bytes"]
+    assert "\n".join(workload_summary(result)) in (ROOT / "data" / "README.md").read_text()
