@@ -81,6 +81,7 @@ def test_bad_input_is_refused_naming_the_value(call, match):
 def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    seen = []  # what a run cut short would have kept: (rows, rates, complete) at each call
     try:
         with torch.no_grad():
             result = run_workload_stream(
@@ -93,9 +94,20 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
                 rate_modes=("decode",),
                 rate_probes=2,
                 log=None,
+                progress=lambda r: seen.append(
+                    (
+                        len(r["workloads"]["agents"]["rows"]),
+                        len(r["workloads"]["agents"]["rates"]),
+                        r["complete"],
+                    )
+                ),  # fmt: skip
             )
     finally:
         torch.set_num_threads(threads)
+    assert result["complete"]
+    # one call per row and per rate, each with one more than the last, none claiming the end
+    assert [rows + rates for rows, rates, _ in seen] == list(range(1, 2 * 3 + 2 + 1))
+    assert not any(done for _, _, done in seen)
     w = result["workloads"]["agents"]
     rows = {(r["strategy"], r["mode"]): r for r in w["rows"]}
     assert len(rows) == 2 * 3

@@ -447,7 +447,14 @@ def _workload_stream(args):
         sys.exit("replaylab bench workload-stream --preset gpu is the GPU run: no CUDA device")
     if device == "cpu":  # a shared CPU: one thread unless told
         torch.set_num_threads(args.threads or 1)
+    out = args.out or f"data/bench_workload_stream_{args.preset}.json"
     t0 = time.time()
+
+    def keep(partial):  # a run cut short (a time limit) keeps its finished rows
+        from replaylab.bench.provenance import provenance
+
+        _write(dict(provenance(args.argv), **partial, seconds=round(time.time() - t0, 1)), out)
+
     with torch.no_grad():
         result = run_workload_stream(
             args.preset,
@@ -457,8 +464,8 @@ def _workload_stream(args):
             k=args.k,
             device=device,
             log=lambda line: print(line, flush=True),
+            progress=keep,
         )
-    out = args.out or f"data/bench_workload_stream_{args.preset}.json"
     return _save(args, result, out, workload_summary, t0)
 
 

@@ -176,10 +176,13 @@ def run_workload_stream(
     device=None,
     seed=0,
     log=print,
+    progress=None,
     **overrides,
 ) -> dict:
     """Every row of the module docstring for one ``PRESETS`` entry (``overrides`` replace its
-    fields); a JSON-ready dict without provenance (the CLI adds it)."""
+    fields); a JSON-ready dict without provenance (the CLI adds it). ``progress(result)`` is
+    called after every row and every sustainable rate with the result so far (its
+    ``complete`` False until the end), so a run cut short keeps what it measured."""
     from replaylab.serving import (
         BatchModelDrafter,
         DecodeEngine,
@@ -212,7 +215,12 @@ def run_workload_stream(
     vocab, b, L = model.cfg.vocab_size, cfg["block"], cfg["log_length"]
     draft = perturbed(model, 0.1) if "draft-model" in modes else None
     result = dict(kind="workload-stream", preset=preset, config=cfg, k=k, acceptance=acceptance,
-                  device_type=device.type, workloads={})  # fmt: skip
+                  device_type=device.type, complete=False, workloads={})  # fmt: skip
+
+    def measured(name, w):
+        result["workloads"][name] = w
+        if progress is not None:
+            progress(result)
 
     for name in workloads:
         prompts, outs = workload_prompts(name, b, vocab, seed)
@@ -289,6 +297,7 @@ def run_workload_stream(
                 for rate in cfg["rates"]:
                     m = serve(s, mode, rate)
                     w["rows"].append(dict(strategy=s, mode=mode, rate=rate, **_slim(m)))
+                    measured(name, w)
                     say(f"{name:14s} {s:9s} {mode:11s} rate {rate:6.1f}: TTFT p50 "
                         f"{1e3 * m['ttft_s']['p50']:7.1f} ms, TPOT p99 "
                         f"{1e3 * m['tpot_s']['p99']:6.1f} ms, hit {m['token_hit_rate']:.3f}, "
@@ -314,9 +323,11 @@ def run_workload_stream(
                 w["rates"].append(dict(strategy=s, mode=mode, sustainable_rate=found,
                                        predicted_rate=pred, predicted_concurrency=conc,
                                        probes=tried))  # fmt: skip
+                measured(name, w)
                 shown = "none met" if found is None else f"{found:.2f}"
                 say(f"{name:14s} {s:9s} {mode:11s} sustainable rate {shown} (predicted {pred:.2f})")
         result["workloads"][name] = w
+    result["complete"] = True
     return result
 
 
