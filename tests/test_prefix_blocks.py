@@ -290,3 +290,13 @@ def test_the_committed_block_result_and_the_tables_in_prefix_md():
     assert few_shot["ceiling"] < 2 and f"ceiling {few_shot['ceiling']:.2f}x" in text
     system = targets["per_workload"]["system_prompts"][-1]
     assert system["ceiling"] < 2 and f"ceiling {system['ceiling']:.2f}x" in text
+
+
+@pytest.mark.parametrize("extra", [["--engine"], ["--engine", "--ttft"]])
+def test_an_eviction_the_engine_runs_would_ignore_is_refused(extra, tmp_path):
+    from replaylab.bench.cli import main
+
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit, match=r"--eviction lru has no effect with --engine"):
+        main(["prefix", *extra, "--eviction", "lru", "--out", str(out)])
+    assert not out.exists()

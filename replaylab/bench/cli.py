@@ -331,6 +331,11 @@ def _prefix(args):
 
     if args.ttft and not args.engine:
         sys.exit("replaylab bench prefix: --ttft times the serving engine; add --engine")
+    if args.engine and args.eviction != "lru-fit":
+        sys.exit(
+            f"replaylab bench prefix: --eviction {args.eviction} has no effect with --engine: "
+            f"its trees have no byte budget, so nothing is evicted (--blocks sweeps budgets)"
+        )
     if args.ttft:
         return _prefix_ttft(args)
     torch.set_num_threads(args.threads or 1)
