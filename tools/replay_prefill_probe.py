@@ -7,7 +7,9 @@ row is the median of 5 admissions after a warm-up.
 - ``hit``: a prompt that extends a 2,000-token shared prompt already in the prefix cache by a
   fresh suffix each time (the hit resumes off the block grid).
 
-The arms: ``default`` as the tree is; ``fold by fold`` replay folding L entries at a time,
+The arms (``--arms``): ``default`` as the tree is; ``torch scan`` the prompt chunks' Mamba-2
+scan in PyTorch's chunked form (the default until 2026-12-05; now one Triton launch a layer and
+chunk, ``replaylab.kernels.ssd_chunked``); ``fold by fold`` replay folding L entries at a time,
 one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
 chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
 under 64 tokens through the scan's token loop (the default until 2026-12-04; now
@@ -36,10 +38,10 @@ from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-COLD_ARMS = [("snapshot", "default"), ("snapshot", "token loop"), ("replay", "default"),
-             ("replay", "fold by fold"), ("replay", "token loop")]  # fmt: skip
-HIT_ARMS = [("snapshot", "default"), ("snapshot", "token loop"), ("replay", "default"),
-            ("replay", "token loop")]  # fmt: skip
+ARMS = ("default", "torch scan", "fold by fold", "token loop")
+COLD_ARMS = [("snapshot", "default"), ("snapshot", "torch scan"), ("replay", "default"),
+             ("replay", "torch scan")]  # fmt: skip
+HIT_ARMS = COLD_ARMS
 SHARED, BLOCK = 2000, 512
 
 
@@ -48,7 +50,10 @@ def _arm(engine, arm):
     """The engine's pools (and their specs, which the model's mixers share) as ``arm`` had
     them, for the duration."""
     pools = list(engine.ssm.values())
+    kernel = [pool.prompt_kernel for pool in pools]
     for pool in pools:
+        if arm == "torch scan":
+            pool.prompt_kernel = False
         if arm == "fold by fold":
             pool.fold_chains = lambda L: False
         if arm == "token loop":
@@ -56,7 +61,8 @@ def _arm(engine, arm):
     try:
         yield
     finally:
-        for pool in pools:
+        for pool, k in zip(pools, kernel):
+            pool.prompt_kernel = k
             vars(pool).pop("fold_chains", None)
             vars(pool.spec).pop("scan_prompt", None)
 
@@ -92,10 +98,13 @@ def cold_rows(model, T, reference, repeats=5):
             states[arm] = [p.state.clone() for p in engine.ssm.values()]
             if rep:
                 times[arm].append(seconds)
-    same = all(map(torch.equal, states[("replay", "default")], states[("replay", "fold by fold")]))
     rows = _rows("cold", T, times, picks, reference(prompt))
-    for row in rows:
-        row["same_bits_default_vs_fold_by_fold"] = same
+    if ("replay", "fold by fold") in states:
+        same = all(
+            map(torch.equal, states[("replay", "default")], states[("replay", "fold by fold")])
+        )
+        for row in rows:
+            row["same_bits_default_vs_fold_by_fold"] = same
     return rows
 
 
@@ -154,9 +163,23 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--lengths", default="2048,2100")
     p.add_argument("--suffixes", default="48,100")
+    p.add_argument("--preset", default="8b-layers", help="model size (tiny: a CPU smoke run)")
+    p.add_argument(
+        "--arms",
+        default="default,torch scan",
+        help=f"comma-separated arms of {ARMS} (each under snapshot and replay; the token "
+        f"loop and fold by fold are earlier defaults)",
+    )
     args = p.parse_args(argv)
+    arms = args.arms.split(",")
+    if not arms or set(arms) - set(ARMS) or "default" not in arms:
+        p.error(f"--arms: expected 'default' and some of {ARMS}, got {args.arms!r}")
+    global COLD_ARMS, HIT_ARMS
+    COLD_ARMS = [(s, a) for s in ("snapshot", "replay") for a in arms
+                 if not (s == "snapshot" and a == "fold by fold")]  # fmt: skip
+    HIT_ARMS = [(s, a) for s, a in COLD_ARMS if a != "fold by fold"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = HybridLM(preset("8b-layers"), seed=0).eval()  # as the TTFT bench builds it
+    model = HybridLM(preset(args.preset), seed=0).eval()  # as the TTFT bench builds it
     if device.type == "cuda":
         model = model.to(device, torch.bfloat16)
     f64 = copy.deepcopy(model).double()  # the same (rounded) weights in float64

@@ -82,6 +82,7 @@ class RecurrentPool:
     refuses ``kernels=True``)."""
 
     serves_kernels = False  # whether the family's pool runs replay through Triton kernels
+    serves_prompt_kernel = False  # whether it scans prompt chunks in one Triton launch
     kernel_fields = ()  # the log fields the kernels append themselves
 
     def __init__(
@@ -94,6 +95,8 @@ class RecurrentPool:
         self.mixer, self.spec = mixer, mixer.state_spec
         self.dtype, self.device = dtype, device
         self.kernels = strategy.replays_with_kernels(kernels)
+        # prompt chunks through the family's Triton scan under every strategy (use_kernels)
+        self.prompt_kernel = bool(kernels) and self.serves_prompt_kernel
         self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
         if self.kernels and not self.serves_kernels:
             raise ValueError(
@@ -162,11 +165,15 @@ class RecurrentPool:
             for f in self.node_fields
         }
 
+    def scan_prompt(self, state, entries):
+        """A prefill chunk scanned from ``state`` (batch, *state_shape) -> the spec's
+        ScanResult: the spec's chunked form, or the family's Triton scan (``prompt_kernel``)."""
+        return self.spec.scan_prompt(state, entries)
+
     def logged_scan(self, state, entries):
-        """A prefill chunk scanned from ``state`` (batch, *state_shape): (the spec's
-        ScanResult, what the log keeps of its tokens: field -> (batch, T, ...), by default the
-        spec's ``entries``)."""
-        return self.spec.scan_prompt(state, entries), entries
+        """``scan_prompt``, and what the log keeps of the chunk's tokens: field -> (batch, T,
+        ...), by default the spec's ``entries``."""
+        return self.scan_prompt(state, entries), entries
 
     def batch_invariant_launch(self):
         """kernel -> launch keywords that are the same at every batch, so a slot's bits do
@@ -209,6 +216,7 @@ class Mamba2Pool(RecurrentPool):
     (A = -exp(A_log), D, dt_bias in fp32; the engine serves frozen weights)."""
 
     serves_kernels = True
+    serves_prompt_kernel = True
     kernel_fields = ("x", "dt", "B", "C")
 
     def __init__(self, mixer, *args):
@@ -218,6 +226,15 @@ class Mamba2Pool(RecurrentPool):
         self.dt_bias, self.dt_limit = p.dt_bias.detach().float(), p.dt_limit
         self.conv_weight = mixer.conv1d.weight.detach().view(self.spec.conv_shape[1], -1)
         self.conv_bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.detach()
+
+    def scan_prompt(self, state, entries):
+        if not self.prompt_kernel:
+            return super().scan_prompt(state, entries)
+        from replaylab.kernels.ssd_chunked import ssd_chunked_scan
+
+        x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
+        return ssd_chunked_scan(x, dt, self.A, B, C, self.D, self.dt_bias, True, self.dt_limit,
+                                initial_state=state, chunk_size=self.spec.CHUNK_SIZE)  # fmt: skip
 
     def logged_fields(self, fused):
         """x, dt, B, C for the fused kernels; the reference path keeps the conv inputs (xBC)

@@ -163,7 +163,7 @@ class EngineStrategy:
     def prefill_scan(self, pool, layer, slot, entries, carried, logged):
         """A prefill chunk through ``pool`` for ``slot`` from its state -> y."""
         one = slice(slot, slot + 1)
-        result = pool.spec.scan_prompt(pool.state[one], entries)
+        result = pool.scan_prompt(pool.state[one], entries)
         pool.state[one] = result.state
         return result.y
 

@@ -1,0 +1,184 @@
+"""The Mamba-2 prefill scan in one launch: SSD's chunked form (``replaylab.scan.ssd_chunked_scan``)
+as a Triton kernel, for the serving engine's prompt chunks.
+
+One program per (sequence, head, block of BLOCK_P head channels) walks the prompt's chunks of
+Q tokens in order, holding its rows of the state S (BLOCK_P x N, fp32) in registers. Per chunk,
+with l_t = Δ_t A the log decay and Λ_t = l_1 + ... + l_t its running sum inside the chunk:
+
+    y_t   = sum_{s<=t} exp(Λ_t - Λ_s) (C_t . B_s) Δ_s x_s    the chunk's own tokens
+          + exp(Λ_t) S_in C_t                                 the state entering it
+          + D x_t
+    S_out = exp(Λ_Q) S_in + sum_s exp(Λ_Q - Λ_s) Δ_s x_s B_s^T
+
+four small matrix products a chunk (C B^T, its decayed product with Δx, C S_in^T and the
+chunk's outer products), where the PyTorch form launches some fifty operations a layer and
+chunk. Tokens past the prompt's end get Δ = 0 and x = 0: decay 1, nothing added.
+
+    x: (batch, T, H, P)  dt: (batch, T, H) raw (bias, softplus and the clamp applied here)
+    B, C: (batch, T, G, N), head h reads group h // (H / G)
+    A, D, dt_bias: (H,)  initial_state: (batch, H, P, N)
+    -> y (batch, T, H, P) in x's dtype, final state (batch, H, P, N) fp32
+
+Under ``TRITON_INTERPRET=1`` it runs on CPU tensors.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from replaylab.kernels.mamba2 import _delta
+from replaylab.scan import NO_LIMIT, ScanResult
+
+__all__ = ["ssd_chunked_scan"]
+
+
+@triton.jit
+def _ssd_chunked_kernel(
+    x, dt, B, C, y, state, A, D, bias,
+    T, H, P, N, heads_per_group, lo, hi,
+    sx_b, sx_t, sx_h, sx_p,
+    sdt_b, sdt_t, sdt_h,
+    sB_b, sB_t, sB_g, sB_n,
+    sC_b, sC_t, sC_g, sC_n,
+    sy_b, sy_t, sy_h, sy_p,
+    sS_b, sS_h, sS_p, sS_n,
+    Q: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SOFTPLUS: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_STATE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):  # fmt: skip
+    bh, pb = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    g = h // heads_per_group
+    offs_q = tl.arange(0, Q)
+    offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mp, mn = offs_p < P, offs_n < N
+    A_h = tl.load(A + h).to(tl.float32)
+    bias_h = tl.load(bias + h).to(tl.float32)
+    s_ptr = state + b * sS_b + h * sS_h + offs_p[:, None] * sS_p + offs_n[None, :] * sS_n
+    if HAS_STATE:
+        S = tl.load(s_ptr, mask=mp[:, None] & mn[None, :], other=0.0).to(tl.float32)
+    else:
+        S = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
+    if HAS_D:
+        D_h = tl.load(D + h).to(tl.float32)
+    causal = offs_q[:, None] >= offs_q[None, :]
+    for c0 in range(0, T, Q):
+        t = c0 + offs_q
+        mt = t < T
+        raw = tl.load(dt + b * sdt_b + t * sdt_t + h * sdt_h, mask=mt, other=0.0).to(tl.float32)
+        delta = tl.where(mt, _delta(raw, bias_h, lo, hi, SOFTPLUS), 0.0)
+        lam = tl.cumsum(delta * A_h, 0)  # Λ_t, (Q,)
+        lam_end = tl.sum(tl.where(offs_q == Q - 1, lam, 0.0), 0)
+        mtp = mt[:, None] & mp[None, :]
+        xt = tl.load(
+            x + b * sx_b + t[:, None] * sx_t + h * sx_h + offs_p[None, :] * sx_p,
+            mask=mtp,
+            other=0.0,
+        ).to(tl.float32)
+        mtn = mt[:, None] & mn[None, :]
+        Bt = tl.load(
+            B + b * sB_b + t[:, None] * sB_t + g * sB_g + offs_n[None, :] * sB_n,
+            mask=mtn,
+            other=0.0,
+        ).to(tl.float32)
+        Ct = tl.load(
+            C + b * sC_b + t[:, None] * sC_t + g * sC_g + offs_n[None, :] * sC_n,
+            mask=mtn,
+            other=0.0,
+        ).to(tl.float32)
+        xd = xt * delta[:, None]  # Δ_s x_s, (Q, BLOCK_P)
+        CB = tl.dot(Ct, tl.trans(Bt), input_precision=PRECISION)  # (Q, Q): C_t . B_s
+        decay = tl.exp(tl.where(causal, lam[:, None] - lam[None, :], float("-inf")))
+        out = tl.dot(CB * decay, xd, input_precision=PRECISION)  # (Q, BLOCK_P)
+        entering = tl.dot(Ct, tl.trans(S), input_precision=PRECISION)  # (Q, BLOCK_P): S_in C_t
+        out = out + entering * tl.exp(lam)[:, None]
+        if HAS_D:
+            out = out + D_h * xt
+        tl.store(
+            y + b * sy_b + t[:, None] * sy_t + h * sy_h + offs_p[None, :] * sy_p,
+            out.to(y.dtype.element_ty),
+            mask=mtp,
+        )
+        to_end = tl.exp(lam_end - lam)  # (Q,)
+        added = tl.dot(tl.trans(xd * to_end[:, None]), Bt, input_precision=PRECISION)
+        S = tl.exp(lam_end) * S + added  # (BLOCK_P, BLOCK_N)
+    tl.store(s_ptr, S, mask=mp[:, None] & mn[None, :])
+
+
+def _need(name, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def ssd_chunked_scan(
+    x,
+    dt,
+    A,
+    B,
+    C,
+    D=None,
+    dt_bias=None,
+    dt_softplus=False,
+    dt_limit=NO_LIMIT,
+    *,
+    initial_state=None,
+    chunk_size=64,
+    block_p=None,
+    num_warps=4,
+    precision="ieee",
+) -> ScanResult:
+    """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
+    docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
+    power of two of at least 16 (``tl.dot``'s smallest side). ``precision``: ``tl.dot``'s
+    input precision ("ieee": fp32 products; "tf32" and "tf32x3" trade accuracy for speed)."""
+    if x.dim() != 4:
+        raise ValueError(f"x: expected (batch, T, H, P), got shape {tuple(x.shape)}")
+    batch, T, H, P = x.shape
+    if B.dim() != 4 or B.shape[:2] != (batch, T):
+        raise ValueError(f"B: expected (batch={batch}, T={T}, G, N), got {tuple(B.shape)}")
+    G, N = B.shape[2], B.shape[3]
+    if G < 1 or H % G:
+        raise ValueError(f"B: its {G} groups must divide the {H} heads")
+    _need("C", C, (batch, T, G, N))
+    _need("dt", dt, (batch, T, H))
+    for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
+        if t is not None:
+            _need(name, t, (H,))
+    if initial_state is not None:
+        _need("initial_state", initial_state, (batch, H, P, N))
+    q = int(chunk_size)
+    if q < 16 or q & (q - 1):
+        raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
+    if precision not in ("ieee", "tf32", "tf32x3"):
+        raise ValueError(f"precision: expected 'ieee', 'tf32' or 'tf32x3', got {precision!r}")
+    # NO_LIMIT clamps nothing (process_dt's rule), not even at 0
+    lo, hi = (-math.inf, math.inf) if tuple(dt_limit) == NO_LIMIT else map(float, dt_limit)
+    device = x.device
+    y = torch.empty_like(x)
+    state = torch.empty(batch, H, P, N, dtype=torch.float32, device=device)
+    if initial_state is not None:
+        state.copy_(initial_state)
+    if T == 0:
+        y.zero_()
+        return ScanResult(y, state if initial_state is not None else state.zero_())
+    block_p = block_p or min(64, triton.next_power_of_2(P))
+    bias = dt_bias if dt_bias is not None else torch.zeros(H, device=device)
+    grid = (batch * H, triton.cdiv(P, block_p))
+    _ssd_chunked_kernel[grid](
+        x, dt, B, C, y, state, A, D if D is not None else A, bias,
+        T, H, P, N, H // G, lo, hi,
+        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
+        Q=q, BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
+        SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
+        PRECISION=precision, num_warps=num_warps,
+    )  # fmt: skip
+    return ScanResult(y, state)

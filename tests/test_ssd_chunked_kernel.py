@@ -1,0 +1,135 @@
+"""The Mamba-2 prefill scan in one Triton launch (``replaylab.kernels.ssd_chunked``, issue 38
+item 1) against the float64 token recurrence (``replaylab.scan.ssd_scan``), under Triton's
+interpreter on CPU and natively on a GPU; and in the serving engine, where it scans the prompt
+chunks of every strategy under ``use_kernels``. Sizes are awkward on purpose (P, N not powers
+of two, heads sharing groups, prompts that end inside a chunk)."""
+
+import pytest
+import torch
+
+from replaylab import assert_close
+from replaylab.kernels.ssd_chunked import ssd_chunked_scan
+from replaylab.scan import NO_LIMIT, ssd_scan
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def inputs(batch=2, T=100, H=4, P=12, G=2, N=10, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    t = dict(
+        x=r(batch, T, H, P).to(dtype),
+        dt=r(batch, T, H).to(dtype),
+        A=-torch.rand(H, generator=gen) - 0.1,
+        B=r(batch, T, G, N).to(dtype),
+        C=r(batch, T, G, N).to(dtype),
+        D=r(H),
+        dt_bias=r(H) * 0.1,
+        initial_state=r(batch, H, P, N) * 0.3,
+    )
+    return {k: v.to(DEVICE) for k, v in t.items()}
+
+
+def oracle(t, dt_softplus, dt_limit, with_state=True):
+    f64 = {k: v.double() for k, v in t.items()}
+    state = f64.pop("initial_state") if with_state else None
+    return ssd_scan(**f64, dt_softplus=dt_softplus, dt_limit=dt_limit, initial_state=state,
+                    compute_dtype=torch.float64)  # fmt: skip
+
+
+@pytest.mark.parametrize("T", [1, 37, 64, 100])
+@pytest.mark.parametrize("chunk", [16, 64])
+@pytest.mark.parametrize(
+    "dt_softplus, dt_limit", [(True, (0.001, 5.0)), (False, NO_LIMIT)], ids=["softplus", "raw"]
+)
+def test_outputs_and_state_equal_the_float64_recurrence(T, chunk, dt_softplus, dt_limit):
+    t = inputs(T=T)
+    if not dt_softplus:  # raw Δ must be positive
+        t["dt"] = t["dt"].abs() + 0.01
+    got = ssd_chunked_scan(**t, dt_softplus=dt_softplus, dt_limit=dt_limit, chunk_size=chunk)
+    want = oracle(t, dt_softplus, dt_limit)
+    assert got.state.dtype == torch.float32 and got.y.dtype == t["x"].dtype
+    assert_close(got.y.double(), want.y, atol=2e-5, rtol=2e-5, name="y")
+    assert_close(got.state.double(), want.state, atol=2e-5, rtol=2e-5, name="state")
+
+
+def test_from_zeros_without_d_and_on_strided_inputs():
+    t = inputs(T=50)
+    xBC = torch.cat([t["x"].flatten(2), t["B"].flatten(2), t["C"].flatten(2)], -1)
+    x, B, C = xBC.split([48, 20, 20], -1)  # views with the row stride of the concatenation
+    x, B, C = x.unflatten(-1, (4, 12)), B.unflatten(-1, (2, 10)), C.unflatten(-1, (2, 10))
+    assert not x.is_contiguous()
+    got = ssd_chunked_scan(x, t["dt"], t["A"], B, C, None, t["dt_bias"], True, chunk_size=16)
+    want = ssd_scan(*(v.double() for v in (x, t["dt"], t["A"], B, C)), None,
+                    dt_bias=t["dt_bias"].double(), dt_softplus=True,
+                    compute_dtype=torch.float64)  # fmt: skip
+    assert_close(got.y.double(), want.y, atol=2e-5, rtol=2e-5)
+    assert_close(got.state.double(), want.state, atol=2e-5, rtol=2e-5)
+
+
+def test_bf16_inputs_stay_within_bf16_rounding_of_the_float64_recurrence():
+    t = inputs(T=100, dtype=torch.bfloat16)
+    got = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=64)
+    want = oracle(t, True, NO_LIMIT)
+    scale = want.y.abs().max()
+    assert float((got.y.double() - want.y).abs().max() / scale) < 1e-2  # bf16 output rounding
+    assert_close(got.state.double(), want.state, atol=1e-4, rtol=1e-4, name="state")
+
+
+def test_a_prompt_split_on_the_chunk_grid_equals_one_pass_bit_for_bit():
+    t = inputs(T=96)
+    whole = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16)
+    seq = lambda a, b: {k: (v[:, a:b] if v.dim() >= 3 and k != "initial_state" else v)  # noqa: E731
+                        for k, v in t.items()}  # fmt: skip
+    first = ssd_chunked_scan(**seq(0, 48), dt_softplus=True, chunk_size=16)
+    rest = dict(seq(48, 96), initial_state=first.state)
+    second = ssd_chunked_scan(**rest, dt_softplus=True, chunk_size=16)
+    assert torch.equal(torch.cat([first.y, second.y], 1), whole.y)
+    assert torch.equal(second.state, whole.state)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(x=torch.zeros(2, 5, 4)), r"x: expected \(batch, T, H, P\), got shape \(2, 5, 4\)"),
+        (dict(B=torch.zeros(2, 100, 3, 10)), r"B: its 3 groups must divide the 4 heads"),
+        (dict(C=torch.zeros(2, 100, 2, 9)), r"C: expected shape \(2, 100, 2, 10\), got"),
+        (dict(dt=torch.zeros(2, 99, 4)), r"dt: expected shape \(2, 100, 4\), got \(2, 99, 4\)"),
+        (dict(D=torch.zeros(5)), r"D: expected shape \(4,\), got \(5,\)"),
+        (dict(initial_state=torch.zeros(2, 4, 12, 11)), r"initial_state: expected shape"),
+        (dict(chunk_size=48), r"chunk_size: expected a power of two >= 16, got 48"),
+        (dict(chunk_size=8), r"chunk_size: expected a power of two >= 16, got 8"),
+        (dict(precision="fp8"), r"precision: expected 'ieee', 'tf32' or 'tf32x3', got 'fp8'"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_value(change, match):
+    t = dict(inputs(), dt_softplus=True)
+    t.update({k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in change.items()})
+    with pytest.raises(ValueError, match=match):
+        ssd_chunked_scan(**t)
+
+
+def test_the_engine_scans_prompts_with_it_under_every_strategy():
+    """use_kernels: each strategy's prefill scans through the kernel (the pools say so), and
+    the first token's logits equal the reference path's (the spec's chunked form) to fp32
+    rounding."""
+    from replaylab.serving import DecodeEngine
+    from replaylab.testing import tiny_hybrid
+
+    model = tiny_hybrid().to(DEVICE)
+    prompt = torch.randint(
+        0, model.cfg.vocab_size, (150,), generator=torch.Generator().manual_seed(1)
+    )
+    prompt = prompt.to(DEVICE)
+    with torch.no_grad():
+        for strategy in ("snapshot", "recompute", "replay"):
+            kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False, fused=False)
+            engine = DecodeEngine(model, 1, 200, strategy, prefill_chunk=256, **kw)
+            pools = [p for p in engine.ssm.values() if p.spec.family == "mamba2"]
+            assert pools and all(p.prompt_kernel for p in pools)
+            _, got = engine.admit(prompt)
+            ref = DecodeEngine(model, 1, 200, strategy, prefill_chunk=256, **kw)
+            for p in ref.ssm.values():
+                p.prompt_kernel = False
+            _, want = ref.admit(prompt)
+            assert_close(got, want, atol=1e-4, rtol=1e-4, name=strategy)
