@@ -61,12 +61,12 @@ def main(argv=None):
         state0 = f64.pop("initial_state")
         want = ssd_scan(**f64, dt_softplus=True, initial_state=state0, compute_dtype=torch.float64)
         scale = float(want.y.abs().max())
-        arms = {"torch chunked form": lambda: ssd_chunked_scan(**t, dt_softplus=True)}
+        arms = {"torch chunked form": lambda t=t: ssd_chunked_scan(**t, dt_softplus=True)}
         for launch in LAUNCHES:
             name = "triton " + ", ".join(f"{k}={v}" for k, v in launch.items())
-            arms[name] = lambda launch=launch: kernel_scan(**t, dt_softplus=True, **launch)
+            arms[name] = lambda launch=launch, t=t: kernel_scan(**t, dt_softplus=True, **launch)
         if peer is not None:
-            arms["mamba-ssm mamba_chunk_scan_combined"] = lambda: peer(
+            arms["mamba-ssm mamba_chunk_scan_combined"] = lambda t=t: peer(
                 t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"],
                 initial_states=t["initial_state"], dt_softplus=True, return_final_states=True,
             )  # fmt: skip
