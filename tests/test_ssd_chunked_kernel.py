@@ -110,8 +110,8 @@ def test_bad_input_is_refused_naming_the_value(change, match):
 
 
 def test_the_engine_scans_prompts_with_it_under_every_strategy():
-    """use_kernels: each strategy's prefill scans through the kernel (the pools say so), and
-    the first token's logits equal the reference path's (the spec's chunked form) to fp32
+    """prefill_kernels=True: each strategy's prefill scans through the kernel (the pools say
+    so), and the first token's logits equal the default's (the spec's chunked form) to fp32
     rounding."""
     from replaylab.serving import DecodeEngine
     from replaylab.testing import tiny_hybrid
@@ -124,12 +124,11 @@ def test_the_engine_scans_prompts_with_it_under_every_strategy():
     with torch.no_grad():
         for strategy in ("snapshot", "recompute", "replay"):
             kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False, fused=False)
-            engine = DecodeEngine(model, 1, 200, strategy, prefill_chunk=256, **kw)
+            engine = DecodeEngine(model, 1, 200, strategy, prefill_kernels=True, **kw)
             pools = [p for p in engine.ssm.values() if p.spec.family == "mamba2"]
             assert pools and all(p.prompt_kernel for p in pools)
             _, got = engine.admit(prompt)
-            ref = DecodeEngine(model, 1, 200, strategy, prefill_chunk=256, **kw)
-            for p in ref.ssm.values():
-                p.prompt_kernel = False
+            ref = DecodeEngine(model, 1, 200, strategy, **kw)
+            assert not any(p.prompt_kernel for p in ref.ssm.values())
             _, want = ref.admit(prompt)
             assert_close(got, want, atol=1e-4, rtol=1e-4, name=strategy)

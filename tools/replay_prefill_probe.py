@@ -7,9 +7,9 @@ row is the median of 5 admissions after a warm-up.
 - ``hit``: a prompt that extends a 2,000-token shared prompt already in the prefix cache by a
   fresh suffix each time (the hit resumes off the block grid).
 
-The arms (``--arms``): ``default`` as the tree is; ``torch scan`` the prompt chunks' Mamba-2
-scan in PyTorch's chunked form (the default until 2026-12-05; now one Triton launch a layer and
-chunk, ``replaylab.kernels.ssd_chunked``); ``fold by fold`` replay folding L entries at a time,
+The arms (``--arms``): ``default`` as the tree is; ``triton scan`` the prompt chunks' Mamba-2
+scan in one Triton launch a layer and chunk (``DecodeEngine(prefill_kernels=True)``,
+``replaylab.kernels.ssd_chunked``) instead of PyTorch's chunked form; ``fold by fold`` replay folding L entries at a time,
 one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
 chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
 under 64 tokens through the scan's token loop (the default until 2026-12-04; now
@@ -38,9 +38,9 @@ from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-ARMS = ("default", "torch scan", "fold by fold", "token loop")
-COLD_ARMS = [("snapshot", "default"), ("snapshot", "torch scan"), ("replay", "default"),
-             ("replay", "torch scan")]  # fmt: skip
+ARMS = ("default", "triton scan", "fold by fold", "token loop")
+COLD_ARMS = [("snapshot", "default"), ("snapshot", "triton scan"), ("replay", "default"),
+             ("replay", "triton scan")]  # fmt: skip
 HIT_ARMS = COLD_ARMS
 SHARED, BLOCK = 2000, 512
 
@@ -52,8 +52,8 @@ def _arm(engine, arm):
     pools = list(engine.ssm.values())
     kernel = [pool.prompt_kernel for pool in pools]
     for pool in pools:
-        if arm == "torch scan":
-            pool.prompt_kernel = False
+        if arm == "triton scan":
+            pool.prompt_kernel = pool.serves_prompt_kernel
         if arm == "fold by fold":
             pool.fold_chains = lambda L: False
         if arm == "token loop":
@@ -166,7 +166,7 @@ def main(argv=None):
     p.add_argument("--preset", default="8b-layers", help="model size (tiny: a CPU smoke run)")
     p.add_argument(
         "--arms",
-        default="default,torch scan",
+        default="default,triton scan",
         help=f"comma-separated arms of {ARMS} (each under snapshot and replay; the token "
         f"loop and fold by fold are earlier defaults)",
     )

@@ -406,6 +406,7 @@ def _prefix_ttft(args):
         "log_length": args.log_length,
         "prefill_chunk": args.prefill_chunk,
         "warm_up": args.warm_up,
+        "prefill_kernels": True if args.prefill_kernels else None,
     }
     overrides = {k: v for k, v in fields.items() if v is not None}
     cuda = torch.cuda.is_available() and args.device != "cpu"
@@ -735,6 +736,11 @@ def add_bench_parser(subparsers):
     px.add_argument("--block-size", type=int, default=None, help="--ttft: the tree's block size")
     px.add_argument("--log-length", type=int, default=None, help="--ttft: replay's L")
     px.add_argument("--prefill-chunk", type=int, default=None, help="--ttft: prefill chunk")
+    px.add_argument(
+        "--prefill-kernels",
+        action="store_true",
+        help="--ttft: the engine's prefill_kernels (the Mamba-2 prompt scan in Triton)",
+    )
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)
     hc = sub.add_parser(

@@ -303,6 +303,7 @@ TTFT_PRESETS = {
         log_length=8,
         prefill_chunk=64,
         warm_up=1,
+        prefill_kernels=False,
     ),
     "gpu": dict(
         model="8b-layers",
@@ -313,6 +314,7 @@ TTFT_PRESETS = {
         log_length=16,
         prefill_chunk=256,
         warm_up=1,
+        prefill_kernels=False,
     ),
 }
 
@@ -442,6 +444,7 @@ def run_engine_ttft(
             prefill_chunk=run["prefill_chunk"],
             fused=False,
             graphs=False,
+            prefill_kernels=run["prefill_kernels"],
         )
 
         with torch.no_grad():

@@ -89,6 +89,8 @@ class DecodeEngine:
     "row_invariant" (``kernels.matmul.linear`` and ``serving.invariant``: a row's bits do not
     depend on the row count, so a verify rounds as decode steps do; default on a GPU) or
     "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
+    prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
+    where it has one (Mamba-2: ``kernels.ssd_chunked``), under every strategy (default off).
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).
@@ -114,6 +116,7 @@ class DecodeEngine:
         matmul=None,
         prefill_chunk=256,
         batch_invariant=True,
+        prefill_kernels=False,
     ):
         kind = strategy_class(strategy)
         cfg = model.cfg
@@ -144,6 +147,9 @@ class DecodeEngine:
         }
         for pool in self.ssm.values() if self.batch_invariant else ():
             pool.launch = pool.batch_invariant_launch()
+        self.prefill_kernels = bool(prefill_kernels)
+        for pool in self.ssm.values():
+            pool.prompt_kernel = self.prefill_kernels and pool.serves_prompt_kernel
         self.kv = {
             l: KVPool(cfg, slots, max_len + Tm, self.dtype, self.device) for l in cfg.attn_layers
         }

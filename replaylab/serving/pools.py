@@ -95,8 +95,8 @@ class RecurrentPool:
         self.mixer, self.spec = mixer, mixer.state_spec
         self.dtype, self.device = dtype, device
         self.kernels = strategy.replays_with_kernels(kernels)
-        # prompt chunks through the family's Triton scan under every strategy (use_kernels)
-        self.prompt_kernel = bool(kernels) and self.serves_prompt_kernel
+        self.prompt_kernel = False  # prompt chunks through the family's Triton scan (the
+        # engine's prefill_kernels)
         self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
         if self.kernels and not self.serves_kernels:
             raise ValueError(
