@@ -109,26 +109,36 @@ def test_bad_input_is_refused_naming_the_value(change, match):
         ssd_chunked_scan(**t)
 
 
-def test_the_engine_scans_prompts_with_it_under_every_strategy():
+@pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
+def test_the_engine_prefills_with_its_kernels_under_every_strategy(fused):
     """prefill_kernels=True: each strategy's prefill scans through the kernel (the pools say
-    so), and the first token's logits equal the default's (the spec's chunked form) to fp32
-    rounding."""
-    from replaylab.serving import DecodeEngine
+    so; on the fused path the chunk also runs the fused decode's norm and MLP kernels), and the
+    first token's logits, the next steps' and a prefix-cache hit's equal the default prefill's
+    to fp32 rounding."""
+    from replaylab.serving import DecodeEngine, EnginePrefixCache
     from replaylab.testing import tiny_hybrid
 
     model = tiny_hybrid().to(DEVICE)
-    prompt = torch.randint(
-        0, model.cfg.vocab_size, (150,), generator=torch.Generator().manual_seed(1)
-    )
-    prompt = prompt.to(DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.cfg.vocab_size, (100,), generator=gen).to(DEVICE)
+    steps = torch.randint(0, model.cfg.vocab_size, (2, 1, 1), generator=gen).to(DEVICE)
+    suffix = torch.randint(0, model.cfg.vocab_size, (9,), generator=gen).to(DEVICE)
+    other = torch.cat([prompt[:80], suffix])
     with torch.no_grad():
         for strategy in ("snapshot", "recompute", "replay"):
-            kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False, fused=False)
-            engine = DecodeEngine(model, 1, 200, strategy, prefill_kernels=True, **kw)
-            pools = [p for p in engine.ssm.values() if p.spec.family == "mamba2"]
-            assert pools and all(p.prompt_kernel for p in pools)
-            _, got = engine.admit(prompt)
-            ref = DecodeEngine(model, 1, 200, strategy, **kw)
-            assert not any(p.prompt_kernel for p in ref.ssm.values())
-            _, want = ref.admit(prompt)
-            assert_close(got, want, atol=1e-4, rtol=1e-4, name=strategy)
+            kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False, fused=fused)
+            got, want = [], []
+            for on, out in ((True, got), (False, want)):
+                engine = DecodeEngine(model, 1, 128, strategy, prefill_kernels=on, **kw)
+                pools = [p for p in engine.ssm.values() if p.spec.family == "mamba2"]
+                assert pools and all(p.prompt_kernel == on for p in pools)
+                slot, logits = engine.admit(prompt)
+                out += [logits] + [engine.step(t)[0, -1] for t in steps]
+                engine.retire(slot)
+                prefix = EnginePrefixCache(engine, block_size=32)
+                prefix.engine.retire(prefix.admit(prompt.tolist())[0])
+                slot, logits, hit = prefix.admit(other.tolist())
+                assert hit.resumed_from == (80 if strategy == "replay" else 64)
+                out.append(logits)
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert_close(a, b, atol=1e-4, rtol=1e-4, name=f"{strategy} output {i}")

@@ -9,7 +9,9 @@ row is the median of 5 admissions after a warm-up.
 
 The arms (``--arms``): ``default`` as the tree is; ``triton scan`` the prompt chunks' Mamba-2
 scan in one Triton launch a layer and chunk (``DecodeEngine(prefill_kernels=True)``,
-``replaylab.kernels.ssd_chunked``) instead of PyTorch's chunked form; ``fold by fold`` replay folding L entries at a time,
+``replaylab.kernels.ssd_chunked``) instead of PyTorch's chunked form; ``fused kernels`` that
+on the fused path's engine, whose prefill chunks also run the fused decode's norm and MLP
+kernels; ``fold by fold`` replay folding L entries at a time,
 one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
 chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
 under 64 tokens through the scan's token loop (the default until 2026-12-04; now
@@ -38,7 +40,7 @@ from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-ARMS = ("default", "triton scan", "fold by fold", "token loop")
+ARMS = ("default", "triton scan", "fused kernels", "fold by fold", "token loop")
 COLD_ARMS = [("snapshot", "default"), ("snapshot", "triton scan"), ("replay", "default"),
              ("replay", "triton scan")]  # fmt: skip
 HIT_ARMS = COLD_ARMS
@@ -50,10 +52,7 @@ def _arm(engine, arm):
     """The engine's pools (and their specs, which the model's mixers share) as ``arm`` had
     them, for the duration."""
     pools = list(engine.ssm.values())
-    kernel = [pool.prompt_kernel for pool in pools]
     for pool in pools:
-        if arm == "triton scan":
-            pool.prompt_kernel = pool.serves_prompt_kernel
         if arm == "fold by fold":
             pool.fold_chains = lambda L: False
         if arm == "token loop":
@@ -61,8 +60,7 @@ def _arm(engine, arm):
     try:
         yield
     finally:
-        for pool, k in zip(pools, kernel):
-            pool.prompt_kernel = k
+        for pool in pools:
             vars(pool).pop("fold_chains", None)
             vars(pool.spec).pop("scan_prompt", None)
 
@@ -86,7 +84,7 @@ def cold_rows(model, T, reference, repeats=5):
         0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(T)
     )
     prompt = prompt.to(device)
-    engines = {arm: _engine(model, arm[0], T + 1) for arm in COLD_ARMS}
+    engines = {arm: _engine(model, *arm, T + 1) for arm in COLD_ARMS}
     times, picks, states = {arm: [] for arm in COLD_ARMS}, {}, {}
     for rep in range(repeats + 1):  # the first round warms up (Triton compiles)
         for arm in COLD_ARMS:
@@ -115,7 +113,7 @@ def hit_rows(model, suffix, reference, repeats=5):
     shared = ids(SHARED)
     caches = {}
     for arm in HIT_ARMS:
-        engine = _engine(model, arm[0], SHARED + suffix + 1)
+        engine = _engine(model, *arm, SHARED + suffix + 1)
         caches[arm] = EnginePrefixCache(engine, block_size=BLOCK)
         with torch.no_grad():
             slot, _, _ = caches[arm].admit(shared)
@@ -137,9 +135,13 @@ def hit_rows(model, suffix, reference, repeats=5):
     return rows
 
 
-def _engine(model, strategy, max_len):
+def _engine(model, strategy, arm, max_len):
+    """The TTFT bench's engine (reference path, no graphs), or for ``fused kernels`` the fused
+    path's, with ``prefill_kernels`` in the kernel arms."""
+    kernels = arm in ("triton scan", "fused kernels")
     return DecodeEngine(model, 1, max_len, strategy, log_length=16, max_verify=1,
-                        prefill_chunk=256, fused=False, graphs=False)  # fmt: skip
+                        prefill_chunk=256, fused=arm == "fused kernels", graphs=False,
+                        prefill_kernels=kernels)  # fmt: skip
 
 
 def _rows(kind, T, times, logits, want):
@@ -166,7 +168,7 @@ def main(argv=None):
     p.add_argument("--preset", default="8b-layers", help="model size (tiny: a CPU smoke run)")
     p.add_argument(
         "--arms",
-        default="default,triton scan",
+        default="default,triton scan,fused kernels",
         help=f"comma-separated arms of {ARMS} (each under snapshot and replay; the token "
         f"loop and fold by fold are earlier defaults)",
     )

@@ -6,12 +6,18 @@ Snapshot and recompute end with the state after the prompt. Replay logs every to
 its log L entries at a time with the fold decode uses, so the checkpoint lands on the decode
 grid (the largest multiple of L) with the same bits a decode of those tokens would fold to.
 
+Under ``prefill_kernels`` on the fused path (NemotronH layouts) a chunk runs the fused
+decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one kernel,
+the gated norm and the MLP's relu2 in one each, and the Mamba-2 scan in one launch
+(``kernels.ssd_chunked``); the conv, the strategy's scan and attention stay those above.
+
 Shapes: prompt (T0,) ids; a chunk's hidden (1, C, D); logits (vocab,).
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from replaylab.kv import attend
 from replaylab.recurrent import LayerState, window_after
@@ -47,14 +53,18 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
         end = min(T0, pos + C)
         if block:
             end = min(end, (pos // block + 1) * block)
-        h = model.model.embeddings(prompt[None, pos:end])
-        for i, layer in enumerate(model.model.layers):
-            x = layer.norm(h)
-            if cfg.pattern[i] == "*":
-                h = h + _attention(e, i, x, slot, pos)
-            else:  # a recurrent mixer through the pools, or an MLP (no memory)
-                h = h + layer.mixer(x, pools)
-        policy.prefill_chunk_done(slot, h.shape[1])
+        if e.fused and e.prefill_kernels:
+            x = _chunk_fused(e, prompt[None, pos:end], slot, pos, carried, logged)
+        else:
+            h = model.model.embeddings(prompt[None, pos:end])
+            for i, layer in enumerate(model.model.layers):
+                x = layer.norm(h)
+                if cfg.pattern[i] == "*":
+                    h = h + _attention(e, i, x, slot, pos)
+                else:  # a recurrent mixer through the pools, or an MLP (no memory)
+                    h = h + layer.mixer(x, pools)
+            x = model.model.norm_f(h)
+        policy.prefill_chunk_done(slot, end - pos)
         pos = end
         if record is not None and block and pos % block == 0:
             record["states"][pos] = {
@@ -66,7 +76,37 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
             l: {k: torch.cat([c[k] for c in chunks], 1) for k in e.ssm[l].node_fields}
             for l, chunks in logged.items()
         }
-    return model.lm_head(model.model.norm_f(h[:, -1]))[0]
+    return model.lm_head(x[:, -1])[0]
+
+
+def _chunk_fused(engine, ids, slot, start, carried, logged):
+    """One chunk (1, T) ids through the fused decode's kernels -> the final norm's output (1,
+    T, D): ``serving.fused.forward_fused``'s order of kernels, with the slot's pools; the
+    matrix products are torch's, as the reference prefill's."""
+    from replaylab.kernels.decode import add_rmsnorm, gated_rmsnorm, relu2
+
+    e, model, c = engine, engine.model, engine.cfg
+    layers = model.model.layers
+    norms = [block.norm for block in layers[1:]] + [model.model.norm_f]
+    h, x = add_rmsnorm(model.model.embeddings(ids), layers[0].norm.weight, layers[0].norm.eps)
+    T = ids.shape[1]
+    for i, block in enumerate(layers):
+        kind = c.pattern[i]
+        if kind == "M":
+            mixer, inner = block.mixer, c.ssm_heads * c.ssm_head_dim
+            zx = F.linear(x, mixer.in_proj.weight)
+            gate, xBC, dt = zx.split([inner, c.conv_dim, c.ssm_heads], dim=-1)
+            y = _advance(e, i, {"xBC": xBC, "dt": dt}, slot, carried, logged)
+            y = gated_rmsnorm(y.reshape(T, inner).contiguous(), gate.reshape(T, inner),
+                              mixer.norm.weight, c.n_groups, mixer.norm.eps)  # fmt: skip
+            out = F.linear(y, mixer.out_proj.weight)[None]
+        elif kind == "*":
+            out = _attention(e, i, x, slot, start)
+        else:
+            mlp = block.mixer
+            out = F.linear(relu2(F.linear(x, mlp.up_proj.weight)), mlp.down_proj.weight)
+        h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
+    return x
 
 
 def _advance(engine, layer, inputs, slot, carried, logged=None):
