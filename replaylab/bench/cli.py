@@ -407,6 +407,7 @@ def _prefix_ttft(args):
         "prefill_chunk": args.prefill_chunk,
         "warm_up": args.warm_up,
         "prefill_kernels": True if args.prefill_kernels else None,
+        "fused": True if args.fused else None,
     }
     overrides = {k: v for k, v in fields.items() if v is not None}
     cuda = torch.cuda.is_available() and args.device != "cpu"
@@ -740,6 +741,11 @@ def add_bench_parser(subparsers):
         "--prefill-kernels",
         action="store_true",
         help="--ttft: the engine's prefill_kernels (the Mamba-2 prompt scan in Triton)",
+    )
+    px.add_argument(
+        "--fused",
+        action="store_true",
+        help="--ttft: the engine's fused path (its prefill too, with --prefill-kernels)",
     )
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)

@@ -304,6 +304,7 @@ TTFT_PRESETS = {
         prefill_chunk=64,
         warm_up=1,
         prefill_kernels=False,
+        fused=False,
     ),
     "gpu": dict(
         model="8b-layers",
@@ -315,6 +316,7 @@ TTFT_PRESETS = {
         prefill_chunk=256,
         warm_up=1,
         prefill_kernels=False,
+        fused=False,
     ),
 }
 
@@ -376,8 +378,9 @@ def run_engine_ttft(
 ) -> dict:
     """Time to first token in the serving engine, cold against a prefix hit, per strategy.
 
-    A ``DecodeEngine`` (reference path: fused=False, graphs=False; prefill, which TTFT times,
-    runs the same modules on either path; bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
+    A ``DecodeEngine`` (graphs=False; the reference path unless ``fused``; the prefill,
+    which TTFT times, runs the teaching modules on either path unless ``prefill_kernels``;
+    bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
     ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids
     (four requests each: kernels compiled, the allocator warm), the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
@@ -442,7 +445,7 @@ def run_engine_ttft(
             log_length=run["log_length"],
             max_verify=1,
             prefill_chunk=run["prefill_chunk"],
-            fused=False,
+            fused=run["fused"],
             graphs=False,
             prefill_kernels=run["prefill_kernels"],
         )
