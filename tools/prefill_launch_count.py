@@ -1,0 +1,119 @@
+"""Device operations a cold admission launches, counted on CPU: the serving engine's prefill is
+host-bound on the GPU (``data/prefill_profile.json``: the device busy 23-26 ms of a 98-155 ms
+admission, some 2,900 operations launched one by one), so the operations it launches set its
+host time. Counted here: every PyTorch operation but views and allocations (a
+``TorchDispatchMode``; allocations, which launch nothing, are counted apart) and every Triton
+kernel launch (the interpreter's ``run``), for one admission of a T-token prompt after
+a warm-up, per strategy and prefill arm:
+
+- ``default``: the teaching modules, the spec's chunked scan in PyTorch;
+- ``triton scan``: ``DecodeEngine(prefill_kernels=True)``, the Mamba-2 scan in one launch;
+- ``fused kernels``: the same on the fused path, whose chunks also run the fused decode's
+  norm and MLP kernels.
+
+The model has ``8b-layers``' block layout ("M-M*-M-") at small widths (the operations do not
+depend on the widths); the engine is the TTFT bench's (L = 16, chunks of 256, no graphs) with
+``use_kernels=True`` as on a GPU (replay folds through its Triton kernel there).
+
+    python tools/prefill_launch_count.py OUT.json [--tokens 2048]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import replaylab  # noqa: F401 (sets TRITON_INTERPRET on a machine without a GPU)
+from replaylab.bench.provenance import write_tool_result
+from replaylab.model import PRESETS, HybridConfig, HybridLM
+from replaylab.serving import DecodeEngine
+
+VIEWS = {"view", "_unsafe_view", "unsqueeze", "squeeze", "permute", "select", "slice", "t",
+         "expand", "transpose", "alias", "split", "split_with_sizes", "unflatten", "detach",
+         "as_strided", "reshape", "unbind", "chunk", "narrow", "view_as", "lift_fresh"}  # fmt: skip
+ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+ARMS = {"default": dict(), "triton scan": dict(prefill_kernels=True),
+        "fused kernels": dict(prefill_kernels=True, fused=True)}  # fmt: skip
+
+
+class _Launches(TorchDispatchMode):
+    """Counts non-view aten operations; Triton launches are counted by ``_count_triton``."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = collections.Counter()
+        self.inside_kernel = 0  # the interpreter's own tensor work is the kernel, not launches
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name not in VIEWS and not self.inside_kernel:
+            self.ops[name] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _count_triton(mode):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    run = InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        if not kwargs.get("warmup") and not mode.inside_kernel:
+            mode.ops[f"triton:{self.fn.__name__}"] += 1
+        mode.inside_kernel += 1
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            mode.inside_kernel -= 1
+
+    InterpretedFunction.run = counted
+    return lambda: setattr(InterpretedFunction, "run", run)
+
+
+def count(model, strategy, arm, prompt):
+    kw = dict(log_length=16, max_verify=1, prefill_chunk=256, use_kernels=True, graphs=False)
+    kw.update({"fused": False, **ARMS[arm]})
+    engine = DecodeEngine(model, 1, prompt.numel() + 1, strategy, **kw)
+    with torch.no_grad():
+        engine.retire(engine.admit(prompt)[0])  # warm-up
+        mode = _Launches()
+        restore = _count_triton(mode)
+        try:
+            with mode:
+                engine.retire(engine.admit(prompt)[0])
+        finally:
+            restore()
+    return mode.ops
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--tokens", type=int, default=2048)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    widths = dict(hidden_size=256, ssm_heads=8, ssm_head_dim=32, d_state=32, n_groups=2,
+                  attn_heads=4, kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=1000)  # fmt: skip
+    cfg = HybridConfig(**{**PRESETS["8b-layers"], **widths})
+    model = HybridLM(cfg, seed=0).eval()
+    prompt = torch.randint(
+        0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)
+    )
+    rows = []
+    for strategy in ("snapshot", "replay"):
+        for arm in ARMS:
+            ops = count(model, strategy, arm, prompt)
+            triton_n = sum(v for k, v in ops.items() if k.startswith("triton:"))
+            allocs = sum(ops.pop(k, 0) for k in ALLOCATIONS)
+            rows.append(dict(strategy=strategy, arm=arm, tokens=args.tokens, pattern=cfg.pattern,
+                             launches=sum(ops.values()), triton_launches=triton_n,
+                             allocations=allocs, top=dict(ops.most_common(12))))  # fmt: skip
+            print(f"{strategy:8s} {arm:13s} {sum(ops.values()):6d} launches "
+                  f"({triton_n} Triton), {allocs} allocations", flush=True)  # fmt: skip
+    write_tool_result(args.out, "prefill_launch_count.py", rows)
+
+
+if __name__ == "__main__":
+    main()
