@@ -133,7 +133,7 @@ def ssd_chunked_scan(
     initial_state=None,
     chunk_size=64,
     block_p=None,
-    num_warps=4,
+    num_warps=8,  # the state, B and C tiles in registers: 4 warps would spill at N = 128
     precision="ieee",
 ) -> ScanResult:
     """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
