@@ -142,3 +142,20 @@ def test_the_engine_prefills_with_its_kernels_under_every_strategy(fused):
                 out.append(logits)
             for i, (a, b) in enumerate(zip(got, want)):
                 assert_close(a, b, atol=1e-4, rtol=1e-4, name=f"{strategy} output {i}")
+
+
+def test_the_committed_launch_counts_and_their_table_in_the_data_readme():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "data" / "prefill_launch_count_cpu.json").read_text())
+    assert {"device", "versions", "date", "command", "commit"} <= set(result)
+    count = {(r["strategy"], r["arm"]): r["launches"] for r in result["rows"]}
+    for strategy in ("snapshot", "replay"):  # each kernel path launches fewer operations
+        assert count[(strategy, "fused kernels")] < count[(strategy, "triton scan")]
+        assert count[(strategy, "triton scan")] < count[(strategy, "default")]
+        row = f"| {strategy} | " + " | ".join(
+            f"{count[(strategy, arm)]:,}" for arm in ("default", "triton scan", "fused kernels")
+        )
+        assert row + " |" in (root / "data" / "README.md").read_text()
