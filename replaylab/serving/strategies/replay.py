@@ -157,20 +157,20 @@ class EngineReplay(EngineStrategy):
         the ring."""
         e, table, L = self.engine, self.engine.table, self.engine.L
         n, head = table.log_len[slot], table.head[slot]
-        held = (head + torch.arange(n, device=e.device)) % table.capacity
-        log = {  # (1, n + T, ...): the ring's entries, then the chunk's in the log's dtype
-            k: torch.cat([buf[slot, held], entries[k][0].to(buf.dtype)])[None]
-            for k, buf in pool.log.items()
-        }
+        log = {k: entries[k].to(buf.dtype) for k, buf in pool.log.items()}  # (1, T, ...)
+        if n:  # the ring's entries first (a chunk that starts on the grid has none)
+            held = (head + torch.arange(n, device=e.device)) % table.capacity
+            log = {k: torch.cat([buf[slot, held], log[k][0]])[None] for k, buf in pool.log.items()}
         total = next(iter(log.values())).shape[1]
         folded = total // L * L
         if folded:
             one = slice(slot, slot + 1)
             grid = {k: t[:, :folded] for k, t in log.items()}
             pool.state[one] = self.fold_grid(pool, pool.state[one], grid)
-        rows = (head + torch.arange(folded, total, device=e.device)) % table.capacity
-        for k, buf in pool.log.items():
-            buf[slot, rows] = log[k][0, folded:]
+        if folded < total:  # the entries past the last fold stay in the ring
+            rows = (head + torch.arange(folded, total, device=e.device)) % table.capacity
+            for k, buf in pool.log.items():
+                buf[slot, rows] = log[k][0, folded:]
 
     def prefill_chunk_done(self, slot, T):
         folds = self.engine.table.fold_chunk(slot, T)
