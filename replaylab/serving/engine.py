@@ -90,7 +90,9 @@ class DecodeEngine:
     depend on the row count, so a verify rounds as decode steps do; default on a GPU) or
     "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
     prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
-    where it has one (Mamba-2: ``kernels.ssd_chunked``), under every strategy (default off).
+    (Mamba-2: ``kernels.ssd_chunked``; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
+    ``kernels.gdn_scan``, with replay's corrected updates in the same launch), under every
+    strategy (default off).
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).

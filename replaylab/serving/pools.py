@@ -290,6 +290,7 @@ class Mamba1Pool(RecurrentPool):
     D and dt_bias are processed once in fp32."""
 
     serves_kernels = True
+    serves_prompt_kernel = True
     kernel_fields = ("x", "dt", "B")
 
     def __init__(self, mixer, *args):
@@ -297,6 +298,14 @@ class Mamba1Pool(RecurrentPool):
         p = self.spec.params()
         self.A = p.A.detach().float().contiguous()
         self.D, self.dt_bias = p.D.detach().float(), p.dt_bias.detach().float()
+
+    def scan_prompt(self, state, entries):
+        if not self.prompt_kernel:
+            return super().scan_prompt(state, entries)
+        from replaylab.kernels.s6_scan import s6_prompt_scan
+
+        x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
+        return s6_prompt_scan(x, dt, self.A, B, C, self.D, self.dt_bias, initial_state=state)
 
     def replay(self, entries, rows, log_len, head, counts):
         from replaylab.kernels.mamba1 import replay_step
@@ -332,6 +341,7 @@ class GDNPool(RecurrentPool):
     corrected update u (H, V) fp32 and g (H,) fp32 (``kernels.gdn``)."""
 
     serves_kernels = True
+    serves_prompt_kernel = True
     kernel_fields = ("k", "u", "g")
 
     def entry_layout(self, entries, field):
@@ -339,9 +349,23 @@ class GDNPool(RecurrentPool):
             return tuple(self.spec.state_shape[::2]), torch.float32
         return entries[field]
 
+    def _prompt_kernel_scan(self, state, entries, updates):
+        from replaylab.kernels.gdn_scan import gdn_prompt_scan
+
+        fields = (entries[f] for f in ("q", "k", "v", "g", "beta"))
+        return gdn_prompt_scan(*fields, initial_state=state, return_updates=updates)
+
+    def scan_prompt(self, state, entries):
+        if not self.prompt_kernel:
+            return super().scan_prompt(state, entries)
+        return self._prompt_kernel_scan(state, entries, updates=False)
+
     def logged_scan(self, state, entries):
         if not self.kernels:
             return super().logged_scan(state, entries)
+        if self.prompt_kernel:  # the outputs and u in one launch
+            result = self._prompt_kernel_scan(state, entries, updates=True)
+            return result, dict(entries, u=result.updates)
         result, u = self.spec.scan_with_updates(state, entries, prompt=True)  # one pass for both
         return result, dict(entries, u=u)
 
