@@ -88,30 +88,54 @@ def count(model, strategy, arm, prompt):
     return mode.ops
 
 
+def layouts(families):
+    """name -> (HybridConfig at small widths, the arms that apply)."""
+    small = dict(hidden_size=256, attn_heads=4, kv_heads=2, head_dim=64, intermediate_size=512,
+                 vocab_size=1000)  # fmt: skip
+    mamba2 = dict(ssm_heads=8, ssm_head_dim=32, d_state=32, n_groups=2)
+    out = {"8b-layers": (HybridConfig(**{**PRESETS["8b-layers"], **small, **mamba2}), tuple(ARMS))}
+    if families:
+        from replaylab.gated_deltanet import GDNConfig
+        from replaylab.mamba1 import Mamba1Config
+
+        gdn = GDNConfig(k_heads=2, v_heads=4, k_head_dim=16, v_head_dim=16, d_conv=4)
+        out["qwen3.5-9b-layers"] = (
+            HybridConfig(
+                pattern="G-G-G-*-", gdn=gdn, attention="gated", rotary_dim=16, mlp="swiglu", **small
+            ),  # fmt: skip
+            ("default", "triton scan"),
+        )
+        s6 = Mamba1Config(d_inner=64, d_state=16, d_conv=4, dt_rank=8)
+        out["jamba-1.5-mini-layers"] = (
+            HybridConfig(pattern="S-S-S-*-", mamba1=s6, mlp="swiglu", **small),
+            ("default", "triton scan"),
+        )
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--families", action="store_true", help="the Qwen3.5 and Jamba layouts too")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    widths = dict(hidden_size=256, ssm_heads=8, ssm_head_dim=32, d_state=32, n_groups=2,
-                  attn_heads=4, kv_heads=2, head_dim=64, intermediate_size=512, vocab_size=1000)  # fmt: skip
-    cfg = HybridConfig(**{**PRESETS["8b-layers"], **widths})
-    model = HybridLM(cfg, seed=0).eval()
-    prompt = torch.randint(
-        0, cfg.vocab_size, (args.tokens,), generator=torch.Generator().manual_seed(0)
-    )
     rows = []
-    for strategy in ("snapshot", "replay"):
-        for arm in ARMS:
-            ops = count(model, strategy, arm, prompt)
-            triton_n = sum(v for k, v in ops.items() if k.startswith("triton:"))
-            allocs = sum(ops.pop(k, 0) for k in ALLOCATIONS)
-            rows.append(dict(strategy=strategy, arm=arm, tokens=args.tokens, pattern=cfg.pattern,
-                             launches=sum(ops.values()), triton_launches=triton_n,
-                             allocations=allocs, top=dict(ops.most_common(12))))  # fmt: skip
-            print(f"{strategy:8s} {arm:13s} {sum(ops.values()):6d} launches "
-                  f"({triton_n} Triton), {allocs} allocations", flush=True)  # fmt: skip
+    for name, (cfg, arms) in layouts(args.families).items():
+        model = HybridLM(cfg, seed=0).eval()
+        gen = torch.Generator().manual_seed(0)
+        prompt = torch.randint(0, cfg.vocab_size, (args.tokens,), generator=gen)
+        for strategy in ("snapshot", "replay"):
+            for arm in arms:
+                ops = count(model, strategy, arm, prompt)
+                triton_n = sum(v for k, v in ops.items() if k.startswith("triton:"))
+                allocs = sum(ops.pop(k, 0) for k in ALLOCATIONS)
+                rows.append(dict(layout=name, strategy=strategy, arm=arm, tokens=args.tokens,
+                                 pattern=cfg.pattern, launches=sum(ops.values()),
+                                 triton_launches=triton_n, allocations=allocs,
+                                 top=dict(ops.most_common(12))))  # fmt: skip
+                print(f"{name:22s} {strategy:8s} {arm:13s} {sum(ops.values()):6d} launches "
+                      f"({triton_n} Triton), {allocs} allocations", flush=True)  # fmt: skip
     write_tool_result(args.out, "prefill_launch_count.py", rows)
 
 
