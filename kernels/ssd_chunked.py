@@ -133,13 +133,14 @@ def ssd_chunked_scan(
     initial_state=None,
     chunk_size=64,
     block_p=None,
-    num_warps=8,  # the state, B and C tiles in registers: 4 warps would spill at N = 128
-    precision="ieee",
+    num_warps=8,
+    precision="tf32x3",
 ) -> ScanResult:
     """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
     docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
     power of two of at least 16 (``tl.dot``'s smallest side). ``precision``: ``tl.dot``'s
-    input precision ("ieee": fp32 products; "tf32" and "tf32x3" trade accuracy for speed)."""
+    input precision: "tf32x3" (three TF32 products, about fp32's accuracy on tensor cores),
+    "ieee" (fp32 products on the CUDA cores) or "tf32" (one TF32 product)."""
     if x.dim() != 4:
         raise ValueError(f"x: expected (batch, T, H, P), got shape {tuple(x.shape)}")
     batch, T, H, P = x.shape

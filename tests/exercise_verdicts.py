@@ -21,8 +21,6 @@ import uuid
 from collections import defaultdict
 from pathlib import Path
 
-import nbformat
-
 MARK = "REPLAYLAB_EXERCISE_RESULTS "
 REPORT = (
     "import json as _json\n"
@@ -34,6 +32,8 @@ _RUN_ID = uuid.uuid4().hex  # one session without xdist
 
 
 def exercise_count(path) -> int:
+    import nbformat  # here, not at import: the conftest loads this module on machines without it
+
     from replaylab.teaching.exercises import exercise_cells
 
     return len(exercise_cells(nbformat.read(path, as_version=4)))
@@ -95,6 +95,8 @@ def add_stub_verdict_item():
         yield from cells
         n = exercise_count(str(self.fspath))
         if n:
+            import nbformat
+
             cell = nbformat.v4.new_code_cell(REPORT)
             item = StubVerdicts.from_parent(
                 self,
