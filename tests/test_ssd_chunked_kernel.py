@@ -159,3 +159,48 @@ def test_the_committed_launch_counts_and_their_table_in_the_data_readme():
             f"{count[(strategy, arm)]:,}" for arm in ("default", "triton scan", "fused kernels")
         )
         assert row + " |" in (root / "data" / "README.md").read_text()
+
+
+def test_the_default_scans_prompts_with_kernels_on_a_gpu_for_mamba2_only():
+    """prefill_kernels=None: on a GPU the Mamba-2 pools scan prompts with the kernel (timed
+    faster in the engine, data/README.md), the other families' stay opt-in; on CPU none does."""
+    from replaylab.gated_deltanet import GDNConfig
+    from replaylab.mamba1 import Mamba1Config
+    from replaylab.model import HybridConfig, HybridLM
+    from replaylab.serving import DecodeEngine
+
+    cfg = HybridConfig(
+        pattern="MSG*-", ssm_heads=2, ssm_head_dim=8, d_state=8, n_groups=1,
+        mamba1=Mamba1Config(d_inner=16, d_state=4, dt_rank=4),
+        gdn=GDNConfig(k_heads=1, v_heads=2, k_head_dim=8, v_head_dim=6), vocab_size=50,
+        hidden_size=32, attn_heads=2, kv_heads=1, head_dim=16, intermediate_size=64,
+    )  # fmt: skip
+    model = HybridLM(cfg, seed=0).eval().to(DEVICE)
+    on_gpu = DEVICE == "cuda"
+    engine = DecodeEngine(model, 1, 32, "replay", graphs=False)
+    assert engine.prefill_kernels == on_gpu
+    kinds = {p.spec.family: p.prompt_kernel for p in engine.ssm.values()}
+    assert kinds == {"mamba2": on_gpu, "mamba1": False, "gated_deltanet": False}
+    every = DecodeEngine(model, 1, 32, "replay", graphs=False, use_kernels=True,
+                         prefill_kernels=True)  # fmt: skip
+    assert all(p.prompt_kernel for p in every.ssm.values())
+
+
+def test_the_committed_gpu_probe_and_its_table_in_the_data_readme():
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = json.loads((root / "data" / "prefill_kernel_probe.json").read_text())
+    assert {"device", "versions", "date", "command", "commit"} <= set(result)
+    ms = {(r["kind"], r["strategy"], r["arm"]): 1e3 * r["seconds"] for r in result["rows"]}
+    text = (root / "data" / "README.md").read_text()
+    labels = {"cold": "cold, 2,048 tokens", "hit": "hit, 2,000 shared + 48"}
+    for kind, label in labels.items():
+        for strategy in ("snapshot", "replay"):
+            base = ms[(kind, strategy, "default")]
+            cells = [f"{base:.1f} ms"] + [
+                f"{ms[(kind, strategy, arm)]:.1f} ms ({base / ms[(kind, strategy, arm)]:.2f}x)"
+                for arm in ("triton scan", "fused kernels")
+            ]
+            assert f"| {label} | {strategy} | " + " | ".join(cells) + " |" in text

@@ -6,7 +6,8 @@ host time. Counted here: every PyTorch operation but views and allocations (a
 kernel launch (the interpreter's ``run``), for one admission of a T-token prompt after
 a warm-up, per strategy and prefill arm:
 
-- ``default``: the teaching modules, the spec's chunked scan in PyTorch;
+- ``default``: the teaching modules, the spec's chunked scan in PyTorch (``prefill_kernels=False``,
+  the default until 2026-12-05, and on CPU still);
 - ``triton scan``: ``DecodeEngine(prefill_kernels=True)``, the Mamba-2 scan in one launch;
 - ``fused kernels``: the same on the fused path, whose chunks also run the fused decode's
   norm and MLP kernels.
@@ -35,7 +36,7 @@ VIEWS = {"view", "_unsafe_view", "unsqueeze", "squeeze", "permute", "select", "s
          "expand", "transpose", "alias", "split", "split_with_sizes", "unflatten", "detach",
          "as_strided", "reshape", "unbind", "chunk", "narrow", "view_as", "lift_fresh"}  # fmt: skip
 ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
-ARMS = {"default": dict(), "triton scan": dict(prefill_kernels=True),
+ARMS = {"default": dict(prefill_kernels=False), "triton scan": dict(prefill_kernels=True),
         "fused kernels": dict(prefill_kernels=True, fused=True)}  # fmt: skip
 
 

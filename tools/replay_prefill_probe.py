@@ -7,9 +7,10 @@ row is the median of 5 admissions after a warm-up.
 - ``hit``: a prompt that extends a 2,000-token shared prompt already in the prefix cache by a
   fresh suffix each time (the hit resumes off the block grid).
 
-The arms (``--arms``): ``default`` as the tree is; ``triton scan`` the prompt chunks' Mamba-2
-scan in one Triton launch a layer and chunk (``DecodeEngine(prefill_kernels=True)``,
-``replaylab.kernels.ssd_chunked``) instead of PyTorch's chunked form; ``fused kernels`` that
+The arms (``--arms``): ``default`` as the tree is; ``torch scan`` the prompt chunks' Mamba-2
+scan in PyTorch's chunked form (``DecodeEngine(prefill_kernels=False)``, the default until
+2026-12-05); ``triton scan`` in one Triton launch a layer and chunk (``prefill_kernels=True``,
+``replaylab.kernels.ssd_chunked``; on a GPU the default since 2026-12-05); ``fused kernels`` that
 on the fused path's engine, whose prefill chunks also run the fused decode's norm and MLP
 kernels; ``fold by fold`` replay folding L entries at a time,
 one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
@@ -40,7 +41,7 @@ from replaylab.cache import CacheConfig
 from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine, EnginePrefixCache
 
-ARMS = ("default", "triton scan", "fused kernels", "fold by fold", "token loop")
+ARMS = ("default", "torch scan", "triton scan", "fused kernels", "fold by fold", "token loop")
 COLD_ARMS = [("snapshot", "default"), ("snapshot", "triton scan"), ("replay", "default"),
              ("replay", "triton scan")]  # fmt: skip
 HIT_ARMS = COLD_ARMS
@@ -137,8 +138,8 @@ def hit_rows(model, suffix, reference, repeats=5):
 
 def _engine(model, strategy, arm, max_len):
     """The TTFT bench's engine (reference path, no graphs), or for ``fused kernels`` the fused
-    path's, with ``prefill_kernels`` in the kernel arms."""
-    kernels = arm in ("triton scan", "fused kernels")
+    path's; ``prefill_kernels`` on in the kernel arms, off in the others but ``default``."""
+    kernels = {"default": None, "triton scan": True, "fused kernels": True}.get(arm, False)
     return DecodeEngine(model, 1, max_len, strategy, log_length=16, max_verify=1,
                         prefill_chunk=256, fused=arm == "fused kernels", graphs=False,
                         prefill_kernels=kernels)  # fmt: skip
@@ -168,7 +169,7 @@ def main(argv=None):
     p.add_argument("--preset", default="8b-layers", help="model size (tiny: a CPU smoke run)")
     p.add_argument(
         "--arms",
-        default="default,triton scan,fused kernels",
+        default="torch scan,default,fused kernels",
         help=f"comma-separated arms of {ARMS} (each under snapshot and replay; the token "
         f"loop and fold by fold are earlier defaults)",
     )

@@ -406,7 +406,7 @@ def _prefix_ttft(args):
         "log_length": args.log_length,
         "prefill_chunk": args.prefill_chunk,
         "warm_up": args.warm_up,
-        "prefill_kernels": True if args.prefill_kernels else None,
+        "prefill_kernels": {"on": True, "off": False}.get(args.prefill_kernels),
         "fused": True if args.fused else None,
     }
     overrides = {k: v for k, v in fields.items() if v is not None}
@@ -739,13 +739,15 @@ def add_bench_parser(subparsers):
     px.add_argument("--prefill-chunk", type=int, default=None, help="--ttft: prefill chunk")
     px.add_argument(
         "--prefill-kernels",
-        action="store_true",
-        help="--ttft: the engine's prefill_kernels (the Mamba-2 prompt scan in Triton)",
+        choices=["on", "off"],
+        default=None,
+        help="--ttft: the engine's prefill_kernels (the recurrent prompt scans in Triton; "
+        "default: the engine's, on a GPU)",
     )
     px.add_argument(
         "--fused",
         action="store_true",
-        help="--ttft: the engine's fused path (its prefill too, with --prefill-kernels)",
+        help="--ttft: the engine's fused path (its prefill too, under prefill_kernels)",
     )
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
     px.set_defaults(run=_prefix)

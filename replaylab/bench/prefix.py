@@ -303,7 +303,7 @@ TTFT_PRESETS = {
         log_length=8,
         prefill_chunk=64,
         warm_up=1,
-        prefill_kernels=False,
+        prefill_kernels=None,
         fused=False,
     ),
     "gpu": dict(
@@ -315,7 +315,7 @@ TTFT_PRESETS = {
         log_length=16,
         prefill_chunk=256,
         warm_up=1,
-        prefill_kernels=False,
+        prefill_kernels=None,
         fused=False,
     ),
 }
@@ -379,7 +379,8 @@ def run_engine_ttft(
     """Time to first token in the serving engine, cold against a prefix hit, per strategy.
 
     A ``DecodeEngine`` (graphs=False; the reference path unless ``fused``; the prefill,
-    which TTFT times, runs the teaching modules on either path unless ``prefill_kernels``;
+    which TTFT times, runs the engine's ``prefill_kernels`` (None: its default; False: the
+    teaching modules on either path);
     bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
     ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids

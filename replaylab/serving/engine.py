@@ -91,8 +91,10 @@ class DecodeEngine:
     "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
     prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
     (Mamba-2: ``kernels.ssd_chunked``; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
-    ``kernels.gdn_scan``, with replay's corrected updates in the same launch), under every
-    strategy (default off).
+    ``kernels.gdn_scan``, with replay's corrected updates in the same launch) under every
+    strategy, and on the fused path the chunks through its norm and MLP kernels. True: every
+    family's; default: on a GPU, the families whose pools say ``prompt_kernel_default``
+    (Mamba-2; the others' are opt-in until timed in the engine).
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).
@@ -118,7 +120,7 @@ class DecodeEngine:
         matmul=None,
         prefill_chunk=256,
         batch_invariant=True,
-        prefill_kernels=False,
+        prefill_kernels=None,
     ):
         kind = strategy_class(strategy)
         cfg = model.cfg
@@ -149,9 +151,11 @@ class DecodeEngine:
         }
         for pool in self.ssm.values() if self.batch_invariant else ():
             pool.launch = pool.batch_invariant_launch()
-        self.prefill_kernels = bool(prefill_kernels)
+        cuda = self.device.type == "cuda"
+        self.prefill_kernels = cuda if prefill_kernels is None else bool(prefill_kernels)
         for pool in self.ssm.values():
-            pool.prompt_kernel = self.prefill_kernels and pool.serves_prompt_kernel
+            wanted = pool.prompt_kernel_default if prefill_kernels is None else True
+            pool.prompt_kernel = self.prefill_kernels and wanted and pool.serves_prompt_kernel
         self.kv = {
             l: KVPool(cfg, slots, max_len + Tm, self.dtype, self.device) for l in cfg.attn_layers
         }

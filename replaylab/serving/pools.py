@@ -83,6 +83,7 @@ class RecurrentPool:
 
     serves_kernels = False  # whether the family's pool runs replay through Triton kernels
     serves_prompt_kernel = False  # whether it scans prompt chunks in one Triton launch
+    prompt_kernel_default = False  # whether the engine's default (on a GPU) uses it
     kernel_fields = ()  # the log fields the kernels append themselves
 
     def __init__(
@@ -216,7 +217,7 @@ class Mamba2Pool(RecurrentPool):
     (A = -exp(A_log), D, dt_bias in fp32; the engine serves frozen weights)."""
 
     serves_kernels = True
-    serves_prompt_kernel = True
+    serves_prompt_kernel = prompt_kernel_default = True
     kernel_fields = ("x", "dt", "B", "C")
 
     def __init__(self, mixer, *args):
