@@ -229,3 +229,19 @@ def test_the_draft_model_table_in_data_readme_matches_its_json():
                 f"{tps[2] / tps[1]:.2f}x | {row[2]['acceptance']:.3f} |"
             )
             assert line in text, line
+
+
+def test_the_prefill_kernel_sentence_matches_the_committed_probe():
+    import json
+
+    probe = json.loads((ROOT / "data" / "prefill_kernel_probe.json").read_text())
+    ms = {(r["kind"], r["strategy"], r["arm"]): 1e3 * r["seconds"] for r in probe["rows"]}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    torch_ms = [ms[("cold", s, "default")] for s in ("snapshot", "replay")]
+    fused_ms = [ms[("cold", s, "fused kernels")] for s in ("snapshot", "replay")]
+    assert probe["date"].startswith("2026-12-05") and probe["device"] == "NVIDIA H200"
+    assert (
+        f"took {torch_ms[0]:.1f} ms under snapshot and {torch_ms[1]:.1f} ms under replay with the "
+        f"PyTorch scan, {fused_ms[0]:.1f} ms and {fused_ms[1]:.1f} ms with the fused path's "
+        f"kernels: {torch_ms[0] / fused_ms[0]:.2f}x and {torch_ms[1] / fused_ms[1]:.2f}x"
+    ) in text
