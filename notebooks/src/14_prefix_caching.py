@@ -52,6 +52,7 @@ from replaylab.teaching.exercises_prefix import (
 from replaylab.teaching.plotting import use_notebook_renderer
 from replaylab.teaching.plotting_prefix import (
     LABELS,
+    TTFT_KERNEL_RESULTS,
     TTFT_RESULTS,
     PrefixExplorer,
     hit_rate_figure,
@@ -466,6 +467,30 @@ offgrid_answer = None  # prompt tokens per request
 
 # %%
 ex.check_offgrid_extra_tokens(offgrid_answer);
+
+# %% [markdown]
+# Where replay's cold prefill time goes: the runs above scanned each prompt chunk through the
+# teaching modules, a Mamba-2 layer's scan as many small PyTorch operations launched one by one,
+# so the GPU waited on the host. The engine now scans a chunk in one Triton launch a layer
+# (`DecodeEngine(prefill_kernels=...)`, on by default on a GPU for Mamba-2). The operations a
+# cold 2,048-token admission launches, counted on CPU (`tools/prefill_launch_count.py`), then
+# the same off-grid run twice in one device call, without and with those kernels:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for row in load_bench("data/prefill_launch_count_cpu.json")["rows"]:
+    if row["layout"] == "8b-layers":
+        print(f"{row['strategy']:9s} {row['arm']:14s} {row['launches']:5,d} operations")
+for result in (load_bench(path) for path in TTFT_KERNEL_RESULTS):
+    print("prefill kernels:", "on" if result["prefill_kernels"] else "off")
+    print("\n".join(ttft_rows(result)))
+
+# %% [markdown]
+# Every cold prefill got faster, replay's the most: its extra work (the log, the folds) was
+# mostly launches, not bytes. (The second run also took the fused path, whose prefill chunks
+# run its norm and MLP kernels.) Replay's hit still computes the fewest prompt tokens, but
+# against a faster cold prefill its cut is smaller, and align's hit is now a little faster
+# than replay's: time to first token is not tokens computed once the launches are gone.
 
 # %% [markdown]
 # ## Summary

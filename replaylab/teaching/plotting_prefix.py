@@ -37,6 +37,7 @@ __all__ = [
     "BLOCK_SIZES",
     "BUDGETS_KB",
     "TTFT_RESULTS",
+    "TTFT_KERNEL_RESULTS",
     "ttft_rows",
     "ttft_figure",
 ]
@@ -44,6 +45,11 @@ __all__ = [
 # The H200 time-to-first-token runs (``replaylab bench prefix --engine --ttft --preset gpu``): a
 # shared prompt on the block grid (2,048 tokens) and off it (2,000)
 TTFT_RESULTS = ("data/bench_prefix_ttft_gpu.json", "data/bench_prefix_ttft_offgrid_gpu.json")
+# the off-grid run twice in one device call: the prefill's PyTorch scans, then its kernels
+TTFT_KERNEL_RESULTS = (
+    "data/bench_prefix_ttft_offgrid_prefill_torch_gpu.json",
+    "data/bench_prefix_ttft_offgrid_prefill_kernels_gpu.json",
+)
 
 LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
 IDEAL = "attention-only ideal"
