@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -189,6 +189,22 @@ case "$mode" in
       --out "$OUT/bench_prefix_ttft_gpu.json" 2>&1 | tail -8
     timeout -s INT ${TTFT_S:-100} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
       --shared-tokens 2000 --out "$OUT/bench_prefix_ttft_offgrid_gpu.json" 2>&1 | tail -8 ;;
+  prefill-kernels)  # WHEELS=.whl-gpu2: the prompt-scan kernels (issue 38, item 1): their GPU tests,
+    # the scans alone per family, the engine's admissions per arm, TTFT with and without them
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 tests/test_ssd_chunked_kernel.py tests/test_gdn_scan_kernel.py tests/test_s6_scan_kernel.py tests/test_engine_prefix.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-90} $cmd; } >"$OUT/gpu_prefill_kernel_tests.log" 2>&1
+    tail -4 "$OUT/gpu_prefill_kernel_tests.log"
+    unset OMP_NUM_THREADS
+    timeout -s INT ${SCAN_S:-120} python3 tools/prompt_scan_bench.py "$OUT/prompt_scan_bench.json" \
+      --lengths ${SCAN_LENGTHS:-256,2048} 2>&1 | grep -v "^ " | tail -20
+    timeout -s INT ${PROBE_S:-120} python3 tools/replay_prefill_probe.py "$OUT/prefill_kernel_probe.json" \
+      --lengths 2048 --suffixes 48 --arms "torch scan,default,fused kernels" 2>&1 | tail -12
+    for k in off on; do
+      timeout -s INT ${TTFT_S:-70} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
+        --shared-tokens 2000 --fused --prefill-kernels $k \
+        --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5
+    done ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
