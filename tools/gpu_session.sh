@@ -200,7 +200,12 @@ case "$mode" in
       --lengths ${SCAN_LENGTHS:-256,2048} 2>&1 | grep -v "^ " | tail -20
     timeout -s INT ${PROBE_S:-120} python3 tools/replay_prefill_probe.py "$OUT/prefill_kernel_probe.json" \
       --lengths 2048 --suffixes 48 --arms "torch scan,default,fused kernels" 2>&1 | tail -12
-    for k in off on; do
+    for p in ${PROBE_FAMILIES:-}; do  # GDN / Mamba-1 layouts: their prompt kernels are opt-in
+      timeout -s INT ${FAMILY_PROBE_S:-90} python3 tools/replay_prefill_probe.py \
+        "$OUT/prefill_kernel_probe_$p.json" --preset $p --lengths 2048 --suffixes 48 \
+        --arms "default,triton scan" 2>&1 | tail -8
+    done
+    for k in ${TTFT_ARMS-off on}; do  # TTFT_ARMS= skips the TTFT runs
       timeout -s INT ${TTFT_S:-70} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
         --shared-tokens 2000 --fused --prefill-kernels $k \
         --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5

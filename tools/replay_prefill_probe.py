@@ -35,6 +35,9 @@ import time
 
 import torch
 
+from replaylab.bench.families import PRESETS as FAMILY_PRESETS
+from replaylab.bench.families import TINY_PRESETS as TINY_FAMILY_PRESETS
+from replaylab.bench.families import load_preset
 from replaylab.bench.provenance import write_tool_result
 from replaylab.bench.timing import sync
 from replaylab.cache import CacheConfig
@@ -139,7 +142,8 @@ def hit_rows(model, suffix, reference, repeats=5):
 def _engine(model, strategy, arm, max_len):
     """The TTFT bench's engine (reference path, no graphs), or for ``fused kernels`` the fused
     path's; ``prefill_kernels`` on in the kernel arms, off in the others but ``default``."""
-    kernels = {"default": None, "triton scan": True, "fused kernels": True}.get(arm, False)
+    kernels = {"default": None, "triton scan": True, "fused kernels": True,
+               "fold by fold": None}.get(arm, False)  # fold by fold: default's scan, its bits  # fmt: skip
     return DecodeEngine(model, 1, max_len, strategy, log_length=16, max_verify=1,
                         prefill_chunk=256, fused=arm == "fused kernels", graphs=False,
                         prefill_kernels=kernels)  # fmt: skip
@@ -166,7 +170,9 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--lengths", default="2048,2100")
     p.add_argument("--suffixes", default="48,100")
-    p.add_argument("--preset", default="8b-layers", help="model size (tiny: a CPU smoke run)")
+    p.add_argument("--preset", default="8b-layers",
+                   help="model size (tiny: a CPU smoke run), or a family layout of bench "
+                   "engine-families (qwen3.5-9b-layers, jamba-1.5-mini-layers, ...)")  # fmt: skip
     p.add_argument(
         "--arms",
         default="torch scan,default,fused kernels",
@@ -182,7 +188,11 @@ def main(argv=None):
                  if not (s == "snapshot" and a == "fold by fold")]  # fmt: skip
     HIT_ARMS = [(s, a) for s, a in COLD_ARMS if a != "fold by fold"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = HybridLM(preset(args.preset), seed=0).eval()  # as the TTFT bench builds it
+    if args.preset in {**FAMILY_PRESETS, **TINY_FAMILY_PRESETS}:
+        config = load_preset(args.preset)[1]  # the families bench's layouts (GDN, Mamba-1)
+    else:
+        config = preset(args.preset)
+    model = HybridLM(config, seed=0).eval()  # as the TTFT bench builds it
     if device.type == "cuda":
         model = model.to(device, torch.bfloat16)
     f64 = copy.deepcopy(model).double()  # the same (rounded) weights in float64
@@ -193,10 +203,18 @@ def main(argv=None):
             return f64(prompt.to(device)[None], cache)[0, -1].cpu()
 
     rows = []
-    for T in (int(t) for t in args.lengths.split(",") if t):
-        rows += cold_rows(model, T, reference)
-    for n in (int(t) for t in args.suffixes.split(",") if t):
-        rows += hit_rows(model, n, reference)
+    runs = [(cold_rows, int(t)) for t in args.lengths.split(",") if t]
+    runs += [(hit_rows, int(t)) for t in args.suffixes.split(",") if t]
+    for run, n in runs:
+        new = run(model, n, reference)
+        rows += new
+        _report(new)
+        write_tool_result(
+            args.out, "replay_prefill_probe.py", rows
+        )  # after each: a cut run keeps it
+
+
+def _report(rows):
     for row in rows:
         base = next(r for r in rows if r["kind"] == row["kind"] and r["tokens"] == row["tokens"]
                     and (r["strategy"], r["arm"]) == ("snapshot", "default"))  # fmt: skip
@@ -205,7 +223,6 @@ def main(argv=None):
               f"{row['seconds'] * 1e3:8.2f} ms {row['over_snapshot']:5.2f}x snapshot  "
               f"token {row['next_token']} (f64 {row['f64_next_token']}, margin "
               f"{row['f64_top2_margin_over_scale']:.1e}) err {row['logit_error_over_scale_vs_f64']:.1e}")  # fmt: skip
-    write_tool_result(args.out, "replay_prefill_probe.py", rows)
 
 
 if __name__ == "__main__":
