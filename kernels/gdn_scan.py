@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from replaylab.scan import ScanResult
+from replaylab.validation import as_power_of_two, check_tensor
 
 __all__ = ["gdn_prompt_scan"]
 
@@ -51,7 +52,7 @@ def _gdn_scan_kernel(
     WRITE_U: tl.constexpr,
 ):  # fmt: skip
     bh, vb = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), bh % H  # int64: b * stride may pass 2**31
     hk = h // heads_per_key
     offs_k = tl.arange(0, BLOCK_K)
     offs_v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -80,11 +81,6 @@ def _gdn_scan_kernel(
     tl.store(s_ptr, S, mask=mk[:, None] & mv[None, :])
 
 
-def _need(name, t, shape):
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-
-
 def gdn_prompt_scan(
     q, k, v, g, beta, *, initial_state=None, return_updates=False, block_v=None, num_warps=4
 ) -> ScanResult:
@@ -99,11 +95,13 @@ def gdn_prompt_scan(
     Hk, K = k.shape[2], k.shape[3]
     if Hk < 1 or H % Hk:
         raise ValueError(f"k: its {Hk} key heads must divide the {H} value heads")
-    _need("q", q, (batch, T, Hk, K))
-    _need("g", g, (batch, T, H))
-    _need("beta", beta, (batch, T, H))
+    check_tensor("q", q, (batch, T, Hk, K))
+    check_tensor("g", g, (batch, T, H))
+    check_tensor("beta", beta, (batch, T, H))
     if initial_state is not None:
-        _need("initial_state", initial_state, (batch, H, K, V))
+        check_tensor("initial_state", initial_state, (batch, H, K, V))
+    if block_v is not None:
+        block_v = as_power_of_two("block_v", block_v)
     device = v.device
     o = torch.empty_like(v)
     u = torch.empty(batch, T, H, V, dtype=torch.float32, device=device) if return_updates else o

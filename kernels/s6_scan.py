@@ -25,6 +25,7 @@ import triton.language as tl
 
 from replaylab.kernels.mamba1 import _s6_update
 from replaylab.scan import ScanResult
+from replaylab.validation import as_power_of_two, check_tensor
 
 __all__ = ["s6_prompt_scan"]
 
@@ -44,7 +45,7 @@ def _s6_scan_kernel(
     HAS_D: tl.constexpr,
     HAS_STATE: tl.constexpr,
 ):  # fmt: skip
-    b, db = tl.program_id(0), tl.program_id(1)
+    b, db = tl.program_id(0).to(tl.int64), tl.program_id(1)  # int64: b * stride may pass 2**31
     offs_d = db * BLOCK_D + tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     md, mn = offs_d < D, offs_n < N
@@ -71,11 +72,6 @@ def _s6_scan_kernel(
     tl.store(s_ptr, S, mask=m2)
 
 
-def _need(name, t, shape):
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-
-
 def s6_prompt_scan(
     x, dt, A, B, C, D=None, dt_bias=None, *, initial_state=None, block_d=32, num_warps=4
 ) -> ScanResult:
@@ -88,16 +84,15 @@ def s6_prompt_scan(
     if A.dim() != 2 or A.shape[0] != Dm:
         raise ValueError(f"A: expected (D={Dm}, N), got shape {tuple(A.shape)}")
     N = A.shape[1]
-    _need("dt", dt, (batch, T, Dm))
-    _need("B", B, (batch, T, N))
-    _need("C", C, (batch, T, N))
+    check_tensor("dt", dt, (batch, T, Dm))
+    check_tensor("B", B, (batch, T, N))
+    check_tensor("C", C, (batch, T, N))
     for name, t in (("D", D), ("dt_bias", dt_bias)):
         if t is not None:
-            _need(name, t, (Dm,))
+            check_tensor(name, t, (Dm,))
     if initial_state is not None:
-        _need("initial_state", initial_state, (batch, Dm, N))
-    if block_d < 1 or block_d & (block_d - 1):
-        raise ValueError(f"block_d: expected a power of two, got {block_d}")
+        check_tensor("initial_state", initial_state, (batch, Dm, N))
+    block_d = as_power_of_two("block_d", block_d)
     device = x.device
     y = torch.empty_like(x)
     state = torch.zeros(batch, Dm, N, dtype=torch.float32, device=device)
@@ -105,9 +100,10 @@ def s6_prompt_scan(
         state.copy_(initial_state)
     if T > 0:
         A32 = A.float().contiguous()
-        bias = dt_bias if dt_bias is not None else torch.zeros(Dm, device=device)
+        # the kernel reads A, D and dt_bias at unit stride
+        bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(Dm, device=device)
         _s6_scan_kernel[(batch, triton.cdiv(Dm, block_d))](
-            x, dt, B, C, y, state, A32, D if D is not None else bias, bias,
+            x, dt, B, C, y, state, A32, D.contiguous() if D is not None else bias, bias,
             T, Dm, N,
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
             BLOCK_D=block_d, BLOCK_N=max(2, triton.next_power_of_2(N)),

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from replaylab.kernels.mamba2 import _delta
 from replaylab.scan import NO_LIMIT, ScanResult
+from replaylab.validation import as_power_of_two, check_tensor
 
 __all__ = ["ssd_chunked_scan"]
 
@@ -55,7 +56,7 @@ def _ssd_chunked_kernel(
     PRECISION: tl.constexpr,
 ):  # fmt: skip
     bh, pb = tl.program_id(0), tl.program_id(1)
-    b, h = bh // H, bh % H
+    b, h = (bh // H).to(tl.int64), bh % H  # int64: b * stride may pass 2**31
     g = h // heads_per_group
     offs_q = tl.arange(0, Q)
     offs_p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -114,11 +115,6 @@ def _ssd_chunked_kernel(
     tl.store(s_ptr, S, mask=mp[:, None] & mn[None, :])
 
 
-def _need(name, t, shape):
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(t.shape)}")
-
-
 def ssd_chunked_scan(
     x,
     dt,
@@ -149,16 +145,16 @@ def ssd_chunked_scan(
     G, N = B.shape[2], B.shape[3]
     if G < 1 or H % G:
         raise ValueError(f"B: its {G} groups must divide the {H} heads")
-    _need("C", C, (batch, T, G, N))
-    _need("dt", dt, (batch, T, H))
+    check_tensor("C", C, (batch, T, G, N))
+    check_tensor("dt", dt, (batch, T, H))
     for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if t is not None:
-            _need(name, t, (H,))
+            check_tensor(name, t, (H,))
     if initial_state is not None:
-        _need("initial_state", initial_state, (batch, H, P, N))
-    q = int(chunk_size)
-    if q < 16 or q & (q - 1):
-        raise ValueError(f"chunk_size: expected a power of two >= 16, got {chunk_size}")
+        check_tensor("initial_state", initial_state, (batch, H, P, N))
+    q = as_power_of_two("chunk_size", chunk_size, low=16)
+    if block_p is not None:
+        block_p = as_power_of_two("block_p", block_p)
     if precision not in ("ieee", "tf32", "tf32x3"):
         raise ValueError(f"precision: expected 'ieee', 'tf32' or 'tf32x3', got {precision!r}")
     # NO_LIMIT clamps nothing (process_dt's rule), not even at 0
@@ -172,10 +168,11 @@ def ssd_chunked_scan(
         y.zero_()
         return ScanResult(y, state if initial_state is not None else state.zero_())
     block_p = block_p or min(64, triton.next_power_of_2(P))
-    bias = dt_bias if dt_bias is not None else torch.zeros(H, device=device)
+    A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
+    bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
     _ssd_chunked_kernel[grid](
-        x, dt, B, C, y, state, A, D if D is not None else A, bias,
+        x, dt, B, C, y, state, A, D.contiguous() if D is not None else A, bias,
         T, H, P, N, H // G, lo, hi,
         *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
         Q=q, BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),

@@ -17,6 +17,7 @@ __all__ = [
     "fork_indices",
     "as_int",
     "check_token_ids",
+    "as_power_of_two",
 ]
 
 
@@ -28,11 +29,8 @@ def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     dims = {} if dims is None else dims
-    expected = (
-        "("
-        + ", ".join(f"{s}={dims[s]}" if isinstance(s, str) and s in dims else str(s) for s in spec)
-        + ")"
-    )
+    sizes = [f"{s}={dims[s]}" if isinstance(s, str) and s in dims else str(s) for s in spec]
+    expected = "(" + ", ".join(sizes) + ")"
     if t.dim() != len(spec):
         raise ValueError(
             f"{name}: expected {len(spec)} dims with shape {expected}, got shape {tuple(t.shape)}"
@@ -85,6 +83,14 @@ def as_int(name, value, low=None, high=None) -> int:
             f"{'' if low is None else f'{low} <= '}{name}{'' if high is None else f' <= {high}'}"
         )
         raise ValueError(f"{name}: expected {bounds}, got {number}")
+    return number
+
+
+def as_power_of_two(name, value, low=1) -> int:
+    """``value`` as an int that is a power of two, at least ``low`` (a Triton block size)."""
+    number = as_int(name, value)
+    if number < low or number & (number - 1):
+        raise ValueError(f"{name}: expected a power of two >= {low}, got {number}")
     return number
 
 

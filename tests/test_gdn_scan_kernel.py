@@ -79,13 +79,17 @@ def test_a_prompt_split_anywhere_equals_one_pass_bit_for_bit():
         (dict(k=torch.zeros(2, 36, 2, 12)), r"k: expected \(batch=2, T=37, Hk, K\), got"),
         (dict(q=torch.zeros(2, 37, 2, 11)), r"q: expected shape \(2, 37, 2, 12\), got"),
         (dict(g=torch.zeros(2, 37, 5)), r"g: expected shape \(2, 37, 4\), got \(2, 37, 5\)"),
-        (dict(beta=torch.zeros(2, 37)), r"beta: expected shape \(2, 37, 4\), got \(2, 37\)"),
+        (
+            dict(beta=torch.zeros(2, 37)),
+            r"beta: expected 3 dims with shape \(2, 37, 4\), got shape \(2, 37\)",
+        ),
         (dict(initial_state=torch.zeros(2, 4, 10, 12)), r"initial_state: expected shape"),
+        (dict(block_v=24), r"block_v: expected a power of two >= 1, got 24"),
     ],
 )
 def test_bad_input_is_refused_naming_the_value(change, match):
     toks = tokens()
-    toks.update({name: x.to(DEVICE) for name, x in change.items()})
+    toks.update({k: v.to(DEVICE) if torch.is_tensor(v) else v for k, v in change.items()})
     with pytest.raises(ValueError, match=match):
         gdn_prompt_scan(**toks)
 

@@ -50,6 +50,16 @@ def test_outputs_and_state_equal_the_float64_recurrence(T, block_d, with_state):
         assert_close(a.double() / scale, b / scale, atol=2e-6, rtol=0, name=name)
 
 
+def test_parameters_as_strided_views_equal_their_contiguous_copies():
+    t = inputs()
+    want = s6_prompt_scan(**t)
+    spread = lambda v: torch.stack([v, torch.full_like(v, 7.0)], -1).flatten(-2)[..., ::2]  # noqa: E731
+    strided = dict(t, **{k: spread(t[k]) for k in ("A", "D", "dt_bias")})
+    assert not strided["A"].is_contiguous() and not strided["D"].is_contiguous()
+    got = s6_prompt_scan(**strided)
+    assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
+
+
 def test_without_d_bf16_and_a_split_prompt():
     t = inputs(T=30, dtype=torch.bfloat16)
     t.pop("D")
@@ -70,9 +80,9 @@ def test_without_d_bf16_and_a_split_prompt():
         (dict(A=torch.zeros(41, 6)), r"A: expected \(D=40, N\), got shape \(41, 6\)"),
         (dict(dt=torch.zeros(2, 22, 40)), r"dt: expected shape \(2, 23, 40\), got \(2, 22, 40\)"),
         (dict(C=torch.zeros(2, 23, 5)), r"C: expected shape \(2, 23, 6\), got \(2, 23, 5\)"),
-        (dict(dt_bias=torch.zeros(4)), r"dt_bias: expected shape \(40,\), got \(4,\)"),
+        (dict(dt_bias=torch.zeros(4)), r"dt_bias: expected shape \(40\), got \(4,\)"),
         (dict(initial_state=torch.zeros(2, 6, 40)), r"initial_state: expected shape \(2, 40, 6\)"),
-        (dict(block_d=48), r"block_d: expected a power of two, got 48"),
+        (dict(block_d=48), r"block_d: expected a power of two >= 1, got 48"),
     ],
 )
 def test_bad_input_is_refused_naming_the_value(change, match):

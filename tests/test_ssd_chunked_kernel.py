@@ -1,7 +1,7 @@
 """The Mamba-2 prefill scan in one Triton launch (``replaylab.kernels.ssd_chunked``, issue 38
 item 1) against the float64 token recurrence (``replaylab.scan.ssd_scan``), under Triton's
 interpreter on CPU and natively on a GPU; and in the serving engine, where it scans the prompt
-chunks of every strategy under ``use_kernels``. Sizes are awkward on purpose (P, N not powers
+chunks of every strategy under ``DecodeEngine(prefill_kernels=True)``. Sizes are awkward on purpose (P, N not powers
 of two, heads sharing groups, prompts that end inside a chunk)."""
 
 import pytest
@@ -67,6 +67,17 @@ def test_from_zeros_without_d_and_on_strided_inputs():
     assert_close(got.state.double(), want.state, atol=2e-5, rtol=2e-5)
 
 
+def test_per_head_parameters_as_strided_views_equal_their_contiguous_copies():
+    t = dict(inputs(T=40), dt_softplus=True, chunk_size=16)
+    want = ssd_chunked_scan(**t)
+    # every other element of a longer tensor: A[h], D[h] and dt_bias[h] at stride 2
+    spread = lambda v: torch.stack([v, torch.full_like(v, 7.0)], -1).flatten()[::2]  # noqa: E731
+    strided = dict(t, **{k: spread(t[k]) for k in ("A", "D", "dt_bias")})
+    assert not strided["A"].is_contiguous()
+    got = ssd_chunked_scan(**strided)
+    assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
+
+
 def test_bf16_inputs_stay_within_bf16_rounding_of_the_float64_recurrence():
     t = inputs(T=100, dtype=torch.bfloat16)
     got = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=64)
@@ -95,10 +106,11 @@ def test_a_prompt_split_on_the_chunk_grid_equals_one_pass_bit_for_bit():
         (dict(B=torch.zeros(2, 100, 3, 10)), r"B: its 3 groups must divide the 4 heads"),
         (dict(C=torch.zeros(2, 100, 2, 9)), r"C: expected shape \(2, 100, 2, 10\), got"),
         (dict(dt=torch.zeros(2, 99, 4)), r"dt: expected shape \(2, 100, 4\), got \(2, 99, 4\)"),
-        (dict(D=torch.zeros(5)), r"D: expected shape \(4,\), got \(5,\)"),
+        (dict(D=torch.zeros(5)), r"D: expected shape \(4\), got \(5,\)"),
         (dict(initial_state=torch.zeros(2, 4, 12, 11)), r"initial_state: expected shape"),
         (dict(chunk_size=48), r"chunk_size: expected a power of two >= 16, got 48"),
         (dict(chunk_size=8), r"chunk_size: expected a power of two >= 16, got 8"),
+        (dict(block_p=24), r"block_p: expected a power of two >= 1, got 24"),
         (dict(precision="fp8"), r"precision: expected 'ieee', 'tf32' or 'tf32x3', got 'fp8'"),
     ],
 )
