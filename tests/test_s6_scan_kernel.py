@@ -94,35 +94,17 @@ def test_bad_input_is_refused_naming_the_value(change, match):
 
 def test_the_engine_prefills_with_it_under_every_strategy():
     """prefill_kernels=True on a Jamba-like model: the pools scan prompts through the kernel;
-    each strategy's first-token logits, the next steps' and a prefix hit's equal the default
+    their buffers, each strategy's logits, the next steps' and a prefix hit's equal the default
     prefill's (PyTorch's token loop) to fp32 rounding."""
+    from prefill_kernel_checks import check_prefill_kernels
+
     from replaylab.mamba1 import Mamba1Config
     from replaylab.model import HybridConfig, HybridLM
-    from replaylab.serving import DecodeEngine, EnginePrefixCache
 
     cfg = HybridConfig(
         pattern="S*-", mamba1=Mamba1Config(d_inner=40, d_state=4, dt_rank=4), vocab_size=50,
         hidden_size=32, attn_heads=2, kv_heads=1, head_dim=16, intermediate_size=64,
     )  # fmt: skip
     model = HybridLM(cfg, seed=11).eval().to(DEVICE)
-    gen = torch.Generator().manual_seed(4)
-    prompt = torch.randint(0, 50, (70,), generator=gen).to(DEVICE)
-    steps = torch.randint(0, 50, (2, 1, 1), generator=gen).to(DEVICE)
-    other = torch.cat([prompt[:50], torch.randint(0, 50, (7,), generator=gen).to(DEVICE)])
-    with torch.no_grad():
-        for strategy in ("snapshot", "recompute", "replay"):
-            kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False)
-            got, want = [], []
-            for on, out in ((True, got), (False, want)):
-                engine = DecodeEngine(model, 1, 96, strategy, prefill_kernels=on, **kw)
-                assert all(p.prompt_kernel == on for p in engine.ssm.values())
-                slot, logits = engine.admit(prompt)
-                out += [logits] + [engine.step(t)[0, -1] for t in steps]
-                engine.retire(slot)
-                prefix = EnginePrefixCache(engine, block_size=16)
-                prefix.engine.retire(prefix.admit(prompt.tolist())[0])
-                slot, logits, hit = prefix.admit(other.tolist())
-                assert hit.resumed_from == (50 if strategy == "replay" else 48)
-                out.append(logits)
-            for i, (a, b) in enumerate(zip(got, want)):
-                assert_close(a, b, atol=1e-4, rtol=1e-4, name=f"{strategy} output {i}")
+    prompt = torch.randint(0, 50, (70,), generator=torch.Generator().manual_seed(4))
+    check_prefill_kernels(model, prompt.to(DEVICE), 50, 16, family="mamba1", seed=4)

@@ -123,37 +123,18 @@ def test_bad_input_is_refused_naming_the_value(change, match):
 
 @pytest.mark.parametrize("fused", [False, True], ids=["reference", "fused"])
 def test_the_engine_prefills_with_its_kernels_under_every_strategy(fused):
-    """prefill_kernels=True: each strategy's prefill scans through the kernel (the pools say
-    so; on the fused path the chunk also runs the fused decode's norm and MLP kernels), and the
-    first token's logits, the next steps' and a prefix-cache hit's equal the default prefill's
-    to fp32 rounding."""
-    from replaylab.serving import DecodeEngine, EnginePrefixCache
+    """prefill_kernels=True: each strategy's prefill scans through the kernel (on the fused
+    path the chunk also runs the fused decode's norm and MLP kernels); the pools' buffers, the
+    logits, the next steps' and a prefix hit's equal the default prefill's to fp32 rounding
+    (``prefill_kernel_checks``)."""
+    from prefill_kernel_checks import check_prefill_kernels
+
     from replaylab.testing import tiny_hybrid
 
     model = tiny_hybrid().to(DEVICE)
     gen = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, model.cfg.vocab_size, (100,), generator=gen).to(DEVICE)
-    steps = torch.randint(0, model.cfg.vocab_size, (2, 1, 1), generator=gen).to(DEVICE)
-    suffix = torch.randint(0, model.cfg.vocab_size, (9,), generator=gen).to(DEVICE)
-    other = torch.cat([prompt[:80], suffix])
-    with torch.no_grad():
-        for strategy in ("snapshot", "recompute", "replay"):
-            kw = dict(log_length=8, max_verify=2, use_kernels=True, graphs=False, fused=fused)
-            got, want = [], []
-            for on, out in ((True, got), (False, want)):
-                engine = DecodeEngine(model, 1, 128, strategy, prefill_kernels=on, **kw)
-                pools = [p for p in engine.ssm.values() if p.spec.family == "mamba2"]
-                assert pools and all(p.prompt_kernel == on for p in pools)
-                slot, logits = engine.admit(prompt)
-                out += [logits] + [engine.step(t)[0, -1] for t in steps]
-                engine.retire(slot)
-                prefix = EnginePrefixCache(engine, block_size=32)
-                prefix.engine.retire(prefix.admit(prompt.tolist())[0])
-                slot, logits, hit = prefix.admit(other.tolist())
-                assert hit.resumed_from == (80 if strategy == "replay" else 64)
-                out.append(logits)
-            for i, (a, b) in enumerate(zip(got, want)):
-                assert_close(a, b, atol=1e-4, rtol=1e-4, name=f"{strategy} output {i}")
+    check_prefill_kernels(model, prompt, 80, 32, family="mamba2", fused=fused)
 
 
 def test_the_committed_launch_counts_and_their_table_in_the_data_readme():

@@ -94,7 +94,8 @@ class DecodeEngine:
     ``kernels.gdn_scan``, with replay's corrected updates in the same launch) under every
     strategy, and on the fused path the chunks through its norm and MLP kernels. True: every
     family's; default: on a GPU, the families whose pools say ``prompt_kernel_default``
-    (Mamba-2; the others' are opt-in until timed in the engine).
+    (Mamba-2; the others' are opt-in until timed in the engine) and, on the fused path, its
+    norm and MLP kernels (``serving.prefill._chunk_fused``); on CPU, off.
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).

@@ -27,8 +27,10 @@ keeps what they read:
                                                       (fp32) and g = log α (fp32)
 The Mamba kernels log some of the spec's fields, which the spec's fold reads; Gated
 DeltaNet's u is no spec field. u depends on the state before each token, so a prefill computes
-it (``logged_scan``: ``GatedDeltaNetSpec.scan_with_updates``), and so does a prefix cache's seat
-from the node's inputs and the state at the block's start (``seats_from_log``).
+it (``logged_scan``: ``GatedDeltaNetSpec.scan_with_updates``, or with the engine's
+``prefill_kernels`` ``kernels.gdn_scan.gdn_prompt_scan`` in the scan's own launch), and so does a
+prefix cache's seat from the node's inputs and the state at the block's start
+(``seats_from_log``).
 Per attention layer (``KVPool``): k, v (slots, Hkv, max_len + T_max, Dh); rows past a slot's
 position are padding that the next step overwrites before any token reads it.
 
