@@ -10,8 +10,9 @@ engine's prefill runs by default, and a peer where it imports.
 - Mamba-1 at Jamba-1.5-Mini's (D = 8192, N = 16): ``kernels.s6_scan``, ``scan.s6_scan`` (the
   token loop).
 
-Each row: median microseconds (``triton.testing.do_bench``) and the output's error over the
-scale of a float64 recurrence of the same inputs.
+Each row: median microseconds (``triton.testing.do_bench``), and the output's and the final
+state's errors over their scales against a float64 recurrence of the same inputs (the output
+is rounded to bf16, so the fp32 state shows a kernel's own precision).
 
     python tools/prompt_scan_bench.py OUT.json [--lengths 256,2048] [--families mamba2,gdn,mamba1]
 """
@@ -50,11 +51,11 @@ def mamba2(T, device):
              initial_state=(_rand(T, 1, H, P, N, seed=8) * 0.1).to(device))  # fmt: skip
     f64 = {k: v.double() for k, v in t.items()}
     init = f64.pop("initial_state")
-    want = ssd_scan(**f64, dt_softplus=True, initial_state=init, compute_dtype=torch.float64).y
-    arms = {"torch chunked form": lambda: ssd_chunked_scan(**t, dt_softplus=True).y}
+    want = ssd_scan(**f64, dt_softplus=True, initial_state=init, compute_dtype=torch.float64)
+    arms = {"torch chunked form": lambda: ssd_chunked_scan(**t, dt_softplus=True)}
     for launch in MAMBA2_LAUNCHES:
         name = "triton " + ", ".join(f"{k}={v}" for k, v in launch.items())
-        arms[name] = lambda launch=launch: ssd_kernel(**t, dt_softplus=True, **launch).y
+        arms[name] = lambda launch=launch: ssd_kernel(**t, dt_softplus=True, **launch)
     sys.modules.setdefault("selective_scan_cuda", types.ModuleType("selective_scan_cuda"))
     try:
         from mamba_ssm.ops.triton.ssd_combined import mamba_chunk_scan_combined as peer
@@ -64,7 +65,7 @@ def mamba2(T, device):
         arms["mamba-ssm mamba_chunk_scan_combined"] = lambda: peer(
             t["x"], t["dt"], t["A"], t["B"], t["C"], 256, D=t["D"], dt_bias=t["dt_bias"],
             initial_states=t["initial_state"], dt_softplus=True, return_final_states=True,
-        )[0]  # fmt: skip
+        )  # fmt: skip
     return arms, want
 
 
@@ -77,16 +78,16 @@ def gdn(T, device):
              beta=torch.rand(1, T, H, generator=torch.Generator().manual_seed(T + 1)).to(device))  # fmt: skip
     state = (_rand(T, 1, H, K, V, seed=4) * 0.1).to(device)
     f64 = {k: v.double() for k, v in t.items()}
-    want = gdn_scan(**f64, initial_state=state.double(), compute_dtype=torch.float64).y
+    want = gdn_scan(**f64, initial_state=state.double(), compute_dtype=torch.float64)
     arms = {
-        "torch chunked form (with u)": lambda: (
-            gdn_chunked_scan(**t, initial_state=state, return_updates=True).y
+        "torch chunked form (with u)": lambda: gdn_chunked_scan(
+            **t, initial_state=state, return_updates=True
         ),
-        "triton gdn_scan (with u)": lambda: (
-            gdn_prompt_scan(**t, initial_state=state, return_updates=True).y
+        "triton gdn_scan (with u)": lambda: gdn_prompt_scan(
+            **t, initial_state=state, return_updates=True
         ),
-        "triton gdn_scan, block_v=32 (with u)": lambda: (
-            gdn_prompt_scan(**t, initial_state=state, return_updates=True, block_v=32).y
+        "triton gdn_scan, block_v=32 (with u)": lambda: gdn_prompt_scan(
+            **t, initial_state=state, return_updates=True, block_v=32
         ),
     }
     try:
@@ -99,7 +100,7 @@ def gdn(T, device):
         arms["fla chunk_gated_delta_rule (no u)"] = lambda: peer(
             qh, kh, t["v"], t["g"], t["beta"].to(torch.bfloat16), scale=1.0,
             initial_state=state, output_final_state=True,
-        )[0]  # fmt: skip
+        )  # fmt: skip
     return arms, want
 
 
@@ -114,21 +115,28 @@ def mamba1(T, device):
     f64 = {k: v.double() for k, v in t.items()}
     want = s6_scan(f64["x"], f64["dt"], A.double(), f64["B"], f64["C"], Ds.double(),
                    dt_bias=bias.double(), dt_softplus=True, initial_state=state.double(),
-                   compute_dtype=torch.float64).y  # fmt: skip
+                   compute_dtype=torch.float64)  # fmt: skip
     args = (t["x"], t["dt"], A, t["B"], t["C"], Ds)
     arms = {
-        "torch token loop": lambda: (
-            s6_scan(*args, dt_bias=bias, dt_softplus=True, initial_state=state).y
+        "torch token loop": lambda: s6_scan(
+            *args, dt_bias=bias, dt_softplus=True, initial_state=state
         ),  # fmt: skip
-        "triton s6_scan": lambda: s6_prompt_scan(*args, bias, initial_state=state).y,
-        "triton s6_scan, block_d=64": lambda: (
-            s6_prompt_scan(*args, bias, initial_state=state, block_d=64).y
+        "triton s6_scan": lambda: s6_prompt_scan(*args, bias, initial_state=state),
+        "triton s6_scan, block_d=64": lambda: s6_prompt_scan(
+            *args, bias, initial_state=state, block_d=64
         ),
     }
     return arms, want
 
 
 FAMILIES = {"mamba2": mamba2, "gdn": gdn, "mamba1": mamba1}
+# each family: (arms: name -> a call returning (y, final state), or why the arm is missing;
+# the float64 recurrence's ScanResult)
+
+
+def _error(got, want):
+    """Largest absolute difference over ``want``'s largest magnitude."""
+    return float((got.double() - want).abs().max()) / float(want.abs().max())
 
 
 def _time_us(fn, device):
@@ -153,23 +161,25 @@ def main(argv=None):
     for family in args.families.split(","):
         for T in (int(v) for v in args.lengths.split(",")):
             arms, want = FAMILIES[family](T, device)
-            scale = float(want.abs().max())
             for name, fn in arms.items():
                 if isinstance(fn, str):
                     rows.append(dict(family=family, tokens=T, arm=name, missing=fn))
                     continue
                 try:
-                    y = fn()
+                    out = fn()
+                    y, state = (out.y, out.state) if hasattr(out, "y") else out[:2]
                 except Exception as e:  # noqa: BLE001 (a peer that fails here: the row says why)
                     rows.append(dict(family=family, tokens=T, arm=name, failed=repr(e)[:300]))
                     print(f"{family:6s} T={T:5d} {name:52s} failed: {e!r}"[:200], flush=True)
                     continue
                 us = _time_us(fn, device)
-                err = float((y.double() - want).abs().max()) / scale
+                err, state_err = _error(y, want.y), _error(state, want.state)
                 rows.append(dict(family=family, tokens=T, arm=name, us=us,
-                                 y_error_over_scale_vs_f64=err))  # fmt: skip
+                                 y_error_over_scale_vs_f64=err,
+                                 state_error_over_scale_vs_f64=state_err))  # fmt: skip
                 write_tool_result(args.out, "prompt_scan_bench.py", rows)  # a cut run keeps it
-                print(f"{family:6s} T={T:5d} {name:52s} {us:10.1f} us  err {err:.1e}", flush=True)
+                print(f"{family:6s} T={T:5d} {name:52s} {us:10.1f} us  err {err:.1e} "
+                      f"state err {state_err:.1e}", flush=True)  # fmt: skip
             timed = [r for r in rows if r["family"] == family and r["tokens"] == T and "us" in r]
             for r in timed:
                 r["speedup_over_torch"] = timed[0]["us"] / r["us"]  # the torch form is first
