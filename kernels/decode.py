@@ -12,6 +12,9 @@ of element-wise operations into one launch:
                     the window advanced in place (and kept per token
                     for a rollback when T > 1):                        Mamba2Mixer.conv
     relu2           relu(u)^2:                                         model.MLP (NemotronH)
+    swiglu          silu(gate) * up from one [gate | up] product:      model.MLP (Bamba)
+    rope_           RoPE on the first rotary_dim dims of q's and k's
+                    heads, in place, each row at its slot's position:  model.Attention.rotate
     state_update    the snapshot strategy's step: S <- a S + Δ x B^T,
                     y = S C + D x, the state written back (and kept
                     per token when T > 1):                             scan.ssd_scan
@@ -39,7 +42,10 @@ import triton.language as tl
 
 from replaylab.kernels.mamba2 import _delta
 
-__all__ = ["add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "state_update", "attention"]
+__all__ = [
+    "add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "swiglu", "rope_", "state_update",
+    "attention",
+]  # fmt: skip
 
 
 @triton.jit
@@ -300,6 +306,74 @@ def relu2(u):
     BLOCK = 2048
     _relu2_kernel[(triton.cdiv(u.numel(), BLOCK),)](u, out, u.numel(), BLOCK=BLOCK, num_warps=8)
     return out
+
+
+@triton.jit
+def _swiglu_kernel(gu, out, F, BLOCK: tl.constexpr):
+    r, fb = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs = fb * BLOCK + tl.arange(0, BLOCK)
+    m = offs < F
+    gate = tl.load(gu + r * 2 * F + offs, mask=m, other=0.0).to(tl.float32)
+    up = tl.load(gu + r * 2 * F + F + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out + r * F + offs, (_silu(gate) * up).to(out.dtype.element_ty), mask=m)
+
+
+def swiglu(gu):
+    """silu(gate) * up of ``gu`` (R, 2F) = [gate | up] (one matrix product of the stacked
+    gate and up weights) -> (R, F) in gu's dtype, computed in fp32 and rounded once."""
+    if gu.dim() != 2 or gu.shape[1] % 2:
+        raise ValueError(f"gu: expected (rows, 2F) = [gate | up], got shape {tuple(gu.shape)}")
+    gu = gu.contiguous()
+    R, F = gu.shape[0], gu.shape[1] // 2
+    out = torch.empty(R, F, dtype=gu.dtype, device=gu.device)
+    BLOCK = min(1024, triton.next_power_of_2(F))
+    _swiglu_kernel[(R, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+@triton.jit
+def _rope_kernel(
+    t, position, inv_freq, row_stride, head_dim, T, HALF: tl.constexpr, BLOCK: tl.constexpr
+):
+    r, head = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    pos = (tl.load(position + r // T) + r % T).to(tl.float32)
+    offs = tl.arange(0, BLOCK)
+    m = offs < HALF
+    angle = pos * tl.load(inv_freq + offs, mask=m, other=0.0)
+    cos, sin = tl.cos(angle), tl.sin(angle)
+    base = t + r * row_stride + head * head_dim
+    x1 = tl.load(base + offs, mask=m, other=0.0).to(tl.float32)
+    x2 = tl.load(base + HALF + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(base + offs, (x1 * cos - x2 * sin).to(t.dtype.element_ty), mask=m)
+    tl.store(base + HALF + offs, (x2 * cos + x1 * sin).to(t.dtype.element_ty), mask=m)
+
+
+def rope_(t, heads, head_dim, inv_freq, position, T):
+    """RoPE in place on the first ``2 * len(inv_freq)`` dims of each of the first ``heads``
+    heads of ``t`` (R = batch * T rows, at least heads * head_dim columns; row r is token r % T
+    of sequence r // T, at position ``position[r // T] + r % T``). ``inv_freq`` (rotary_dim / 2,)
+    fp32: theta^(-2i / rotary_dim); ``position`` (batch,) int64 on the device. The halves
+    rotate as ``model.Attention.rotate``'s: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin),
+    in fp32, rounded once. Returns t."""
+    half = inv_freq.numel()
+    if t.dim() != 2 or t.stride(1) != 1 or t.shape[1] < heads * head_dim:
+        raise ValueError(
+            f"t: expected (rows, >= {heads} x {head_dim}) with unit column stride, got "
+            f"{tuple(t.shape)} strides {t.stride()}"
+        )
+    if not 0 < 2 * half <= head_dim:
+        raise ValueError(f"inv_freq: expected 1 .. {head_dim // 2} frequencies, got {half}")
+    if position.dtype != torch.int64 or t.shape[0] != position.numel() * T:
+        raise ValueError(
+            f"position: expected int64 (batch,) with batch x T = {t.shape[0]} rows, got "
+            f"{position.dtype} {tuple(position.shape)} and T = {T}"
+        )
+    if t.shape[0]:
+        _rope_kernel[(t.shape[0], heads)](
+            t, position, inv_freq, t.stride(0), head_dim, T, HALF=half, BLOCK=triton.next_power_of_2(half),
+            num_warps=1,
+        )  # fmt: skip
+    return t
 
 
 # (up to batch, BLOCK_P, num_warps), as ``replay.LAUNCH``; from ``replaylab.bench sweep``

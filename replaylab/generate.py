@@ -197,7 +197,8 @@ def generate(
 
 def _use_engine(engine, model, cache):
     """Whether ``generate`` decodes with the serving engine (see its ``engine`` argument)."""
-    from replaylab.serving import fused_reason, unsupported_reason
+    from replaylab.serving import unsupported_reason
+    from replaylab.serving.layouts import fused_by_default
 
     if engine not in ("auto", True, False):
         raise ValueError(f"engine: expected 'auto', True or False, got {engine!r}")
@@ -205,7 +206,7 @@ def _use_engine(engine, model, cache):
     if engine is True and reason:
         raise ValueError(f"engine: the serving engine cannot decode this: {reason}")
     if engine == "auto":  # the engine where its fused path serves the model on a GPU
-        fast = fused_reason(model.cfg) is None
+        fast = fused_by_default(model.cfg)
         return reason is None and fast and next(model.parameters()).is_cuda
     return engine
 

@@ -161,6 +161,23 @@ def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
     assert "greedy tokens = snapshot's: 100%" in families_summary(result)[-1]
 
 
+def test_the_fused_arm_runs_the_layouts_the_fused_path_serves():
+    """fused=True: a third arm for Bamba's layout only (the GDN preset has none), through the
+    fused path's kernels, its speculation equal to its own greedy tokens; the table names it."""
+    result = run_families(presets=("tiny-bamba", "tiny-gdn"), strategies=("replay",),
+                          batches=(2,), n_new=2, repeats=1, n_spec=4, k=2, fla=False,
+                          graphs=(False,), fused=True)  # fmt: skip
+    assert result["errors"] == []
+    arms = {(r["preset"], r["fused"]) for r in result["rows"]}
+    assert arms == {("tiny-bamba", False), ("tiny-bamba", True), ("tiny-gdn", False)}
+    fused = next(r for r in result["rows"] if r["fused"])
+    assert fused["speculative_equal_greedy"] and fused["graphs"] == CUDA
+    ratio = next(q for q in result["ratios"] if q["graphs"] == "fused")
+    assert ratio["fused_replay_over_graphed_reference"] is None  # no graphed arm asked for
+    assert any(line.startswith("tiny-bamba") and " fused " in line
+               for line in families_summary(result))  # fmt: skip
+
+
 def test_the_ratios_are_the_targets_of_the_issue():
     """replay / snapshot, replay / fla snapshot and replay / ssu snapshot decode, and replay's
     speculation over the best plain decode of any strategy, per preset and batch (by hand)."""
@@ -179,6 +196,7 @@ def test_the_ratios_are_the_targets_of_the_issue():
         dict(preset="p", strategy="replay", batch=32, error="OOM"),
     ]
     rows.append(dict(row("replay", 8, 240.0), graphs=True))  # its own arm
+    rows.append(dict(row("replay", 8, 360.0), graphs=True, fused=True))  # the fused arm
     none = dict(replay_over_snapshot=None, replay_over_fla_snapshot=None,
                 replay_over_ssu_snapshot=None, replay_speculative_over_best_decode=None)  # fmt: skip
     assert ratios(rows) == [
@@ -187,6 +205,8 @@ def test_the_ratios_are_the_targets_of_the_issue():
              replay_speculative_over_best_decode=2.0),
         dict(preset="p", batch=32, graphs=False, **none),
         dict(preset="p", batch=8, graphs=True, **none),
+        dict(preset="p", batch=8, graphs="fused", **none,
+             fused_replay_over_graphed_reference=1.5),
     ]  # fmt: skip
 
 

@@ -11,7 +11,15 @@ import torch
 
 from replaylab.cache import CacheConfig
 from replaylab.decoding import SyntheticDrafter, greedy
-from replaylab.kernels.decode import add_rmsnorm, conv_step, gated_rmsnorm, relu2, state_update
+from replaylab.kernels.decode import (
+    add_rmsnorm,
+    conv_step,
+    gated_rmsnorm,
+    relu2,
+    rope_,
+    state_update,
+    swiglu,
+)
 from replaylab.mamba2 import GatedRMSNorm
 from replaylab.model import HybridLM, RMSNorm, preset
 from replaylab.recurrent import windows_per_token
@@ -56,6 +64,46 @@ def test_gated_rmsnorm_equals_the_module_with_a_strided_gate():
 def test_relu2():
     u = randn(3, 1000)
     assert torch.equal(relu2(u), torch.relu(u).square())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_equals_the_mlp_activation_to_one_rounding(dtype):
+    gu = torch.randn(5, 2 * 1100, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    want = torch.nn.functional.silu(gu[:, :1100].double()) * gu[:, 1100:].double()
+    got = swiglu(gu)
+    assert got.dtype == dtype and got.shape == (5, 1100)
+    ulp = 1e-6 if dtype == torch.float32 else 8e-3  # one rounding of the fp32 result
+    assert float(((got.double() - want).abs() / want.abs().clamp_min(1e-3)).max()) < ulp
+    with pytest.raises(
+        ValueError, match=r"gu: expected \(rows, 2F\) = \[gate \| up\], got shape \(5, 7\)"
+    ):
+        swiglu(gu[:, :7])
+
+
+@pytest.mark.parametrize("rotary_dim", [8, 16])
+def test_rope_rotates_q_and_k_in_place_as_the_model_at_each_rows_position(rotary_dim):
+    """Three sequences at their own positions, T = 2 rows each: q's and k's heads rotated as
+    ``model.Attention.rotate`` in float64, v untouched."""
+    from replaylab.model import Attention, HybridConfig
+
+    cfg = HybridConfig(vocab_size=50, hidden_size=32, pattern="M*", attn_heads=4, kv_heads=2,
+                       head_dim=16, rotary_dim=rotary_dim, rope_theta=500.0)  # fmt: skip
+    att, (B, T, Hq, Hkv, Dh) = Attention(cfg, 1), (3, 2, 4, 2, 16)
+    qkv = torch.randn(B * T, (Hq + 2 * Hkv) * Dh, generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([5, 0, 1000])
+    inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim)
+    got = rope_(qkv.clone().to(DEVICE), Hq + Hkv, Dh, inv_freq.to(DEVICE), pos.to(DEVICE), T)
+    got = got.cpu().double()
+    heads = lambda t, a, n: t[:, a * Dh : (a + n) * Dh].view(B, T, n, Dh).transpose(1, 2)  # noqa: E731
+    positions = pos[:, None] + torch.arange(T)
+    for a, n in ((0, Hq), (Hq, Hkv)):
+        want = att.rotate(heads(qkv.double(), a, n), positions)
+        assert float((heads(got, a, n) - want).abs().max()) < 2e-5  # fp32 angles at 1,000
+    assert torch.equal(got[:, (Hq + Hkv) * Dh :], qkv[:, (Hq + Hkv) * Dh :].double())
+    with pytest.raises(ValueError, match=r"position: expected int64 \(batch,\) with batch x T"):
+        rope_(qkv.to(DEVICE), Hq + Hkv, Dh, inv_freq.to(DEVICE), pos.to(DEVICE), 3)
+    with pytest.raises(ValueError, match=r"inv_freq: expected 1 \.\. 8 frequencies, got 9"):
+        rope_(qkv.to(DEVICE), Hq, Dh, torch.ones(9, device=DEVICE), pos.to(DEVICE), T)
 
 
 @pytest.mark.parametrize("T", [1, 3])

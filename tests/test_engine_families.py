@@ -32,8 +32,10 @@ from replaylab.serving import (
     fused_reason,
     unsupported_reason,
 )
+from replaylab.serving.layouts import fused_by_default
 
 TOL = 1e-5
+FUSED_TOL = 2e-4  # the fused kernels against the teaching modules (as test_engine's programs)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -195,19 +197,53 @@ def test_continuous_batching_gives_each_request_its_teaching_greedy_tokens(famil
 def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
     for model in MODELS.values():
         assert unsupported_reason(model.cfg) is None
-    assert fused_reason(HybridLM(HybridConfig(), seed=None).cfg) is None
-    assert fused_reason(MODELS["bamba"].cfg) == "RoPE (rotary_dim=8), swiglu MLPs (mlp='swiglu')"
+    nemotron = HybridLM(HybridConfig(), seed=None).cfg
+    assert fused_reason(nemotron) is None and fused_by_default(nemotron)
+    assert fused_reason(MODELS["bamba"].cfg) is None  # served, opt-in until timed
+    assert not fused_by_default(MODELS["bamba"].cfg)
     want = (
-        r"fused: the fused kernels serve NemotronH layouts and lack Gated DeltaNet layers "
-        r"\('G'\), gated attention \(attention='gated'\), RoPE \(rotary_dim=8\), swiglu MLPs "
-        r"\(mlp='swiglu'\); use fused=False"
+        r"fused: the fused kernels serve NemotronH and Bamba layouts and lack Gated DeltaNet "
+        r"layers \('G'\), gated attention \(attention='gated'\); use fused=False"
     )
     with pytest.raises(ValueError, match=want):
         DecodeEngine(MODELS["qwen3_next"], 1, 8, use_kernels=True, fused=True)
-    with pytest.raises(ValueError, match=r"lack Mamba-1 layers \('S'\), swiglu MLPs"):
+    with pytest.raises(ValueError, match=r"lack Mamba-1 layers \('S'\); use fused=False"):
         DecodeEngine(MODELS["jamba"], 1, 8, use_kernels=True, fused=True)
     cfg = HybridConfig()
     cfg.mlp = "gelu"  # past the config's own check
     assert unsupported_reason(cfg) == "mlp: 'gelu' (the engine serves 'relu2' and 'swiglu')"
     engine = DecodeEngine(MODELS["qwen3_next"], 1, 8)  # CPU defaults: the reference path
     assert not engine.fused and not engine.graphs
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bamba_on_the_fused_path_follows_the_teaching_cache(strategy):
+    """The fused path on a Bamba layout (RoPE on half of each head, SwiGLU MLPs: the fused
+    kernels ``rope_`` and ``swiglu``): a ragged program of admit / step / rollback / retire
+    gives the teaching cache's logits (to ``FUSED_TOL``: the kernels round once where the
+    teaching modules round per operation), with every slot at its own position."""
+    engine, worst = run_program(strategy, fused=True, seed=3, n_ops=14, slots=2, max_verify=3,
+                                model=MODELS["bamba"], tol=FUSED_TOL, partial_rollbacks=True)  # fmt: skip
+    assert engine.fused and engine.stats.steps > 0 and worst < FUSED_TOL
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_bamba_on_the_fused_path_speculates_its_own_greedy_tokens_bit_for_bit(strategy):
+    """Within the fused path's arithmetic, batched speculation (verify rows, ragged
+    rollbacks) gives each sequence the engine's own greedy tokens, and a sequence's tokens do
+    not depend on its batch; the prefill runs the fused path's kernels (``prefill_kernels``)."""
+    model = MODELS["bamba"]
+    prompts = _prompts(model, (7, 3), seed=4)
+    kw = dict(log_length=4, max_verify=4, use_kernels=True, fused=True, prefill_kernels=True)
+    alone = []
+    for p in prompts:
+        engine = DecodeEngine(model, 1, 32, strategy, **kw)
+        alone.append(engine.greedy(p[None], 8)[0])
+    engine = DecodeEngine(model, 2, 32, strategy, **kw)
+    pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
+    drafters = [SyntheticDrafter(torch.cat([p, r]), 0.6, seed=i)
+                for i, (p, r) in enumerate(zip(prompts, alone))]  # fmt: skip
+    tokens, proposed, accepted = engine.speculate_batch(prompts, pending, 8, drafters, k=3)
+    for got, ref in zip(tokens, alone):
+        assert torch.equal(got, ref)
+    assert engine.stats.rollbacks > 0 and 0 < sum(accepted) < sum(proposed)

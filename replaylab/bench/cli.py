@@ -172,6 +172,7 @@ def _engine_families(args):
         graphs=dict(both=(False, True), on=(True,), off=(False,))[args.graphs]
         if torch.cuda.is_available()
         else (False,),
+        fused=dict(auto=None, on=True, off=False)[args.fused],
         time_budget_s=args.time_budget_s or None,
         checkpoint=lambda partial: _write(dict(partial, **provenance(args.argv)), out),
     )
@@ -602,6 +603,13 @@ def add_bench_parser(subparsers):
         choices=("both", "on", "off"),
         default="both",
         help="rows with CUDA graphs, without, or both (GPU; on CPU always without)",
+    )
+    ef.add_argument(
+        "--fused",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="also rows through the fused path's kernels for the layouts it serves (Bamba's; "
+        "auto: on a GPU, graphed)",
     )
     ef.add_argument(
         "--time-budget-s",

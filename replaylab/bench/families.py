@@ -2,9 +2,10 @@
 Jamba-1.5-Mini-class Mamba-1 stack and a Bamba-9B-class Mamba-2 + RoPE stack, under snapshot,
 recompute and replay, batch by batch, in one run (``replaylab bench engine-families``).
 
-What runs: ``DecodeEngine``'s reference path (these layouts are not NemotronH's, so the fused
-kernels do not serve them: ``serving.engine.fused_reason``), each row with CUDA graphs (every
-step one graph replay) or without (``graphs``: both arms on a GPU), with ``use_kernels=True``:
+What runs: ``DecodeEngine``'s reference path, each row with CUDA graphs (every step one graph
+replay) or without (``graphs``: both arms on a GPU), and for the layouts the fused path serves
+(Bamba's; ``serving.layouts.fused_reason``) a third arm through its kernels, graphed
+(``fused``; on a GPU by default; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
 ``fold``; snapshot and recompute run the layer spec's PyTorch token loop
@@ -52,7 +53,7 @@ from replaylab.gated_deltanet import GDNConfig
 from replaylab.mamba1 import Mamba1Config
 from replaylab.model import HybridConfig, HybridLM
 from replaylab.scan import ScanResult
-from replaylab.serving import STRATEGIES, DecodeEngine
+from replaylab.serving import STRATEGIES, DecodeEngine, fused_reason
 
 __all__ = ["PRESETS", "run_families", "families_summary"]
 
@@ -330,12 +331,13 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
     compiles, folds run, graphs are captured), timed decode steps after it, then speculation
     from a fresh prefill (not for the peer rows). ``peer``: (row name of ``PEERS``, kernel):
     the peer's kernel in the snapshot decode step. ``graphs``: every step a CUDA graph
-    replay."""
+    replay; "fused": the fused path's kernels (``serving.fused``), graphed."""
     n_new, repeats, n_spec, k = args["n_new"], args["repeats"], args["n_spec"], args["k"]
     max_len = 40 + repeats * n_new + max(n_spec, n_new) + k + 8
     engine = DecodeEngine(
         model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True,
-        graphs=graphs,
+        graphs=graphs is True or (graphs == "fused" and next(model.parameters()).is_cuda),
+        fused=graphs == "fused",
     )  # fmt: skip
     prompts = random_prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
@@ -359,7 +361,8 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
             moved.append((before + step_bytes(engine)) / 2)
         row = dict(
             strategy=peer[0] if peer is not None else strategy,
-            graphs=bool(graphs),
+            graphs=engine.graphs,
+            fused=engine.fused,
             batch=batch,
             seconds_per_step=spread(runs),
             decode_tokens_per_s=batch / spread(runs)["median"],
@@ -381,7 +384,8 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
         if args.get("busy"):
             row["gpu_busy"], tok = busy_fraction(engine, tok, steps=8)
         if peer is None and n_spec:
-            row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=graphs))
+            warm = bool(graphs)
+            row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=warm))
         return row, ref
     finally:
         for spec in specs:
@@ -412,6 +416,7 @@ def run_families(
     fla=True,
     ssu=True,
     graphs=None,
+    fused=None,
     progress=True,
     time_budget_s=None,
     checkpoint=None,
@@ -427,7 +432,8 @@ def run_families(
     ``selective_state_update`` in the snapshot decode step (a callable with its signature:
     that one).
     ``graphs``: the arms, each row run with CUDA graphs (True) or without (default: both on
-    a GPU, without on CPU). ``checkpoint``: called with the result so far after every row (the
+    a GPU, without on CPU). ``fused``: also the fused path's arm for the presets it serves
+    (default: on a GPU). ``checkpoint``: called with the result so far after every row (the
     CLI writes it, so a run cut short keeps the rows it finished). On a GPU each row's
     ``roofline_fraction`` is ``step_bytes`` over the device-copy bandwidth measured at the
     start of the run, over the median step time, and its ``roofline`` the two-term share:
@@ -443,6 +449,8 @@ def run_families(
     )  # fmt: skip
     cuda = device.type == "cuda"
     arms = tuple(graphs) if graphs is not None else ((False, True) if cuda else (False,))
+    if fused is None:
+        fused = cuda
     if rates is not None:
         args["copy_gbs"], args["matrix_tflops"] = rates
     elif cuda:
@@ -488,8 +496,11 @@ def run_families(
     plan = []
     for batch in batches:
         for name in presets:
-            for graphed in arms:
+            served = fused_reason(built[name].cfg) is None
+            for graphed in arms + (("fused",) if fused and served else ()):
                 plan += [(name, s, batch, None, graphed) for s in strategies]
+                if graphed == "fused":
+                    continue  # the peers run in the reference path's snapshot step
                 for label, (letter, _) in PEERS.items():
                     fn = kernels[label]
                     if fn is not None and letter in built[name].cfg.pattern:
@@ -531,10 +542,17 @@ def run_families(
     start, greedy = time.perf_counter(), {}  # (preset, strategy, batch, graphs) -> tokens
     for name, strategy, batch, peer, graphed in plan:
         shown = peer[0] if peer else strategy
-        label = f"{name} {shown} b={batch}" + (" graphs" if graphed else "")
+        label = f"{name} {shown} b={batch}" + {False: "", True: " graphs"}.get(graphed, " fused")
         if time_budget_s is not None and time.perf_counter() - start > time_budget_s:
             rows.append(
-                dict(preset=name, strategy=shown, graphs=graphed, batch=batch, error="time budget")
+                dict(
+                    preset=name,
+                    strategy=shown,
+                    graphs=bool(graphed),
+                    fused=graphed == "fused",
+                    batch=batch,
+                    error="time budget",
+                )  # fmt: skip
             )
             continue
         if progress:
@@ -544,14 +562,15 @@ def run_families(
             greedy[name, row["strategy"], batch, graphed] = ref
             theirs = greedy.get((name, "snapshot", batch, graphed))
             ungraphed = greedy.get((name, row["strategy"], batch, False))
-            if graphed and ref is not None and ungraphed is not None:
+            if graphed is True and ref is not None and ungraphed is not None:
                 row["greedy_equal_ungraphed"] = all(map(torch.equal, ref, ungraphed))
             if peer is not None and ref is not None and theirs is not None:
                 same = [float((a == b).float().mean()) for a, b in zip(ref, theirs)]
                 row["greedy_equal_snapshot"] = sum(same) / len(same)
             rows.append(dict(preset=name, **row))
         except torch.OutOfMemoryError:
-            rows.append(dict(preset=name, strategy=shown, graphs=graphed, batch=batch, error="OOM"))
+            rows.append(dict(preset=name, strategy=shown, graphs=bool(graphed),
+                             fused=graphed == "fused", batch=batch, error="OOM"))  # fmt: skip
         except Exception as err:  # noqa: BLE001 - record, go on
             errors.append(f"{label}: {type(err).__name__}: {err}"[:400])
         if device.type == "cuda":
@@ -563,10 +582,11 @@ def run_families(
 
 
 def ratios(rows):
-    """Per preset, batch and graph arm, from the rows' medians: replay's decode over
-    snapshot's and over fla snapshot's, and replay's speculative tokens/s over the best plain
-    decode of any strategy (the issue's targets); None where a row is missing."""
-    arm = lambda r: bool(r.get("graphs", False))  # noqa: E731
+    """Per preset, batch and arm (graphs False / True, or "fused"), from the rows' medians:
+    replay's decode over snapshot's and over fla snapshot's, replay's speculative tokens/s over
+    the best plain decode of any strategy (the issue's targets), and in the fused arm its
+    replay decode over the graphed reference path's; None where a row is missing."""
+    arm = lambda r: "fused" if r.get("fused") else bool(r.get("graphs", False))  # noqa: E731
     found = {(r["preset"], r["strategy"], r["batch"], arm(r)): r for r in rows if "error" not in r}
     out = []
     for preset, batch, graphs in dict.fromkeys((r["preset"], r["batch"], arm(r)) for r in rows):
@@ -588,9 +608,25 @@ def ratios(rows):
                 replay_speculative_over_best_decode=over(
                     replay.get("speculative_tokens_per_s"), max(decode.values(), default=None)
                 ),
+                **(
+                    dict(
+                        fused_replay_over_graphed_reference=over(
+                            decode.get("replay"),
+                            (found.get((preset, "replay", batch, True)) or {}).get(
+                                "decode_tokens_per_s"
+                            ),
+                        )
+                    )
+                    if graphs == "fused"
+                    else {}
+                ),  # fmt: skip
             )
         )
     return out
+
+
+def _arm_label(graphs):
+    return {False: "", True: " graphs", None: ""}.get(graphs, f" {graphs}")
 
 
 def families_summary(result):
@@ -609,12 +645,17 @@ def families_summary(result):
     fmt = lambda v: "-" if v is None else f"{v:.2f}x"  # noqa: E731
     for q in result["ratios"]:
         lines.append(
-            f"{q['preset']:22s} b={q['batch']:3d}{' graphs' if q.get('graphs') else ''}: "
+            f"{q['preset']:22s} b={q['batch']:3d}{_arm_label(q.get('graphs'))}: "
             f"replay / snapshot decode "
             f"{fmt(q['replay_over_snapshot'])}, replay / fla snapshot "
             f"{fmt(q['replay_over_fla_snapshot'])}, replay / ssu snapshot "
             f"{fmt(q.get('replay_over_ssu_snapshot'))}, replay speculative / best decode "
             f"{fmt(q['replay_speculative_over_best_decode'])}"
+            + (
+                f", fused replay / graphed reference {fmt(q['fused_replay_over_graphed_reference'])}"
+                if "fused_replay_over_graphed_reference" in q
+                else ""
+            )
         )
     lines.append("")
     lines.append(
@@ -623,10 +664,10 @@ def families_summary(result):
     )
     order = {name: i for i, name in enumerate(result["models"])}
     strategies = {s: i for i, s in enumerate((*STRATEGIES, *PEERS))}
-    key = lambda r: (order[r["preset"]], strategies[r["strategy"]], r.get("graphs", False),  # noqa: E731
-                     r["batch"])  # fmt: skip
+    arm = lambda r: "fused" if r.get("fused") else str(r.get("graphs", False))  # noqa: E731
+    key = lambda r: (order[r["preset"]], strategies[r["strategy"]], arm(r), r["batch"])  # noqa: E731
     for r in sorted(result["rows"], key=key):
-        head = f"{r['preset']:22s} {r['strategy']:13s} {str(r.get('graphs', False)):>6s} "
+        head = f"{r['preset']:22s} {r['strategy']:13s} {arm(r):>6s} "
         if "error" in r:
             lines.append(f"{head}{r['batch']:5d} {r['error']}")
             continue

@@ -1,5 +1,6 @@
 """The fused path's forward (GPU; on CPU through Triton's interpreter, for the tests): NemotronH
-layouts (Mamba-2, plain attention without RoPE, relu2 MLPs) through ``replaylab.kernels.decode``,
+and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs) through
+``replaylab.kernels.decode``,
 which folds each group of element-wise operations into one kernel (the residual add and the
 next block's norm are one kernel, and so on). Matrix products go through ``linear``: with
 ``matmul="row_invariant"`` ``kernels.matmul.linear``, whose rows do not depend on the row
@@ -17,7 +18,7 @@ __all__ = ["forward_fused", "linear"]
 
 def forward_fused(runner, tokens):
     """Logits (bucket, T, vocab) of ``tokens`` (bucket, T) over ``runner``'s engine's pools."""
-    from replaylab.kernels.decode import add_rmsnorm, relu2
+    from replaylab.kernels.decode import add_rmsnorm
 
     e = runner.engine
     bucket, T = tokens.shape
@@ -26,17 +27,29 @@ def forward_fused(runner, tokens):
     h, x = add_rmsnorm(
         runner.model.model.embeddings(tokens), layers[0].norm.weight, layers[0].norm.eps
     )
-    for i, block in enumerate(layers):
-        kind = runner.cfg.pattern[i]
+    for i, kind in enumerate(runner.cfg.pattern):
         if kind == "M":
             out = _mamba(runner, i, x, bucket, T)
         elif kind == "*":
             out = _attention(runner, i, x, bucket, T)
         else:
-            mlp = block.mixer
-            out = linear(e, mlp.down_proj.weight, relu2(linear(e, mlp.up_proj.weight, x)))
+            out = mlp(runner, i, x, lambda w, v: linear(e, w, v))
         h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
     return linear(e, runner.model.lm_head.weight, x)
+
+
+def mlp(runner, layer, x, product):
+    """An MLP through the fused kernels: relu2 (NemotronH) or SwiGLU from one product of the
+    stacked gate and up weights (Bamba); ``product(weight, x)`` the matrix product."""
+    from replaylab.kernels.decode import relu2, swiglu
+
+    block = runner.model.model.layers[layer].mixer
+    if runner.cfg.mlp == "swiglu":
+        gu = product(runner.gate_up_weight[layer], x)
+        hidden = swiglu(gu.reshape(-1, gu.shape[-1])).view(*gu.shape[:-1], -1)
+    else:
+        hidden = relu2(product(block.up_proj.weight, x))
+    return product(block.down_proj.weight, hidden)
 
 
 def linear(engine, weight, x):
@@ -85,13 +98,17 @@ def _mamba(runner, layer, h, bucket, T):
 
 def _attention(runner, layer, h, bucket, T):
     """Attention over the static KV buffer with ``kernels.decode.attention``: each token reads
-    only the rows up to its own slot's position."""
-    from replaylab.kernels.decode import attention
+    only the rows up to its own slot's position; with RoPE (Bamba) q and k rotated in place at
+    those positions first (``kernels.decode.rope_``)."""
+    from replaylab.kernels.decode import attention, rope_
 
     e = runner.engine
     att, pool, c = runner.model.model.layers[layer].mixer, e.kv[layer], runner.cfg
     Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
-    q, k, v = linear(e, runner.qkv_weight[layer], h).split([Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+    qkv = linear(e, runner.qkv_weight[layer], h)
+    if c.rotary_dim:
+        rope_(qkv.view(bucket * T, -1), Hq + Hkv, Dh, runner.inv_freq, e.table.pos_d[:bucket], T)
+    q, k, v = qkv.split([Hq * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
     runner.write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
     out = attention(q.reshape(bucket, T, Hq, Dh), pool.k, pool.v, e.table.pos_d[:bucket], Dh**-0.5)
     return linear(e, att.o_proj.weight, out.view(bucket, T, Hq * Dh))

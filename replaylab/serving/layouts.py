@@ -4,13 +4,15 @@
 
 The reference path serves every family the teaching cache does: Mamba-2 ("M": NemotronH,
 Bamba), Mamba-1 ("S": Jamba) and Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or
-gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH
-layouts: Mamba-2, plain attention without RoPE, relu2 MLPs.
+gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH and
+Bamba layouts: Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs; on a GPU it
+is the default for NemotronH layouts (Bamba's opt-in until the fused path is timed on it,
+``fused_by_default``).
 """
 
 from __future__ import annotations
 
-__all__ = ["LAYER_KINDS", "unsupported_reason", "fused_reason", "paths"]
+__all__ = ["LAYER_KINDS", "unsupported_reason", "fused_reason", "fused_by_default", "paths"]
 
 LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
 
@@ -40,11 +42,15 @@ def fused_reason(cfg):
     missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("M*-"))]
     if cfg.attention != "plain":
         missing.append(f"{cfg.attention} attention (attention={cfg.attention!r})")
-    if cfg.rotary_dim:
-        missing.append(f"RoPE (rotary_dim={cfg.rotary_dim})")
-    if cfg.mlp != "relu2":
+    if cfg.mlp not in ("relu2", "swiglu"):
         missing.append(f"{cfg.mlp} MLPs (mlp={cfg.mlp!r})")
     return ", ".join(missing) or None
+
+
+def fused_by_default(cfg):
+    """Whether a GPU engine takes the fused path unasked: NemotronH layouts (no RoPE, relu2
+    MLPs), the ones it is timed on; Bamba's (RoPE, SwiGLU) pass ``fused=True``."""
+    return fused_reason(cfg) is None and not cfg.rotary_dim and cfg.mlp == "relu2"
 
 
 def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
@@ -56,10 +62,10 @@ def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
     use_kernels = cuda if use_kernels is None else use_kernels
     graphable = kind.graphable(use_kernels)  # else host reads every step
     graphs = (cuda and graphable) if graphs is None else graphs
-    fused = (cuda and use_kernels and not lacks) if fused is None else fused
+    fused = (cuda and use_kernels and fused_by_default(cfg)) if fused is None else fused
     if fused and lacks:
         raise ValueError(
-            f"fused: the fused kernels serve NemotronH layouts and lack {lacks}; "
+            f"fused: the fused kernels serve NemotronH and Bamba layouts and lack {lacks}; "
             f"use fused=False (the reference path serves this model)"
         )
     if graphs and not cuda:

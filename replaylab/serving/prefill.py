@@ -6,9 +6,9 @@ Snapshot and recompute end with the state after the prompt. Replay logs every to
 its log L entries at a time with the fold decode uses, so the checkpoint lands on the decode
 grid (the largest multiple of L) with the same bits a decode of those tokens would fold to.
 
-Under ``prefill_kernels`` on the fused path (NemotronH layouts) a chunk runs the fused
-decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one kernel,
-the gated norm and the MLP's relu2 in one each, and the Mamba-2 scan in one launch
+Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts) a chunk runs the
+fused decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one
+kernel, the gated norm and the MLP's activation in one each, and the Mamba-2 scan in one launch
 (``kernels.ssd_chunked``); the conv, the strategy's scan and attention stay those above.
 
 Shapes: prompt (T0,) ids; a chunk's hidden (1, C, D); logits (vocab,).
@@ -83,7 +83,8 @@ def _chunk_fused(engine, ids, slot, start, carried, logged):
     """One chunk (1, T) ids through the fused decode's kernels -> the final norm's output (1,
     T, D): ``serving.fused.forward_fused``'s order of kernels, with the slot's pools; the
     matrix products are torch's, as the reference prefill's."""
-    from replaylab.kernels.decode import add_rmsnorm, gated_rmsnorm, relu2
+    from replaylab.kernels.decode import add_rmsnorm, gated_rmsnorm
+    from replaylab.serving.fused import mlp
 
     e, model, c = engine, engine.model, engine.cfg
     layers = model.model.layers
@@ -103,8 +104,7 @@ def _chunk_fused(engine, ids, slot, start, carried, logged):
         elif kind == "*":
             out = _attention(e, i, x, slot, start)
         else:
-            mlp = block.mixer
-            out = F.linear(relu2(F.linear(x, mlp.up_proj.weight)), mlp.down_proj.weight)
+            out = mlp(e.runner, i, x, lambda w, v: F.linear(v, w))
         h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)
     return x
 
