@@ -110,7 +110,8 @@ def generate(
     same tokenizer. stop_at_eos: end the output at the first EOS id of the checkpoint's
     (generation) config, as transformers does. dtype: compute dtype (default: the stored one,
     float32 on a CPU for half-precision weights). engine: "auto" (the serving engine,
-    ``replaylab.serving.DecodeEngine``, on a GPU for the layouts its fused path serves: NemotronH;
+    ``replaylab.serving.DecodeEngine``, on a GPU for the layouts its fused path takes by default,
+    NemotronH's (``serving.layouts.fused_by_default``);
     the teaching cache otherwise), True (the engine, on any device) or False (the teaching cache).
 
     Returns a ``DecodeResult``: tokens (1, n) with n <= max_new_tokens, acceptance, restores,
