@@ -12,7 +12,7 @@ of element-wise operations into one launch:
                     the window advanced in place (and kept per token
                     for a rollback when T > 1):                        Mamba2Mixer.conv
     relu2           relu(u)^2:                                         model.MLP (NemotronH)
-    swiglu          silu(gate) * up from one [gate | up] product:      model.MLP (Bamba)
+    swiglu          silu(gate) * up:                                   model.MLP (Bamba)
     rope_           RoPE on the first rotary_dim dims of q's and k's
                     heads, in place, each row at its slot's position:  model.Attention.rotate
     state_update    the snapshot strategy's step: S <- a S + Δ x B^T,
@@ -309,25 +309,29 @@ def relu2(u):
 
 
 @triton.jit
-def _swiglu_kernel(gu, out, F, BLOCK: tl.constexpr):
+def _swiglu_kernel(gate, up, out, F, BLOCK: tl.constexpr):
     r, fb = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = fb * BLOCK + tl.arange(0, BLOCK)
     m = offs < F
-    gate = tl.load(gu + r * 2 * F + offs, mask=m, other=0.0).to(tl.float32)
-    up = tl.load(gu + r * 2 * F + F + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(out + r * F + offs, (_silu(gate) * up).to(out.dtype.element_ty), mask=m)
+    g = tl.load(gate + r * F + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(up + r * F + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out + r * F + offs, (_silu(g) * u).to(out.dtype.element_ty), mask=m)
 
 
-def swiglu(gu):
-    """silu(gate) * up of ``gu`` (R, 2F) = [gate | up] (one matrix product of the stacked
-    gate and up weights) -> (R, F) in gu's dtype, computed in fp32 and rounded once."""
-    if gu.dim() != 2 or gu.shape[1] % 2:
-        raise ValueError(f"gu: expected (rows, 2F) = [gate | up], got shape {tuple(gu.shape)}")
-    gu = gu.contiguous()
-    R, F = gu.shape[0], gu.shape[1] // 2
-    out = torch.empty(R, F, dtype=gu.dtype, device=gu.device)
-    BLOCK = min(1024, triton.next_power_of_2(F))
-    _swiglu_kernel[(R, triton.cdiv(F, BLOCK))](gu, out, F, BLOCK=BLOCK, num_warps=4)
+def swiglu(gate, up):
+    """silu(gate) * up, both (R, F) (the products of the gate and up weights) -> (R, F) in
+    gate's dtype, computed in fp32 and rounded once."""
+    if gate.dim() != 2 or up.shape != gate.shape or up.dtype != gate.dtype:
+        raise ValueError(
+            f"gate, up: expected two (rows, F) tensors of one dtype, got {tuple(gate.shape)} "
+            f"{gate.dtype} and {tuple(up.shape)} {up.dtype}"
+        )
+    gate, up = gate.contiguous(), up.contiguous()
+    R, F = gate.shape
+    out = torch.empty(R, F, dtype=gate.dtype, device=gate.device)
+    BLOCK = min(1024, triton.next_power_of_2(max(F, 1)))
+    if R and F:
+        _swiglu_kernel[(R, triton.cdiv(F, BLOCK))](gate, up, out, F, BLOCK=BLOCK, num_warps=4)
     return out
 
 
@@ -361,9 +365,17 @@ def rope_(t, heads, head_dim, inv_freq, position, T):
             f"t: expected (rows, >= {heads} x {head_dim}) with unit column stride, got "
             f"{tuple(t.shape)} strides {t.stride()}"
         )
-    if not 0 < 2 * half <= head_dim:
-        raise ValueError(f"inv_freq: expected 1 .. {head_dim // 2} frequencies, got {half}")
-    if position.dtype != torch.int64 or t.shape[0] != position.numel() * T:
+    if not 0 < 2 * half <= head_dim or inv_freq.dtype != torch.float32 or inv_freq.dim() != 1:
+        raise ValueError(
+            f"inv_freq: expected 1 .. {head_dim // 2} fp32 frequencies, got {inv_freq.dtype} "
+            f"{tuple(inv_freq.shape)}"
+        )
+    if not t.device == inv_freq.device == position.device:
+        raise ValueError(
+            f"t, inv_freq, position: expected one device, got {t.device}, {inv_freq.device}, "
+            f"{position.device}"
+        )
+    if position.dtype != torch.int64 or position.dim() != 1 or t.shape[0] != position.numel() * T:
         raise ValueError(
             f"position: expected int64 (batch,) with batch x T = {t.shape[0]} rows, got "
             f"{position.dtype} {tuple(position.shape)} and T = {T}"

@@ -62,6 +62,12 @@ def _gdn_scan_kernel(
         S = tl.load(s_ptr, mask=mk[:, None] & mv[None, :], other=0.0).to(tl.float32)
     else:
         S = tl.zeros((BLOCK_K, BLOCK_V), dtype=tl.float32)
+    # int64: t * stride may pass 2**31 in a long prompt (tl.cast: a stride of 1 is constexpr)
+    sq_t, sk_t, sv_t, so_t, su_t = (
+        tl.cast(sq_t, tl.int64), tl.cast(sk_t, tl.int64), tl.cast(sv_t, tl.int64),
+        tl.cast(so_t, tl.int64), tl.cast(su_t, tl.int64),
+    )  # fmt: skip
+    sg_t, sbeta_t = tl.cast(sg_t, tl.int64), tl.cast(sbeta_t, tl.int64)
     for t in range(T):
         kt = tl.load(k + b * sk_b + t * sk_t + hk * sk_h + offs_k * sk_k, mask=mk, other=0.0)
         qt = tl.load(q + b * sq_b + t * sq_t + hk * sq_h + offs_k * sq_k, mask=mk, other=0.0)

@@ -59,6 +59,10 @@ def _s6_scan_kernel(
         S = tl.load(s_ptr, mask=m2, other=0.0).to(tl.float32)
     else:
         S = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+    sx_t, sdt_t, sB_t, sC_t, sy_t = (
+        tl.cast(sx_t, tl.int64), tl.cast(sdt_t, tl.int64), tl.cast(sB_t, tl.int64),
+        tl.cast(sC_t, tl.int64), tl.cast(sy_t, tl.int64),
+    )  # int64: t * stride may pass 2**31 in a long prompt (tl.cast: a stride of 1 is constexpr)  # fmt: skip
     for t in range(T):
         xt = tl.load(x + b * sx_b + t * sx_t + offs_d * sx_d, mask=md, other=0.0).to(tl.float32)
         dtt = tl.load(dt + b * sdt_b + t * sdt_t + offs_d * sdt_d, mask=md, other=0.0)

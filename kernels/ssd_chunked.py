@@ -73,7 +73,7 @@ def _ssd_chunked_kernel(
         D_h = tl.load(D + h).to(tl.float32)
     causal = offs_q[:, None] >= offs_q[None, :]
     for c0 in range(0, T, Q):
-        t = c0 + offs_q
+        t = (c0 + offs_q).to(tl.int64)  # int64: t * stride may pass 2**31 in a long prompt
         mt = t < T
         raw = tl.load(dt + b * sdt_b + t * sdt_t + h * sdt_h, mask=mt, other=0.0).to(tl.float32)
         delta = tl.where(mt, _delta(raw, bias_h, lo, hi, SOFTPLUS), 0.0)

@@ -228,22 +228,57 @@ def test_bamba_on_the_fused_path_follows_the_teaching_cache(strategy):
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_bamba_on_the_fused_path_speculates_its_own_greedy_tokens_bit_for_bit(strategy):
-    """Within the fused path's arithmetic, batched speculation (verify rows, ragged
-    rollbacks) gives each sequence the engine's own greedy tokens, and a sequence's tokens do
-    not depend on its batch; the prefill runs the fused path's kernels (``prefill_kernels``)."""
+def test_bamba_on_the_fused_path_is_lossless_bit_for_bit(strategy):
+    """Within the fused path's arithmetic (the row-invariant product, as on a GPU), on a
+    Bamba layout: a sequence's logits do not depend on its batch; a 3-token verify gives the
+    logits of three single steps (each verify row rotated at its own position); batched
+    speculation (ragged rollbacks) gives each sequence its own greedy tokens. The prefill runs
+    the fused path's kernels (``prefill_kernels``)."""
     model = MODELS["bamba"]
     prompts = _prompts(model, (7, 3), seed=4)
-    kw = dict(log_length=4, max_verify=4, use_kernels=True, fused=True, prefill_kernels=True)
+    kw = dict(log_length=16, max_verify=4, use_kernels=True, fused=True, prefill_kernels=True,
+              matmul="row_invariant")  # fmt: skip
+
+    def steps(engine, first, n=3):  # greedy logits after the admission's: (batch, n + 1, vocab)
+        out, tok = [first], first.argmax(-1)[:, None]
+        for _ in range(n):
+            out.append(engine.step(tok)[:, -1])
+            tok = out[-1].argmax(-1)[:, None]
+        return torch.stack(out, 1)
+
     alone = []
     for p in prompts:
         engine = DecodeEngine(model, 1, 32, strategy, **kw)
-        alone.append(engine.greedy(p[None], 8)[0])
+        alone.append(steps(engine, engine.admit(p)[1][None])[0])
+    engine = DecodeEngine(model, 2, 32, strategy, **kw)
+    batched = steps(engine, torch.stack([engine.admit(p)[1] for p in prompts]))
+    for got, want in zip(batched, alone):
+        assert torch.equal(got, want)
+    drafts = torch.randint(
+        0, model.cfg.vocab_size, (2, 3), generator=torch.Generator().manual_seed(5)
+    )
+    verify = engine.step(drafts)
+    engine.rollback(1)
+    single = torch.cat([verify[:, :1]] + [engine.step(drafts[:, t : t + 1]) for t in (1, 2)], 1)
+    assert torch.equal(verify, single)
+
+    kw["log_length"] = 4  # speculation across folds
+    refs = [DecodeEngine(model, 1, 32, strategy, **kw).greedy(p[None], 8)[0] for p in prompts]
     engine = DecodeEngine(model, 2, 32, strategy, **kw)
     pending = torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
     drafters = [SyntheticDrafter(torch.cat([p, r]), 0.6, seed=i)
-                for i, (p, r) in enumerate(zip(prompts, alone))]  # fmt: skip
+                for i, (p, r) in enumerate(zip(prompts, refs))]  # fmt: skip
     tokens, proposed, accepted = engine.speculate_batch(prompts, pending, 8, drafters, k=3)
-    for got, ref in zip(tokens, alone):
-        assert torch.equal(got, ref)
+    for got, want in zip(tokens, refs):
+        assert torch.equal(got, want)
     assert engine.stats.rollbacks > 0 and 0 < sum(accepted) < sum(proposed)
+
+
+def test_bamba_fused_prefill_kernels_equal_the_default_prefill():
+    """The fused path's prefill on a Bamba layout (SwiGLU and RoPE chunks, the Mamba-2 prompt
+    kernel) against its default prefill: pool buffers and logits (``prefill_kernel_checks``)."""
+    from prefill_kernel_checks import check_prefill_kernels
+
+    model = MODELS["bamba"]
+    prompt = _prompts(model, (40,), seed=6)[0]
+    check_prefill_kernels(model, prompt, 30, 8, family="mamba2", fused=True)

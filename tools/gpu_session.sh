@@ -11,9 +11,13 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>
 # WHEELS=.whl-gpu for the suite: no fla (transformers 5.17 routes its torch gated-delta rule
 # to fla when fla imports, on the tests' CPU tensors), no ruff (its test skips), with debugpy
 # and jedi (ipykernel needs them to run the notebooks)
-[ -d /tmp/site ] || MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q \
-  --no-index --no-deps --no-build-isolation --target /tmp/site ${WHEELS:-.whl}/* >/tmp/pip.log 2>&1 \
-  || tail -5 /tmp/pip.log  # (installed once per machine: a second mode in one call reuses it)
+# installed once per wheel set: a second mode on the same machine with the same WHEELS reuses it
+if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "${WHEELS:-.whl}" ]; then
+  rm -rf /tmp/site
+  MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
+    --no-build-isolation --target /tmp/site ${WHEELS:-.whl}/* >/tmp/pip.log 2>&1 \
+    && echo "${WHEELS:-.whl}" >/tmp/site/.wheels || tail -5 /tmp/pip.log
+fi
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 # the copy on the GPU machine has no git history: the results name the commit they ran
 export REPLAYLAB_COMMIT=${COMMIT:-}
@@ -50,7 +54,7 @@ case "$mode" in
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
   families)  # the families' replay kernels in the engine: their tests, then the per-family
     # engine bench (FAMILIES_ARGS: e.g. --presets qwen3.5-9b-layers --batches 8,128)
-    # (--fused on: Bamba's fused path too, its tests first)
+    # (FAMILIES_ARGS='--fused on': Bamba's fused path too; its tests run first either way)
     fam=tests/test_engine_families.py
     cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_engine_family_kernels.py tests/test_bench_families.py $fam::test_bamba_on_the_fused_path_follows_the_teaching_cache $fam::test_bamba_on_the_fused_path_speculates_its_own_greedy_tokens_bit_for_bit tests/test_decode_kernels.py"
     { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_engine_family_tests.log" 2>&1

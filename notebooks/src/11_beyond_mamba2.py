@@ -691,7 +691,8 @@ for q in ssu["ratios"]:
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
 #   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one.
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
-#   separate kernels, which NemotronH's fused path (notebook 13) folds together, and the device
+#   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's when
+#   asked for with `fused=True`) folds together, and the device
 #   sits idle for part of each step.
 # * With mamba-ssm's update in its snapshot step, Jamba-class snapshot decodes as fast as replay
 #   in this engine, though the kernel alone is several times replay's (section 6). Overhead

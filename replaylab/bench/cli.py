@@ -172,7 +172,7 @@ def _engine_families(args):
         graphs=dict(both=(False, True), on=(True,), off=(False,))[args.graphs]
         if torch.cuda.is_available()
         else (False,),
-        fused=dict(auto=None, on=True, off=False)[args.fused],
+        fused=args.fused == "on",
         time_budget_s=args.time_budget_s or None,
         checkpoint=lambda partial: _write(dict(partial, **provenance(args.argv)), out),
     )
@@ -606,10 +606,10 @@ def add_bench_parser(subparsers):
     )
     ef.add_argument(
         "--fused",
-        choices=("auto", "on", "off"),
-        default="auto",
+        choices=("on", "off"),
+        default="off",
         help="also rows through the fused path's kernels for the layouts it serves (Bamba's; "
-        "auto: on a GPU, graphed)",
+        "graphed on a GPU)",
     )
     ef.add_argument(
         "--time-budget-s",

@@ -5,7 +5,7 @@ recompute and replay, batch by batch, in one run (``replaylab bench engine-famil
 What runs: ``DecodeEngine``'s reference path, each row with CUDA graphs (every step one graph
 replay) or without (``graphs``: both arms on a GPU), and for the layouts the fused path serves
 (Bamba's; ``serving.layouts.fused_reason``) a third arm through its kernels, graphed
-(``fused``; on a GPU by default; each row's ``fused``), with ``use_kernels=True``:
+(``fused``, opt-in; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
 ``fold``; snapshot and recompute run the layer spec's PyTorch token loop
@@ -384,7 +384,7 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
         if args.get("busy"):
             row["gpu_busy"], tok = busy_fraction(engine, tok, steps=8)
         if peer is None and n_spec:
-            warm = bool(graphs)
+            warm = engine.graphs  # a whole untimed run first, where it captures the graphs
             row.update(timed_speculation(engine, prompts, ref, k, args["acceptance"], warm=warm))
         return row, ref
     finally:
@@ -416,7 +416,7 @@ def run_families(
     fla=True,
     ssu=True,
     graphs=None,
-    fused=None,
+    fused=False,
     progress=True,
     time_budget_s=None,
     checkpoint=None,
@@ -449,8 +449,6 @@ def run_families(
     )  # fmt: skip
     cuda = device.type == "cuda"
     arms = tuple(graphs) if graphs is not None else ((False, True) if cuda else (False,))
-    if fused is None:
-        fused = cuda
     if rates is not None:
         args["copy_gbs"], args["matrix_tflops"] = rates
     elif cuda:
@@ -548,7 +546,7 @@ def run_families(
                 dict(
                     preset=name,
                     strategy=shown,
-                    graphs=bool(graphed),
+                    graphs=bool(graphed) and cuda,
                     fused=graphed == "fused",
                     batch=batch,
                     error="time budget",
@@ -569,7 +567,7 @@ def run_families(
                 row["greedy_equal_snapshot"] = sum(same) / len(same)
             rows.append(dict(preset=name, **row))
         except torch.OutOfMemoryError:
-            rows.append(dict(preset=name, strategy=shown, graphs=bool(graphed),
+            rows.append(dict(preset=name, strategy=shown, graphs=bool(graphed) and cuda,
                              fused=graphed == "fused", batch=batch, error="OOM"))  # fmt: skip
         except Exception as err:  # noqa: BLE001 - record, go on
             errors.append(f"{label}: {type(err).__name__}: {err}"[:400])

@@ -39,14 +39,17 @@ def forward_fused(runner, tokens):
 
 
 def mlp(runner, layer, x, product):
-    """An MLP through the fused kernels: relu2 (NemotronH) or SwiGLU from one product of the
-    stacked gate and up weights (Bamba); ``product(weight, x)`` the matrix product."""
+    """An MLP through the fused kernels: relu2 (NemotronH) or SwiGLU (Bamba: the gate's and
+    up's products, then one kernel; their weights are not stacked into one matrix, which would
+    hold a second copy of both); ``product(weight, x)`` the matrix product."""
     from replaylab.kernels.decode import relu2, swiglu
 
     block = runner.model.model.layers[layer].mixer
     if runner.cfg.mlp == "swiglu":
-        gu = product(runner.gate_up_weight[layer], x)
-        hidden = swiglu(gu.reshape(-1, gu.shape[-1])).view(*gu.shape[:-1], -1)
+        gate, up = product(block.gate_proj.weight, x), product(block.up_proj.weight, x)
+        rows = gate.shape[:-1]
+        hidden = swiglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
+        hidden = hidden.view(*rows, -1)
     else:
         hidden = relu2(product(block.up_proj.weight, x))
     return product(block.down_proj.weight, hidden)

@@ -59,11 +59,6 @@ class ModelRunner:
             l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
             for l in (self.cfg.attn_layers if engine.fused else ())
         }
-        swiglu = engine.fused and self.cfg.mlp == "swiglu"
-        self.gate_up_weight = {  # fused SwiGLU: one matrix product for gate and up
-            l: torch.cat([layers[l].mixer.gate_proj.weight, layers[l].mixer.up_proj.weight]).detach()
-            for l, kind in enumerate(self.cfg.pattern) if swiglu and kind == "-"
-        }  # fmt: skip
         c = self.cfg  # fused RoPE: model.Attention.rotate's frequencies, fp32
         self.inv_freq = 1.0 / c.rope_theta ** (
             torch.arange(0, c.rotary_dim, 2, device=engine.device).float() / max(c.rotary_dim, 1)
