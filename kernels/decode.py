@@ -319,16 +319,17 @@ def _swiglu_kernel(gate, up, out, F, BLOCK: tl.constexpr):
 
 
 def swiglu(gate, up):
-    """silu(gate) * up, both (R, F) (the products of the gate and up weights) -> (R, F) in
-    gate's dtype, computed in fp32 and rounded once."""
-    if gate.dim() != 2 or up.shape != gate.shape or up.dtype != gate.dtype:
+    """silu(gate) * up, both (..., F) (the products of the gate and up weights) -> (..., F)
+    in gate's dtype, computed in fp32 and rounded once."""
+    if gate.dim() < 1 or up.shape != gate.shape or up.dtype != gate.dtype:
         raise ValueError(
-            f"gate, up: expected two (rows, F) tensors of one dtype, got {tuple(gate.shape)} "
-            f"{gate.dtype} and {tuple(up.shape)} {up.dtype}"
+            f"gate, up: expected two (..., F) tensors of one shape and dtype, got "
+            f"{tuple(gate.shape)} {gate.dtype} and {tuple(up.shape)} {up.dtype}"
         )
     gate, up = gate.contiguous(), up.contiguous()
-    R, F = gate.shape
-    out = torch.empty(R, F, dtype=gate.dtype, device=gate.device)
+    F = gate.shape[-1]
+    R = gate.numel() // max(F, 1)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     BLOCK = min(1024, triton.next_power_of_2(max(F, 1)))
     if R and F:
         _swiglu_kernel[(R, triton.cdiv(F, BLOCK))](gate, up, out, F, BLOCK=BLOCK, num_warps=4)

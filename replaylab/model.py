@@ -195,6 +195,13 @@ class Attention(nn.Module):
         out = attend(q, keys, values, causal_mask(h.shape[1], keys.shape[2], h.device))
         return self.finish(out, gate)
 
+    def inv_freq(self, device):
+        """RoPE's frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2, fp32 (empty
+        without RoPE)."""
+        c = self.cfg
+        steps = torch.arange(0, c.rotary_dim, 2, device=device).float()
+        return 1.0 / c.rope_theta ** (steps / max(c.rotary_dim, 1))
+
     def rotate(self, t, positions):
         """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at ``positions``:
         an int start (start, start + 1, ...) or a tensor (T,) or (batch, T)."""
@@ -202,11 +209,8 @@ class Attention(nn.Module):
         if isinstance(positions, int):
             positions = torch.arange(positions, positions + t.shape[2], device=t.device)
         half = c.rotary_dim // 2
-        inv_freq = 1.0 / c.rope_theta ** (
-            torch.arange(0, c.rotary_dim, 2, device=t.device).float() / c.rotary_dim
-        )
         pos = positions.float()
-        angles = torch.cat([pos[..., None] * inv_freq] * 2, dim=-1)
+        angles = torch.cat([pos[..., None] * self.inv_freq(t.device)] * 2, dim=-1)
         if angles.dim() == 3:  # per row: (batch, 1, T, rotary_dim) against the heads
             angles = angles[:, None]
         cos, sin = angles.cos().to(t.dtype), angles.sin().to(t.dtype)

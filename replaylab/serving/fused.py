@@ -46,10 +46,7 @@ def mlp(runner, layer, x, product):
 
     block = runner.model.model.layers[layer].mixer
     if runner.cfg.mlp == "swiglu":
-        gate, up = product(block.gate_proj.weight, x), product(block.up_proj.weight, x)
-        rows = gate.shape[:-1]
-        hidden = swiglu(gate.reshape(-1, gate.shape[-1]), up.reshape(-1, up.shape[-1]))
-        hidden = hidden.view(*rows, -1)
+        hidden = swiglu(product(block.gate_proj.weight, x), product(block.up_proj.weight, x))
     else:
         hidden = relu2(product(block.up_proj.weight, x))
     return product(block.down_proj.weight, hidden)

@@ -59,9 +59,9 @@ class ModelRunner:
             l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
             for l in (self.cfg.attn_layers if engine.fused else ())
         }
-        c = self.cfg  # fused RoPE: model.Attention.rotate's frequencies, fp32
-        self.inv_freq = 1.0 / c.rope_theta ** (
-            torch.arange(0, c.rotary_dim, 2, device=engine.device).float() / max(c.rotary_dim, 1)
+        rope = engine.fused and self.cfg.rotary_dim and self.cfg.attn_layers
+        self.inv_freq = (  # the fused RoPE's: model.Attention.rotate's frequencies
+            layers[self.cfg.attn_layers[0]].mixer.inv_freq(engine.device) if rope else None
         )
 
     def run(self, tokens, folds, save):
