@@ -8,6 +8,7 @@ fused path runs through Triton's interpreter."""
 
 import copy
 import random
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from replaylab.cache import CacheConfig
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy, speculative
 from replaylab.model import HybridLM, preset
 from replaylab.serving import STRATEGIES, DecodeEngine
+from replaylab.serving.slots import SlotTable
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -127,6 +129,7 @@ def run_program(
     partial_rollbacks=False,
     use_kernels=None,
     teaching_model=None,
+    log_capacity=None,
 ):
     """A random program of admit / step (per-slot T and counts) / rollback (per-slot keep) /
     retire, on the engine and on teaching caches, comparing every logit the engine returns
@@ -134,7 +137,7 @@ def run_program(
     A rollback takes every live slot, once each took part in the last step; with
     ``partial_rollbacks`` it takes the slots that did. ``use_kernels``: default ``fused``;
     ``teaching_model``: the oracle's model (default ``model``; its CPU twin when ``model`` is
-    on a GPU)."""
+    on a GPU); ``log_capacity``: replay's ring rows (default L)."""
     rng = random.Random(seed)
     teaching = teaching_model or (MODEL if model is None else model)
     model = (engine_model() if fused else MODEL) if model is None else model
@@ -149,6 +152,7 @@ def run_program(
         use_kernels=fused if use_kernels is None else use_kernels,
         fused=fused,
         matmul=FUSED_MATMUL if fused else None,
+        log_capacity=log_capacity,
     )
     oracle, worst = Teaching(strategy, L, teaching), 0.0
 
@@ -195,7 +199,7 @@ def run_program(
             assert engine.pos[s] == len(oracle.seqs[s][1])
             if strategy == "replay":
                 assert (engine.pos[s] - engine.log_len[s]) % L == 0
-                assert 0 <= engine.log_len[s] <= L
+                assert 0 <= engine.log_len[s] <= engine.capacity
     return engine, worst
 
 
@@ -206,6 +210,29 @@ def test_ragged_programs_give_the_teaching_logits(strategy, seed):
     assert engine.stats.steps > 0 and worst < 2e-4
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_ring_past_the_fold_grid_gives_the_teaching_logits(fused, seed):
+    """log_capacity L + max_verify - 1: a step may pass the fold grid (the fold waits for the
+    next step), through the reference path and the fused kernels, against the teaching cache;
+    some step left a slot's log past L."""
+    if fused and seed and not torch.cuda.is_available():
+        pytest.skip("CI time: one program through the interpreter on CPU")
+    past = []
+    original = SlotTable.commit
+
+    def commit(table, step_counts):
+        original(table, step_counts)
+        past.extend(s for s in step_counts if table.log_len[s] > table.L)
+
+    with patch.object(SlotTable, "commit", commit):
+        engine, worst = run_program(
+            "replay", fused=fused, seed=20 + seed, n_ops=30 if not fused else 12, slots=2,
+            log_capacity=4 + 3 - 1,
+        )  # fmt: skip
+    assert engine.capacity == 6 and past and worst < 2e-4
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES if torch.cuda.is_available() else ["replay"])
 def test_ragged_programs_fused(strategy):
     """The fused kernels (interpreter on CPU) in lockstep with the teaching caches. Replay
@@ -214,6 +241,40 @@ def test_ragged_programs_fused(strategy):
     run in the speculative test above, and every strategy runs here on a GPU."""
     engine, worst = run_program(strategy, fused=True, seed=11, n_ops=10, slots=2)
     assert engine.stats.steps > 0 and worst < 2e-4
+
+
+def test_a_ring_past_the_fold_grid_never_shrinks_the_drafts():
+    """With log_capacity L + k, a round just before a fold verifies all k drafts: the drafter
+    and acceptance counts are the teaching loop's (which never clips), and the tokens are the
+    engine's own greedy ones; with capacity L the same rounds verify fewer."""
+    prompt = torch.tensor([[5, 9, 2, 5, 9, 2, 7, 5, 9]])
+    engine = DecodeEngine(MODEL, 1, 48, "replay", log_length=6, log_capacity=6 + 4)
+    ref = engine.greedy(prompt, 24)
+    full = torch.cat([prompt, ref], 1)
+    counts = {}
+    for capacity in (6, 10):
+        e = DecodeEngine(MODEL, 1, 48, "replay", log_length=6, log_capacity=capacity)
+        tokens, *counts[capacity] = e.speculative(prompt, 24, SyntheticDrafter(full, 0.8, 3))
+        assert torch.equal(tokens, ref)
+    teaching = speculative(
+        MODEL, prompt, 24, SyntheticDrafter(full, 0.8, 3), k=4, cache=TEACHING["replay"]
+    )
+    assert counts[10] == [teaching.proposed, teaching.accepted]
+    assert counts[6][0] < counts[10][0]
+
+
+def test_log_capacity_outside_its_range_is_refused():
+    for capacity, message in (
+        (3, r"log_capacity: expected 4 <= log_capacity <= 8, got 3"),  # L + min(5 - 1, L)
+        (9, r"log_capacity: expected 4 <= log_capacity <= 8, got 9"),
+        (6.5, r"log_capacity: expected an integer"),
+    ):
+        with pytest.raises((ValueError, TypeError), match=message):
+            DecodeEngine(MODEL, 1, 32, "replay", log_length=4, log_capacity=capacity)
+    with pytest.raises(ValueError, match=r"log_capacity: only replay keeps a log; the 'snapshot'"):
+        DecodeEngine(MODEL, 1, 32, "snapshot", log_length=4, log_capacity=6)
+    engine = DecodeEngine(MODEL, 1, 32, "replay", log_length=2, max_verify=5, log_capacity=4)
+    assert engine.capacity == 4  # L + min(max_verify - 1, L): at most 2L
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

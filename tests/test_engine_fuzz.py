@@ -9,6 +9,8 @@ engine returns with a fresh teaching-cache prefill of that slot's whole sequence
 of range, slots not live, a drafter proposing bad ids, a prompt that is not ids, ...): it must
 be refused and leave every pool tensor, host number and the prefix tree bitwise as they were.
 
+Replay runs twice: with a ring of L rows and of L + MAX_VERIFY - 1 (a step passes the fold grid).
+
 Size: per strategy ``EXAMPLES`` runs of ``STEPS`` rules (a few hundred rules in all);
 derandomized, so every run of the suite tries the same programs."""
 
@@ -55,12 +57,14 @@ class EngineMachine(RuleBasedStateMachine):
     the tokens of its last step a rollback may drop."""
 
     strategy = "replay"
+    log_capacity = None  # replay's ring rows (None: L)
 
     def __init__(self):
         super().__init__()
         self.engine = DecodeEngine(
-            MODEL, SLOTS, MAX_LEN, self.strategy, log_length=L, max_verify=MAX_VERIFY
-        )
+            MODEL, SLOTS, MAX_LEN, self.strategy, log_length=L, max_verify=MAX_VERIFY,
+            log_capacity=self.log_capacity,
+        )  # fmt: skip
         self.prefix = EnginePrefixCache(self.engine, block_size=L)
         self.seq, self.last = {}, {}
         self.admission = None  # (Admission, its prompt) while one prefills
@@ -298,7 +302,7 @@ class EngineMachine(RuleBasedStateMachine):
         for s, tokens in self.seq.items():
             assert e.pos[s] == len(tokens)
             if self.strategy == "replay":
-                assert (e.pos[s] - e.log_len[s]) % L == 0 and 0 <= e.log_len[s] <= L
+                assert (e.pos[s] - e.log_len[s]) % L == 0 and 0 <= e.log_len[s] <= e.capacity
 
 
 SETTINGS = settings(
@@ -311,11 +315,14 @@ SETTINGS = settings(
 )
 
 
-def machine(strategy):
-    """The machine's pytest case under ``strategy``."""
-    cls = type(f"Engine{strategy.title()}Machine", (EngineMachine,), {"strategy": strategy})
+def machine(strategy, log_capacity=None):
+    """The machine's pytest case under ``strategy`` (replay: a ring of ``log_capacity``)."""
+    name = f"Engine{strategy.title()}{log_capacity or ''}Machine"
+    fields = {"strategy": strategy, "log_capacity": log_capacity}
+    cls = type(name, (EngineMachine,), fields)
     cls.TestCase.settings = SETTINGS
     return cls.TestCase
 
 
 TestSnapshot, TestRecompute, TestReplay = (machine(s) for s in STRATEGIES)
+TestReplayPastTheFoldGrid = machine("replay", L + MAX_VERIFY - 1)  # a step may pass a fold

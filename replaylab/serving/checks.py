@@ -76,8 +76,8 @@ def check_step(engine, tokens, counts, slots, check):
         if c > engine.policy.room(s):
             raise ValueError(
                 f"counts: slot {s} may take at most room={engine.policy.room(s)} tokens in this "
-                f"step (replay folds its log every L={engine.L} tokens and a step may not cross "
-                f"a fold), got {c}"
+                f"step (replay folds its log every L={engine.L} tokens and its ring holds "
+                f"log_capacity={engine.capacity} entries after a step's fold), got {c}"
             )
     return tokens, counts, slots
 

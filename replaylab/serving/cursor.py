@@ -48,14 +48,16 @@ def rollback_cursor(pos, log_len, last, keep):
     return new_pos, new_log, new_last
 
 
-def provisional_room(pos, log_len, L, max_len):
+def provisional_room(pos, log_len, L, max_len, capacity=None):
     """Tokens a slot at ``pos`` with ``log_len`` entries since its checkpoint (0 <= log_len
-    <= L) may take and still give back by a cursor move: its log holds L - log_len more before
-    the next fold (a full log, log_len = L, is folded by the next step, whose fold holds only
-    true tokens: then L), and never past ``max_len``."""
+    <= capacity, the log ring's rows: L by default, at most 2L) may take and still give back
+    by a cursor move: its log holds L - log_len more before the next fold (a log of L or more
+    entries is folded by the next step, whose fold holds only true tokens: then L - (log_len
+    - L)), and never past ``max_len``."""
     L = as_int("L", L, low=1)
-    log_len = as_int("log_len", log_len, 0, L)
+    capacity = L if capacity is None else as_int("capacity", capacity, L, 2 * L)
+    log_len = as_int("log_len", log_len, 0, capacity)
     pos = as_int("pos", pos, low=log_len)
     max_len = as_int("max_len", max_len, low=pos)
-    held = log_len if log_len < L else 0
+    held = log_len if log_len < L else log_len - L
     return min(L - held, max_len - pos)

@@ -82,7 +82,10 @@ class DecodeEngine:
     model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH and Bamba
     layouts). strategy: a name of ``serving.strategies`` ("snapshot", "recompute", "replay").
     log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most tokens one
-    step may take (k + 1). use_kernels: replay through each family's Triton kernels, for the
+    step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step
+    never passes the fold grid, so a verify just before a fold takes fewer drafts) up to L +
+    min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step:
+    drafts never shrink; (capacity - L) entries more per slot). use_kernels: replay through each family's Triton kernels, for the
     whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, where the strategy's steps read no host value). fused: the fused
     decode kernels (``serving.fused``; default: on a GPU, for NemotronH layouts; Bamba's
@@ -122,6 +125,7 @@ class DecodeEngine:
         prefill_chunk=256,
         batch_invariant=True,
         prefill_kernels=None,
+        log_capacity=None,
     ):
         kind = strategy_class(strategy)
         cfg = model.cfg
@@ -143,7 +147,7 @@ class DecodeEngine:
             kind, cfg, self.device, use_kernels, graphs, fused, matmul
         )
         slots, Tm = self.max_batch, self.max_verify
-        self.capacity = self.L  # log ring rows: a step never takes a slot past L entries
+        self.capacity = self._log_capacity(log_capacity, kind)  # log ring rows per slot
         layers = model.model.layers
         shape = (slots, kind, self.capacity, Tm, self.dtype, self.device, self.fused)
         self.ssm = {  # one pool per recurrent layer, from its spec
@@ -160,11 +164,23 @@ class DecodeEngine:
         self.kv = {
             l: KVPool(cfg, slots, max_len + Tm, self.dtype, self.device) for l in cfg.attn_layers
         }
-        self.table = SlotTable(slots, Tm, self.L, kind.logged, self.device)
+        self.table = SlotTable(slots, Tm, self.L, kind.logged, self.device, self.capacity)
         self.policy = kind(self)
         self.runner = ModelRunner(self)
         self.stats = EngineStats()
         self._limits = {}  # slot -> the position ``provisional`` lets it reach
+
+    def _log_capacity(self, log_capacity, kind):
+        """Replay's ring rows per slot: L .. L + min(max_verify - 1, L) (default L)."""
+        if log_capacity is None:
+            return self.L
+        if not kind.logged:
+            raise ValueError(
+                f"log_capacity: only replay keeps a log; the {self.strategy!r} strategy takes "
+                f"none (leave log_capacity=None), got {log_capacity!r}"
+            )
+        top = self.L + min(self.max_verify - 1, self.L)
+        return as_int("log_capacity", log_capacity, self.L, top)
 
     # --- the slot table's views (lists shared with it) -------------------------------------
     live = _table_field("live", "Whether each slot holds a decoding sequence.")
@@ -192,7 +208,8 @@ class DecodeEngine:
 
     def room(self, slot):
         """The most tokens ``slot`` may take in its next step: max_verify, and under replay no
-        more than are left before its next fold (a step never crosses the fold grid)."""
+        more than its log ring holds after the step's fold (with log_capacity L: no more than
+        are left before its next fold, so a step never crosses the fold grid)."""
         return self.policy.room(as_int("slot", slot, 0, self.max_batch - 1))
 
     def nbytes_per_slot(self):
@@ -318,7 +335,9 @@ class DecodeEngine:
         """Tokens ``slot`` may take inside ``provisional``: up to its next fold after the one
         its held log may need (replay), and up to max_len."""
         slot = as_int("slot", slot, 0, self.max_batch - 1)
-        return provisional_room(self.pos[slot], self.log_len[slot], self.L, self.max_len)
+        return provisional_room(
+            self.pos[slot], self.log_len[slot], self.L, self.max_len, self.capacity
+        )
 
     @contextmanager
     def provisional(self, slots):

@@ -30,11 +30,12 @@ __all__ = ["SlotTable"]
 
 class SlotTable:
     """``slots`` slots of a ``DecodeEngine``; ``logged``: the strategy keeps a log whose length
-    moves with each step and rollback (replay)."""
+    moves with each step and rollback (replay); ``capacity``: the log ring's rows per slot
+    (L .. 2L, default L), the most entries a step may leave in a slot's log."""
 
-    def __init__(self, slots, max_verify, L, logged, device):
+    def __init__(self, slots, max_verify, L, logged, device, capacity=None):
         self.size, self.L, self.logged = slots, L, logged
-        self.capacity = L  # log ring rows: a step never takes a slot past L entries
+        self.capacity = L if capacity is None else capacity
         self.live = [False] * slots
         self.prefilling = set()
         self.pos, self.log_len, self.head, self.last = ([0] * slots for _ in range(4))
@@ -71,9 +72,12 @@ class SlotTable:
         return next(b for b in self.buckets if b > max(slots))
 
     def room(self, slot, max_verify):
-        """Replay's limit: at most the tokens left before the slot's next fold."""
-        held = self.log_len[slot] if self.log_len[slot] < self.L else 0  # L: folded first
-        return min(max_verify, self.L - held)
+        """Replay's limit: at most the ring's rows left after the step's fold (a log of L
+        entries or more folds its oldest L first); with capacity L, the tokens left before
+        the slot's next fold."""
+        n = self.log_len[slot]
+        held = n if n < self.L else n - self.L
+        return min(max_verify, self.capacity - held)
 
     # --- admission and retirement -------------------------------------------------------
     def reset(self, slot):
