@@ -32,6 +32,23 @@ def test_matched_smoke_run_on_cpu():
     assert lines[0].split()[-3:] == ["1", "2", "3"] and "speculation replay" in lines[-2]
 
 
+def test_matched_replay_ring_keeps_every_draft_before_a_fold():
+    """The "replay-ring" rows (log ring L + k) speculate the greedy tokens and verify more
+    drafts than replay's, whose rounds shrink before a fold; an unknown name is refused."""
+    torch.manual_seed(0)
+    kw = dict(
+        batches=(), n_steps=6, repeats=1, arms=("torch",), spec_batches=(2,), log_length=4,
+        config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu", progress=False,
+    )  # fmt: skip
+    result = run_matched(spec_strategies=("replay", "replay-ring"), **kw)
+    rows = {r["strategy"]: r for r in result["rows"]}
+    assert set(rows) == {"replay", "replay-ring"}
+    assert all(r["speculative_equal_greedy"] for r in rows.values())
+    assert rows["replay-ring"]["drafts_proposed"] > rows["replay"]["drafts_proposed"]
+    with pytest.raises(ValueError, match=r"spec_strategies: expected names of .* got 'ring'"):
+        run_matched(spec_strategies=("ring",), **kw)
+
+
 def test_matched_arms_take_turns_and_pair_their_runs(monkeypatch):
     """Two arms at one batch: their timed runs alternate (first, second, first, ...), each has
     ``repeats`` runs, and the second arm's paired ratio is the median of its runs over the

@@ -303,6 +303,7 @@ def _matched(args):
     result = run_matched(
         batches=args.batches,
         spec_batches=args.spec_batches,
+        spec_strategies=args.spec_strategies,
         mamba_ssm=not args.no_mamba_ssm,
         launches=_launch_table(args.launches),
         drafter=args.drafter,
@@ -537,6 +538,10 @@ def add_bench_parser(subparsers):
     )
     mt.add_argument("--batches", type=_ints, default=[1, 8, 64, 128, 256])
     mt.add_argument("--spec-batches", type=_ints, default=[1, 8, 32, 128])
+    mt.add_argument(
+        "--spec-strategies", type=lambda s: tuple(s.split(",")), default=("replay", "snapshot"),
+        help="speculation rows per strategy (replay-ring: replay with a log ring of L + k rows)",
+    )  # fmt: skip
     mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
     mt.add_argument("--launches", help="a matmul --sweep JSON whose launches replace TUNED's")
     mt.add_argument(

@@ -286,6 +286,7 @@ def timed_speculation(engine, prompts, ref, k, acceptance, warm=False, drafter="
         speculative_equal_greedy=not parted,
         sequences_parted=len(parted),
         measured_acceptance=sum(accepted) / max(1, sum(proposed)),
+        drafts_proposed=sum(proposed),
         rollbacks=engine.stats.rollbacks - rollbacks,
         reruns=engine.stats.reruns - reruns,
     )

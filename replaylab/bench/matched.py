@@ -13,7 +13,8 @@ same run. The arms are the lossless default (``matmul="row_invariant"``, ``kerne
 sliced-K launches), the same product with the launch it replaced (``previous_launch_for``), and
 cuBLAS (``matmul="torch"``, not row-invariant). Speculation rows (synthetic drafter, per-sequence
 acceptance) give speculative tokens/s over plain decode, and whether every sequence's tokens
-equal its greedy ones bit for bit.
+equal its greedy ones bit for bit; the strategy "replay-ring" is replay with a log ring of
+L + k rows (``DecodeEngine(log_capacity=)``), whose rounds keep all k drafts before a fold.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ __all__ = ["MATCHED", "run_matched", "matched_summary"]
 # mamba-ssm's gated MLP of 21,504 (2 x 32,256 = 3 x 21,504 rows of 4,096)
 MATCHED = dict(PRESETS["8b-layers"], pattern="M-M-*-M-", intermediate_size=32256)
 MAMBA_SSM_INTERMEDIATE = 21504
+
+SPEC_STRATEGIES = ("replay", "snapshot", "recompute", "replay-ring")
 
 ARMS = {  # name: (matmul, launch policy or None for the default)
     "row_invariant": ("row_invariant", None),
@@ -77,6 +80,9 @@ def run_matched(
     from replaylab.costmodel import decode_step_bytes
     from replaylab.kernels.matmul import launch_for, previous_launch_for, use_launches
 
+    for s in spec_strategies:
+        if s not in SPEC_STRATEGIES:
+            raise ValueError(f"spec_strategies: expected names of {SPEC_STRATEGIES}, got {s!r}")
     config = config or MATCHED
     cfg = HybridConfig(**config)
     cuda = device == "cuda"
@@ -99,7 +105,11 @@ def run_matched(
 
     def warm_engine(arm, strategy, batch, prompts):
         with use_launches(policy_of(arm)):  # the graphs are captured under the arm's launches
-            engine = DecodeEngine(model, batch, max_len, strategy, log_length, matmul=ARMS[arm][0])
+            ring = dict(log_capacity=log_length + k) if strategy == "replay-ring" else {}
+            engine = DecodeEngine(
+                model, batch, max_len, strategy.removesuffix("-ring"), log_length,
+                matmul=ARMS[arm][0], **ring,
+            )  # fmt: skip
             tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
             for _ in range(log_length + 2):  # capture both graphs (with and without a fold)
                 tok = engine.step(tok, check=False)[:, -1].argmax(-1, keepdim=True)
@@ -109,7 +119,7 @@ def run_matched(
         steps_per_s = statistics.median(runs)
         context = 24 + log_length + 2 + n_steps * repeats // 2
         moved = decode_step_bytes(
-            cfg, "replay" if strategy == "replay" else "snapshot", batch, context,
+            cfg, "replay" if strategy.startswith("replay") else "snapshot", batch, context,
             log_length, step_weights,
         )  # fmt: skip
         row = dict(arm=arm, strategy=strategy, batch=batch)
