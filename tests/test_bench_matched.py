@@ -47,6 +47,8 @@ def test_matched_replay_ring_keeps_every_draft_before_a_fold():
     assert rows["replay-ring"]["drafts_proposed"] > rows["replay"]["drafts_proposed"]
     with pytest.raises(ValueError, match=r"spec_strategies: expected names of .* got 'ring'"):
         run_matched(spec_strategies=("ring",), **kw)
+    with pytest.raises(ValueError, match=r"arms: expected names of .* got 'cublas'"):
+        run_matched(**{**kw, "arms": ("cublas",)})
 
 
 def test_matched_arms_take_turns_and_pair_their_runs(monkeypatch):

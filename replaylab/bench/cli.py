@@ -304,6 +304,7 @@ def _matched(args):
         batches=args.batches,
         spec_batches=args.spec_batches,
         spec_strategies=args.spec_strategies,
+        arms=args.arms,
         mamba_ssm=not args.no_mamba_ssm,
         launches=_launch_table(args.launches),
         drafter=args.drafter,
@@ -541,6 +542,12 @@ def add_bench_parser(subparsers):
     mt.add_argument(
         "--spec-strategies", type=lambda s: tuple(s.split(",")), default=("replay", "snapshot"),
         help="speculation rows per strategy (replay-ring: replay with a log ring of L + k rows)",
+    )  # fmt: skip
+    mt.add_argument(
+        "--arms", type=lambda s: tuple(s.split(",")),
+        default=("row_invariant", "row_invariant_previous_launch", "torch"),
+        help="decode arms (the first one speculates): row_invariant, "
+        "row_invariant_previous_launch, torch",
     )  # fmt: skip
     mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
     mt.add_argument("--launches", help="a matmul --sweep JSON whose launches replace TUNED's")

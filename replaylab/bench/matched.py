@@ -80,6 +80,9 @@ def run_matched(
     from replaylab.costmodel import decode_step_bytes
     from replaylab.kernels.matmul import launch_for, previous_launch_for, use_launches
 
+    for a in arms:
+        if a not in ARMS:
+            raise ValueError(f"arms: expected names of {tuple(ARMS)}, got {a!r}")
     for s in spec_strategies:
         if s not in SPEC_STRATEGIES:
             raise ValueError(f"spec_strategies: expected names of {SPEC_STRATEGIES}, got {s!r}")
