@@ -30,6 +30,7 @@ __all__ = [
     "bytes_held",
     "predict",
     "expected_accepted",
+    "tokens_per_round",
     "revolve_cost",
     "optimal_frontier",
     "interval_tradeoff",
@@ -189,6 +190,38 @@ def expected_accepted(k, acceptance) -> float:
         alive *= p
         total += alive
     return total
+
+
+def tokens_per_round(k, acceptance, L, capacity=None) -> float:
+    """Tokens a replay sequence keeps per speculation round in the long run, 1 + E[a] less what
+    the fold grid clips: a round verifies min(k, room - 1) drafts, where room is the log
+    ring's rows left after the step's fold (``DecodeEngine.room``: ring of ``capacity`` rows,
+    default L; a log of n >= L entries folds its oldest L first). The log length at a round's
+    start is a Markov chain over 0 .. capacity; this is its stationary mean of 1 + a. With
+    capacity L + k no round is clipped and it equals 1 + ``expected_accepted(k, acceptance)``.
+    """
+    import numpy as np
+
+    expected_accepted(k, acceptance)  # checks k and the probabilities
+    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
+    L = int(L)
+    C = L if capacity is None else int(capacity)
+    if L < 1 or not L <= C <= 2 * L:
+        raise ValueError(f"capacity: expected L <= capacity <= 2L with L >= 1, got L={L}, {C}")
+    step = np.zeros((C + 1, C + 1))  # log length at one round's start -> the next's
+    kept = np.zeros(C + 1)  # E[1 + a] from each
+    for n in range(C + 1):
+        held = n if n < L else n - L
+        drafts = max(0, min(k, min(k + 1, C - held) - 1))
+        alive = 1.0
+        for a in range(drafts + 1):  # a drafts accepted, then a rejection (or the last one)
+            p = alive * (1 - probs[a]) if a < drafts else alive
+            step[n, held + a + 1] += p
+            kept[n] += p * (a + 1)
+            alive *= probs[a] if a < drafts else 0.0
+    values, vectors = np.linalg.eig(step.T)  # the stationary distribution: eigenvalue 1
+    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+    return float(pi @ kept / pi.sum())
 
 
 def predict(

@@ -33,6 +33,7 @@ import torch
 
 from replaylab.teaching import exercises_serving as ex
 from replaylab.bench.stream import StreamSpec, make_stream, stream_metrics, stream_requests
+from replaylab.costmodel import tokens_per_round
 from replaylab.decoding import greedy
 from replaylab.results import load_bench
 from replaylab.teaching.plotting import use_notebook_renderer
@@ -85,6 +86,30 @@ print("after the step: pos", engine.pos, " log_len", engine.log_len, " last", en
 # Replay keeps its checkpoints on that grid of multiples of L whatever the step sizes: a step
 # never crosses it, so a slot takes at most `engine.room(slot)` tokens in one step (the ones left
 # before its next fold), and a speculating slot near the grid verifies fewer drafts that round.
+#
+# That costs tokens. The log length at a round's start is a Markov chain (a round keeps
+# $1 + k_{\mathrm{acc}}$ tokens, $k_{\mathrm{acc}}$ of them accepted drafts, and the room clips
+# the drafts), and `costmodel.tokens_per_round` is its long-run mean. The fix is k spare rows
+# in the log ring (`log_capacity=L + k`): a verify may then pass the grid, and its fold waits
+# for the next step, which folds the oldest L entries as always, so the checkpoints stay on
+# the grid. A slot holding 3 of L = 5 entries:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for capacity in (5, 5 + 4):
+    ring = DecodeEngine(model, 1, 40, "replay", log_length=5, max_verify=5, log_capacity=capacity)
+    slot, _ = ring.admit(torch.arange(8) % 50)
+    print(f"ring of {capacity} rows: log_len {ring.log_len[slot]}, room {ring.room(slot)}")
+print("tokens kept per round, k = 4, acceptance 0.8:")
+for L in (8, 16, 32):
+    clipped, spare = (tokens_per_round(4, 0.8, L, c) for c in (L, L + 4))
+    print(f"  L = {L:2d}: ring of L {clipped:.2f}, ring of L + k {spare:.2f} ({spare / clipped:.2f}x)")
+
+# %% [markdown]
+# With the spare rows every round verifies all k drafts and keeps $1 + E[k_{\mathrm{acc}}]$
+# tokens on average, whatever L is (notebook 07's formula). The price is k more log entries
+# per slot, and the steps that pass the grid read up to L + k of them; whether more tokens per
+# round win on a GPU is what `bench matched --spec-strategies replay,replay-ring` times.
 #
 # ## 2. Rolling back is a cursor move
 #
