@@ -12,6 +12,7 @@ replaylab bench engine-families [--presets ...] [--strategies ...] [--batches 1,
 replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--drafts 1,...,8]
 replaylab bench draft-model [--device cpu|cuda] [--batches 1,8] [--n-new 48] [--k 4]
 replaylab bench workload-stream [--preset cpu|gpu] [--workloads ...] [--modes ...]
+replaylab bench spec-steady [--preset matched|tiny-gdn|...] [--batches 8,32,128] [--ring L|L+k]
 """
 
 from __future__ import annotations
@@ -312,6 +313,25 @@ def _matched(args):
     return _save(args, result, args.out or "data/bench_matched.json", matched_summary, t0)
 
 
+def _spec_steady(args):
+    import torch
+
+    from replaylab.bench.spec_steady import model_for, run_spec_steady, spec_steady_summary
+
+    t0 = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    with torch.no_grad():
+        result = run_spec_steady(
+            model_for(args.preset, device), batches=args.batches,
+            strategies=tuple(args.strategies.split(",")), k=args.k, acceptance=args.acceptance,
+            n_new=args.n_new, requests_per_slot=args.requests_per_slot,
+            log_length=args.log_length, log_capacity=None if args.ring == "L" else "L+k",
+        )  # fmt: skip
+    result["preset"] = args.preset
+    out = args.out or f"data/bench_spec_steady_{'gpu' if device == 'cuda' else 'cpu'}.json"
+    return _save(args, result, out, spec_steady_summary, t0)
+
+
 def _save(args, result, out, lines, t0=None):
     """Write ``result`` with provenance (and the seconds since ``t0``) to ``out``, print
     ``lines`` (a summary) and where it went."""
@@ -556,6 +576,20 @@ def add_bench_parser(subparsers):
         help="speculation rows: a SyntheticDrafter per sequence, or one BatchSyntheticDrafter",
     )  # fmt: skip
     mt.set_defaults(run=_matched)
+    sp = sub.add_parser(
+        "spec-steady",
+        help="speculation / plain decode with every slot busy (a scheduler, no static-batch tail)",
+    )
+    sp.add_argument("--preset", default="matched", help="matched, or a bench.families preset")
+    sp.add_argument("--batches", type=_ints, default=[8, 32, 128])
+    sp.add_argument("--strategies", default="replay")
+    sp.add_argument("--k", type=int, default=4)
+    sp.add_argument("--acceptance", type=float, default=0.8)
+    sp.add_argument("--n-new", type=int, default=64, help="tokens per request (x 0.5 .. 1.5)")
+    sp.add_argument("--requests-per-slot", type=int, default=3)
+    sp.add_argument("--log-length", type=int, default=16)
+    sp.add_argument("--ring", choices=["L", "L+k"], default="L", help="replay's log ring rows")
+    sp.set_defaults(run=_spec_steady)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")
     d.add_argument("--batches", type=_ints, default=[1, 4], help="comma-separated batch sizes")
@@ -835,7 +869,7 @@ def add_bench_parser(subparsers):
     ws.add_argument("--k", type=int, default=4, help="drafts per round")
     ws.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     ws.set_defaults(run=_workload_stream)
-    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm, ws):
+    for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm, ws, sp):
         p.add_argument("--out", default=None, help="result file (default: data/bench_<name>.json)")
     return bench
 

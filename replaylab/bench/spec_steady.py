@@ -1,0 +1,166 @@
+"""Speculation at serving batch sizes with no static-batch tail (issue 36): a ``Scheduler``
+keeps every slot busy (a finished request's slot takes the next waiting one), so speculative
+and plain decode are compared on the iterations where all ``batch`` slots run and nothing is
+admitted, not on a fixed batch whose slower sequences finish alone.
+
+Per strategy and batch, ``requests_per_slot * batch`` requests wait at time 0, each with a
+random prompt and its own number of tokens (``n_new`` times a factor in [0.5, 1.5], so the
+slots fall out of step). The plain run (k = 0) gives every request's greedy tokens; the
+speculative run (k drafts a round from one ``BatchSyntheticDrafter``-style drafter proposing
+those tokens, each right with probability ``acceptance``) must give them again, bit for bit.
+Each run is warmed first (its CUDA graphs captured). Per run: ``steady_tokens_per_s``, the
+tokens over the seconds of the full, admission-free iterations; ``tokens_per_s`` over the
+whole run; the share of time in steady iterations.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from replaylab.bench.serve import random_prompts
+from replaylab.serving import BatchSyntheticDrafter, DecodeEngine, Request, Scheduler
+
+__all__ = ["run_spec_steady", "spec_steady_summary", "PromptKeyedDrafter", "model_for"]
+
+
+class PromptKeyedDrafter:
+    """A batched drafter for a scheduler's rows (engine slots, which change tenant): row g's
+    request is found by its prompt (the first ``prompt_len[i]`` ids of its context), then
+    ``BatchSyntheticDrafter`` proposes from that request's reference. ``references``: per
+    request, its prompt then its greedy tokens; prompts must differ."""
+
+    def __init__(self, prompts, references, acceptance, seed=0):
+        self.keys = {tuple(p.tolist()): i for i, p in enumerate(prompts)}
+        self.lengths = sorted({p.numel() for p in prompts})
+        clash = len(self.keys) != len(prompts) or any(
+            tuple(p[:n].tolist()) in self.keys
+            for p in prompts
+            for n in self.lengths
+            if n < p.numel()
+        )
+        if clash:
+            raise ValueError("prompts: expected prompts none of which starts another one")
+        self.inner = BatchSyntheticDrafter(references, acceptance, seed=seed)
+
+    def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        index = torch.tensor([self._request(c) for c in contexts])
+        return self.inner.propose_batch(contexts, lengths, index, k, vocab_size)
+
+    def _request(self, context):
+        for n in self.lengths:
+            i = self.keys.get(tuple(context[:n].tolist()))
+            if i is not None:
+                return i
+        raise ValueError("context: its prompt is none of the drafter's requests")
+
+
+def _requests(prompts, lengths):
+    return [Request(i, p, n, arrival=0.0) for i, (p, n) in enumerate(zip(prompts, lengths))]
+
+
+def _serve(engine, requests, k, drafter):
+    """Every request through a fresh scheduler; returns (requests in id order, history)."""
+    sched = Scheduler(engine, k=k, drafter=drafter)
+    sched.run(requests)
+    return sorted(sched.finished, key=lambda r: r.id), sched.history
+
+
+def _timing(history, batch):
+    steady = [h for h in history if h.running == batch and not h.admitted and not h.prefilled]
+    total_s = history[-1].end - history[0].start
+    steady_s = sum(h.end - h.start for h in steady)
+    return dict(
+        tokens_per_s=sum(h.tokens for h in history) / total_s,
+        steady_tokens_per_s=sum(h.tokens for h in steady) / steady_s if steady_s else None,
+        steady_iterations=len(steady),
+        steady_share=steady_s / total_s,
+        iterations=len(history),
+    )
+
+
+def model_for(preset, device):
+    """The bench's model: "matched" (``bench.matched.MATCHED``, Nemotron-H 8B shapes in
+    mamba-ssm's block layout) or a ``bench.families`` preset; bf16 on a GPU, fp32 on CPU."""
+    from replaylab.bench.families import load_preset
+    from replaylab.bench.matched import MATCHED
+    from replaylab.model import HybridConfig, HybridLM
+
+    cfg = HybridConfig(**MATCHED) if preset == "matched" else load_preset(preset)[1]
+    dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    return HybridLM(cfg, seed=0).to(device, dtype).eval()
+
+
+def run_spec_steady(
+    model,
+    batches=(8, 32, 128),
+    strategies=("replay",),
+    k=4,
+    acceptance=0.8,
+    n_new=64,
+    requests_per_slot=3,
+    log_length=16,
+    log_capacity=None,
+    seed=7,
+    progress=True,
+):
+    """Rows per (strategy, batch): the plain and the speculative run's timings, their
+    steady-state ratio and whether every request's speculative tokens equal its greedy
+    ones. ``log_capacity``: replay's ring (None: L; "L+k": L + k)."""
+    from tqdm.auto import tqdm
+
+    vocab = model.cfg.vocab_size
+    rows = []
+    jobs = [(s, b) for s in strategies for b in batches]
+    for strategy, batch in tqdm(jobs, desc="spec steady", disable=not progress):
+        n = requests_per_slot * batch
+        g = torch.Generator().manual_seed(seed + batch)
+        lengths = (n_new * (0.5 + torch.rand(n, generator=g))).round().long().clamp(min=2)
+        prompts = random_prompts(n, vocab, seed=seed + batch)
+        ring = log_length + k if log_capacity == "L+k" else log_capacity
+        kw = dict(log_capacity=ring) if strategy == "replay" else {}
+        max_len = max(p.numel() for p in prompts) + int(lengths.max()) + k + 2
+        engine = DecodeEngine(model, batch, max_len, strategy, log_length, max_verify=k + 1, **kw)
+        warm = [min(int(m), log_length + k + 2) for m in lengths[:batch]]
+        _serve(engine, _requests(prompts[:batch], warm), 0, None)  # graphs captured
+        plain, history = _serve(engine, _requests(prompts, lengths.tolist()), 0, None)
+        row = dict(strategy=strategy, batch=batch, requests=n, log_capacity=engine.capacity)
+        row["plain"] = _timing(history, batch)
+        references = [torch.cat([p, torch.tensor(r.tokens)]) for p, r in zip(prompts, plain)]
+        drafter = PromptKeyedDrafter(prompts, references, acceptance, seed=seed)
+        _serve(engine, _requests(prompts[:batch], warm), k, drafter)
+        spec, history = _serve(engine, _requests(prompts, lengths.tolist()), k, drafter)
+        row["speculative"] = _timing(history, batch)
+        row["speculative_equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(spec, plain))
+        row["measured_acceptance"] = sum(r.accepted for r in spec) / max(
+            1, sum(r.proposed for r in spec)
+        )
+        steady = row["plain"]["steady_tokens_per_s"], row["speculative"]["steady_tokens_per_s"]
+        row["steady_speculation_over_decode"] = steady[1] / steady[0] if all(steady) else None
+        row["speculation_over_decode"] = (
+            row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
+        )
+        rows.append(row)
+        del engine
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return dict(
+        kind="spec_steady", k=k, acceptance=acceptance, n_new=n_new,
+        requests_per_slot=requests_per_slot, log_length=log_length, rows=rows,
+    )  # fmt: skip
+
+
+def spec_steady_summary(result):
+    lines = []
+    for r in result["rows"]:
+        ratio = r["steady_speculation_over_decode"]
+        lines.append(
+            f"{r['strategy']:<8} batch {r['batch']:>4} (ring {r['log_capacity']}): steady "
+            f"speculation / decode {ratio:.2f}x"
+            if ratio
+            else "steady: none"
+        )
+        lines[-1] += (
+            f", whole run {r['speculation_over_decode']:.2f}x, acceptance "
+            f"{r['measured_acceptance']:.2f}, equal greedy {r['speculative_equal_greedy']}"
+        )
+    return lines

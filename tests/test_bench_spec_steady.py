@@ -1,0 +1,69 @@
+"""``bench spec-steady``'s plumbing on CPU (a tiny model): the scheduler keeps every slot busy,
+speculation gives the plain run's greedy tokens, the steady iterations exclude admissions and
+partial batches. The GPU run is ``replaylab bench spec-steady``."""
+
+import pytest
+import torch
+
+from replaylab.bench.spec_steady import PromptKeyedDrafter, _timing, run_spec_steady
+from replaylab.model import HybridLM, preset
+from replaylab.serving.scheduler import StepRecord
+
+MODEL = HybridLM(preset("tiny"), seed=0).eval()
+
+
+@pytest.mark.parametrize("strategy", ["replay", "snapshot"])
+def test_spec_steady_smoke_run_gives_the_greedy_tokens(strategy):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        result = run_spec_steady(
+            MODEL, batches=(3,), strategies=(strategy,), k=3, n_new=12, log_length=4,
+            requests_per_slot=2, progress=False,
+        )  # fmt: skip
+    (row,) = result["rows"]
+    assert (row["strategy"], row["batch"], row["requests"]) == (strategy, 3, 6)
+    assert row["speculative_equal_greedy"]
+    for run in ("plain", "speculative"):
+        assert row[run]["steady_iterations"] > 0 and 0 < row[run]["steady_share"] <= 1
+        assert row[run]["steady_tokens_per_s"] > 0
+    assert row["steady_speculation_over_decode"] == pytest.approx(
+        row["speculative"]["steady_tokens_per_s"] / row["plain"]["steady_tokens_per_s"]
+    )
+
+
+def test_spec_steady_replay_ring_of_l_plus_k():
+    with torch.no_grad():
+        result = run_spec_steady(
+            MODEL, batches=(2,), k=3, n_new=10, log_length=4, requests_per_slot=2,
+            log_capacity="L+k", progress=False,
+        )  # fmt: skip
+    (row,) = result["rows"]
+    assert row["log_capacity"] == 4 + 3 and row["speculative_equal_greedy"]
+
+
+def test_steady_iterations_are_full_and_admission_free():
+    history = [
+        StepRecord(start=0.0, end=1.0, admitted=(0, 1), running=2, tokens=2),  # admits
+        StepRecord(start=1.0, end=2.0, running=2, tokens=6),
+        StepRecord(start=2.0, end=4.0, running=2, tokens=4, prefilled=3),  # a prefill chunk
+        StepRecord(start=4.0, end=5.0, running=1, tokens=3),  # a partial batch
+    ]
+    t = _timing(history, batch=2)
+    assert t["steady_tokens_per_s"] == 6.0 and t["steady_iterations"] == 1
+    assert t["tokens_per_s"] == 15 / 5 and t["steady_share"] == 1 / 5
+
+
+def test_prompt_keyed_drafter_finds_each_rows_request():
+    prompts = [torch.tensor([5, 6, 7]), torch.tensor([9, 9]), torch.tensor([5, 6, 8, 1])]
+    refs = [torch.cat([p, torch.arange(10) + 10 * i]) for i, p in enumerate(prompts)]
+    drafter = PromptKeyedDrafter(prompts, refs, acceptance=1.0)
+    contexts = torch.zeros(2, 12, dtype=torch.long)
+    contexts[0, :5] = refs[2][:5]  # request 2's prompt and its first token, in row 0
+    contexts[1, :3] = refs[1][:3]
+    got = drafter.propose_batch(contexts, torch.tensor([5, 3]), torch.tensor([7, 3]), 2, 100)
+    assert got.tolist() == [refs[2][5:7].tolist(), refs[1][3:5].tolist()]
+    with pytest.raises(ValueError, match=r"prompts: expected prompts none of which starts"):
+        PromptKeyedDrafter([torch.tensor([1, 2]), torch.tensor([1, 2, 3])], refs[:2], 1.0)
+    with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
+        drafter.propose_batch(torch.ones(1, 6, dtype=torch.long), torch.tensor([3]),
+                              torch.tensor([0]), 2, 100)  # fmt: skip
