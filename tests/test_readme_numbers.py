@@ -245,3 +245,14 @@ def test_the_prefill_kernel_sentence_matches_the_committed_probe():
         f"PyTorch scan, {fused_ms[0]:.1f} ms and {fused_ms[1]:.1f} ms with the fused path's "
         f"kernels: {torch_ms[0] / fused_ms[0]:.2f}x and {torch_ms[1] / fused_ms[1]:.2f}x"
     ) in text
+
+
+def test_the_spare_ring_sentence_matches_the_cost_model():
+    from replaylab.costmodel import tokens_per_round
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    clipped, spare = tokens_per_round(4, 0.8, 16), tokens_per_round(4, 0.8, 16, 16 + 4)
+    assert (
+        f"at L = 16, k = 4 and acceptance 0.8 a round keeps {clipped:.2f} tokens on average "
+        f"with the ring of L rows and {spare:.2f} with the spare ones"
+    ) in text
