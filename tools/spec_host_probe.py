@@ -38,7 +38,7 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
         engine = DecodeEngine(model, batch, 48 + rounds * (k + 1), "replay", 16, k + 1)
         prompts = random_prompts(batch, cfg.vocab_size, seed=7)
         pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
-        engine._run = lambda tokens, *step, **kw: logits[: tokens.shape[0], : tokens.shape[1]]
+        engine._run = lambda tokens, *step, **kw: logits[:, : tokens.shape[1]]  # every slot's row
         zeros = torch.zeros(48 + rounds * (k + 1) + k, dtype=torch.long)
         if drafters == "batched":  # one BatchSyntheticDrafter for the whole batch
             from replaylab.serving import BatchSyntheticDrafter
