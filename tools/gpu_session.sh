@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|host|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -218,6 +218,15 @@ case "$mode" in
       timeout -s INT ${TTFT_S:-70} python3 -m replaylab.bench prefix --engine --ttft --preset gpu \
         --shared-tokens 2000 --fused --prefill-kernels $k \
         --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5
+    done ;;
+  host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
+    # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
+    for round in 1 2; do
+      PYTHONPATH=/tmp/site:$PWD/${PREV:?a folder with the previous tree} timeout -s INT ${HOST_S:-60} \
+        python3 tools/step_host_probe.py "$OUT/step_host_probe_previous_$round.json" \
+        --label "previous (${PREV_COMMIT:-})" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
+      timeout -s INT ${HOST_S:-60} python3 tools/step_host_probe.py "$OUT/step_host_probe_this_$round.json" \
+        --label "this tree" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
     done ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)

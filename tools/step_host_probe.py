@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -91,14 +92,17 @@ def main():
     args = parser.parse_args()
     cfg = HybridConfig(**MATCHED)
     model = HybridLM(cfg, seed=0).to("cuda", torch.bfloat16).eval()
+    import replaylab
+
+    tree = str(Path(replaylab.__file__).resolve().parent.parent)  # which tree ran (PYTHONPATH)
     rows = []
     with torch.no_grad():
         for batch in (int(b) for b in args.batches.split(",")):
-            rows.append(dict(label=args.label, **probe(batch, model, cfg.vocab_size)))
+            rows.append(dict(label=args.label, tree=tree, **probe(batch, model, cfg.vocab_size)))
             torch.cuda.empty_cache()
             r = rows[-1]
             print(
-                f"{args.label}: batch {batch:4d}  step {r['step_us']:8.1f} us  graphs "
+                f"{args.label} ({tree}): batch {batch:4d}  step {r['step_us']:8.1f} us  graphs "
                 f"{r['graph_replay_us']:8.1f} us  wall/replay {r['wall_over_replay']:.3f}"
             )
     write_tool_result(args.out, "step_host_probe.py", rows)
