@@ -221,7 +221,7 @@ case "$mode" in
     done ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
-    for round in 1 2; do
+    for round in $(seq ${HOST_ROUNDS:-2}); do
       PYTHONPATH=/tmp/site:$PWD/${PREV:?a folder with the previous tree} timeout -s INT ${HOST_S:-60} \
         python3 tools/step_host_probe.py "$OUT/step_host_probe_previous_$round.json" \
         --label "previous (${PREV_COMMIT:-})" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
