@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|host|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -227,6 +227,18 @@ case "$mode" in
         --label "previous (${PREV_COMMIT:-})" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
       timeout -s INT ${HOST_S:-60} python3 tools/step_host_probe.py "$OUT/step_host_probe_this_$round.json" \
         --label "this tree" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
+    done ;;
+  spec)  # issue 36 item 3 / issue 37: speculation on the previous tree (PREV) and this one, in
+    # turn: the matched model (replay, and replay-ring: a log ring of L + k), then Qwen3.5-class
+    for tree in previous this; do
+      path=$PWD; [ $tree = previous ] && path=$PWD/${PREV:?a folder with the previous tree}
+      PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-150} python3 -m replaylab.bench matched \
+        --arms row_invariant --batches ${SPEC_BATCHES:-8,32,128} --spec-batches ${SPEC_BATCHES:-8,32,128} \
+        --spec-strategies replay,replay-ring --no-mamba-ssm --drafter batched \
+        --out "$OUT/bench_matched_spec_$tree.json" 2>&1 | tail -5
+      PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_FAMILY_S:-120} python3 -m replaylab.bench engine-families \
+        --presets qwen3.5-9b-layers --strategies replay --batches ${SPEC_BATCHES:-8,32,128} --graphs on \
+        --no-fla --out "$OUT/bench_families_spec_$tree.json" 2>&1 | tail -8
     done ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
