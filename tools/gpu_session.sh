@@ -229,13 +229,16 @@ case "$mode" in
         --label "this tree" --batches ${HOST_BATCHES:-1,8,64,128,256} 2>&1 | tail -6
     done ;;
   spec)  # issue 36 item 3 / issue 37: speculation on the previous tree (PREV) and this one, in
-    # turn: the matched model (replay, and replay-ring: a log ring of L + k), then Qwen3.5-class
+    # turn: the matched model with every slot busy (spec-steady; this tree also with replay's
+    # ring of L + k), then Qwen3.5-class replay (engine-families)
     for tree in previous this; do
       path=$PWD; [ $tree = previous ] && path=$PWD/${PREV:?a folder with the previous tree}
-      PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-150} python3 -m replaylab.bench matched \
-        --arms row_invariant --batches ${SPEC_BATCHES:-8,32,128} --spec-batches ${SPEC_BATCHES:-8,32,128} \
-        --spec-strategies replay,replay-ring --no-mamba-ssm --drafter batched \
-        --out "$OUT/bench_matched_spec_$tree.json" 2>&1 | tail -5
+      for ring in L ${SPEC_RINGS:-L+k}; do
+        [ $tree = previous ] && [ $ring != L ] && continue
+        PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -m replaylab.bench spec-steady \
+          --preset matched --batches ${SPEC_BATCHES:-8,32,128} --ring $ring \
+          --out "$OUT/bench_spec_steady_${tree}_ring_$ring.json" 2>&1 | tail -4
+      done
       PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_FAMILY_S:-120} python3 -m replaylab.bench engine-families \
         --presets qwen3.5-9b-layers --strategies replay --batches ${SPEC_BATCHES:-8,32,128} --graphs on \
         --no-fla --out "$OUT/bench_families_spec_$tree.json" 2>&1 | tail -8
