@@ -239,6 +239,7 @@ case "$mode" in
           --preset matched --batches ${SPEC_BATCHES:-8,32,128} --ring $ring \
           --out "$OUT/bench_spec_steady_${tree}_ring_$ring.json" 2>&1 | tail -4
       done
+      [ "${SPEC_FAMILIES:-1}" = 0 ] && continue  # SPEC_FAMILIES=0: the matched model only
       PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_FAMILY_S:-120} python3 -m replaylab.bench engine-families \
         --presets qwen3.5-9b-layers --strategies replay --batches ${SPEC_BATCHES:-8,32,128} --graphs on \
         --no-fla --out "$OUT/bench_families_spec_$tree.json" 2>&1 | tail -8
