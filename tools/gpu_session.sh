@@ -233,7 +233,7 @@ case "$mode" in
     # ring of L + k), then Qwen3.5-class replay (engine-families)
     for tree in previous this; do
       path=$PWD; [ $tree = previous ] && path=$PWD/${PREV:?a folder with the previous tree}
-      for ring in L ${SPEC_RINGS:-L+k}; do
+      for ring in L ${SPEC_RINGS-L+k}; do
         [ $tree = previous ] && [ $ring != L ] && continue
         PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -m replaylab.bench spec-steady \
           --preset matched --batches ${SPEC_BATCHES:-8,32,128} --ring $ring \
