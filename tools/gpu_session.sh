@@ -232,15 +232,16 @@ case "$mode" in
     # turn: the matched model with every slot busy (spec-steady; this tree also with replay's
     # ring of L + k), then Qwen3.5-class replay (engine-families)
     for tree in previous this; do
+      # -P: python -m would put the working directory (this tree) before PYTHONPATH
       path=$PWD; [ $tree = previous ] && path=$PWD/${PREV:?a folder with the previous tree}
       for ring in L ${SPEC_RINGS-L+k}; do
         [ $tree = previous ] && [ $ring != L ] && continue
-        PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -m replaylab.bench spec-steady \
+        PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -P -m replaylab.bench spec-steady \
           --preset matched --batches ${SPEC_BATCHES:-8,32,128} --ring $ring \
           --out "$OUT/bench_spec_steady_${tree}_ring_$ring.json" 2>&1 | tail -4
       done
       [ "${SPEC_FAMILIES:-1}" = 0 ] && continue  # SPEC_FAMILIES=0: the matched model only
-      PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_FAMILY_S:-120} python3 -m replaylab.bench engine-families \
+      PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_FAMILY_S:-120} python3 -P -m replaylab.bench engine-families \
         --presets qwen3.5-9b-layers --strategies replay --batches ${SPEC_BATCHES:-8,32,128} --graphs on \
         --no-fla --out "$OUT/bench_families_spec_$tree.json" 2>&1 | tail -8
     done ;;

@@ -14,7 +14,8 @@ sliced-K launches), the same product with the launch it replaced (``previous_lau
 cuBLAS (``matmul="torch"``, not row-invariant). Speculation rows (synthetic drafter, per-sequence
 acceptance) give speculative tokens/s over plain decode, and whether every sequence's tokens
 equal its greedy ones bit for bit; the strategy "replay-ring" is replay with a log ring of
-L + k rows (``DecodeEngine(log_capacity=)``), whose rounds keep all k drafts before a fold.
+L + k rows (``DecodeEngine(log_capacity=)``), whose rounds keep all k drafts before a fold
+(not bit-exact: its rows past the fold grid round differently from decode steps).
 """
 
 from __future__ import annotations
@@ -108,7 +109,9 @@ def run_matched(
 
     def warm_engine(arm, strategy, batch, prompts):
         with use_launches(policy_of(arm)):  # the graphs are captured under the arm's launches
-            ring = dict(log_capacity=log_length + k) if strategy == "replay-ring" else {}
+            ring = {}
+            if strategy == "replay-ring":  # spare rows for a whole verify: k, at most L
+                ring = dict(log_capacity=log_length + min(k, log_length), max_verify=k + 1)
             engine = DecodeEngine(
                 model, batch, max_len, strategy.removesuffix("-ring"), log_length,
                 matmul=ARMS[arm][0], **ring,

@@ -84,9 +84,13 @@ class DecodeEngine:
     log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most tokens one
     step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step
     never passes the fold grid, so a verify just before a fold takes fewer drafts) up to L +
-    min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step:
-    drafts never shrink; (capacity - L) entries more per slot). use_kernels: replay through each family's Triton kernels, for the
-    whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
+    min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step; at
+    L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot). Not
+    bit-exact: a verify row past the grid is computed from the checkpoint before it and more
+    than L entries, where a decode step there reads the folded checkpoint, so the two round
+    differently (fp32 rounding; a near tie may flip a bf16 greedy token); opt-in until a
+    grid-crossing verify folds first. use_kernels: replay through each family's Triton
+    kernels, for the whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, where the strategy's steps read no host value). fused: the fused
     decode kernels (``serving.fused``; default: on a GPU, for NemotronH layouts; Bamba's
     opt-in). matmul: "row_invariant" (``kernels.matmul.linear`` and ``serving.invariant``: a
