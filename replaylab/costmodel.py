@@ -21,6 +21,7 @@ from functools import cache
 
 from replaylab.shapes import HybridShape
 from replaylab.strategies import STRATEGY_NAMES
+from replaylab.validation import as_int
 
 __all__ = [
     "Hardware",
@@ -177,14 +178,20 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
     return held
 
 
-def expected_accepted(k, acceptance) -> float:
-    """E[a]: drafts accepted per round when draft i is accepted with probability p_i and a
-    rejection ends the round (i.i.d. alpha: sum_{i=1..k} alpha^i)."""
+def _acceptance_probs(k, acceptance) -> list:
+    """The k per-draft probabilities of ``acceptance`` (one probability or k), checked."""
     probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
     if len(probs) != k or not all(0 <= p <= 1 for p in probs):
         raise ValueError(
             f"acceptance: expected a probability or {k} probabilities in [0, 1], got {acceptance}"
         )
+    return probs
+
+
+def expected_accepted(k, acceptance) -> float:
+    """E[a]: drafts accepted per round when draft i is accepted with probability p_i and a
+    rejection ends the round (i.i.d. alpha: sum_{i=1..k} alpha^i)."""
+    probs = _acceptance_probs(k, acceptance)
     total, alive = 0.0, 1.0
     for p in probs:
         alive *= p
@@ -202,11 +209,10 @@ def tokens_per_round(k, acceptance, L, capacity=None) -> float:
     """
     import numpy as np
 
-    expected_accepted(k, acceptance)  # checks k and the probabilities
-    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
-    L = int(L)
-    C = L if capacity is None else int(capacity)
-    if L < 1 or not L <= C <= 2 * L:
+    probs = _acceptance_probs(k, acceptance)
+    L = as_int("L", L, low=1)
+    C = L if capacity is None else as_int("capacity", capacity)
+    if not L <= C <= 2 * L:
         raise ValueError(f"capacity: expected L <= capacity <= 2L with L >= 1, got L={L}, {C}")
     step = np.zeros((C + 1, C + 1))  # log length at one round's start -> the next's
     kept = np.zeros(C + 1)  # E[1 + a] from each
@@ -219,9 +225,12 @@ def tokens_per_round(k, acceptance, L, capacity=None) -> float:
             step[n, held + a + 1] += p
             kept[n] += p * (a + 1)
             alive *= probs[a] if a < drafts else 0.0
-    values, vectors = np.linalg.eig(step.T)  # the stationary distribution: eigenvalue 1
-    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
-    return float(pi @ kept / pi.sum())
+    # the stationary distribution: pi (step - I) = 0 with sum(pi) = 1, by least squares
+    system = np.vstack([step.T - np.eye(C + 1), np.ones(C + 1)])
+    target = np.zeros(C + 2)
+    target[-1] = 1.0
+    pi = np.linalg.lstsq(system, target, rcond=None)[0]
+    return float(pi @ kept)
 
 
 def predict(
@@ -317,8 +326,7 @@ def fold_bytes(m: ModelCosts, L: int) -> float:
 
 
 def _prob_all_accepted(k, acceptance):
-    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
-    return math.prod(probs)
+    return math.prod(_acceptance_probs(k, acceptance))
 
 
 def plain_decode_seconds_per_token(shape, workload, hardware, n_params) -> float:
