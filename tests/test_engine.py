@@ -492,3 +492,56 @@ def test_speculation_past_max_len_is_refused_before_the_step():
     after = pools(engine)
     for k, v in before.items():
         assert torch.equal(after[k], v) if isinstance(v, torch.Tensor) else after[k] == v, k
+
+
+def outputs_past_the_grid(make_engine, prompt, method, L=4, T=4, after=2):
+    """(decoded, verified): per recurrent layer, the layer's outputs (``EngineReplay.<method>``,
+    slot 0) of T + ``after`` decode steps with a ring of L rows, and of one verify of the same
+    T tokens with a ring of L + T - 1 followed by ``after`` decode steps. ``prompt`` leaves L - 1
+    entries in the log, so the verify's last T - 1 rows are past the fold grid.
+    ``make_engine(**kw)``: a replay engine of one slot."""
+    from replaylab.serving.strategies.replay import EngineReplay
+
+    outputs, original = [], getattr(EngineReplay, method)
+
+    def recorded(self, pool, *args):
+        y = original(self, pool, *args)
+        outputs.append(y[0].clone())
+        return y
+
+    device = prompt.device
+    with torch.no_grad(), patch.object(EngineReplay, method, recorded):
+        engine = make_engine(log_length=L, max_verify=T)
+        tokens = [int(engine.admit(prompt)[1].argmax())]
+        outputs.clear()
+        for _ in range(T + after):
+            logits = engine.step(torch.tensor([tokens[-1:]], device=device))
+            tokens.append(int(logits[0, 0].argmax()))
+        layers = len(engine.ssm)
+        decoded = [[y[0] for y in outputs[layer::layers]] for layer in range(layers)]
+        engine = make_engine(log_length=L, max_verify=T, log_capacity=L + T - 1)
+        engine.admit(prompt)
+        outputs.clear()
+        engine.step(torch.tensor([tokens[:T]], device=device))
+        assert engine.log_len == [L - 1 + T]
+        for token in tokens[T : T + after]:
+            engine.step(torch.tensor([[token]], device=device))
+    verified = [
+        [*outputs[layer], *(y[0] for y in outputs[layers + layer :: layers])]
+        for layer in range(layers)
+    ]
+    assert all(len(d) == len(v) == T + after for d, v in zip(decoded, verified))
+    return decoded, verified
+
+
+def test_a_fused_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit():
+    """The fused path's Mamba-2 layers (``EngineReplay.mamba_fused``) with log_capacity > L:
+    each verify row past the fold grid, and the steps after it, give the layers' outputs of
+    decode steps bit for bit (the families' reference path: test_engine_family_kernels)."""
+    kw = dict(fused=True, use_kernels=True, matmul="row_invariant", graphs=False)
+    make = lambda **more: DecodeEngine(engine_model(), 1, 32, "replay", **kw, **more)  # noqa: E731
+    prompt = torch.tensor([5, 9, 2, 5, 9, 2, 7], device=DEVICE)
+    decoded, verified = outputs_past_the_grid(make, prompt, "mamba_fused")
+    for layer, (want, got) in enumerate(zip(decoded, verified)):
+        for t, (a, b) in enumerate(zip(got, want)):
+            assert torch.equal(a, b), (layer, t, (a - b).abs().max().item())

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from family_models import decode_after_admissions
-from test_engine import pools, run_program
+from test_engine import outputs_past_the_grid, pools, run_program
 from test_engine_families import TOL, one_thread  # noqa: F401 - the fixture applies here too
 
 from replaylab.cache import CacheConfig
@@ -105,9 +105,9 @@ def _batched_only(engine, monkeypatch):
     def counted(layer, pool):
         replay = pool.replay
 
-        def wrapped(entries, rows, *meta):
+        def wrapped(entries, rows, *meta, **kw):
             calls.setdefault(layer, []).append(rows.shape[0])
-            return replay(entries, rows, *meta)
+            return replay(entries, rows, *meta, **kw)
 
         return wrapped
 
@@ -421,3 +421,17 @@ def test_a_prefix_hit_folds_its_block_in_one_launch_with_the_bits_of_fold_by_fol
         seen.append(logits)
     for a, b in zip(*seen):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit(family):
+    """log_capacity > L lets a verify pass the fold grid. Each row past it must give the
+    recurrent layer's outputs a decode step there gives (from the folded checkpoint), bit for
+    bit, and so must the steps after it, which fold the entries that verify appended (Gated
+    DeltaNet's u among them). The products are row-invariant, so each layer's inputs agree
+    too; the logits could not show this (a few ulps of y wash out in them)."""
+    make = lambda **kw: _engine(family, 1, 32, "replay", matmul="row_invariant", **kw)  # noqa: E731
+    prompt = _prompts((4 + 3,), seed=4)[0].to(DEVICE)
+    decoded, verified = outputs_past_the_grid(make, prompt, "advance", after=3)
+    for t, (got, want) in enumerate(zip(verified[0], decoded[0])):
+        assert torch.equal(got, want), (t, (got - want).abs().max().item())

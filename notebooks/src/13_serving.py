@@ -92,9 +92,9 @@ print("after the step: pos", engine.pos, " log_len", engine.log_len, " last", en
 # the drafts), and `costmodel.tokens_per_round` is its long-run mean. The fix is k spare rows
 # in the log ring (`log_capacity=L + k`): a verify may then pass the grid, and its fold waits
 # for the next step, which folds the oldest L entries as always, so the checkpoints stay on
-# the grid. (Not yet bit for bit: a verify row past the grid is computed from the checkpoint
-# before it and more than L entries, where a decode step there starts from the folded
-# checkpoint; the two round differently.) A slot holding 3 of L = 5 entries:
+# the grid. A verify row past the grid must still round as a decode step there, which starts
+# from the folded checkpoint: the engine folds the first L entries into a scratch state with
+# decode's fold and computes those rows from it. A slot holding 3 of L = 5 entries:
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -14,8 +14,7 @@ sliced-K launches), the same product with the launch it replaced (``previous_lau
 cuBLAS (``matmul="torch"``, not row-invariant). Speculation rows (synthetic drafter, per-sequence
 acceptance) give speculative tokens/s over plain decode, and whether every sequence's tokens
 equal its greedy ones bit for bit; the strategy "replay-ring" is replay with a log ring of
-L + k rows (``DecodeEngine(log_capacity=)``), whose rounds keep all k drafts before a fold
-(not bit-exact: its rows past the fold grid round differently from decode steps).
+L + k rows (``DecodeEngine(log_capacity=)``), whose rounds keep all k drafts before a fold.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ random prompt and its own number of tokens (``n_new`` times a factor in [0.5, 1.
 slots fall out of step). The plain run (k = 0) gives every request's greedy tokens; the
 speculative run (k drafts a round from one ``BatchSyntheticDrafter``-style drafter proposing
 those tokens, each right with probability ``acceptance``) must give them again, bit for bit
-(with ``--ring L+k`` not guaranteed: rows past the fold grid round differently).
+(with ``--ring L+k`` too: rows past the fold grid are computed from a folded scratch state).
 Each run is warmed first (its CUDA graphs captured). Per run: ``steady_tokens_per_s``, the
 tokens over the seconds of the full, admission-free iterations; ``tokens_per_s`` over the
 whole run; the share of time in steady iterations.

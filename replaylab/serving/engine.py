@@ -85,11 +85,11 @@ class DecodeEngine:
     step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step
     never passes the fold grid, so a verify just before a fold takes fewer drafts) up to L +
     min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step; at
-    L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot). Not
-    bit-exact: a verify row past the grid is computed from the checkpoint before it and more
-    than L entries, where a decode step there reads the folded checkpoint, so the two round
-    differently (fp32 rounding; a near tie may flip a bf16 greedy token); opt-in until a
-    grid-crossing verify folds first. use_kernels: replay through each family's Triton
+    L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot, and with
+    the kernels a second state per slot). Bit-exact: a verify row past the grid is computed
+    from the checkpoint after the slot's first L entries, folded into a scratch state by
+    decode's fold, as a decode step there would read it (a second fold and replay launch per
+    layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's Triton
     kernels, for the whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, where the strategy's steps read no host value). fused: the fused
     decode kernels (``serving.fused``; default: on a GPU, for NemotronH layouts; Bamba's

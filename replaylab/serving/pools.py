@@ -183,18 +183,20 @@ class RecurrentPool:
         not depend on the batch its step runs in ({}: the family's kernels have none yet)."""
         return {}
 
-    def replay(self, entries, rows, log_len, head, counts):
+    def replay(self, entries, rows, log_len, head, counts, state=None):
         """Outputs of the T new tokens of slots 0 .. batch-1 (``entries``: field -> (batch, T,
-        ...)) from checkpoint ``state[rows]`` and the ``log_len`` entries of each ring (from row
-        ``head``), no state written; appends each slot's first ``counts`` tokens of the
-        ``kernel_fields`` to its ring (the rest are padding). All (batch,) int32 on the device;
-        each verify row is computed as a single step at its position would be."""
+        ...)) from checkpoint ``state[rows]`` (default: the pool's ``state``) and the
+        ``log_len`` entries of each ring (from row ``head``), no state written; appends each
+        slot's first ``counts`` tokens of the ``kernel_fields`` to its ring (the rest are
+        padding). All (batch,) int32 on the device; each verify row is computed as a single
+        step at its position would be."""
         raise NotImplementedError
 
-    def fold(self, states, rows, log, fold_len, head):
-        """states[rows[b]] <- the state after the first ``fold_len[b]`` entries of ``log``
-        (field -> (batch, capacity, ...), ring rows from ``head[b]``), in place, through the
-        kernels' fold."""
+    def fold(self, states, rows, log, fold_len, head, out=None):
+        """out[rows[b]] <- the state after the first ``fold_len[b]`` entries of ``log`` (field
+        -> (batch, capacity, ...), ring rows from ``head[b]``) from ``states[rows[b]]``,
+        through the kernels' fold (default ``out``: ``states``, in place; a slot folding 0
+        entries in place is not touched)."""
         raise NotImplementedError
 
     def clear(self, slot):
@@ -206,7 +208,7 @@ class RecurrentPool:
         held = [self.state, self.conv, self.draft_conv, *self.log.values()]
         return held + [
             getattr(self, n)
-            for n in ("draft_state", "saved_state", "saved_conv")
+            for n in ("draft_state", "saved_state", "saved_conv", "grid_state")
             if hasattr(self, n)
         ]
 
@@ -244,11 +246,11 @@ class Mamba2Pool(RecurrentPool):
         too, as the teaching log does."""
         return self.kernel_fields if fused else self.spec.log_fields
 
-    def replay(self, entries, rows, log_len, head, counts):
+    def replay(self, entries, rows, log_len, head, counts, state=None):
         from replaylab.kernels.mamba2 import replay_step
 
         return replay_step(
-            self.state,
+            self.state if state is None else state,
             rows,
             *self._kernel_logs(rows.shape[0]),
             log_len,
@@ -267,11 +269,11 @@ class Mamba2Pool(RecurrentPool):
             **self.launch.get("replay_step", {}),
         )
 
-    def fold(self, states, rows, log, fold_len, head):
+    def fold(self, states, rows, log, fold_len, head, out=None):
         from replaylab.kernels.mamba2 import fold
 
         logs = (log["x"], log["dt"], log["B"])
-        fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, True,
+        fold(states, rows, states if out is None else out, rows, *logs, fold_len, self.A, self.dt_bias, True,
              self.dt_limit, check=False, log_head=head, **self.launch.get("fold", {}))  # fmt: skip
 
     def fold_chains(self, L):
@@ -310,11 +312,11 @@ class Mamba1Pool(RecurrentPool):
         x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
         return s6_prompt_scan(x, dt, self.A, B, C, self.D, self.dt_bias, initial_state=state)
 
-    def replay(self, entries, rows, log_len, head, counts):
+    def replay(self, entries, rows, log_len, head, counts, state=None):
         from replaylab.kernels.mamba1 import replay_step
 
         return replay_step(
-            self.state,
+            self.state if state is None else state,
             rows,
             *self._kernel_logs(rows.shape[0]),
             log_len,
@@ -327,11 +329,11 @@ class Mamba1Pool(RecurrentPool):
             check=False,
         )
 
-    def fold(self, states, rows, log, fold_len, head):
+    def fold(self, states, rows, log, fold_len, head, out=None):
         from replaylab.kernels.mamba1 import fold
 
         logs = (log["x"], log["dt"], log["B"])
-        fold(states, rows, states, rows, *logs, fold_len, self.A, self.dt_bias, log_head=head,
+        fold(states, rows, states if out is None else out, rows, *logs, fold_len, self.A, self.dt_bias, log_head=head,
              check=False)  # fmt: skip
 
     def fold_chains(self, L):
@@ -372,11 +374,11 @@ class GDNPool(RecurrentPool):
         result, u = self.spec.scan_with_updates(state, entries, prompt=True)  # one pass for both
         return result, dict(entries, u=u)
 
-    def replay(self, entries, rows, log_len, head, counts):
+    def replay(self, entries, rows, log_len, head, counts, state=None):
         from replaylab.kernels.gdn import replay_step
 
         return replay_step(
-            self.state,
+            self.state if state is None else state,
             rows,
             *self._kernel_logs(rows.shape[0]),
             log_len,
@@ -387,11 +389,20 @@ class GDNPool(RecurrentPool):
             check=False,
         )
 
-    def fold(self, states, rows, log, fold_len, head):
+    def fold(self, states, rows, log, fold_len, head, out=None):
         from replaylab.kernels.gdn import fold
 
         logs = (log["k"], log["u"], log["g"])
-        fold(states, rows, states, rows, *logs, fold_len, log_head=head, check=False)
+        fold(
+            states,
+            rows,
+            states if out is None else out,
+            rows,
+            *logs,
+            fold_len,
+            log_head=head,
+            check=False,
+        )
 
 
 _POOLS = {"mamba2": Mamba2Pool, "mamba1": Mamba1Pool, "gated_deltanet": GDNPool}

@@ -1,13 +1,17 @@
 """Replay: outputs come from checkpoint + log (no state write); a rollback is a cursor move.
 
 Folds sit on a fixed grid: the checkpoint is always at a multiple of L. A slot whose log holds
-L entries at the start of a step folds them into the checkpoint, and a step never crosses the
-grid: a slot takes at most ``room(slot)`` tokens in one step (the tokens left before its next
-fold). The token at position p is then always computed from the checkpoint at L * floor(p / L)
-and the entries after it, however the tokens were grouped into steps.
+L entries or more at the start of a step folds its oldest L into the checkpoint. With a ring of
+L rows (the engine's default ``log_capacity``) a step never crosses the grid: a slot takes at
+most ``room(slot)`` tokens in one step (the tokens left before its next fold). With more rows
+(up to 2L) a verify may pass the grid; its rows past it are computed from a scratch checkpoint
+after the first L entries (``_past_the_grid``), and the next step folds those L. The token at
+position p is always computed from the checkpoint at L * floor(p / L) and the entries after
+it, however the tokens were grouped into steps.
 
-Buffers per recurrent layer: ``state`` holds the checkpoint; ``log[field]`` (slots, L, ...) the
-entries since it, a ring (entry i of slot s at row (head[s] + i) % L). With ``use_kernels``
+Buffers per recurrent layer: ``state`` holds the checkpoint; ``log[field]`` (slots, capacity,
+...) the entries since it, a ring (entry i of slot s at row (head[s] + i) % capacity); with
+the kernels and capacity > L, ``grid_state`` the scratch checkpoint. With ``use_kernels``
 each family's pool runs ``replay`` and ``fold`` through its Triton kernels for the whole
 bucket; without, the spec's ``outputs`` (one call per distinct log length) and ``fold``.
 
@@ -42,6 +46,13 @@ class EngineReplay(EngineStrategy):
     @classmethod
     def allocate(cls, pool, zeros, slots, capacity, max_verify, fused):
         pool.allocate_log(zeros, slots, capacity, fused)
+
+    def __init__(self, engine):
+        super().__init__(engine)
+        if engine.capacity > engine.L:  # a verify may pass the grid: a folded checkpoint
+            for pool in engine.ssm.values():  # for its rows past it (``_past_the_grid``)
+                if pool.kernels:
+                    pool.grid_state = torch.zeros_like(pool.state)
 
     def room(self, slot):
         return self.engine.table.room(slot, self.engine.max_verify)
@@ -78,8 +89,38 @@ class EngineReplay(EngineStrategy):
             y = pool.replay(entries, table.rows_d[:bucket], *(m[:bucket] for m in meta))
             others = [f for f in pool.log if f not in pool.kernel_fields]  # Mamba-2: xBC
             self._append_log(pool, entries, others, bucket, T)
-            return y
+            return self._past_the_grid(pool, entries, y, bucket, T)
         return self._replay_outputs(pool, bucket, T, entries)
+
+    def _past_the_grid(self, pool, entries, y, bucket, T):
+        """With a ring of more than L rows, y's rows past the fold grid recomputed as decode
+        steps there compute them: from the checkpoint after the slot's first L entries
+        (folded into ``pool.grid_state`` by decode's fold, as the next step will fold them
+        into the checkpoint) and the entries after them, rewriting those entries in the ring
+        (Gated DeltaNet's u depends on the state). The kernels read the old checkpoint and
+        more than L entries otherwise, and round differently. Device tensors only (a CUDA
+        graph holds it); the reference path's outputs fold first already."""
+        table, L = self.engine.table, self.engine.L
+        if table.capacity == L:  # no step passes the grid
+            return y
+        log_len = table.log_len_d[:bucket].long()  # <= L: the step's fold ran
+        counts = table.counts_d[:bucket].long()
+        first = (L - log_len).clamp(0, T)  # the first row past the grid
+        past = (counts - first).clamp(min=0)  # rows past it (0: the slot stays before it)
+        rows, head = table.rows_d[:bucket], table.head_d[:bucket]
+        log = {k: v[:bucket] for k, v in pool.log.items()}
+        fold_len = torch.where(past > 0, L, 0).to(torch.int32)
+        pool.fold(pool.state, rows, log, fold_len, head, out=pool.grid_state)
+        steps = table.steps_d[:T]
+        shift = (first[:, None] + steps).clamp(max=T - 1)  # row j <- row first + j
+        later = {k: _rows(t, shift) for k, t in entries.items()}
+        y_past = pool.replay(
+            later, rows, torch.zeros_like(fold_len), (head + L) % table.capacity,
+            past.to(torch.int32), state=pool.grid_state,
+        )  # fmt: skip
+        back = (steps - first[:, None]).clamp(min=0)  # row t <- row t - first
+        keep = (steps >= first[:, None]) & (steps < counts[:, None])
+        return torch.where(_expand(keep, y), _rows(y_past, back), y)
 
     def _replay_outputs(self, pool, bucket, T, entries):
         """y of the new tokens from checkpoint + log (``spec.outputs``: no state written), one
@@ -126,9 +167,10 @@ class EngineReplay(EngineStrategy):
         """``kernels.mamba2``, each verify row as a single step."""
         table, bucket = self.engine.table, x.shape[0]
         new = dict(x=x, dt=dt, B=B, C=C)
-        return pool.replay(
+        y = pool.replay(
             new, table.rows_d[:bucket], table.log_len_d[:bucket], table.head_d[:bucket], counts
         )
+        return self._past_the_grid(pool, new, y, bucket, T)
 
     # --- prefill -----------------------------------------------------------------------
     def prefill_logged(self):
@@ -274,3 +316,13 @@ class EngineReplay(EngineStrategy):
             node.log[layer] = {
                 k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.node_fields
             }
+
+
+def _expand(index, t):
+    """``index`` (batch, T) viewed to broadcast over ``t`` (batch, T, ...)."""
+    return index.view(*index.shape, *(1,) * (t.dim() - 2)).expand_as(t)
+
+
+def _rows(t, index):
+    """t (batch, T, ...) with row j of sequence b taken from row index[b, j]."""
+    return t.gather(1, _expand(index, t))
