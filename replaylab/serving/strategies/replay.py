@@ -93,13 +93,16 @@ class EngineReplay(EngineStrategy):
         return self._replay_outputs(pool, bucket, T, entries)
 
     def _past_the_grid(self, pool, entries, y, bucket, T):
-        """With a ring of more than L rows, y's rows past the fold grid recomputed as decode
-        steps there compute them: from the checkpoint after the slot's first L entries
-        (folded into ``pool.grid_state`` by decode's fold, as the next step will fold them
-        into the checkpoint) and the entries after them, rewriting those entries in the ring
-        (Gated DeltaNet's u depends on the state). The kernels read the old checkpoint and
-        more than L entries otherwise, and round differently. Device tensors only (a CUDA
-        graph holds it); the reference path's outputs fold first already."""
+        """``y`` (bucket, T, ...) with its rows past the fold grid computed as a decode step
+        there computes them: from the checkpoint after the slot's first L entries (folded
+        into ``pool.grid_state`` by decode's fold, as the next step folds them into the
+        checkpoint) and the entries after them, which are rewritten in the ring (Gated
+        DeltaNet's u depends on the state). Read from the old checkpoint and more than L
+        entries, they would round differently. Device tensors only (a CUDA graph holds it);
+        the reference path's ``spec.outputs`` folds first already. Cost, with a ring of more
+        than L rows: a fold and a replay launch more per layer and step (the Mamba-1 and
+        Gated DeltaNet folds copy every slot's state out of place, even those that fold
+        nothing)."""
         table, L = self.engine.table, self.engine.L
         if table.capacity == L:  # no step passes the grid
             return y
