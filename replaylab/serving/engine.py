@@ -293,25 +293,22 @@ class DecodeEngine:
         """``step`` after its checks: ``counts`` and ``slots`` lists, tokens (S, T)."""
         T = tokens.shape[1]
         bucket = self.table.bucket(slots)
-        full = torch.zeros(bucket, T, dtype=torch.long, device=self.device)
-        index = torch.tensor(slots, device=self.device)
-        full[index] = tokens.to(self.device)
         step_counts = dict(zip(slots, counts))
         folds = self.policy.plan_folds(slots)
-        self.table.upload(step_counts, folds)
+        self.table.upload(step_counts, folds, rows=slots)  # the runner places row i at slots[i]
         try:
-            logits = self._run(full, bool(folds), save=True)
+            logits = self._run(tokens.to(self.device), bucket, bool(folds), save=True)
         except BaseException:  # the saved and draft copies are overwritten: no rollback now
             self.table.forget_last()
             raise
-        self.policy.after_step(full, bucket, T)
+        self.policy.after_step(self.runner.placed, bucket, T)
         self.table.commit(step_counts)
         self.stats.steps += 1
         self.stats.verify_steps += int(T > 1)
-        return logits[index]
+        return logits.index_select(0, self.table.index_d[: len(slots)])
 
-    def _run(self, tokens, folds, save):
-        return self.runner.run(tokens, folds, save)
+    def _run(self, tokens, bucket, folds, save):
+        return self.runner.run(tokens, bucket, folds, save)
 
     def rollback(self, keep, slots=None):
         """Keep the first ``keep[i]`` tokens of the last step of ``slots[i]`` (an int: the same

@@ -5,7 +5,8 @@ cache) or the fused path (``serving.fused``), optionally captured in a CUDA grap
 
 A step reads the per-slot numbers the slot table uploaded (``SlotTable.upload``) and no host
 value (but replay without kernels, which groups slots by log length on the host), so on a GPU
-it is one graph replay. ``matmul="row_invariant"`` routes every ``nn.Linear`` and attention
+it is one graph replay; it places the step's token rows at their slots itself (``place``), so
+outside the graph there is one copy of the tokens in. ``matmul="row_invariant"`` routes every ``nn.Linear`` and attention
 through kernels whose rows do not depend on the row count (``serving.invariant``).
 
 Glossary: bucket the captured batch size, T tokens per step, vocab the vocabulary size.
@@ -53,7 +54,8 @@ class ModelRunner:
     def __init__(self, engine):
         self.engine = engine
         self.model, self.cfg = engine.model, engine.cfg
-        self.captured = {}  # (bucket, T, folds, save) -> (graph, static tokens, static logits)
+        self.captured = {}  # (bucket, T, folds, save) -> (graph, tokens in, logits, placed)
+        self.placed = None  # the last step's tokens at their slots (bucket, T)
         layers = self.model.model.layers
         self.qkv_weight = {  # fused: one matrix product for q, k and v
             l: torch.cat([getattr(layers[l].mixer, f"{n}_proj").weight for n in "qkv"]).detach()
@@ -64,18 +66,28 @@ class ModelRunner:
             layers[self.cfg.attn_layers[0]].mixer.inv_freq(engine.device) if rope else None
         )
 
-    def run(self, tokens, folds, save):
-        """Logits (bucket, T, vocab) of ``tokens`` (bucket, T)."""
+    def run(self, tokens, bucket, folds, save):
+        """Logits (bucket, T, vocab) of ``tokens`` (S, T): slot s takes row ``src_row_d[s]``
+        (uploaded), a slot the step leaves out zeros (count 0)."""
         if self.engine.graphs:
-            return self.graph_step(tokens, folds, save)
-        return self.forward(tokens, folds, save)
+            return self.graph_step(tokens, bucket, folds, save)
+        rows = torch.zeros(self.engine.table.size + 1, tokens.shape[1], dtype=tokens.dtype,
+                           device=tokens.device)  # fmt: skip
+        rows[: tokens.shape[0]] = tokens
+        return self.forward(rows, bucket, folds, save)
+
+    def place(self, rows, bucket):
+        """(bucket, T) tokens at their slots from ``rows`` (slots + 1, T), the step's tokens
+        then zeros: slot s takes row ``src_row_d[s]``."""
+        return rows.index_select(0, self.engine.table.src_row_d[:bucket])
 
     # --- the reference path -------------------------------------------------------------
-    def forward(self, tokens, folds, save):
-        """One step over slots 0 .. bucket-1 (``tokens`` (bucket, T)); reads the uploaded
-        per-slot numbers; returns logits (bucket, T, vocab)."""
+    def forward(self, rows, bucket, folds, save):
+        """One step over slots 0 .. bucket-1 of the step's token ``rows`` (``place``); reads
+        the uploaded per-slot numbers; returns logits (bucket, T, vocab)."""
         e = self.engine
-        bucket, T = tokens.shape
+        tokens = self.placed = self.place(rows, bucket)
+        T = tokens.shape[1]
         if folds:
             e.policy.fold(bucket)
         e.policy.before_forward(bucket, T, save)
@@ -144,26 +156,28 @@ class ModelRunner:
         return att.finish(out, gate)
 
     # --- CUDA graphs ---------------------------------------------------------------------
-    def graph_step(self, tokens, folds, save):
-        bucket, T = tokens.shape
+    def graph_step(self, tokens, bucket, folds, save):
+        S, T = tokens.shape
         key = (bucket, T, folds, self.engine.policy.saves(save, T))
         if key not in self.captured:
-            static = tokens.clone()
+            static = torch.zeros(self.engine.table.size + 1, T, dtype=tokens.dtype,
+                                 device=tokens.device)  # fmt: skip
+            static[:S].copy_(tokens)  # the last row stays zero (``place``)
             saved = self._save_for_capture(bucket)
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())  # after the copies above
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: Triton compiles, allocator settles
-                    self.forward(static, folds, save)
+                    self.forward(static, bucket, folds, save)
                     self._restore_after_capture(saved, bucket)
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with capture(graph):
-                out = self.forward(static, folds, save)
+                out = self.forward(static, bucket, folds, save)
             self._restore_after_capture(saved, bucket)
-            self.captured[key] = (graph, static, out)
-        graph, static, out = self.captured[key]
-        static.copy_(tokens)
+            self.captured[key] = (graph, static, out, self.placed)
+        graph, static, out, self.placed = self.captured[key]
+        static[:S].copy_(tokens)
         graph.replay()
         self.engine.stats.graph_replays += 1
         return out

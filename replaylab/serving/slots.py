@@ -9,10 +9,13 @@ Per slot, on the host:
     last        tokens of the last step that a rollback may drop
 
 ``prefilling`` holds the slots claimed by an unfinished ``begin_admit``. Before each step
-``upload`` copies the per-slot numbers into ``meta`` (5, slots) int32, rows ``log_len_d`` (after
-this step's folds), ``head_d`` (after them), ``head_pre_d`` (before them), ``fold_len_d``,
-``counts_d``, and ``pos_d`` (slots,) int64: the tensors the kernels and graphs read. A rollback
-moves the cursor with ``serving.cursor.rollback_cursor``.
+``upload`` copies the per-slot numbers to the device in one copy from pinned host memory (a
+ring of staging buffers, so the host may run ahead of the device): ``pos_d``, ``index_d`` (the
+step's slots in its order) and ``src_row_d`` (the row of the step's tokens each slot takes;
+``slots``, one past the last, for none) (slots,) int64, then ``meta`` (5, slots) int32, rows
+``log_len_d`` (after this step's folds), ``head_d`` (after them), ``head_pre_d`` (before them),
+``fold_len_d``, ``counts_d``: the tensors the kernels and graphs read. A rollback moves the cursor with
+``serving.cursor.rollback_cursor``.
 
 Glossary: L log length (replay's fold grid), T_max = max_verify, bucket: the captured batch
 size (slots 0 .. bucket-1 run).
@@ -40,9 +43,21 @@ class SlotTable:
         self.prefilling = set()
         self.pos, self.log_len, self.head, self.last = ([0] * slots for _ in range(4))
         dev = dict(device=device)
-        self.meta = torch.zeros(5, slots, dtype=torch.int32, **dev)
+        self._split = 3 * slots * 8  # bytes of the int64 rows; the int32 rows follow
+        nbytes = self._split + 5 * slots * 4
+        self.uploaded = torch.zeros(nbytes, dtype=torch.uint8, **dev)
+        wide = self.uploaded[: self._split].view(torch.int64).view(3, slots)
+        self.pos_d, self.index_d, self.src_row_d = wide
+        self.meta = self.uploaded[self._split :].view(torch.int32).view(5, slots)
         self.log_len_d, self.head_d, self.head_pre_d, self.fold_len_d, self.counts_d = self.meta
-        self.pos_d = torch.zeros(slots, dtype=torch.long, **dev)
+        pinned = torch.device(device).type == "cuda"
+        self._stages = [  # staging ring: (host bytes, their numpy view, copy-done event)
+            (host, host.numpy(), torch.cuda.Event() if pinned else None)
+            for host in (
+                torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pinned) for _ in range(4)
+            )
+        ]
+        self._next = 0
         self.rows_d = torch.arange(slots, dtype=torch.int32, **dev)
         self.steps_d = torch.arange(max_verify, **dev)
         self.last_tokens = torch.zeros(slots, max_verify, dtype=torch.long, **dev)  # recompute
@@ -149,15 +164,28 @@ class SlotTable:
         self.head[slot] = (self.head[slot] + folds * self.L) % self.capacity
         return folds
 
-    def upload(self, step_counts, folds, positions=None):
-        """Copy the host's per-slot numbers to the device tensors the step reads."""
+    def upload(self, step_counts, folds, positions=None, rows=None):
+        """Copy the host's per-slot numbers to the device tensors the step reads. ``rows``:
+        the slot of each row of the step's tokens (default: row s is slot s, for every slot)."""
         n = self.size
-        head_pre = list(self.head)
+        host, array, done = self._stages[self._next]
+        self._next = (self._next + 1) % len(self._stages)
+        if done is not None:
+            done.synchronize()  # the copy that last read this buffer has run
+        rows = range(n) if rows is None else rows
+        wide = array[: self._split].view(np.int64).reshape(3, n)
+        wide[0] = self.pos if positions is None else positions
+        wide[1, : len(rows)] = rows
+        wide[2] = n  # one past the last row of the step's tokens: zeros (``ModelRunner.place``)
+        wide[2, list(rows)] = np.arange(len(rows))
+        meta = array[self._split :].view(np.int32).reshape(5, n)
+        meta[0], meta[1], meta[2] = self.log_len, self.head, self.head
         for s, h in (self.plan or {}).items():
-            head_pre[s] = h
-        fold_len = [self.L if s in folds else 0 for s in range(n)]
-        counts = [step_counts.get(s, 0) for s in range(n)]
-        meta = np.array([self.log_len, self.head, head_pre, fold_len, counts], dtype=np.int32)
-        self.meta.copy_(torch.from_numpy(meta), non_blocking=True)  # numpy: the faster build
-        pos = np.array(positions or self.pos, dtype=np.int64)
-        self.pos_d.copy_(torch.from_numpy(pos), non_blocking=True)
+            meta[2, s] = h  # the head before this step's fold
+        meta[3] = 0
+        meta[3, list(folds)] = self.L
+        meta[4] = 0
+        meta[4, list(step_counts)] = list(step_counts.values())
+        self.uploaded.copy_(host, non_blocking=True)
+        if done is not None:
+            done.record()

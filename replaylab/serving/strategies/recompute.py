@@ -52,6 +52,6 @@ class EngineRecompute(EngineStrategy):
             positions[s] -= k
         table.plan = None
         table.upload(dict(dropped), [], positions)
-        e._run(table.last_tokens[:bucket, :T].clone(), False, save=False)
+        e._run(table.last_tokens[:bucket, :T].clone(), bucket, False, save=False)
         e.stats.reruns += 1
         e.stats.rerun_tokens += sum(k for _, k in dropped)
