@@ -41,7 +41,7 @@ def _delta(dt, bias, lo, hi, SOFTPLUS: tl.constexpr):
     return tl.minimum(tl.maximum(d, lo), hi)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T (see the loop)
 def _replay_step_kernel(
     states,
     slots,  # (S, H, P, N) fp32 checkpoints; (batch,) slot per sequence
@@ -67,7 +67,7 @@ def _replay_step_kernel(
     P,
     N,
     G,  # sizes
-    T: tl.constexpr,
+    T,  # new tokens per sequence: a runtime loop bound, never specialized
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_L: tl.constexpr,
@@ -96,10 +96,12 @@ def _replay_step_kernel(
     )
     # Token t is computed exactly as a one-token step would compute it once tokens 0 .. t-1
     # were in the log: the same operations in the same order, so a verify of T tokens rounds
-    # as T single steps do. Log rows L .. L+t-1 are read from the new inputs.
+    # as T single steps do. Log rows L .. L+t-1 are read from the new inputs. T is a runtime
+    # bound (not unrolled, not specialized at 1): a decode step and every row of a verify run
+    # the same compiled loop body.
     one = tl.arange(0, BLOCK_T)  # a block of one token (the other lanes masked)
     mt = one < 1
-    for t in tl.static_range(T):
+    for t in range(T):
         Lt = L + t
         # total decay of the log
         total = 0.0
@@ -566,10 +568,11 @@ def replay_step(
         )
     else:  # one token at a time, each as a single step (BLOCK_T: a block of one token)
         counted = append_count is not None
-        step_args = (*args[:8], append_count if counted else log_len, *args[8:])
+        step_args = (*args[:8], append_count if counted else log_len, *args[8:], T)
         _replay_step_kernel[grid](
-            *step_args, **common, BLOCK_T=2, HAS_COUNT=counted, num_warps=warps
-        )
+            *step_args, **{k: v for k, v in common.items() if k != "T"}, BLOCK_T=2,
+            HAS_COUNT=counted, num_warps=warps,
+        )  # fmt: skip
     if append and advance:
         log_len += T
     return y

@@ -223,6 +223,9 @@ class Mamba2Pool(RecurrentPool):
     serves_kernels = True
     serves_prompt_kernel = prompt_kernel_default = True
     kernel_fields = ("x", "dt", "B", "C")
+    # a verify's rows in one launch, each bit for bit a single step (the loop runs one compiled
+    # body for every T); "exact": T launches of the one-token kernel
+    verify_kernel = "per_token"
 
     def __init__(self, mixer, *args):
         super().__init__(mixer, *args)
@@ -263,7 +266,7 @@ class Mamba2Pool(RecurrentPool):
             append=True,
             advance=False,
             check=False,
-            kernel="exact",  # each verify row bit for bit a single step
+            kernel=self.verify_kernel,
             log_head=head,
             append_count=counts,  # a slot's padding and slots left out append nothing
             **self.launch.get("replay_step", {}),
