@@ -25,8 +25,9 @@ which gives u_t (appended to the log) and o_t = S_tᵀ q_t = α_t S_{t-1}ᵀ q_t
 from one read of S_c, and the fold is one matrix product per head. ``replay_step`` writes no
 state; ``fold`` writes S_{c+j} to a slot.
 
-A verify of T tokens is T launches of the one-token kernel, each appending its token before
-the next runs: row t of a verify is bit for bit a single decode step at that position.
+A verify of T tokens is one launch whose loop runs each token as a single decode step at its
+position runs it (one compiled loop body, the earlier tokens' k and g read from the inputs, their
+u from the ring): row t of a verify is bit for bit that step.
 """
 
 from __future__ import annotations
@@ -51,22 +52,23 @@ def _log_decay_total(log_g, b, h, n, head, Lmax, H, BLOCK_L: tl.constexpr):
     return total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])  # one binary for every T (see the loop)
 def _replay_step_kernel(
     states,  # (S, H, K, V) fp32
     slots,  # (batch,)
     log_k,  # (batch, Lmax, Hk, K)
     log_u,  # (batch, Lmax, H, V) fp32
     log_g,  # (batch, Lmax, H) fp32
-    log_len,  # (batch,) entries before the new token
+    log_len,  # (batch,) entries before the step's first token
     log_head,  # (batch,)
-    append_count,  # (batch,) with HAS_COUNT: append only where > 0
+    append_count,  # (batch,) with HAS_COUNT: append only the first append_count[b] tokens
     q,
-    k,  # (batch, Hk, K): the one new token
-    v,  # (batch, H, V)
-    g,
-    beta,  # (batch, H)
-    o,  # (batch, H, V) output
+    k,  # (batch, T, Hk, K) in log_k's dtype
+    v,  # (batch, T, H, V)
+    g,  # (batch, T, H) fp32
+    beta,  # (batch, T, H)
+    o,  # (batch, T, H, V) output
+    T,  # new tokens per sequence: a runtime loop bound, never specialized
     Lmax,
     H,
     Hk,
@@ -81,68 +83,85 @@ def _replay_step_kernel(
     b, h, pid_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     hk = h // (H // Hk)
     slot = tl.load(slots + b).to(tl.int64)
-    n = tl.load(log_len + b)
+    n0 = tl.load(log_len + b)
     head = tl.load(log_head + b)
+    count = T
+    if HAS_COUNT:
+        count = tl.load(append_count + b)
     offs_k = tl.arange(0, BLOCK_K)
     offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     mk, mv = offs_k < K, offs_v < V
-    q_t = tl.load(q + (b * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-    k_t = tl.load(k + (b * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
-    v_t = tl.load(v + (b * H + h) * V + offs_v, mask=mv, other=0.0).to(tl.float32)
-    g_t = tl.load(g + b * H + h).to(tl.float32)
-    beta_t = tl.load(beta + b * H + h).to(tl.float32)
     # the one read of the checkpoint (used after the log pass, so the loads overlap)
     S = tl.load(
         states + ((slot * H + h) * K + offs_k[:, None]) * V + offs_v[None, :],
         mask=mk[:, None] & mv[None, :],
         other=0.0,
     )
-    log_gamma = _log_decay_total(log_g, b, h, n, head, Lmax, H, BLOCK_L) + g_t  # log γ_t
-    acc_q = tl.zeros([BLOCK_V], dtype=tl.float32)
-    acc_k = tl.zeros([BLOCK_V], dtype=tl.float32)
-    run = 0.0  # log γ_s of the entry before this block
-    for l0 in range(0, n, BLOCK_L):
-        offs_l = l0 + tl.arange(0, BLOCK_L)
-        ml = offs_l < n
-        row = b * Lmax + (head + offs_l) % Lmax
-        g_l = tl.load(log_g + row * H + h, mask=ml, other=0.0)
-        w = tl.where(ml, tl.exp(log_gamma - (run + tl.cumsum(g_l, axis=0))), 0.0)  # γ_t / γ_s
-        run += tl.sum(g_l)
-        k_l = tl.load(
-            log_k + (row[:, None] * Hk + hk) * K + offs_k[None, :],
-            mask=ml[:, None] & mk[None, :],
-            other=0.0,
-        ).to(tl.float32)
-        u_l = tl.load(
-            log_u + (row[:, None] * H + h) * V + offs_v[None, :],
-            mask=ml[:, None] & mv[None, :],
-            other=0.0,
-        )
-        acc_q += tl.sum((w * tl.sum(k_l * q_t[None, :], axis=1))[:, None] * u_l, axis=0)
-        acc_k += tl.sum((w * tl.sum(k_l * k_t[None, :], axis=1))[:, None] * u_l, axis=0)
-    Sq = tl.sum(S * q_t[:, None], axis=0)  # S_cᵀ q and S_cᵀ k over this block of V
-    Sk = tl.sum(S * k_t[:, None], axis=0)
-    gamma = tl.exp(log_gamma)
-    u_t = beta_t * (v_t - (gamma * Sk + acc_k))  # β_t (v_t - α_t S_{t-1}ᵀ k_t)
-    o_t = gamma * Sq + acc_q + tl.sum(k_t * q_t) * u_t
-    tl.store(o + (b * H + h) * V + offs_v, o_t.to(o.dtype.element_ty), mask=mv)
-    if APPEND:
-        count = 1
-        if HAS_COUNT:
-            count = tl.load(append_count + b)
-        row = b * Lmax + (head + n) % Lmax
-        tl.store(log_u + (row * H + h) * V + offs_v, u_t, mask=mv & (offs_v * 0 + count > 0))
-        # one program per key head writes k, one per head writes g
-        zero_k = offs_k * 0
-        k_owner = (zero_k + pid_v == 0) & (zero_k + h % (H // Hk) == 0) & (zero_k + count > 0)
-        tl.store(
-            log_k + (row * Hk + hk) * K + offs_k,
-            k_t.to(log_k.dtype.element_ty),
-            mask=mk & k_owner,
-        )
-        lane = tl.arange(0, 1)
-        g_owner = (lane + pid_v == 0) & (lane + count > 0)
-        tl.store(log_g + row * H + h + lane, g_t + lane * 0.0, mask=g_owner)
+    # Token t is computed exactly as a one-token step at entry n0 + t computes it: the same
+    # loop body (T is a runtime bound, so a decode step and every row of a verify run one
+    # compiled body), over the same values. Entries n0 .. n0+t-1 are this step's tokens: their
+    # k and g are read from the inputs, their u from the ring, where this program wrote them.
+    for t in range(T):
+        n = n0 + t
+        row_t = b * T + t
+        q_t = tl.load(q + (row_t * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        k_t = tl.load(k + (row_t * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        v_t = tl.load(v + (row_t * H + h) * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+        g_t = tl.load(g + row_t * H + h).to(tl.float32)
+        beta_t = tl.load(beta + row_t * H + h).to(tl.float32)
+        total = 0.0  # Σ_{s<n} g_s: log γ of the whole log
+        for l0 in range(0, n, BLOCK_L):
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            row = b * Lmax + (head + offs_l) % Lmax
+            at = tl.where(offs_l < n0, log_g + row * H, g + (b * T + offs_l - n0) * H) + h
+            total += tl.sum(tl.load(at, mask=offs_l < n, other=0.0))
+        log_gamma = total + g_t  # log γ_t
+        acc_q = tl.zeros([BLOCK_V], dtype=tl.float32)
+        acc_k = tl.zeros([BLOCK_V], dtype=tl.float32)
+        run = 0.0  # log γ_s of the entry before this block
+        for l0 in range(0, n, BLOCK_L):
+            offs_l = l0 + tl.arange(0, BLOCK_L)
+            ml, old = offs_l < n, offs_l < n0
+            row = b * Lmax + (head + offs_l) % Lmax
+            new = b * T + offs_l - n0  # the step's token rows of entries past n0
+            g_l = tl.load(tl.where(old, log_g + row * H, g + new * H) + h, mask=ml, other=0.0)
+            w = tl.where(ml, tl.exp(log_gamma - (run + tl.cumsum(g_l, axis=0))), 0.0)  # γ_t/γ_s
+            run += tl.sum(g_l)
+            k_l = tl.load(
+                tl.where(old[:, None], log_k + (row[:, None] * Hk + hk) * K,
+                         k + (new[:, None] * Hk + hk) * K)
+                + offs_k[None, :],
+                mask=ml[:, None] & mk[None, :],
+                other=0.0,
+            ).to(tl.float32)  # fmt: skip
+            u_l = tl.load(
+                log_u + (row[:, None] * H + h) * V + offs_v[None, :],
+                mask=ml[:, None] & mv[None, :],
+                other=0.0,
+            )
+            acc_q += tl.sum((w * tl.sum(k_l * q_t[None, :], axis=1))[:, None] * u_l, axis=0)
+            acc_k += tl.sum((w * tl.sum(k_l * k_t[None, :], axis=1))[:, None] * u_l, axis=0)
+        Sq = tl.sum(S * q_t[:, None], axis=0)  # S_cᵀ q and S_cᵀ k over this block of V
+        Sk = tl.sum(S * k_t[:, None], axis=0)
+        gamma = tl.exp(log_gamma)
+        u_t = beta_t * (v_t - (gamma * Sk + acc_k))  # β_t (v_t - α_t S_{t-1}ᵀ k_t)
+        o_t = gamma * Sq + acc_q + tl.sum(k_t * q_t) * u_t
+        tl.store(o + (row_t * H + h) * V + offs_v, o_t.to(o.dtype.element_ty), mask=mv)
+        if APPEND:
+            row = b * Lmax + (head + n) % Lmax  # padding (t >= count) leaves the ring alone
+            tl.store(log_u + (row * H + h) * V + offs_v, u_t, mask=mv & (offs_v * 0 + t < count))
+            # one program per key head writes k, one per head writes g
+            zero_k = offs_k * 0
+            k_owner = (zero_k + pid_v == 0) & (zero_k + h % (H // Hk) == 0) & (zero_k + t < count)
+            tl.store(
+                log_k + (row * Hk + hk) * K + offs_k,
+                k_t.to(log_k.dtype.element_ty),
+                mask=mk & k_owner,
+            )
+            lane = tl.arange(0, 1)
+            g_owner = (lane + pid_v == 0) & (lane + t < count)
+            tl.store(log_g + row * H + h + lane, g_t + lane * 0.0, mask=g_owner)
+            tl.debug_barrier()  # the next token reads this u from the ring
 
 
 @triton.jit
@@ -307,9 +326,9 @@ def replay_step(
     log of ``log_len`` entries since it, writing no state (into ``out`` when given).
 
     With ``append`` each token's k, u and g go to the ring at log_len + t before the next token
-    runs (T launches of the one-token kernel: row t equals a single step bit for bit); the
-    caller keeps room (log_len + T <= Lmax); ``advance=False`` leaves ``log_len`` for the
-    caller to move. ``append_count`` (batch,) int32: sequence b appends only its first
+    runs (one launch, one compiled loop body for every T: row t equals a single step bit for
+    bit); the caller keeps room (log_len + T <= Lmax); ``advance=False`` leaves ``log_len``
+    for the caller to move. ``append_count`` (batch,) int32: sequence b appends only its first
     append_count[b] tokens (the rest are padding of a ragged batch). ``check=False`` skips the
     checks that read values back from the device (inside a CUDA graph capture). ``block_v``,
     ``num_warps``, ``block_l``: the launch (default: ``LAUNCH`` by batch; 8 log entries a
@@ -335,37 +354,18 @@ def replay_step(
         raise ValueError("append=False: a verify appends each token before the next; T must be 1")
     BLOCK_V, warps = _launch("replay_step", batch, V, block_v, num_warps)
     grid = (batch, H, triton.cdiv(V, BLOCK_V))
-    step_o = torch.empty((batch, H, V), dtype=v.dtype, device=v.device)
-    for t in range(T):
-        count = None if append_count is None else (append_count - t).clamp(0, 1)
+    dest = o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype, device=o.device)
+    if T:
         _replay_step_kernel[grid](
-            states,
-            slots,
-            log_k,
-            log_u,
-            log_g,
-            log_len + t if t else log_len,
-            head,
-            log_len if count is None else count,
-            q[:, t].contiguous(),
-            k[:, t].contiguous(),
-            v[:, t].contiguous(),
-            g[:, t].contiguous(),
-            beta[:, t].contiguous(),
-            step_o,
-            Lmax,
-            H,
-            Hk,
-            K,
-            V,
-            BLOCK_K=triton.next_power_of_2(K),
-            BLOCK_V=BLOCK_V,
-            BLOCK_L=block_l,
-            APPEND=append,
-            HAS_COUNT=count is not None,
-            num_warps=warps,
-        )
-        o[:, t] = step_o
+            states, slots, log_k, log_u, log_g, log_len, head,
+            log_len if append_count is None else append_count,
+            q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous(),
+            dest, T, Lmax, H, Hk, K, V,
+            BLOCK_K=triton.next_power_of_2(K), BLOCK_V=BLOCK_V, BLOCK_L=block_l,
+            APPEND=append, HAS_COUNT=append_count is not None, num_warps=warps,
+        )  # fmt: skip
+    if dest is not o:
+        o.copy_(dest)
     if append and advance:
         log_len += T
     return o

@@ -470,11 +470,11 @@ def replay_step(
     """Outputs y (batch, T, H, P) of T new tokens from checkpoint + log, writing no state
     (into ``out`` when given). ``check=False`` skips the input checks, which read values back
     from the device (needed inside a CUDA graph capture). ``kernel``: "per_token" (a loop over
-    the T tokens in one launch, best for decode and short verification), "verify" (all T at
-    once as matrix products on tensor cores; needs P, N >= 16 on a GPU), "exact" (T launches
-    of the one-token kernel, each appending before the next: bit for bit what T decode steps
-    give, at T reads of the checkpoint; the one-launch loop rounds differently from single
-    steps on a GPU in fp32) or "auto" (verify for T >= 8; chosen by
+    the T tokens in one launch, one compiled loop body for every T, so each row is bit for bit
+    the decode step at its position; best for decode and short verification), "verify" (all
+    T at once as matrix products on tensor cores; needs P, N >= 16 on a GPU), "exact" (T
+    launches of the one-token kernel, each appending before the next: the same bits at T
+    reads of the checkpoint) or "auto" (verify for T >= 8; chosen by
     data/bench_kernels_verify.json).
 
     With ``append`` the new inputs go to the log at ``log_len`` and ``log_len`` grows by T

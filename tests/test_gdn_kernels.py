@@ -77,17 +77,40 @@ def test_decode_from_checkpoint_and_log_equals_the_float64_recurrence(step, dtyp
     assert_close(o.double(), want, atol=tol, rtol=tol)
 
 
-def test_verify_rows_are_single_steps_bit_for_bit():
-    batch, Lmax = 2, 16
-    states = torch.randn(batch, 4, 12, 10, device=DEVICE) * 0.3
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_rows_are_single_steps_bit_for_bit(dtype):
+    """A verify of 3 tokens (one launch) gives bit for bit what 3 one-token steps give, outputs
+    and ring, over a ring that wraps, with logs of different lengths."""
+    verify_equals_single_steps(batch=2, H=4, Hk=2, K=12, V=10, T=3, dtype=dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_verify_rows_are_single_steps_bit_for_bit_compiled_at_full_size(dtype):
+    """Qwen3.5-class heads (16 key heads of 128 shared by 32 value heads of 128), T = 5."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (run on the GPU machine)")
+    verify_equals_single_steps(batch=3, H=32, Hk=16, K=128, V=128, T=5, dtype=dtype)
+
+
+def verify_equals_single_steps(batch, H, Hk, K, V, T, dtype, Lmax=20):
+    gen = torch.Generator().manual_seed(1)
+    states = (torch.randn(batch, H, K, V, generator=gen) * 0.3).to(DEVICE)
     slots = torch.arange(batch, dtype=torch.int32, device=DEVICE)
-    toks = tokens(batch, 9, dtype=torch.bfloat16, seed=1)
+    log = empty_log(batch, Lmax, H, Hk, K, V, dtype=dtype)
+    for name, t in log.items():
+        fill = torch.randn(t.shape, generator=gen) * (0.1 if name == "log_u" else 1.0)
+        t.copy_(-fill.abs() * 0.3 if name == "log_g" else fill)
+    log["log_k"].copy_(l2_normalize(log["log_k"].float()).to(dtype))
+    head = torch.tensor([0, 17, 9][:batch], dtype=torch.int32, device=DEVICE)  # rows wrap
+    start = torch.tensor([0, 6, 11][:batch], dtype=torch.int32, device=DEVICE)
+    toks = tokens(batch, 8, H, Hk, K, V, dtype=dtype, seed=2)
     outs, logs = [], []
-    for chunk in (1, 3):
-        log = empty_log(batch, Lmax, dtype=torch.bfloat16)
-        log_len = torch.zeros(batch, dtype=torch.int32, device=DEVICE)
-        outs.append(run_tokens(replay_step, states, slots, log, log_len, toks, chunk=chunk))
-        logs.append(log)
+    for chunk in (1, T):
+        ring = {name: t.clone() for name, t in log.items()}
+        log_len = start.clone()
+        outs.append(run_tokens(replay_step, states, slots, ring, log_len, toks, head, chunk))
+        logs.append(ring)
     assert torch.equal(outs[0], outs[1])
     for name in logs[0]:
         assert torch.equal(logs[0][name], logs[1][name]), name
