@@ -25,9 +25,9 @@ which gives u_t (appended to the log) and o_t = S_tᵀ q_t = α_t S_{t-1}ᵀ q_t
 from one read of S_c, and the fold is one matrix product per head. ``replay_step`` writes no
 state; ``fold`` writes S_{c+j} to a slot.
 
-A verify of T tokens is one launch whose loop runs each token as a single decode step at its
-position runs it (one compiled loop body, the earlier tokens' k and g read from the inputs, their
-u from the ring): row t of a verify is bit for bit that step.
+A verify of T tokens is one launch whose loop runs each token exactly as a single decode step
+at its position would (one compiled loop body; the earlier tokens' k and g read from the
+inputs, their u from the ring): row t of a verify is bit for bit that step.
 """
 
 from __future__ import annotations
