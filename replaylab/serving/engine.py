@@ -294,10 +294,11 @@ class DecodeEngine:
         T = tokens.shape[1]
         bucket = self.table.bucket(slots)
         step_counts = dict(zip(slots, counts))
+        tokens = tokens.to(self.device)  # before plan_folds moves the host's lengths
         folds = self.policy.plan_folds(slots)
         self.table.upload(step_counts, folds, rows=slots)  # the runner places row i at slots[i]
         try:
-            logits = self._run(tokens.to(self.device), bucket, bool(folds), save=True)
+            logits = self._run(tokens, bucket, bool(folds), save=True)
         except BaseException:  # the saved and draft copies are overwritten: no rollback now
             self.table.forget_last()
             raise
