@@ -161,8 +161,7 @@ class EngineReplay(EngineStrategy):
         slots = table.rows_d[:bucket, None].long()
         for k in fields:
             buf, new = pool.log[k], entries[k]
-            at = kept.view(bucket, T, *(1,) * (new.dim() - 2)).expand_as(new)
-            value = new.gather(1, at).to(buf.dtype)
+            value = _rows(new, kept).to(buf.dtype)
             held = (counts > 0).view(bucket, 1, *(1,) * (new.dim() - 2))
             buf[slots, rows] = torch.where(held, value, buf[slots, rows])
 
