@@ -29,12 +29,17 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from replaylab.kernels.mamba2 import _delta
 from replaylab.scan import NO_LIMIT, ScanResult
 from replaylab.validation import as_power_of_two, check_tensor
 
 __all__ = ["ssd_chunked_scan"]
+
+# Blocks of P and N at least 32 wide: Triton 3.6 miscompiles 16-wide ones with 64-token chunks
+# and 8 warps on Hopper (wrong outputs, then an illegal memory access; tools/ssd_chunked_probe.py)
+MIN_BLOCK = 32
 
 
 @triton.jit
@@ -129,12 +134,15 @@ def ssd_chunked_scan(
     initial_state=None,
     chunk_size=64,
     block_p=None,
+    block_n=None,
     num_warps=8,
     precision="tf32x3",
 ) -> ScanResult:
     """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
     docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
-    power of two of at least 16 (``tl.dot``'s smallest side). ``precision``: ``tl.dot``'s
+    power of two of at least 16 (``tl.dot``'s smallest side), halved where a chunk does not
+    fit the GPU's shared memory (fp32 inputs at N = 128 need Q = 32 on Hopper; Q changes only
+    the rounding). ``block_p``, ``block_n``: powers of two of at least 32. ``precision``: ``tl.dot``'s
     input precision: "tf32x3" (three TF32 products, about fp32's accuracy on tensor cores),
     "ieee" (fp32 products on the CUDA cores) or "tf32" (one TF32 product)."""
     if x.dim() != 4:
@@ -154,7 +162,11 @@ def ssd_chunked_scan(
         check_tensor("initial_state", initial_state, (batch, H, P, N))
     q = as_power_of_two("chunk_size", chunk_size, low=16)
     if block_p is not None:
-        block_p = as_power_of_two("block_p", block_p)
+        block_p = as_power_of_two("block_p", block_p, low=MIN_BLOCK)
+    if block_n is not None:
+        block_n = as_power_of_two("block_n", block_n, low=MIN_BLOCK)
+        if block_n < N:
+            raise ValueError(f"block_n: {block_n} must be at least the state size N = {N}")
     if precision not in ("ieee", "tf32", "tf32x3"):
         raise ValueError(f"precision: expected 'ieee', 'tf32' or 'tf32x3', got {precision!r}")
     # NO_LIMIT clamps nothing (process_dt's rule), not even at 0
@@ -167,16 +179,23 @@ def ssd_chunked_scan(
     if T == 0:
         y.zero_()
         return ScanResult(y, state if initial_state is not None else state.zero_())
-    block_p = block_p or min(64, triton.next_power_of_2(P))
+    block_p = block_p or min(64, max(MIN_BLOCK, triton.next_power_of_2(P)))
+    block_n = block_n or max(MIN_BLOCK, triton.next_power_of_2(N))
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
-    _ssd_chunked_kernel[grid](
-        x, dt, B, C, y, state, A, D.contiguous() if D is not None else A, bias,
-        T, H, P, N, H // G, lo, hi,
-        *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
-        Q=q, BLOCK_P=block_p, BLOCK_N=max(16, triton.next_power_of_2(N)),
-        SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
-        PRECISION=precision, num_warps=num_warps,
-    )  # fmt: skip
-    return ScanResult(y, state)
+    while True:
+        try:
+            _ssd_chunked_kernel[grid](
+                x, dt, B, C, y, state, A, D.contiguous() if D is not None else A, bias,
+                T, H, P, N, H // G, lo, hi,
+                *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
+                Q=q, BLOCK_P=block_p, BLOCK_N=block_n,
+                SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
+                PRECISION=precision, num_warps=num_warps,
+            )  # fmt: skip
+            return ScanResult(y, state)
+        except OutOfResources:  # raised before the launch: y and state are untouched
+            if q == 16:
+                raise
+            q //= 2

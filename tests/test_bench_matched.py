@@ -8,6 +8,9 @@ import torch
 from replaylab.bench.matched import MATCHED, matched_summary, run_matched
 from replaylab.model import PRESETS
 
+# the row-invariant arm's Triton products need the GPU's tensors where there is one
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def test_matched_smoke_run_on_cpu():
     torch.manual_seed(0)
@@ -68,7 +71,7 @@ def test_matched_arms_take_turns_and_pair_their_runs(monkeypatch):
     torch.manual_seed(0)
     result = run_matched(
         batches=(2,), n_steps=2, repeats=3, arms=("torch", "row_invariant"), spec_batches=(),
-        log_length=4, config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu",
+        log_length=4, config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device=DEVICE,
         progress=False,
     )  # fmt: skip
     first, second = result["rows"]
@@ -119,7 +122,7 @@ def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
     try:
         run_matched(
             batches=(1,), n_steps=1, repeats=1, arms=("row_invariant",), spec_batches=(),
-            log_length=4, config=cfg, device="cpu", progress=False, launches=table,
+            log_length=4, config=cfg, device=DEVICE, progress=False, launches=table,
         )  # fmt: skip
     finally:
         kernels_matmul.linear = product

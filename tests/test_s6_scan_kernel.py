@@ -69,8 +69,12 @@ def test_without_d_bf16_and_a_split_prompt():
     part = lambda a, b: {k: (v[:, a:b] if v.dim() == 3 else v) for k, v in t.items()}  # noqa: E731
     first = s6_prompt_scan(**part(0, 11))
     second = s6_prompt_scan(**part(11, 30), initial_state=first.state)
-    assert torch.equal(torch.cat([first.y, second.y], 1), whole.y)
-    assert torch.equal(second.state, whole.state)
+    if DEVICE == "cpu":
+        assert torch.equal(torch.cat([first.y, second.y], 1), whole.y)
+        assert torch.equal(second.state, whole.state)
+    else:  # from a state is another compiled variant (HAS_STATE): its FMAs may contract apart
+        assert_close(torch.cat([first.y, second.y], 1), whole.y, name="y")
+        assert_close(second.state, whole.state, atol=1e-6, rtol=1e-6, name="state")
 
 
 @pytest.mark.parametrize(

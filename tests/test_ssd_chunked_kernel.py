@@ -123,7 +123,9 @@ def test_a_prompt_split_on_the_chunk_grid_equals_one_pass_bit_for_bit():
         (dict(initial_state=torch.zeros(2, 4, 12, 11)), r"initial_state: expected shape"),
         (dict(chunk_size=48), r"chunk_size: expected a power of two >= 16, got 48"),
         (dict(chunk_size=8), r"chunk_size: expected a power of two >= 16, got 8"),
-        (dict(block_p=24), r"block_p: expected a power of two >= 1, got 24"),
+        (dict(block_p=24), r"block_p: expected a power of two >= 32, got 24"),
+        (dict(block_p=16), r"block_p: expected a power of two >= 32, got 16"),
+        (dict(block_n=8), r"block_n: expected a power of two >= 32, got 8"),
         (dict(precision="fp8"), r"precision: expected 'ieee', 'tf32' or 'tf32x3', got 'fp8'"),
     ],
 )
@@ -211,3 +213,46 @@ def test_the_committed_gpu_probe_and_its_table_in_the_data_readme():
                 for arm in ("triton scan", "fused kernels")
             ]
             assert f"| {label} | {strategy} | " + " | ".join(cells) + " |" in text
+
+
+def test_a_layer_shape_in_fp32_equals_the_float64_recurrence():
+    """Nemotron-H's head (P = 64, N = 128) with fp32 inputs: on Hopper a 64-token chunk does not
+    fit in shared memory, so the scan runs 32-token chunks (on CPU it runs them as asked)."""
+    t = inputs(batch=1, T=40, H=2, P=64, G=1, N=128)
+    got = ssd_chunked_scan(**t, dt_softplus=True, dt_limit=(0.001, 5.0))
+    want = oracle(t, True, (0.001, 5.0))
+    assert_close(got.y.double(), want.y, atol=2e-5, rtol=2e-5, name="y")
+    assert_close(got.state.double(), want.state, atol=2e-5, rtol=2e-5, name="state")
+
+
+def test_a_chunk_that_does_not_fit_runs_at_half_the_size(monkeypatch):
+    """Where the compiler refuses a chunk for its shared memory, the scan retries with Q / 2:
+    the same outputs as asking for Q / 2, bit for bit; at Q = 16 the error reaches the caller."""
+    from triton.runtime.errors import OutOfResources
+
+    from replaylab.kernels import ssd_chunked
+
+    kernel, tried = ssd_chunked._ssd_chunked_kernel, []
+
+    class RefusingAbove:
+        def __init__(self, largest):
+            self.largest = largest
+
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                tried.append(kw["Q"])
+                if kw["Q"] > self.largest:
+                    raise OutOfResources(263168, 232448, "shared memory")
+                return kernel[grid](*args, **kw)
+
+            return launch
+
+    t = dict(inputs(T=37), dt_softplus=True)
+    want = ssd_chunked_scan(**t, chunk_size=16)
+    monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", RefusingAbove(16))
+    got = ssd_chunked_scan(**t, chunk_size=64)
+    assert tried == [64, 32, 16]
+    assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
+    monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", RefusingAbove(8))
+    with pytest.raises(OutOfResources):
+        ssd_chunked_scan(**t, chunk_size=32)

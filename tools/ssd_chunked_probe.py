@@ -1,0 +1,113 @@
+"""Probe the chunked Mamba-2 prompt kernel (kernels/ssd_chunked.py) on a GPU: for each launch
+configuration, in its own process (an illegal memory access loses the CUDA context), the error
+of y and the final state against the float64 recurrence relative to their scale, or the
+failure; at Nemotron-H 8B's layer shape in bf16 also the median time of a 2,048-token prompt.
+
+    python tools/ssd_chunked_probe.py [--workers 6] [--native MODULE] [--out FILE.json]
+
+``--native``: a module path holding an earlier kernel to probe beside this tree's (for example
+the one with Triton's own tf32x3 products), rows named "native".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+SMALL, LAYER = (4, 12, 2, 10), (128, 64, 8, 128)  # (H, P, G, N): the tests' and Nemotron-H 8B's
+
+
+def inputs(T, shape, dtype, batch):
+    import torch
+
+    H, P, G, N = shape
+    gen = torch.Generator().manual_seed(T)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    return dict(x=r(batch, T, H, P).to(dtype), dt=r(batch, T, H).to(dtype) - 1.0,
+                A=-torch.rand(H, generator=gen) - 0.1, B=r(batch, T, G, N).to(dtype),
+                C=r(batch, T, G, N).to(dtype), D=r(H), dt_bias=r(H) * 0.1,
+                initial_state=r(batch, H, P, N) * 0.3)  # fmt: skip
+
+
+def one(cfg: dict) -> None:
+    import torch
+    import triton.testing
+
+    from replaylab.scan import ssd_scan
+
+    module = cfg["module"]
+    scan = importlib.import_module(module).ssd_chunked_scan
+    dtype = getattr(torch, cfg["dtype"])
+    for T in cfg["Ts"]:
+        t = inputs(T, cfg["shape"], dtype, 1 if cfg["shape"] == LAYER else 2)
+        f64 = {k: v.cuda().double() for k, v in t.items()}
+        s0 = f64.pop("initial_state")
+        want = ssd_scan(**f64, dt_softplus=True, dt_limit=(0.001, 5.0), initial_state=s0,
+                        compute_dtype=torch.float64)  # fmt: skip
+        cuda = {k: v.cuda() for k, v in t.items()}
+        run = lambda: scan(**cuda, dt_softplus=True, dt_limit=(0.001, 5.0), chunk_size=cfg["Q"],  # noqa: E731, B023
+                           precision=cfg["precision"], num_warps=cfg["warps"],
+                           block_p=max(cfg["min_block"], 16), block_n=max(cfg["min_block"], 16, 1 << (cfg["shape"][3] - 1).bit_length()))  # fmt: skip
+        got = run()
+        torch.cuda.synchronize()
+        row = {"T": T}
+        for name, a, e in (("y", got.y, want.y), ("state", got.state, want.state)):
+            row[name] = float((a.double() - e).abs().max() / e.abs().max())
+        if cfg.get("time") and T >= 1024:
+            row["ms"] = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+        print(json.dumps(row), flush=True)
+
+
+def main() -> None:
+    if len(sys.argv) > 2 and sys.argv[1] == "--one":
+        return one(json.loads(sys.argv[2]))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--native", default=None)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    modules = {"this tree": "replaylab.kernels.ssd_chunked"}
+    if args.native:
+        modules["native"] = args.native
+    cfgs = []
+    for (arm, mod), q, w, mb in itertools.product(modules.items(), (32, 64), (4, 8), (16, 32)):
+        for shape, dtype, Ts in ((SMALL, "float32", [1, 37, 100]), (LAYER, "float32", [37, 300]),
+                                 (LAYER, "bfloat16", [37, 2048])):  # fmt: skip
+            if shape == LAYER and mb == 32:
+                continue  # its blocks are 64 and 128 already
+            cfgs.append(dict(arm=arm, module=mod, shape=shape, dtype=dtype, Q=q, warps=w,
+                             min_block=mb if shape == SMALL else 64, precision="tf32x3",
+                             Ts=Ts, time=dtype == "bfloat16"))  # fmt: skip
+    env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
+
+    def run(cfg):
+        try:
+            p = subprocess.run([sys.executable, __file__, "--one", json.dumps(cfg)], env=env,
+                               capture_output=True, text=True, timeout=400)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return cfg, [], "timeout"
+        rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+        err = "" if p.returncode == 0 else (p.stderr.strip().splitlines() or ["?"])[-1][:100]
+        return cfg, rows, err
+
+    results = []
+    with ThreadPoolExecutor(args.workers) as pool:
+        for cfg, rows, err in pool.map(run, cfgs):
+            results.append(dict(cfg, rows=rows, error=err))
+            cells = " ".join(f"T{r['T']}:y{r['y']:.1e}/s{r['state']:.1e}"
+                             + (f" {r['ms']:.3f}ms" if "ms" in r else "") for r in rows)  # fmt: skip
+            print(f"{cfg['arm']:9} {cfg['shape']} {cfg['dtype']:8} Q{cfg['Q']} w{cfg['warps']} b{cfg['min_block']} "
+                  f"{cfg['precision']:6} | {cells} {err}", flush=True)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
