@@ -16,6 +16,8 @@ by ``spec.outputs``, where the teaching cache folds when its log fills. The larg
 difference measured here is 1.2e-7 (a few ulps); 1e-5 leaves a margin of about 100 and is
 still 10^4 below the logits, so a wrong position, window, state or log entry fails it."""
 
+import copy
+
 import pytest
 import torch
 from family_models import tiny_family_model, tiny_qwen3_5
@@ -93,6 +95,9 @@ MODELS = {
     "bamba": _bamba(),
     "mixed": _mixed(),
 }
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the fused path's Triton kernels take the GPU's tensors where there is one
+BAMBA_ON_DEVICE = copy.deepcopy(MODELS["bamba"]).to(DEVICE)
 
 
 def _prompts(model, lengths, seed=0):
@@ -223,7 +228,8 @@ def test_bamba_on_the_fused_path_follows_the_teaching_cache(strategy):
     gives the teaching cache's logits (to ``FUSED_TOL``: the kernels round once where the
     teaching modules round per operation), with every slot at its own position."""
     engine, worst = run_program(strategy, fused=True, seed=3, n_ops=14, slots=2, max_verify=3,
-                                model=MODELS["bamba"], tol=FUSED_TOL, partial_rollbacks=True)  # fmt: skip
+                                model=BAMBA_ON_DEVICE, teaching_model=MODELS["bamba"], tol=FUSED_TOL,
+                                partial_rollbacks=True)  # fmt: skip
     assert engine.fused and engine.stats.steps > 0 and worst < FUSED_TOL
 
 
@@ -234,8 +240,8 @@ def test_bamba_on_the_fused_path_is_lossless_bit_for_bit(strategy):
     logits of three single steps (each verify row rotated at its own position); batched
     speculation (ragged rollbacks) gives each sequence its own greedy tokens. The prefill runs
     the fused path's kernels (``prefill_kernels``)."""
-    model = MODELS["bamba"]
-    prompts = _prompts(model, (7, 3), seed=4)
+    model = BAMBA_ON_DEVICE
+    prompts = [p.to(DEVICE) for p in _prompts(model, (7, 3), seed=4)]
     kw = dict(log_length=16, max_verify=4, use_kernels=True, fused=True, prefill_kernels=True,
               matmul="row_invariant")  # fmt: skip
 
@@ -256,7 +262,7 @@ def test_bamba_on_the_fused_path_is_lossless_bit_for_bit(strategy):
         assert torch.equal(got, want)
     drafts = torch.randint(
         0, model.cfg.vocab_size, (2, 3), generator=torch.Generator().manual_seed(5)
-    )
+    ).to(DEVICE)
     verify = engine.step(drafts)
     engine.rollback(1)
     single = torch.cat([verify[:, :1]] + [engine.step(drafts[:, t : t + 1]) for t in (1, 2)], 1)
@@ -279,6 +285,6 @@ def test_bamba_fused_prefill_kernels_equal_the_default_prefill():
     kernel) against its default prefill: pool buffers and logits (``prefill_kernel_checks``)."""
     from prefill_kernel_checks import check_prefill_kernels
 
-    model = MODELS["bamba"]
-    prompt = _prompts(model, (40,), seed=6)[0]
+    model = BAMBA_ON_DEVICE
+    prompt = _prompts(model, (40,), seed=6)[0].to(DEVICE)
     check_prefill_kernels(model, prompt, 30, 8, family="mamba2", fused=True)

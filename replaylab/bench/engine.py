@@ -338,6 +338,10 @@ def _mamba_ssm_baseline(cfg, batches, n_new, prompt_len):
         fused_add_norm=False,
         tie_embeddings=False,
     )
+    if n_new < 2:  # a token's time is (n_new tokens - 1 token) / (n_new - 1)
+        return [
+            dict(provider="mamba-ssm generate(cg=True)", error=f"n_new: {n_new}, needs 2 or more")
+        ], None
     model = MambaLMHeadModel(mcfg, device="cuda", dtype=torch.bfloat16).eval()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = []
