@@ -209,6 +209,8 @@ def tokens_per_round(k, acceptance, L, capacity=None) -> float:
     """
     import numpy as np
 
+    from replaylab.serving.cursor import held_after_fold
+
     probs = _acceptance_probs(k, acceptance)
     L = as_int("L", L, low=1)
     C = L if capacity is None else as_int("capacity", capacity)
@@ -217,7 +219,7 @@ def tokens_per_round(k, acceptance, L, capacity=None) -> float:
     step = np.zeros((C + 1, C + 1))  # log length at one round's start -> the next's
     kept = np.zeros(C + 1)  # E[1 + a] from each
     for n in range(C + 1):
-        held = n if n < L else n - L
+        held = held_after_fold(n, L)
         drafts = max(0, min(k, min(k + 1, C - held) - 1))
         alive = 1.0
         for a in range(drafts + 1):  # a drafts accepted, then a rejection (or the last one)

@@ -22,7 +22,13 @@ from __future__ import annotations
 
 from replaylab.validation import as_int
 
-__all__ = ["rollback_cursor", "provisional_room"]
+__all__ = ["rollback_cursor", "provisional_room", "held_after_fold"]
+
+
+def held_after_fold(log_len, L):
+    """Entries a replay log of ``log_len`` still holds once the next step has folded: a log of
+    L or more entries folds its oldest L first, a shorter one none."""
+    return log_len if log_len < L else log_len - L
 
 
 def rollback_cursor(pos, log_len, last, keep):
@@ -59,5 +65,4 @@ def provisional_room(pos, log_len, L, max_len, capacity=None):
     log_len = as_int("log_len", log_len, 0, capacity)
     pos = as_int("pos", pos, low=log_len)
     max_len = as_int("max_len", max_len, low=pos)
-    held = log_len if log_len < L else log_len - L
-    return min(L - held, max_len - pos)
+    return min(L - held_after_fold(log_len, L), max_len - pos)

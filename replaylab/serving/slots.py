@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from replaylab.serving.cursor import rollback_cursor
+from replaylab.serving.cursor import held_after_fold, rollback_cursor
 
 __all__ = ["SlotTable"]
 
@@ -90,9 +90,7 @@ class SlotTable:
         """Replay's limit: at most the ring's rows left after the step's fold (a log of L
         entries or more folds its oldest L first); with capacity L, the tokens left before
         the slot's next fold."""
-        n = self.log_len[slot]
-        held = n if n < self.L else n - self.L
-        return min(max_verify, self.capacity - held)
+        return min(max_verify, self.capacity - held_after_fold(self.log_len[slot], self.L))
 
     # --- admission and retirement -------------------------------------------------------
     def reset(self, slot):
