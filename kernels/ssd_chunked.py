@@ -40,6 +40,8 @@ __all__ = ["ssd_chunked_scan"]
 # Blocks of P and N at least 32 wide: Triton 3.6 miscompiles 16-wide ones with 64-token chunks
 # and 8 warps on Hopper (wrong outputs, then an illegal memory access; tools/ssd_chunked_probe.py)
 MIN_BLOCK = 32
+# (device, dtype, Q asked, launch) -> the Q that fit in shared memory, so a refusal is met once
+_CHUNK_THAT_FITS: dict = {}
 
 
 @triton.jit
@@ -184,6 +186,8 @@ def ssd_chunked_scan(
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
+    launch = (x.device, x.dtype, q, block_p, block_n, num_warps, precision)
+    q = _CHUNK_THAT_FITS.get(launch, q)
     while True:
         try:
             _ssd_chunked_kernel[grid](
@@ -194,6 +198,7 @@ def ssd_chunked_scan(
                 SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
                 PRECISION=precision, num_warps=num_warps,
             )  # fmt: skip
+            _CHUNK_THAT_FITS[launch] = q
             return ScanResult(y, state)
         except OutOfResources:  # raised before the launch: y and state are untouched
             if q == 16:

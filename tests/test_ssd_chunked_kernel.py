@@ -227,7 +227,8 @@ def test_a_layer_shape_in_fp32_equals_the_float64_recurrence():
 
 def test_a_chunk_that_does_not_fit_runs_at_half_the_size(monkeypatch):
     """Where the compiler refuses a chunk for its shared memory, the scan retries with Q / 2:
-    the same outputs as asking for Q / 2, bit for bit; at Q = 16 the error reaches the caller."""
+    the same outputs as asking for Q / 2, bit for bit, and later calls start from the chunk
+    that fit; at Q = 16 the error reaches the caller."""
     from triton.runtime.errors import OutOfResources
 
     from replaylab.kernels import ssd_chunked
@@ -250,9 +251,12 @@ def test_a_chunk_that_does_not_fit_runs_at_half_the_size(monkeypatch):
     t = dict(inputs(T=37), dt_softplus=True)
     want = ssd_chunked_scan(**t, chunk_size=16)
     monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", RefusingAbove(16))
+    monkeypatch.setattr(ssd_chunked, "_CHUNK_THAT_FITS", {})
     got = ssd_chunked_scan(**t, chunk_size=64)
     assert tried == [64, 32, 16]
     assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
+    again = ssd_chunked_scan(**t, chunk_size=64)  # the chunk that fit is remembered
+    assert tried == [64, 32, 16, 16] and torch.equal(again.y, want.y)
     monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", RefusingAbove(8))
     with pytest.raises(OutOfResources):
         ssd_chunked_scan(**t, chunk_size=32)
