@@ -10,9 +10,13 @@ of range, slots not live, a drafter proposing bad ids, a prompt that is not ids,
 be refused and leave every pool tensor, host number and the prefix tree bitwise as they were.
 
 Replay runs twice: with a ring of L rows and of L + MAX_VERIFY - 1 (a step passes the fold grid).
+On a GPU each strategy runs once more on the fast path (a CUDA copy of the model, the fused
+kernels, CUDA graphs), fewer examples since each captures its graphs, against the same oracle.
 
 Size: per strategy ``EXAMPLES`` runs of ``STEPS`` rules (a few hundred rules in all);
 derandomized, so every run of the suite tries the same programs."""
+
+import copy
 
 import pytest
 import torch
@@ -58,12 +62,14 @@ class EngineMachine(RuleBasedStateMachine):
 
     strategy = "replay"
     log_capacity = None  # replay's ring rows (None: L)
+    model = MODEL  # the engine's; the oracle is always the teaching cache on MODEL (CPU)
+    engine_options = {}
 
     def __init__(self):
         super().__init__()
         self.engine = DecodeEngine(
-            MODEL, SLOTS, MAX_LEN, self.strategy, log_length=L, max_verify=MAX_VERIFY,
-            log_capacity=self.log_capacity,
+            self.model, SLOTS, MAX_LEN, self.strategy, log_length=L, max_verify=MAX_VERIFY,
+            log_capacity=self.log_capacity, **self.engine_options,
         )  # fmt: skip
         self.prefix = EnginePrefixCache(self.engine, block_size=L)
         self.seq, self.last = {}, {}
@@ -315,14 +321,28 @@ SETTINGS = settings(
 )
 
 
-def machine(strategy, log_capacity=None):
-    """The machine's pytest case under ``strategy`` (replay: a ring of ``log_capacity``)."""
-    name = f"Engine{strategy.title()}{log_capacity or ''}Machine"
+def machine(strategy, log_capacity=None, on_the_gpu=False, settings=SETTINGS):
+    """The machine's pytest case under ``strategy`` (replay: a ring of ``log_capacity``).
+    ``on_the_gpu``: the engine runs a CUDA copy of the model with the GPU's defaults (the
+    fused path's kernels and CUDA graphs), against the same CPU oracle."""
+    name = f"Engine{strategy.title()}{log_capacity or ''}{'Gpu' * on_the_gpu}Machine"
     fields = {"strategy": strategy, "log_capacity": log_capacity}
+    if on_the_gpu:  # use_kernels, graphs and the row-invariant product: the GPU's defaults
+        fields.update(model=GPU_MODEL, engine_options={"fused": True})
     cls = type(name, (EngineMachine,), fields)
-    cls.TestCase.settings = SETTINGS
+    cls.TestCase.settings = settings
+    if on_the_gpu:
+        return pytest.mark.skipif(GPU_MODEL is None, reason="needs a CUDA device")(cls.TestCase)
     return cls.TestCase
 
 
+GPU_MODEL = copy.deepcopy(MODEL).cuda() if torch.cuda.is_available() else None
+GPU_SETTINGS = settings(SETTINGS, max_examples=4)  # each example captures its graphs anew
+
 TestSnapshot, TestRecompute, TestReplay = (machine(s) for s in STRATEGIES)
 TestReplayPastTheFoldGrid = machine("replay", L + MAX_VERIFY - 1)  # a step may pass a fold
+# issue 38: zero mismatches on the GPU's fast path too (hits, evictions, interleaved prefill,
+# speculation)
+TestSnapshotGpu, TestRecomputeGpu, TestReplayGpu = (
+    machine(s, on_the_gpu=True, settings=GPU_SETTINGS) for s in STRATEGIES
+)
