@@ -19,7 +19,11 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["mamba_ssm_references", "scan_agreement", "tiny_hybrid", "perturbed"]
+__all__ = ["DEVICE", "mamba_ssm_references", "scan_agreement", "tiny_hybrid", "perturbed"]
+
+# where the tests run: the GPU where there is one (Triton kernels then need its tensors), else
+# the CPU under Triton's interpreter
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 # transformers picks a hybrid layer's implementation when its modeling module is first

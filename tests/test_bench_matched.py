@@ -7,9 +7,7 @@ import torch
 
 from replaylab.bench.matched import MATCHED, matched_summary, run_matched
 from replaylab.model import PRESETS
-
-# the row-invariant arm's Triton products need the GPU's tensors where there is one
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from replaylab.testing import DEVICE
 
 
 def test_matched_smoke_run_on_cpu():

@@ -25,8 +25,8 @@ from replaylab.model import HybridLM, RMSNorm, preset
 from replaylab.recurrent import windows_per_token
 from replaylab.scan import ssd_scan
 from replaylab.serving import DecodeEngine
+from replaylab.testing import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MODEL = HybridLM(preset("tiny"), seed=0).eval().to(DEVICE)
 GEN = torch.Generator().manual_seed(0)
 

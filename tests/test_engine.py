@@ -18,9 +18,9 @@ from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy, sp
 from replaylab.model import HybridLM, preset
 from replaylab.serving import STRATEGIES, DecodeEngine
 from replaylab.serving.slots import SlotTable
+from replaylab.testing import DEVICE
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TEACHING = {"snapshot": "snapshot", "recompute": "recompute", "replay": "replay"}
 
 

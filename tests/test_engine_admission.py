@@ -13,9 +13,9 @@ import torch
 
 from replaylab.model import HybridLM, preset
 from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
+from replaylab.testing import DEVICE
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DEVICE_MODEL = copy.deepcopy(MODEL).to(DEVICE)
 
 

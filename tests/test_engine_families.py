@@ -35,6 +35,7 @@ from replaylab.serving import (
     unsupported_reason,
 )
 from replaylab.serving.layouts import fused_by_default
+from replaylab.testing import DEVICE
 
 TOL = 1e-5
 FUSED_TOL = 2e-4  # the fused kernels against the teaching modules (as test_engine's programs)
@@ -95,7 +96,6 @@ MODELS = {
     "bamba": _bamba(),
     "mixed": _mixed(),
 }
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # the fused path's Triton kernels take the GPU's tensors where there is one
 BAMBA_ON_DEVICE = copy.deepcopy(MODELS["bamba"]).to(DEVICE)
 

@@ -38,6 +38,7 @@ from replaylab.model import HybridConfig, HybridLM
 from replaylab.serving import DecodeEngine
 from replaylab.serving.pools import recurrent_pool
 from replaylab.serving.prefix import EnginePrefixCache
+from replaylab.testing import DEVICE
 
 COMMON = dict(
     vocab_size=50, hidden_size=32, attn_heads=2, kv_heads=1, head_dim=16, intermediate_size=64
@@ -84,7 +85,6 @@ def _model(kind, seed=11):
 
 FAMILIES = ("gdn", "mamba1", "bamba")
 MODELS = {kind: _model(kind) for kind in FAMILIES}  # the teaching cache's, on CPU
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ENGINE_MODELS = {kind: copy.deepcopy(m).to(DEVICE) for kind, m in MODELS.items()}
 
 

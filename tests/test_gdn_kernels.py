@@ -16,8 +16,7 @@ from replaylab.kernels.gdn import (
     replay_step_ref,
 )
 from replaylab.scan import gdn_scan
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from replaylab.testing import DEVICE
 
 
 def tokens(batch, T, H=4, Hk=2, K=12, V=10, dtype=torch.float32, seed=0):

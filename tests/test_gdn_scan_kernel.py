@@ -11,8 +11,7 @@ from replaylab import assert_close
 from replaylab.gated_deltanet import GDNConfig, l2_normalize
 from replaylab.kernels.gdn_scan import gdn_prompt_scan
 from replaylab.scan import gdn_chunked_scan, gdn_scan
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from replaylab.testing import DEVICE
 
 
 def tokens(batch=2, T=37, H=4, Hk=2, K=12, V=10, dtype=torch.float32, seed=0):

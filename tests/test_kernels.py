@@ -10,8 +10,8 @@ import torch
 
 from replaylab import assert_close
 from replaylab.kernels.mamba2 import fold, fold_ref, replay_step, replay_step_ref
+from replaylab.testing import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

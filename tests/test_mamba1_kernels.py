@@ -10,8 +10,8 @@ import torch
 from replaylab import assert_close
 from replaylab.kernels.mamba1 import fold, fold_ref, replay_step, replay_step_ref
 from replaylab.scan import s6_scan
+from replaylab.testing import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 I32 = dict(dtype=torch.int32, device=DEVICE)
 BLOCK = 8  # small channel blocks: D=20 spans three programs, the last one masked
 

@@ -15,8 +15,8 @@ from replaylab.kernels.matmul import (
     row_sum,
     use_launches,
 )
+from replaylab.testing import DEVICE
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16]
 
 

@@ -9,8 +9,7 @@ import torch
 from replaylab import assert_close
 from replaylab.kernels.s6_scan import s6_prompt_scan
 from replaylab.scan import s6_scan
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from replaylab.testing import DEVICE
 
 
 def inputs(batch=2, T=23, D=40, N=6, dtype=torch.float32, seed=0):

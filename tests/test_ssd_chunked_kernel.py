@@ -10,8 +10,7 @@ import torch
 from replaylab import assert_close
 from replaylab.kernels.ssd_chunked import ssd_chunked_scan
 from replaylab.scan import NO_LIMIT, ssd_scan
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+from replaylab.testing import DEVICE
 
 
 def inputs(batch=2, T=100, H=4, P=12, G=2, N=10, dtype=torch.float32, seed=0):

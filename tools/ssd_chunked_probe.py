@@ -3,16 +3,15 @@ configuration, in its own process (an illegal memory access loses the CUDA conte
 of y and the final state against the float64 recurrence relative to their scale, or the
 failure; at Nemotron-H 8B's layer shape in bf16 also the median time of a 2,048-token prompt.
 
-    python tools/ssd_chunked_probe.py [--workers 6] [--native MODULE] [--out FILE.json]
+    python tools/ssd_chunked_probe.py [--workers 6] [--out FILE.json]
 
-``--native``: a module path holding an earlier kernel to probe beside this tree's (for example
-the one with Triton's own tf32x3 products), rows named "native".
+Rows with 16-wide blocks go below the kernel's floor (``MIN_BLOCK``, which they explain) by
+lowering it in their own process.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import itertools
 import json
 import os
@@ -21,6 +20,12 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 SMALL, LAYER = (4, 12, 2, 10), (128, 64, 8, 128)  # (H, P, G, N): the tests' and Nemotron-H 8B's
+
+
+def blocks(shape, min_block):
+    """(block_p, block_n): the kernel's own choice with ``min_block`` for its floor."""
+    power = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
+    return min(64, max(min_block, power(shape[1]))), max(min_block, power(shape[3]))
 
 
 def inputs(T, shape, dtype, batch):
@@ -39,10 +44,11 @@ def one(cfg: dict) -> None:
     import torch
     import triton.testing
 
+    from replaylab.kernels import ssd_chunked
     from replaylab.scan import ssd_scan
 
-    module = cfg["module"]
-    scan = importlib.import_module(module).ssd_chunked_scan
+    ssd_chunked.MIN_BLOCK = min(ssd_chunked.MIN_BLOCK, cfg["min_block"])
+    block_p, block_n = blocks(cfg["shape"], cfg["min_block"])
     dtype = getattr(torch, cfg["dtype"])
     for T in cfg["Ts"]:
         t = inputs(T, cfg["shape"], dtype, 1 if cfg["shape"] == LAYER else 2)
@@ -51,15 +57,16 @@ def one(cfg: dict) -> None:
         want = ssd_scan(**f64, dt_softplus=True, dt_limit=(0.001, 5.0), initial_state=s0,
                         compute_dtype=torch.float64)  # fmt: skip
         cuda = {k: v.cuda() for k, v in t.items()}
-        run = lambda: scan(**cuda, dt_softplus=True, dt_limit=(0.001, 5.0), chunk_size=cfg["Q"],  # noqa: E731, B023
-                           precision=cfg["precision"], num_warps=cfg["warps"],
-                           block_p=max(cfg["min_block"], 16), block_n=max(cfg["min_block"], 16, 1 << (cfg["shape"][3] - 1).bit_length()))  # fmt: skip
+        run = lambda: ssd_chunked.ssd_chunked_scan(  # noqa: E731
+            **cuda, dt_softplus=True, dt_limit=(0.001, 5.0), chunk_size=cfg["Q"],  # noqa: B023
+            precision=cfg["precision"], num_warps=cfg["warps"], block_p=block_p, block_n=block_n,
+        )  # fmt: skip
         got = run()
         torch.cuda.synchronize()
         row = {"T": T}
         for name, a, e in (("y", got.y, want.y), ("state", got.state, want.state)):
             row[name] = float((a.double() - e).abs().max() / e.abs().max())
-        if cfg.get("time") and T >= 1024:
+        if cfg["dtype"] == "bfloat16" and T >= 1024:
             row["ms"] = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
         print(json.dumps(row), flush=True)
 
@@ -69,21 +76,16 @@ def main() -> None:
         return one(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=6)
-    ap.add_argument("--native", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    modules = {"this tree": "replaylab.kernels.ssd_chunked"}
-    if args.native:
-        modules["native"] = args.native
     cfgs = []
-    for (arm, mod), q, w, mb in itertools.product(modules.items(), (32, 64), (4, 8), (16, 32)):
-        for shape, dtype, Ts in ((SMALL, "float32", [1, 37, 100]), (LAYER, "float32", [37, 300]),
-                                 (LAYER, "bfloat16", [37, 2048])):  # fmt: skip
-            if shape == LAYER and mb == 32:
-                continue  # its blocks are 64 and 128 already
-            cfgs.append(dict(arm=arm, module=mod, shape=shape, dtype=dtype, Q=q, warps=w,
-                             min_block=mb if shape == SMALL else 64, precision="tf32x3",
-                             Ts=Ts, time=dtype == "bfloat16"))  # fmt: skip
+    for q, w in itertools.product((32, 64), (4, 8)):
+        for shape, dtype, Ts, min_blocks in ((SMALL, "float32", [1, 37, 100], (16, 32)),
+                                             (LAYER, "float32", [37, 300], (32,)),
+                                             (LAYER, "bfloat16", [37, 2048], (32,))):  # fmt: skip
+            for mb in min_blocks:
+                cfgs.append(dict(shape=shape, dtype=dtype, Q=q, warps=w, min_block=mb,
+                                 precision="tf32x3", Ts=Ts))  # fmt: skip
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
 
     def run(cfg):
@@ -102,11 +104,13 @@ def main() -> None:
             results.append(dict(cfg, rows=rows, error=err))
             cells = " ".join(f"T{r['T']}:y{r['y']:.1e}/s{r['state']:.1e}"
                              + (f" {r['ms']:.3f}ms" if "ms" in r else "") for r in rows)  # fmt: skip
-            print(f"{cfg['arm']:9} {cfg['shape']} {cfg['dtype']:8} Q{cfg['Q']} w{cfg['warps']} b{cfg['min_block']} "
+            bp, bn = blocks(cfg["shape"], cfg["min_block"])
+            print(f"{cfg['shape']} {cfg['dtype']:8} Q{cfg['Q']} w{cfg['warps']} blocks {bp}x{bn} "
                   f"{cfg['precision']:6} | {cells} {err}", flush=True)  # fmt: skip
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        from replaylab.bench.provenance import write_tool_result
+
+        write_tool_result(args.out, "ssd_chunked_probe.py", results)
 
 
 if __name__ == "__main__":
