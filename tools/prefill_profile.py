@@ -1,9 +1,13 @@
-"""Where a cold admission's time goes, snapshot against replay (GPU): one 2,048-token prompt on
+"""Where an admission's time goes, snapshot against replay (GPU): one 2,048-token prompt on
 ``8b-layers`` (bf16, the TTFT bench's engine settings), warmed up, then one admission of each
 under ``torch.profiler``: wall time, device-busy time, launches, and the operators with the most
-device and host time. Writes OUT.json and prints a short table.
+device and host time. With ``--hit S`` the same for a prefix hit: an ``EnginePrefixCache``
+(``--block``, 512) warmed with S shared tokens, then the shared prompt plus ``--suffix`` unique tokens,
+and the hit's wall time split into its phases (seat, prefill, insertion with eviction), each
+timed between device synchronisations. Writes OUT.json and prints a short table.
 
-    python tools/prefill_profile.py OUT.json [--tokens 2048]
+    python tools/prefill_profile.py OUT.json [--tokens 2048] [--fused --prefill-kernels]
+                                    [--hit 2000 --suffix 48]
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from torch.profiler import ProfilerActivity, profile
 from replaylab.bench.provenance import write_tool_result
 from replaylab.bench.timing import sync
 from replaylab.model import HybridLM, preset
-from replaylab.serving import DecodeEngine
+from replaylab.serving import DecodeEngine, EnginePrefixCache
 
 
 def _top(events, key, n=12):
@@ -26,35 +30,20 @@ def _top(events, key, n=12):
                  host_us=e.self_cpu_time_total) for e in rows]  # fmt: skip
 
 
-def profile_admit(model, strategy, T):
-    device = next(model.parameters()).device
-    engine = DecodeEngine(model, 1, T + 1, strategy, log_length=16, max_verify=1,
-                          prefill_chunk=256, fused=False, graphs=False)  # fmt: skip
-    prompt = torch.randint(
-        0, model.cfg.vocab_size, (T,), generator=torch.Generator().manual_seed(T)
-    )
-    prompt = prompt.to(device)
-    with torch.no_grad():
-        for _ in range(2):  # warm-up: Triton compiles, the allocator settles
-            engine.admit(prompt)
-            engine.retire(0)
+def _profiled(admit, device):
+    """(wall seconds of one ``admit()``, then a profiled second call's summary)."""
+    sync(device)
+    t0 = time.perf_counter()
+    admit()
+    sync(device)
+    wall = time.perf_counter() - t0
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        admit()
         sync(device)
-        t0 = time.perf_counter()
-        engine.admit(prompt)
-        sync(device)
-        wall = time.perf_counter() - t0
-        engine.retire(0)
-        activities = [ProfilerActivity.CPU] + (
-            [ProfilerActivity.CUDA] if device.type == "cuda" else []
-        )
-        with profile(activities=activities) as prof:
-            engine.admit(prompt)
-            sync(device)
     events = prof.key_averages()
     device_events = [e for e in prof.events() if e.device_type.name == "CUDA"]
     return dict(
-        strategy=strategy,
-        tokens=T,
         wall_ms=wall * 1e3,
         device_busy_ms=sum(e.device_time_total for e in device_events) / 1e3,
         device_launches=len(device_events),
@@ -63,22 +52,106 @@ def profile_admit(model, strategy, T):
     )
 
 
+def _phase_timer(obj, name, phases, device):
+    """Wrap ``obj.name`` so each call adds its synchronised wall seconds to ``phases[name]``."""
+    inner = getattr(obj, name)
+
+    def timed(*args, **kwargs):
+        sync(device)
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        sync(device)
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    setattr(obj, name, timed)
+
+
+def profile_admit(
+    model, strategy, T, fused=False, prefill_kernels=None, hit=None, suffix=48, block=512
+):
+    device = next(model.parameters()).device
+    gen = torch.Generator().manual_seed(T)
+    shared = hit or 0
+    engine = DecodeEngine(model, 2, max(T, shared + suffix) + 1, strategy, log_length=16,
+                          max_verify=1, prefill_chunk=256, fused=fused, graphs=False,
+                          prefill_kernels=prefill_kernels)  # fmt: skip
+    row = dict(strategy=strategy, fused=fused, prefill_kernels=engine.prefill_kernels)
+    with torch.no_grad():
+        if hit is None:
+            prompt = torch.randint(0, model.cfg.vocab_size, (T,), generator=gen).to(device)
+
+            def admit():
+                engine.admit(prompt)
+                engine.retire(0)
+
+            for _ in range(2):  # warm-up: Triton compiles, the allocator settles
+                admit()
+            return dict(row, tokens=T, **_profiled(admit, device))
+        cache = EnginePrefixCache(engine, block_size=block)
+        head = torch.randint(0, model.cfg.vocab_size, (shared,), generator=gen).tolist()
+        slot, _, _ = cache.admit(head)
+        engine.retire(slot)
+        phases, calls = {}, [0]
+
+        def admit():
+            tail = torch.randint(0, model.cfg.vocab_size, (suffix,), generator=gen).tolist()
+            slot, _, got = cache.admit(head + tail)
+            engine.retire(slot)
+            calls[0] += 1
+            row["hit"] = dict(resumed_from=got.resumed_from, prefilled=got.prefilled,
+                              folded=got.folded, recomputed=got.recomputed)  # fmt: skip
+
+        for _ in range(2):
+            admit()
+        out = _profiled(admit, device)
+        for name in ("_seat", "_insert", "_evict_to_budget"):
+            _phase_timer(cache, name, phases, device)
+        _phase_timer(engine, "_prefill", phases, device)
+        sync(device)
+        t0 = time.perf_counter()
+        admit()
+        sync(device)
+        phases["total"] = time.perf_counter() - t0
+        return dict(row, shared=shared, suffix=suffix, **out,
+                    phases_ms={k: v * 1e3 for k, v in phases.items()})  # fmt: skip
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--fused", action="store_true", help="the engine's fused path")
+    p.add_argument("--prefill-kernels", choices=("on", "off"), default=None,
+                   help="the engine's prefill_kernels (default: its own default)")  # fmt: skip
+    p.add_argument(
+        "--hit", type=int, default=None, help="profile a prefix hit on this many shared tokens"
+    )
+    p.add_argument("--suffix", type=int, default=48, help="--hit: the unique suffix's tokens")
+    p.add_argument("--block", type=int, default=512, help="--hit: the tree's block size")
+    p.add_argument("--model", default="8b-layers", help="a model preset (default 8b-layers)")
     args = p.parse_args(argv)
+    kernels = None if args.prefill_kernels is None else args.prefill_kernels == "on"
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = HybridLM(preset("8b-layers"), seed=0).eval()
+    model = HybridLM(preset(args.model), seed=0).eval()
     if device.type == "cuda":
         model = model.to(device, torch.bfloat16)
-    rows = [profile_admit(model, s, args.tokens) for s in ("snapshot", "replay")]
+    rows = [
+        profile_admit(model, s, args.tokens, args.fused, kernels, hit, args.suffix, args.block)
+        for hit in ((None, args.hit) if args.hit else (None,))
+        for s in ("snapshot", "replay")
+    ]
     for r in rows:
-        print(f"{r['strategy']:8s} wall {r['wall_ms']:7.1f} ms  device busy {r['device_busy_ms']:7.1f} ms  "
+        what = f"hit {r['shared']}+{r['suffix']}" if "shared" in r else f"cold {r['tokens']}"
+        print(f"{what:12s} {r['strategy']:8s} wall {r['wall_ms']:7.1f} ms  device busy {r['device_busy_ms']:7.1f} ms  "
               f"device ops {r['device_launches']}")  # fmt: skip
         for e in r["top_device"][:6]:
             print(f"    {e['device_us'] / 1e3:7.2f} ms dev {e['host_us'] / 1e3:7.2f} ms host "
                   f"x{e['calls']:5d} {e['name'][:60]}")  # fmt: skip
+        if "phases_ms" in r:
+            print(
+                "    phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items())
+            )
     write_tool_result(args.out, "prefill_profile.py", rows)
 
 
