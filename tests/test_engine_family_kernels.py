@@ -221,6 +221,42 @@ def test_a_prefill_folds_its_grid_in_one_launch_with_the_bits_of_fold_by_fold(
             )
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_chunk_ending_on_the_fold_grid_takes_the_scans_state_as_its_checkpoint(
+    family, monkeypatch
+):
+    """Chunks of 8 tokens at L = 4 end on the fold grid: the checkpoint is the scan's state at
+    each chunk's end (no fold launch), and only the last chunk, which ends off the grid, folds
+    (23 tokens: [16, 20) folded, 3 entries left in the ring). The checkpoint, ring and window
+    are those a token-by-token decode leaves, to ``TOL`` of their scale."""
+    prompt = _prompts((23,), seed=6)[0]
+    filled = _engine(family, 1, 32, "replay", log_length=4, max_verify=2, prefill_chunk=8)
+    stepped = _engine(family, 1, 32, "replay", log_length=4, max_verify=2)
+    folds = []
+    for pool in filled.ssm.values():
+        fold = pool.fold
+
+        def counted(*args, fold=fold):
+            folds.append(1)
+            return fold(*args)
+
+        monkeypatch.setattr(pool, "fold", counted)
+    filled.admit(prompt)
+    assert len(folds) == len(filled.ssm)  # one fold a layer: the last chunk's
+    stepped.admit(prompt[:1])
+    for t in prompt[1:]:
+        stepped.step(t.view(1, 1))
+    assert (filled.log_len, filled.head) == (stepped.log_len, stepped.head) == ([3], [0])
+    for layer, pool in filled.ssm.items():
+        other = stepped.ssm[layer]
+        pairs = [("state", pool.state, other.state), ("conv", pool.conv, other.conv)]
+        pairs += [(f, buf[:, :3], other.log[f][:, :3]) for f, buf in pool.log.items()]
+        for name, got, want in pairs:
+            scale = float(want.abs().max())
+            worst = float((got.float() - want.float()).abs().max())
+            assert scale > 0 and worst <= TOL * scale, (layer, name, worst, scale)
+
+
 def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
     """A 70-token prompt in one pass (over ``UPDATES_CHUNKED_MIN_TOKENS``: the Gated DeltaNet
     log's corrected updates come from the chunked scan that gives the outputs, one pass), then

@@ -13,6 +13,8 @@ timed between device synchronisations. Writes OUT.json and prints a short table.
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
@@ -50,6 +52,24 @@ def _profiled(admit, device):
         top_device=_top(events, "self_device_time_total"),
         top_host=_top(events, "self_cpu_time_total"),
     )
+
+
+def _python_profile(admit, device, calls=3, top=30):
+    """The Python functions with the most cumulative time over ``calls`` admissions
+    (``cProfile``): [dict(function, calls, own_ms, cumulative_ms)] per admission."""
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        admit()
+    sync(device)
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    rows = sorted(stats.items(), key=lambda kv: kv[1][3], reverse=True)[:top]
+    return [
+        dict(function=f"{file.split('replaylab/')[-1]}:{line} {name}", calls=nc // calls,
+             own_ms=tt / calls * 1e3, cumulative_ms=ct / calls * 1e3)
+        for (file, line, name), (_, nc, tt, ct, _) in rows
+    ]  # fmt: skip
 
 
 def _phase_timer(obj, name, phases, device):
@@ -113,8 +133,9 @@ def profile_admit(
         admit()
         sync(device)
         phases["total"] = time.perf_counter() - t0
-        return dict(row, shared=shared, suffix=suffix, **out,
-                    phases_ms={k: v * 1e3 for k, v in phases.items()})  # fmt: skip
+        row["phases_ms"] = {k: v * 1e3 for k, v in phases.items()}
+        row["python"] = _python_profile(admit, device)  # with the phases' synchronisations
+        return dict(row, shared=shared, suffix=suffix, **out)
 
 
 def main(argv=None):
@@ -148,6 +169,9 @@ def main(argv=None):
         for e in r["top_device"][:6]:
             print(f"    {e['device_us'] / 1e3:7.2f} ms dev {e['host_us'] / 1e3:7.2f} ms host "
                   f"x{e['calls']:5d} {e['name'][:60]}")  # fmt: skip
+        for f in r.get("python", [])[:20]:
+            print(f"    py {f['cumulative_ms']:6.2f} ms cum {f['own_ms']:6.2f} own x{f['calls']:4d} "
+                  f"{f['function'][-70:]}")  # fmt: skip
         if "phases_ms" in r:
             print(
                 "    phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items())

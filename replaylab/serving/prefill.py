@@ -2,9 +2,10 @@
 ``serving.admission``, ``serving.prefix``): each recurrent layer's scan (its strategy's
 ``prefill_scan``), attention over the slot's KV rows, the MLPs as they are.
 
-Snapshot and recompute end with the state after the prompt. Replay logs every token and folds
-its log L entries at a time with the fold decode uses, so the checkpoint lands on the decode
-grid (the largest multiple of L) with the same bits a decode of those tokens would fold to.
+Snapshot and recompute end with the state after the prompt. Replay logs every token and keeps
+its checkpoint on the decode grid (the largest multiple of L reached): a chunk that ends on the
+grid takes the scan's state there, and the last chunk, which may end off it, folds its entries
+up to the grid with the fold decode uses; the entries past it stay in the log.
 
 Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts) a chunk runs the
 fused decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one

@@ -180,11 +180,11 @@ class EngineReplay(EngineStrategy):
 
     def prefill_scan(self, pool, layer, slot, entries, carried, logged):
         """Scan from the chunks' carried state and log the entries (appended to
-        ``logged[layer]`` when given); the checkpoint moves only by folds."""
+        ``logged[layer]`` when given); the checkpoint moves to the fold grid (``_prefill_log``)."""
         before = carried[layer]
         result, entries = pool.logged_scan(before, entries)  # GDN kernels: u in the same pass
         carried[layer] = result.state
-        self._prefill_log(pool, slot, entries)
+        self._prefill_log(pool, slot, entries, result.state)
         if logged is not None:
             logged[layer].append(
                 {
@@ -194,13 +194,19 @@ class EngineReplay(EngineStrategy):
             )
         return result.y
 
-    def _prefill_log(self, pool, slot, entries):
-        """Append a chunk's entries to the slot's ring and fold each L it completes with the
-        fold decode uses: all of them in one launch where the pool's fold chains
-        (``pool.fold_chains(L)``), else L at a time; the entries past the last fold stay in
-        the ring."""
+    def _prefill_log(self, pool, slot, entries, scanned):
+        """Move the slot's checkpoint to the last fold position the chunk reaches and keep the
+        entries past it in the ring. A chunk that ends on the fold grid takes the scan's state
+        there (``scanned``, (1, *state_shape)): the pass that computed the outputs wrote the
+        checkpoint, and the ring is empty. Otherwise the ring's entries and the chunk's are
+        folded up to the grid with the fold decode uses (one launch where the pool's fold
+        chains, ``pool.fold_chains(L)``, else L at a time) and the rest stay in the ring."""
         e, table, L = self.engine, self.engine.table, self.engine.L
         n, head = table.log_len[slot], table.head[slot]
+        T = next(iter(entries.values())).shape[1]
+        if (n + T) % L == 0:
+            pool.state[slot : slot + 1] = scanned
+            return
         log = {k: entries[k].to(buf.dtype) for k, buf in pool.log.items()}  # (1, T, ...)
         if n:  # the ring's entries first (a chunk that starts on the grid has none)
             held = (head + torch.arange(n, device=e.device)) % table.capacity
