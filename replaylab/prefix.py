@@ -247,12 +247,15 @@ class PrefixTree:
                 f"prompt: expected token ids (T,) or (1, T): an integer tensor or a list of "
                 f"ints, got {type(prompt).__name__} {shown}"
             )
-        tokens = [as_int(f"prompt[{i}]", t) for i, t in enumerate(prompt)]
+        if all(type(t) is int for t in prompt):  # the common case, without a call per id
+            tokens = list(prompt)
+        else:
+            tokens = [as_int(f"prompt[{i}]", t) for i, t in enumerate(prompt)]
         if not 1 <= len(tokens) <= self.max_prompt:
             raise ValueError(self._length_error(len(tokens)))
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"prompt: token ids must lie in [0, {self.vocab_size}), got {bad[0]}")
+        if min(tokens) < 0 or max(tokens) >= self.vocab_size:
+            bad = next(t for t in tokens if not 0 <= t < self.vocab_size)
+            raise ValueError(f"prompt: token ids must lie in [0, {self.vocab_size}), got {bad}")
         return tokens
 
     # --- the tree --------------------------------------------------------------------------
