@@ -107,7 +107,8 @@ def profile_admit(
 
             for _ in range(2):  # warm-up: Triton compiles, the allocator settles
                 admit()
-            return dict(row, tokens=T, **_profiled(admit, device))
+            out = _profiled(admit, device)
+            return dict(row, tokens=T, **out, python=_python_profile(admit, device))
         cache = EnginePrefixCache(engine, block_size=block)
         head = torch.randint(0, model.cfg.vocab_size, (shared,), generator=gen).tolist()
         slot, _, _ = cache.admit(head)
