@@ -38,6 +38,7 @@ __all__ = [
     "BUDGETS_KB",
     "TTFT_RESULTS",
     "TTFT_KERNEL_RESULTS",
+    "TTFT_CHECKPOINT_RESULTS",
     "ttft_rows",
     "ttft_figure",
 ]
@@ -49,6 +50,13 @@ TTFT_RESULTS = ("data/bench_prefix_ttft_gpu.json", "data/bench_prefix_ttft_offgr
 TTFT_KERNEL_RESULTS = (
     "data/bench_prefix_ttft_offgrid_prefill_torch_gpu.json",
     "data/bench_prefix_ttft_offgrid_prefill_kernels_gpu.json",
+)
+# one H100 call, two rounds: the tree before replay's prefill took the scan's state as its
+# checkpoint, then the tree after, in turn (fused path, prompt kernels, off the grid)
+TTFT_CHECKPOINT_RESULTS = tuple(
+    f"data/bench_prefix_ttft_scan_checkpoint_{tree}_{round_}_h100.json"
+    for round_ in (1, 2)
+    for tree in ("previous", "this")
 )
 
 LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
