@@ -247,6 +247,29 @@ def test_the_prefill_kernel_sentence_matches_the_committed_probe():
     ) in text
 
 
+def test_the_scan_checkpoint_sentence_matches_the_committed_runs():
+    runs = {
+        (tree, n): load_bench(
+            ROOT / "data" / f"bench_prefix_ttft_scan_checkpoint_{tree}_{n}_h100.json"
+        )["strategies"]
+        for tree in ("previous", "this")
+        for n in (1, 2)
+    }
+
+    def cold_ms(tree, n, strategy):
+        return 1e3 * runs[tree, n][strategy]["cold_ttft_s"]["median"]
+
+    before = [cold_ms("previous", n, "replay") for n in (1, 2)]
+    after = [cold_ms("this", n, "replay") for n in (1, 2)]
+    ratio = [after[i] / cold_ms("this", i + 1, "snapshot") for i in (0, 1)]
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"replay's median cold time to first token went from {before[0]:.1f} and "
+        f"{before[1]:.1f} ms to {after[0]:.1f} and {after[1]:.1f} ms, {ratio[0]:.2f}x and "
+        f"{ratio[1]:.2f}x snapshot's in the same runs"
+    ) in text
+
+
 def test_the_spare_ring_sentence_matches_the_cost_model():
     from replaylab.costmodel import tokens_per_round
 
