@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -219,6 +219,21 @@ case "$mode" in
         --shared-tokens 2000 --fused --prefill-kernels $k \
         --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5
     done ;;
+  ttft)  # issue 38: TTFT off the grid on the previous tree (PREV: a folder holding its replaylab/
+    # and kernels/; name it in run's carry where git ignores it, as .prev) and this one in turn
+    # (TTFT_ROUNDS), fused path with the prompt kernels; then this tree's cold
+    # and hit admissions under torch.profiler and cProfile (tools/prefill_profile.py)
+    for round in $(seq ${TTFT_ROUNDS:-2}); do
+      for tree in previous this; do
+        path=$PWD; commit=${COMMIT:-}
+        [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+        REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${TTFT_S:-60} python3 -P -m replaylab.bench \
+          prefix --engine --ttft --preset gpu --shared-tokens 2000 --fused --prefill-kernels on \
+          --strategies ${TTFT_STRATEGIES:-replay,snapshot} --out "$OUT/ttft_${tree}_$round.json" 2>&1 | tail -3 | head -2
+      done
+    done
+    timeout -s INT ${PROFILE_S:-120} python3 tools/prefill_profile.py "$OUT/prefill_profile.json" \
+      --fused --prefill-kernels on --hit 2000 --suffix 48 2>&1 | grep -v "^  *[0-9.]* ms dev" | tail -60 ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
     for round in $(seq ${HOST_ROUNDS:-2}); do
