@@ -13,8 +13,10 @@ scan in PyTorch's chunked form (``DecodeEngine(prefill_kernels=False)``, the def
 ``replaylab.kernels.ssd_chunked``; on a GPU the default since 2026-12-05); ``fused kernels`` that
 on the fused path's engine, whose prefill chunks also run the fused decode's norm and MLP
 kernels; ``fold by fold`` replay folding L entries at a time,
-one launch and its ring writes per fold (the default until 2026-12-04; now every grid point a
-chunk reaches folds in one launch, ``RecurrentPool.fold_chains``); ``token loop`` prompt chunks
+one launch and its ring writes per fold (the default until 2026-12-04; then every grid point a
+chunk reaches folded in one launch, ``RecurrentPool.fold_chains``; since 2026-12-05 a chunk that
+ends on the grid takes the scan's state and folds nothing, so the arm differs from ``default``
+only in a chunk that ends off the grid: in a prompt whose length is a multiple of 256, nowhere); ``token loop`` prompt chunks
 under 64 tokens through the scan's token loop (the default until 2026-12-04; now
 ``RecurrentSpec.scan_prompt`` takes the chunked form at any length). The replay arms must
 leave the same checkpoint bits where only the folds differ, which the probe checks. Every

@@ -62,7 +62,8 @@ AUTO_LOG_LENGTH = 16
 class EngineStats:
     steps: int = 0
     verify_steps: int = 0
-    folds: int = 0  # slot folds (one slot's L entries into its checkpoint)
+    folds: int = 0  # grid points a slot's checkpoint moved past (L entries each; a prefill
+    # chunk that ends on the grid moves it by its scan, with no fold launch)
     folded_tokens: int = 0
     rollbacks: int = 0  # slots rolled back
     reruns: int = 0  # recompute: forwards that re-ran kept tokens

@@ -4,8 +4,9 @@
 
 Snapshot and recompute end with the state after the prompt. Replay logs every token and keeps
 its checkpoint on the decode grid (the largest multiple of L reached): a chunk that ends on the
-grid takes the scan's state there, and the last chunk, which may end off it, folds its entries
-up to the grid with the fold decode uses; the entries past it stay in the log.
+grid takes the scan's state there, and a chunk that ends off it (with chunks a multiple of L,
+only a prompt's last) folds its entries up to the grid with the fold decode uses; the entries
+past it stay in the log.
 
 Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts) a chunk runs the
 fused decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one
@@ -37,7 +38,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
     (layer -> (1, *state_shape); default zeros, for start 0). ``block``: chunks also end at
     every multiple of it. ``record`` (a dict): filled with ``states`` {position: {layer:
     LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies; replay: the
-    checkpoint, folded there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
+    checkpoint, the scan's state there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
     ...)}}: every prefilled token's ``node_fields`` (its inputs to the layer)."""
     e, policy = engine, engine.policy
     model, cfg = e.model, e.cfg

@@ -39,6 +39,8 @@ __all__ = [
     "TTFT_RESULTS",
     "TTFT_KERNEL_RESULTS",
     "TTFT_CHECKPOINT_RESULTS",
+    "TTFT_ORDER_RESULTS",
+    "PREFILL_PROFILES",
     "ttft_rows",
     "ttft_figure",
 ]
@@ -57,6 +59,13 @@ TTFT_CHECKPOINT_RESULTS = tuple(
     f"data/bench_prefix_ttft_scan_checkpoint_{tree}_{round_}_h100.json"
     for round_ in (1, 2)
     for tree in ("previous", "this")
+)
+# the tree after it, run twice in a row in another call: how far one tree's runs spread
+TTFT_ORDER_RESULTS = tuple(f"data/bench_prefix_ttft_order_{n}_h100.json" for n in (1, 2))
+# one cold admission and one hit under torch.profiler, before the change and after it
+PREFILL_PROFILES = (
+    "data/prefill_profile_fused_h100_before.json",
+    "data/prefill_profile_fused_h100.json",
 )
 
 LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
