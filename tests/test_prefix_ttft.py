@@ -70,6 +70,27 @@ def test_an_off_grid_shared_prompt_separates_replay_from_align():
     assert all(r["max_logit_diff_over_scale"] < TOL for r in rows.values())
 
 
+def test_passes_alternate_the_strategies_order_and_pool_their_times():
+    """Two passes: the strategies in the given order, then reversed, so none is always timed
+    first; every value of both passes in the spread, each pass's medians beside it, and the
+    logits checked in both."""
+    strategies = ("replay", "snapshot")
+    result = run_engine_ttft(
+        "cpu", device="cpu", strategies=strategies, batch=2, warm_up=0, passes=2,
+        log=lambda line: None,
+    )  # fmt: skip
+    assert result["passes"] == 2
+    assert result["pass_orders"] == [["replay", "snapshot"], ["snapshot", "replay"]]
+    assert list(result["strategies"]) == list(strategies)
+    for r in result["strategies"].values():
+        for key, spread in (("cold_s", r["cold_ttft_s"]), ("prefix_s", r["prefix_ttft_s"])):
+            assert len(spread["values"]) == 2 * 2
+            assert len(r["pass_medians"][key]) == 2
+            lo, hi = min(r["pass_medians"][key]), max(r["pass_medians"][key])
+            assert min(spread["values"]) <= lo <= hi <= max(spread["values"])
+        assert r["first_tokens_agree"] == 2 and r["max_logit_diff_over_scale"] < TOL
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="preset: expected one of"):
         run_engine_ttft("h100")
@@ -77,6 +98,9 @@ def test_bad_settings_are_refused():
         run_engine_ttft("cpu", shared=10)
     with pytest.raises(ValueError, match="suffix_tokens: expected 1 <= low <= high"):
         run_engine_ttft("cpu", suffix_tokens=(5, 2))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match=rf"passes: expected an integer >= 1, got {bad!r}"):
+            run_engine_ttft("cpu", passes=bad)
 
 
 def test_the_cli_writes_the_result_with_provenance(tmp_path, capsys):

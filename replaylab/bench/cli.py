@@ -429,6 +429,7 @@ def _prefix_ttft(args):
         "log_length": args.log_length,
         "prefill_chunk": args.prefill_chunk,
         "warm_up": args.warm_up,
+        "passes": args.passes,
         "prefill_kernels": {"on": True, "off": False}.get(args.prefill_kernels),
         "fused": True if args.fused else None,
     }
@@ -804,6 +805,12 @@ def add_bench_parser(subparsers):
         help="--ttft: the engine's fused path (its prefill too, under prefill_kernels)",
     )
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
+    px.add_argument(
+        "--passes",
+        type=int,
+        default=None,
+        help="--ttft: timed passes, the strategies' order reversed in turn (gpu preset: 2)",
+    )
     px.set_defaults(run=_prefix)
     hc = sub.add_parser(
         "hf-cache",

@@ -303,6 +303,7 @@ TTFT_PRESETS = {
         log_length=8,
         prefill_chunk=64,
         warm_up=1,
+        passes=1,
         prefill_kernels=None,
         fused=False,
     ),
@@ -315,6 +316,7 @@ TTFT_PRESETS = {
         log_length=16,
         prefill_chunk=256,
         warm_up=1,
+        passes=2,
         prefill_kernels=None,
         fused=False,
     ),
@@ -383,23 +385,28 @@ def run_engine_ttft(
     teaching modules on either path);
     bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
-    ``batch`` of them. Per strategy, after ``warm_up`` rounds of the same calls on other ids
-    (four requests each: kernels compiled, the allocator warm), the ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last
-    admit runs beside batch - 1 live slots; then retired); then an ``EnginePrefixCache`` of
+    ``batch`` of them. Every strategy's engine is built and run through ``warm_up`` rounds of
+    the same calls on other ids (four requests each: kernels compiled, the allocator warm)
+    before any is timed. Then ``passes`` timed passes, the strategies in the given order and
+    reversed in turn (``pass_orders``), so no strategy is always timed first: per strategy the
+    ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last admit
+    runs beside batch - 1 live slots; then retired); then an ``EnginePrefixCache`` of
     ``block_size`` (no byte budget) warmed with the shared prompt alone (admitted and
     retired) and the ``batch`` requests admitted through it. Each admit is timed until its
     first token is on the host (``_first_token``); the prefix admit's time includes the seat
     (copies out of the tree, replay's fold), the prefill of the rest and the insertion of the
     request's blocks into the tree.
 
-    Per strategy: ``cold_ttft_s`` and ``prefix_ttft_s`` (median, p90, every value), their
-    ``speedup`` (cold median / prefix median), prefill tokens computed (cold: every prompt
+    Per strategy: ``cold_ttft_s`` and ``prefix_ttft_s`` (median, p90, every value of every
+    pass, pass after pass), their ``speedup`` (cold median / prefix median), each pass's
+    medians (``pass_medians``), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
     requests' ``suffix_lengths`` are recorded in order with the per-request times.
     ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
-    after each strategy (the CLI writes it, so a cut run keeps what it measured)."""
+    after each strategy's pass (the CLI writes it, so a cut run keeps what it measured).
+    ``max_abs_logit_diff`` and ``first_tokens_agree`` are the worst over the passes."""
     from replaylab.bench.stream import _model, preset_config
     from replaylab.serving import DecodeEngine, EnginePrefixCache
 
@@ -407,6 +414,9 @@ def run_engine_ttft(
     lo, hi = run["suffix_tokens"]
     if not 1 <= lo <= hi:
         raise ValueError(f"suffix_tokens: expected 1 <= low <= high, got {run['suffix_tokens']}")
+    passes = run["passes"]
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise ValueError(f"passes: expected an integer >= 1, got {passes!r}")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = _model(run["model"], device)
     vocab, n, S = model.cfg.vocab_size, run["batch"], run["shared_tokens"]
@@ -437,69 +447,76 @@ def run_engine_ttft(
         strategies={},
     )
     t_start = time.perf_counter()
-    for strategy in strategies:
-        engine = DecodeEngine(
-            model,
-            n,
-            max_len,
-            strategy,
-            log_length=run["log_length"],
-            max_verify=1,
-            prefill_chunk=run["prefill_chunk"],
-            fused=run["fused"],
-            graphs=False,
-            prefill_kernels=run["prefill_kernels"],
-        )
-
-        with torch.no_grad():
+    engines = {}
+    with torch.no_grad():
+        for strategy in strategies:  # every engine built and warm before any is timed
+            engines[strategy] = engine = DecodeEngine(
+                model, n, max_len, strategy, log_length=run["log_length"], max_verify=1,
+                prefill_chunk=run["prefill_chunk"], fused=run["fused"], graphs=False,
+                prefill_kernels=run["prefill_kernels"],
+            )  # fmt: skip
             for w_shared, w_prompts in rounds:
                 _cold_admits(engine, w_prompts, device)
                 untimed = EnginePrefixCache(engine, block_size=run["block_size"])
                 _prefix_admits(untimed, w_shared, w_prompts, device)
                 del untimed  # its tree holds the engine too
-            cold_logits, cold_s = _cold_admits(engine, prompts, device)
-            prefix = EnginePrefixCache(engine, block_size=run["block_size"])
-            out, warm_s = _prefix_admits(prefix, shared, prompts, device)
-        hits = [hit for (_, _, hit), _ in out]
-        prefix_s = [s for _, s in out]
-        diff = max(
-            float((lg.float() - c.float()).abs().max())
-            for ((_, lg, _), _), c in zip(out, cold_logits)
-        )
-        scale = max(float(c.float().abs().max()) for c in cold_logits)
-        agree = sum(
-            int(lg.argmax()) == int(c.argmax()) for ((_, lg, _), _), c in zip(out, cold_logits)
-        )
-        row = dict(
-            cold_ttft_s=_spread_s(cold_s),
-            prefix_ttft_s=_spread_s(prefix_s),
-            speedup=round(_spread_s(cold_s)["median"] / _spread_s(prefix_s)["median"], 3),
-            warm_admit_s=round(warm_s, 6),
-            cold_computed_tokens=result["prompt_tokens"],
-            prefix_computed_tokens=sum(h.computed for h in hits),
-            **{
-                k: v
-                for k, v in _hit_fields(hits, result["prompt_tokens"]).items()
-                if k != "computed_tokens"
-            },
-            bytes_held=prefix.held_bytes,
-            block_bytes=prefix.block_bytes,
-            pool_bytes_per_slot=engine.nbytes_per_slot(),
-            max_abs_logit_diff=diff,
-            max_logit_diff_over_scale=diff / scale,
-            first_tokens_agree=agree,
-        )
-        result["strategies"][strategy] = row
-        if checkpoint is not None:
-            checkpoint(result)
-        log(
-            f"[{time.perf_counter() - t_start:6.1f} s] {strategy:9s} TTFT cold "
-            f"{1e3 * row['cold_ttft_s']['median']:.2f} ms, prefix {1e3 * row['prefix_ttft_s']['median']:.2f} ms "
-            f"({row['speedup']:.1f}x); computed {row['prefix_computed_tokens']}/{row['cold_computed_tokens']}"
-        )
-        del engine, prefix, out, cold_logits
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(run["passes"])]
+    result["pass_orders"] = orders
+    timed = {s: dict(cold=[], prefix=[], diff=0.0, scale=0.0, agree=n) for s in strategies}
+    for order in orders:
+        for strategy in order:
+            engine, t = engines[strategy], timed[strategy]
+            with torch.no_grad():
+                cold_logits, cold_s = _cold_admits(engine, prompts, device)
+                prefix = EnginePrefixCache(engine, block_size=run["block_size"])
+                out, warm_s = _prefix_admits(prefix, shared, prompts, device)
+            t["cold"].append(cold_s)
+            t["prefix"].append([s for _, s in out])
+            pairs = [(lg.float(), c.float()) for ((_, lg, _), _), c in zip(out, cold_logits)]
+            t["diff"] = max(t["diff"], *(float((a - b).abs().max()) for a, b in pairs))
+            t["scale"] = max(t["scale"], *(float(b.abs().max()) for _, b in pairs))
+            agree = sum(int(a.argmax()) == int(b.argmax()) for a, b in pairs)
+            t["agree"] = min(t["agree"], agree)
+            hits = [hit for (_, _, hit), _ in out]
+            cold_all = [v for run_s in t["cold"] for v in run_s]
+            prefix_all = [v for run_s in t["prefix"] for v in run_s]
+            row = dict(
+                cold_ttft_s=_spread_s(cold_all),
+                prefix_ttft_s=_spread_s(prefix_all),
+                speedup=round(_spread_s(cold_all)["median"] / _spread_s(prefix_all)["median"], 3),
+                pass_medians=dict(
+                    cold_s=[_spread_s(v)["median"] for v in t["cold"]],
+                    prefix_s=[_spread_s(v)["median"] for v in t["prefix"]],
+                ),
+                warm_admit_s=round(warm_s, 6),
+                cold_computed_tokens=result["prompt_tokens"],
+                prefix_computed_tokens=sum(h.computed for h in hits),
+                **{
+                    k: v
+                    for k, v in _hit_fields(hits, result["prompt_tokens"]).items()
+                    if k != "computed_tokens"
+                },
+                bytes_held=prefix.held_bytes,
+                block_bytes=prefix.block_bytes,
+                pool_bytes_per_slot=engine.nbytes_per_slot(),
+                max_abs_logit_diff=t["diff"],
+                max_logit_diff_over_scale=t["diff"] / t["scale"],
+                first_tokens_agree=t["agree"],
+            )
+            result["strategies"][strategy] = row
+            if checkpoint is not None:
+                checkpoint(result)
+            log(
+                f"[{time.perf_counter() - t_start:6.1f} s] pass {len(t['cold'])} {strategy:9s} "
+                f"TTFT cold {1e3 * _spread_s(cold_s)['median']:.2f} ms, prefix "
+                f"{1e3 * _spread_s(t['prefix'][-1])['median']:.2f} ms; computed "
+                f"{row['prefix_computed_tokens']}/{row['cold_computed_tokens']}"
+            )
+            del prefix, out, cold_logits, pairs
+    result["strategies"] = {s: result["strategies"][s] for s in strategies}
+    del engines
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     result["seconds"] = round(time.perf_counter() - t_start, 1)
     return result
 
