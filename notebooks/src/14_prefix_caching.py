@@ -17,7 +17,7 @@
 # grid checkpoint and the log after it, checked against a one-shot prefill; serve four request
 # workloads through the library's `PrefixCache` under replay, snapshot (align) and recompute,
 # reading each request's hit report (where it resumed, and why not further); compare the hit
-# rates with an attention-only model's; explore block size and byte budget; and answer two
+# rates with an attention-only model's; explore block size and byte budget; and answer three
 # questions whose answers the library computes.
 #
 # **Time:** about 40 minutes.
@@ -430,11 +430,17 @@ ex.check_align_zero_block(align_zero_answer, model);
 # ## 6. On a GPU: time to first token
 #
 # The tiny model counts tokens; a user waits for time. `replaylab bench prefix --engine --ttft
-# --preset gpu` ran the serving engine's prefix cache (`EnginePrefixCache`) on an H200 at
-# Nemotron-H 8B's layer shapes in bf16: 32 requests that share a prompt and differ in a suffix,
-# each admitted cold and then through a cache that already holds the shared prompt (block size
-# 512). Two runs: the shared prompt on the block grid, where align resumes where replay does, and
-# off it, where align resumes at the grid point below. The committed results, with their
+# --preset gpu` ran the serving engine's prefix cache (`EnginePrefixCache`) on an H200 with the
+# `8b-layers` model: seven layers at Nemotron-H 8B's shapes (three Mamba-2, one attention, three
+# MLPs) in bf16. 32 requests share a prompt and differ in a suffix; each is admitted cold and then
+# through a cache that already holds the shared prompt (block size 512). The engine prefills a
+# prompt in chunks of 256 tokens from position 0, and keeps replay's checkpoint on its own fold
+# grid, every multiple of its log length L = 16: a second grid, finer than the tree's 512-token
+# block grid. Two runs: the shared prompt on the block grid, where align resumes where replay
+# does, and off it, where align resumes at the block grid point below. Each line gives a
+# strategy's median cold and hit time to first token, the cut (cold over hit), the prompt tokens
+# computed with the hit over all 32 requests, and the hit's first-token logits against the cold
+# ones (their largest difference over the logits' scale). The committed results, with their
 # provenance, are in `data/`:
 
 # %%
@@ -448,15 +454,16 @@ ttft_figure(ttft).show()
 
 # %% [markdown]
 # Reading it:
-# * On the grid the three strategies compute the same tokens with the hit, from checkpoints with
-#   the cold run's bits, so the hit's logits equal the cold ones exactly.
+# * On the grid the three strategies compute the same tokens with the hit, from checkpoints
+#   bit-identical to the states the cold run left, so the hit's logits equal the cold ones
+#   exactly.
 # * Off the grid align re-computes the shared prompt's last partial block (the "computed"
 #   column); replay folds that block's logged inputs onto its grid state and prefills only the
-#   suffix, which is where its shorter hit comes from.
+#   suffix, which is where its shorter hit in this run comes from.
 # * Replay's cold prefill did more than align's in these runs: it logged every token and folded
-#   the log at every L-th position (L, the engine's replay log length: 16 here; one fold launch
-#   per layer for all the grid points a prefill chunk reaches). That is the gap between the two
-#   cold columns; the end of this section takes those folds out.
+#   the log onto its fold grid (one fold launch per Mamba-2 layer and prefill chunk). That is
+#   part of the gap between replay's and align's cold times; the end of this section takes those
+#   folds out.
 # * Off the grid replay's hit runs its suffix in other chunks than the cold prefill did, so its
 #   first-token logits differ from the cold ones by bf16 rounding; `data/README.md` compares both
 #   with a float64 forward of the same weights.
@@ -490,61 +497,76 @@ for result in (load_bench(path) for path in TTFT_KERNEL_RESULTS):
     print("\n".join(ttft_rows(result)))
 
 # %% [markdown]
-# Every cold prefill got faster, replay's the most: its extra work (the log, the folds) was
-# mostly launches, not bytes. (The second run also took the fused path, whose prefill chunks
-# run its norm and MLP kernels.) Replay's hit still computes the fewest prompt tokens, but
-# against a faster cold prefill its cut is smaller, and align's hit is now a little faster
-# than replay's: time to first token is not tokens computed once the launches are gone.
+# Every cold prefill got faster. (The second run also took the fused path, whose prefill chunks
+# run fused norm and MLP kernels, so two things changed at once; and the first run went first in
+# its device call, where times run high: see below.) Replay's hit still computes the fewest
+# prompt tokens, but against a faster cold prefill its cut is smaller, and align's hit is now a
+# little faster than replay's: once each layer is a few launches, launches, not tokens, set a
+# short hit's time.
 #
-# One more launch per layer and chunk was left: replay's fold. A chunk of 256 tokens ends on the
-# fold grid (256 is a multiple of L), and the chunk's scan has just computed the state there, so
-# folding the chunk's log with decode's fold computes that state a second time. The engine now
-# keeps the scan's state as the checkpoint where a chunk ends on the grid, and folds only where a
-# chunk ends off it (with 256-token chunks, only in a prompt's last), up to the grid. The
-# checkpoint then has the scan's rounding instead of the fold's, within the engine's tolerance
-# of a token-by-token decode. One cold 2,048-token admission under `torch.profiler` on an H100,
-# before the change and after it (`tools/prefill_profile.py`), counts the device's work:
+# Replay's fold was still launched once per Mamba-2 layer and chunk: 3 layers x 8 chunks = 24
+# fold launches for a 2,048-token prompt. A chunk of 256 tokens ends on the fold grid (256 is a
+# multiple of L), and the chunk's scan has just computed the state there, so folding the chunk's
+# log with the fold decoding uses computes that state a second time. The engine now keeps the
+# scan's state as the checkpoint where a chunk ends on the fold grid, and folds only where a
+# chunk ends off it (with 256-token chunks, only in a prompt's last, and a 2,048-token prompt's
+# last chunk ends on it: no fold at all). The checkpoint then has the scan's rounding instead
+# of the fold's, within the engine's tolerance of a token-by-token decode.
+#
+# One cold 2,048-token admission and one hit (a 2,000-token shared prompt plus 48) under
+# `torch.profiler` on an H100 (`tools/prefill_profile.py`), with the code before the change
+# (commit bc328b8) and with it (commit bf7e7f8). The device-busy time is what the GPU computed;
+# the wall time, one sample each, also holds the host's Python and launches:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for path in PREFILL_PROFILES:
     profile = load_bench(path)
     for row in profile["rows"]:
-        if "shared" not in row:  # the cold admissions
-            print(f"tree of {profile['commit'][:7]}  {LABELS[row['strategy']]:17s} device busy "
-                  f"{row['device_busy_ms']:5.1f} ms in {row['device_launches']} operations")  # fmt: skip
+        what = f"hit {row['shared']}+{row['suffix']}" if "shared" in row else f"cold {row['tokens']}"
+        print(f"commit {profile['commit'][:7]}  {what:11s} {LABELS[row['strategy']]:17s} device busy "
+              f"{row['device_busy_ms']:5.1f} ms of {row['wall_ms']:5.1f} ms wall, "
+              f"{row['device_launches']} operations")  # fmt: skip
 
 # %% [markdown]
-# Replay's device work is now align's. Time to first token is the noisier measure. The tree
-# before the change and the tree after it, in turn on one H100, two rounds (the hits also lost a
-# slow prompt check):
+# Replay's cold device work is now align's. (The two commits' wall times came from two machine
+# starts whose hosts ran at different speeds; compare within a commit.) A hit keeps the device
+# busy for a fraction of its wall time: the host, issuing small operations one by one from
+# Python, sets its time ("host-bound").
+#
+# Time to first token is the noisier measure. The code before the change (commit bc328b8) and
+# after it (commit 02fbf90: the change plus a faster prompt check for hits), in turn on one
+# H100, two rounds, the code before going first in each:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for path in TTFT_CHECKPOINT_RESULTS:
     result = load_bench(path)
-    tree = "before" if "previous" in path else "after"
-    print(f"{tree} (tree of {result['commit'][:7]}):", "\n".join(ttft_rows(result)))
+    code = "before" if "previous" in path else "after"
+    print(f"{code} (commit {result['commit'][:7]}):", "\n".join(ttft_rows(result)))
 
 # %% [markdown]
-# Read the "before" rows with care: they ran first in each round, and one tree's runs can differ
-# by more than the two trees' rows do. The tree after the change, run twice in a row in another
-# call:
+# Read the "before" rows with care. The first run in a device call ran slow, and within each run
+# the bench timed replay first (it now alternates the order). The same commit, run twice in a row
+# in another call:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for path in TTFT_ORDER_RESULTS:
     result = load_bench(path)
     cold = {s: 1e3 * r["cold_ttft_s"]["median"] for s, r in result["strategies"].items()}
-    print(f"tree of {result['commit'][:7]}, {result['date'][11:19]} UTC: replay cold "
+    print(f"commit {result['commit'][:7]}, {result['date'][11:19]} UTC: replay cold "
           f"{cold['replay']:.1f} ms, align cold {cold['snapshot']:.1f} ms")  # fmt: skip
 
 # %% [markdown]
-# So these runs do not say how much the change saved in time to first token; the profile says
-# what it saved on the device. They do say where replay's cold admission now stands, close to
-# align's. Its hit lands level with align's, not below it: a suffix of a few dozen tokens through
-# seven layers is launched one small operation at a time, and the host, not the device, sets its
-# time (`data/README.md` has the profile).
+# Replay's cold time in those two runs of one commit swings by more than the two commits differ
+# in round 2. So these runs do not say how much the change saved in time to first
+# token; the profile says what it saved on the device. The "after" rows, which never went first
+# in their round, put replay's cold admission close to align's. Its hit lands level with
+# align's, not below it: a suffix of a few dozen tokens through seven layers is host-bound, and
+# replay's seat also folds up to 464 logged entries onto its state (`data/README.md` splits the
+# hit's time). These H100 rows do not compare with the H200 rows above (another GPU, and then a
+# slower scan).
 
 # %% [markdown]
 # ## Summary
@@ -556,9 +578,9 @@ for path in TTFT_ORDER_RESULTS:
 #   inputs, exact against a one-shot prefill. It pays in bytes for the logs, and under a tight
 #   budget its logs are evicted first and it falls back to align-style hits.
 # * Every hit explains itself: matched, resumed from, folded, re-run, and why it stopped.
-# * On a GPU (section 6) the tokens a hit saves become time to first token: off the block grid
-#   replay's hit computes far fewer tokens than align's; its cold prefill paid for the log's
-#   folds until the scan's state became its checkpoint.
+# * On a GPU (section 6) off the block grid replay's hit computes far fewer prompt tokens than
+#   align's, but a hit of a few dozen tokens is host-bound, so its time lands level with align's;
+#   replay's cold prefill now does align's device work.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
