@@ -89,6 +89,18 @@ def test_passes_alternate_the_strategies_order_and_pool_their_times():
             lo, hi = min(r["pass_medians"][key]), max(r["pass_medians"][key])
             assert min(spread["values"]) <= lo <= hi <= max(spread["values"])
         assert r["first_tokens_agree"] == 2 and r["max_logit_diff_over_scale"] < TOL
+        assert r["cold_device_allocs"] is None and r["prefix_device_allocs"] is None  # CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_each_admit_reports_its_device_allocations():
+    result = run_engine_ttft(
+        "cpu", device="cuda", strategies=("replay",), batch=2, warm_up=0, passes=2,
+        log=lambda line: None,
+    )  # fmt: skip
+    row = result["strategies"]["replay"]
+    for key in ("cold_device_allocs", "prefix_device_allocs"):
+        assert len(row[key]) == 2 * 2 and all(isinstance(a, int) and a >= 0 for a in row[key])
 
 
 def test_bad_settings_are_refused():

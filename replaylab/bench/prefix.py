@@ -333,37 +333,52 @@ def _spread_s(values) -> dict:
     )
 
 
-def _first_token(fn, device):
+def _device_allocs(device) -> int:
+    """Device memory allocations (``cudaMalloc``) the caching allocator has made so far on a
+    GPU; 0 elsewhere."""
+    if device.type != "cuda":
+        return 0
+    return torch.cuda.memory_stats(device).get("num_device_alloc", 0)
+
+
+def _first_token(fn, device, allocs=None):
     """(fn()'s result, seconds until its logits' greedy token is on the host): the clock is
     read after ``torch.cuda.synchronize()`` on both sides on a GPU; the token id's copy to the
-    host waits for the logits as a server's first sampled token would."""
+    host waits for the logits as a server's first sampled token would. ``allocs`` (a list):
+    appended with the device allocations the call made (``_device_allocs``)."""
     from replaylab.bench.timing import sync
 
     sync(device)
+    before = _device_allocs(device)
     t0 = time.perf_counter()
     out = fn()
     logits = out[1]
     int(logits.argmax())
     sync(device)
-    return out, time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if allocs is not None:
+        allocs.append(_device_allocs(device) - before)
+    return out, seconds
 
 
-def _cold_admits(engine, prompts, device):
+def _cold_admits(engine, prompts, device, allocs=None):
     """Admit every prompt cold into ``engine`` (kept live until all are in, then retired):
-    (first-token logits (vocab,) per prompt, seconds to first token per prompt)."""
-    out = [_first_token(lambda t=t: engine.admit(torch.tensor(t)), device) for t in prompts]
+    (first-token logits (vocab,) per prompt, seconds to first token per prompt); ``allocs``:
+    see ``_first_token``."""
+    out = [_first_token(lambda t=t: engine.admit(torch.tensor(t)), device, allocs) for t in prompts]
     for (slot, _), _ in out:
         engine.retire(slot)
     return [logits for (_, logits), _ in out], [s for _, s in out]
 
 
-def _prefix_admits(cache, shared, prompts, device):
+def _prefix_admits(cache, shared, prompts, device, allocs=None):
     """Warm ``cache`` (an ``EnginePrefixCache``) with ``shared`` alone (admitted, retired),
     then admit every prompt through it (kept live until all are in, then retired):
-    ([((slot, logits, hit), seconds)] per prompt, the warming admit's seconds)."""
+    ([((slot, logits, hit), seconds)] per prompt, the warming admit's seconds); ``allocs``:
+    see ``_first_token`` (the prompts' admits, not the warming one)."""
     (slot, _, _), warm_s = _first_token(lambda: cache.admit(shared), device)
     cache.engine.retire(slot)
-    out = [_first_token(lambda t=t: cache.admit(t), device) for t in prompts]
+    out = [_first_token(lambda t=t: cache.admit(t), device, allocs) for t in prompts]
     for (slot, _, _), _ in out:
         cache.engine.retire(slot)
     return out, warm_s
@@ -399,7 +414,8 @@ def run_engine_ttft(
 
     Per strategy: ``cold_ttft_s`` and ``prefix_ttft_s`` (median, p90, every value of every
     pass, pass after pass), their ``speedup`` (cold median / prefix median), each pass's
-    medians (``pass_medians``), prefill tokens computed (cold: every prompt
+    medians (``pass_medians``), on a GPU the device allocations (``cudaMalloc``) each admit
+    made, in the same order (``cold_device_allocs``, ``prefix_device_allocs``; None on CPU), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
@@ -462,14 +478,17 @@ def run_engine_ttft(
                 del untimed  # its tree holds the engine too
     orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(run["passes"])]
     result["pass_orders"] = orders
-    timed = {s: dict(cold=[], prefix=[], diff=0.0, scale=0.0, agree=n) for s in strategies}
+    timed = {
+        s: dict(cold=[], prefix=[], cold_allocs=[], prefix_allocs=[], diff=0.0, scale=0.0, agree=n)
+        for s in strategies
+    }
     for order in orders:
         for strategy in order:
             engine, t = engines[strategy], timed[strategy]
             with torch.no_grad():
-                cold_logits, cold_s = _cold_admits(engine, prompts, device)
+                cold_logits, cold_s = _cold_admits(engine, prompts, device, t["cold_allocs"])
                 prefix = EnginePrefixCache(engine, block_size=run["block_size"])
-                out, warm_s = _prefix_admits(prefix, shared, prompts, device)
+                out, warm_s = _prefix_admits(prefix, shared, prompts, device, t["prefix_allocs"])
             t["cold"].append(cold_s)
             t["prefix"].append([s for _, s in out])
             pairs = [(lg.float(), c.float()) for ((_, lg, _), _), c in zip(out, cold_logits)]
@@ -489,6 +508,8 @@ def run_engine_ttft(
                     prefix_s=[_spread_s(v)["median"] for v in t["prefix"]],
                 ),
                 warm_admit_s=round(warm_s, 6),
+                cold_device_allocs=t["cold_allocs"] if device.type == "cuda" else None,
+                prefix_device_allocs=t["prefix_allocs"] if device.type == "cuda" else None,
                 cold_computed_tokens=result["prompt_tokens"],
                 prefix_computed_tokens=sum(h.computed for h in hits),
                 **{
