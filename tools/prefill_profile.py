@@ -113,13 +113,12 @@ def profile_admit(
         head = torch.randint(0, model.cfg.vocab_size, (shared,), generator=gen).tolist()
         slot, _, _ = cache.admit(head)
         engine.retire(slot)
-        phases, calls = {}, [0]
+        phases = {}
 
         def admit():
             tail = torch.randint(0, model.cfg.vocab_size, (suffix,), generator=gen).tolist()
             slot, _, got = cache.admit(head + tail)
             engine.retire(slot)
-            calls[0] += 1
             row["hit"] = dict(resumed_from=got.resumed_from, prefilled=got.prefilled,
                               folded=got.folded, recomputed=got.recomputed)  # fmt: skip
 

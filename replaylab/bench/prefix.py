@@ -384,6 +384,35 @@ def _prefix_admits(cache, shared, prompts, device, allocs=None):
     return out, warm_s
 
 
+def _ttft_row(t, hits, prefix, engine, warm_s, prompt_tokens, device) -> dict:
+    """One strategy's result so far: ``t`` its passes' times, device allocations and worst
+    logit agreement; ``hits``, ``prefix`` (the tree), ``warm_s`` from the last pass."""
+    cold = [v for times in t["cold"] for v in times]
+    hit = [v for times in t["prefix"] for v in times]
+    gpu = device.type == "cuda"
+    return dict(
+        cold_ttft_s=_spread_s(cold),
+        prefix_ttft_s=_spread_s(hit),
+        speedup=round(_spread_s(cold)["median"] / _spread_s(hit)["median"], 3),
+        pass_medians=dict(
+            cold_s=[_spread_s(v)["median"] for v in t["cold"]],
+            prefix_s=[_spread_s(v)["median"] for v in t["prefix"]],
+        ),
+        warm_admit_s=round(warm_s, 6),
+        cold_device_allocs=t["cold_allocs"] if gpu else None,
+        prefix_device_allocs=t["prefix_allocs"] if gpu else None,
+        cold_computed_tokens=prompt_tokens,
+        prefix_computed_tokens=sum(h.computed for h in hits),
+        **{k: v for k, v in _hit_fields(hits, prompt_tokens).items() if k != "computed_tokens"},
+        bytes_held=prefix.held_bytes,
+        block_bytes=prefix.block_bytes,
+        pool_bytes_per_slot=engine.nbytes_per_slot(),
+        max_abs_logit_diff=t["diff"],
+        max_logit_diff_over_scale=t["diff"] / t["scale"],
+        first_tokens_agree=t["agree"],
+    )
+
+
 def run_engine_ttft(
     preset="cpu",
     device=None,
@@ -476,7 +505,7 @@ def run_engine_ttft(
                 untimed = EnginePrefixCache(engine, block_size=run["block_size"])
                 _prefix_admits(untimed, w_shared, w_prompts, device)
                 del untimed  # its tree holds the engine too
-    orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(run["passes"])]
+    orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(passes)]
     result["pass_orders"] = orders
     timed = {
         s: dict(cold=[], prefix=[], cold_allocs=[], prefix_allocs=[], diff=0.0, scale=0.0, agree=n)
@@ -497,33 +526,7 @@ def run_engine_ttft(
             agree = sum(int(a.argmax()) == int(b.argmax()) for a, b in pairs)
             t["agree"] = min(t["agree"], agree)
             hits = [hit for (_, _, hit), _ in out]
-            cold_all = [v for run_s in t["cold"] for v in run_s]
-            prefix_all = [v for run_s in t["prefix"] for v in run_s]
-            row = dict(
-                cold_ttft_s=_spread_s(cold_all),
-                prefix_ttft_s=_spread_s(prefix_all),
-                speedup=round(_spread_s(cold_all)["median"] / _spread_s(prefix_all)["median"], 3),
-                pass_medians=dict(
-                    cold_s=[_spread_s(v)["median"] for v in t["cold"]],
-                    prefix_s=[_spread_s(v)["median"] for v in t["prefix"]],
-                ),
-                warm_admit_s=round(warm_s, 6),
-                cold_device_allocs=t["cold_allocs"] if device.type == "cuda" else None,
-                prefix_device_allocs=t["prefix_allocs"] if device.type == "cuda" else None,
-                cold_computed_tokens=result["prompt_tokens"],
-                prefix_computed_tokens=sum(h.computed for h in hits),
-                **{
-                    k: v
-                    for k, v in _hit_fields(hits, result["prompt_tokens"]).items()
-                    if k != "computed_tokens"
-                },
-                bytes_held=prefix.held_bytes,
-                block_bytes=prefix.block_bytes,
-                pool_bytes_per_slot=engine.nbytes_per_slot(),
-                max_abs_logit_diff=t["diff"],
-                max_logit_diff_over_scale=t["diff"] / t["scale"],
-                first_tokens_agree=t["agree"],
-            )
+            row = _ttft_row(t, hits, prefix, engine, warm_s, result["prompt_tokens"], device)
             result["strategies"][strategy] = row
             if checkpoint is not None:
                 checkpoint(result)
