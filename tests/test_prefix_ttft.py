@@ -103,6 +103,38 @@ def test_on_a_gpu_each_admit_reports_its_device_allocations():
         assert len(row[key]) == 2 * 2 and all(isinstance(a, int) and a >= 0 for a in row[key])
 
 
+def test_each_admit_reports_the_collectors_seconds_and_freeze_leaves_gc_as_it_was():
+    """The seconds Python's garbage collector ran inside each admit, one per admit in the order
+    of the times (a collection forced inside an admit shows); ``gc="freeze"`` freezes the heap
+    for the timed passes and unfreezes it after."""
+    import gc
+
+    from replaylab.bench import prefix as bench_prefix
+
+    clock = bench_prefix._CollectorClock()
+    gc.callbacks.append(clock)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(clock)
+    assert clock.seconds > 0
+    seen = []
+    out, seconds = bench_prefix._first_token(
+        lambda: (gc.collect(), torch.zeros(3)), torch.device("cpu"), collector=seen
+    )
+    assert len(seen) == 1 and 0 < seen[0] <= seconds
+    frozen = gc.get_freeze_count()
+    result = run_engine_ttft(
+        "cpu", device="cpu", strategies=("replay",), batch=2, warm_up=0, gc="freeze",
+        log=lambda line: None,
+    )  # fmt: skip
+    assert gc.get_freeze_count() == frozen == 0
+    row = result["strategies"]["replay"]
+    for key in ("cold_collector_s", "prefix_collector_s"):
+        assert len(row[key]) == 2 and all(isinstance(s, float) and s >= 0 for s in row[key])
+    assert result["gc"] == "freeze"
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="preset: expected one of"):
         run_engine_ttft("h100")
@@ -113,6 +145,8 @@ def test_bad_settings_are_refused():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=rf"passes: expected an integer >= 1, got {bad!r}"):
             run_engine_ttft("cpu", passes=bad)
+    with pytest.raises(ValueError, match="gc: expected 'default' or 'freeze', got 'off'"):
+        run_engine_ttft("cpu", gc="off")
 
 
 def test_the_cli_writes_the_result_with_provenance(tmp_path, capsys):

@@ -432,6 +432,7 @@ def _prefix_ttft(args):
         "passes": args.passes,
         "prefill_kernels": {"on": True, "off": False}.get(args.prefill_kernels),
         "fused": True if args.fused else None,
+        "gc": args.gc,
     }
     overrides = {k: v for k, v in fields.items() if v is not None}
     cuda = torch.cuda.is_available() and args.device != "cpu"
@@ -805,6 +806,13 @@ def add_bench_parser(subparsers):
         help="--ttft: the engine's fused path (its prefill too, under prefill_kernels)",
     )
     px.add_argument("--warm-up", type=int, default=None, help="--ttft: untimed rounds first")
+    px.add_argument(
+        "--gc",
+        choices=["default", "freeze"],
+        default=None,
+        help="--ttft: Python's garbage collector as it comes, or gc.freeze() once the engines "
+        "are warm (as a server would after start-up)",
+    )
     px.add_argument(
         "--passes",
         type=int,

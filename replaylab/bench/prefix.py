@@ -17,6 +17,7 @@ Glossary:
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -306,6 +307,7 @@ TTFT_PRESETS = {
         passes=1,
         prefill_kernels=None,
         fused=False,
+        gc="default",
     ),
     "gpu": dict(
         model="8b-layers",
@@ -319,6 +321,7 @@ TTFT_PRESETS = {
         passes=2,
         prefill_kernels=None,
         fused=False,
+        gc="default",
     ),
 }
 
@@ -341,44 +344,70 @@ def _device_allocs(device) -> int:
     return torch.cuda.memory_stats(device).get("num_device_alloc", 0)
 
 
-def _first_token(fn, device, allocs=None):
+class _CollectorClock:
+    """Seconds Python's cyclic garbage collector ran (every generation) while registered in
+    ``gc.callbacks``."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+
+def _first_token(fn, device, allocs=None, collector=None):
     """(fn()'s result, seconds until its logits' greedy token is on the host): the clock is
     read after ``torch.cuda.synchronize()`` on both sides on a GPU; the token id's copy to the
     host waits for the logits as a server's first sampled token would. ``allocs`` (a list):
-    appended with the device allocations the call made (``_device_allocs``)."""
+    appended with the device allocations the call made (``_device_allocs``); ``collector``
+    (a list): appended with the seconds the garbage collector ran inside the call."""
     from replaylab.bench.timing import sync
 
     sync(device)
     before = _device_allocs(device)
-    t0 = time.perf_counter()
-    out = fn()
-    logits = out[1]
-    int(logits.argmax())
-    sync(device)
-    seconds = time.perf_counter() - t0
+    clock = _CollectorClock()
+    gc.callbacks.append(clock)
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        logits = out[1]
+        int(logits.argmax())
+        sync(device)
+        seconds = time.perf_counter() - t0
+    finally:
+        gc.callbacks.remove(clock)
     if allocs is not None:
         allocs.append(_device_allocs(device) - before)
+    if collector is not None:
+        collector.append(round(clock.seconds, 6))
     return out, seconds
 
 
-def _cold_admits(engine, prompts, device, allocs=None):
+def _cold_admits(engine, prompts, device, allocs=None, collector=None):
     """Admit every prompt cold into ``engine`` (kept live until all are in, then retired):
-    (first-token logits (vocab,) per prompt, seconds to first token per prompt); ``allocs``:
-    see ``_first_token``."""
-    out = [_first_token(lambda t=t: engine.admit(torch.tensor(t)), device, allocs) for t in prompts]
+    (first-token logits (vocab,) per prompt, seconds to first token per prompt); ``allocs``,
+    ``collector``: see ``_first_token``."""
+    out = [
+        _first_token(lambda t=t: engine.admit(torch.tensor(t)), device, allocs, collector)
+        for t in prompts
+    ]
     for (slot, _), _ in out:
         engine.retire(slot)
     return [logits for (_, logits), _ in out], [s for _, s in out]
 
 
-def _prefix_admits(cache, shared, prompts, device, allocs=None):
+def _prefix_admits(cache, shared, prompts, device, allocs=None, collector=None):
     """Warm ``cache`` (an ``EnginePrefixCache``) with ``shared`` alone (admitted, retired),
     then admit every prompt through it (kept live until all are in, then retired):
-    ([((slot, logits, hit), seconds)] per prompt, the warming admit's seconds); ``allocs``:
-    see ``_first_token`` (the prompts' admits, not the warming one)."""
+    ([((slot, logits, hit), seconds)] per prompt, the warming admit's seconds); ``allocs``,
+    ``collector``: see ``_first_token`` (the prompts' admits, not the warming one)."""
     (slot, _, _), warm_s = _first_token(lambda: cache.admit(shared), device)
     cache.engine.retire(slot)
-    out = [_first_token(lambda t=t: cache.admit(t), device, allocs) for t in prompts]
+    out = [_first_token(lambda t=t: cache.admit(t), device, allocs, collector) for t in prompts]
     for (slot, _, _), _ in out:
         cache.engine.retire(slot)
     return out, warm_s
@@ -401,6 +430,8 @@ def _ttft_row(t, hits, prefix, engine, warm_s, prompt_tokens, device) -> dict:
         warm_admit_s=round(warm_s, 6),
         cold_device_allocs=t["cold_allocs"] if gpu else None,
         prefix_device_allocs=t["prefix_allocs"] if gpu else None,
+        cold_collector_s=t["cold_gc"],
+        prefix_collector_s=t["prefix_gc"],
         cold_computed_tokens=prompt_tokens,
         prefix_computed_tokens=sum(h.computed for h in hits),
         **{k: v for k, v in _hit_fields(hits, prompt_tokens).items() if k != "computed_tokens"},
@@ -444,7 +475,10 @@ def run_engine_ttft(
     Per strategy: ``cold_ttft_s`` and ``prefix_ttft_s`` (median, p90, every value of every
     pass, pass after pass), their ``speedup`` (cold median / prefix median), each pass's
     medians (``pass_medians``), on a GPU the device allocations (``cudaMalloc``) each admit
-    made, in the same order (``cold_device_allocs``, ``prefix_device_allocs``; None on CPU), prefill tokens computed (cold: every prompt
+    made, in the same order (``cold_device_allocs``, ``prefix_device_allocs``; None on CPU),
+    the seconds Python's garbage collector ran inside each admit (``cold_collector_s``,
+    ``prefix_collector_s``; ``gc="freeze"``: ``gc.freeze()`` once every engine is warm, as a
+    server would after start-up, so the collector no longer rescans that heap), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
@@ -459,6 +493,8 @@ def run_engine_ttft(
     lo, hi = run["suffix_tokens"]
     if not 1 <= lo <= hi:
         raise ValueError(f"suffix_tokens: expected 1 <= low <= high, got {run['suffix_tokens']}")
+    if run["gc"] not in ("default", "freeze"):
+        raise ValueError(f"gc: expected 'default' or 'freeze', got {run['gc']!r}")
     passes = run["passes"]
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes: expected an integer >= 1, got {passes!r}")
@@ -508,35 +544,56 @@ def run_engine_ttft(
     orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(passes)]
     result["pass_orders"] = orders
     timed = {
-        s: dict(cold=[], prefix=[], cold_allocs=[], prefix_allocs=[], diff=0.0, scale=0.0, agree=n)
+        s: dict(
+            cold=[],
+            prefix=[],
+            cold_allocs=[],
+            prefix_allocs=[],
+            cold_gc=[],
+            prefix_gc=[],
+            diff=0.0,
+            scale=0.0,
+            agree=n,
+        )  # fmt: skip
         for s in strategies
     }
-    for order in orders:
-        for strategy in order:
-            engine, t = engines[strategy], timed[strategy]
-            with torch.no_grad():
-                cold_logits, cold_s = _cold_admits(engine, prompts, device, t["cold_allocs"])
-                prefix = EnginePrefixCache(engine, block_size=run["block_size"])
-                out, warm_s = _prefix_admits(prefix, shared, prompts, device, t["prefix_allocs"])
-            t["cold"].append(cold_s)
-            t["prefix"].append([s for _, s in out])
-            pairs = [(lg.float(), c.float()) for ((_, lg, _), _), c in zip(out, cold_logits)]
-            t["diff"] = max(t["diff"], *(float((a - b).abs().max()) for a, b in pairs))
-            t["scale"] = max(t["scale"], *(float(b.abs().max()) for _, b in pairs))
-            agree = sum(int(a.argmax()) == int(b.argmax()) for a, b in pairs)
-            t["agree"] = min(t["agree"], agree)
-            hits = [hit for (_, _, hit), _ in out]
-            row = _ttft_row(t, hits, prefix, engine, warm_s, result["prompt_tokens"], device)
-            result["strategies"][strategy] = row
-            if checkpoint is not None:
-                checkpoint(result)
-            log(
-                f"[{time.perf_counter() - t_start:6.1f} s] pass {len(t['cold'])} {strategy:9s} "
-                f"TTFT cold {1e3 * _spread_s(cold_s)['median']:.2f} ms, prefix "
-                f"{1e3 * _spread_s(t['prefix'][-1])['median']:.2f} ms; computed "
-                f"{row['prefix_computed_tokens']}/{row['cold_computed_tokens']}"
-            )
-            del prefix, out, cold_logits, pairs
+    if run["gc"] == "freeze":  # what a server does once started: the heap so far never rescanned
+        gc.collect()
+        gc.freeze()
+    try:
+        for order in orders:
+            for strategy in order:
+                engine, t = engines[strategy], timed[strategy]
+                with torch.no_grad():
+                    cold_logits, cold_s = _cold_admits(
+                        engine, prompts, device, t["cold_allocs"], t["cold_gc"]
+                    )
+                    prefix = EnginePrefixCache(engine, block_size=run["block_size"])
+                    out, warm_s = _prefix_admits(
+                        prefix, shared, prompts, device, t["prefix_allocs"], t["prefix_gc"]
+                    )
+                t["cold"].append(cold_s)
+                t["prefix"].append([s for _, s in out])
+                pairs = [(lg.float(), c.float()) for ((_, lg, _), _), c in zip(out, cold_logits)]
+                t["diff"] = max(t["diff"], *(float((a - b).abs().max()) for a, b in pairs))
+                t["scale"] = max(t["scale"], *(float(b.abs().max()) for _, b in pairs))
+                agree = sum(int(a.argmax()) == int(b.argmax()) for a, b in pairs)
+                t["agree"] = min(t["agree"], agree)
+                hits = [hit for (_, _, hit), _ in out]
+                row = _ttft_row(t, hits, prefix, engine, warm_s, result["prompt_tokens"], device)
+                result["strategies"][strategy] = row
+                if checkpoint is not None:
+                    checkpoint(result)
+                log(
+                    f"[{time.perf_counter() - t_start:6.1f} s] pass {len(t['cold'])} {strategy:9s} "
+                    f"TTFT cold {1e3 * _spread_s(cold_s)['median']:.2f} ms, prefix "
+                    f"{1e3 * _spread_s(t['prefix'][-1])['median']:.2f} ms; computed "
+                    f"{row['prefix_computed_tokens']}/{row['cold_computed_tokens']}"
+                )
+                del prefix, out, cold_logits, pairs
+    finally:
+        if run["gc"] == "freeze":
+            gc.unfreeze()
     result["strategies"] = {s: result["strategies"][s] for s in strategies}
     del engines
     if device.type == "cuda":
