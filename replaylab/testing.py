@@ -194,12 +194,14 @@ def tiny_hybrid(seed=2):
 
 def perturbed(model, scale, seed=7):
     """A draft model that agrees with ``model`` part of the time: a copy of it whose every
-    weight tensor has Gaussian noise of ``scale`` times that tensor's spread added."""
+    weight tensor has Gaussian noise of ``scale`` times that tensor's spread added (drawn on
+    the CPU, so the same draft on any device)."""
     import copy
 
     draft = copy.deepcopy(model).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in draft.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().nan_to_num(0))
+            noise = torch.randn(p.shape, generator=g).to(p.device)
+            p.add_(noise * scale * p.std().nan_to_num(0))
     return draft

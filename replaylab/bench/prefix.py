@@ -461,8 +461,8 @@ def run_engine_ttft(
     bf16 on a GPU) of ``batch`` slots. Requests: one shared prompt of ``shared_tokens``
     ids + a unique suffix of ``suffix_tokens`` = (low, high) ids each (uniform, seeded),
     ``batch`` of them. Every strategy's engine is built and run through ``warm_up`` rounds of
-    the same calls on other ids (four requests each: kernels compiled, the allocator warm)
-    before any is timed. Then ``passes`` timed passes, the strategies in the given order and
+    the same calls on other ids with the same lengths (kernels compiled and loaded for every
+    shape the timed calls meet, the allocator warm) before any is timed. Then ``passes`` timed passes, the strategies in the given order and
     reversed in turn (``pass_orders``), so no strategy is always timed first: per strategy the
     ``batch`` requests admitted cold (``engine.admit``, every slot kept live, so the last admit
     runs beside batch - 1 live slots; then retired); then an ``EnginePrefixCache`` of
@@ -503,15 +503,19 @@ def run_engine_ttft(
     vocab, n, S = model.cfg.vocab_size, run["batch"], run["shared_tokens"]
     g = torch.Generator().manual_seed(seed)
 
-    def requests(count):
+    def requests(lengths=None):
         shared = torch.randint(0, vocab, (S,), generator=g).tolist()
-        lengths = torch.randint(lo, hi + 1, (count,), generator=g).tolist()
+        if lengths is None:
+            lengths = torch.randint(lo, hi + 1, (n,), generator=g).tolist()
         return shared, [
             shared + torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths
         ]
 
-    shared, prompts = requests(n)
-    rounds = [requests(min(n, 4)) for _ in range(run["warm_up"])]
+    shared, prompts = requests()
+    lengths = [len(p) - S for p in prompts]
+    # other ids, the timed prompts' lengths: every shape the timed admits meet is seen once
+    # (a matrix product's first kernel of a shape loads lazily, about 5-50 ms on a GPU)
+    rounds = [requests(lengths) for _ in range(run["warm_up"])]
     max_len = S + hi + 1
     result = dict(
         kind="prefix-ttft",
@@ -522,7 +526,7 @@ def run_engine_ttft(
         dtype=str(next(model.parameters()).dtype),
         max_len=max_len,
         prompt_tokens=sum(map(len, prompts)),
-        suffix_lengths=[len(p) - S for p in prompts],
+        suffix_lengths=lengths,
         clock="time.perf_counter around each admit, torch.cuda.synchronize() before and after on "
         "a GPU, until the first token's id is on the host",
         strategies={},
