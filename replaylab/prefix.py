@@ -187,6 +187,7 @@ class PrefixTree:
 
     def _init_tree(self, budget_bytes):
         self.root = _Node(0, (), None)
+        self.resume_step = getattr(self, "resume_step", 1)  # replay resumes on multiples of it
         self.held_bytes = 0
         self.evicted_prefixes: list[tuple] = []  # token prefixes of evicted nodes (newest last)
         self._clock = itertools.count(1)
@@ -301,16 +302,17 @@ class PrefixTree:
         return None if g == 0 else path[g // self.block_size - 1].end_state
 
     def _plan(self, tokens) -> _Plan:
-        """Match ``tokens`` and choose where to resume: replay at min(m, T - 1) (the state at
-        the grid point below it and the logged entries after it; on the grid if that block's
-        log was evicted), snapshot and recompute at the last grid state <= min(m, T - 1)."""
+        """Match ``tokens`` and choose where to resume: replay at min(m, T - 1) rounded down
+        to a multiple of ``resume_step`` (the state at the grid point below it and the logged
+        entries after it; on the grid if that block's log was evicted), snapshot and recompute
+        at the last grid state <= min(m, T - 1)."""
         b = self.block_size
         path, m, stop = self._match(tokens)
         usable = min(m, len(tokens) - 1)  # the last token is always computed, for its logits
         grid = usable // b * b
         log_gone = False
         if self.strategy == "replay":
-            r, j = grid, usable - grid
+            r, j = grid, usable // self.resume_step * self.resume_step - grid
             if j and path[grid // b].log is None:  # its log was evicted: resume on the grid
                 r, j, log_gone = grid, 0, True
         else:

@@ -155,6 +155,31 @@ def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
     assert runs[None] == runs[4]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_interleaved_grants_keep_each_prompt_on_its_alone_chunk_grid(strategy):
+    """With prefill_per_step (12) at least the engine's prefill_chunk (8), a prompt standing on
+    a multiple of 8 is advanced to a multiple of 8 or its end, so every chunk it is prefilled
+    in starts where ``admit`` alone would start one (a grant cut to 0 waits a step); without
+    that, the second prompt's share of a step would start it off the grid. Its tokens equal
+    those of whole prefills."""
+    reqs = lambda: [Request(i, ids(n, 70 + i), 4) for i, n in enumerate((20, 30, 11))]  # noqa: E731
+    runs = {}
+    for per_step in (None, 12):
+        e = DecodeEngine(MODEL, 3, 48, strategy, log_length=4, max_verify=3, prefill_chunk=8)
+        starts, prefill = [], e._prefill
+
+        def spy(slot, prompt, start=0, starts=starts, prefill=prefill, **kw):
+            starts.append((slot, start, prompt.numel()))
+            return prefill(slot, prompt, start=start, **kw)
+
+        e._prefill = spy
+        finished = Scheduler(e, prefill_per_step=per_step).run(reqs())
+        runs[per_step] = {r.id: r.tokens for r in finished}
+        assert all(start % 8 == 0 for _, start, _ in starts), starts
+    assert any(start for _, start, _ in starts)  # prompts were split across steps
+    assert runs[None] == runs[12]
+
+
 def test_the_scheduler_refuses_a_prefill_chunk_under_one_token():
     """(Interleaving through a prefix cache is served: ``test_engine_prefix``.)"""
     e = DecodeEngine(MODEL, 2, 40, "replay", log_length=4)

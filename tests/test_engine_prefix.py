@@ -708,3 +708,109 @@ def test_a_prefix_cache_seats_a_graphed_kernel_engine_as_an_ungraphed_one(family
         assert engine.stats.graph_replays == (6 if graphs else 0)
     for a, b in zip(*seen):
         assert torch.equal(a, b)
+
+
+RESUME_CHUNK_PATHS = pytest.mark.parametrize(
+    "family, kw",
+    [
+        ("mamba2", {}),
+        ("mamba2", dict(fused=True, use_kernels=True)),
+        ("mamba1", dict(use_kernels=True)),
+        ("gdn", dict(use_kernels=True)),
+    ],
+    ids=["reference", "fused", "mamba1-kernels", "gdn-kernels"],
+)
+
+
+@RESUME_CHUNK_PATHS
+def test_resume_chunk_gives_replays_hits_the_cold_prefills_logits_bit_for_bit(family, kw):
+    """Under ``resume="chunk"`` a replay hit resumes on the prefill's chunk grid (16 here) and
+    scans the block's entries a chunk at a time, as a cold prefill does: its logits, and its
+    greedy tokens after, equal a cold admit's bit for bit (the same arithmetic); under
+    ``resume="match"`` (folded onto the decode grid, other chunk boundaries after) within TOL.
+    The hit report says where each resumed."""
+    model = MODEL if family == "mamba2" else sharp(tiny_family_model(family))
+    rng = random.Random(11)
+    system = ids(rng, 57)  # block 64: the match (57) ends past the chunk grid (48, 3 chunks)
+    prompts = [system + ids(rng, n) for n in (6, 3)]
+    cold = DecodeEngine(model, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=16,
+                        **kw)  # fmt: skip
+    cold_logits = []
+    for p in prompts:
+        slot, logits = cold.admit(torch.tensor(p))
+        cold_logits.append((slot, logits))
+    seen, engines_by = {}, {}
+    for resume in ("match", "chunk"):
+        engine = engines_by[resume] = DecodeEngine(model, 3, 96, "replay", log_length=4,
+                                                   max_verify=4, prefill_chunk=16, **kw)  # fmt: skip
+        prefix = EnginePrefixCache(engine, block_size=64, resume=resume)
+        slot, _, _ = prefix.admit(system)
+        engine.retire(slot)
+        got = [prefix.admit(p) for p in prompts]
+        seen[resume] = got
+        for (_, logits, hit), (_, clogits) in zip(got, cold_logits):
+            assert hit.matched == 57
+            if resume == "chunk":
+                assert (hit.resumed_from, hit.folded, hit.limited_by) == (48, 48, "not on the grid")
+                assert torch.equal(logits, clogits)
+            else:
+                assert (hit.resumed_from, hit.folded) == (57, 57)
+                assert_close(logits, clogits, atol=TOL, rtol=0)
+    # greedy decode after the chunk-resumed hits equals the cold twin's, bit for bit
+    chunk_engine = engines_by["chunk"]
+    for (slot, logits, _), (cslot, clogits) in zip(seen["chunk"], cold_logits):
+        tok, ctok = int(logits.argmax()), int(clogits.argmax())
+        for _ in range(6):
+            a = chunk_engine.step(torch.tensor([[tok]]), slots=[slot])[0, -1]
+            b = cold.step(torch.tensor([[ctok]]), slots=[cslot])[0, -1]
+            assert torch.equal(a, b)
+            tok, ctok = int(a.argmax()), int(b.argmax())
+
+
+def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name():
+    engine = DecodeEngine(MODEL, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=16)
+    with pytest.raises(ValueError, match="block_size=24 must be a multiple of the engine's "
+                       "prefill_chunk=16"):  # fmt: skip
+        EnginePrefixCache(engine, block_size=24, resume="chunk")
+    odd = DecodeEngine(MODEL, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=6)
+    with pytest.raises(ValueError, match="prefill_chunk a multiple of its log_length L=4"):
+        EnginePrefixCache(odd, block_size=12, resume="chunk")
+    with pytest.raises(ValueError, match="resume: expected 'match' or 'chunk', got 'near'"):
+        EnginePrefixCache(engine, block_size=32, resume="near")
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_resume_chunk_hits_equal_cold_admits_in_bf16_where_match_hits_need_not():
+    """On a GPU in bf16 (the fused path, its prompt kernels, CUDA graphs), a replay hit under
+    ``resume="chunk"`` gives the cold admit's logits bit for bit, and decodes as it does; under
+    ``resume="match"`` the same hits are another arithmetic, compared only to a float64
+    forward's error bound."""
+    import copy
+
+    model = copy.deepcopy(MODEL).to("cuda", torch.bfloat16)
+    reference = copy.deepcopy(MODEL).double()
+    rng = random.Random(12)
+    system = ids(rng, 57)
+    prompts = [system + ids(rng, n) for n in (6, 3, 11)]
+    make = lambda: DecodeEngine(model, 4, 96, "replay", log_length=4, max_verify=4,  # noqa: E731
+                                prefill_chunk=16, prefill_kernels=True)  # fmt: skip
+    cold = make()
+    cold_out = [cold.admit(torch.tensor(p, device="cuda")) for p in prompts]
+    for resume in ("match", "chunk"):
+        engine = make()
+        prefix = EnginePrefixCache(engine, block_size=32, resume=resume)
+        engine.retire(prefix.admit(system)[0])
+        for p, (cslot, clogits) in zip(prompts, cold_out):
+            slot, logits, hit = prefix.admit(p)
+            exact = forward_logits(reference, p)
+            bound = 4 * float((clogits.double().cpu() - exact).abs().max()) + 1e-2
+            assert float((logits.double().cpu() - exact).abs().max()) <= bound
+            if resume == "chunk":
+                assert hit.resumed_from == 48 and torch.equal(logits, clogits)
+                tok = int(logits.argmax())
+                for _ in range(4):
+                    a = engine.step(torch.tensor([[tok]], device="cuda"), slots=[slot])[0, -1]
+                    b = cold.step(torch.tensor([[tok]], device="cuda"), slots=[cslot])[0, -1]
+                    assert torch.equal(a, b)
+                    tok = int(a.argmax())
+            engine.retire(slot)

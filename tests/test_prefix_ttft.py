@@ -135,6 +135,20 @@ def test_each_admit_reports_the_collectors_seconds_and_freeze_leaves_gc_as_it_wa
     assert result["gc"] == "freeze"
 
 
+def test_replay_chunk_times_replay_with_hits_resumed_on_the_chunk_grid():
+    """ "replay:chunk" is replay's engine with its prefix cache under ``resume="chunk"``: hits
+    resume on the prefill's chunk grid (so compute as many tokens or more than replay's) and
+    give the cold logits bit for bit."""
+    result = run_engine_ttft(
+        "cpu", device="cpu", strategies=("replay", "replay:chunk"), batch=3, warm_up=0,
+        prefill_chunk=32, log=lambda line: None,
+    )  # fmt: skip
+    plain, chunk = result["strategies"]["replay"], result["strategies"]["replay:chunk"]
+    assert chunk["max_abs_logit_diff"] == 0.0 and chunk["first_tokens_agree"] == 3
+    assert chunk["prefix_computed_tokens"] >= plain["prefix_computed_tokens"]
+    assert any("replay:chunk" in line for line in ttft_summary(result))
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="preset: expected one of"):
         run_engine_ttft("h100")
@@ -145,6 +159,8 @@ def test_bad_settings_are_refused():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=rf"passes: expected an integer >= 1, got {bad!r}"):
             run_engine_ttft("cpu", passes=bad)
+    with pytest.raises(ValueError, match="strategies: expected .* got 'replay:near'"):
+        run_engine_ttft("cpu", strategies=("replay:near",))
     with pytest.raises(ValueError, match="gc: expected 'default' or 'freeze', got 'off'"):
         run_engine_ttft("cpu", gc="off")
 

@@ -782,7 +782,7 @@ def add_bench_parser(subparsers):
         "--strategies",
         type=lambda t: tuple(t.split(",")),
         default=("replay", "snapshot", "recompute"),
-        help="--ttft: comma-separated strategies",
+        help="--ttft: comma-separated strategies (replay:chunk: replay with resume='chunk')",
     )
     px.add_argument("--model", default=None, help="--ttft: a model preset (tiny, 1b, 8b-layers)")
     px.add_argument("--shared-tokens", type=int, default=None, help="--ttft: the shared prompt")

@@ -485,7 +485,8 @@ def run_engine_ttft(
     requests' ``suffix_lengths`` are recorded in order with the per-request times.
     ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
     after each strategy's pass (the CLI writes it, so a cut run keeps what it measured).
-    ``max_abs_logit_diff`` and ``first_tokens_agree`` are the worst over the passes."""
+    ``max_abs_logit_diff`` and ``first_tokens_agree`` are the worst over the passes.
+    A strategy "replay:chunk" is replay with its prefix cache under ``resume="chunk"``."""
     from replaylab.bench.stream import _model, preset_config
     from replaylab.serving import DecodeEngine, EnginePrefixCache
 
@@ -498,6 +499,18 @@ def run_engine_ttft(
     passes = run["passes"]
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes: expected an integer >= 1, got {passes!r}")
+    for label in strategies:
+        strategy, _, resume = label.partition(":")
+        if strategy not in ("replay", "snapshot", "recompute") or resume not in (
+            "",
+            "match",
+            "chunk",
+        ):
+            raise ValueError(
+                f"strategies: expected replay, snapshot, recompute, or replay:chunk (a prefix "
+                f"cache under resume='chunk'), got {label!r}"
+            )
+
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = _model(run["model"], device)
     vocab, n, S = model.cfg.vocab_size, run["batch"], run["shared_tokens"]
@@ -510,6 +523,11 @@ def run_engine_ttft(
         return shared, [
             shared + torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths
         ]
+
+    def cache(engine, label):
+        """The prefix cache of strategy ``label`` ("replay:chunk": ``resume="chunk"``)."""
+        return EnginePrefixCache(engine, block_size=run["block_size"],
+                                 resume=label.partition(":")[2] or "match")  # fmt: skip
 
     shared, prompts = requests()
     lengths = [len(p) - S for p in prompts]
@@ -534,15 +552,15 @@ def run_engine_ttft(
     t_start = time.perf_counter()
     engines = {}
     with torch.no_grad():
-        for strategy in strategies:  # every engine built and warm before any is timed
-            engines[strategy] = engine = DecodeEngine(
-                model, n, max_len, strategy, log_length=run["log_length"], max_verify=1,
-                prefill_chunk=run["prefill_chunk"], fused=run["fused"], graphs=False,
-                prefill_kernels=run["prefill_kernels"],
+        for label in strategies:  # every engine built and warm before any is timed
+            engines[label] = engine = DecodeEngine(
+                model, n, max_len, label.partition(":")[0], log_length=run["log_length"],
+                max_verify=1, prefill_chunk=run["prefill_chunk"], fused=run["fused"],
+                graphs=False, prefill_kernels=run["prefill_kernels"],
             )  # fmt: skip
             for w_shared, w_prompts in rounds:
                 _cold_admits(engine, w_prompts, device)
-                untimed = EnginePrefixCache(engine, block_size=run["block_size"])
+                untimed = cache(engine, label)
                 _prefix_admits(untimed, w_shared, w_prompts, device)
                 del untimed  # its tree holds the engine too
     orders = [list(strategies)[:: 1 if p % 2 == 0 else -1] for p in range(passes)]
@@ -572,7 +590,7 @@ def run_engine_ttft(
                     cold_logits, cold_s = _cold_admits(
                         engine, prompts, device, t["cold_allocs"], t["cold_gc"]
                     )
-                    prefix = EnginePrefixCache(engine, block_size=run["block_size"])
+                    prefix = cache(engine, strategy)
                     out, warm_s = _prefix_admits(
                         prefix, shared, prompts, device, t["prefix_allocs"], t["prefix_gc"]
                     )
@@ -610,12 +628,12 @@ def ttft_summary(result) -> list[str]:
     lines = [
         f"shared prompt {result['shared_tokens']} + suffix {result['suffix_tokens']}, batch "
         f"{result['batch']}, block {result['block_size']} ({result['device_type']}, {result['dtype']})",
-        "strategy   cold TTFT ms (p50/p90)  prefix TTFT ms (p50/p90)  speedup  computed  hit    diff/scale  agree",
+        "strategy     cold TTFT ms (p50/p90)  prefix TTFT ms (p50/p90)  speedup  computed  hit    diff/scale  agree",
     ]
     for strategy, r in result["strategies"].items():
         c, p = r["cold_ttft_s"], r["prefix_ttft_s"]
         lines.append(
-            f"{strategy:9s}  {1e3 * c['median']:9.2f} / {1e3 * c['p90']:<9.2f}  "
+            f"{strategy:12s}{1e3 * c['median']:9.2f} / {1e3 * c['p90']:<9.2f}  "
             f"{1e3 * p['median']:9.2f} / {1e3 * p['p90']:<9.2f}   {r['speedup']:6.1f}x  "
             f"{r['prefix_computed_tokens']:5d}/{r['cold_computed_tokens']}  {r['token_hit_rate']:.3f}  "
             f"{r['max_logit_diff_over_scale']:.1e}    {r['first_tokens_agree']}/{result['batch']}"

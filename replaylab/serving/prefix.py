@@ -12,7 +12,10 @@ start) and inserts the prompt's blocks. What a slot is seated with, for the long
 prefix m and u = min(m, T - 1) (the last token is always computed, for its logits):
 
     every strategy   KV rows [0, r) of every attention layer (r: the resumed position below)
-    replay           r = u: the state at the grid point g = b * floor(u / b) (a node's end
+    replay           r = u (``resume="chunk"``: u rounded down to a multiple of the engine's
+                     prefill chunk C, [g, r) scanned a chunk at a time as the prefill did, so
+                     the slot holds the cold prefill's bits and its ring is empty):
+                     the state at the grid point g = b * floor(u / b) (a node's end
                      state), the block's entries [g, c) (derived from the node's inputs)
                      folded L at a time into it
                      (c = L * floor(u / L): the decode grid, since b is a multiple of L), the
@@ -102,16 +105,26 @@ class EnginePrefixCache(PrefixTree):
                   recently used first within each), "lru" (whole leaves), "cost" (the leaf
                   saving fewest prefill tokens per byte) or "logs-first" (replay: every log
                   before any leaf, so a hit never resumes before align's)
+    resume        replay: "match" (default: at the match, the block's entries folded onto the
+                  decode grid) or "chunk" (at the last multiple of the engine's prefill_chunk
+                  C <= the match, the block's entries scanned a chunk at a time as a prefill
+                  scans them: a hit's logits are then the cold prefill's bit for bit, for up to
+                  C - 1 more tokens computed). "chunk" needs block_size a multiple of C and C a
+                  multiple of L; snapshot and recompute resume on the block grid either way
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
     """
 
-    def __init__(self, engine, block_size=None, budget_bytes=None, eviction=DEFAULT_EVICTION):
+    def __init__(
+        self, engine, block_size=None, budget_bytes=None, eviction=DEFAULT_EVICTION, resume="match"
+    ):
         if not isinstance(engine, DecodeEngine):
             raise TypeError(f"engine: expected a DecodeEngine, got {given(engine)}")
         if eviction not in PREFIX_EVICTION:
             raise ValueError(f"eviction: expected one of {PREFIX_EVICTION}, got {eviction!r}")
+        if resume not in ("match", "chunk"):
+            raise ValueError(f"resume: expected 'match' or 'chunk', got {resume!r}")
         for l, pool in engine.ssm.items():
             if pool.log and not pool.seats_from_log:
                 raise ValueError(
@@ -132,6 +145,15 @@ class EnginePrefixCache(PrefixTree):
                 f"{engine.policy.block_rule()}: {_sizes(allowed)}; got {b}"
             )
         self.block_size = self.interval = b
+        C = engine.prefill_chunk
+        if resume == "chunk" and (b % C or C % engine.L):
+            raise ValueError(
+                f"resume='chunk' resumes on the prefill's chunk grid: block_size={b} must be a "
+                f"multiple of the engine's prefill_chunk={C}, and prefill_chunk a multiple of "
+                f"its log_length L={engine.L}"
+            )
+        self.resume = resume
+        self.resume_step = C if resume == "chunk" and self.strategy == "replay" else 1
         self.block_bytes = self._block_bytes()
         self._init_tree(budget_bytes)
 
@@ -227,9 +249,14 @@ class EnginePrefixCache(PrefixTree):
         for layer, pool in e.ssm.items():
             ssm = state[layer].ssm.clone() if state else torch.zeros_like(pool.state[one])
             conv = state[layer].conv.clone() if state else torch.zeros_like(pool.conv[one])
-            ssm, conv, carried[layer] = e.policy.seat_layer(
-                pool, layer, path, b, ssm, conv, r, c, upto, j, slot
-            )
+            if j and self.resume_step > 1:  # as the prefill scanned [r, upto): its bits
+                held = path[r // b].log[layer]
+                ssm, conv = e.policy.seat_layer_by_scan(pool, held, ssm, conv, j, self.resume_step)
+                carried[layer] = ssm
+            else:
+                ssm, conv, carried[layer] = e.policy.seat_layer(
+                    pool, layer, path, b, ssm, conv, r, c, upto, j, slot
+                )
             pool.state[one] = ssm
             pool.conv[one] = conv
         e.policy.seat_cursor(slot, upto, c)

@@ -81,8 +81,10 @@ class Scheduler:
     requests (first come, first served, a chunk of each in turn through
     ``engine.begin_admit``, or with ``prefix`` its ``begin_admit``: seated from the tree, the
     rest in chunks), then steps the running requests, so an arrival delays each decoder by one
-    chunk instead of its whole prompt. A request runs from the iteration its prefill ends (its
-    first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
+    chunk instead of its whole prompt. Where n is at least the engine's ``prefill_chunk`` C, a
+    prompt whose prefill stands on a multiple of C is advanced to a multiple of C (or its end),
+    so its chunks are those it would have admitted alone, and so are its bits. A request runs
+    from the iteration its prefill ends (its first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
     drafts for every running request at once, its rows the requests' engine slots (a
     ``BatchModelDrafter`` keeps a draft slot per row and re-seats a row whose context does not
     extend what it holds); requests then carry no drafter of their own.
@@ -336,14 +338,19 @@ class Scheduler:
     def _prefill_chunks(self, record, t0, start):
         """Interleaving: at most ``prefill_per_step`` prompt tokens of the prefilling
         requests, first come first served; those whose prompt is in start running."""
-        left, done = self.prefill_per_step, []
+        left, done, C = self.prefill_per_step, [], self.engine.prefill_chunk
         for r in list(self.prefilling):
             if not left:
                 break
-            n = min(left, r.admission.remaining)
+            a = r.admission
+            n = min(left, a.remaining)
+            if n < a.remaining and self.prefill_per_step >= C and a.done % C == 0:
+                n = n // C * C  # keep the alone admission's chunk grid (0: wait a step)
+                if not n:
+                    continue
             left -= n
             record.prefilled += n
-            if r.admission.advance(n):
+            if a.advance(n):
                 self.prefilling.remove(r)
                 logits, r.admission = r.admission.logits, None  # the slot is live: let it go
                 if self._start_running(r, logits, t0, start):

@@ -288,6 +288,22 @@ class EngineReplay(EngineStrategy):
         return ssm, conv, carried
 
     @staticmethod
+    def seat_layer_by_scan(pool, held, ssm, conv, j, chunk):
+        """(state, conv window) after the block's first j entries, scanned from ``ssm`` (1,
+        *state_shape) and ``conv`` (1, *conv_shape) at the block's start a ``chunk`` at a time
+        as the prefill scans them (``prefill._advance``: the window, ``spec.prepare``, the
+        pool's ``logged_scan``): the cold prefill's bits at the end, where j is a multiple of
+        the chunk and of L (the checkpoint, with an empty ring). ``held``: the node's
+        ``node_fields`` {field: (1, n >= j, ...)}."""
+        for a in range(0, j, chunk):
+            inputs = {k: t[:, a : a + chunk] for k, t in held.items()}
+            entries = {**inputs, **pool.spec.prepare(conv, inputs)}
+            conv = window_after(conv, entries[pool.spec.conv_field])
+            result, _ = pool.logged_scan(ssm, entries)
+            ssm = result.state
+        return ssm, conv
+
+    @staticmethod
     def node_entries(pool, window, state, held):
         """(the log's entries {field: (1, n, ...)} in its dtypes, the state after them or
         None) from a node's ``held`` fields (1, n, ...): derived by ``spec.prepare`` from the
