@@ -41,6 +41,8 @@ __all__ = [
     "TTFT_CHECKPOINT_RESULTS",
     "TTFT_ORDER_RESULTS",
     "PREFILL_PROFILES",
+    "TTFT_FIRST_SEEN_RESULT",
+    "TTFT_WARM_RESULTS",
     "ttft_rows",
     "ttft_figure",
 ]
@@ -68,7 +70,20 @@ PREFILL_PROFILES = (
     "data/prefill_profile_fused_h100.json",
 )
 
-LABELS = {"replay": "replay", "snapshot": "align (snapshot)", "recompute": "recompute"}
+# the bench before its warm-up met every timed shape, snapshot timed first (one H100 call)
+TTFT_FIRST_SEEN_RESULT = "data/bench_prefix_ttft_previous_snapshot_first_h100.json"
+# with it, in the same call: snapshot timed first, then replay timed first
+TTFT_WARM_RESULTS = tuple(
+    f"data/bench_prefix_ttft_warm_shapes_{first}_first_h100.json"
+    for first in ("snapshot", "replay")
+)
+
+LABELS = {
+    "replay": "replay",
+    "replay:chunk": "replay, chunk resume",
+    "snapshot": "align (snapshot)",
+    "recompute": "recompute",
+}
 IDEAL = "attention-only ideal"
 BLOCK_SIZES = (32, 64, 128, 256, 512)
 BUDGETS_KB = (50, 100, 200, 400, 800, 1600, 0)  # 0: no cap
