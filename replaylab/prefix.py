@@ -81,7 +81,8 @@ class PrefixHit:
     prompt_length   T
     matched         m: tokens of the prompt held by the tree
     resumed_from    r: position the served cache started from (state restored there)
-    folded          replay: logged entries folded into the grid checkpoint (at most b)
+    folded          replay: logged entries folded into the grid checkpoint (at most b; the
+                    engine's prefix cache under ``resume="chunk"``: scanned)
     recomputed      recompute: tokens [r, m) re-run through the model
     prefilled       tokens [max(r, m), T) computed because the tree did not hold them
                     (snapshot: [r, T), the matched tokens after the grid point included)

@@ -773,7 +773,7 @@ def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name():
                        "prefill_chunk=16"):  # fmt: skip
         EnginePrefixCache(engine, block_size=24, resume="chunk")
     odd = DecodeEngine(MODEL, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=6)
-    with pytest.raises(ValueError, match="prefill_chunk a multiple of its log_length L=4"):
+    with pytest.raises(ValueError, match="prefill_chunk=6 must be a multiple of its log_length L=4"):
         EnginePrefixCache(odd, block_size=12, resume="chunk")
     with pytest.raises(ValueError, match="resume: expected 'match' or 'chunk', got 'near'"):
         EnginePrefixCache(engine, block_size=32, resume="near")
@@ -814,3 +814,36 @@ def test_on_a_gpu_resume_chunk_hits_equal_cold_admits_in_bf16_where_match_hits_n
                     assert torch.equal(a, b)
                     tok = int(a.argmax())
             engine.retire(slot)
+
+
+def test_resume_chunk_serves_interleaved_admissions_and_falls_back_to_the_grid_when_evicted():
+    """The fused path under ``resume="chunk"``: a prompt admitted a chunk (16) at a time through
+    ``begin_admit`` seats from the chunk grid and ends with the cold logits bit for bit, and
+    its blocks go into the tree, from which the next hit resumes bit for bit too; with the
+    block's log evicted a hit resumes on the block grid ("evicted"). A scheduler that would
+    prefill the tree's blocks off the chunk grid (fewer than 16 tokens a step) is refused."""
+    kw = dict(log_length=4, max_verify=4, prefill_chunk=16, fused=True, use_kernels=True)
+    cold = DecodeEngine(MODEL, 3, 128, "replay", **kw)
+    engine = DecodeEngine(MODEL, 3, 128, "replay", **kw)
+    prefix = EnginePrefixCache(engine, block_size=32, resume="chunk")
+    rng = random.Random(13)
+    system = ids(rng, 41)
+    first = system + ids(rng, 30)
+    second = first[:50] + ids(rng, 9)  # matches 50 of the blocks the first one inserts
+    engine.retire(prefix.admit(system)[0])
+    for p, resumed in ((first, 32), (second, 48)):
+        adm = prefix.begin_admit(p)
+        assert adm.hit.resumed_from == resumed
+        while not adm.advance(16):
+            pass
+        assert torch.equal(adm.logits, cold.admit(torch.tensor(p))[1])
+        engine.retire(adm.slot)
+    assert max(len(n.tokens) + n.start for n in prefix.nodes()) == len(first)
+    for node in prefix.nodes():  # every block's log gone: hits resume on the block grid
+        node.log = None
+    slot, logits, hit = prefix.admit(second)
+    assert (hit.resumed_from, hit.limited_by) == (32, "evicted")
+    assert torch.equal(logits, cold.admit(torch.tensor(second))[1])
+    engine.retire(slot)
+    with pytest.raises(ValueError, match="prefill_per_step: a prefix cache under resume='chunk'"):
+        Scheduler(engine, prefix=prefix, prefill_per_step=8)

@@ -141,11 +141,13 @@ def test_replay_chunk_times_replay_with_hits_resumed_on_the_chunk_grid():
     give the cold logits bit for bit."""
     result = run_engine_ttft(
         "cpu", device="cpu", strategies=("replay", "replay:chunk"), batch=3, warm_up=0,
-        prefill_chunk=32, log=lambda line: None,
+        shared_tokens=90, block_size=64, prefill_chunk=32, log=lambda line: None,
     )  # fmt: skip
     plain, chunk = result["strategies"]["replay"], result["strategies"]["replay:chunk"]
     assert chunk["max_abs_logit_diff"] == 0.0 and chunk["first_tokens_agree"] == 3
-    assert chunk["prefix_computed_tokens"] >= plain["prefix_computed_tokens"]
+    # replay resumes at the match (90), replay:chunk at the chunk grid below it (64)
+    extra = chunk["prefix_computed_tokens"] - plain["prefix_computed_tokens"]
+    assert extra == 3 * (90 - 64)
     assert any("replay:chunk" in line for line in ttft_summary(result))
 
 
@@ -159,8 +161,9 @@ def test_bad_settings_are_refused():
     for bad in (0, 1.5, True):
         with pytest.raises(ValueError, match=rf"passes: expected an integer >= 1, got {bad!r}"):
             run_engine_ttft("cpu", passes=bad)
-    with pytest.raises(ValueError, match="strategies: expected .* got 'replay:near'"):
-        run_engine_ttft("cpu", strategies=("replay:near",))
+    for bad in ("replay:near", "snapshot:chunk"):
+        with pytest.raises(ValueError, match=f"strategies: expected .* got '{bad}'"):
+            run_engine_ttft("cpu", strategies=(bad,))
     with pytest.raises(ValueError, match="gc: expected 'default' or 'freeze', got 'off'"):
         run_engine_ttft("cpu", gc="off")
 

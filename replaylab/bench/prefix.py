@@ -500,12 +500,7 @@ def run_engine_ttft(
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise ValueError(f"passes: expected an integer >= 1, got {passes!r}")
     for label in strategies:
-        strategy, _, resume = label.partition(":")
-        if strategy not in ("replay", "snapshot", "recompute") or resume not in (
-            "",
-            "match",
-            "chunk",
-        ):
+        if label not in ("replay", "snapshot", "recompute", "replay:chunk"):
             raise ValueError(
                 f"strategies: expected replay, snapshot, recompute, or replay:chunk (a prefix "
                 f"cache under resume='chunk'), got {label!r}"
@@ -579,7 +574,10 @@ def run_engine_ttft(
         )  # fmt: skip
         for s in strategies
     }
-    if run["gc"] == "freeze":  # what a server does once started: the heap so far never rescanned
+    # what a server does once started: the heap so far never rescanned (a caller's own frozen
+    # heap is left as it was)
+    freeze = run["gc"] == "freeze" and not gc.get_freeze_count()
+    if freeze:
         gc.collect()
         gc.freeze()
     try:
@@ -614,7 +612,7 @@ def run_engine_ttft(
                 )
                 del prefix, out, cold_logits, pairs
     finally:
-        if run["gc"] == "freeze":
+        if freeze:
             gc.unfreeze()
     result["strategies"] = {s: result["strategies"][s] for s in strategies}
     del engines

@@ -28,7 +28,8 @@ prefix m and u = min(m, T - 1) (the last token is always computed, for its logit
                      [u, T) the prefilled (one forward runs both)
 
 The ``PrefixHit`` is the teaching cache's: ``resumed_from`` r, ``folded`` (replay) the tree's
-logged entries the seat used (u - g: folded onto the decode grid, the rest put in the ring),
+logged entries the seat used (r - g: folded onto the decode grid, the rest put in the ring;
+under ``resume="chunk"`` scanned),
 ``recomputed`` (recompute) u - r, ``prefilled`` the rest, ``match_stop`` and ``limited_by``
 why reuse stopped ("unique tokens", "evicted", "not on the grid", "end of prompt").
 
@@ -109,8 +110,11 @@ class EnginePrefixCache(PrefixTree):
                   decode grid) or "chunk" (at the last multiple of the engine's prefill_chunk
                   C <= the match, the block's entries scanned a chunk at a time as a prefill
                   scans them: a hit's logits are then the cold prefill's bit for bit, for up to
-                  C - 1 more tokens computed). "chunk" needs block_size a multiple of C and C a
-                  multiple of L; snapshot and recompute resume on the block grid either way
+                  C - 1 more tokens computed, where the tree's blocks were themselves
+                  prefilled on the chunk grid: by ``admit``, or a ``Scheduler`` whose
+                  ``prefill_per_step`` is at least C). Under replay "chunk" needs block_size a
+                  multiple of C and C a multiple of L; snapshot and recompute resume on the
+                  block grid either way
 
     ``admit(prompt)`` -> (slot, last logits (vocab,), ``PrefixHit``). The slot decodes,
     speculates, rolls back and retires through the engine as any other.
@@ -146,12 +150,23 @@ class EnginePrefixCache(PrefixTree):
             )
         self.block_size = self.interval = b
         C = engine.prefill_chunk
-        if resume == "chunk" and (b % C or C % engine.L):
-            raise ValueError(
-                f"resume='chunk' resumes on the prefill's chunk grid: block_size={b} must be a "
-                f"multiple of the engine's prefill_chunk={C}, and prefill_chunk a multiple of "
-                f"its log_length L={engine.L}"
-            )
+        if resume == "chunk" and self.strategy == "replay":
+            if b % C:
+                raise ValueError(
+                    f"resume='chunk' resumes on the prefill's chunk grid: block_size={b} must "
+                    f"be a multiple of the engine's prefill_chunk={C}"
+                )
+            if C % engine.L:
+                raise ValueError(
+                    f"resume='chunk' resumes on the prefill's chunk grid: the engine's "
+                    f"prefill_chunk={C} must be a multiple of its log_length L={engine.L}"
+                )
+            for l, pool in engine.ssm.items():
+                if not pool.spec.input_fields:
+                    raise ValueError(
+                        f"resume='chunk' rescans a block from its inputs; layer {l}'s spec "
+                        f"({pool.spec.family}) names no input fields; use resume='match'"
+                    )
         self.resume = resume
         self.resume_step = C if resume == "chunk" and self.strategy == "replay" else 1
         self.block_bytes = self._block_bytes()

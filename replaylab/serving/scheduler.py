@@ -82,9 +82,12 @@ class Scheduler:
     ``engine.begin_admit``, or with ``prefix`` its ``begin_admit``: seated from the tree, the
     rest in chunks), then steps the running requests, so an arrival delays each decoder by one
     chunk instead of its whole prompt. Where n is at least the engine's ``prefill_chunk`` C, a
-    prompt whose prefill stands on a multiple of C is advanced to a multiple of C (or its end),
-    so its chunks are those it would have admitted alone, and so are its bits. A request runs
-    from the iteration its prefill ends (its first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
+    prompt is advanced to a multiple of C or to its end (a request with no multiple of C
+    within the step's remaining tokens waits a step, and one behind it may go first), so from
+    its first multiple of C its chunks are those it would have admitted alone (with
+    ``prefix``, where the block size is a multiple of C), and so are its bits. A prefix cache
+    under ``resume="chunk"`` needs n >= C (its blocks must be prefilled on that grid). A
+    request runs from the iteration its prefill ends (its first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
     drafts for every running request at once, its rows the requests' engine slots (a
     ``BatchModelDrafter`` keeps a draft slot per row and re-seats a row whose context does not
     extend what it holds); requests then carry no drafter of their own.
@@ -141,6 +144,17 @@ class Scheduler:
         self.prefix = prefix
         if prefill_per_step is not None:
             prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
+        if (
+            prefix is not None
+            and getattr(prefix, "resume_step", 1) > 1
+            and prefill_per_step is not None
+            and prefill_per_step < engine.prefill_chunk
+        ):
+            raise ValueError(
+                f"prefill_per_step: a prefix cache under resume='chunk' needs its blocks "
+                f"prefilled on the engine's chunk grid, so at least prefill_chunk="
+                f"{engine.prefill_chunk} tokens a step; got {prefill_per_step}"
+            )
         self.prefill_per_step = prefill_per_step
         if drafter is not None and not callable(getattr(drafter, "propose_batch", None)):
             raise TypeError(
@@ -344,9 +358,9 @@ class Scheduler:
                 break
             a = r.admission
             n = min(left, a.remaining)
-            if n < a.remaining and self.prefill_per_step >= C and a.done % C == 0:
-                n = n // C * C  # keep the alone admission's chunk grid (0: wait a step)
-                if not n:
+            if n < a.remaining and self.prefill_per_step >= C:
+                n = (a.done + n) // C * C - a.done  # end on the alone admission's chunk grid
+                if n <= 0:  # no grid point within reach: wait a step (later ones may go)
                     continue
             left -= n
             record.prefilled += n
