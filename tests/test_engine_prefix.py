@@ -773,7 +773,9 @@ def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name():
                        "prefill_chunk=16"):  # fmt: skip
         EnginePrefixCache(engine, block_size=24, resume="chunk")
     odd = DecodeEngine(MODEL, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=6)
-    with pytest.raises(ValueError, match="prefill_chunk=6 must be a multiple of its log_length L=4"):
+    with pytest.raises(
+        ValueError, match="prefill_chunk=6 must be a multiple of its log_length L=4"
+    ):
         EnginePrefixCache(odd, block_size=12, resume="chunk")
     with pytest.raises(ValueError, match="resume: expected 'match' or 'chunk', got 'near'"):
         EnginePrefixCache(engine, block_size=32, resume="near")

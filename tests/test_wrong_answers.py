@@ -1308,3 +1308,21 @@ def test_offgrid_extra_tokens_wrong_answers(capsys):
     assert "not a whole block" in _out(capsys)
     assert not exercises_prefix.check_offgrid_extra_tokens(right + 1)
     assert "largest multiple of the block size" in _out(capsys)
+
+
+def test_chunk_resume_extra_tokens_wrong_answers(capsys):
+    """Notebook 14's question 4 against the committed chunk-resume run: the per-request answer
+    passes; align's extra and a whole chunk fail with their hints."""
+    from replaylab.results import load_bench
+
+    run = load_bench(exercises_prefix.CHUNK_RESUME_TTFT)
+    S, b, C = run["shared_tokens"], run["block_size"], run["prefill_chunk"]
+    right = S % C
+    assert exercises_prefix.check_chunk_resume_extra_tokens(right)
+    _out(capsys)
+    assert not exercises_prefix.check_chunk_resume_extra_tokens(S % b)
+    assert "align's extra" in _out(capsys)
+    assert not exercises_prefix.check_chunk_resume_extra_tokens(C)
+    assert "not a whole chunk" in _out(capsys)
+    assert not exercises_prefix.check_chunk_resume_extra_tokens(right + 1)
+    assert "largest multiple of the prefill chunk" in _out(capsys)

@@ -17,7 +17,7 @@
 # grid checkpoint and the log after it, checked against a one-shot prefill; serve four request
 # workloads through the library's `PrefixCache` under replay, snapshot (align) and recompute,
 # reading each request's hit report (where it resumed, and why not further); compare the hit
-# rates with an attention-only model's; explore block size and byte budget; and answer three
+# rates with an attention-only model's; explore block size and byte budget; and answer four
 # questions whose answers the library computes.
 #
 # **Time:** about 40 minutes.
@@ -597,6 +597,42 @@ for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
 # its state (`data/README.md` splits the hit's time).
 
 # %% [markdown]
+# One more column deserves a look: "hit vs cold". Align's hits give the cold logits exactly (0),
+# replay's differ in the third significant digit on the GPU. Both are right; they are two
+# arithmetics. Align resumes from a state that the cold prefill itself computed, on the block
+# grid, and then runs the same chunks. Replay's seat folds the block's logged inputs onto the
+# state with decode's fold, and its prefill then starts at the match, so its chunks begin where
+# the cold prefill's do not, and each rounds differently (in bf16, visibly).
+#
+# The engine can make replay's hits exact too: `EnginePrefixCache(engine, resume="chunk")`
+# resumes at the last multiple of the engine's prefill chunk (C tokens) at or below the match,
+# and scans the block's logged inputs a chunk at a time, exactly as the cold prefill scanned
+# them. The slot then holds the cold prefill's bits, and every later chunk starts where the cold
+# prefill's did. The price is at most C - 1 more tokens computed per hit. A small CPU run (the
+# tiny model; shared prompt 200 tokens, block 128, C = 32), replay both ways beside align:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+chunk_run = load_bench("data/bench_prefix_ttft_resume_chunk_cpu.json")
+for s, r in chunk_run["strategies"].items():
+    print(f"{LABELS[s]:21s} computed with the hit {r['prefix_computed_tokens']:4d} of "
+          f"{r['cold_computed_tokens']} tokens, hit vs cold {r['max_logit_diff_over_scale']:.1e}")  # fmt: skip
+
+# %% [markdown]
+# Even in fp32 on a CPU replay's hit differs from the cold run in the last bits; with
+# `resume="chunk"` it does not.
+#
+# **Question 4.** How many more prompt tokens per request did replay compute with
+# `resume="chunk"` than with `resume="match"` in that run? Reason from the shared prompt length
+# and the prefill chunk; the check reads the run's computed tokens.
+
+# %% exercise="chunk_resume_extra_tokens" tags=["exercise"]
+chunk_answer = None  # prompt tokens per request
+
+# %%
+ex.check_chunk_resume_extra_tokens(chunk_answer);
+
+# %% [markdown]
 # ## Summary
 # * A prefix cache matches token ids in a radix tree of blocks; KV rows make any matched
 #   position usable, a recurrent state only the positions where it was saved.
@@ -609,10 +645,12 @@ for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
 # * On a GPU (section 6) off the block grid replay's hit computes far fewer prompt tokens than
 #   align's, but a hit of a few dozen tokens is host-bound, so its time lands level with align's;
 #   replay's cold prefill now does align's device work.
+# * A hit is a second arithmetic: replay's differs from the cold run in the last bits, align's
+#   does not; `resume="chunk"` makes replay's exact for at most C - 1 more tokens a hit.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
-# three questions in sections 4, 5 and 6, each with its check; reference answers in
+# four questions in sections 4, 5 and 6 (two in 6), each with its check; reference answers in
 # `solutions/14_prefix_caching.py`. On the 3-hour and 1-day paths this whole notebook is
 # *optional*.
 #

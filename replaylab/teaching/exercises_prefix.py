@@ -47,10 +47,13 @@ __all__ = [
     "check_align_zero_block",
     "OFFGRID_TTFT",
     "check_offgrid_extra_tokens",
+    "check_chunk_resume_extra_tokens",
 ]
 
 # The H200 TTFT run with the shared prompt off the block grid (notebook 14, section 6)
 OFFGRID_TTFT = "data/bench_prefix_ttft_offgrid_gpu.json"
+# replay with its hits resumed at the match and on the prefill's chunk grid, beside align (CPU)
+CHUNK_RESUME_TTFT = "data/bench_prefix_ttft_resume_chunk_cpu.json"
 
 
 # --------------------------------------------------------------------------------------------
@@ -701,4 +704,30 @@ def check_offgrid_extra_tokens(answer, path=OFFGRID_TTFT) -> bool:
     else:
         hint = ("align resumes at the largest multiple of the block size at or below the match; "
                 "replay at the match itself")  # fmt: skip
+    return report(name, False, f"{answer!r} - {hint}")
+
+
+@guarded("replay's extra tokens per hit under resume='chunk'")
+def check_chunk_resume_extra_tokens(answer, path=CHUNK_RESUME_TTFT) -> bool:
+    """Question (notebook 14): in the chunk-resume run (``path``), how many more prompt tokens
+    replay computed per request with ``resume="chunk"`` than with ``resume="match"``; from the
+    run's computed tokens over its batch."""
+    from replaylab.results import load_bench
+
+    name = "replay's extra tokens per hit under resume='chunk'"
+    if answer is None or answer is Ellipsis:
+        return report(name, False, "no answer yet (replace None with your answer)")
+    run = load_bench(path)
+    s = run["strategies"]
+    extra = s["replay:chunk"]["prefix_computed_tokens"] - s["replay"]["prefix_computed_tokens"]
+    want = extra / run["batch"]
+    if answer == want:
+        return report(name, True, f"{answer!r}: the match less the chunk grid point below it")
+    S, b, C = run["shared_tokens"], run["block_size"], run["prefill_chunk"]
+    if answer == S - S // b * b:
+        hint = "that is align's extra: the chunk grid (multiples of the prefill chunk) is finer"
+    elif answer == C:
+        hint = "the hit goes back to the chunk grid point below the match, not a whole chunk"
+    else:
+        hint = "resume='chunk' resumes at the largest multiple of the prefill chunk <= the match"
     return report(name, False, f"{answer!r} - {hint}")
