@@ -478,7 +478,8 @@ def run_engine_ttft(
     made, in the same order (``cold_device_allocs``, ``prefix_device_allocs``; None on CPU),
     the seconds Python's garbage collector ran inside each admit (``cold_collector_s``,
     ``prefix_collector_s``; ``gc="freeze"``: ``gc.freeze()`` once every engine is warm, as a
-    server would after start-up, so the collector no longer rescans that heap), prefill tokens computed (cold: every prompt
+    server would after start-up, so the collector no longer rescans that heap, where nothing is
+    frozen yet: ``gc_frozen_here``), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
@@ -577,6 +578,7 @@ def run_engine_ttft(
     # what a server does once started: the heap so far never rescanned (a caller's own frozen
     # heap is left as it was)
     freeze = run["gc"] == "freeze" and not gc.get_freeze_count()
+    result["gc_frozen_here"] = freeze
     if freeze:
         gc.collect()
         gc.freeze()
