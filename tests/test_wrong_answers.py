@@ -1312,7 +1312,7 @@ def test_offgrid_extra_tokens_wrong_answers(capsys):
 
 def test_chunk_resume_extra_tokens_wrong_answers(capsys):
     """Notebook 14's question 4 against the committed chunk-resume run: the per-request answer
-    passes; align's extra and a whole chunk fail with their hints."""
+    passes; align's extra, the run's total and the scanned entries fail with their hints."""
     from replaylab.results import load_bench
 
     run = load_bench(exercises_prefix.CHUNK_RESUME_TTFT)
@@ -1322,7 +1322,9 @@ def test_chunk_resume_extra_tokens_wrong_answers(capsys):
     _out(capsys)
     assert not exercises_prefix.check_chunk_resume_extra_tokens(S % b)
     assert "align's extra" in _out(capsys)
-    assert not exercises_prefix.check_chunk_resume_extra_tokens(C)
-    assert "not a whole chunk" in _out(capsys)
+    assert not exercises_prefix.check_chunk_resume_extra_tokens(right * run["batch"])
+    assert "divide by its" in _out(capsys)
+    assert not exercises_prefix.check_chunk_resume_extra_tokens(S // C * C - S // b * b)
+    assert "scanned from the block's held inputs" in _out(capsys)
     assert not exercises_prefix.check_chunk_resume_extra_tokens(right + 1)
     assert "largest multiple of the prefill chunk" in _out(capsys)

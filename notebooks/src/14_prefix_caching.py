@@ -566,65 +566,81 @@ for path in TTFT_ORDER_RESULTS:
 # token; the profile says what it saved on the device. These H100 rows do not compare with the
 # H200 rows above (another GPU, and then a slower scan).
 #
-# Why was the first run slow, and replay's p90 high in every run? Each run had a handful of
-# slow cold admissions, always the same requests. They were not device allocations and not
-# Python's garbage collector (the bench now records both per admission). They were shapes: the
-# first time a process runs a matrix product of a new shape, the library loads the kernel it
-# picks, and the warm-up had admitted four prompts of other lengths. Whichever strategy met a
-# shape first paid for it, and the bench had always timed replay first. Timed with align first,
-# the same bench gave align those slow admissions (the same requests). Its warm-up now admits prompts of the timed
-# lengths (other ids), so every shape is met before any timing. The three runs, on one H100,
-# each strategy's median and 90th percentile over its cold admissions:
+# Two things were slow in those runs. The first run in a device call was slow throughout (its
+# median, not only its tail), which nothing below explains. And every run had a handful of slow
+# cold admissions, always the same requests, which lifted replay's 90th percentile (p90: the
+# time 90% of admissions stay under). Those were not device allocations and not Python's garbage
+# collector (the bench now records both per admission). They were shapes: the first time a
+# process runs a matrix product of a new shape, the library loads the kernel it picks, and the
+# warm-up had admitted four prompts of other lengths. Whichever strategy met a shape first paid
+# for it, and the bench had always timed replay first. Timed with align first, the same bench
+# gave align those slow admissions (the same requests). Its warm-up now admits prompts of the
+# timed lengths (other ids), so every shape is met before any timing. Three runs on one H100,
+# each of 32 requests timed in two passes (the strategies' order reversed in the second), so 64
+# cold admissions per strategy; the label says who went first in pass 1:
 
 # %%
 # NBVAL_CHECK_OUTPUT
 for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
     result = load_bench(path)
-    warm = "timed lengths" if path in TTFT_WARM_RESULTS else "other lengths"
-    print(f"warm-up on {warm}, {LABELS[result['pass_orders'][0][0]]} timed first:")
+    warm = "the timed lengths" if path in TTFT_WARM_RESULTS else "other lengths"
+    print(f"warm-up on {warm}, {LABELS[result['pass_orders'][0][0]]} first in pass 1:")
     for s, r in result["strategies"].items():
-        cold = r["cold_ttft_s"]
+        cold, hit = r["cold_ttft_s"], r["prefix_ttft_s"]
         print(f"  {LABELS[s]:17s} cold median {1e3 * cold['median']:5.1f} ms, "
-              f"p90 {1e3 * cold['p90']:5.1f} ms")  # fmt: skip
+              f"p90 {1e3 * cold['p90']:5.1f} ms; hit median {1e3 * hit['median']:4.1f} ms")  # fmt: skip
 
 # %% [markdown]
-# With every shape warmed, align's 90th percentile sits at its median, and replay's median is
-# within a few percent of align's whichever goes first. Replay's 90th percentile stays higher in
-# the first run (the old warm-up) and the third: in each, a run of consecutive admissions was
-# slow (the 13th to the 21st; the 28th to the 32nd), which first-seen shapes do not explain and
-# which align never showed. Its hit lands level with align's, not below it: a suffix of a few dozen tokens
-# through seven layers is host-bound, and replay's seat also folds up to 464 logged entries onto
-# its state (`data/README.md` splits the hit's time).
+# In the first block align's p90 (28.4 ms) is the first-seen shapes. Replay's, higher still,
+# comes from something else: nine admissions in a row were slow (the 13th to the 21st of pass
+# 1), and the third block has another such stretch (the 28th to the 32nd); first-seen shapes do
+# not explain these, and align never showed one. With every shape warmed, align's p90 sits at
+# its median, and replay's median is within a few percent of align's whichever goes first. Its
+# hit lands level with align's (the hit medians), not below it: a suffix of a few dozen tokens
+# through seven layers is host-bound, and replay's seat (the copy of the held prefix into the
+# slot) also folds up to 464 logged entries onto its state (`data/README.md` splits the hit's
+# time).
 
 # %% [markdown]
-# One more column deserves a look: "hit vs cold". Align's hits give the cold logits exactly (0),
-# replay's differ in the third significant digit on the GPU. Both are right; they are two
-# arithmetics. Align resumes from a state that the cold prefill itself computed, on the block
-# grid, and then runs the same chunks. Replay's seat folds the block's logged inputs onto the
-# state with decode's fold, and its prefill then starts at the match, so its chunks begin where
-# the cold prefill's do not, and each rounds differently (in bf16, visibly).
+# One more column deserves a look: "hit vs cold", the largest difference between a hit's
+# first-token logits and the cold admission's, over the largest cold logit. Align's hits give
+# the cold logits exactly (0); replay's differ in bf16's last bits (about the third significant
+# digit) on the GPU. Both are correct to rounding: they add the same terms in a different order.
+# Align resumes from a state that the cold prefill itself computed, on the block grid, and then
+# runs the same chunks (the block, 512 tokens, is a multiple of the prefill chunk, 256, so
+# align's resume point is also a chunk boundary). Replay's seat folds the block's logged inputs
+# onto the state with decode's fold, and its prefill then starts at the match, so its chunks
+# begin where the cold prefill's do not, and each rounds differently.
 #
 # The engine can make replay's hits exact too: `EnginePrefixCache(engine, resume="chunk")`
-# resumes at the last multiple of the engine's prefill chunk (C tokens) at or below the match,
-# and scans the block's logged inputs a chunk at a time, exactly as the cold prefill scanned
-# them. The slot then holds the cold prefill's bits, and every later chunk starts where the cold
-# prefill's did. The price is at most C - 1 more tokens computed per hit. A small CPU run (the
-# tiny model; shared prompt 200 tokens, block 128, C = 32), replay both ways beside align:
+# resumes at the last multiple of the engine's prefill chunk (C tokens) at or below the match.
+# It scans the block's logged inputs from the block's start up to that point a chunk at a time,
+# exactly as the cold prefill scanned them (a scan of held inputs, not counted as computed prompt
+# tokens), and prefills from there. The slot then holds the cold prefill's bits, and every later
+# chunk starts where the cold prefill's did. The price is at most C - 1 more prompt tokens
+# computed per hit. A small CPU run (the tiny model; 4 requests sharing a 200-token prompt,
+# block 128, C = 32), replay both ways beside align, then the same counts from a GPU run (2,000
+# shared tokens, 32 requests, C = 256; its times were not a clean measurement, its token counts
+# and logits are):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 chunk_run = load_bench("data/bench_prefix_ttft_resume_chunk_cpu.json")
-for s, r in chunk_run["strategies"].items():
-    print(f"{LABELS[s]:21s} computed with the hit {r['prefix_computed_tokens']:4d} of "
-          f"{r['cold_computed_tokens']} tokens, hit vs cold {r['max_logit_diff_over_scale']:.1e}")  # fmt: skip
+for run in (chunk_run, load_bench("data/bench_prefix_ttft_resume_chunk_h100_cut.json")):
+    print(f"{run['batch']} requests, shared {run['shared_tokens']} tokens, block "
+          f"{run['block_size']}, C = {run['prefill_chunk']} ({run['device']}):")  # fmt: skip
+    for s, r in run["strategies"].items():
+        print(f"  {LABELS[s]:21s} computed with the hit {r['prefix_computed_tokens']:6,d} of "
+              f"{r['cold_computed_tokens']:,} tokens, hit vs cold {r['max_logit_diff_over_scale']:.1e}")  # fmt: skip
 
 # %% [markdown]
 # Even in fp32 on a CPU replay's hit differs from the cold run in the last bits; with
-# `resume="chunk"` it does not.
+# `resume="chunk"` it does not. On the GPU the exactness costs replay's hits about four times
+# the prompt tokens they computed at the match, still about half of align's.
 #
 # **Question 4.** How many more prompt tokens per request did replay compute with
-# `resume="chunk"` than with `resume="match"` in that run? Reason from the shared prompt length
-# and the prefill chunk; the check reads the run's computed tokens.
+# `resume="chunk"` than with `resume="match"` in the CPU run? Reason from the shared prompt
+# length and the prefill chunk; the check reads the run's computed tokens.
 
 # %% exercise="chunk_resume_extra_tokens" tags=["exercise"]
 chunk_answer = None  # prompt tokens per request

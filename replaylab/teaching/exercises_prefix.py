@@ -724,10 +724,14 @@ def check_chunk_resume_extra_tokens(answer, path=CHUNK_RESUME_TTFT) -> bool:
     if answer == want:
         return report(name, True, f"{answer!r}: the match less the chunk grid point below it")
     S, b, C = run["shared_tokens"], run["block_size"], run["prefill_chunk"]
-    if answer == S - S // b * b:
+    if answer == extra:
+        hint = (f"that is over all the run's requests; per request, divide by its "
+                f"{run['batch']} requests")  # fmt: skip
+    elif answer == S - S // b * b:
         hint = "that is align's extra: the chunk grid (multiples of the prefill chunk) is finer"
-    elif answer == C:
-        hint = "the hit goes back to the chunk grid point below the match, not a whole chunk"
+    elif answer == S // C * C - S // b * b:
+        hint = ("those entries are scanned from the block's held inputs, not computed as prompt "
+                "tokens")  # fmt: skip
     else:
         hint = "resume='chunk' resumes at the largest multiple of the prefill chunk <= the match"
     return report(name, False, f"{answer!r} - {hint}")
