@@ -157,11 +157,11 @@ def test_the_scheduler_interleaving_prefill_serves_the_same_tokens(strategy):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_interleaved_grants_keep_each_prompt_on_its_alone_chunk_grid(strategy):
-    """With prefill_per_step (12) at least the engine's prefill_chunk (8), a prompt standing on
-    a multiple of 8 is advanced to a multiple of 8 or its end, so every chunk it is prefilled
-    in starts where ``admit`` alone would start one (a grant cut to 0 waits a step); without
-    that, the second prompt's share of a step would start it off the grid. Its tokens equal
-    those of whole prefills."""
+    """With prefill_per_step (12) at least the engine's prefill_chunk (8), a prompt is advanced
+    to a multiple of 8 or its end, so every chunk it is prefilled in starts where ``admit``
+    alone would start one (a grant with no multiple of 8 in reach waits a step); without that,
+    the second prompt's share of a step would start it off the grid. Its tokens equal those of
+    whole prefills."""
     reqs = lambda: [Request(i, ids(n, 70 + i), 4) for i, n in enumerate((20, 30, 11))]  # noqa: E731
     runs = {}
     for per_step in (None, 12):

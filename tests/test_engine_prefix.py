@@ -856,3 +856,10 @@ def test_resume_chunk_serves_interleaved_admissions_and_falls_back_to_the_grid_w
     engine.retire(slot)
     with pytest.raises(ValueError, match="prefill_per_step: a prefix cache under resume='chunk'"):
         Scheduler(engine, prefix=prefix, prefill_per_step=8)
+    adm = prefix.begin_admit(first)  # seated at 64 (71 tokens); a chunk may not end at 68
+    with pytest.raises(ValueError, match=r"n: under resume='chunk' a chunk ends on a multiple .* "
+                       r"prefill_chunk=16 or at the prompt's end \(71\); 4 tokens from 64 end "
+                       r"at 68"):  # fmt: skip
+        adm.advance(4)
+    assert adm.done == 64 and not adm.finished
+    assert adm.advance(16) is True  # to the prompt's end

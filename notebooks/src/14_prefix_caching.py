@@ -594,8 +594,9 @@ for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
 # In the first block align's p90 (28.4 ms) is the first-seen shapes. Replay's, higher still,
 # comes from something else: nine admissions in a row were slow (the 13th to the 21st of pass
 # 1), and the third block has another such stretch (the 28th to the 32nd); first-seen shapes do
-# not explain these, and align never showed one. With every shape warmed, align's p90 sits at
-# its median, and replay's median is within a few percent of align's whichever goes first. Its
+# not explain these, and align never showed such a long run. With every shape warmed, align's
+# p90 sits at its median, and replay's median is within a few percent of align's whichever goes
+# first. Its
 # hit lands level with align's (the hit medians), not below it: a suffix of a few dozen tokens
 # through seven layers is host-bound, and replay's seat (the copy of the held prefix into the
 # slot) also folds up to 464 logged entries onto its state (`data/README.md` splits the hit's
@@ -604,8 +605,8 @@ for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
 # %% [markdown]
 # One more column deserves a look: "hit vs cold", the largest difference between a hit's
 # first-token logits and the cold admission's, over the largest cold logit. Align's hits give
-# the cold logits exactly (0); replay's differ in bf16's last bits (about the third significant
-# digit) on the GPU. Both are correct to rounding: they add the same terms in a different order.
+# the cold logits exactly (0); off the block grid replay's differ in bf16's last bits (about the
+# third significant digit) on the GPU. Both are correct to rounding: they add the same terms in a different order.
 # Align resumes from a state that the cold prefill itself computed, on the block grid, and then
 # runs the same chunks (the block, 512 tokens, is a multiple of the prefill chunk, 256, so
 # align's resume point is also a chunk boundary). Replay's seat folds the block's logged inputs

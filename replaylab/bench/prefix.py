@@ -478,8 +478,8 @@ def run_engine_ttft(
     made, in the same order (``cold_device_allocs``, ``prefix_device_allocs``; None on CPU),
     the seconds Python's garbage collector ran inside each admit (``cold_collector_s``,
     ``prefix_collector_s``; ``gc="freeze"``: ``gc.freeze()`` once every engine is warm, as a
-    server would after start-up, so the collector no longer rescans that heap, where nothing is
-    frozen yet: ``gc_frozen_here``), prefill tokens computed (cold: every prompt
+    server would after start-up, so the collector no longer rescans that heap; unfrozen after
+    where nothing was frozen before, ``gc_frozen_before``), prefill tokens computed (cold: every prompt
     token; prefix: ``PrefixHit.computed``), the token hit rate, the bytes the tree holds,
     ``max_abs_logit_diff`` of each request's first-token logits from its cold admit (and
     that over the largest cold |logit|) and how many first tokens (greedy) agree. The
@@ -575,11 +575,10 @@ def run_engine_ttft(
         )  # fmt: skip
         for s in strategies
     }
-    # what a server does once started: the heap so far never rescanned (a caller's own frozen
-    # heap is left as it was)
-    freeze = run["gc"] == "freeze" and not gc.get_freeze_count()
-    result["gc_frozen_here"] = freeze
-    if freeze:
+    # what a server does once started: the heap so far never rescanned (objects frozen before,
+    # by the caller or a library, stay frozen after)
+    result["gc_frozen_before"] = frozen_before = gc.get_freeze_count()
+    if run["gc"] == "freeze":
         gc.collect()
         gc.freeze()
     try:
@@ -614,7 +613,7 @@ def run_engine_ttft(
                 )
                 del prefix, out, cold_logits, pairs
     finally:
-        if freeze:
+        if run["gc"] == "freeze" and not frozen_before:
             gc.unfreeze()
     result["strategies"] = {s: result["strategies"][s] for s in strategies}
     del engines

@@ -312,6 +312,21 @@ class PrefixAdmission(Admission):
         self.inserted = False
         self._record, self._entries = {"states": {}}, []
 
+    def advance(self, n) -> bool:
+        """``Admission.advance``; under ``resume="chunk"`` a chunk must end on a multiple of the
+        engine's prefill_chunk or at the prompt's end (the blocks it inserts are then
+        prefilled as a cold admission's are), else it is refused before anything runs."""
+        step = self.cache.resume_step
+        if step > 1 and not (self.finished or self.aborted):
+            end = min(self.T0, self.done + as_int("n", n, low=1))
+            if end < self.T0 and end % step:
+                raise ValueError(
+                    f"n: under resume='chunk' a chunk ends on a multiple of the engine's "
+                    f"prefill_chunk={step} or at the prompt's end ({self.T0}); {n} tokens from "
+                    f"{self.done} end at {end}"
+                )
+        return super().advance(n)
+
     def _prefill_to(self, end):
         record = {}
         logits = self.engine._prefill(

@@ -84,8 +84,8 @@ class Scheduler:
     chunk instead of its whole prompt. Where n is at least the engine's ``prefill_chunk`` C, a
     prompt is advanced to a multiple of C or to its end (a request with no multiple of C
     within the step's remaining tokens waits a step, and one behind it may go first), so from
-    its first multiple of C its chunks are those it would have admitted alone (with
-    ``prefix``, where the block size is a multiple of C), and so are its bits. A prefix cache
+    its first multiple of C its chunks end where a cold admission's (from token 0) end (with
+    ``prefix``, where the block size is a multiple of C), and so do its bits. A prefix cache
     under ``resume="chunk"`` needs n >= C (its blocks must be prefilled on that grid). A
     request runs from the iteration its prefill ends (its first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
     drafts for every running request at once, its rows the requests' engine slots (a
