@@ -773,7 +773,7 @@ def test_resume_chunk_gives_replays_hits_the_cold_prefills_logits_bit_for_bit(fa
             tok, ctok = int(a.argmax()), int(b.argmax())
 
 
-def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name():
+def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name(monkeypatch):
     engine = DecodeEngine(MODEL, 2, 96, "replay", log_length=4, max_verify=4, prefill_chunk=16)
     with pytest.raises(ValueError, match="block_size=24 must be a multiple of the engine's "
                        "prefill_chunk=16"):  # fmt: skip
@@ -785,6 +785,12 @@ def test_resume_chunk_is_refused_off_the_chunk_grid_and_for_a_bad_name():
         EnginePrefixCache(odd, block_size=12, resume="chunk")
     with pytest.raises(ValueError, match="resume: expected 'match' or 'chunk', got 'near'"):
         EnginePrefixCache(engine, block_size=32, resume="near")
+    layer, pool = next(iter(engine.ssm.items()))
+    with monkeypatch.context() as m:  # a spec naming no input fields: nothing to rescan from
+        m.setattr(type(pool.spec), "input_fields", None)
+        with pytest.raises(ValueError, match=rf"layer {layer}'s spec \(mamba2\) names no input"):
+            EnginePrefixCache(engine, block_size=32, resume="chunk")
+    assert EnginePrefixCache(engine, block_size=32, resume="chunk").resume_step == 16
 
 
 @pytest.mark.gpu
