@@ -87,10 +87,11 @@ class Scheduler:
     its first multiple of C its chunks end where a cold admission's (from token 0) end (with
     ``prefix``, where the block size is a multiple of C), and so do its bits. A prefix cache
     under ``resume="chunk"`` needs n >= C (its blocks must be prefilled on that grid). A
-    request runs from the iteration its prefill ends (its first token). drafter: one batched drafter (``serving.drafters``: ``propose_batch``) that
-    drafts for every running request at once, its rows the requests' engine slots (a
-    ``BatchModelDrafter`` keeps a draft slot per row and re-seats a row whose context does not
-    extend what it holds); requests then carry no drafter of their own.
+    request runs from the iteration its prefill ends (its first token). drafter: one batched
+    drafter (``serving.drafters``: ``propose_batch``) that drafts for every running request at
+    once, its rows the requests' engine slots (a ``BatchModelDrafter`` keeps a draft slot per
+    row and re-seats a row whose context does not extend what it holds); requests then carry no
+    drafter of their own.
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
