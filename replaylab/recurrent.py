@@ -35,6 +35,7 @@ __all__ = [
     "ReplayKernels",
     "window_after",
     "windows_per_token",
+    "prepared_chunk",
     "nbytes",
 ]
 
@@ -69,6 +70,14 @@ def window_after(window, conv_inputs):
     if not keep:
         return window
     return torch.cat([window, conv_inputs.to(window.dtype)], dim=1)[:, -keep:]
+
+
+def prepared_chunk(spec, window, inputs):
+    """A chunk's layer ``inputs`` (field -> (batch, T, ...)) with the entries ``spec.prepare``
+    derives from them after ``window`` (batch, K, C), and the window after the chunk: what a
+    prefill chunk scans (``serving.prefill``, and a replay seat that rescans as it did)."""
+    entries = {**inputs, **spec.prepare(window, inputs)}
+    return entries, window_after(window, entries[spec.conv_field])
 
 
 def windows_per_token(window, conv_inputs):

@@ -171,6 +171,24 @@ def _requests(prompts, outs, times, mode, references, acceptance, device):
     return reqs
 
 
+def _served_alone(engine, prompts, outs, device):
+    """Each prompt admitted alone into ``engine`` (one slot) and decoded greedily for its
+    output length: (tokens per request, seconds prefilling, seconds decoding)."""
+    toks, prefill_s, decode_s = [], 0.0, 0.0
+    for p, n in zip(prompts, outs):
+        t0 = time.perf_counter()
+        slot, logits = engine.admit(torch.tensor(p, device=device))
+        t1 = time.perf_counter()
+        out = [int(logits.argmax())]
+        for _ in range(n - 1):
+            out.append(int(engine.step(torch.tensor([[out[-1]]], device=device))[0, -1].argmax()))
+        decode_s += time.perf_counter() - t1
+        prefill_s += t1 - t0
+        engine.retire(slot)
+        toks.append(out)
+    return toks, prefill_s, decode_s
+
+
 def run_workload_stream(
     preset="cpu",
     workloads=WORKLOADS,
@@ -234,28 +252,15 @@ def run_workload_stream(
         def engine(strategy, slots=cfg["max_batch"], model=model):
             return DecodeEngine(model, slots, max_len, strategy, log_length=L, max_verify=k + 1)
 
-        # greedy alone per strategy (no prefix cache, one request at a time): the references;
-        # on a GPU the loop runs twice and the second is timed (kernels loaded, graphs captured)
+        # greedy alone per strategy (no prefix cache, one request at a time): the references
         alone, batch1 = {}, {}
         for s in strategies:
             e = engine(s, 1)
-            toks = None
-            for _ in range(2 if device.type == "cuda" else 1):
-                first, toks, prefill_s, decode_s = toks, [], 0.0, 0.0
-                for p, n in zip(prompts, outs):
-                    t0 = time.perf_counter()
-                    slot, logits = e.admit(torch.tensor(p, device=device))
-                    t1 = time.perf_counter()
-                    out = [int(logits.argmax())]
-                    for _ in range(n - 1):
-                        out.append(
-                            int(e.step(torch.tensor([[out[-1]]], device=device))[0, -1].argmax())
-                        )
-                    decode_s += time.perf_counter() - t1
-                    prefill_s += t1 - t0
-                    e.retire(slot)
-                    toks.append(out)
-                if first is not None and first != toks:
+            toks, prefill_s, decode_s = _served_alone(e, prompts, outs, device)
+            if device.type == "cuda":  # kernels loaded and graphs captured: time the second
+                first = toks
+                toks, prefill_s, decode_s = _served_alone(e, prompts, outs, device)
+                if first != toks:
                     raise RuntimeError(f"{s}: the same requests served alone twice differ")
             alone[s] = toks
             batch1[s] = dict(

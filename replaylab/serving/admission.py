@@ -24,7 +24,7 @@ import torch
 
 from replaylab.serving.validate import as_int
 
-__all__ = ["Admission"]
+__all__ = ["Admission", "check_interleaving", "grid_grant"]
 
 
 class Admission:
@@ -93,3 +93,28 @@ class Admission:
         self.aborted = True
         e.prefilling.discard(self.slot)
         e.pos[self.slot] = e.log_len[self.slot] = e.head[self.slot] = 0
+
+
+def check_interleaving(engine, prefix, per_step):
+    """Refuse, naming the values, a ``prefill_per_step`` of ``per_step`` tokens under which a
+    prefix cache under ``resume="chunk"`` would insert blocks prefilled off the engine's chunk
+    grid (fewer than ``prefill_chunk`` tokens a step)."""
+    if prefix is None or per_step is None or getattr(prefix, "resume_step", 1) == 1:
+        return
+    if per_step < engine.prefill_chunk:
+        raise ValueError(
+            f"prefill_per_step: a prefix cache under resume='chunk' needs its blocks prefilled "
+            f"on the engine's chunk grid, so at least prefill_chunk={engine.prefill_chunk} "
+            f"tokens a step; got {per_step}"
+        )
+
+
+def grid_grant(admission, left, per_step, chunk) -> int:
+    """Tokens ``admission`` may prefill this step out of ``left`` (a step prefills at most
+    ``per_step``): all it has left if they fit, else, where ``per_step`` >= ``chunk``, up to
+    the last multiple of ``chunk`` within reach, so its chunks end where a cold admission's do
+    (0: none in reach, wait a step); else ``left``."""
+    n = min(left, admission.remaining)
+    if n < admission.remaining and per_step >= chunk:
+        n = max(0, (admission.done + n) // chunk * chunk - admission.done)
+    return n

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from replaylab.kv import attend
-from replaylab.recurrent import LayerState, window_after
+from replaylab.recurrent import LayerState, prepared_chunk
 from replaylab.serving.runner import PoolCache
 
 __all__ = ["prefill"]
@@ -115,9 +115,8 @@ def _advance(engine, layer, inputs, slot, carried, logged=None):
     """A prefill chunk through recurrent layer ``layer``'s pools (its mixer's ``inputs`` for T
     tokens of ``slot``) -> y: the conv window moves on; the strategy scans."""
     pool, one = engine.ssm[layer], slice(slot, slot + 1)
-    spec, window = pool.spec, pool.conv[one]
-    entries = {**inputs, **spec.prepare(window, inputs)}  # the inputs too: what a prefix node keeps
-    pool.conv[one] = window_after(window, entries[spec.conv_field])
+    # the inputs stay in the entries: what a prefix node keeps
+    entries, pool.conv[one] = prepared_chunk(pool.spec, pool.conv[one], inputs)
     return engine.policy.prefill_scan(pool, layer, slot, entries, carried, logged)
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replaylab.serving.admission import check_interleaving, grid_grant
 from replaylab.serving.budget import SlotBytes, admissible, request_bytes, slot_bytes
 from replaylab.serving.request import FINISHED, RUNNING, WAITING, Request
 from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
@@ -81,13 +82,9 @@ class Scheduler:
     requests (first come, first served, a chunk of each in turn through
     ``engine.begin_admit``, or with ``prefix`` its ``begin_admit``: seated from the tree, the
     rest in chunks), then steps the running requests, so an arrival delays each decoder by one
-    chunk instead of its whole prompt. Where n is at least the engine's ``prefill_chunk`` C, a
-    prompt is advanced to a multiple of C or to its end (a request with no multiple of C
-    within the step's remaining tokens waits a step, and one behind it may go first), so from
-    its first multiple of C its chunks end where a cold admission's (from token 0) end (with
-    ``prefix``, where the block size is a multiple of C), and so do its bits. A prefix cache
-    under ``resume="chunk"`` needs n >= C (its blocks must be prefilled on that grid). A
-    request runs from the iteration its prefill ends (its first token). drafter: one batched
+    chunk instead of its whole prompt; where n >= the engine's ``prefill_chunk``, each chunk
+    ends where a cold admission's would (``admission.grid_grant``), so its bits are the same.
+    A request runs from the iteration its prefill ends (its first token). drafter: one batched
     drafter (``serving.drafters``: ``propose_batch``) that drafts for every running request at
     once, its rows the requests' engine slots (a ``BatchModelDrafter`` keeps a draft slot per
     row and re-seats a row whose context does not extend what it holds); requests then carry no
@@ -145,17 +142,7 @@ class Scheduler:
         self.prefix = prefix
         if prefill_per_step is not None:
             prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
-        if (
-            prefix is not None
-            and getattr(prefix, "resume_step", 1) > 1
-            and prefill_per_step is not None
-            and prefill_per_step < engine.prefill_chunk
-        ):
-            raise ValueError(
-                f"prefill_per_step: a prefix cache under resume='chunk' needs its blocks "
-                f"prefilled on the engine's chunk grid, so at least prefill_chunk="
-                f"{engine.prefill_chunk} tokens a step; got {prefill_per_step}"
-            )
+        check_interleaving(engine, prefix, prefill_per_step)
         self.prefill_per_step = prefill_per_step
         if drafter is not None and not callable(getattr(drafter, "propose_batch", None)):
             raise TypeError(
@@ -353,19 +340,16 @@ class Scheduler:
     def _prefill_chunks(self, record, t0, start):
         """Interleaving: at most ``prefill_per_step`` prompt tokens of the prefilling
         requests, first come first served; those whose prompt is in start running."""
-        left, done, C = self.prefill_per_step, [], self.engine.prefill_chunk
+        left, done = self.prefill_per_step, []
         for r in list(self.prefilling):
             if not left:
                 break
-            a = r.admission
-            n = min(left, a.remaining)
-            if n < a.remaining and self.prefill_per_step >= C:
-                n = (a.done + n) // C * C - a.done  # end on the alone admission's chunk grid
-                if n <= 0:  # no grid point within reach: wait a step (later ones may go)
-                    continue
+            n = grid_grant(r.admission, left, self.prefill_per_step, self.engine.prefill_chunk)
+            if not n:  # no chunk boundary within reach: wait a step (later ones may go)
+                continue
             left -= n
             record.prefilled += n
-            if a.advance(n):
+            if r.admission.advance(n):
                 self.prefilling.remove(r)
                 logits, r.admission = r.admission.logits, None  # the slot is live: let it go
                 if self._start_running(r, logits, t0, start):

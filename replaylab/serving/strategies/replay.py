@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from replaylab.recurrent import window_after
+from replaylab.recurrent import prepared_chunk, window_after
 from replaylab.serving.strategies.base import EngineStrategy, register
 
 __all__ = ["EngineReplay"]
@@ -291,14 +291,13 @@ class EngineReplay(EngineStrategy):
     def seat_layer_by_scan(pool, held, ssm, conv, j, chunk):
         """(state, conv window) after the block's first j entries, scanned from ``ssm`` (1,
         *state_shape) and ``conv`` (1, *conv_shape) at the block's start a ``chunk`` at a time
-        as the prefill scans them (``prefill._advance``: the window, ``spec.prepare``, the
-        pool's ``logged_scan``): the cold prefill's bits at the end, where j is a multiple of
+        as the prefill scans them (``recurrent.prepared_chunk``, then the pool's
+        ``logged_scan``): the cold prefill's bits at the end, where j is a multiple of
         the chunk and of L (the checkpoint, with an empty ring). ``held``: the node's
         ``node_fields`` {field: (1, n >= j, ...)}."""
         for a in range(0, j, chunk):
             inputs = {k: t[:, a : a + chunk] for k, t in held.items()}
-            entries = {**inputs, **pool.spec.prepare(conv, inputs)}
-            conv = window_after(conv, entries[pool.spec.conv_field])
+            entries, conv = prepared_chunk(pool.spec, conv, inputs)
             result, _ = pool.logged_scan(ssm, entries)
             ssm = result.state
         return ssm, conv
