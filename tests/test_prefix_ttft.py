@@ -207,3 +207,83 @@ def test_the_notebook_reads_both_committed_gpu_runs():
         for trace, key in ((cold, "cold_ttft_s"), (hit, "prefix_ttft_s")):
             want = [1e3 * s[key]["median"] for s in r["strategies"].values()]
             assert list(trace.y) == pytest.approx(want)
+
+
+def test_the_prefill_roofline_counts_what_torchs_flop_counter_counts():
+    """prefill_roofline's FLOPs against torch.utils.flop_counter on the model's own forward of T
+    tokens: every linear layer but the LM head per token (the head once), the attention
+    products over the causal triangle where the forward computes the full square, and 5 FLOPs
+    per state element per token of each recurrent layer (from the config, not the pools)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from replaylab.bench.prefix import prefill_roofline
+    from replaylab.model import HybridLM, preset
+    from replaylab.serving import DecodeEngine
+
+    cfg = preset("tiny")
+    model = HybridLM(cfg, seed=0).eval()
+    T = 40
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(torch.randint(0, cfg.vocab_size, (1, T)), None)
+    counts = counter.get_flop_counts()
+    total = counts["Global"]
+    head_mm = counts["HybridLM.lm_head"][torch.ops.aten.mm]
+    attention = total[torch.ops.aten.bmm]  # the full T x T square of QKᵀ and PV
+    recurrent = cfg.pattern.count("M")
+    state = cfg.ssm_heads * cfg.ssm_head_dim * cfg.d_state
+    expected = (
+        total[torch.ops.aten.mm] - head_mm + head_mm // T
+        + (attention + 4 * cfg.attn_heads * cfg.head_dim * T) // 2
+        + 5 * state * T * recurrent
+    )  # fmt: skip
+    engine = DecodeEngine(model, 1, T + 8, "replay", log_length=8, graphs=False)
+    roof = prefill_roofline(engine, T, copy_gbs=100.0, matrix_tflops=1.0)
+    assert roof["flops"] == expected
+    assert roof["flop_seconds"] == pytest.approx(expected / 1e12)
+    assert roof["seconds"] == max(roof["flop_seconds"], roof["byte_seconds"])
+    assert roof["binds"] == ("flops" if roof["flop_seconds"] >= roof["byte_seconds"] else "bytes")
+    # bytes: the weights once (T rows of the embedding table), K and V written for T
+    # positions, each recurrent layer's fp32 state and its conv window written once
+    f32 = 4
+    weights = sum(p.numel() for p in model.parameters()) * f32
+    weights -= (cfg.vocab_size - T) * cfg.hidden_size * f32
+    kv = T * 2 * cfg.kv_heads * cfg.head_dim * f32 * cfg.pattern.count("*")
+    window = (cfg.d_conv - 1) * (cfg.ssm_heads * cfg.ssm_head_dim + 2 * cfg.n_groups * cfg.d_state)
+    assert roof["bytes"] == weights + kv + recurrent * (state + window) * f32
+
+
+def test_cold_admissions_are_set_against_their_roofline_pass_by_pass():
+    from replaylab.bench.prefix import prefill_roofline
+
+    rates = (50.0, 0.5)
+    result = run_engine_ttft("cpu", device="cpu", log=lambda line: None, rates=rates,
+                             passes=2, strategies=("snapshot", "replay"))  # fmt: skip
+    assert result["rates"] == dict(copy_gbs=50.0, matrix_tflops=0.5)
+    lengths = [result["shared_tokens"] + k for k in result["suffix_lengths"]]
+    for strategy, row in result["strategies"].items():
+        roof = row["cold_roofline"]
+        cold = row["cold_ttft_s"]["values"]
+        n = len(lengths)
+        passes = [cold[:n], cold[n:]]
+        assert len(roof["pass_shares"]) == 2
+        # the engine is the strategy's own: rebuild one to price the same prompts
+        from replaylab.bench.stream import _model
+        from replaylab.serving import DecodeEngine
+
+        engine = DecodeEngine(_model("tiny", torch.device("cpu")), 1, max(lengths) + 1,
+                              strategy, log_length=8, graphs=False)  # fmt: skip
+        seconds = sum(prefill_roofline(engine, t, *rates)["seconds"] for t in lengths)
+        for share, times in zip(roof["pass_shares"], passes):
+            assert share == pytest.approx(seconds / sum(times), rel=1e-4)
+        assert roof["share"] == pytest.approx(sum(roof["pass_shares"]) / 2)
+    assert "cold/roofline" in ttft_summary(result)[1]
+    assert run_engine_ttft("cpu", device="cpu", log=lambda line: None, batch=1,
+                           strategies=("replay",))["strategies"]["replay"]["cold_roofline"] is None  # fmt: skip
+
+
+def test_bad_rates_are_refused_before_anything_runs():
+    for bad in ((0.0, 1.0), (1.0,), "fast", (1.0, -2.0)):
+        with pytest.raises(
+            ValueError, match=r"rates: expected \(copy GB/s > 0, matrix TFLOP/s > 0\)"
+        ):
+            run_engine_ttft("cpu", device="cpu", rates=bad)

@@ -35,6 +35,7 @@ __all__ = [
     "engine_prefix_summary",
     "TTFT_PRESETS",
     "run_engine_ttft",
+    "prefill_roofline",
     "ttft_summary",
 ]
 
@@ -326,6 +327,46 @@ TTFT_PRESETS = {
 }
 
 
+def prefill_roofline(engine, tokens, copy_gbs, matrix_tflops) -> dict:
+    """The two-term roofline of one cold prefill of ``tokens`` prompt tokens into ``engine``:
+    max(bytes / copy bandwidth, FLOPs / matrix rate), seconds.
+
+    FLOPs: 2 x every matrix weight but the LM head's per token (``serve.matrix_weights``), the
+    LM head once (the first token's logits), per attention layer the causal triangle of
+    QKᵀ and PV, 2 x 2 x heads x head_dim x T(T+1)/2, and per recurrent layer 5 FLOPs per state
+    element per token (the state update h ← a·h + B xᵀ and the read-out C·h), counted at the
+    matrix rate too (so the roofline is the faster, the share the stricter). Bytes: the weights
+    once (the embedding table's T rows only), each attention layer's keys and values written
+    for T positions, each recurrent layer's state and conv window written once. A prefill in
+    chunks reads the weights once a chunk; the roofline does not charge that."""
+    from replaylab.bench.serve import matrix_weights
+
+    model, t = engine.model, int(tokens)
+    head = model.lm_head.weight
+    embed = model.model.embeddings.weight
+    flops = 2 * (matrix_weights(model) - head.numel()) * t + 2 * head.numel()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if head is not embed:
+        weights -= embed.numel() * embed.element_size()
+    nbytes = weights + t * embed[0].numel() * embed.element_size()
+    for pool in engine.kv.values():
+        flops += 2 * model.cfg.attn_heads * model.cfg.head_dim * t * (t + 1)
+        nbytes += t * 2 * pool.k[0, :, 0].nbytes
+    for pool in engine.ssm.values():
+        flops += 5 * pool.state[0].numel() * t
+        nbytes += pool.state[0].nbytes + pool.conv[0].nbytes
+    flop_s = flops / (matrix_tflops * 1e12)
+    byte_s = nbytes / (copy_gbs * 1e9)
+    return dict(
+        flops=int(flops),
+        bytes=int(nbytes),
+        flop_seconds=flop_s,
+        byte_seconds=byte_s,
+        seconds=max(flop_s, byte_s),
+        binds="flops" if flop_s >= byte_s else "bytes",
+    )
+
+
 def _spread_s(values) -> dict:
     from replaylab.serving.request import percentile
 
@@ -413,13 +454,33 @@ def _prefix_admits(cache, shared, prompts, device, allocs=None, collector=None):
     return out, warm_s
 
 
-def _ttft_row(t, hits, prefix, engine, warm_s, prompt_tokens, device) -> dict:
+def _cold_roofline(roofs, passes) -> dict | None:
+    """The cold admissions against their two-term rooflines (``roofs``: ``prefill_roofline``
+    per prompt, or None): each pass's share, the roofline's seconds for the whole batch over
+    the pass's cold seconds, and their median (``share``)."""
+    if roofs is None:
+        return None
+    total = sum(r["seconds"] for r in roofs)
+    shares = [total / sum(times) for times in passes]
+    flop_s, byte_s = sum(r["flop_seconds"] for r in roofs), sum(r["byte_seconds"] for r in roofs)
+    return dict(
+        flop_seconds=flop_s,
+        byte_seconds=byte_s,
+        binds="flops" if flop_s >= byte_s else "bytes",
+        pass_shares=shares,
+        share=_spread_s(shares)["median"],
+    )
+
+
+def _ttft_row(t, hits, prefix, engine, warm_s, prompt_tokens, device, roofs=None) -> dict:
     """One strategy's result so far: ``t`` its passes' times, device allocations and worst
-    logit agreement; ``hits``, ``prefix`` (the tree), ``warm_s`` from the last pass."""
+    logit agreement; ``hits``, ``prefix`` (the tree), ``warm_s`` from the last pass; ``roofs``
+    the cold prompts' ``prefill_roofline`` (None: no rates)."""
     cold = [v for times in t["cold"] for v in times]
     hit = [v for times in t["prefix"] for v in times]
     gpu = device.type == "cuda"
     return dict(
+        cold_roofline=_cold_roofline(roofs, t["cold"]),
         cold_ttft_s=_spread_s(cold),
         prefix_ttft_s=_spread_s(hit),
         speedup=round(_spread_s(cold)["median"] / _spread_s(hit)["median"], 3),
@@ -451,6 +512,7 @@ def run_engine_ttft(
     seed=0,
     log=print,
     checkpoint=None,
+    rates=None,
     **overrides,
 ) -> dict:
     """Time to first token in the serving engine, cold against a prefix hit, per strategy.
@@ -487,7 +549,11 @@ def run_engine_ttft(
     ``overrides``: any ``TTFT_PRESETS`` field; ``checkpoint``: called with the result so far
     after each strategy's pass (the CLI writes it, so a cut run keeps what it measured).
     ``max_abs_logit_diff`` and ``first_tokens_agree`` are the worst over the passes.
-    A strategy "replay:chunk" is replay with its prefix cache under ``resume="chunk"``."""
+    A strategy "replay:chunk" is replay with its prefix cache under ``resume="chunk"``.
+    ``cold_roofline``: the cold admissions against their two-term roofline
+    (``prefill_roofline`` per prompt, summed over the batch, over each pass's cold seconds;
+    ``rates`` = (copy GB/s, matrix TFLOP/s), measured at the start on a GPU when None, and
+    recorded as ``rates``; on CPU without ``rates`` None)."""
     from replaylab.bench.stream import _model, preset_config
     from replaylab.serving import DecodeEngine, EnginePrefixCache
 
@@ -506,6 +572,15 @@ def run_engine_ttft(
                 f"strategies: expected replay, snapshot, recompute, or replay:chunk (a prefix "
                 f"cache under resume='chunk'), got {label!r}"
             )
+
+    if rates is not None:
+        given = rates
+        try:
+            rates = tuple(float(v) for v in given)
+        except (TypeError, ValueError):
+            rates = ()
+        if len(rates) != 2 or not all(v > 0 for v in rates):
+            raise ValueError(f"rates: expected (copy GB/s > 0, matrix TFLOP/s > 0), got {given!r}")
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = _model(run["model"], device)
@@ -545,6 +620,14 @@ def run_engine_ttft(
         "a GPU, until the first token's id is on the host",
         strategies={},
     )
+    if rates is None and device.type == "cuda":
+        from replaylab.bench.serve import matrix_rate_tflops
+        from replaylab.bench.timing import copy_bandwidth_gbs
+
+        rates = copy_bandwidth_gbs(), max(matrix_rate_tflops() for _ in range(3))
+    if rates is not None:
+        copy_gbs, matrix_tflops = rates
+        result["rates"] = dict(copy_gbs=copy_gbs, matrix_tflops=matrix_tflops)
     t_start = time.perf_counter()
     engines = {}
     with torch.no_grad():
@@ -601,7 +684,13 @@ def run_engine_ttft(
                 agree = sum(int(a.argmax()) == int(b.argmax()) for a, b in pairs)
                 t["agree"] = min(t["agree"], agree)
                 hits = [hit for (_, _, hit), _ in out]
-                row = _ttft_row(t, hits, prefix, engine, warm_s, result["prompt_tokens"], device)
+                roofs = None
+                if rates is not None:
+                    roofs = [prefill_roofline(engine, len(p), copy_gbs, matrix_tflops)
+                             for p in prompts]  # fmt: skip
+                row = _ttft_row(
+                    t, hits, prefix, engine, warm_s, result["prompt_tokens"], device, roofs
+                )
                 result["strategies"][strategy] = row
                 if checkpoint is not None:
                     checkpoint(result)
@@ -627,7 +716,7 @@ def ttft_summary(result) -> list[str]:
     lines = [
         f"shared prompt {result['shared_tokens']} + suffix {result['suffix_tokens']}, batch "
         f"{result['batch']}, block {result['block_size']} ({result['device_type']}, {result['dtype']})",
-        "strategy     cold TTFT ms (p50/p90)  prefix TTFT ms (p50/p90)  speedup  computed  hit    diff/scale  agree",
+        "strategy     cold TTFT ms (p50/p90)  prefix TTFT ms (p50/p90)  speedup  computed  hit    diff/scale  agree  cold/roofline",
     ]
     for strategy, r in result["strategies"].items():
         c, p = r["cold_ttft_s"], r["prefix_ttft_s"]
@@ -636,5 +725,7 @@ def ttft_summary(result) -> list[str]:
             f"{1e3 * p['median']:9.2f} / {1e3 * p['p90']:<9.2f}   {r['speedup']:6.1f}x  "
             f"{r['prefix_computed_tokens']:5d}/{r['cold_computed_tokens']}  {r['token_hit_rate']:.3f}  "
             f"{r['max_logit_diff_over_scale']:.1e}    {r['first_tokens_agree']}/{result['batch']}"
-        )
+            + (f"  {r['cold_roofline']['share']:.0%} ({r['cold_roofline']['binds']})"
+               if r.get("cold_roofline") else "")
+        )  # fmt: skip
     return lines
