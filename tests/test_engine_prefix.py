@@ -869,3 +869,38 @@ def test_resume_chunk_serves_interleaved_admissions_and_falls_back_to_the_grid_w
         adm.advance(4)
     assert adm.done == 64 and not adm.finished
     assert adm.advance(16) is True  # to the prompt's end
+
+
+@pytest.mark.parametrize("resume", ["match", "chunk"])
+@RESUME_CHUNK_PATHS
+def test_a_hits_seat_reads_the_tree_and_never_writes_it(family, kw, resume):
+    """The seat hands the tree's own tensors (no copies) to the strategy's seat and the pools:
+    every tensor the tree held before a hit (mid-block, off the chunk grid) holds the same
+    values after it."""
+    model = MODEL if family == "mamba2" else sharp(tiny_family_model(family))
+    rng = random.Random(12)
+    system = ids(rng, 70)  # a full block of 64 and a tail
+    engine = DecodeEngine(model, 3, 96, "replay", log_length=4, max_verify=4, prefill_chunk=16,
+                          **kw)  # fmt: skip
+    prefix = EnginePrefixCache(engine, block_size=64, resume=resume)
+    engine.retire(prefix.admit(system)[0])
+    before = tree_tensors(prefix)
+    tokens = system[:57] + [(system[57] + 1) % 50] + ids(rng, 4)  # parts at 57, mid-block
+    hit = prefix.admit(tokens)[2]
+    assert hit.matched == 57 and hit.resumed_from == (48 if resume == "chunk" else 57)
+    after = tree_tensors(prefix)
+    assert before.keys() <= after.keys()
+    assert_same_tree(before, {key: after[key] for key in before})
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "recompute"])
+def test_align_seats_read_the_tree_and_never_write_it(strategy):
+    rng = random.Random(13)
+    system = ids(rng, 44)
+    engine, _ = engines(strategy)
+    prefix = EnginePrefixCache(engine, block_size=8)
+    engine.retire(prefix.admit(system)[0])
+    before = tree_tensors(prefix)
+    hit = prefix.admit(system[:43] + [(system[43] + 1) % 50, 7])[2]
+    assert hit.resumed_from == 40
+    assert_same_tree(before, {key: tree_tensors(prefix)[key] for key in before})

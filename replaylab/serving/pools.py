@@ -199,10 +199,9 @@ class RecurrentPool:
         entries in place is not touched)."""
         raise NotImplementedError
 
-    def clear(self, slot):
-        """Zero what a slot holds, so a new tenant starts from nothing of the last one."""
-        for t in self._held():
-            t[slot].zero_()
+    def slot_views(self, slot):
+        """Every buffer's row of ``slot`` (what ``DecodeEngine`` zeroes for a new tenant)."""
+        return [t[slot] for t in self._held()]
 
     def _held(self):
         held = [self.state, self.conv, self.draft_conv, *self.log.values()]
@@ -425,9 +424,8 @@ class KVPool:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def clear(self, slot):
-        self.k[slot].zero_()
-        self.v[slot].zero_()
+    def slot_views(self, slot):
+        return [self.k[slot], self.v[slot]]
 
     def nbytes_per_slot(self):
         return 2 * self.k[0].numel() * self.k.element_size()

@@ -74,8 +74,11 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
                 for l, p in e.ssm.items()
             }
     if logged is not None:
-        record["entries"] = {
-            l: {k: torch.cat([c[k] for c in chunks], 1) for k in e.ssm[l].node_fields}
+        record["entries"] = {  # views of a lone chunk: the node that keeps them copies them
+            l: {
+                k: torch.cat([c[k] for c in chunks], 1) if len(chunks) > 1 else chunks[0][k]
+                for k in e.ssm[l].node_fields
+            }
             for l, chunks in logged.items()
         }
     return model.lm_head(x[:, -1])[0]

@@ -261,9 +261,9 @@ class EnginePrefixCache(PrefixTree):
         c = e.policy.seat_point(upto, r)  # replay: the decode grid's fold position
         one = slice(slot, slot + 1)
         carried = {}
-        for layer, pool in e.ssm.items():
-            ssm = state[layer].ssm.clone() if state else torch.zeros_like(pool.state[one])
-            conv = state[layer].conv.clone() if state else torch.zeros_like(pool.conv[one])
+        for layer, pool in e.ssm.items():  # the tree's tensors are read, never written
+            ssm = state[layer].ssm if state else torch.zeros_like(pool.state[one])
+            conv = state[layer].conv if state else torch.zeros_like(pool.conv[one])
             if j and self.resume_step > 1:  # as the prefill scanned [r, upto): its bits
                 held = path[r // b].log[layer]
                 ssm, conv = e.policy.seat_layer_by_scan(pool, held, ssm, conv, j, self.resume_step)
@@ -290,8 +290,8 @@ class EnginePrefixCache(PrefixTree):
                 pool.k[slot : slot + 1, :, g:end].clone(),
                 pool.v[slot : slot + 1, :, g:end].clone(),
             )
-        if len(seg) == b:
-            node.end_state = {l: s.clone() for l, s in record["states"][end].items()}
+        if len(seg) == b:  # the prefill's copies, the record's alone
+            node.end_state = dict(record["states"][end])
         e.policy.node_log(node, g, end, b, plan, record)
         return node
 

@@ -49,6 +49,7 @@ class EngineReplay(EngineStrategy):
 
     def __init__(self, engine):
         super().__init__(engine)
+        self._one_slot_fold = {}  # n -> (row 0, n entries): fold_entries' int32 arguments
         if engine.capacity > engine.L:  # a verify may pass the grid: a folded checkpoint
             for pool in engine.ssm.values():  # for its rows past it (``_past_the_grid``)
                 if pool.kernels:
@@ -246,11 +247,14 @@ class EngineReplay(EngineStrategy):
         pool's fold chains."""
         if not pool.kernels:
             return pool.spec.fold(state, entries)
-        one = torch.zeros(1, dtype=torch.int32, device=self.engine.device)
         n = next(iter(entries.values())).shape[1]
-        out = state.clone()
+        if n not in self._one_slot_fold:
+            zero = torch.zeros(1, dtype=torch.int32, device=self.engine.device)
+            self._one_slot_fold[n] = zero, torch.full_like(zero, n)
+        zero, count = self._one_slot_fold[n]
+        out = torch.empty_like(state)
         log = {k: t.contiguous() for k, t in entries.items()}
-        pool.fold(out, one, log, torch.full_like(one, n), one)
+        pool.fold(state, zero, log, count, zero, out=out)
         return out
 
     # --- a prefix cache's seat ----------------------------------------------------------
@@ -278,8 +282,9 @@ class EngineReplay(EngineStrategy):
         if c > r:  # onto the decode grid, with decode's fold
             ssm = self.fold_grid(pool, ssm, {k: t[:, : c - r] for k, t in log.items()})
         ring = {k: t[:, c - r : upto - r] for k, t in log.items()}
-        for k, buf in pool.log.items():
-            buf[slot, : upto - c] = ring[k][0]
+        if upto > c:
+            for k, buf in pool.log.items():
+                buf[slot, : upto - c] = ring[k][0]
         conv = window_after(conv, held[pool.spec.conv_field][:, :j])
         if scanned is not None:  # the scan that derived the log reached upto
             carried = scanned
@@ -336,8 +341,9 @@ class EngineReplay(EngineStrategy):
             if end > R:
                 new = record["entries"][layer]
                 parts.append({k: t[:, max(g, R) - R : end - R] for k, t in new.items()})
-            node.log[layer] = {
-                k: torch.cat([p[k] for p in parts], 1).clone() for k in pool.node_fields
+            node.log[layer] = {  # a copy of its own (a lone part is a view)
+                k: torch.cat([p[k] for p in parts], 1) if len(parts) > 1 else parts[0][k].clone()
+                for k in pool.node_fields
             }
 
 
