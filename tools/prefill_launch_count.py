@@ -17,6 +17,13 @@ depend on the widths); the engine is the TTFT bench's (L = 16, chunks of 256, no
 ``use_kernels=True`` as on a GPU (replay folds through its Triton kernel there).
 
     python tools/prefill_launch_count.py OUT.json [--tokens 2048]
+    python tools/prefill_launch_count.py OUT.json --hit 2000,48 [--resume match]
+
+``--hit S,N``: instead, one prefix hit on the fused path with the prompt kernels (the TTFT
+bench's engine): a shared prompt of S tokens admitted and retired through an
+``EnginePrefixCache`` (block 512), one warm-up hit, then a counted hit of those S tokens and N
+new ones (the tree's match, its seat, the prefill of the rest and the insertion of its blocks),
+per strategy (replay under ``--resume``).
 """
 
 from __future__ import annotations
@@ -89,6 +96,32 @@ def count(model, strategy, arm, prompt):
     return mode.ops
 
 
+def count_hit(model, strategy, shared, suffix, resume="match"):
+    """The operations of one prefix hit (see the module docstring) and the hit's report."""
+    from replaylab.serving import EnginePrefixCache
+
+    gen = torch.Generator().manual_seed(1)
+    vocab = model.cfg.vocab_size
+    head = torch.randint(0, vocab, (shared,), generator=gen).tolist()
+    prompts = [head + torch.randint(0, vocab, (suffix,), generator=gen).tolist() for _ in range(2)]
+    engine = DecodeEngine(model, 2, shared + suffix + 1, strategy, log_length=16, max_verify=1,
+                          prefill_chunk=256, use_kernels=True, graphs=False, fused=True,
+                          prefill_kernels=True)  # fmt: skip
+    with torch.no_grad():
+        cache = EnginePrefixCache(engine, block_size=512,
+                                  resume=resume if strategy == "replay" else "match")  # fmt: skip
+        engine.retire(cache.admit(head)[0])
+        engine.retire(cache.admit(prompts[0])[0])  # warm-up
+        mode = _Launches()
+        restore = _count_triton(mode)
+        try:
+            with mode:
+                slot, _, hit = cache.admit(prompts[1])
+        finally:
+            restore()
+    return mode.ops, hit
+
+
 def layouts(families):
     """name -> (HybridConfig at small widths, the arms that apply)."""
     small = dict(hidden_size=256, attn_heads=4, kv_heads=2, head_dim=64, intermediate_size=512,
@@ -119,9 +152,28 @@ def main(argv=None):
     p.add_argument("out")
     p.add_argument("--tokens", type=int, default=2048)
     p.add_argument("--families", action="store_true", help="the Qwen3.5 and Jamba layouts too")
+    p.add_argument("--hit", default=None, help="S,N: one prefix hit of S shared + N new tokens")
+    p.add_argument("--resume", default="match", choices=("match", "chunk"))
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
+    if args.hit:
+        shared, suffix = (int(v) for v in args.hit.split(","))
+        cfg = layouts(False)["8b-layers"][0]
+        model = HybridLM(cfg, seed=0).eval()
+        for strategy in ("snapshot", "replay"):
+            ops, hit = count_hit(model, strategy, shared, suffix, args.resume)
+            triton_n = sum(v for k, v in ops.items() if k.startswith("triton:"))
+            allocs = sum(ops.pop(k, 0) for k in ALLOCATIONS)
+            rows.append(dict(layout="8b-layers", strategy=strategy, shared=shared, suffix=suffix,
+                             resume=args.resume if strategy == "replay" else "match",
+                             resumed_from=hit.resumed_from, computed=hit.computed,
+                             launches=sum(ops.values()), triton_launches=triton_n,
+                             allocations=allocs, top=dict(ops.most_common(12))))  # fmt: skip
+            print(f"hit {strategy:8s} resumed at {hit.resumed_from}, {hit.computed} computed: "
+                  f"{sum(ops.values())} launches ({triton_n} Triton), {allocs} allocations")  # fmt: skip
+        write_tool_result(args.out, "prefill_launch_count.py", rows)
+        return
     for name, (cfg, arms) in layouts(args.families).items():
         model = HybridLM(cfg, seed=0).eval()
         gen = torch.Generator().manual_seed(0)
