@@ -197,9 +197,9 @@ def test_a_prefill_folds_its_grid_in_one_launch_with_the_bits_of_fold_by_fold(
         for pool in engine.ssm.values():
             fold = pool.fold
 
-            def counted(*args, fold=fold, name=name):
+            def counted(*args, fold=fold, name=name, **kw):
                 calls[name] += 1
-                return fold(*args)
+                return fold(*args, **kw)
 
             monkeypatch.setattr(pool, "fold", counted)
     for pool in stepwise.ssm.values():
@@ -236,9 +236,9 @@ def test_a_chunk_ending_on_the_fold_grid_takes_the_scans_state_as_its_checkpoint
     for pool in filled.ssm.values():
         fold = pool.fold
 
-        def counted(*args, fold=fold):
+        def counted(*args, fold=fold, **kw):
             folds.append(1)
-            return fold(*args)
+            return fold(*args, **kw)
 
         monkeypatch.setattr(pool, "fold", counted)
     filled.admit(prompt)
