@@ -112,8 +112,9 @@ def main(argv=None):
             for r in run_arm(arm, args):
                 rows.append(dict(arm=arm, round=i, **r))
             print(f"round {i} {arm}: {len(rows)} rows", flush=True)
-    summary = ratios(rows)
-    write_tool_result(args.out, "grant_timing.py", dict(runs=rows, ratios=summary))
+            # after every run, so a run cut short keeps what it measured
+            summary = ratios(rows)
+            write_tool_result(args.out, "grant_timing.py", dict(runs=rows, ratios=summary))
     print(f"{'workload':14s} {'strategy':9s} {'rate':>5s} " + " ".join(f"{k:>14s}" for k in KEYS))
     for r in summary:
         cells = " ".join(f"{r[k]['ratio']:14.3f}" if r[k]["ratio"] else f"{'-':>14s}" for k in KEYS)
