@@ -249,14 +249,14 @@ class EnginePrefixCache(PrefixTree):
         e, b = self.engine, self.block_size
         path, r, j = plan.path, plan.r, plan.j
         upto = r + j
+        held = [node for node in path if node.start < upto]  # blocks 0, 1, ... up to upto
         for layer, pool in e.kv.items():
-            for node in path:
-                if node.start >= upto:
-                    break
-                n = min(node.end, upto) - node.start
-                k, v = node.kv[layer]
-                pool.k[slot, :, node.start : node.start + n] = k[0, :, :n]
-                pool.v[slot, :, node.start : node.start + n] = v[0, :, :n]
+            if not held:
+                break
+            ends = [min(node.end, upto) - node.start for node in held]
+            for i, rows in enumerate((pool.k, pool.v)):  # one launch each, not one a block
+                parts = [node.kv[layer][i][:, :, :n] for node, n in zip(held, ends)]
+                torch.cat(parts, 2, out=rows[slot : slot + 1, :, :upto])
         state = self._grid_state(path, r)  # layer -> LayerState (1, ...), None at 0: zeros
         c = e.policy.seat_point(upto, r)  # replay: the decode grid's fold position
         one = slice(slot, slot + 1)
