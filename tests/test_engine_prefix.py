@@ -875,17 +875,17 @@ def test_resume_chunk_serves_interleaved_admissions_and_falls_back_to_the_grid_w
 @RESUME_CHUNK_PATHS
 def test_a_hits_seat_reads_the_tree_and_never_writes_it(family, kw, resume):
     """The seat hands the tree's own tensors (no copies) to the strategy's seat and the pools:
-    every tensor the tree held before a hit (mid-block, off the chunk grid) holds the same
-    values after it."""
+    every tensor the tree held before a hit (in the second block, off the chunk grid, so the
+    seat starts from the first block's end state) holds the same values after it."""
     model = MODEL if family == "mamba2" else sharp(tiny_family_model(family))
     rng = random.Random(12)
-    system = ids(rng, 70)  # a full block of 64 and a tail
+    system = ids(rng, 70)  # two full blocks of 32 and a tail
     engine = DecodeEngine(model, 3, 96, "replay", log_length=4, max_verify=4, prefill_chunk=16,
                           **kw)  # fmt: skip
-    prefix = EnginePrefixCache(engine, block_size=64, resume=resume)
+    prefix = EnginePrefixCache(engine, block_size=32, resume=resume)
     engine.retire(prefix.admit(system)[0])
     before = tree_tensors(prefix)
-    tokens = system[:57] + [(system[57] + 1) % 50] + ids(rng, 4)  # parts at 57, mid-block
+    tokens = system[:57] + [(system[57] + 1) % 50] + ids(rng, 4)  # parts at 57, in block 2
     hit = prefix.admit(tokens)[2]
     assert hit.matched == 57 and hit.resumed_from == (48 if resume == "chunk" else 57)
     after = tree_tensors(prefix)

@@ -281,8 +281,14 @@ def test_cold_admissions_are_set_against_their_roofline_pass_by_pass():
                            strategies=("replay",))["strategies"]["replay"]["cold_roofline"] is None  # fmt: skip
 
 
-def test_bad_rates_are_refused_before_anything_runs():
-    for bad in ((0.0, 1.0), (1.0,), "fast", (1.0, -2.0)):
+def test_bad_rates_are_refused_before_anything_runs(monkeypatch):
+    import replaylab.bench.stream as stream
+
+    def no_model(*args):
+        raise AssertionError("a model was built before the rates were checked")
+
+    monkeypatch.setattr(stream, "_model", no_model)
+    for bad in ((0.0, 1.0), (1.0,), "fast", "12", (1.0, -2.0), (float("inf"), 1.0)):
         with pytest.raises(
             ValueError, match=r"rates: expected \(copy GB/s > 0, matrix TFLOP/s > 0\)"
         ):

@@ -18,6 +18,7 @@ Glossary:
 from __future__ import annotations
 
 import gc
+import math
 import time
 
 import torch
@@ -331,14 +332,16 @@ def prefill_roofline(engine, tokens, copy_gbs, matrix_tflops) -> dict:
     """The two-term roofline of one cold prefill of ``tokens`` prompt tokens into ``engine``:
     max(bytes / copy bandwidth, FLOPs / matrix rate), seconds.
 
-    FLOPs: 2 x every matrix weight but the LM head's per token (``serve.matrix_weights``), the
-    LM head once (the first token's logits), per attention layer the causal triangle of
-    QKᵀ and PV, 2 x 2 x heads x head_dim x T(T+1)/2, and per recurrent layer 5 FLOPs per state
-    element per token (the state update h ← a·h + B xᵀ and the read-out C·h), counted at the
-    matrix rate too (so the roofline is the faster, the share the stricter). Bytes: the weights
-    once (the embedding table's T rows only), each attention layer's keys and values written
-    for T positions, each recurrent layer's state and conv window written once. A prefill in
-    chunks reads the weights once a chunk; the roofline does not charge that."""
+    FLOPs: 2 x every matrix weight but the LM head's per token (``serve.matrix_weights``: every
+    2-D parameter, Mamba-1's A_log (D, N) included), the LM head once (the first token's
+    logits), per attention layer the causal triangle of QKᵀ and PV, 2 x 2 x heads x head_dim x
+    T(T+1)/2, and per recurrent layer 5 FLOPs per state element per token (Mamba's state update
+    h ← a·h + B xᵀ and read-out C·h; Gated DeltaNet's delta rule needs about 7-8, so there it
+    is a floor), counted at the matrix rate too (so the roofline is the faster, the share the
+    stricter). Bytes: the weights once (the embedding table's T rows only), each attention
+    layer's keys and values written for T positions, each recurrent layer's state and conv
+    window written once. A prefill in chunks reads the weights once a chunk and each chunk
+    reads the keys and values before it; the roofline charges neither."""
     from replaylab.bench.serve import matrix_weights
 
     model, t = engine.model, int(tokens)
@@ -576,10 +579,10 @@ def run_engine_ttft(
     if rates is not None:
         given = rates
         try:
-            rates = tuple(float(v) for v in given)
+            rates = () if isinstance(given, str) else tuple(float(v) for v in given)
         except (TypeError, ValueError):
             rates = ()
-        if len(rates) != 2 or not all(v > 0 for v in rates):
+        if len(rates) != 2 or not all(0 < v < math.inf for v in rates):
             raise ValueError(f"rates: expected (copy GB/s > 0, matrix TFLOP/s > 0), got {given!r}")
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -625,6 +628,7 @@ def run_engine_ttft(
         from replaylab.bench.timing import copy_bandwidth_gbs
 
         rates = copy_bandwidth_gbs(), max(matrix_rate_tflops() for _ in range(3))
+        torch.cuda.empty_cache()  # the probes' buffers: the admits' allocations start as before
     if rates is not None:
         copy_gbs, matrix_tflops = rates
         result["rates"] = dict(copy_gbs=copy_gbs, matrix_tflops=matrix_tflops)

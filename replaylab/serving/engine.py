@@ -256,11 +256,14 @@ class DecodeEngine:
     def _claim(self):
         """The lowest free slot, its pools cleared and its host values at zero (not yet live)."""
         slot = self.free_slot()
-        # so a new tenant starts from nothing of the last one; one multi-tensor launch per
-        # dtype on a GPU, where a zero_ per buffer was some twenty launches
-        torch._foreach_zero_(
-            [t for pool in (*self.ssm.values(), *self.kv.values()) for t in pool.slot_views(slot)]
-        )
+        # so a new tenant starts from nothing of the last one: one multi-tensor call per dtype
+        # (a list of mixed dtypes takes the one-launch-per-tensor path on a GPU)
+        by_dtype = {}
+        for pool in (*self.ssm.values(), *self.kv.values()):
+            for t in pool.slot_views(slot):
+                by_dtype.setdefault(t.dtype, []).append(t)
+        for views in by_dtype.values():
+            torch._foreach_zero_(views)
         self.table.reset(slot)
         return slot
 

@@ -249,13 +249,15 @@ class EnginePrefixCache(PrefixTree):
         e, b = self.engine, self.block_size
         path, r, j = plan.path, plan.r, plan.j
         upto = r + j
-        held = [node for node in path if node.start < upto]  # blocks 0, 1, ... up to upto
+        blocks = [node for node in path if node.start < upto]  # blocks 0, 1, ... up to upto
+        ends = [min(node.end, upto) - node.start for node in blocks]
+        if sum(ends) != upto:
+            raise RuntimeError(f"the seat's blocks hold {sum(ends)} positions, not {upto}")
         for layer, pool in e.kv.items():
-            if not held:
+            if not blocks:
                 break
-            ends = [min(node.end, upto) - node.start for node in held]
             for i, rows in enumerate((pool.k, pool.v)):  # one launch each, not one a block
-                parts = [node.kv[layer][i][:, :, :n] for node, n in zip(held, ends)]
+                parts = [node.kv[layer][i][:, :, :n] for node, n in zip(blocks, ends)]
                 torch.cat(parts, 2, out=rows[slot : slot + 1, :, :upto])
         state = self._grid_state(path, r)  # layer -> LayerState (1, ...), None at 0: zeros
         c = e.policy.seat_point(upto, r)  # replay: the decode grid's fold position
@@ -334,8 +336,10 @@ class PrefixAdmission(Admission):
             block=self.cache.block_size, record=record,
         )  # fmt: skip
         self._record["states"].update(record["states"])
-        if "entries" in record:
-            self._entries.append(record["entries"])
+        if "entries" in record:  # copies: a lone chunk's are views of its projections
+            self._entries.append(
+                {l: {k: t.clone() for k, t in f.items()} for l, f in record["entries"].items()}
+            )
         return logits
 
     def _finished(self):
