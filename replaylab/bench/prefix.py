@@ -583,7 +583,10 @@ def run_engine_ttft(
         except (TypeError, ValueError):
             rates = ()
         if len(rates) != 2 or not all(0 < v < math.inf for v in rates):
-            raise ValueError(f"rates: expected (copy GB/s > 0, matrix TFLOP/s > 0), got {given!r}")
+            raise ValueError(
+                f"rates: expected (copy GB/s > 0, matrix TFLOP/s > 0), two finite numbers, "
+                f"got {given!r}"
+            )
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = _model(run["model"], device)

@@ -39,7 +39,8 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
     every multiple of it. ``record`` (a dict): filled with ``states`` {position: {layer:
     LayerState (1, ...)}} at each chunk end on a multiple of ``block`` (copies; replay: the
     checkpoint, the scan's state there) and, under replay, ``entries`` {layer: {field: (1, T0 - start,
-    ...)}}: every prefilled token's ``node_fields`` (its inputs to the layer)."""
+    ...)}}: every prefilled token's ``node_fields`` (its inputs to the layer; views of the
+    chunk's projections where it took one chunk: copy what is kept)."""
     e, policy = engine, engine.policy
     model, cfg = e.model, e.cfg
     T0, C = prompt.numel(), e.prefill_chunk
@@ -74,7 +75,9 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
                 for l, p in e.ssm.items()
             }
     if logged is not None:
-        record["entries"] = {  # views of a lone chunk: the node that keeps them copies them
+        # a lone chunk's entries are views of its projections: whoever keeps them copies them
+        # (a prefix node in ``node_log``; an interleaved admission, across steps, at once)
+        record["entries"] = {
             l: {
                 k: torch.cat([c[k] for c in chunks], 1) if len(chunks) > 1 else chunks[0][k]
                 for k in e.ssm[l].node_fields
