@@ -871,12 +871,15 @@ def test_resume_chunk_serves_interleaved_admissions_and_falls_back_to_the_grid_w
     assert adm.advance(16) is True  # to the prompt's end
 
 
+@pytest.mark.parametrize("parts", [57, 56, 32])
 @pytest.mark.parametrize("resume", ["match", "chunk"])
 @RESUME_CHUNK_PATHS
-def test_a_hits_seat_reads_the_tree_and_never_writes_it(family, kw, resume):
+def test_a_hits_seat_reads_the_tree_and_never_writes_it(family, kw, resume, parts):
     """The seat hands the tree's own tensors (no copies) to the strategy's seat and the pools:
-    every tensor the tree held before a hit (in the second block, off the chunk grid, so the
-    seat starts from the first block's end state) holds the same values after it."""
+    every tensor the tree held before a hit holds the same values after it. The prompt parts
+    in the second block off the fold grid (57: the seat starts from the first block's end
+    state), on it (56), and at the block's edge (32: the prefill's scan starts from the tree's
+    end state itself)."""
     model = MODEL if family == "mamba2" else sharp(tiny_family_model(family))
     rng = random.Random(12)
     system = ids(rng, 70)  # two full blocks of 32 and a tail
@@ -885,9 +888,10 @@ def test_a_hits_seat_reads_the_tree_and_never_writes_it(family, kw, resume):
     prefix = EnginePrefixCache(engine, block_size=32, resume=resume)
     engine.retire(prefix.admit(system)[0])
     before = tree_tensors(prefix)
-    tokens = system[:57] + [(system[57] + 1) % 50] + ids(rng, 4)  # parts at 57, in block 2
+    tokens = system[:parts] + [(system[parts] + 1) % 50] + ids(rng, 4)
     hit = prefix.admit(tokens)[2]
-    assert hit.matched == 57 and hit.resumed_from == (48 if resume == "chunk" else 57)
+    assert hit.matched == parts
+    assert hit.resumed_from == (parts // 16 * 16 if resume == "chunk" else parts)
     after = tree_tensors(prefix)
     assert before.keys() <= after.keys()
     assert_same_tree(before, {key: after[key] for key in before})

@@ -274,9 +274,10 @@ class EngineReplay(EngineStrategy):
     def seat_layer(self, pool, layer, path, block, ssm, conv, r, c, upto, j, slot):
         """Derive the block's log entries [g, upto) from the node's inputs and the window at g
         (``conv``), fold [g, c) onto the decode grid, put [c, upto) in the ring, rebuild the
-        window after ``upto``; carry the state at ``upto``."""
+        window after ``upto``; carry the state at ``upto`` (read by the prefill's scan, never
+        written: it may be the tree's own tensor)."""
         if not j:
-            return ssm, conv, ssm.clone()
+            return ssm, conv, ssm
         held = path[r // block].log[layer]  # {field: (1, len, ...)}: the block's node_fields
         log, scanned = self.node_entries(pool, conv, ssm, {k: t[:, :j] for k, t in held.items()})
         if c > r:  # onto the decode grid, with decode's fold
@@ -289,7 +290,7 @@ class EngineReplay(EngineStrategy):
         if scanned is not None:  # the scan that derived the log reached upto
             carried = scanned
         else:
-            carried = pool.spec.fold(ssm, ring) if upto > c else ssm.clone()
+            carried = pool.spec.fold(ssm, ring) if upto > c else ssm
         return ssm, conv, carried
 
     @staticmethod
