@@ -67,3 +67,24 @@ def test_prompt_keyed_drafter_finds_each_rows_request():
     with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
         drafter.propose_batch(torch.ones(1, 6, dtype=torch.long), torch.tensor([3]),
                               torch.tensor([0]), 2, 100)  # fmt: skip
+
+
+def test_prompt_keyed_drafter_looks_up_prompts_with_distinct_heads_at_once():
+    """Random prompts differ in their first ids: rows are found by a hash of them, the same
+    requests the one-by-one search finds; a row whose head is no prompt's is refused."""
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 50, (int(n),), generator=gen) for n in (6, 9, 7, 12)]
+    refs = [torch.cat([p, torch.arange(8) + 10 * i]) for i, p in enumerate(prompts)]
+    drafter = PromptKeyedDrafter(prompts, refs, acceptance=1.0)
+    assert drafter.by_key is not None
+    order = [3, 0, 2, 1, 3]
+    contexts = torch.zeros(len(order), 20, dtype=torch.long)
+    lengths = torch.tensor([prompts[i].numel() + 2 for i in order])
+    for g, i in enumerate(order):
+        contexts[g, : lengths[g]] = refs[i][: lengths[g]]
+    assert [drafter._request(c) for c in contexts] == order
+    got = drafter.propose_batch(contexts, lengths, torch.arange(len(order)), 3, 100)
+    assert got.tolist() == [refs[i][n : n + 3].tolist() for i, n in zip(order, lengths.tolist())]
+    contexts[1, 0] = (contexts[1, 0] + 1) % 50
+    with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
+        drafter.propose_batch(contexts, lengths, torch.arange(len(order)), 3, 100)

@@ -30,6 +30,7 @@ import torch
 
 from replaylab.serving.admission import check_interleaving, grid_grant
 from replaylab.serving.budget import SlotBytes, admissible, request_bytes, slot_bytes
+from replaylab.serving.contexts import SlotContexts, accepted
 from replaylab.serving.request import FINISHED, RUNNING, WAITING, Request
 from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
 
@@ -166,6 +167,10 @@ class Scheduler:
                 f"max_len={engine.max_len}"
             )
         self.drafter = drafter
+        # what the batched drafter reads, kept across rounds (a context is at most max_len + 1)
+        self._contexts = (
+            None if drafter is None else SlotContexts(engine.max_batch, engine.max_len + self.k + 2)
+        )
         self.prefilling: list[Request] = []  # admitted, prefill unfinished (interleaving)
         self.waiting: list[Request] = []
         self.running: list[Request] = []
@@ -333,6 +338,8 @@ class Scheduler:
         was its only one."""
         r.tokens.append(int(logits.argmax()))
         r.token_times.append(self._clock(t0, start))
+        if self._contexts is not None:
+            self._contexts.start(r.slot, r.prompt, r.tokens)
         r.status = RUNNING
         self.running.append(r)
         return r.done
@@ -357,31 +364,35 @@ class Scheduler:
         self._fit_tree(record)  # a finished prompt's blocks went into the tree
         return done
 
-    def _drafts(self, r, n, vocab):
-        """The first ``n`` of ``r``'s drafter's k proposals, as a list of ids."""
-        return as_drafts(
-            f"request {r.id}: drafts", r.drafter.propose(r.context(), self.k, vocab), vocab
-        )[:n]
-
-    def _batch_drafts(self, going, wants, vocab):
-        """The scheduler's batched drafter's first ``wants[i]`` proposals for each request of
-        ``going`` that wants any (one call for all of them), as lists of ids."""
-        asked = [i for i, n in enumerate(wants) if n > 0]
-        drafts = [[] for _ in going]
-        if not asked:
-            return drafts
-        contexts = [going[i].context() for i in asked]
-        lengths = torch.tensor([c.numel() for c in contexts])
-        rows = torch.zeros(len(asked), int(lengths.max()) + self.k + 1, dtype=torch.long)
-        for j, c in enumerate(contexts):
-            rows[j, : c.numel()] = c
-        slots = torch.tensor([going[i].slot for i in asked])
-        got = self.drafter.propose_batch(rows, lengths, slots, self.k, vocab)
+    def _drafts(self, going, wants, T, vocab):
+        """(drafts (S, T - 1), n (S,)): each request's first ``wants[i]`` proposals, zeros
+        past them; from the scheduler's batched drafter (one call for every request that
+        wants any), else from each request's own."""
+        drafts, n = (
+            torch.zeros(len(going), T - 1, dtype=torch.long),
+            torch.zeros(len(going), dtype=torch.long),
+        )
+        if T == 1:
+            return drafts, n
+        if self.drafter is None:
+            for i, (r, w) in enumerate(zip(going, wants)):
+                if r.drafter is not None and w > 0:
+                    got = r.drafter.propose(r.context(), self.k, vocab)
+                    got = as_drafts(f"request {r.id}: drafts", got, vocab)[:w]
+                    drafts[i, : len(got)], n[i] = torch.tensor(got, dtype=torch.long), len(got)
+            return drafts, n
+        wants = torch.tensor(wants).clamp(min=0)
+        asked = wants.nonzero().flatten()
+        if not len(asked):
+            return drafts, n
+        slots = torch.tensor([r.slot for r in going])[asked]
+        contexts, lengths = self._contexts.rows(slots, self.k + 1)
+        got = self.drafter.propose_batch(contexts, lengths, slots, self.k, vocab)
         shape = (("requests drafted for", len(asked)), ("k", self.k))
-        got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).tolist()
-        for j, i in enumerate(asked):
-            drafts[i] = got[j][: wants[i]]
-        return drafts
+        got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu()
+        n[asked] = wants[asked]
+        drafts[asked] = got.masked_fill(torch.arange(self.k) >= n[asked, None], 0)
+        return drafts, n
 
     def _decode(self, record, t0, start):
         """One engine step of every running request: a row (S, T) of its last token and its
@@ -394,35 +405,28 @@ class Scheduler:
         T = self.k + 1 if self.k and (batched or any(r.drafter is not None for r in going)) else 1
         vocab = self.engine.cfg.vocab_size
         # fewer drafts than k near the end, and under replay near the fold grid (room)
-        wants = [min(self.k, r.remaining - 1, self.engine.room(r.slot) - 1) for r in going]
-        if batched:
-            drafts = self._batch_drafts(going, wants, vocab)
-        else:
-            drafts = [
-                self._drafts(r, n, vocab) if T > 1 and r.drafter is not None and n > 0 else []
-                for r, n in zip(going, wants)
-            ]
-        rows = [[r.tokens[-1], *d] + [0] * (T - 1 - len(d)) for r, d in zip(going, drafts)]
-        counts = [1 + len(d) for d in drafts]
-        slots = [r.slot for r in going]
-        tokens = torch.tensor(rows, dtype=torch.long, device=self.engine.device)
+        room = self.engine.policy.room  # the engine's ``room`` without its check of the slot
+        wants = [min(self.k, r.remaining - 1, room(r.slot) - 1) for r in going]
+        drafts, n = self._drafts(going, wants, T, vocab)
+        last = torch.tensor([r.tokens[-1] for r in going], dtype=torch.long)
+        tokens = torch.cat([last[:, None], drafts], 1).to(self.engine.device)
+        counts, slots = (n + 1).tolist(), [r.slot for r in going]
         self._sync()
         s0 = time.perf_counter()
         logits = self.engine.step(
             tokens, counts=counts if T > 1 else None, slots=slots, check=False
         )
-        pred = logits.argmax(-1).tolist()  # (S, T) ids; reading them back ends the step
+        pred = logits.argmax(-1).cpu()  # (S, T) ids; reading them back ends the step
         record.step_s = time.perf_counter() - s0
-        keep = []
-        for r, d, p, c in zip(going, drafts, pred, counts):
-            a = 0
-            while a < len(d) and d[a] == p[a]:
-                a += 1
-            r.tokens += d[:a] + [p[a]]
-            r.proposed, r.accepted, r.rounds = r.proposed + len(d), r.accepted + a, r.rounds + 1
-            keep.append(1 + a)
-            record.rejected += len(d) - a
-            record.rolled_back += int(1 + a < c)
+        taken = accepted(drafts, pred, n)  # (S,)
+        keep = (taken + 1).tolist()
+        for r, p, a, d in zip(going, pred.tolist(), taken.tolist(), n.tolist()):
+            r.tokens += p[: a + 1]  # the accepted drafts are the target's own tokens
+            r.proposed, r.accepted, r.rounds = r.proposed + d, r.accepted + a, r.rounds + 1
+        record.rejected += int((n - taken).sum())
+        record.rolled_back += int((taken < n).sum())
+        if batched:
+            self._contexts.extend(torch.tensor(slots), pred, taken + 1)
         if T > 1:
             self._sync()
             r0 = time.perf_counter()
@@ -430,8 +434,8 @@ class Scheduler:
             self._sync()
             record.rollback_s = time.perf_counter() - r0
         now = self._clock(t0, start)
-        for r, n in zip(going, keep):
-            r.token_times += [now] * n
+        for r, m in zip(going, keep):
+            r.token_times += [now] * m
         record.running, record.T, record.tokens = len(going), T, sum(keep)
         return [r for r in going if r.done]
 

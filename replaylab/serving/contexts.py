@@ -1,0 +1,72 @@
+"""What a batched drafter reads, kept across rounds: every slot's tokens so far (its prompt,
+then the tokens taken) in one host table, and the acceptance rule of a verify round.
+
+A round then costs the host one indexed read of the going slots' rows and one indexed write
+of the tokens they took, where rebuilding each request's context (a concatenation of its
+prompt and its token list) and filling a fresh table costs a few tensor operations a request.
+
+    table    (slots, width) int64 on the host: row s holds slot s's context, zeros past it
+    lengths  (slots,) int64: the tokens each row holds
+
+Glossary: G slots going in a round, k drafts, T = k + 1 tokens verified per slot.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SlotContexts", "accepted"]
+
+
+def accepted(drafts, predicted, n_drafts):
+    """Drafts the target keeps per row: the leading drafts equal to its own tokens.
+
+    drafts (G, k) proposed ids; predicted (G, >= k) the target's greedy ids at each verified
+    position (predicted[:, j] follows draft j - 1); n_drafts (G,) how many of each row's drafts
+    were verified (the rest are padding). Returns (G,) int64: the row keeps its first
+    ``accepted`` drafts and then the target's next token, 1 + accepted tokens in all."""
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, :k]) & (torch.arange(k) < n_drafts[:, None])
+    return same.long().cumprod(1).sum(1)
+
+
+class SlotContexts:
+    """Each slot's context on the host (see the module docstring); ``width`` bounds a
+    context's tokens (a slot's position, plus the tokens a round appends)."""
+
+    def __init__(self, slots, width):
+        self.table = torch.zeros(slots, width, dtype=torch.long)
+        self.lengths = torch.zeros(slots, dtype=torch.long)
+
+    def start(self, slot, prompt, tokens):
+        """Slot ``slot``'s new tenant: ``prompt`` (T0,) ids then ``tokens`` (a list of ids)."""
+        n, old = prompt.numel() + len(tokens), int(self.lengths[slot])
+        if n > self.table.shape[1]:
+            raise ValueError(
+                f"slot {slot}: a context of {n} tokens exceeds the table's width "
+                f"{self.table.shape[1]}"
+            )
+        row = self.table[slot]
+        row[: prompt.numel()] = prompt.flatten().cpu()
+        row[prompt.numel() : n] = torch.tensor(tokens, dtype=torch.long)
+        if old > n:  # the previous tenant's tail: zeros past the context, as drafters expect
+            row[n:old] = 0
+        self.lengths[slot] = n
+
+    def rows(self, slots, extra=0):
+        """(contexts (G, width), lengths (G,)) of ``slots`` (G,) int64: their rows, cut after
+        the longest context plus ``extra`` zero columns (what drafters see)."""
+        lengths = self.lengths[slots]
+        width = min(int(lengths.max()) + extra, self.table.shape[1]) if len(slots) else 0
+        return self.table[slots, :width], lengths
+
+    def extend(self, slots, tokens, n_taken):
+        """Append to each slot of ``slots`` (G,) the first ``n_taken[g]`` of ``tokens[g]``
+        (tokens (G, T), n_taken (G,) int64 with 0 <= n_taken <= T), all in one write."""
+        T, width = tokens.shape[1], self.table.shape[1]
+        if len(slots) and int((self.lengths[slots] + n_taken).max()) > width:
+            raise ValueError(f"tokens: a context would exceed the table's width {width}")
+        at = self.lengths[slots][:, None] + torch.arange(T)  # (G, T)
+        taken = torch.arange(T) < n_taken[:, None]
+        self.table[slots[:, None].expand(-1, T)[taken], at[taken]] = tokens[taken]
+        self.lengths[slots] += n_taken

@@ -1,0 +1,87 @@
+"""``serving.contexts``: the slots' host contexts kept across rounds equal each request's prompt
+and tokens rebuilt from scratch, and ``accepted`` equals the per-row loop it replaced."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replaylab.serving.contexts import SlotContexts, accepted
+
+
+def accepted_by_loop(drafts, predicted, n_drafts):
+    out = []
+    for d, p, n in zip(drafts.tolist(), predicted.tolist(), n_drafts.tolist()):
+        a = 0
+        while a < n and d[a] == p[a]:
+            a += 1
+        out.append(a)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_accepted_is_the_leading_run_of_matches(data):
+    G, k = data.draw(st.integers(1, 6)), data.draw(st.integers(1, 5))
+    ids = st.lists(st.integers(0, 2), min_size=k, max_size=k)  # few ids: many matches
+    drafts = torch.tensor(data.draw(st.lists(ids, min_size=G, max_size=G)))
+    predicted = torch.tensor(
+        [
+            row + [data.draw(st.integers(0, 2))]
+            for row in data.draw(st.lists(ids, min_size=G, max_size=G))
+        ]
+    )
+    n = torch.tensor(data.draw(st.lists(st.integers(0, k), min_size=G, max_size=G)))
+    assert accepted(drafts, predicted, n).tolist() == accepted_by_loop(drafts, predicted, n)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_the_table_holds_each_tenants_prompt_and_tokens(data):
+    """Tenants come and go over 3 slots (a shorter prompt after a longer context), rounds
+    append what each slot took; every read equals the contexts rebuilt from the lists, with
+    zeros past each one."""
+    slots, width, k = 3, 40, 3
+    table = SlotContexts(slots, width)
+    truth = {}  # slot -> list of ids
+    for _ in range(data.draw(st.integers(1, 8))):
+        if not truth or data.draw(st.booleans()):  # a new tenant
+            s = data.draw(st.integers(0, slots - 1))
+            prompt = data.draw(st.lists(st.integers(1, 9), min_size=1, max_size=12))
+            first = data.draw(st.integers(1, 9))
+            table.start(s, torch.tensor(prompt), [first])
+            truth[s] = prompt + [first]
+        going = sorted(truth)
+        tokens = torch.tensor(
+            data.draw(
+                st.lists(
+                    st.lists(st.integers(1, 9), min_size=k + 1, max_size=k + 1),
+                    min_size=len(going),
+                    max_size=len(going),
+                )
+            )  # fmt: skip
+        )
+        room = [min(k + 1, width - len(truth[s])) for s in going]
+        n = torch.tensor([data.draw(st.integers(0, r)) for r in room])
+        table.extend(torch.tensor(going), tokens, n)
+        for s, row, m in zip(going, tokens.tolist(), n.tolist()):
+            truth[s] += row[:m]
+        contexts, lengths = table.rows(torch.tensor(going), extra=k + 1)
+        longest = max(len(truth[s]) for s in going)
+        assert contexts.shape == (len(going), min(longest + k + 1, width))
+        for g, s in enumerate(going):
+            expected = truth[s] + [0] * (contexts.shape[1] - len(truth[s]))
+            assert contexts[g].tolist() == expected and int(lengths[g]) == len(truth[s])
+
+
+def test_a_context_past_the_width_is_refused_before_anything_changes():
+    table = SlotContexts(2, 6)
+    with pytest.raises(
+        ValueError, match="slot 1: a context of 7 tokens exceeds the table's width 6"
+    ):
+        table.start(1, torch.arange(1, 7), [3])
+    table.start(0, torch.tensor([1, 2, 3]), [4])
+    before = table.table.clone(), table.lengths.clone()
+    with pytest.raises(ValueError, match="a context would exceed the table's width 6"):
+        table.extend(torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([3]))
+    assert torch.equal(table.table, before[0]) and torch.equal(table.lengths, before[1])
