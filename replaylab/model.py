@@ -147,6 +147,13 @@ PATTERN_CHARACTERS = {
 }
 
 
+def rope_frequencies(cfg, device):
+    """RoPE's frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2, fp32 (empty without
+    RoPE): both attention modules' (``Attention``, ``GatedAttention``)."""
+    steps = torch.arange(0, cfg.rotary_dim, 2, device=device).float()
+    return 1.0 / cfg.rope_theta ** (steps / max(cfg.rotary_dim, 1))
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size, eps):
         super().__init__()
@@ -196,11 +203,8 @@ class Attention(nn.Module):
         return self.finish(out, gate)
 
     def inv_freq(self, device):
-        """RoPE's frequencies theta^(-2i / rotary_dim), i < rotary_dim / 2, fp32 (empty
-        without RoPE)."""
-        c = self.cfg
-        steps = torch.arange(0, c.rotary_dim, 2, device=device).float()
-        return 1.0 / c.rope_theta ** (steps / max(c.rotary_dim, 1))
+        """RoPE's frequencies (``rope_frequencies``)."""
+        return rope_frequencies(self.cfg, device)
 
     def rotate(self, t, positions):
         """RoPE on the first ``rotary_dim`` dims of t (batch, heads, T, Dh) at ``positions``:

@@ -162,20 +162,22 @@ def test_the_fla_rows_put_a_recurrent_kernel_in_the_snapshot_decode_step():
 
 
 def test_the_fused_arm_runs_the_layouts_the_fused_path_serves():
-    """fused=True: a third arm for Bamba's layout only (the GDN preset has none), through the
-    fused path's kernels, its speculation equal to its own greedy tokens; the table names it."""
+    """fused=True: a third arm for the layouts the fused path serves (Bamba's and the Gated
+    DeltaNet preset's), through its kernels, speculation equal to its own greedy tokens; the
+    table names it."""
     result = run_families(presets=("tiny-bamba", "tiny-gdn"), strategies=("replay",),
                           batches=(2,), n_new=2, repeats=1, n_spec=4, k=2, fla=False,
                           graphs=(False,), fused=True)  # fmt: skip
     assert result["errors"] == []
     arms = {(r["preset"], r["fused"]) for r in result["rows"]}
-    assert arms == {("tiny-bamba", False), ("tiny-bamba", True), ("tiny-gdn", False)}
-    fused = next(r for r in result["rows"] if r["fused"])
-    assert fused["speculative_equal_greedy"] and fused["graphs"] == CUDA
+    assert arms == {(p, f) for p in ("tiny-bamba", "tiny-gdn") for f in (False, True)}
+    for fused in (r for r in result["rows"] if r["fused"]):
+        assert fused["speculative_equal_greedy"] and fused["graphs"] == CUDA
     ratio = next(q for q in result["ratios"] if q["graphs"] == "fused")
     assert ratio["fused_replay_over_graphed_reference"] is None  # no graphed arm asked for
-    assert any(line.startswith("tiny-bamba") and " fused " in line
-               for line in families_summary(result))  # fmt: skip
+    for preset in ("tiny-bamba", "tiny-gdn"):
+        assert any(line.startswith(preset) and " fused " in line
+                   for line in families_summary(result))  # fmt: skip
 
 
 def test_the_ratios_are_the_targets_of_the_issue():

@@ -97,7 +97,8 @@ MODELS = {
     "mixed": _mixed(),
 }
 # the fused path's Triton kernels take the GPU's tensors where there is one
-BAMBA_ON_DEVICE = copy.deepcopy(MODELS["bamba"]).to(DEVICE)
+ON_DEVICE = {f: copy.deepcopy(MODELS[f]).to(DEVICE) for f in ("bamba", "qwen3_next", "qwen3_5")}
+BAMBA_ON_DEVICE = ON_DEVICE["bamba"]
 
 
 def _prompts(model, lengths, seed=0):
@@ -206,14 +207,17 @@ def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
     assert fused_reason(nemotron) is None and fused_by_default(nemotron)
     assert fused_reason(MODELS["bamba"].cfg) is None  # served, opt-in until timed
     assert not fused_by_default(MODELS["bamba"].cfg)
+    for family in ("qwen3_next", "qwen3_5"):  # served, opt-in until timed
+        assert fused_reason(MODELS[family].cfg) is None
+        assert not fused_by_default(MODELS[family].cfg)
     want = (
-        r"fused: the fused kernels serve NemotronH and Bamba layouts and lack Gated DeltaNet "
-        r"layers \('G'\), gated attention \(attention='gated'\); use fused=False"
+        r"fused: the fused kernels serve NemotronH, Bamba, Qwen3-Next and Qwen3.5 layouts and "
+        r"lack Mamba-1 layers \('S'\); use fused=False"
     )
     with pytest.raises(ValueError, match=want):
-        DecodeEngine(MODELS["qwen3_next"], 1, 8, use_kernels=True, fused=True)
-    with pytest.raises(ValueError, match=r"lack Mamba-1 layers \('S'\); use fused=False"):
         DecodeEngine(MODELS["jamba"], 1, 8, use_kernels=True, fused=True)
+    with pytest.raises(ValueError, match=r"lack Mamba-1 layers \('S'\); use fused=False"):
+        DecodeEngine(MODELS["mixed"], 1, 8, use_kernels=True, fused=True)
     cfg = HybridConfig()
     cfg.mlp = "gelu"  # past the config's own check
     assert unsupported_reason(cfg) == "mlp: 'gelu' (the engine serves 'relu2' and 'swiglu')"
@@ -240,7 +244,33 @@ def test_bamba_on_the_fused_path_is_lossless_bit_for_bit(strategy):
     logits of three single steps (each verify row rotated at its own position); batched
     speculation (ragged rollbacks) gives each sequence its own greedy tokens. The prefill runs
     the fused path's kernels (``prefill_kernels``)."""
-    model = BAMBA_ON_DEVICE
+    check_fused_lossless(BAMBA_ON_DEVICE, strategy)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_gated_deltanet_on_the_fused_path_follows_the_teaching_cache(family, strategy):
+    """The fused path on Qwen3-Next and Qwen3.5 layouts (Gated DeltaNet through the strategy's
+    pools, gated attention with q / k norms and partial RoPE through ``rope_`` and the
+    attention kernel, SwiGLU MLPs, the residual and norms in one kernel): a ragged program of
+    admit / step / rollback / retire gives the teaching cache's logits (to ``FUSED_TOL``)."""
+    engine, worst = run_program(strategy, fused=True, seed=3, n_ops=12, slots=2, max_verify=3,
+                                model=ON_DEVICE[family], teaching_model=MODELS[family],
+                                tol=FUSED_TOL, partial_rollbacks=True)  # fmt: skip
+    assert engine.fused and engine.stats.steps > 0 and worst < FUSED_TOL
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_gated_deltanet_on_the_fused_path_is_lossless_bit_for_bit(family, strategy):
+    """The Bamba test's three contracts on Qwen3-Next and Qwen3.5 layouts: batch-invariant
+    logits, a verify equal to single steps, speculation equal to greedy."""
+    check_fused_lossless(ON_DEVICE[family], strategy)
+
+
+def check_fused_lossless(model, strategy):
+    """A fused engine's logits do not depend on the batch, a 3-token verify equals three single
+    steps, batched speculation equals each sequence's greedy tokens, bit for bit."""
     prompts = [p.to(DEVICE) for p in _prompts(model, (7, 3), seed=4)]
     kw = dict(log_length=16, max_verify=4, use_kernels=True, fused=True, prefill_kernels=True,
               matmul="row_invariant")  # fmt: skip

@@ -4,7 +4,7 @@ recompute and replay, batch by batch, in one run (``replaylab bench engine-famil
 
 What runs: ``DecodeEngine``'s reference path, each row with CUDA graphs (every step one graph
 replay) or without (``graphs``: both arms on a GPU), and for the layouts the fused path serves
-(Bamba's; ``serving.layouts.fused_reason``) a third arm through its kernels, graphed
+(Bamba's, Qwen3.5's; ``serving.layouts.fused_reason``) a third arm through its kernels, graphed
 (``fused``, opt-in; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
@@ -510,8 +510,9 @@ def run_families(
         return dict(
             kind="engine-families",
             path=(
-                "DecodeEngine reference path (no fused kernels: these layouts are not "
-                "NemotronH's), with and without CUDA graphs (each row's 'graphs'), "
+                "DecodeEngine reference path, with and without CUDA graphs (each row's "
+                "'graphs'), and with fused=True the fused path for the layouts it serves "
+                "(rows with 'fused'), "
                 "use_kernels=True: replay runs the Triton replay kernels batched over the slots; "
                 "snapshot and recompute run the spec's PyTorch token loop; 'fla snapshot' runs "
                 "fla's fused_recurrent_gated_delta_rule there, 'ssu snapshot' mamba-ssm's "

@@ -1,6 +1,7 @@
 """The fused path's forward (GPU; on CPU through Triton's interpreter, for the tests): NemotronH
-and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs) through
-``replaylab.kernels.decode``,
+and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs) and
+Qwen3-Next / Qwen3.5 layouts (Gated DeltaNet, gated attention with partial RoPE, SwiGLU MLPs)
+through ``replaylab.kernels.decode``,
 which folds each group of element-wise operations into one kernel (the residual add and the
 next block's norm are one kernel, and so on). Matrix products go through ``linear``: with
 ``matmul="row_invariant"`` ``kernels.matmul.linear``, whose rows do not depend on the row
@@ -10,6 +11,8 @@ Shapes: tokens (bucket, T); hidden (bucket, T, D); logits (bucket, T, vocab).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -27,9 +30,16 @@ def forward_fused(runner, tokens):
     h, x = add_rmsnorm(
         runner.model.model.embeddings(tokens), layers[0].norm.weight, layers[0].norm.eps
     )
+    gated = runner.cfg.attention == "gated"
     for i, kind in enumerate(runner.cfg.pattern):
         if kind == "M":
             out = _mamba(runner, i, x, bucket, T)
+        elif kind == "G":
+            with _row_sums(e):
+                out = _gdn(runner, i, x, bucket, T)
+        elif kind == "*" and gated:
+            with _row_sums(e):
+                out = _gated_attention(runner, i, x, bucket, T)
         elif kind == "*":
             out = _attention(runner, i, x, bucket, T)
         else:
@@ -112,3 +122,49 @@ def _attention(runner, layer, h, bucket, T):
     runner.write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
     out = attention(q.reshape(bucket, T, Hq, Dh), pool.k, pool.v, e.table.pos_d[:bucket], Dh**-0.5)
     return linear(e, att.o_proj.weight, out.view(bucket, T, Hq * Dh))
+
+
+def _row_sums(engine):
+    """Where the teaching modules' norms run (Gated DeltaNet's and gated attention's): their
+    sums over the last dim row by row (``serving.invariant``) under the row-invariant product,
+    so a verify rounds as single steps do; else as they are."""
+    if engine.matmul != "row_invariant":
+        return contextlib.nullcontext()
+    from replaylab.serving.invariant import RowInvariantLinear
+
+    return RowInvariantLinear(every_device=True)
+
+
+def _gdn(runner, layer, h, bucket, T):
+    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5): its four input products, the conv and the
+    recurrence inputs through the engine's pools and strategy (``ModelRunner.advance``, as on
+    the reference path), the per-head norm then gate, out_proj."""
+    e, s = runner.engine, runner.cfg.gdn
+    mixer = runner.model.model.layers[layer].mixer
+    inputs = {n: linear(e, getattr(mixer, f"in_proj_{n}").weight, h) for n in ("qkv", "a", "b")}
+    z = linear(e, mixer.in_proj_z.weight, h).unflatten(-1, (s.v_heads, s.v_head_dim))
+    o = runner.advance(layer, inputs, bucket, T)
+    return linear(e, mixer.out_proj.weight, mixer.norm(o.to(h.dtype), z).flatten(-2))
+
+
+def _gated_attention(runner, layer, h, bucket, T):
+    """Gated attention (Qwen3-Next, Qwen3.5): q (with its output gate), k and v in one product,
+    the per-head q / k norms, RoPE on the first ``rotary_dim`` dims (``kernels.decode.rope_``),
+    attention over the static KV buffer, then out * sigmoid(gate) and o_proj."""
+    from replaylab.kernels.decode import attention, rope_
+
+    e = runner.engine
+    att, pool, c = runner.model.model.layers[layer].mixer, e.kv[layer], runner.cfg
+    Hq, Hkv, Dh = c.attn_heads, c.kv_heads, c.head_dim
+    qkv = linear(e, runner.qkv_weight[layer], h)
+    qg, k, v = qkv.split([Hq * 2 * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+    q, gate = qg.view(bucket, T, Hq, 2 * Dh).chunk(2, dim=-1)
+    q, k = att.q_norm(q), att.k_norm(k.view(bucket, T, Hkv, Dh))
+    qk = torch.cat([q.reshape(bucket * T, Hq * Dh), k.reshape(bucket * T, Hkv * Dh)], -1)
+    if c.rotary_dim:
+        rope_(qk, Hq + Hkv, Dh, runner.inv_freq, e.table.pos_d[:bucket], T)
+    q, k = qk.split([Hq * Dh, Hkv * Dh], dim=-1)
+    runner.write_kv(pool, k.view(bucket, T, Hkv, Dh), v.view(bucket, T, Hkv, Dh), bucket, T)
+    out = attention(q.view(bucket, T, Hq, Dh), pool.k, pool.v, e.table.pos_d[:bucket], Dh**-0.5)
+    out = out.view(bucket, T, Hq * Dh) * torch.sigmoid(gate.reshape(bucket, T, Hq * Dh))
+    return linear(e, att.o_proj.weight, out)

@@ -37,7 +37,13 @@ class RowInvariantLinear(TorchFunctionMode):
     ``kernels.matmul.linear(x, W) + b``, and on a GPU each floating ``sum`` / ``mean`` over
     the last dim (the norms, the L2 normalisation of Gated DeltaNet's q and k) as
     ``kernels.matmul.row_sum``: row i of the result has the same bits whatever the number of
-    rows. Every other function runs unchanged."""
+    rows. ``every_device=True``: the sums on CPU tensors too (through Triton's interpreter; the
+    fused path's tests, where torch's CPU sums round by the row count). Every other function
+    runs unchanged."""
+
+    def __init__(self, every_device=False):
+        super().__init__()
+        self.every_device = every_device
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -50,7 +56,8 @@ class RowInvariantLinear(TorchFunctionMode):
             return out if bias is None else out + bias
         if func in _SUMS and args and isinstance(args[0], torch.Tensor):
             x = args[0]
-            if x.is_cuda and x.is_floating_point() and x.dim() and _last_dim_only(x, args, kwargs):
+            on_device = x.is_cuda or self.every_device
+            if on_device and x.is_floating_point() and x.dim() and _last_dim_only(x, args, kwargs):
                 from replaylab.kernels.matmul import row_sum
 
                 out = row_sum(x)

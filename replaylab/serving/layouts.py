@@ -4,15 +4,17 @@
 
 The reference path serves every family the teaching cache does: Mamba-2 ("M": NemotronH,
 Bamba), Mamba-1 ("S": Jamba) and Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or
-gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH and
-Bamba layouts: Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs; on a GPU it
-is the default for NemotronH layouts (Bamba's opt-in until the fused path is timed on it,
-``fused_by_default``).
+gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH,
+Bamba, Qwen3-Next and Qwen3.5 layouts: Mamba-2 and Gated DeltaNet, plain or gated attention
+with or without RoPE, relu2 or SwiGLU MLPs; on a GPU it is the default for NemotronH layouts
+(the others opt in until the fused path is timed on them, ``fused_by_default``).
 """
 
 from __future__ import annotations
 
-__all__ = ["LAYER_KINDS", "unsupported_reason", "fused_reason", "fused_by_default", "paths"]
+__all__ = [
+    "LAYER_KINDS", "unsupported_reason", "fused_reason", "fused_by_default", "fused_prefill", "paths",
+]  # fmt: skip
 
 LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
 
@@ -39,8 +41,8 @@ def unsupported_reason(cfg, strategy=None):
 def fused_reason(cfg):
     """What the fused path (GPU kernels, CUDA graphs) lacks for a model of config ``cfg``
     (None: nothing)."""
-    missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("M*-"))]
-    if cfg.attention != "plain":
+    missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("MG*-"))]
+    if cfg.attention not in ("plain", "gated"):
         missing.append(f"{cfg.attention} attention (attention={cfg.attention!r})")
     if cfg.mlp not in ("relu2", "swiglu"):
         missing.append(f"{cfg.mlp} MLPs (mlp={cfg.mlp!r})")
@@ -48,9 +50,17 @@ def fused_reason(cfg):
 
 
 def fused_by_default(cfg):
-    """Whether a GPU engine takes the fused path unasked: NemotronH layouts (no RoPE, relu2
-    MLPs), the ones it is timed on; Bamba's (RoPE, SwiGLU) pass ``fused=True``."""
-    return fused_reason(cfg) is None and not cfg.rotary_dim and cfg.mlp == "relu2"
+    """Whether a GPU engine takes the fused path unasked: NemotronH layouts (Mamba-2, plain
+    attention without RoPE, relu2 MLPs), the ones it is timed on; Bamba's, Qwen3-Next's and
+    Qwen3.5's pass ``fused=True``."""
+    nemotron_h = set(cfg.pattern) <= set("M*-") and cfg.attention == "plain"
+    return fused_reason(cfg) is None and nemotron_h and not cfg.rotary_dim and cfg.mlp == "relu2"
+
+
+def fused_prefill(cfg):
+    """Whether the fused path's prompt chunks run its kernels (``prefill._chunk_fused``):
+    NemotronH and Bamba layouts; the others prefill as the reference path does."""
+    return set(cfg.pattern) <= set("M*-") and cfg.attention == "plain"
 
 
 def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
@@ -65,7 +75,8 @@ def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
     fused = (cuda and use_kernels and fused_by_default(cfg)) if fused is None else fused
     if fused and lacks:
         raise ValueError(
-            f"fused: the fused kernels serve NemotronH and Bamba layouts and lack {lacks}; "
+            f"fused: the fused kernels serve NemotronH, Bamba, Qwen3-Next and Qwen3.5 layouts "
+            f"and lack {lacks}; "
             f"use fused=False (the reference path serves this model)"
         )
     if graphs and not cuda:

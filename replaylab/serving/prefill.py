@@ -8,7 +8,8 @@ grid takes the scan's state there, and a chunk that ends off it (with chunks a m
 only a prompt's last) folds its entries up to the grid with the fold decode uses; the entries
 past it stay in the log.
 
-Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts) a chunk runs the
+Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts, ``layouts.fused_prefill``;
+Gated DeltaNet layouts prefill as above) a chunk runs the
 fused decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one
 kernel, the gated norm and the MLP's activation in one each, and the Mamba-2 scan in one launch
 (``kernels.ssd_chunked``); the conv, the strategy's scan and attention stay those above.
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 from replaylab.kv import attend
 from replaylab.recurrent import LayerState, prepared_chunk
+from replaylab.serving.layouts import fused_prefill
 from replaylab.serving.runner import PoolCache
 
 __all__ = ["prefill"]
@@ -56,7 +58,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
         end = min(T0, pos + C)
         if block:
             end = min(end, (pos // block + 1) * block)
-        if e.fused and e.prefill_kernels:
+        if e.fused and e.prefill_kernels and fused_prefill(cfg):
             x = _chunk_fused(e, prompt[None, pos:end], slot, pos, carried, logged)
         else:
             h = model.model.embeddings(prompt[None, pos:end])

@@ -20,6 +20,7 @@ import gc
 import torch
 
 from replaylab.kv import attend
+from replaylab.model import rope_frequencies
 from replaylab.recurrent import windows_per_token
 from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 
@@ -62,8 +63,8 @@ class ModelRunner:
             for l in (self.cfg.attn_layers if engine.fused else ())
         }
         rope = engine.fused and self.cfg.rotary_dim and self.cfg.attn_layers
-        self.inv_freq = (  # the fused RoPE's: model.Attention.rotate's frequencies
-            layers[self.cfg.attn_layers[0]].mixer.inv_freq(engine.device) if rope else None
+        self.inv_freq = (  # the fused RoPE's: the attention modules' frequencies
+            rope_frequencies(self.cfg, engine.device) if rope else None
         )
 
     def run(self, tokens, bucket, folds, save):
