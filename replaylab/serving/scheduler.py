@@ -364,36 +364,6 @@ class Scheduler:
         self._fit_tree(record)  # a finished prompt's blocks went into the tree
         return done
 
-    def _drafts(self, going, wants, T, vocab):
-        """(drafts (S, T - 1), n (S,)): each request's first ``wants[i]`` proposals, zeros
-        past them; from the scheduler's batched drafter (one call for every request that
-        wants any), else from each request's own."""
-        drafts, n = (
-            torch.zeros(len(going), T - 1, dtype=torch.long),
-            torch.zeros(len(going), dtype=torch.long),
-        )
-        if T == 1:
-            return drafts, n
-        if self.drafter is None:
-            for i, (r, w) in enumerate(zip(going, wants)):
-                if r.drafter is not None and w > 0:
-                    got = r.drafter.propose(r.context(), self.k, vocab)
-                    got = as_drafts(f"request {r.id}: drafts", got, vocab)[:w]
-                    drafts[i, : len(got)], n[i] = torch.tensor(got, dtype=torch.long), len(got)
-            return drafts, n
-        wants = torch.tensor(wants).clamp(min=0)
-        asked = wants.nonzero().flatten()
-        if not len(asked):
-            return drafts, n
-        slots = torch.tensor([r.slot for r in going])[asked]
-        contexts, lengths = self._contexts.rows(slots, self.k + 1)
-        got = self.drafter.propose_batch(contexts, lengths, slots, self.k, vocab)
-        shape = (("requests drafted for", len(asked)), ("k", self.k))
-        got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu()
-        n[asked] = wants[asked]
-        drafts[asked] = got.masked_fill(torch.arange(self.k) >= n[asked, None], 0)
-        return drafts, n
-
     def _decode(self, record, t0, start):
         """One engine step of every running request: a row (S, T) of its last token and its
         drafts (T = k + 1 when any running request speculates, padded past its count), then
@@ -403,21 +373,41 @@ class Scheduler:
             return []
         batched = self.drafter is not None
         T = self.k + 1 if self.k and (batched or any(r.drafter is not None for r in going)) else 1
-        vocab = self.engine.cfg.vocab_size
+        slots = [r.slot for r in going]
+        if T == 1:  # plain decode: one token each, nothing to accept or roll back
+            tokens = torch.tensor([[r.tokens[-1]] for r in going], device=self.engine.device)
+            for r, p in zip(going, self._step(record, tokens, None, slots).view(-1).tolist()):
+                r.tokens.append(p)
+                r.rounds += 1
+            keep = [1] * len(going)
+        else:
+            keep = self._verify(record, going, slots, T)
+        now = self._clock(t0, start)
+        for r, m in zip(going, keep):
+            r.token_times += [now] * m
+        record.running, record.T, record.tokens = len(going), T, sum(keep)
+        return [r for r in going if r.done]
+
+    def _step(self, record, tokens, counts, slots):
+        """The engine's step of ``tokens`` (S, T) and its greedy ids (S, T) on the host (reading
+        them back ends the step), timed into ``record.step_s``."""
+        self._sync()
+        s0 = time.perf_counter()
+        logits = self.engine.step(tokens, counts=counts, slots=slots, check=False)
+        pred = logits.argmax(-1).cpu()
+        record.step_s = time.perf_counter() - s0
+        return pred
+
+    def _verify(self, record, going, slots, T):
+        """A speculation round: drafts, one verify step, acceptance, one rollback. Returns
+        the tokens each request keeps (1 + its accepted drafts)."""
         # fewer drafts than k near the end, and under replay near the fold grid (room)
         room = self.engine.policy.room  # the engine's ``room`` without its check of the slot
         wants = [min(self.k, r.remaining - 1, room(r.slot) - 1) for r in going]
-        drafts, n = self._drafts(going, wants, T, vocab)
+        drafts, n = _round_drafts(self, going, wants, T, self.engine.cfg.vocab_size)
         last = torch.tensor([r.tokens[-1] for r in going], dtype=torch.long)
         tokens = torch.cat([last[:, None], drafts], 1).to(self.engine.device)
-        counts, slots = (n + 1).tolist(), [r.slot for r in going]
-        self._sync()
-        s0 = time.perf_counter()
-        logits = self.engine.step(
-            tokens, counts=counts if T > 1 else None, slots=slots, check=False
-        )
-        pred = logits.argmax(-1).cpu()  # (S, T) ids; reading them back ends the step
-        record.step_s = time.perf_counter() - s0
+        pred = self._step(record, tokens, (n + 1).tolist(), slots)
         taken = accepted(drafts, pred, n)  # (S,)
         keep = (taken + 1).tolist()
         for r, p, a, d in zip(going, pred.tolist(), taken.tolist(), n.tolist()):
@@ -425,19 +415,14 @@ class Scheduler:
             r.proposed, r.accepted, r.rounds = r.proposed + d, r.accepted + a, r.rounds + 1
         record.rejected += int((n - taken).sum())
         record.rolled_back += int((taken < n).sum())
-        if batched:
+        if self._contexts is not None:
             self._contexts.extend(torch.tensor(slots), pred, taken + 1)
-        if T > 1:
-            self._sync()
-            r0 = time.perf_counter()
-            self.engine.rollback(keep, slots=slots)
-            self._sync()
-            record.rollback_s = time.perf_counter() - r0
-        now = self._clock(t0, start)
-        for r, m in zip(going, keep):
-            r.token_times += [now] * m
-        record.running, record.T, record.tokens = len(going), T, sum(keep)
-        return [r for r in going if r.done]
+        self._sync()
+        r0 = time.perf_counter()
+        self.engine.rollback(keep, slots=slots)
+        self._sync()
+        record.rollback_s = time.perf_counter() - r0
+        return keep
 
     def _retire(self, r, now):
         self.engine.retire(r.slot)
@@ -462,3 +447,32 @@ class Scheduler:
             self.step()
             steps += 1
         return list(self.finished)
+
+
+def _round_drafts(sched, going, wants, T, vocab):
+    """(drafts (S, T - 1), n (S,)): each request of ``sched``'s round its first ``wants[i]``
+    proposals, zeros past them; from the scheduler's batched drafter (one call for every
+    request that wants any, reading its contexts table), else from each request's own."""
+    drafts, n = (
+        torch.zeros(len(going), T - 1, dtype=torch.long),
+        torch.zeros(len(going), dtype=torch.long),
+    )
+    if sched.drafter is None:
+        for i, (r, w) in enumerate(zip(going, wants)):
+            if r.drafter is not None and w > 0:
+                got = r.drafter.propose(r.context(), sched.k, vocab)
+                got = as_drafts(f"request {r.id}: drafts", got, vocab)[:w]
+                drafts[i, : len(got)], n[i] = torch.tensor(got, dtype=torch.long), len(got)
+        return drafts, n
+    wants = torch.tensor(wants).clamp(min=0)
+    asked = wants.nonzero().flatten()
+    if not len(asked):
+        return drafts, n
+    slots = torch.tensor([r.slot for r in going])[asked]
+    contexts, lengths = sched._contexts.rows(slots, sched.k + 1)
+    got = sched.drafter.propose_batch(contexts, lengths, slots, sched.k, vocab)
+    shape = (("requests drafted for", len(asked)), ("k", sched.k))
+    got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu()
+    n[asked] = wants[asked]
+    drafts[asked] = got.masked_fill(torch.arange(sched.k) >= n[asked, None], 0)
+    return drafts, n
