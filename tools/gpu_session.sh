@@ -12,6 +12,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>
 # to fla when fla imports, on the tests' CPU tensors), no ruff (its test skips), with debugpy
 # and jedi (ipykernel needs them to run the notebooks)
 # installed once per wheel set: a second mode on the same machine with the same WHEELS reuses it
+if [ ! -d "${WHEELS:-.whl}" ]; then  # git ignores the wheel folders: they travel only in run's carry
+  echo "WARNING: ${WHEELS:-.whl} is missing here (name it in run's carry); the image's packages run"
+fi
 if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "${WHEELS:-.whl}" ]; then
   rm -rf /tmp/site
   MAMBA_FORCE_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE python3 -m pip install -q --no-index --no-deps \
@@ -248,10 +251,11 @@ case "$mode" in
     # ring of L + k), then Qwen3.5-class replay (engine-families)
     for tree in previous this; do
       # -P: python -m would put the working directory (this tree) before PYTHONPATH
-      path=$PWD; [ $tree = previous ] && path=$PWD/${PREV:?a folder with the previous tree}
+      path=$PWD; commit=${COMMIT:-}
+      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
       for ring in L ${SPEC_RINGS-L+k}; do
         [ $tree = previous ] && [ $ring != L ] && continue
-        PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -P -m replaylab.bench spec-steady \
+        REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-120} python3 -P -m replaylab.bench spec-steady \
           --preset matched --batches ${SPEC_BATCHES:-8,32,128} --ring $ring \
           --out "$OUT/bench_spec_steady_${tree}_ring_$ring.json" 2>&1 | tail -4
       done
