@@ -284,3 +284,35 @@ def test_the_spare_ring_sentence_matches_the_cost_model():
         f"at L = 16, k = 4 and acceptance 0.8 a round keeps {clipped:.2f} tokens on average "
         f"with the ring of L rows and {spare:.2f} with the spare ones"
     ) in text
+
+
+def test_the_steady_speculation_and_fused_gdn_sentences_match_the_committed_runs():
+    text = " ".join((ROOT / "README.md").read_text().split())
+    ratios = re.search(
+        r"speculation gave ([\d.]+)x plain decode at batch 8, ([\d.]+)x at 32 and ([\d.]+)x at "
+        r"128, where the tree before that session's host-work cut gave ([\d.]+)x, ([\d.]+)x and "
+        r"([\d.]+)x",
+        text,
+    ).groups()
+    runs = [load_bench(f"data/bench_spec_steady_h100_{c}.json") for c in ("ed17032", "96028da")]
+    want = [r["steady_speculation_over_decode"] for run in runs for r in run["rows"]]
+    assert [r["batch"] for run in runs for r in run["rows"]] == [8, 32, 128] * 2
+    assert all(r["speculative_equal_greedy"] for run in runs for r in run["rows"])
+    assert [float(q) for q in ratios] == [round(w, 2) for w in want]
+    fused = re.search(
+        r"it decoded ([\d.]+)x, ([\d.]+)x and ([\d.]+)x the graphed reference path at batch 8, "
+        r"32 and 64 on one H100 .*?, (\d+)%, (\d+)% and (\d+)% of the two-term roofline",
+        text,
+    ).groups()
+    rows, ratios = [], []
+    for name in (
+        "bench_engine_families_fused_gdn_h100",
+        "bench_engine_families_fused_gdn_spec_h100",
+    ):
+        run = load_bench(f"data/{name}.json")
+        rows += [r for r in run["rows"] if r["fused"]]
+        ratios += [q for q in run["ratios"] if q["graphs"] == "fused"]
+    by_batch = {q["batch"]: q["fused_replay_over_graphed_reference"] for q in ratios}
+    share = {r["batch"]: r["roofline"]["share"] for r in rows}
+    assert [float(q) for q in fused[:3]] == [round(by_batch[b], 2) for b in (8, 32, 64)]
+    assert [int(p) for p in fused[3:]] == [round(100 * share[b]) for b in (8, 32, 64)]
