@@ -299,6 +299,12 @@ def test_the_steady_speculation_and_fused_gdn_sentences_match_the_committed_runs
     assert [r["batch"] for run in runs for r in run["rows"]] == [8, 32, 128] * 2
     assert all(r["speculative_equal_greedy"] for run in runs for r in run["rows"])
     assert [float(q) for q in ratios] == [round(w, 2) for w in want]
+    flat = re.search(r"rate did not move \(([\d,]+) and ([\d,]+) tokens/s\)", text).groups()
+    at8 = [run["rows"][0]["speculative"]["steady_tokens_per_s"] for run in runs[::-1]]
+    assert [int(q.replace(",", "")) for q in flat] == [round(t) for t in at8]
+    slower = re.search(r"plain decode measured (\d+)% slower", text).group(1)
+    plain8 = [run["rows"][0]["plain"]["steady_tokens_per_s"] for run in runs]
+    assert int(slower) == round(100 * (1 - plain8[0] / plain8[1]))
     fused = re.search(
         r"it decoded ([\d.]+)x, ([\d.]+)x and ([\d.]+)x the graphed reference path at batch 8, "
         r"32 and 64 on one H100 .*?, (\d+)%, (\d+)% and (\d+)% of the two-term roofline",
