@@ -691,8 +691,8 @@ for q in ssu["ratios"]:
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
 #   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one.
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
-#   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's when
-#   asked for with `fused=True`) folds together, and the device
+#   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's,
+#   Qwen3-Next's and Qwen3.5's when asked for with `fused=True`) folds together, and the device
 #   sits idle for part of each step.
 # * With mamba-ssm's update in its snapshot step, Jamba-class snapshot decodes as fast as replay
 #   in this engine, though the kernel alone is several times replay's (section 6). Overhead
@@ -724,6 +724,32 @@ print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_to
 # before a fold proposes fewer drafts, and a batch that runs until its slowest sequence is done
 # spends its last rounds on a few sequences. A server that admits a new request into each
 # finished slot loses no rounds to that tail; the verify and the host's phases remain.
+
+# %% [markdown]
+# Two later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
+# layouts too (`fused=True`): the residual and the next norm in one kernel, gated attention
+# through the attention and RoPE kernels, and the Gated DeltaNet layer through the same strategy
+# step as the reference path; the first rows below set it beside the graphed reference path in
+# one run. The last two lines come from a scheduler that admits a new request into each finished
+# slot (`replaylab bench spec-steady`, the weight-matched Nemotron-H model, replay), over the
+# iterations where every slot runs: the tree before the host's share of a round was cut (the
+# drafter's contexts rebuilt per request and round), then the tree after it.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name in ("bench_engine_families_fused_gdn_h100", "bench_engine_families_fused_gdn_spec_h100"):
+    run = load_bench(f"data/{name}.json")
+    for q in (q for q in run["ratios"] if q["graphs"] == "fused"):
+        fused = next(r for r in run["rows"] if r["fused"] and r["batch"] == q["batch"])
+        print(f"{run['device']}, {fused['preset']}, batch {q['batch']:3d}: fused "
+              f"{fused['decode_tokens_per_s']:7,.0f} tok/s, "
+              f"{q['fused_replay_over_graphed_reference']:.2f}x the graphed reference path, "
+              f"{fused['roofline']['share']:.0%} of the roofline")
+for tree in ("96028da", "ed17032"):
+    run = load_bench(f"data/bench_spec_steady_h100_{tree}.json")
+    ratios = ", ".join(f"batch {r['batch']} {r['steady_speculation_over_decode']:.2f}x"
+                       for r in run["rows"])  # fmt: skip
+    print(f"speculation / plain decode, every slot busy, tree {tree}: {ratios}")
 
 # %% [markdown]
 # ## Summary
