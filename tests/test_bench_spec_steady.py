@@ -85,6 +85,8 @@ def test_prompt_keyed_drafter_looks_up_prompts_with_distinct_heads_at_once():
     assert [drafter._request(c) for c in contexts] == order
     got = drafter.propose_batch(contexts, lengths, torch.arange(len(order)), 3, 100)
     assert got.tolist() == [refs[i][n : n + 3].tolist() for i, n in zip(order, lengths.tolist())]
-    contexts[1, 0] = (contexts[1, 0] + 1) % 50
-    with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
-        drafter.propose_batch(contexts, lengths, torch.arange(len(order)), 3, 100)
+    for at in (0, prompts[0].numel() - 1):  # the hashed head, then the prompt's last id
+        changed = contexts.clone()
+        changed[1, at] = (changed[1, at] + 1) % 50
+        with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
+            drafter.propose_batch(changed, lengths, torch.arange(len(order)), 3, 100)

@@ -22,7 +22,9 @@ from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter, greedy
 from replaylab.serving import (
     STRATEGIES,
     BatchModelDrafter,
+    BatchSyntheticDrafter,
     DecodeEngine,
+    EnginePrefixCache,
     Request,
     Scheduler,
     admissible,
@@ -481,3 +483,58 @@ def test_an_admission_rule_can_be_plugged_in_and_cannot_break_the_budget():
     assert engine.batch == 0 and sched.used == 0
     with pytest.raises(TypeError, match=r"admission: expected a function, got int"):
         Scheduler(engine, admission=3)
+
+
+class _ContextChecker:
+    """A batched drafter that checks each row it is handed against its request's context
+    rebuilt from scratch (prompt, then tokens; zeros past it), then drafts synthetically."""
+
+    def __init__(self, references):
+        self.inner = BatchSyntheticDrafter(references, 0.6, seed=1)
+        self.sched, self.calls = None, 0
+
+    def propose_batch(self, contexts, lengths, rows, k, vocab):
+        by_slot = {r.slot: r for r in self.sched.running}
+        for row, n, slot in zip(contexts, lengths.tolist(), rows.tolist()):
+            want = by_slot[slot].context()
+            assert n == want.numel() and torch.equal(row[:n], want) and not row[n:].any()
+        assert contexts.shape[1] == int(lengths.max()) + k + 1
+        self.calls += 1
+        ids = torch.tensor([by_slot[s].id for s in rows.tolist()])
+        return self.inner.propose_batch(contexts, lengths, ids, k, vocab)
+
+
+@pytest.mark.parametrize("strategy", ["snapshot", "replay"])
+@pytest.mark.parametrize("mode", ["plain", "prefix", "interleaved", "prefix+interleaved"])
+def test_the_batched_drafter_reads_each_requests_own_context_on_every_admission_path(
+    strategy, mode
+):
+    """The scheduler's context table (``serving.contexts``) holds each running request's prompt
+    and tokens, with no tail of a slot's previous tenant, whichever way it was admitted (plain,
+    through the prefix cache, interleaved, both); 10 requests share 3 slots, and every request
+    still gets its greedy tokens."""
+    gen = torch.Generator().manual_seed(7)
+    vocab = MODEL.cfg.vocab_size
+    shared = torch.randint(0, vocab, (20,), generator=gen)
+    prompts, outs = [], []
+    for i in range(10):
+        tail = torch.randint(
+            0, vocab, (int(torch.randint(1, 8, (1,), generator=gen)),), generator=gen
+        )
+        prompts.append(torch.cat([shared[: 16 if i % 2 else 3], tail]))
+        outs.append(int(torch.randint(1, 12, (1,), generator=gen)))
+    alone = [greedy(MODEL, p[None], n, "snapshot").tokens[0] for p, n in zip(prompts, outs)]
+    engine = DecodeEngine(MODEL, 3, 40, strategy, log_length=4, max_verify=4)
+    drafter = _ContextChecker([torch.cat([p, a]) for p, a in zip(prompts, alone)])
+    kw = dict(prefix=EnginePrefixCache(engine, block_size=4)) if "prefix" in mode else {}
+    if "interleaved" in mode:
+        kw["prefill_per_step"] = 5
+    sched = drafter.sched = Scheduler(engine, k=3, drafter=drafter, **kw)
+    done = sched.run(
+        [Request(i, p, n, arrival=0.1 * i) for i, (p, n) in enumerate(zip(prompts, outs))]
+    )
+    assert sorted(r.id for r in done) == list(range(10)) and drafter.calls > 0
+    for r in done:
+        assert torch.equal(torch.tensor(r.tokens), alone[r.id]), r.id
+    if "prefix" in mode:
+        assert any(r.prefix_hit.matched for r in done)

@@ -31,8 +31,9 @@ class PromptKeyedDrafter:
     request, its prompt then its greedy tokens; prompts must differ.
 
     Where the prompts' first m ids (m the shortest prompt) tell them apart, as random prompts'
-    do, the rows are looked up at once by a hash of those ids (a request search a row cost
-    about 20 µs a row on the host each round, charged to speculation); else one by one."""
+    do, the rows are looked up at once by a hash of those ids and each row's whole prompt is
+    confirmed in one comparison (a request search a row cost about 20 µs a row on the host each
+    round, charged to speculation); else one by one."""
 
     def __init__(self, prompts, references, acceptance, seed=0):
         self.keys = {tuple(p.tolist()): i for i, p in enumerate(prompts)}
@@ -51,6 +52,10 @@ class PromptKeyedDrafter:
         self.weights = torch.randint(1, 2**31, (self.m,), generator=gen)
         keys = torch.stack([p[: self.m] for p in prompts]).cpu().mul(self.weights).sum(1).tolist()
         self.by_key = dict(zip(keys, range(len(prompts)))) if len(set(keys)) == len(keys) else None
+        self.prompt_len = torch.tensor([p.numel() for p in prompts])
+        self.prompts = torch.zeros(len(prompts), self.lengths[-1], dtype=torch.long)
+        for i, p in enumerate(prompts):
+            self.prompts[i, : p.numel()] = p.cpu()
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if self.by_key is None or contexts.shape[1] < self.m:
@@ -58,9 +63,18 @@ class PromptKeyedDrafter:
         else:
             keys = contexts[:, : self.m].mul(self.weights).sum(1).tolist()
             index = [self.by_key.get(key) for key in keys]
-            if None in index:
+            if None in index or not self._starts_with_prompts(contexts, lengths, index):
                 raise ValueError("context: its prompt is none of the drafter's requests")
         return self.inner.propose_batch(contexts, lengths, torch.tensor(index), k, vocab_size)
+
+    def _starts_with_prompts(self, contexts, lengths, index):
+        """Whether row g holds request ``index[g]``'s whole prompt (one comparison)."""
+        n = self.prompt_len[index]
+        if bool((n > lengths).any()):
+            return False
+        width = min(contexts.shape[1], self.prompts.shape[1])
+        inside = torch.arange(width) < n[:, None]
+        return bool(((contexts[:, :width] == self.prompts[index, :width]) | ~inside).all())
 
     def _request(self, context):
         for n in self.lengths:

@@ -81,8 +81,8 @@ class DecodeEngine:
     """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens each.
 
     model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH, Bamba,
-    Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot", "recompute", "replay").
-    log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most tokens one
+    Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot",
+    "recompute", "replay"). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most tokens one
     step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step
     never passes the fold grid, so a verify just before a fold takes fewer drafts) up to L +
     min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step; at
@@ -94,8 +94,8 @@ class DecodeEngine:
     kernels, for the whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
     graph (default: on a GPU, where the strategy's steps read no host value). fused: the fused
     decode kernels (``serving.fused``; default: on a GPU, for NemotronH layouts; Bamba's,
-    Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant" (``kernels.matmul.linear`` and ``serving.invariant``: a
-    row's bits do not depend on the row count, so a verify rounds as decode steps do; default
+    Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant" (``kernels.matmul.linear``
+    and ``serving.invariant``: a row's bits do not depend on the row count, so a verify rounds as decode steps do; default
     on a GPU) or "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
     prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
     (Mamba-2: ``kernels.ssd_chunked``; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:

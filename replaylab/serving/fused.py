@@ -132,7 +132,7 @@ def _row_sums(engine):
         return contextlib.nullcontext()
     from replaylab.serving.invariant import RowInvariantLinear
 
-    return RowInvariantLinear(every_device=True)
+    return RowInvariantLinear(every_device=engine.device.type == "cpu")
 
 
 def _gdn(runner, layer, h, bucket, T):
