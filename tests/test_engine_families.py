@@ -264,7 +264,10 @@ def test_gated_deltanet_on_the_fused_path_follows_the_teaching_cache(family, str
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
 def test_gated_deltanet_on_the_fused_path_is_lossless_bit_for_bit(family, strategy):
     """The Bamba test's three contracts on Qwen3-Next and Qwen3.5 layouts: batch-invariant
-    logits, a verify equal to single steps, speculation equal to greedy."""
+    logits, a verify equal to single steps, speculation equal to greedy. On CPU, Qwen3-Next's
+    layout under replay only (its other strategies run the same route as Qwen3.5's)."""
+    if family == "qwen3_next" and strategy != "replay" and not torch.cuda.is_available():
+        pytest.skip("CI time: about 14 s each through the interpreter on CPU")
     check_fused_lossless(ON_DEVICE[family], strategy)
 
 
