@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.serving.checks import check_slots
+from replaylab.serving.contexts import accepted as accepted_drafts
 from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
 
 __all__ = ["speculate_batch", "check_k", "check_drafters"]
@@ -94,8 +95,7 @@ def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
         pred = pred.argmax(-1).cpu()  # (G, k + 1)
         # accepted: the leading drafts equal to the target's tokens; the tokens taken are the
         # target's first 1 + accepted (an accepted draft is the target's token)
-        same = (batch[:, 1:] == pred[:, :k]) & (steps[:k] < limit[:, None])
-        taken = same.long().cumprod(1).sum(1)
+        taken = accepted_drafts(batch[:, 1:], pred, limit)
         index = torch.tensor(going)[:, None].expand(-1, k + 1)
         at = torch.tensor([lengths[i] for i in going])[:, None] + steps  # (G, k + 1)
         new = steps <= taken[:, None]
