@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -264,6 +264,20 @@ case "$mode" in
         --presets qwen3.5-9b-layers --strategies replay --batches ${SPEC_BATCHES:-8,32,128} --graphs on \
         --no-fla --out "$OUT/bench_families_spec_$tree.json" 2>&1 | tail -8
     done ;;
+  gdn-inputs)  # issue 37: the fused Gated DeltaNet layer with its one-launch inputs
+    # (kernels/gdn_inputs.py) against the previous tree (PREV), Qwen3.5-class replay decode, in
+    # turn; then this tree with speculation under every strategy (bf16 at real widths: equal
+    # greedy?). Before any suite: a suite stopped by its limit leaves workers on the GPU
+    for tree in previous this; do
+      path=$PWD; commit=${COMMIT:-}
+      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${FAM_S:-90} python3 -P -m replaylab.bench \
+        engine-families --presets qwen3.5-9b-layers --strategies replay --batches ${FAM_BATCHES:-8,32,64} \
+        --graphs on --fused on --n-spec 0 --no-fla --out "$OUT/families_fused_gdn_$tree.json" 2>&1 | tail -6
+    done
+    timeout -s INT ${FAM_SPEC_S:-150} python3 -P -m replaylab.bench engine-families --presets qwen3.5-9b-layers \
+      --strategies snapshot,recompute,replay --batches 32 --graphs on --fused on --no-fla \
+      --out "$OUT/families_fused_gdn_spec_this.json" 2>&1 | tail -12 ;;
   suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"

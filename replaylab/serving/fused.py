@@ -13,6 +13,7 @@ Shapes: tokens (bucket, T); hidden (bucket, T, D); logits (bucket, T, vocab).
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 
 import torch
 
@@ -136,15 +137,27 @@ def _row_sums(engine):
 
 
 def _gdn(runner, layer, h, bucket, T):
-    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5): its four input products, the conv and the
-    recurrence inputs through the engine's pools and strategy (``ModelRunner.advance``, as on
-    the reference path), the per-head norm then gate, out_proj."""
+    """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5): its four input products, the recurrence
+    inputs in one launch (``_gdn_entries``), the recurrence through the engine's pools and strategy (``ModelRunner.advance``, as on the
+    reference path), the per-head norm then gate, out_proj."""
     e, s = runner.engine, runner.cfg.gdn
     mixer = runner.model.model.layers[layer].mixer
     inputs = {n: linear(e, getattr(mixer, f"in_proj_{n}").weight, h) for n in ("qkv", "a", "b")}
     z = linear(e, mixer.in_proj_z.weight, h).unflatten(-1, (s.v_heads, s.v_head_dim))
-    o = runner.advance(layer, inputs, bucket, T)
+    o = runner.advance(layer, inputs, bucket, T, prepare=partial(_gdn_entries, mixer))
     return linear(e, mixer.out_proj.weight, mixer.norm(o.to(h.dtype), z).flatten(-2))
+
+
+def _gdn_entries(mixer, window, inputs):
+    """``GatedDeltaNetSpec.prepare``'s entries (qkv, q, k, v, g, beta) from one launch of
+    ``kernels.gdn_inputs.prepare`` instead of the mixer's conv, norms and gates."""
+    from replaylab.kernels.gdn_inputs import prepare
+
+    s = mixer.settings
+    weight = mixer.conv1d.weight[:, 0]  # (conv_dim, d_conv)
+    fields = prepare(inputs["qkv"], window, weight, inputs["a"], inputs["b"], mixer.A_log,
+                     mixer.dt_bias, s.k_heads, s.k_head_dim)  # fmt: skip
+    return dict(zip(("q", "k", "v", "g", "beta"), fields), qkv=inputs["qkv"])
 
 
 def _gated_attention(runner, layer, h, bucket, T):

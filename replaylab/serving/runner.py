@@ -113,14 +113,15 @@ class ModelRunner:
                 h = h + block.mixer(x, pools)
         return self.model.lm_head(self.model.model.norm_f(h))
 
-    def advance(self, layer, inputs, bucket, T):
+    def advance(self, layer, inputs, bucket, T, prepare=None):
         """Recurrent layer ``layer`` for slots 0 .. bucket-1: its mixer's ``inputs`` for T tokens
         per slot -> y. The strategy advances the state (``EngineStrategy.advance``); every
-        strategy keeps the window after each token (a rollback picks one)."""
+        strategy keeps the window after each token (a rollback picks one). ``prepare(window,
+        inputs) -> entries`` stands in for the spec's own (the fused path's kernel)."""
         e = self.engine
         pool = e.ssm[layer]
         spec, window = pool.spec, pool.conv[:bucket]
-        entries = spec.prepare(window, inputs)
+        entries = (prepare or spec.prepare)(window, inputs)
         counts = e.table.counts_d[:bucket].long()
         rows = torch.arange(bucket, device=e.device)
         y = e.policy.advance(pool, entries, bucket, T)
