@@ -99,42 +99,51 @@ def add_rmsnorm(h, weight, eps, delta=None):
 
 @triton.jit
 def _gated_rmsnorm_kernel(
-    y, gate, weight, out, gate_stride, eps, width, group, BLOCK: tl.constexpr
-):
+    y, gate, weight, out, gate_stride, eps, width, group, WEIGHT_STRIDE: tl.constexpr,
+    NORM_FIRST: tl.constexpr, ROUND_PRODUCT: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     row, g = tl.program_id(0).to(tl.int64), tl.program_id(1)
     offs = g * group + tl.arange(0, BLOCK)
     m = tl.arange(0, BLOCK) < group
+    dtype = out.dtype.element_ty
     v = tl.load(y + row * width + offs, mask=m, other=0.0).to(tl.float32)
-    z = tl.load(gate + row * gate_stride + offs, mask=m, other=0.0).to(tl.float32)
-    v = v * _silu(z)
-    r = tl.rsqrt(tl.sum(v * v, axis=0) / group + eps)
-    normed = (v * r).to(out.dtype.element_ty).to(tl.float32)
-    w = tl.load(weight + offs, mask=m, other=0.0).to(tl.float32)
-    tl.store(out + row * width + offs, (w * normed).to(out.dtype.element_ty), mask=m)
+    z = _silu(tl.load(gate + row * gate_stride + offs, mask=m, other=0.0).to(tl.float32))
+    w = tl.load(weight + g * WEIGHT_STRIDE + tl.arange(0, BLOCK), mask=m, other=0.0)
+    if NORM_FIRST:
+        r = tl.rsqrt(tl.sum(v * v, axis=0) / group + eps)
+        normed = w.to(tl.float32) * (v * r).to(dtype).to(tl.float32)
+        if ROUND_PRODUCT:  # weight * x in y's dtype, as torch multiplies two tensors of it
+            normed = normed.to(dtype).to(tl.float32)
+        tl.store(out + row * width + offs, (normed * z).to(dtype), mask=m)
+    else:
+        v = v * z
+        r = tl.rsqrt(tl.sum(v * v, axis=0) / group + eps)
+        normed = (v * r).to(dtype).to(tl.float32)
+        tl.store(out + row * width + offs, (w.to(tl.float32) * normed).to(dtype), mask=m)
 
 
-def gated_rmsnorm(y, gate, weight, groups, eps):
+def gated_rmsnorm(y, gate, weight, groups, eps, norm_first=False):
     """``GatedRMSNorm``: y (R, width) * silu(gate (R, width), any row stride), normalised
-    within each of ``groups`` groups, times weight; (R, width) in y's dtype."""
+    within each of ``groups`` groups, times weight (width,); (R, width) in y's dtype.
+    ``norm_first``: Gated DeltaNet's order instead, RMSNorm(y) * weight * silu(gate), with one
+    weight (width / groups,) shared by every group (head)."""
     R, width = y.shape
     if not y.is_contiguous() or gate.stride(-1) != 1:
         raise ValueError("y: expected contiguous rows; gate: unit stride in the last dim")
     if width % groups:
         raise ValueError(f"groups: {groups} does not divide the width {width}")
     group = width // groups
+    if weight.shape != ((group,) if norm_first else (width,)):
+        raise ValueError(
+            f"weight: expected ({group if norm_first else width},), got {tuple(weight.shape)}"
+        )
     out = torch.empty_like(y)
     _gated_rmsnorm_kernel[(R, groups)](
-        y,
-        gate,
-        weight,
-        out,
-        gate.stride(0),
-        float(eps),
-        width,
-        group,
-        BLOCK=triton.next_power_of_2(group),
-        num_warps=4,
-    )
+        y, gate, weight, out, gate.stride(0), float(eps), width, group,
+        WEIGHT_STRIDE=0 if norm_first else group, NORM_FIRST=norm_first,
+        ROUND_PRODUCT=weight.dtype == y.dtype,
+        BLOCK=triton.next_power_of_2(group), num_warps=4,
+    )  # fmt: skip
     return out
 
 

@@ -1,7 +1,7 @@
 """One launch for a Gated DeltaNet layer's recurrence inputs (the serving engine's fused path),
 ``prepare``: the arithmetic of ``GatedDeltaNetSpec.prepare`` (causal depthwise conv, SiLU,
 per-head L2 norms, the decay and the write strength; the teaching mixer's PyTorch operations
-are its reference), which otherwise costs a decode step about twenty small operations a layer.
+are its reference), which are otherwise many small operations a layer.
 
 Glossary (code name -> paper symbol, shape):
     qkv        x_t            (batch, T, C)      the conv's input, C = 2 Hk K + H V

@@ -61,6 +61,27 @@ def test_gated_rmsnorm_equals_the_module_with_a_strided_gate():
     torch.testing.assert_close(gated_rmsnorm(y, gate, norm.weight, 4, 1e-5), norm(y, gate))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gated_rmsnorm_norm_first_equals_gated_deltanets_norm_then_gate(dtype):
+    """``norm_first=True``: per head RMSNorm(o) * weight * silu(z), one weight for every head,
+    as ``GatedDeltaNetMixer.norm``; rows of (tokens, heads x V), a head width not a power of
+    two (masked lanes). A wrong weight shape is refused by name."""
+    from replaylab.gated_deltanet import _NormThenGate
+
+    heads, V = 3, 6
+    norm = _NormThenGate(V, 1e-6).to(DEVICE)
+    norm.weight.data = randn(V) + 1.0
+    norm = norm.to(dtype)
+    o, z = randn(4, heads * V, dtype=dtype) * 3, randn(4, heads * V, dtype=dtype)
+    got = gated_rmsnorm(o, z, norm.weight, heads, norm.eps, norm_first=True)
+    want = norm(o.view(4, heads, V), z.view(4, heads, V)).view(4, heads * V)
+    # bf16: three roundings on each side, the interpreter's toward zero (module docstring)
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    with pytest.raises(ValueError, match=r"weight: expected \(6,\), got \(18,\)"):
+        gated_rmsnorm(o, z, randn(heads * V, dtype=dtype), heads, 1e-6, norm_first=True)
+
+
 def test_relu2():
     u = randn(3, 1000)
     assert torch.equal(relu2(u), torch.relu(u).square())

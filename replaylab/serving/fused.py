@@ -138,14 +138,19 @@ def _row_sums(engine):
 
 def _gdn(runner, layer, h, bucket, T):
     """A Gated DeltaNet layer (Qwen3-Next, Qwen3.5): its four input products, the recurrence
-    inputs in one launch (``_gdn_entries``), the recurrence through the engine's pools and strategy (``ModelRunner.advance``, as on the
-    reference path), the per-head norm then gate, out_proj."""
+    inputs in one launch (``_gdn_entries``), the recurrence through the engine's pools and
+    strategy (``ModelRunner.advance``, as on the reference path), the per-head norm then gate
+    in one kernel (``gated_rmsnorm(norm_first=True)``), out_proj."""
+    from replaylab.kernels.decode import gated_rmsnorm
+
     e, s = runner.engine, runner.cfg.gdn
     mixer = runner.model.model.layers[layer].mixer
     inputs = {n: linear(e, getattr(mixer, f"in_proj_{n}").weight, h) for n in ("qkv", "a", "b")}
-    z = linear(e, mixer.in_proj_z.weight, h).unflatten(-1, (s.v_heads, s.v_head_dim))
+    z = linear(e, mixer.in_proj_z.weight, h).reshape(bucket * T, -1)
     o = runner.advance(layer, inputs, bucket, T, prepare=partial(_gdn_entries, mixer))
-    return linear(e, mixer.out_proj.weight, mixer.norm(o.to(h.dtype), z).flatten(-2))
+    o = o.to(h.dtype).reshape(bucket * T, -1).contiguous()
+    normed = gated_rmsnorm(o, z, mixer.norm.weight, s.v_heads, mixer.norm.eps, norm_first=True)
+    return linear(e, mixer.out_proj.weight, normed.view(bucket, T, -1))
 
 
 def _gdn_entries(mixer, window, inputs):
