@@ -726,23 +726,26 @@ print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_to
 # finished slot loses no rounds to that tail; the verify and the host's phases remain.
 
 # %% [markdown]
-# Two later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
+# Later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
 # layouts too (`fused=True`): the residual and the next norm in one kernel, gated attention
-# through the attention and RoPE kernels, and the Gated DeltaNet layer through the same strategy
-# step as the reference path; the first rows below set it beside the graphed reference path in
-# one run. The last two lines come from a scheduler that admits a new request into each finished
+# through the attention and RoPE kernels, the Gated DeltaNet layer's conv, L2 norms and gates in
+# one launch (`kernels/gdn_inputs.py`), then the same strategy step as the reference path, then
+# its norm and output gate in one kernel. The first rows below are three trees: before those two
+# kernels, with the first, with both (two calls: each file's ratio is over the graphed
+# reference path measured in the same call). The last two lines come from a scheduler that admits a new request into each finished
 # slot (`replaylab bench spec-steady`, the weight-matched Nemotron-H model, replay), over the
 # iterations where every slot runs: the tree before the host's share of a round was cut (the
 # drafter's contexts rebuilt per request and round), then the tree after it.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-for name in ("bench_engine_families_fused_gdn_h100", "bench_engine_families_fused_gdn_spec_h100"):
-    run = load_bench(f"data/{name}.json")
+for name, label in (("inputs_before", "before"), ("inputs", "inputs kernel"),
+                    ("norm", "+ norm kernel")):
+    run = load_bench(f"data/bench_engine_families_fused_gdn_{name}_h100.json")
     for q in (q for q in run["ratios"] if q["graphs"] == "fused"):
         fused = next(r for r in run["rows"] if r["fused"] and r["batch"] == q["batch"])
-        print(f"{run['device']}, {fused['preset']}, batch {q['batch']:3d}: fused "
-              f"{fused['decode_tokens_per_s']:7,.0f} tok/s, "
+        print(f"{run['device']}, {fused['preset']}, {label:>13}, batch {q['batch']:3d}: "
+              f"fused {fused['decode_tokens_per_s']:7,.0f} tok/s, "
               f"{q['fused_replay_over_graphed_reference']:.2f}x the graphed reference path, "
               f"{fused['roofline']['share']:.0%} of the roofline")
 for tree in ("96028da", "ed17032"):
