@@ -87,7 +87,10 @@ def _prepare_kernel(
     H = HK * HPK
     x = tl.load(a + bt * H + hs, mask=mh, other=0.0).to(tl.float32)
     x += tl.load(dt_bias + hs, mask=mh, other=0.0).to(tl.float32)
-    softplus = tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))  # torch's threshold
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e  # log1p(e) as log(u) e / (u - 1): exact where 1 + e rounds (Goldberg)
+    log1p = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
+    softplus = tl.where(x > 20.0, x, log1p)  # torch's threshold of 20
     A = -tl.exp(tl.load(A_log + hs, mask=mh, other=0.0).to(tl.float32))
     tl.store(g_out + bt * H + hs, A * softplus, mask=mh)
     bb = tl.load(b_in + bt * H + hs, mask=mh, other=0.0).to(tl.float32)
@@ -124,8 +127,10 @@ def _check(qkv, window, weight, a, b, A_log, dt_bias, k_heads, k_head_dim):
             f"heads: C={C} = 2 x Hk={k_heads} x K={k_head_dim} + H={H} x V needs H a multiple "
             f"of Hk and a whole V >= 1"
         )
-    if any(t.device != qkv.device for t in (window, weight, a, b, A_log, dt_bias)):
-        raise ValueError("prepare: every tensor on qkv's device")
+    others = dict(window=window, weight=weight, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+    for name, t in others.items():
+        if t.device != qkv.device:
+            raise ValueError(f"{name}: on {t.device}, expected qkv's device {qkv.device}")
     return batch, T, C, taps - 1, taps, H, value_dim // H
 
 
@@ -142,8 +147,6 @@ def prepare(qkv, window, weight, a, b, A_log, dt_bias, k_heads, k_head_dim, eps=
     beta = qkv.new_empty(batch, T, H)
     if batch * T == 0:
         return q, k, v, g, beta
-    if batch * T * C >= 2**31:
-        raise ValueError(f"qkv: {batch * T * C} elements exceed the kernel's 32-bit offsets")
     # a GPU takes one key head a program (parallel enough at batch 1); the interpreter, whose
     # cost is per operation, all of them in one (a device's choice, never the batch's)
     heads = 1 if qkv.is_cuda else triton.next_power_of_2(Hk)

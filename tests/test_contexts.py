@@ -40,9 +40,9 @@ def test_accepted_is_the_leading_run_of_matches(data):
 def test_the_table_holds_each_tenants_prompt_and_tokens(data):
     """Tenants come and go over 3 slots (a shorter prompt after a longer context), rounds
     append what each slot took; every read equals the contexts rebuilt from the lists, with
-    zeros past each one."""
+    zeros past each one, whether the table starts at its full width or grows to it."""
     slots, width, k = 3, 40, 3
-    table = SlotContexts(slots, width)
+    table = SlotContexts(slots, width, initial=data.draw(st.sampled_from([1, 5, 40])))
     truth = {}  # slot -> list of ids
     for _ in range(data.draw(st.integers(1, 8))):
         if not truth or data.draw(st.booleans()):  # a new tenant
@@ -85,3 +85,15 @@ def test_a_context_past_the_width_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match="a context would exceed the table's width 6"):
         table.extend(torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([3]))
     assert torch.equal(table.table, before[0]) and torch.equal(table.lengths, before[1])
+
+
+def test_the_table_grows_with_its_longest_context_not_to_its_width():
+    """A million-token bound does not cost slots x a million ids up front: the table doubles
+    (or jumps to what a context needs) and keeps every row's ids."""
+    table = SlotContexts(4, 10**6, initial=16)
+    table.start(2, torch.arange(1, 11), [11])
+    assert table.table.shape == (4, 16)
+    table.start(1, torch.arange(1, 41), [41])
+    assert table.table.shape == (4, 41) and table.table[2, :11].tolist() == list(range(1, 12))
+    table.extend(torch.tensor([1]), torch.tensor([[7, 8]]), torch.tensor([2]))
+    assert table.table.shape == (4, 82) and table.table[1, 41:43].tolist() == [7, 8]

@@ -78,6 +78,11 @@ def test_gated_rmsnorm_norm_first_equals_gated_deltanets_norm_then_gate(dtype):
     # bf16: three roundings on each side, the interpreter's toward zero (module docstring)
     tol = dict(atol=1e-6, rtol=1e-6) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(got, want, **tol)
+    if dtype == torch.bfloat16:  # an fp32 weight: weight * x in fp32, as torch promotes it
+        norm32 = norm.float()
+        got = gated_rmsnorm(o, z, norm32.weight, heads, norm.eps, norm_first=True)
+        want = norm32(o.view(4, heads, V), z.view(4, heads, V)).view(4, heads * V)
+        torch.testing.assert_close(got, want, **tol)
     with pytest.raises(ValueError, match=r"weight: expected \(6,\), got \(18,\)"):
         gated_rmsnorm(o, z, randn(heads * V, dtype=dtype), heads, 1e-6, norm_first=True)
 

@@ -261,23 +261,31 @@ def test_gated_deltanet_on_the_fused_path_follows_the_teaching_cache(family, str
 
 
 def test_the_fused_gated_deltanet_layer_takes_its_entries_from_the_one_launch(monkeypatch):
-    """The fused path's Gated DeltaNet entries come from ``kernels.gdn_inputs.prepare``, for
-    decode steps and verifies alike, and a ragged program with rollbacks under replay still
+    """The fused path's Gated DeltaNet entries come from ``kernels.gdn_inputs.prepare`` and its
+    norm then gate from ``gated_rmsnorm(norm_first=True)``, for decode steps and verifies
+    alike, and a ragged program with rollbacks under replay still
     gives the teaching cache's logits."""
+    import replaylab.kernels.decode as decode
     import replaylab.kernels.gdn_inputs as gdn_inputs
 
-    calls, prepare = [], gdn_inputs.prepare
+    calls, norms, prepare, norm = [], [], gdn_inputs.prepare, decode.gated_rmsnorm
 
     def counted(*args, **kwargs):
         calls.append(args[0].shape)
         return prepare(*args, **kwargs)
 
+    def counted_norm(*args, **kwargs):
+        norms.append(kwargs.get("norm_first", False))
+        return norm(*args, **kwargs)
+
     monkeypatch.setattr(gdn_inputs, "prepare", counted)
+    monkeypatch.setattr(decode, "gated_rmsnorm", counted_norm)
     engine, worst = run_program("replay", fused=True, seed=4, n_ops=8, slots=2, max_verify=3,
                                 model=ON_DEVICE["qwen3_5"], teaching_model=MODELS["qwen3_5"],
                                 tol=FUSED_TOL, partial_rollbacks=True)  # fmt: skip
     assert worst < FUSED_TOL and engine.stats.steps > 0
     assert len(calls) >= engine.stats.steps and any(shape[1] > 1 for shape in calls)
+    assert len(norms) == len(calls) and all(norms)  # the norm then gate in one kernel too
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

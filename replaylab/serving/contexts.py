@@ -32,20 +32,33 @@ def accepted(drafts, predicted, n_drafts):
 
 class SlotContexts:
     """Each slot's context on the host (see the module docstring); ``width`` bounds a
-    context's tokens (a slot's position, plus the tokens a round appends)."""
+    context's tokens (a slot's position, plus the tokens a round appends). The table starts
+    ``initial`` columns wide and doubles, up to ``width``, when a context needs more: an
+    engine of many long slots does not hold slots x width ids for short requests."""
 
-    def __init__(self, slots, width):
-        self.table = torch.zeros(slots, width, dtype=torch.long)
+    def __init__(self, slots, width, initial=1024):
+        self.width = width
+        self.table = torch.zeros(slots, min(width, initial), dtype=torch.long)
         self.lengths = torch.zeros(slots, dtype=torch.long)
+
+    def _room(self, n):
+        """Columns for contexts of ``n`` tokens (n <= width): the table doubled until it holds
+        them, its rows copied."""
+        held = self.table.shape[1]
+        if n > held:
+            grown = torch.zeros(self.table.shape[0], min(self.width, max(n, 2 * held)),
+                                dtype=torch.long)  # fmt: skip
+            grown[:, :held] = self.table
+            self.table = grown
 
     def start(self, slot, prompt, tokens):
         """Slot ``slot``'s new tenant: ``prompt`` (T0,) ids then ``tokens`` (a list of ids)."""
         n, old = prompt.numel() + len(tokens), int(self.lengths[slot])
-        if n > self.table.shape[1]:
+        if n > self.width:
             raise ValueError(
-                f"slot {slot}: a context of {n} tokens exceeds the table's width "
-                f"{self.table.shape[1]}"
+                f"slot {slot}: a context of {n} tokens exceeds the table's width {self.width}"
             )
+        self._room(n)
         row = self.table[slot]
         row[: prompt.numel()] = prompt.flatten().cpu()
         row[prompt.numel() : n] = torch.tensor(tokens, dtype=torch.long)
@@ -57,15 +70,18 @@ class SlotContexts:
         """(contexts (G, width), lengths (G,)) of ``slots`` (G,) int64: their rows, cut after
         the longest context plus ``extra`` zero columns (what drafters see)."""
         lengths = self.lengths[slots]
-        width = min(int(lengths.max()) + extra, self.table.shape[1]) if len(slots) else 0
+        width = min(int(lengths.max()) + extra, self.width) if len(slots) else 0
+        self._room(width)
         return self.table[slots, :width], lengths
 
     def extend(self, slots, tokens, n_taken):
         """Append to each slot of ``slots`` (G,) the first ``n_taken[g]`` of ``tokens[g]``
         (tokens (G, T), n_taken (G,) int64 with 0 <= n_taken <= T), all in one write."""
-        T, width = tokens.shape[1], self.table.shape[1]
-        if len(slots) and int((self.lengths[slots] + n_taken).max()) > width:
-            raise ValueError(f"tokens: a context would exceed the table's width {width}")
+        T = tokens.shape[1]
+        longest = int((self.lengths[slots] + n_taken).max()) if len(slots) else 0
+        if longest > self.width:
+            raise ValueError(f"tokens: a context would exceed the table's width {self.width}")
+        self._room(longest)
         at = self.lengths[slots][:, None] + torch.arange(T)  # (G, T)
         taken = torch.arange(T) < n_taken[:, None]
         self.table[slots[:, None].expand(-1, T)[taken], at[taken]] = tokens[taken]

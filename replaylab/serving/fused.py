@@ -148,6 +148,7 @@ def _gdn(runner, layer, h, bucket, T):
     inputs = {n: linear(e, getattr(mixer, f"in_proj_{n}").weight, h) for n in ("qkv", "a", "b")}
     z = linear(e, mixer.in_proj_z.weight, h).reshape(bucket * T, -1)
     o = runner.advance(layer, inputs, bucket, T, prepare=partial(_gdn_entries, mixer))
+    assert o.shape == (bucket, T, s.v_heads, s.v_head_dim), o.shape  # rows of heads x V below
     o = o.to(h.dtype).reshape(bucket * T, -1).contiguous()
     normed = gated_rmsnorm(o, z, mixer.norm.weight, s.v_heads, mixer.norm.eps, norm_first=True)
     return linear(e, mixer.out_proj.weight, normed.view(bucket, T, -1))
