@@ -8,7 +8,7 @@ of element-wise operations into one launch:
     add_rmsnorm     h + delta (the residual add) then RMSNorm:        model.RMSNorm
     gated_rmsnorm   y * silu(gate), RMS-normalised per group:          mamba2.GatedRMSNorm
                     or (norm_first) RMSNorm(y) * weight * silu(gate)
-                    per head:                                          gated_deltanet._NormThenGate
+                    per head:                                          GatedDeltaNetMixer.norm
     conv_step       causal depthwise conv + SiLU over window + T new
                     tokens, split into contiguous x, B, C and dt,
                     the window advanced in place (and kept per token

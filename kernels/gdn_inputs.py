@@ -15,9 +15,10 @@ Glossary (code name -> paper symbol, shape):
     beta       β_t            (batch, T, H)      sigmoid(b_t)
 
 One program per (sequence, token, key head) on a GPU (all key heads in one under the
-interpreter): the key head's q and k channels, the H / Hk value heads it serves, their g and β. A token's numbers are computed from its own inputs and the
-window alone, in one order, so row i of a batch and token t of a verify are the same bits
-whatever the batch and however many tokens the call holds (the engine's lossless contracts).
+interpreter): the key head's q and k channels, the H / Hk value heads it serves, their g and
+β. A token's numbers are computed from its own inputs and the window alone, in one order, so
+row i of a batch and token t of a verify are the same bits whatever the batch and however many
+tokens the call holds (the engine's lossless contracts).
 Rounding follows the reference: the conv's sum rounded to the activations' dtype, then SiLU
 rounded, the L2 norm in fp32.
 """
@@ -150,11 +151,12 @@ def prepare(qkv, window, weight, a, b, A_log, dt_bias, k_heads, k_head_dim, eps=
     # a GPU takes one key head a program (parallel enough at batch 1); the interpreter, whose
     # cost is per operation, all of them in one (a device's choice, never the batch's)
     heads = 1 if qkv.is_cuda else triton.next_power_of_2(Hk)
+    inputs = (qkv, window.to(qkv.dtype), weight, a, b)
     _prepare_kernel[(batch * T, triton.cdiv(Hk, heads))](
-        qkv.contiguous(), window.to(qkv.dtype).contiguous(), weight.contiguous(), a.contiguous(), b.contiguous(),
-        A_log, dt_bias, q, k, v, g, beta, T, C, K**-0.5, eps,
-        W=W, TAPS=taps, HK=Hk, K=K, HPK=H // Hk, V=V, HEADS=heads, BLOCK_TAPS=triton.next_power_of_2(taps),
-        BLOCK_K=triton.next_power_of_2(K), BLOCK_HV=triton.next_power_of_2(H // Hk * V),
-        BLOCK_H=triton.next_power_of_2(H // Hk), num_warps=4,
+        *(t.contiguous() for t in inputs), A_log, dt_bias, q, k, v, g, beta, T, C, K**-0.5, eps,
+        W=W, TAPS=taps, HK=Hk, K=K, HPK=H // Hk, V=V, HEADS=heads,
+        BLOCK_TAPS=triton.next_power_of_2(taps), BLOCK_K=triton.next_power_of_2(K),
+        BLOCK_HV=triton.next_power_of_2(H // Hk * V), BLOCK_H=triton.next_power_of_2(H // Hk),
+        num_warps=4,
     )  # fmt: skip
     return q, k, v, g, beta
