@@ -82,24 +82,7 @@ def _mamba_ssm_missing():
     return None
 
 
-# The files that take longest on CPU (a fresh clone's CI, 2026-12-06: 108-175 s each), run
-# first: pytest-xdist's --dist loadfile hands out files in collection order, and a long file
-# handed out last keeps one worker busy while the other has finished
-LONGEST_FIRST = (
-    "test_notebook_solutions.py", "test_engine_families.py", "test_browser.py", "test_engine.py",
-    "test_hf_cache.py", "test_engine_prefix.py",
-)  # fmt: skip
-
-
-def _longest_first(items):
-    """``items`` with the ``LONGEST_FIRST`` files' tests moved to the front, in that order;
-    each file's tests and every other file keep their order."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    return sorted(items, key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 def pytest_collection_modifyitems(config, items):
-    items[:] = _longest_first(items)
     no_gpu = not torch.cuda.is_available()
     no_plotly = importlib.util.find_spec("plotly") is None
     missing = None
