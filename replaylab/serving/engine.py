@@ -82,21 +82,22 @@ class DecodeEngine:
 
     model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH, Bamba,
     Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot",
-    "recompute", "replay"). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most tokens one
-    step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step
-    never passes the fold grid, so a verify just before a fold takes fewer drafts) up to L +
-    min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the next step; at
-    L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot, and with
-    the kernels a second state per slot). Bit-exact: a verify row past the grid is computed
-    from the checkpoint after the slot's first L entries, folded into a scratch state by
-    decode's fold, as a decode step there would read it (a second fold and replay launch per
-    layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's Triton
-    kernels, for the whole bucket at once (default: on a GPU). graphs: capture each (bucket, T) step in a CUDA
-    graph (default: on a GPU, where the strategy's steps read no host value). fused: the fused
-    decode kernels (``serving.fused``; default: on a GPU, for NemotronH layouts; Bamba's,
-    Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant" (``kernels.matmul.linear``
-    and ``serving.invariant``: a row's bits do not depend on the row count, so a verify rounds as decode steps do; default
-    on a GPU) or "torch" (default on CPU). prefill_chunk: prompt tokens run through the model at once.
+    "recompute", "replay"). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify:
+    the most tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L
+    (default: a step never passes the fold grid, so a verify just before a fold takes fewer
+    drafts) up to L + min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the
+    next step; at L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot,
+    and with the kernels a second state per slot). Bit-exact: a verify row past the grid is
+    computed from the checkpoint after the slot's first L entries, folded into a scratch state
+    by decode's fold, as a decode step there would read it (a second fold and replay launch per
+    layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's
+    Triton kernels, for the whole bucket at once (default: on a GPU). graphs: capture each
+    (bucket, T) step in a CUDA graph (default: on a GPU, where the strategy's steps read no host
+    value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for NemotronH
+    layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
+    (``kernels.matmul.linear`` and ``serving.invariant``: a row's bits do not depend on the row
+    count, so a verify rounds as decode steps do; default on a GPU) or "torch" (default on CPU).
+    prefill_chunk: prompt tokens run through the model at once.
     prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
     (Mamba-2: ``kernels.ssd_chunked``; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
     ``kernels.gdn_scan``, with replay's corrected updates in the same launch) under every
