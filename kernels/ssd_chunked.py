@@ -14,6 +14,11 @@ four small matrix products a chunk (C B^T, its decayed product with Δx, C S_in^
 chunk's outer products), where the PyTorch form launches some fifty operations a layer and
 chunk. Tokens past the prompt's end get Δ = 0 and x = 0: decay 1, nothing added.
 
+Under "tf32x3" each product is three TF32 products (a_big b_big + a_big b_small + a_small
+b_big). With 16-bit B and C, a factor of B or C is its own TF32 value (small part 0), so C B^T
+takes one product and C S_in^T and the outer products two (``_dot_exact_*``), the same
+sums without the products of zeros.
+
     x: (batch, T, H, P)  dt: (batch, T, H) raw (bias, softplus and the clamp applied here)
     B, C: (batch, T, G, N), head h reads group h // (H / G)
     A, D, dt_bias: (H,)  initial_state: (batch, H, P, N)
@@ -45,6 +50,31 @@ _CHUNK_THAT_FITS: dict = {}
 
 
 @triton.jit
+def _tf32_split(v):
+    """v (fp32) = big + small, big rounded to TF32 (10 mantissa bits, to nearest, ties away from
+    zero: PTX's cvt.rna.tf32.f32, as Triton's tf32x3 splits)."""
+    big = ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    return big, v - big
+
+
+@triton.jit
+def _dot_exact_right(a, b):
+    """tl.dot(a, b) in tf32x3 where b's entries are TF32 values (16-bit inputs): a_big b +
+    a_small b, two TF32 products; a_small first, as tf32x3 accumulates."""
+    big, small = _tf32_split(a)
+    low = tl.dot(small, b, input_precision="tf32")
+    return tl.dot(big, b, low, input_precision="tf32")
+
+
+@triton.jit
+def _dot_exact_left(a, b):
+    """tl.dot(a, b) in tf32x3 where a's entries are TF32 values: a b_small, then a b_big."""
+    big, small = _tf32_split(b)
+    low = tl.dot(a, small, input_precision="tf32")
+    return tl.dot(a, big, low, input_precision="tf32")
+
+
+@triton.jit
 def _ssd_chunked_kernel(
     x, dt, B, C, y, state, A, D, bias,
     T, H, P, N, heads_per_group, lo, hi,
@@ -61,6 +91,7 @@ def _ssd_chunked_kernel(
     HAS_D: tl.constexpr,
     HAS_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
+    EXACT_BC: tl.constexpr,
 ):  # fmt: skip
     bh, pb = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), bh % H  # int64: b * stride may pass 2**31
@@ -104,10 +135,14 @@ def _ssd_chunked_kernel(
             other=0.0,
         ).to(tl.float32)
         xd = xt * delta[:, None]  # Δ_s x_s, (Q, BLOCK_P)
-        CB = tl.dot(Ct, tl.trans(Bt), input_precision=PRECISION)  # (Q, Q): C_t . B_s
         decay = tl.exp(tl.where(causal, lam[:, None] - lam[None, :], float("-inf")))
+        if EXACT_BC:  # B and C are TF32 values: the products of their zero small parts go
+            CB = tl.dot(Ct, tl.trans(Bt), input_precision="tf32")  # (Q, Q): C_t . B_s
+            entering = _dot_exact_left(Ct, tl.trans(S))  # (Q, BLOCK_P): S_in C_t
+        else:
+            CB = tl.dot(Ct, tl.trans(Bt), input_precision=PRECISION)
+            entering = tl.dot(Ct, tl.trans(S), input_precision=PRECISION)
         out = tl.dot(CB * decay, xd, input_precision=PRECISION)  # (Q, BLOCK_P)
-        entering = tl.dot(Ct, tl.trans(S), input_precision=PRECISION)  # (Q, BLOCK_P): S_in C_t
         out = out + entering * tl.exp(lam)[:, None]
         if HAS_D:
             out = out + D_h * xt
@@ -117,7 +152,10 @@ def _ssd_chunked_kernel(
             mask=mtp,
         )
         to_end = tl.exp(lam_end - lam)  # (Q,)
-        added = tl.dot(tl.trans(xd * to_end[:, None]), Bt, input_precision=PRECISION)
+        if EXACT_BC:
+            added = _dot_exact_right(tl.trans(xd * to_end[:, None]), Bt)
+        else:
+            added = tl.dot(tl.trans(xd * to_end[:, None]), Bt, input_precision=PRECISION)
         S = tl.exp(lam_end) * S + added  # (BLOCK_P, BLOCK_N)
     tl.store(s_ptr, S, mask=mp[:, None] & mn[None, :])
 
@@ -186,6 +224,7 @@ def ssd_chunked_scan(
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
+    exact_bc = precision == "tf32x3" and all(t.element_size() == 2 for t in (B, C))
     launch = (x.device, x.dtype, q, block_p, block_n, num_warps, precision)
     q = _CHUNK_THAT_FITS.get(launch, q)
     while True:
@@ -196,7 +235,7 @@ def ssd_chunked_scan(
                 *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
                 Q=q, BLOCK_P=block_p, BLOCK_N=block_n,
                 SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
-                PRECISION=precision, num_warps=num_warps,
+                PRECISION=precision, EXACT_BC=exact_bc, num_warps=num_warps,
             )  # fmt: skip
             _CHUNK_THAT_FITS[launch] = q
             return ScanResult(y, state)

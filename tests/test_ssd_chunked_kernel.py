@@ -99,6 +99,22 @@ def test_bf16_inputs_stay_within_bf16_rounding_of_the_float64_recurrence():
     assert_close(got.state.double(), want.state, atol=1e-4, rtol=1e-4, name="state")
 
 
+def test_16_bit_b_and_c_skip_the_products_of_their_zero_small_parts_with_the_same_bits():
+    """Under tf32x3, B and C in bf16 take one TF32 product for C B^T and two for the others
+    (their small parts are 0); the same values in fp32 take all three. On a GPU the sums are
+    the same, bit for bit; under the interpreter, which sums in fp32 whatever the precision,
+    to fp32 rounding."""
+    t = inputs(batch=2, T=100, H=4, P=64, G=2, N=32, dtype=torch.bfloat16)
+    wide = dict(t, B=t["B"].float(), C=t["C"].float())
+    got = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=32)
+    want = ssd_chunked_scan(**wide, dt_softplus=True, chunk_size=32)
+    if DEVICE == "cuda":
+        assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
+    else:
+        assert_close(got.state, want.state, atol=1e-6, rtol=1e-6, name="state")
+        assert_close(got.y.float(), want.y.float(), atol=1e-2, rtol=1e-2, name="y")
+
+
 def test_a_prompt_split_on_the_chunk_grid_equals_one_pass_bit_for_bit():
     t = inputs(T=96)
     whole = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -235,8 +235,21 @@ case "$mode" in
           --strategies ${TTFT_STRATEGIES:-replay,snapshot} --out "$OUT/ttft_${tree}_$round.json" 2>&1 | tail -3 | head -2
       done
     done
-    timeout -s INT ${PROFILE_S:-120} python3 tools/prefill_profile.py "$OUT/prefill_profile.json" \
-      --fused --prefill-kernels on --hit 2000 --suffix 48 2>&1 | grep -v "^  *[0-9.]* ms dev" | tail -60 ;;
+    [ "${PROFILE_S:-120}" = 0 ] || timeout -s INT ${PROFILE_S:-120} python3 tools/prefill_profile.py \
+      "$OUT/prefill_profile.json" --fused --prefill-kernels on --hit 2000 --suffix 48 2>&1 \
+      | grep -v "^  *[0-9.]* ms dev" | tail -60 ;;
+  ssd-speed)  # WHEELS=.whl-gpu2, PREV: a folder with the previous tree (replaylab/, kernels/):
+    # the Mamba-2 prompt kernel's launches beside PREV's and mamba-ssm's, its GPU tests, then
+    # TTFT on both trees (the ttft mode's rounds, TTFT_ROUNDS=1 by default here)
+    timeout -s INT ${PROBE_S:-240} python3 tools/ssd_chunked_probe.py --speed \
+      --previous "${PREV:?a folder with the previous tree}/kernels/ssd_chunked.py" \
+      --out "$OUT/ssd_chunked_speed.json" 2>&1 | cut -c1-190 | tail -${PROBE_LINES:-56}
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 tests/test_ssd_chunked_kernel.py tests/test_engine_prefix.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_ssd_tests.log" 2>&1
+    tail -4 "$OUT/gpu_ssd_tests.log"
+    unset OMP_NUM_THREADS
+    TTFT_ROUNDS=${TTFT_ROUNDS:-1} PROFILE_S=0 bash "$0" ttft ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
     for round in $(seq ${HOST_ROUNDS:-2}); do

@@ -4,6 +4,13 @@ of y and the final state against the float64 recurrence relative to their scale,
 failure; at Nemotron-H 8B's layer shape in bf16 also the median time of a 2,048-token prompt.
 
     python tools/ssd_chunked_probe.py [--workers 6] [--out FILE.json]
+    python tools/ssd_chunked_probe.py --speed --previous OLD/ssd_chunked.py [--out FILE.json]
+
+``--speed``: at the layer shape in bf16, in one process, each launch (chunk, warps, block of
+P) of this tree's kernel beside the same launch of a previous copy of the module (``--previous``,
+a file) and beside mamba-ssm's ``mamba_chunk_scan_combined``: the median time of one prompt
+chunk (1 x 256 tokens, the engine's prefill chunk) and of a 2,048-token prompt, the error
+against the float64 recurrence, and whether the two trees' bits agree.
 
 Rows with 16-wide blocks go below the kernel's floor (``MIN_BLOCK``, which they explain) by
 lowering it in their own process.
@@ -12,6 +19,7 @@ lowering it in their own process.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -71,13 +79,101 @@ def one(cfg: dict) -> None:
         print(json.dumps(row), flush=True)
 
 
+def load_previous(path):
+    """The module at ``path`` (a previous tree's kernels/ssd_chunked.py), imported on its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("previous_ssd_chunked", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def speed(previous_path, Ts=(256, 2048)) -> list[dict]:
+    """Rows of the ``--speed`` sweep (see the module docstring), printed as they come."""
+    import torch
+    import triton.testing
+
+    from replaylab.bench.peers import load_kernel_peers
+    from replaylab.kernels import ssd_chunked
+    from replaylab.scan import ssd_scan
+
+    arms = {"this": ssd_chunked, "previous": load_previous(previous_path)}
+    peer = load_kernel_peers()[0].get("chunk_scan")
+    limit, rows = (0.001, 5.0), []
+    bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    for T in Ts:
+        t = {k: v.cuda() for k, v in inputs(T, LAYER, torch.bfloat16, 1).items()}
+        f64 = {k: v.double() for k, v in t.items()}
+        s0 = f64.pop("initial_state")
+        want = ssd_scan(**f64, dt_softplus=True, dt_limit=limit, initial_state=s0,
+                        compute_dtype=torch.float64)  # fmt: skip
+        if peer is not None:
+            args = {k: v for k, v in t.items() if k != "initial_state"}
+            run = functools.partial(peer, **args, chunk_size=256, dt_softplus=True, dt_limit=limit,
+                                    initial_states=t["initial_state"], return_final_states=True)  # fmt: skip
+            row = dict(T=T, arm="mamba_chunk_scan_combined", Q=256)
+            try:
+                y, state = run()
+                row["ms"] = bench(run)
+                for name, a, e in (("y", y, want.y), ("state", state, want.state)):
+                    row[name] = float((a.double() - e).abs().max() / e.abs().max())
+            except Exception as err:  # noqa: BLE001 - the peer's failure is a row, not the end
+                row["error"] = repr(err)[:200]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        for Q, warps, block_p in itertools.product((32, 64, 128), (4, 8), (32, 64)):
+            got = {}
+            for arm, module in arms.items():
+                run = functools.partial(module.ssd_chunked_scan, **t, dt_softplus=True,
+                                        dt_limit=limit, chunk_size=Q, num_warps=warps,
+                                        block_p=block_p)  # fmt: skip
+                try:
+                    got[arm] = run()
+                    ms = bench(run)
+                except Exception as err:  # noqa: BLE001 - a launch the compiler refuses
+                    row = dict(
+                        T=T, arm=arm, Q=Q, warps=warps, block_p=block_p, error=repr(err)[:200]
+                    )
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+                    continue
+                fits = [q for key, q in module._CHUNK_THAT_FITS.items() if key[2:] == (Q, block_p, 128, warps, "tf32x3")]  # fmt: skip
+                row = dict(T=T, arm=arm, Q=Q, Q_run=fits[0] if fits else Q, warps=warps,
+                           block_p=block_p, ms=ms)  # fmt: skip
+                for name, a, e in (
+                    ("y", got[arm].y, want.y),
+                    ("state", got[arm].state, want.state),
+                ):
+                    row[name] = float((a.double() - e).abs().max() / e.abs().max())
+                if arm == "previous" and "this" in got:
+                    row["this_equals_previous"] = bool(
+                        torch.equal(got["this"].y, got[arm].y)
+                        and torch.equal(got["this"].state, got[arm].state)
+                    )
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    return rows
+
+
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--one":
         return one(json.loads(sys.argv[2]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=6)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--speed", action="store_true")
+    ap.add_argument("--previous", default=None)
     args = ap.parse_args()
+    if args.speed:
+        if not args.previous:
+            ap.error("--speed needs --previous FILE (a previous tree's kernels/ssd_chunked.py)")
+        rows = speed(args.previous)
+        if args.out:
+            from replaylab.bench.provenance import write_tool_result
+
+            write_tool_result(args.out, "ssd_chunked_probe.py", rows)
+        return
     cfgs = []
     for q, w in itertools.product((32, 64), (4, 8)):
         for shape, dtype, Ts, min_blocks in ((SMALL, "float32", [1, 37, 100], (16, 32)),
