@@ -175,15 +175,16 @@ def ssd_chunked_scan(
     chunk_size=64,
     block_p=None,
     block_n=None,
-    num_warps=8,
+    num_warps=4,
     precision="tf32x3",
 ) -> ScanResult:
     """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
     docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
     power of two of at least 16 (``tl.dot``'s smallest side), halved where a chunk does not
     fit the GPU's shared memory (fp32 inputs at N = 128 need Q = 32 on Hopper; Q changes only
-    the rounding). ``block_p``, ``block_n``: powers of two of at least 32. ``precision``: ``tl.dot``'s
-    input precision: "tf32x3" (three TF32 products, about fp32's accuracy on tensor cores),
+    the rounding). ``block_p``, ``block_n``: powers of two of at least 32 (defaults 32 and N's;
+    with ``num_warps=4`` the fastest launch at Q = 64 on an H100, data/README.md; block_p
+    changes the rounding). ``precision``: ``tl.dot``'s input precision: "tf32x3" (three TF32 products, about fp32's accuracy on tensor cores),
     "ieee" (fp32 products on the CUDA cores) or "tf32" (one TF32 product)."""
     if x.dim() != 4:
         raise ValueError(f"x: expected (batch, T, H, P), got shape {tuple(x.shape)}")
@@ -219,7 +220,7 @@ def ssd_chunked_scan(
     if T == 0:
         y.zero_()
         return ScanResult(y, state if initial_state is not None else state.zero_())
-    block_p = block_p or min(64, max(MIN_BLOCK, triton.next_power_of_2(P)))
+    block_p = block_p or MIN_BLOCK
     block_n = block_n or max(MIN_BLOCK, triton.next_power_of_2(N))
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)

@@ -99,15 +99,27 @@ def test_bf16_inputs_stay_within_bf16_rounding_of_the_float64_recurrence():
     assert_close(got.state.double(), want.state, atol=1e-4, rtol=1e-4, name="state")
 
 
-def test_16_bit_b_and_c_skip_the_products_of_their_zero_small_parts_with_the_same_bits():
+@pytest.mark.parametrize("shape", [(4, 64, 2, 32), (2, 64, 1, 128)], ids=["small", "layer-head"])
+def test_16_bit_b_and_c_skip_the_products_of_their_zero_small_parts_with_the_same_bits(
+    shape, monkeypatch
+):
     """Under tf32x3, B and C in bf16 take one TF32 product for C B^T and two for the others
-    (their small parts are 0); the same values in fp32 take all three. On a GPU the sums are
-    the same, bit for bit; under the interpreter, which sums in fp32 whatever the precision,
-    to fp32 rounding."""
-    t = inputs(batch=2, T=100, H=4, P=64, G=2, N=32, dtype=torch.bfloat16)
-    wide = dict(t, B=t["B"].float(), C=t["C"].float())
-    got = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=32)
-    want = ssd_chunked_scan(**wide, dt_softplus=True, chunk_size=32)
+    (their small parts are 0), where the kernel forced to take all three (``EXACT_BC=False``)
+    gives the same sums: on a GPU bit for bit; under the interpreter, which sums in fp32
+    whatever the precision, to fp32 rounding."""
+    from replaylab.kernels import ssd_chunked
+
+    H, P, G, N = shape
+    t = inputs(batch=2, T=100, H=H, P=P, G=G, N=N, dtype=torch.bfloat16)
+    got = ssd_chunked_scan(**t, dt_softplus=True)
+    kernel = ssd_chunked._ssd_chunked_kernel
+
+    class AllThreeProducts:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: kernel[grid](*args, **dict(kw, EXACT_BC=False))
+
+    monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", AllThreeProducts())
+    want = ssd_chunked_scan(**t, dt_softplus=True)
     if DEVICE == "cuda":
         assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
     else:
