@@ -287,3 +287,42 @@ def test_a_chunk_that_does_not_fit_runs_at_half_the_size(monkeypatch):
     monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", RefusingAbove(8))
     with pytest.raises(OutOfResources):
         ssd_chunked_scan(**t, chunk_size=32)
+
+
+def test_the_committed_launch_sweeps_and_their_table_in_the_data_readme():
+    """Each cell of data/README.md's sweep table against the two sweeps' JSON: 5cb051d's
+    default launch (Q 64, 8 warps, blocks of 64), this kernel at that launch and at the new
+    default (4 warps, blocks of 32), their ratio and mamba-ssm's time; and every launch that
+    ran the same chunk on both trees gave the same bits."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [json.loads((root / "data" / f"ssd_chunked_speed_h100_{c}.json").read_text())
+            for c in ("dd8a94b", "9313930")]  # fmt: skip
+    text = (root / "data" / "README.md").read_text()
+
+    def ms(run, T, arm, warps=None, block_p=None):
+        (row,) = [r for r in run["rows"] if r["T"] == T and r["arm"] == arm
+                  and (warps is None or (r["Q"], r["warps"], r["block_p"]) == (64, warps, block_p))]  # fmt: skip
+        return row["ms"]
+
+    for T, label in ((256, "256 (one prefill chunk)"), (2048, "2,048")):
+        cells = []
+        for args, fmt in ((("previous", 8, 64), "{:.4f}"), (("this", 8, 64), "{:.4f}"),
+                          (("this", 4, 32), "{:.4f}")):  # fmt: skip
+            cells.append(" / ".join(fmt.format(ms(r, T, *args)) for r in runs) + " ms")
+        ratios = [ms(r, T, "previous", 8, 64) / ms(r, T, "this", 4, 32) for r in runs]
+        cells.append(" / ".join(f"{x:.2f}x" for x in ratios))
+        cells.append(
+            " / ".join(f"{ms(r, T, 'mamba_chunk_scan_combined'):.3f}" for r in runs) + " ms"
+        )
+        assert f"| {label} | " + " | ".join(cells) + " |" in text
+    for run in runs:
+        assert {"device", "versions", "date", "command", "commit"} <= set(run)
+        for r in run["rows"]:
+            if r["arm"] == "previous" and r["Q"] == r["Q_run"]:
+                twin = [t for t in run["rows"] if t["arm"] == "this" and
+                        all(t[k] == r[k] for k in ("T", "Q", "warps", "block_p"))]  # fmt: skip
+                if twin[0]["Q_run"] == r["Q_run"]:
+                    assert r["this_equals_previous"], r
