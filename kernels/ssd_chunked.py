@@ -15,9 +15,10 @@ chunk's outer products), where the PyTorch form launches some fifty operations a
 chunk. Tokens past the prompt's end get Δ = 0 and x = 0: decay 1, nothing added.
 
 Under "tf32x3" each product is three TF32 products (a_big b_big + a_big b_small + a_small
-b_big). With 16-bit B and C, a factor of B or C is its own TF32 value (small part 0), so C B^T
-takes one product and C S_in^T and the outer products two (``_dot_exact_*``), the same
-sums without the products of zeros.
+b_big). With bf16 or fp16 B and C, a factor of B or C is its own TF32 value (small part 0), so
+C B^T takes one product and C S_in^T and the outer products two (``_dot_exact_*``): on an H100
+the same bits as the three (tests/test_ssd_chunked_kernel.py). The same values stored in fp32
+gave other bits there, in both forms (cause not looked into).
 
     x: (batch, T, H, P)  dt: (batch, T, H) raw (bias, softplus and the clamp applied here)
     B, C: (batch, T, G, N), head h reads group h // (H / G)
@@ -45,6 +46,8 @@ __all__ = ["ssd_chunked_scan"]
 # Blocks of P and N at least 32 wide: Triton 3.6 miscompiles 16-wide ones with 64-token chunks
 # and 8 warps on Hopper (wrong outputs, then an illegal memory access; tools/ssd_chunked_probe.py)
 MIN_BLOCK = 32
+# with 4 warps, the fastest block of P at Nemotron-H's head on an H100 (data/README.md)
+DEFAULT_BLOCK_P = 32
 # (device, dtype, Q asked, launch) -> the Q that fit in shared memory, so a refusal is met once
 _CHUNK_THAT_FITS: dict = {}
 
@@ -52,26 +55,29 @@ _CHUNK_THAT_FITS: dict = {}
 @triton.jit
 def _tf32_split(v):
     """v (fp32) = big + small, big rounded to TF32 (10 mantissa bits, to nearest, ties away from
-    zero: PTX's cvt.rna.tf32.f32, as Triton's tf32x3 splits)."""
+    zero: PTX's cvt.rna.tf32.f32, as Triton's tf32x3 splits); a NaN's big part is NaN."""
     big = ((v.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+    big = tl.where(v == v, big, v)
     return big, v - big
 
 
 @triton.jit
 def _dot_exact_right(a, b):
-    """tl.dot(a, b) in tf32x3 where b's entries are TF32 values (16-bit inputs): a_big b +
-    a_small b, two TF32 products; a_small first, as tf32x3 accumulates."""
+    """tl.dot(a, b) in tf32x3 where b's entries are TF32 values (16-bit inputs): a_small b,
+    then a_big b added to it, two TF32 products in tf32x3's order; as tf32x3 does, a NaN in the
+    first sum (a's inf or overflowing entries) becomes 0."""
     big, small = _tf32_split(a)
     low = tl.dot(small, b, input_precision="tf32")
-    return tl.dot(big, b, low, input_precision="tf32")
+    return tl.dot(big, b, tl.where(low == low, low, 0.0), input_precision="tf32")
 
 
 @triton.jit
 def _dot_exact_left(a, b):
-    """tl.dot(a, b) in tf32x3 where a's entries are TF32 values: a b_small, then a b_big."""
+    """tl.dot(a, b) in tf32x3 where a's entries are TF32 values: a b_small, then a b_big, as in
+    ``_dot_exact_right``."""
     big, small = _tf32_split(b)
     low = tl.dot(a, small, input_precision="tf32")
-    return tl.dot(a, big, low, input_precision="tf32")
+    return tl.dot(a, big, tl.where(low == low, low, 0.0), input_precision="tf32")
 
 
 @triton.jit
@@ -136,7 +142,7 @@ def _ssd_chunked_kernel(
         ).to(tl.float32)
         xd = xt * delta[:, None]  # Δ_s x_s, (Q, BLOCK_P)
         decay = tl.exp(tl.where(causal, lam[:, None] - lam[None, :], float("-inf")))
-        if EXACT_BC:  # B and C are TF32 values: the products of their zero small parts go
+        if EXACT_BC:  # B and C are TF32 values: the products of their zero small parts are left out
             CB = tl.dot(Ct, tl.trans(Bt), input_precision="tf32")  # (Q, Q): C_t . B_s
             entering = _dot_exact_left(Ct, tl.trans(S))  # (Q, BLOCK_P): S_in C_t
         else:
@@ -182,10 +188,11 @@ def ssd_chunked_scan(
     docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
     power of two of at least 16 (``tl.dot``'s smallest side), halved where a chunk does not
     fit the GPU's shared memory (fp32 inputs at N = 128 need Q = 32 on Hopper; Q changes only
-    the rounding). ``block_p``, ``block_n``: powers of two of at least 32 (defaults 32 and N's;
-    with ``num_warps=4`` the fastest launch at Q = 64 on an H100, data/README.md; block_p
-    changes the rounding). ``precision``: ``tl.dot``'s input precision: "tf32x3" (three TF32 products, about fp32's accuracy on tensor cores),
-    "ieee" (fp32 products on the CUDA cores) or "tf32" (one TF32 product)."""
+    the rounding). ``block_p``, ``block_n``: powers of two of at least 32; by default 32
+    (``DEFAULT_BLOCK_P``) and N rounded up to a power of two. The block of P changes the
+    rounding. ``precision``: ``tl.dot``'s input precision: "tf32x3" (three TF32 products,
+    about fp32's accuracy on tensor cores; fewer where B and C are bf16 or fp16, with the same
+    sums), "ieee" (fp32 products on the CUDA cores) or "tf32" (one TF32 product)."""
     if x.dim() != 4:
         raise ValueError(f"x: expected (batch, T, H, P), got shape {tuple(x.shape)}")
     batch, T, H, P = x.shape
@@ -195,6 +202,9 @@ def ssd_chunked_scan(
     if G < 1 or H % G:
         raise ValueError(f"B: its {G} groups must divide the {H} heads")
     check_tensor("C", C, (batch, T, G, N))
+    for name, t in (("B", B), ("C", C)):
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
     check_tensor("dt", dt, (batch, T, H))
     for name, t in (("A", A), ("D", D), ("dt_bias", dt_bias)):
         if t is not None:
@@ -220,13 +230,13 @@ def ssd_chunked_scan(
     if T == 0:
         y.zero_()
         return ScanResult(y, state if initial_state is not None else state.zero_())
-    block_p = block_p or MIN_BLOCK
+    block_p = block_p or DEFAULT_BLOCK_P
     block_n = block_n or max(MIN_BLOCK, triton.next_power_of_2(N))
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
-    exact_bc = precision == "tf32x3" and all(t.element_size() == 2 for t in (B, C))
-    launch = (x.device, x.dtype, q, block_p, block_n, num_warps, precision)
+    exact_bc = precision == "tf32x3" and {B.dtype, C.dtype} <= {torch.bfloat16, torch.float16}
+    launch = (x.device, x.dtype, q, block_p, block_n, num_warps, precision, exact_bc)
     q = _CHUNK_THAT_FITS.get(launch, q)
     while True:
         try:

@@ -6,9 +6,11 @@ of two, heads sharing groups, prompts that end inside a chunk)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from replaylab import assert_close
-from replaylab.kernels.ssd_chunked import ssd_chunked_scan
+from replaylab.kernels.ssd_chunked import _tf32_split, ssd_chunked_scan
 from replaylab.scan import NO_LIMIT, ssd_scan
 from replaylab.testing import DEVICE
 
@@ -99,32 +101,137 @@ def test_bf16_inputs_stay_within_bf16_rounding_of_the_float64_recurrence():
     assert_close(got.state.double(), want.state, atol=1e-4, rtol=1e-4, name="state")
 
 
-@pytest.mark.parametrize("shape", [(4, 64, 2, 32), (2, 64, 1, 128)], ids=["small", "layer-head"])
-def test_16_bit_b_and_c_skip_the_products_of_their_zero_small_parts_with_the_same_bits(
-    shape, monkeypatch
-):
-    """Under tf32x3, B and C in bf16 take one TF32 product for C B^T and two for the others
-    (their small parts are 0), where the kernel forced to take all three (``EXACT_BC=False``)
-    gives the same sums: on a GPU bit for bit; under the interpreter, which sums in fp32
-    whatever the precision, to fp32 rounding."""
+def _launches(monkeypatch, force=None):
+    """Record each launch's ``EXACT_BC`` (a list), forcing it to ``force`` where given."""
     from replaylab.kernels import ssd_chunked
 
-    H, P, G, N = shape
-    t = inputs(batch=2, T=100, H=H, P=P, G=G, N=N, dtype=torch.bfloat16)
-    got = ssd_chunked_scan(**t, dt_softplus=True)
-    kernel = ssd_chunked._ssd_chunked_kernel
+    kernel, seen = ssd_chunked._ssd_chunked_kernel, []
 
-    class AllThreeProducts:
+    class Launcher:
         def __getitem__(self, grid):
-            return lambda *args, **kw: kernel[grid](*args, **dict(kw, EXACT_BC=False))
+            def launch(*args, **kw):
+                seen.append(kw["EXACT_BC"])
+                return kernel[grid](*args, **dict(kw, EXACT_BC=kw["EXACT_BC"] if force is None
+                                                  else force))  # fmt: skip
 
-    monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", AllThreeProducts())
+            return launch
+
+    monkeypatch.setattr(ssd_chunked, "_ssd_chunked_kernel", Launcher())
+    return seen
+
+
+@pytest.mark.parametrize(
+    "shape, dtype",
+    [((4, 64, 2, 32), torch.bfloat16), ((2, 64, 1, 128), torch.bfloat16),
+     ((4, 64, 2, 32), torch.float16)],
+    ids=["small-bf16", "layer-head-bf16", "small-fp16"],
+)  # fmt: skip
+def test_16_bit_b_and_c_skip_the_products_of_their_zero_small_parts_with_the_same_bits(
+    shape, dtype, monkeypatch
+):
+    """Under tf32x3, B and C in bf16 or fp16 take one TF32 product for C B^T and two for the
+    others (their small parts are 0), where the kernel forced to take all three
+    (``EXACT_BC=False``) gives the same sums: on a GPU bit for bit; under the interpreter, which
+    sums in fp32 whatever the precision, to fp32 rounding."""
+    H, P, G, N = shape
+    t = inputs(batch=2, T=100, H=H, P=P, G=G, N=N, dtype=dtype)
+    got = ssd_chunked_scan(**t, dt_softplus=True)
+    seen = _launches(monkeypatch, force=False)
     want = ssd_chunked_scan(**t, dt_softplus=True)
+    assert seen == [True]  # the default took the two-product path
     if DEVICE == "cuda":
         assert torch.equal(got.y, want.y) and torch.equal(got.state, want.state)
     else:
         assert_close(got.state, want.state, atol=1e-6, rtol=1e-6, name="state")
         assert_close(got.y.float(), want.y.float(), atol=1e-2, rtol=1e-2, name="y")
+
+
+@pytest.mark.parametrize(
+    "B_dtype, C_dtype, precision, exact",
+    [(torch.bfloat16, torch.bfloat16, "tf32x3", True), (torch.float16, torch.float16, "tf32x3", True),
+     (torch.bfloat16, torch.float32, "tf32x3", False), (torch.float32, torch.float32, "tf32x3", False),
+     (torch.bfloat16, torch.bfloat16, "ieee", False), (torch.bfloat16, torch.bfloat16, "tf32", False)],
+)  # fmt: skip
+def test_the_two_product_path_is_taken_only_for_16_bit_floats_under_tf32x3(
+    B_dtype, C_dtype, precision, exact, monkeypatch
+):
+    t = inputs(T=20)
+    t["B"], t["C"] = t["B"].to(B_dtype), t["C"].to(C_dtype)
+    seen = _launches(monkeypatch)
+    ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16, precision=precision)
+    assert seen == [exact]
+
+
+def test_integer_b_or_c_is_refused_by_name():
+    t = inputs(T=20)
+    with pytest.raises(
+        ValueError, match=r"C: expected a floating-point tensor, got dtype torch.int16"
+    ):
+        ssd_chunked_scan(**dict(t, C=t["C"].to(torch.int16)), dt_softplus=True)
+
+
+def test_an_inf_in_the_state_gives_the_three_products_infs_not_nans(monkeypatch):
+    """tf32x3 zeroes a NaN in its first sums (an inf's small part is NaN): the two-product path
+    does too, so an inf entering the chunk gives the same non-finite outputs in the same places
+    (on a GPU the same bits)."""
+    t = inputs(batch=1, T=40, H=4, P=64, G=2, N=32, dtype=torch.bfloat16)
+    t["initial_state"][0, 1, 3, 5] = float("inf")
+    got = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16)
+    _launches(monkeypatch, force=False)
+    want = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16)
+    for a, b in ((got.y.float(), want.y.float()), (got.state, want.state)):
+        assert not b.isfinite().all()  # the inf reached the outputs
+        assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
+        assert torch.equal(a[a.isinf()], b[b.isinf()])
+        if DEVICE == "cuda":
+            assert torch.equal(a[a.isfinite()], b[b.isfinite()])
+
+
+def _tf32_oracle(v):
+    """Round float32 values to TF32 in float64 arithmetic: to nearest, ties away from zero, at
+    a quantum of 2^(e - 11) for |v| in [2^(e-1), 2^e) and 2^-136 below fp32's normal range (the
+    mantissa field's 13 low bits); NaN stays NaN and overflow goes to inf."""
+    import numpy as np
+
+    d = v.astype(np.float64)
+    _, e = np.frexp(d)
+    quantum = np.maximum(np.ldexp(1.0, e - 11), np.ldexp(1.0, -136))
+    rounded = np.sign(d) * np.floor(np.abs(d) / quantum + 0.5) * quantum
+    with np.errstate(over="ignore"):
+        out = rounded.astype(np.float32)
+    return np.where(np.isfinite(d), out, d.astype(np.float32))
+
+
+@triton.jit
+def _split_kernel(v, big, small, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    b, s = _tf32_split(tl.load(v + i, mask=i < n))
+    tl.store(big + i, b, mask=i < n)
+    tl.store(small + i, s, mask=i < n)
+
+
+def test_the_tf32_split_rounds_to_nearest_ties_away_like_an_independent_oracle():
+    import numpy as np
+
+    gen = np.random.default_rng(0)
+    bits = gen.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    ties = (gen.integers(0, 2**19, 256, dtype=np.uint64).astype(np.uint32) << 13) | 0x1000
+    values = np.concatenate([
+        bits.view(np.float32), (ties | np.uint32(0x80000000)).view(np.float32),
+        ties.view(np.float32), np.uint32([0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FF000]).view(np.float32),
+        np.float32([0.0, -0.0, 1.0, -1.5, 3.4028235e38, -3.4028235e38,
+                                           1e-45, -1e-45, 1.1754942e-38, np.inf, -np.inf, np.nan]),
+    ]).astype(np.float32)  # fmt: skip
+    v = torch.from_numpy(values).to(DEVICE)
+    big, small = torch.empty_like(v), torch.empty_like(v)
+    _split_kernel[(triton.cdiv(v.numel(), 256),)](v, big, small, v.numel(), BLOCK=256)
+    want = _tf32_oracle(values)
+    got = big.cpu().numpy()
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite], want[finite])
+    ok = np.isfinite(got)  # small = v - big exactly where both are finite
+    assert np.array_equal((big + small).cpu().numpy()[ok], values[ok])
 
 
 def test_a_prompt_split_on_the_chunk_grid_equals_one_pass_bit_for_bit():

@@ -3,7 +3,7 @@
 #   bash tools/gpu_session.sh tests|ssd-speed|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -238,7 +238,7 @@ case "$mode" in
     [ "${PROFILE_S:-120}" = 0 ] || timeout -s INT ${PROFILE_S:-120} python3 tools/prefill_profile.py \
       "$OUT/prefill_profile.json" --fused --prefill-kernels on --hit 2000 --suffix 48 2>&1 \
       | grep -v "^  *[0-9.]* ms dev" | tail -60 ;;
-  ssd-speed)  # WHEELS=.whl-gpu2, PREV: a folder with the previous tree (replaylab/, kernels/):
+  ssd-speed)  # WHEELS=.whl-bench (mamba-ssm, its peer), PREV: the previous tree's folder:
     # the Mamba-2 prompt kernel's launches beside PREV's and mamba-ssm's, its GPU tests, then
     # TTFT on both trees (the ttft mode's rounds, TTFT_ROUNDS=1 by default here)
     timeout -s INT ${PROBE_S:-240} python3 tools/ssd_chunked_probe.py --speed \

@@ -31,9 +31,10 @@ SMALL, LAYER = (4, 12, 2, 10), (128, 64, 8, 128)  # (H, P, G, N): the tests' and
 
 
 def blocks(shape, min_block):
-    """(block_p, block_n): the kernel's own choice with ``min_block`` for its floor."""
+    """(block_p, block_n): the kernel's defaults (``DEFAULT_BLOCK_P``, N's power of two) with
+    ``min_block`` for their floor."""
     power = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
-    return min(64, max(min_block, power(shape[1]))), max(min_block, power(shape[3]))
+    return min_block, max(min_block, power(shape[3]))
 
 
 def inputs(T, shape, dtype, batch):
@@ -80,7 +81,8 @@ def one(cfg: dict) -> None:
 
 
 def load_previous(path):
-    """The module at ``path`` (a previous tree's kernels/ssd_chunked.py), imported on its own."""
+    """The module at ``path`` (a previous tree's kernels/ssd_chunked.py), imported on its own;
+    its own imports (``_delta``, the checks) resolve to this tree's modules."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("previous_ssd_chunked", path)
@@ -89,8 +91,15 @@ def load_previous(path):
     return module
 
 
+def _error(y, state, want):
+    """The largest difference from the float64 recurrence ``want`` over its largest value."""
+    return {name: float((a.double() - e).abs().max() / e.abs().max())
+            for name, a, e in (("y", y, want.y), ("state", state, want.state))}  # fmt: skip
+
+
 def speed(previous_path, Ts=(256, 2048)) -> list[dict]:
-    """Rows of the ``--speed`` sweep (see the module docstring), printed as they come."""
+    """Rows of the ``--speed`` sweep (see the module docstring), printed as they come. Per
+    launch the two trees take turns at going first (``first`` in the row)."""
     import torch
     import triton.testing
 
@@ -101,58 +110,55 @@ def speed(previous_path, Ts=(256, 2048)) -> list[dict]:
     arms = {"this": ssd_chunked, "previous": load_previous(previous_path)}
     peer = load_kernel_peers()[0].get("chunk_scan")
     limit, rows = (0.001, 5.0), []
-    bench = lambda f: triton.testing.do_bench(f, warmup=25, rep=100, return_mode="median")  # noqa: E731
+    bench = functools.partial(triton.testing.do_bench, warmup=25, rep=100, return_mode="median")
     for T in Ts:
         t = {k: v.cuda() for k, v in inputs(T, LAYER, torch.bfloat16, 1).items()}
         f64 = {k: v.double() for k, v in t.items()}
         s0 = f64.pop("initial_state")
         want = ssd_scan(**f64, dt_softplus=True, dt_limit=limit, initial_state=s0,
                         compute_dtype=torch.float64)  # fmt: skip
+        bench(functools.partial(ssd_chunked.ssd_chunked_scan, **t, dt_softplus=True))  # warm-up
         if peer is not None:
             args = {k: v for k, v in t.items() if k != "initial_state"}
-            run = functools.partial(peer, **args, chunk_size=256, dt_softplus=True, dt_limit=limit,
-                                    initial_states=t["initial_state"], return_final_states=True)  # fmt: skip
+            run = functools.partial(peer, **args, chunk_size=256, dt_softplus=True,
+                                    dt_limit=limit, initial_states=t["initial_state"],
+                                    return_final_states=True)  # fmt: skip
             row = dict(T=T, arm="mamba_chunk_scan_combined", Q=256)
             try:
                 y, state = run()
-                row["ms"] = bench(run)
-                for name, a, e in (("y", y, want.y), ("state", state, want.state)):
-                    row[name] = float((a.double() - e).abs().max() / e.abs().max())
+                row.update(ms=bench(run), **_error(y, state, want))
             except Exception as err:  # noqa: BLE001 - the peer's failure is a row, not the end
                 row["error"] = repr(err)[:200]
             print(json.dumps(row), flush=True)
             rows.append(row)
-        for Q, warps, block_p in itertools.product((32, 64, 128), (4, 8), (32, 64)):
-            got = {}
-            for arm, module in arms.items():
+        launches = itertools.product((32, 64, 128), (4, 8), (32, 64))
+        for i, (Q, warps, block_p) in enumerate(launches):
+            got, timed = {}, {}
+            for arm in ("this", "previous")[:: -1 if i % 2 else 1]:
+                module = arms[arm]
+                row = dict(T=T, arm=arm, Q=Q, warps=warps, block_p=block_p, first=not timed)
                 run = functools.partial(module.ssd_chunked_scan, **t, dt_softplus=True,
                                         dt_limit=limit, chunk_size=Q, num_warps=warps,
                                         block_p=block_p)  # fmt: skip
                 try:
                     got[arm] = run()
-                    ms = bench(run)
+                    row["ms"] = bench(run)
                 except Exception as err:  # noqa: BLE001 - a launch the compiler refuses
-                    row = dict(
-                        T=T, arm=arm, Q=Q, warps=warps, block_p=block_p, error=repr(err)[:200]
-                    )
-                    print(json.dumps(row), flush=True)
-                    rows.append(row)
+                    timed[arm] = dict(row, error=repr(err)[:200])
                     continue
-                fits = [q for key, q in module._CHUNK_THAT_FITS.items() if key[2:] == (Q, block_p, 128, warps, "tf32x3")]  # fmt: skip
-                row = dict(T=T, arm=arm, Q=Q, Q_run=fits[0] if fits else Q, warps=warps,
-                           block_p=block_p, ms=ms)  # fmt: skip
-                for name, a, e in (
-                    ("y", got[arm].y, want.y),
-                    ("state", got[arm].state, want.state),
-                ):
-                    row[name] = float((a.double() - e).abs().max() / e.abs().max())
-                if arm == "previous" and "this" in got:
-                    row["this_equals_previous"] = bool(
-                        torch.equal(got["this"].y, got[arm].y)
-                        and torch.equal(got["this"].state, got[arm].state)
-                    )
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                fits = [q for key, q in module._CHUNK_THAT_FITS.items()
+                        if key[2:7] == (Q, block_p, 128, warps, "tf32x3")]  # fmt: skip
+                timed[arm] = dict(row, Q_run=fits[0] if fits else Q,
+                                  **_error(got[arm].y, got[arm].state, want))  # fmt: skip
+            if len(got) == 2:
+                timed["previous"]["this_equals_previous"] = all(
+                    torch.equal(getattr(got["this"], f), getattr(got["previous"], f))
+                    for f in ("y", "state")
+                )
+            for arm in ("this", "previous"):  # the file's order: this, then previous
+                if arm in timed:
+                    print(json.dumps(timed[arm]), flush=True)
+                    rows.append(timed[arm])
     return rows
 
 
