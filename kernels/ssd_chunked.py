@@ -17,8 +17,12 @@ chunk. Tokens past the prompt's end get Δ = 0 and x = 0: decay 1, nothing added
 Under "tf32x3" each product is three TF32 products (a_big b_big + a_big b_small + a_small
 b_big). With bf16 or fp16 B and C, a factor of B or C is its own TF32 value (small part 0), so
 C B^T takes one product and C S_in^T and the outer products two (``_dot_exact_*``): on an H100
-the same bits as the three (tests/test_ssd_chunked_kernel.py). The same values stored in fp32
-gave other bits there, in both forms (cause not looked into).
+the same bits as the three for finite inputs (tests/test_ssd_chunked_kernel.py, bf16, at the
+kernel of 9313930). Where B or C holds an inf, or a state or outer-product entry rounds up to
+inf in TF32 (|v| >= 2^128 (1 - 2^-12)), the two products give NaN where the three give ±inf:
+tf32x3 zeroes its first sum when it is NaN, and the dropped products are what make it NaN there.
+The same values stored in fp32 (three products) gave other bits there than in bf16 (two); the
+cause was not looked into.
 
     x: (batch, T, H, P)  dt: (batch, T, H) raw (bias, softplus and the clamp applied here)
     B, C: (batch, T, G, N), head h reads group h // (H / G)
@@ -63,9 +67,10 @@ def _tf32_split(v):
 
 @triton.jit
 def _dot_exact_right(a, b):
-    """tl.dot(a, b) in tf32x3 where b's entries are TF32 values (16-bit inputs): a_small b,
-    then a_big b added to it, two TF32 products in tf32x3's order; as tf32x3 does, a NaN in the
-    first sum (a's inf or overflowing entries) becomes 0."""
+    """tl.dot(a, b) in tf32x3 where b's entries are TF32 values (bf16 or fp16 inputs): a_small
+    b, then a_big b added to it, two TF32 products in tf32x3's order; as tf32x3 does, a NaN in
+    the first sum (from an inf or NaN in a) becomes 0 (the module docstring says where the two
+    products still differ from three)."""
     big, small = _tf32_split(a)
     low = tl.dot(small, b, input_precision="tf32")
     return tl.dot(big, b, tl.where(low == low, low, 0.0), input_precision="tf32")

@@ -31,8 +31,8 @@ SMALL, LAYER = (4, 12, 2, 10), (128, 64, 8, 128)  # (H, P, G, N): the tests' and
 
 
 def blocks(shape, min_block):
-    """(block_p, block_n): the kernel's defaults (``DEFAULT_BLOCK_P``, N's power of two) with
-    ``min_block`` for their floor."""
+    """(block_p, block_n): ``min_block`` (the kernel's default block of P, 32, is its floor; the
+    16-wide rows lower both) and N's power of two, at least ``min_block``."""
     power = lambda n: 1 << (n - 1).bit_length()  # noqa: E731
     return min_block, max(min_block, power(shape[3]))
 
@@ -98,8 +98,9 @@ def _error(y, state, want):
 
 
 def speed(previous_path, Ts=(256, 2048)) -> list[dict]:
-    """Rows of the ``--speed`` sweep (see the module docstring), printed as they come. Per
-    launch the two trees take turns at going first (``first`` in the row)."""
+    """Rows of the ``--speed`` sweep (see the module docstring), printed as they come. Each
+    launch is timed once per tree; which tree goes first (``first`` in the row) follows the
+    pattern this, previous, previous, this, ... so that both blocks of P see both orders."""
     import torch
     import triton.testing
 
@@ -134,7 +135,7 @@ def speed(previous_path, Ts=(256, 2048)) -> list[dict]:
         launches = itertools.product((32, 64, 128), (4, 8), (32, 64))
         for i, (Q, warps, block_p) in enumerate(launches):
             got, timed = {}, {}
-            for arm in ("this", "previous")[:: -1 if i % 2 else 1]:
+            for arm in ("this", "previous")[:: -1 if (i + i // 2) % 2 else 1]:
                 module = arms[arm]
                 row = dict(T=T, arm=arm, Q=Q, warps=warps, block_p=block_p, first=not timed)
                 run = functools.partial(module.ssd_chunked_scan, **t, dt_softplus=True,
