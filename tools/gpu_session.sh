@@ -224,10 +224,12 @@ case "$mode" in
     done ;;
   ttft)  # issue 38: TTFT off the grid on the previous tree (PREV: a folder holding its replaylab/
     # and kernels/; name it in run's carry where git ignores it, as .prev) and this one in turn
-    # (TTFT_ROUNDS), fused path with the prompt kernels; then this tree's cold
-    # and hit admissions under torch.profiler and cProfile (tools/prefill_profile.py)
+    # (TTFT_ROUNDS; the previous tree first in odd rounds, this one in even), fused path with
+    # the prompt kernels; then this tree's cold and hit admissions under torch.profiler and
+    # cProfile (tools/prefill_profile.py)
     for round in $(seq ${TTFT_ROUNDS:-2}); do
-      for tree in previous this; do
+      order="previous this"; [ $((round % 2)) = 0 ] && order="this previous"
+      for tree in $order; do
         path=$PWD; commit=${COMMIT:-}
         [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
         REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${TTFT_S:-60} python3 -P -m replaylab.bench \
