@@ -170,9 +170,11 @@ def test_integer_b_or_c_is_refused_by_name():
         ssd_chunked_scan(**dict(t, C=t["C"].to(torch.int16)), dt_softplus=True)
 
 
-@pytest.mark.filterwarnings(
-    "ignore:invalid value encountered:RuntimeWarning"
-)  # inf - inf: the point
+# numpy warns of inf - inf and NaN casts: what these tests are about
+INF_MINUS_INF = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+
+
+@INF_MINUS_INF
 def test_an_inf_in_the_state_gives_the_three_products_infs_not_nans(monkeypatch):
     """tf32x3 zeroes a NaN in its first sums (an inf's small part is NaN): the two-product path
     does too, so an inf entering the chunk gives the same non-finite outputs in the same places
@@ -213,9 +215,7 @@ def _split_kernel(v, big, small, n, BLOCK: tl.constexpr):
     tl.store(small + i, s, mask=i < n)
 
 
-@pytest.mark.filterwarnings(
-    "ignore:invalid value encountered:RuntimeWarning"
-)  # inf - inf: the point
+@INF_MINUS_INF
 def test_the_tf32_split_rounds_to_nearest_ties_away_like_an_independent_oracle():
     import numpy as np
 
