@@ -225,8 +225,8 @@ def test_the_tf32_split_rounds_to_nearest_ties_away_like_an_independent_oracle()
     values = np.concatenate([
         bits.view(np.float32), (ties | np.uint32(0x80000000)).view(np.float32),
         ties.view(np.float32), np.uint32([0x7FFFFFFF, 0xFFFFFFFF, 0x7F7FF000]).view(np.float32),
-        np.float32([0.0, -0.0, 1.0, -1.5, 3.4028235e38, -3.4028235e38,
-                                           1e-45, -1e-45, 1.1754942e-38, np.inf, -np.inf, np.nan]),
+        np.float32([0.0, -0.0, 1.0, -1.5, 3.4028235e38, -3.4028235e38, 1e-45, -1e-45,
+                    1.1754942e-38, np.inf, -np.inf, np.nan]),
     ]).astype(np.float32)  # fmt: skip
     v = torch.from_numpy(values).to(DEVICE)
     big, small = torch.empty_like(v), torch.empty_like(v)
@@ -421,10 +421,8 @@ def test_the_committed_launch_sweeps_and_their_table_in_the_data_readme():
         return row["ms"]
 
     for T, label in ((256, "256 (one prefill chunk)"), (2048, "2,048")):
-        cells = []
-        for args, fmt in ((("previous", 8, 64), "{:.4f}"), (("this", 8, 64), "{:.4f}"),
-                          (("this", 4, 32), "{:.4f}")):  # fmt: skip
-            cells.append(" / ".join(fmt.format(ms(r, T, *args)) for r in runs) + " ms")
+        cells = [" / ".join(f"{ms(r, T, *arm):.4f}" for r in runs) + " ms"
+                 for arm in (("previous", 8, 64), ("this", 8, 64), ("this", 4, 32))]  # fmt: skip
         ratios = [ms(r, T, "previous", 8, 64) / ms(r, T, "this", 4, 32) for r in runs]
         cells.append(" / ".join(f"{x:.2f}x" for x in ratios))
         cells.append(
