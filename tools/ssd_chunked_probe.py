@@ -72,9 +72,7 @@ def one(cfg: dict) -> None:
         )  # fmt: skip
         got = run()
         torch.cuda.synchronize()
-        row = {"T": T}
-        for name, a, e in (("y", got.y, want.y), ("state", got.state, want.state)):
-            row[name] = float((a.double() - e).abs().max() / e.abs().max())
+        row = {"T": T, **_error(got.y, got.state, want)}
         if cfg["dtype"] == "bfloat16" and T >= 1024:
             row["ms"] = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
         print(json.dumps(row), flush=True)
