@@ -1,5 +1,7 @@
-"""Triton replay kernels for Mamba-1 (Jamba's S6 layer), each beside a PyTorch reference with
-the same signature: ``replay_step`` / ``replay_step_ref`` and ``fold`` / ``fold_ref``.
+"""Triton kernels for Mamba-1 (Jamba's S6 layer), each beside a PyTorch reference with the same
+signature: replay's ``replay_step`` / ``replay_step_ref`` and ``fold`` / ``fold_ref``, and the
+snapshot and recompute strategies' step ``state_update`` / ``state_update_ref`` (the state read
+and written every token, as mamba-ssm's ``selective_state_update``).
 
 Glossary (code name -> paper symbol, shape):
     states     S_c       (S, D, N) fp32       checkpoint states, one slot per checkpoint
@@ -20,10 +22,12 @@ Recurrence: S_t = exp(Δ_t ⊙ A) ⊙ S_{t-1} + Δ_t x_t B_tᵀ;  y_t = S_t C_t 
 The decay is elementwise over (D, N) (not one scalar per head as in Mamba-2), so the kernels
 run the recurrence itself: one program per (sequence, block of BLOCK_D channels) reads its
 (BLOCK_D, N) tile of S_c once, steps it through the log and the new tokens in registers (fp32)
-and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes S_{c+j}.
+and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes S_{c+j};
+``state_update`` steps the current state S_t itself (no log) and writes it back.
 A verify row is computed by exactly the operations a one-token step at its position performs
-(same update, same order), so T tokens in one call equal T single steps bit for bit. Both
-kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
+(same update, same order), so T tokens in one call equal T single steps bit for bit. All
+three share one update (``_s6_update``), so a snapshot step and a replay step of the same
+token from the same state give the same bits. The kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
 a sum into one FMA differently in the unrolled new-token updates and in the looped log
 updates (why: ``data/row_invariance_probe_jamba.json``, described in data/README.md).
 """
@@ -38,7 +42,10 @@ from replaylab.kernels.mamba2 import _ring_rows
 from replaylab.scan import s6_scan
 from replaylab.validation import check_tensor
 
-__all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref", "BLOCK_D", "NUM_WARPS"]
+__all__ = [
+    "replay_step", "replay_step_ref", "fold", "fold_ref", "state_update", "state_update_ref",
+    "BLOCK_D", "NUM_WARPS",
+]  # fmt: skip
 
 BLOCK_D = 32  # channels per program (mamba-ssm's selective_state_update picks 32 at N <= 16)
 NUM_WARPS = 4
@@ -61,6 +68,29 @@ def _s6_update(S, A, bias, x, dt, B):
     d = dt + bias
     delta = tl.where(d > 20.0, d, tl.log(1.0 + tl.exp(tl.minimum(d, 20.0))))
     return tl.exp(delta[:, None] * A) * S + (delta * x)[:, None] * B[None, :]
+
+
+@triton.jit
+def _tile(pid_d, D, N, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Program pid_d's channels and state indices, their masks, and its (BLOCK_D, BLOCK_N)
+    tile's offsets into a (D, N) state and mask."""
+    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    md, mn = offs_d < D, offs_n < N
+    return offs_d, offs_n, md, mn, offs_d[:, None] * N + offs_n[None, :], md[:, None] & mn[None, :]
+
+
+@triton.jit
+def _new_token(S, A, bias, Dk, x, dt, B, C, y, new, D, N, offs_d, offs_n, md, mn):
+    """New token row ``new`` of (batch * T) on the tile: S stepped by it (``_s6_update``), its
+    y = S C + D ⊙ x stored; returns S. Replay's new tokens and the snapshot step both run it."""
+    x_t, dt_t, B_t = _load_token(x + new * D, dt + new * D, B + new * N,
+                                 offs_d, offs_n, md, mn, 0, 1)  # fmt: skip
+    S = _s6_update(S, A, bias, x_t, dt_t, B_t)
+    C_t = tl.load(C + new * N + offs_n, mask=mn, other=0.0).to(tl.float32)
+    out = tl.sum(S * C_t[None, :], axis=1) + Dk * x_t
+    tl.store(y + new * D + offs_d, out.to(y.dtype.element_ty), mask=md)
+    return S
 
 
 @triton.jit
@@ -122,11 +152,7 @@ def _replay_step_kernel(
     L = tl.load(log_len + b)
     head = tl.load(log_head + b)
     n_append = tl.load(append_count + b) if HAS_COUNT else T
-    offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    md, mn = offs_d < D, offs_n < N
-    tile = offs_d[:, None] * N + offs_n[None, :]
-    mtile = md[:, None] & mn[None, :]
+    offs_d, offs_n, md, mn, tile, mtile = _tile(pid_d, D, N, BLOCK_D, BLOCK_N)
     A_t = tl.load(A + tile, mask=mtile, other=0.0).to(tl.float32)
     bias = tl.load(dt_bias + offs_d, mask=md, other=0.0).to(tl.float32)
     Dk = tl.load(Dskip + offs_d, mask=md, other=0.0).to(tl.float32)
@@ -135,12 +161,7 @@ def _replay_step_kernel(
                   offs_d, offs_n, md, mn)  # fmt: skip
     for t in tl.static_range(T):  # the new tokens, each as a one-token step would run it
         new = b * T + t
-        x_t, dt_t, B_t = _load_token(x + new * D, dt + new * D, B + new * N,
-                                     offs_d, offs_n, md, mn, 0, 1)  # fmt: skip
-        S = _s6_update(S, A_t, bias, x_t, dt_t, B_t)
-        C_t = tl.load(C + new * N + offs_n, mask=mn, other=0.0).to(tl.float32)
-        out = tl.sum(S * C_t[None, :], axis=1) + Dk * x_t
-        tl.store(y + new * D + offs_d, out.to(y.dtype.element_ty), mask=md)
+        S = _new_token(S, A_t, bias, Dk, x, dt, B, C, y, new, D, N, offs_d, offs_n, md, mn)
         if APPEND:
             row = b * Lmax + (head + L + t) % Lmax
             keep = md & ((offs_d * 0 + t) < n_append)  # padding leaves the ring alone
@@ -176,17 +197,55 @@ def _fold_kernel(
     J = tl.load(fold_len + b)
     if (J > 0) | (src != dst) | (separate != 0):
         head = tl.load(log_head + b)
-        offs_d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
-        md, mn = offs_d < D, offs_n < N
-        tile = offs_d[:, None] * N + offs_n[None, :]
-        mtile = md[:, None] & mn[None, :]
+        offs_d, offs_n, md, mn, tile, mtile = _tile(pid_d, D, N, BLOCK_D, BLOCK_N)
         A_t = tl.load(A + tile, mask=mtile, other=0.0).to(tl.float32)
         bias = tl.load(dt_bias + offs_d, mask=md, other=0.0).to(tl.float32)
         S = tl.load(states + src * D * N + tile, mask=mtile, other=0.0)
         S = _fold_log(S, A_t, bias, log_x, log_dt, log_B, b, head, J, Lmax, D, N,
                       offs_d, offs_n, md, mn)  # fmt: skip
         tl.store(dest + dst * D * N + tile, S, mask=mtile)
+
+
+@triton.jit
+def _state_update_kernel(
+    state,  # (S, D, N) fp32 current states, rows 0 .. batch-1 read and written in place
+    x,  # (batch, T, D)
+    dt,  # (batch, T, D) raw dt
+    B,  # (batch, T, N)
+    C,  # (batch, T, N)
+    A,  # (D, N) fp32
+    Dskip,  # (D,)
+    dt_bias,  # (D,)
+    y,  # (batch, T, D) output
+    drafts,  # (S, max_verify, D, N) fp32: the state after each token (KEEP_DRAFTS)
+    counts,  # (batch,) int32: the state written is the one after counts[b] tokens (HAS_COUNTS)
+    D,
+    N,
+    max_verify,
+    T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    KEEP_DRAFTS: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
+):
+    b, pid_d = tl.program_id(0).to(tl.int64), tl.program_id(1)
+    offs_d, offs_n, md, mn, tile, mtile = _tile(pid_d, D, N, BLOCK_D, BLOCK_N)
+    A_t = tl.load(A + tile, mask=mtile, other=0.0).to(tl.float32)
+    bias = tl.load(dt_bias + offs_d, mask=md, other=0.0).to(tl.float32)
+    Dk = tl.load(Dskip + offs_d, mask=md, other=0.0).to(tl.float32)
+    S = tl.load(state + b * D * N + tile, mask=mtile, other=0.0)
+    kept = S  # the state after counts[b] tokens (HAS_COUNTS; 0: the state read)
+    n = tl.load(counts + b) if HAS_COUNTS else T
+    for t in tl.static_range(T):  # each token as a one-token step runs it
+        new = b * T + t
+        S = _new_token(S, A_t, bias, Dk, x, dt, B, C, y, new, D, N, offs_d, offs_n, md, mn)
+        if KEEP_DRAFTS:
+            tl.store(drafts + (b * max_verify + t) * D * N + tile, S, mask=mtile)
+        if HAS_COUNTS:
+            kept = tl.where(n == t + 1, S, kept)
+    if HAS_COUNTS:
+        S = kept
+    tl.store(state + b * D * N + tile, S, mask=mtile)
 
 
 def _int32(name, t, batch):
@@ -422,6 +481,105 @@ def fold(
         enable_fp_fusion=False,  # as replay_step: each update rounds as the step's do
     )
     return dest
+
+
+def _check_state_update(state, x, dt, B, C, A, D, dt_bias, drafts, counts):
+    dims = {}
+    check_tensor("x", x, ("batch", "T", "D"), dims, floating=True)
+    check_tensor("dt", dt, ("batch", "T", "D"), dims, floating=True)
+    check_tensor("B", B, ("batch", "T", "N"), dims, floating=True)
+    check_tensor("C", C, ("batch", "T", "N"), dims, floating=True)
+    check_tensor("state", state, ("S", "D", "N"), dims)
+    check_tensor("A", A, ("D", "N"), dims, floating=True)
+    check_tensor("D", D, ("D",), dims, floating=True)
+    check_tensor("dt_bias", dt_bias, ("D",), dims, floating=True)
+    batch, T = dims["batch"], dims["T"]
+    if state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(f"state: expected a contiguous float32 pool, got {state.dtype}")
+    if dims["S"] < batch:
+        raise ValueError(f"state: {dims['S']} rows, need one per sequence ({batch})")
+    if A.dtype != torch.float32:
+        raise ValueError(f"A: expected float32 (-exp(A_log)), got {A.dtype}")
+    if drafts is not None:
+        check_tensor("drafts", drafts, ("slots", "max_verify", "D", "N"), dims)
+        if drafts.dtype != torch.float32 or not drafts.is_contiguous():
+            raise ValueError(f"drafts: expected a contiguous float32 pool, got {drafts.dtype}")
+        if dims["slots"] < batch or dims["max_verify"] < T:
+            raise ValueError(
+                f"drafts: {dims['slots']} slots x {dims['max_verify']} tokens, need at least "
+                f"({batch}, {T})"
+            )
+    if counts is not None:
+        _int32("counts", counts, batch)
+        _in_range("counts", counts, 0, T)
+    named = dict(state=state, x=x, dt=dt, B=B, C=C, A=A, D=D, dt_bias=dt_bias, drafts=drafts,
+                 counts=counts)  # fmt: skip
+    for name, t in named.items():
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: expected device {x.device}, got {t.device}")
+
+
+def state_update(
+    state, x, dt, B, C, A, D, dt_bias, *, drafts=None, counts=None, check=True, block_d=None,
+    num_warps=None,
+):  # fmt: skip
+    """The snapshot / recompute step of a Mamba-1 layer: for each of the T new tokens
+    S <- exp(Δ ⊙ A) ⊙ S + Δ x Bᵀ and y = S C + D ⊙ x, Δ = softplus(dt + dt_bias), written back
+    to ``state`` (rows 0 .. batch-1 of a (S, D, N) fp32 pool). With ``drafts``
+    (S', max_verify, D, N) fp32 the state after each token is kept (a snapshot's rollback);
+    with ``counts`` (batch,) int32 the state written is the one after counts[b] tokens (0:
+    unchanged), the other tokens being a ragged step's padding (their y is still computed).
+    x, dt (batch, T, D) with dt raw; B, C (batch, T, N); A (D, N) fp32; D, dt_bias (D,).
+    Returns y (batch, T, D) in x's dtype. ``check=False`` skips the checks, which read
+    ``counts`` back from the device (needed inside a CUDA graph capture)."""
+    if check:
+        _check_state_update(state, x, dt, B, C, A, D, dt_bias, drafts, counts)
+    batch, T, Dn = x.shape
+    N = B.shape[-1]
+    y = torch.empty((batch, T, Dn), dtype=x.dtype, device=x.device)
+    BD = min(block_d or BLOCK_D, triton.next_power_of_2(Dn))
+    _state_update_kernel[(batch, triton.cdiv(Dn, BD))](
+        state,
+        x.contiguous(),
+        dt.contiguous(),
+        B.contiguous(),
+        C.contiguous(),
+        A,
+        D.contiguous(),
+        dt_bias,
+        y,
+        state if drafts is None else drafts,
+        state if counts is None else counts,
+        Dn,
+        N,
+        1 if drafts is None else drafts.shape[1],
+        T=T,
+        BLOCK_D=BD,
+        BLOCK_N=triton.next_power_of_2(N),
+        KEEP_DRAFTS=drafts is not None,
+        HAS_COUNTS=counts is not None,
+        num_warps=num_warps or NUM_WARPS,
+        enable_fp_fusion=False,  # as replay_step: each update rounds as replay's do
+    )
+    return y
+
+
+def state_update_ref(
+    state, x, dt, B, C, A, D, dt_bias, *, drafts=None, counts=None, check=True, block_d=None,
+    num_warps=None,
+):  # fmt: skip
+    """PyTorch reference of ``state_update``: the reference scan (fp32) over the T tokens."""
+    if check:
+        _check_state_update(state, x, dt, B, C, A, D, dt_bias, drafts, counts)
+    batch, T, _ = x.shape
+    result = s6_scan(x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True,
+                     initial_state=state[:batch], return_states=True)  # fmt: skip
+    if drafts is not None:
+        drafts[:batch, :T] = result.states
+    after = torch.cat([state[:batch, None], result.states], 1)
+    n = torch.full((batch,), T, device=x.device) if counts is None else counts.long()
+    state[:batch] = after[torch.arange(batch, device=x.device), n]
+    return result.y
 
 
 def replay_step_ref(

@@ -289,13 +289,18 @@ def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
     assert passes.count(True) == len(engine.ssm)
 
 
-@pytest.mark.parametrize("family", ("gdn", "mamba1"))
-def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
+@pytest.mark.parametrize(
+    "family, strategy",
+    [("gdn", "replay"), ("mamba1", "replay"), ("mamba1", "snapshot"), ("mamba1", "recompute")],
+)
+def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, strategy):
     """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each
-    sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5: each gives its
-    greedy tokens bit for bit."""
+    sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5 (replay): each gives
+    its greedy tokens bit for bit. Mamba-1 under snapshot and recompute: the state steps
+    through ``kernels.mamba1.state_update``, a verify as its tokens' single steps."""
     n = 8
-    engine = _engine(family, 2, 32, "replay", log_length=5, max_verify=5)
+    engine = _engine(family, 2, 32, strategy, log_length=5, max_verify=5)
+    assert all(p.step_kernel == (strategy != "replay") for p in engine.ssm.values())
     prompts = _prompts((6, 3), seed=1)
     refs = [engine.greedy(p[None], n)[0].cpu() for p in prompts]
     rollbacks = 0
@@ -313,15 +318,43 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family):
             assert torch.equal(got.cpu(), ref), k
         assert 0 < sum(accepted) <= sum(proposed)
         rollbacks += engine.stats.rollbacks - before
-    assert rollbacks > 0 and engine.stats.folds > 0
+    assert rollbacks > 0 and (engine.stats.folds > 0) == (strategy == "replay")
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_kernel_ragged_programs_give_the_teaching_logits(family):
-    """Random admit / step (per-slot T and counts) / rollback (per-slot keep) / retire
-    programs (``test_engine.run_program``) with the kernels, against the teaching caches."""
-    engine, worst = run_program(
-        "replay",
+@pytest.mark.parametrize("strategy", ("snapshot", "recompute"))
+def test_mamba1_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(strategy, monkeypatch):
+    """Under ``use_kernels`` snapshot's and recompute's Mamba-1 layers step the whole bucket
+    in one ``state_update`` launch a layer and step (the spec's token loop never runs): random
+    admit / step / rollback / retire programs give the teaching caches' logits."""
+    from replaylab.serving.pools import Mamba1Pool
+    from replaylab.serving.strategies.base import EngineStrategy
+
+    launches = []
+    step = Mamba1Pool.step
+
+    def counted(pool, entries, bucket, drafts, counts):
+        launches.append((bucket, entries["x"].shape[1], drafts is not None))
+        return step(pool, entries, bucket, drafts, counts)
+
+    def token_loop(*args):
+        raise AssertionError("the spec's token loop ran under use_kernels=True")
+
+    monkeypatch.setattr(Mamba1Pool, "step", counted)
+    monkeypatch.setattr(EngineStrategy, "keep_states", token_loop)
+    engine, worst = _ragged_program("mamba1", strategy)
+    assert engine.stats.steps > 0 and engine.stats.rollbacks > 0 and worst < TOL
+    assert all(p.step_kernel and not p.kernels for p in engine.ssm.values())
+    runs = engine.stats.steps + engine.stats.reruns  # recompute re-runs its kept tokens
+    assert len(launches) == runs * len(engine.ssm)
+    # snapshot keeps the state after each token of a verify, straight from the kernel
+    assert {d for _, T, d in launches if T > 1} == {strategy == "snapshot"}
+
+
+def _ragged_program(family, strategy):
+    """A random admit / step (per-slot T and counts) / rollback (per-slot keep) / retire
+    program (``test_engine.run_program``) with the kernels, against the teaching caches."""
+    return run_program(
+        strategy,
         fused=False,
         use_kernels=True,
         seed=3,
@@ -333,6 +366,12 @@ def test_kernel_ragged_programs_give_the_teaching_logits(family):
         tol=TOL,
         partial_rollbacks=True,
     )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kernel_ragged_programs_give_the_teaching_logits(family):
+    """``_ragged_program`` under replay: every logit the teaching caches'."""
+    engine, worst = _ragged_program(family, "replay")
     assert engine.stats.steps > 0 and engine.stats.folds > 0 and worst < TOL
     assert all(p.kernels for p in engine.ssm.values())
 

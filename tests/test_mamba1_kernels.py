@@ -1,5 +1,6 @@
-"""Mamba-1 (Jamba) replay kernels against a float64 oracle (the reference scan from the
-checkpoint over log + new tokens) and their PyTorch references, under Triton's interpreter on
+"""Mamba-1 (Jamba) kernels against a float64 oracle (the reference scan from the checkpoint over
+log + new tokens; for the snapshot step ``state_update``, from the state over the new tokens)
+and their PyTorch references, under Triton's interpreter on
 CPU (``import replaylab`` switches it on without a GPU) or natively on a GPU. Sizes are awkward
 on purpose (D, N not powers of two, D spanning several channel blocks), rings wrap, branches
 share a checkpoint slot; outputs the kernels write are compared with poisoned copies."""
@@ -8,7 +9,14 @@ import pytest
 import torch
 
 from replaylab import assert_close
-from replaylab.kernels.mamba1 import fold, fold_ref, replay_step, replay_step_ref
+from replaylab.kernels.mamba1 import (
+    fold,
+    fold_ref,
+    replay_step,
+    replay_step_ref,
+    state_update,
+    state_update_ref,
+)
 from replaylab.scan import s6_scan
 from replaylab.testing import DEVICE
 
@@ -218,6 +226,112 @@ def test_fold_then_step_equals_step_from_the_old_checkpoint():
     assert_close(after, before, name="y after a fold")
 
 
+def snapshot_case(dtype=torch.float32, T=3, batch=3, n_slots=4, seed=1):
+    """``state_update``'s arguments: a pool of ``n_slots`` states (rows past the batch are not
+    the kernel's), T new tokens, counts 0, 2 and T (a ragged step's padding), drafts."""
+    c = case(batch=batch, T=T, dtype=dtype, n_slots=n_slots, seed=seed)
+    return dict(
+        state=c["states"],
+        **{k: c[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")},
+        drafts=torch.full((n_slots, T + 1, *c["states"].shape[1:]), float("nan"), device=DEVICE),
+        counts=torch.tensor([0, 2, T][:batch], **I32),
+    )
+
+
+def oracle_states(c):
+    """float64 reference scan of each row from its state: (y (batch, T, D), the states after
+    each token (batch, T, D, N))."""
+    batch = c["x"].shape[0]
+    result = s6_scan(*(c[k].double() for k in ("x", "dt", "A", "B", "C", "D")),
+                     dt_bias=c["dt_bias"].double(), dt_softplus=True,
+                     initial_state=c["state"][:batch].double(), return_states=True,
+                     compute_dtype=torch.float64)  # fmt: skip
+    return result.y, result.states
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_update_matches_float64_oracle_and_reference(dtype):
+    """The snapshot step: y, the state written (the one after counts[b] tokens: 0, 2, T) and
+    the drafts (the state after each token) against float64 and the PyTorch reference; the
+    pool's rows past the batch and the drafts past T are left alone."""
+    c = snapshot_case(dtype)
+    tri, ref = cloned(c), cloned(c)
+    tri_y = state_update(**tri, block_d=BLOCK)
+    ref_y = state_update_ref(**ref)
+    want_y, want_states = oracle_states(c)
+    assert tri_y.dtype == dtype
+    assert_close(tri_y.double(), want_y, dtype=dtype, name="y vs float64 oracle")
+    assert_close(tri_y, ref_y, dtype=dtype, name="y vs reference")
+    T = c["x"].shape[1]
+    for b, n in enumerate(c["counts"].tolist()):
+        want = c["state"][b].double() if n == 0 else want_states[b, n - 1]
+        assert_close(tri["state"][b].double(), want, dtype=torch.float32, name=f"state {b}")
+        assert_close(tri["state"][b], ref["state"][b], name=f"state {b} vs reference")
+        assert_close(tri["drafts"][b, :T].double(), want_states[b], dtype=torch.float32,
+                     name=f"drafts {b}")  # fmt: skip
+    assert torch.equal(tri["state"][0], c["state"][0])  # count 0: the state as it was
+    assert torch.equal(tri["state"][3], c["state"][3])  # not a row of the batch
+    assert torch.isnan(tri["drafts"][:, T]).all() and torch.isnan(tri["drafts"][3]).all()
+    plain = cloned(c)
+    y = state_update(**{**plain, "drafts": None, "counts": None}, block_d=BLOCK)
+    assert torch.equal(y, tri_y)  # counts move only the state written
+    assert torch.equal(plain["state"][:3], tri["drafts"][:3, T - 1])  # no counts: after T
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_snapshot_verify_equals_single_steps_and_replays_bits(dtype):
+    """T tokens in one ``state_update`` give the outputs and states of T one-token calls bit
+    for bit (a snapshot's speculation is lossless), and each token's y is the bits of
+    ``replay_step`` from the first state with the earlier tokens in its log: the three kernels
+    share one update, so the strategies' Mamba-1 outputs agree bit for bit."""
+    T = 4
+    c = snapshot_case(dtype, T=T)
+    together = cloned(c)
+    y_all = state_update(**{**together, "counts": None}, block_d=BLOCK)
+    apart = cloned(c)
+    batch = c["x"].shape[0]
+    slots = torch.arange(batch, **I32)
+    for t in range(T):
+        one = {k: c[k][:, t : t + 1].contiguous() for k in ("x", "dt", "B", "C")}
+        y_t = state_update(**{**apart, **one, "drafts": None, "counts": None}, block_d=BLOCK)
+        assert torch.equal(y_t[:, 0], y_all[:, t]), t
+        assert torch.equal(apart["state"][:batch], together["drafts"][:batch, t]), t
+        log = {f"log_{k}": c[k][:, : max(t, 1)].contiguous() for k in ("x", "dt", "B")}
+        replayed = replay_step(c["state"], slots, **log, log_len=torch.full((batch,), t, **I32),
+                               **one, **{k: c[k] for k in ("A", "D", "dt_bias")}, append=False,
+                               block_d=BLOCK)  # fmt: skip
+        assert torch.equal(replayed[:, 0], y_all[:, t]), t
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: dict(counts=torch.tensor([0, 4, 1], **I32)),
+         r"counts: expected values in \[0, 3\], got \[0, 4, 1\]"),
+        (lambda c: dict(counts=c["counts"].long()),
+         r"counts: expected int32 of shape \(3,\), got torch.int64 \(3,\)"),
+        (lambda c: dict(drafts=c["drafts"][:, :2].contiguous()),
+         r"drafts: 4 slots x 2 tokens, need at least \(3, 3\)"),
+        (lambda c: dict(state=c["state"][:2].contiguous()),
+         r"state: 2 rows, need one per sequence \(3\)"),
+        (lambda c: dict(state=c["state"].double()),
+         r"state: expected a contiguous float32 pool, got torch.float64"),
+        (lambda c: dict(C=c["C"][..., :4].contiguous()),
+         r"C: expected shape \(batch=3, T=3, N=5\), got \(3, 3, 4\)"),
+        (lambda c: dict(A=c["A"][:, :4].contiguous()),
+         r"A: expected shape \(D=20, N=5\), got \(20, 4\)"),
+    ],
+)  # fmt: skip
+def test_bad_state_update_input_is_named_before_anything_changes(change, message):
+    c = snapshot_case()
+    for kernel in (state_update, state_update_ref):
+        bad = {**cloned(c), **change(c)}
+        with pytest.raises(ValueError, match=message):
+            kernel(**bad)
+        assert torch.equal(bad["state"], c["state"]) or bad["state"].shape != c["state"].shape
+        assert torch.isnan(bad["drafts"]).all()
+
+
 def _bad(c, **change):
     return {**cloned(c), **change}
 
@@ -314,6 +428,8 @@ def test_the_gpu_benchmark_runs_on_cpu_at_a_tiny_size():
     assert res["amortised"]["us"] == pytest.approx(amortised)
     assert res["amortised"]["bytes_per_token"] == res["step"]["bytes"] + res["fold"]["bytes"] / 4
     assert entry["copy"]["bytes"] == 2 * 2 * 16 * 4 * 4
+    assert entry["check"]["update_equals_replay_step"]  # the snapshot step: replay's bits
+    assert res["amortised"]["speedup_vs_update"] == pytest.approx(entry["update"]["us"] / amortised)
     if "us" in entry.get("ssu", {}):  # mamba-ssm installed: its output agrees with ours
         assert entry["check"]["max_abs_diff_vs_ssu"] < 0.05
         assert "speedup_vs_ssu" in res["amortised"]

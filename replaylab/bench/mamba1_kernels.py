@@ -5,6 +5,8 @@ repeats after warm-up), for a Jamba-1.5-Mini-class layer (``SHAPE``):
     ssu        mamba-ssm selective_state_update, Mamba-1 form (state (batch, D, N), x/dt
                (batch, D), A (D, N), B/C (batch, N), dt_softplus): the state read and written
                every token
+    update     ours, ``replaylab.kernels.mamba1.state_update`` (T = 1): the same work, the
+               snapshot and recompute strategies' step in the engine
     step       ours, ``replaylab.kernels.mamba1.replay_step`` (T = 1, appending) with
                log_len = L // 2: the mean over a fold cycle (0 .. L - 1), rounded up
     step_full  the same at log_len = L - 1, the last step before a fold
@@ -133,11 +135,11 @@ def run(
     block_d=None,
     num_warps=None,
 ):
-    """Per batch: ssu's time per decode step; ours per L (step at log_len L // 2 and L - 1,
-    fold of L, amortised = step + fold / L, bytes per token, share of the copy bandwidth,
-    speedup over ssu); a snapshot copy; the copy bandwidth of the same run; provenance.
+    """Per batch: ssu's and our ``state_update``'s time per decode step; ours per L (step at
+    log_len L // 2 and L - 1, fold of L, amortised = step + fold / L, bytes per token, share of
+    the copy bandwidth, speedup over ssu and over our update); a snapshot copy; the copy bandwidth of the same run; provenance.
     Returns a dict (nothing printed). ``block_d`` / ``num_warps``: our kernels' launch."""
-    from replaylab.kernels.mamba1 import fold, replay_step
+    from replaylab.kernels.mamba1 import fold, replay_step, state_update
 
     shape = dict(SHAPE if shape is None else shape)
     D, N = shape["D"], shape["N"]
@@ -176,6 +178,19 @@ def run(
                                    _bytes("ssu", batch, D, N, sx=sx))  # fmt: skip
             except Exception as err:  # noqa: BLE001 - record why the peer did not run
                 entry["ssu"] = dict(error=repr(err)[:300])
+        state = inp["states"].clone()
+        update_y = state_update(
+            state, *(inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias"))
+        )
+        check["update_equals_replay_step"] = bool(torch.equal(update_y, ours_y))
+
+        def update(state=state):
+            state_update(state, *(inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")),
+                         check=False, **launch)  # fmt: skip
+
+        entry["update"] = row("update", *timer(update), _bytes("ssu", batch, D, N, sx=sx))
+        if "us" in entry.get("ssu", {}):
+            entry["update"]["speedup_vs_ssu"] = entry["ssu"]["us"] / entry["update"]["us"]
         entry["check"] = check
         snap = torch.empty_like(inp["states"])
         entry["copy"] = row("copy", *timer(lambda: snap.copy_(inp["states"])),
@@ -212,6 +227,7 @@ def run(
             )
             if "us" in entry.get("ssu", {}):
                 res["amortised"]["speedup_vs_ssu"] = entry["ssu"]["us"] / amortised_us
+            res["amortised"]["speedup_vs_update"] = entry["update"]["us"] / amortised_us
             entry["L"][L] = res
         out.append(entry)
         if torch.device(device).type == "cuda":
@@ -238,13 +254,18 @@ def summary(result):
     for entry in result["batches"]:
         b, ssu = entry["batch"], entry.get("ssu", {})
         ssu_text = f"ssu {ssu['us']:7.1f} us" if "us" in ssu else f"ssu: {ssu.get('error', '-')}"
-        lines.append(f"b={b:3d}: {ssu_text}, snapshot copy {entry['copy']['us']:7.1f} us")
+        update = entry["update"]
+        vs = f" ({update['speedup_vs_ssu']:.2f}x ssu)" if "speedup_vs_ssu" in update else ""
+        lines.append(
+            f"b={b:3d}: {ssu_text}, our update {update['us']:7.1f} us{vs}, "
+            f"snapshot copy {entry['copy']['us']:7.1f} us"
+        )
         for L, res in entry["L"].items():
             am = res["amortised"]
             speed = f", {am['speedup_vs_ssu']:.2f}x ssu" if "speedup_vs_ssu" in am else ""
             lines.append(
                 f"  L={L:2d}: step {res['step']['us']:7.1f} us (log {res['step']['log_len']}) + "
                 f"fold {res['fold']['us']:7.1f}/{L} = {am['us']:7.1f} us amortised, "
-                f"{am['share']:.2f} of copy bw{speed}"
+                f"{am['share']:.2f} of copy bw{speed}, {am['speedup_vs_update']:.2f}x our update"
             )
     return lines

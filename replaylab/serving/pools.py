@@ -14,6 +14,9 @@ Per recurrent layer (``RecurrentPool``: Mamba-2, Mamba-1, Gated DeltaNet, any la
                                               last step
     saved_state  (slots, *state_shape)        recompute: the state before the last verify
     saved_conv   (slots, K, C)                recompute: the window before it
+Snapshot and recompute through the Triton kernels (``kernels=True``): a family whose pool
+says ``serves_step_kernel`` (Mamba-1: ``kernels.mamba1.state_update``) steps the state of the
+whole bucket in one launch instead of the spec's token loop (``step``).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -85,6 +88,7 @@ class RecurrentPool:
 
     serves_kernels = False  # whether the family's pool runs replay through Triton kernels
     serves_prompt_kernel = False  # whether it scans prompt chunks in one Triton launch
+    serves_step_kernel = False  # whether snapshot's and recompute's token loop has a kernel
     prompt_kernel_default = False  # whether the engine's default (on a GPU) uses it
     kernel_fields = ()  # the log fields the kernels append themselves
 
@@ -98,6 +102,9 @@ class RecurrentPool:
         self.mixer, self.spec = mixer, mixer.state_spec
         self.dtype, self.device = dtype, device
         self.kernels = strategy.replays_with_kernels(kernels)
+        # snapshot / recompute: the state read and written every token through the family's
+        # Triton step (``step``) instead of the spec's token loop
+        self.step_kernel = bool(kernels) and self.serves_step_kernel and not strategy.logged
         self.prompt_kernel = False  # prompt chunks through the family's Triton scan (the
         # engine's prefill_kernels)
         self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
@@ -190,6 +197,13 @@ class RecurrentPool:
         slot's first ``counts`` tokens of the ``kernel_fields`` to its ring (the rest are
         padding). All (batch,) int32 on the device; each verify row is computed as a single
         step at its position would be."""
+        raise NotImplementedError
+
+    def step(self, entries, bucket, drafts, counts):
+        """The state of slots 0 .. bucket-1 stepped through the T new tokens of ``entries``
+        (field -> (bucket, T, ...)) in one launch (``step_kernel``): y (bucket, T, ...); the
+        state written is the one after ``counts[b]`` tokens, and with ``drafts`` (slots, T_max,
+        *state_shape) the state after each token is kept."""
         raise NotImplementedError
 
     def fold(self, states, rows, log, fold_len, head, out=None):
@@ -298,6 +312,7 @@ class Mamba1Pool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = True
+    serves_step_kernel = True
     kernel_fields = ("x", "dt", "B")
 
     def __init__(self, mixer, *args):
@@ -330,6 +345,13 @@ class Mamba1Pool(RecurrentPool):
             append_count=counts,
             check=False,
         )
+
+    def step(self, entries, bucket, drafts, counts):
+        from replaylab.kernels.mamba1 import state_update
+
+        x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
+        return state_update(self.state, x, dt, B, C, self.A, self.D, self.dt_bias, drafts=drafts,
+                            counts=counts, check=False)  # fmt: skip
 
     def fold(self, states, rows, log, fold_len, head, out=None):
         from replaylab.kernels.mamba1 import fold

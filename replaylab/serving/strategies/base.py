@@ -103,9 +103,12 @@ class EngineStrategy:
 
     def advance(self, pool, entries, bucket, T):
         """Recurrent layer ``pool``'s reference step for slots 0 .. bucket-1: the token loop
-        (T steps equal T one-token steps bitwise); each slot keeps its state after its count of
-        tokens. ``entries``: the spec's fields (bucket, T, ...). Returns y."""
+        (T steps equal T one-token steps bitwise), or the family's Triton step where the pool
+        has one (``step_kernel``); each slot keeps its state after its count of tokens.
+        ``entries``: the spec's fields (bucket, T, ...). Returns y."""
         table = self.engine.table
+        if pool.step_kernel:  # the family's Triton step: the bucket in one launch
+            return pool.step(entries, bucket, self.draft_states(pool, T), table.counts_d[:bucket])
         counts = table.counts_d[:bucket].long()
         rows = torch.arange(bucket, device=self.engine.device)
         result = pool.spec.scan(pool.state[:bucket], entries, return_states=True)
@@ -118,7 +121,7 @@ class EngineStrategy:
         """The states after each token (bucket, T, *state_shape), for a rollback."""
 
     def draft_states(self, pool, T):
-        """The fused path's buffer for the state after each token (None: not kept)."""
+        """The kernels' buffer for the state after each token (None: not kept)."""
         return None
 
     def mamba_fused(self, pool, x, dt, B, C, counts, T):
