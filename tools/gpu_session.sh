@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -252,6 +252,23 @@ case "$mode" in
     tail -4 "$OUT/gpu_ssd_tests.log"
     unset OMP_NUM_THREADS
     TTFT_ROUNDS=${TTFT_ROUNDS:-1} PROFILE_S=0 bash "$0" ttft ;;
+  mamba1)  # issue 37, Mamba-1: WHEELS=.whl-bench (mamba-ssm), PREV: the previous tree's folder:
+    # the Mamba-1 kernel and engine GPU tests, the kernels beside selective_state_update, then
+    # the Jamba-class engine on this tree (snapshot / recompute through state_update, replay,
+    # mamba-ssm's update in the snapshot step) and on PREV (snapshot / recompute's token loop)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 tests/test_mamba1_kernels.py tests/test_engine_family_kernels.py tests/test_bench_families.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-100} $cmd; } >"$OUT/gpu_mamba1_tests.log" 2>&1
+    tail -4 "$OUT/gpu_mamba1_tests.log"
+    unset OMP_NUM_THREADS
+    timeout -s INT ${KERNELS_S:-80} python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(Ls=(16,)); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -14
+    fam="--presets jamba-1.5-mini-layers --batches ${M1_BATCHES:-8,32,128} --graphs on"
+    for tree in ${M1_TREES:-this previous}; do
+      path=$PWD; commit=${COMMIT:-}; extra="--strategies snapshot,recompute,replay --time-budget-s ${M1_THIS_S:-200}"
+      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; extra="--strategies snapshot,recompute --no-ssu --time-budget-s ${M1_PREV_S:-110}"; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${M1_TIMEOUT_S:-300} python3 -P -m replaylab.bench \
+        engine-families $fam $extra --out "$OUT/bench_engine_families_jamba_${tree}.json" 2>&1 | tail -16
+    done ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
     for round in $(seq ${HOST_ROUNDS:-2}); do
