@@ -122,6 +122,19 @@ def test_triton_interpreter_is_on_without_a_gpu():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def test_the_interpreter_skips_only_the_overflow_checks_it_would_drop():
+    """``import replaylab`` turns off the interpreter's int32 overflow checks, whose asserts
+    it drops anyway (no debug); CI's time budget counts on that (about 45% of an interpreted
+    replay step). A triton that moves these options would make CI slow, not wrong: this says
+    why."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("compiled kernels: the interpreter's options play no part")
+    from triton.runtime.interpreter import interpreter_builder
+
+    assert not interpreter_builder.options.debug
+    assert not interpreter_builder.options.sanitize_overflow
+
+
 def test_published_shape_memory_by_hand():
     nemo = PUBLISHED_SHAPES["Nemotron-H 8B"]
     m = memory_per_sequence(nemo, 1000)
