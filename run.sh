@@ -73,10 +73,11 @@ case "$cmd" in
   test)
     setup
     # two workers (pytest-xdist), a file at a time each (a notebook's cells stay in one kernel),
-    # one torch thread each unless OMP_NUM_THREADS says otherwise
+    # in the order of the collection (tests/conftest.py puts the slowest files first), one torch
+    # thread each unless OMP_NUM_THREADS says otherwise
     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
     exec "$PY" -m pytest tests --nbval-lax notebooks -p no:cacheprovider \
-      -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile "$@" ;;
+      -n "${REPLAYLAB_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@" ;;
   *)
     sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'
     [ "$cmd" = help ] || exit 2 ;;
