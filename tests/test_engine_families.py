@@ -31,6 +31,7 @@ from replaylab.serving import (
     DecodeEngine,
     Request,
     Scheduler,
+    default_strategy,
     fused_reason,
     unsupported_reason,
 )
@@ -223,6 +224,20 @@ def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
     assert unsupported_reason(cfg) == "mlp: 'gelu' (the engine serves 'relu2' and 'swiglu')"
     engine = DecodeEngine(MODELS["qwen3_next"], 1, 8)  # CPU defaults: the reference path
     assert not engine.fused and not engine.graphs
+
+
+def test_the_default_strategy_is_snapshot_for_mamba1_layouts_and_replay_for_the_others():
+    """Where every recurrent layer is Mamba-1 (Jamba) the snapshot step is the faster decode
+    (``default_strategy``); a layout with any other recurrent family replays. A strategy named
+    is kept."""
+    want = dict(jamba="snapshot", qwen3_next="replay", qwen3_5="replay", bamba="replay",
+                mixed="replay")  # fmt: skip
+    for family, model in MODELS.items():
+        assert default_strategy(model.cfg) == want[family], family
+        assert DecodeEngine(model, 1, 8).strategy == want[family], family
+    assert DecodeEngine(MODELS["jamba"], 1, 8, "replay").strategy == "replay"
+    nemotron = HybridLM(HybridConfig(), seed=None).cfg
+    assert default_strategy(nemotron) == "replay"
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -20,7 +20,7 @@ from replaylab.serving.drafters import (
     BatchSyntheticDrafter,
 )
 from replaylab.serving.engine import DecodeEngine, EngineStats
-from replaylab.serving.layouts import fused_reason, unsupported_reason
+from replaylab.serving.layouts import default_strategy, fused_reason, unsupported_reason
 from replaylab.serving.prefix import EnginePrefixCache, allowed_block_sizes
 from replaylab.serving.request import Request
 from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, slot_bytes
@@ -43,6 +43,7 @@ __all__ = [
     "slot_bytes",
     "rollback_cursor",
     "provisional_room",
+    "default_strategy",
     "fused_reason",
     "unsupported_reason",
 ]

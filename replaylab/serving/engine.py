@@ -35,7 +35,13 @@ from replaylab.serving.checks import (
     per_slot,
 )
 from replaylab.serving.cursor import provisional_room
-from replaylab.serving.layouts import LAYER_KINDS, fused_reason, paths, unsupported_reason
+from replaylab.serving.layouts import (
+    LAYER_KINDS,
+    default_strategy,
+    fused_reason,
+    paths,
+    unsupported_reason,
+)
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.serving.prefill import prefill as run_prefill
 from replaylab.serving.runner import ModelRunner
@@ -82,7 +88,8 @@ class DecodeEngine:
 
     model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH, Bamba,
     Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot",
-    "recompute", "replay"). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify:
+    "recompute", "replay"; default ``layouts.default_strategy``: snapshot for Mamba-1 layouts,
+    replay for the others). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify:
     the most tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L
     (default: a step never passes the fold grid, so a verify just before a fold takes fewer
     drafts) up to L + min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the
@@ -122,7 +129,7 @@ class DecodeEngine:
         model,
         max_batch,
         max_len,
-        strategy="replay",
+        strategy=None,
         log_length=16,
         max_verify=5,
         use_kernels=None,
@@ -134,8 +141,9 @@ class DecodeEngine:
         prefill_kernels=None,
         log_capacity=None,
     ):
-        kind = strategy_class(strategy)
         cfg = model.cfg
+        strategy = default_strategy(cfg) if strategy is None else strategy
+        kind = strategy_class(strategy)
         reason = unsupported_reason(cfg)
         if reason:
             raise ValueError(f"DecodeEngine: {reason}; use the teaching HybridCache")

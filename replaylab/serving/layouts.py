@@ -14,6 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "LAYER_KINDS", "unsupported_reason", "fused_reason", "fused_by_default", "fused_prefill", "paths",
+    "default_strategy",
 ]  # fmt: skip
 
 LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
@@ -47,6 +48,16 @@ def fused_reason(cfg):
     if cfg.mlp not in ("relu2", "swiglu"):
         missing.append(f"{cfg.mlp} MLPs (mlp={cfg.mlp!r})")
     return ", ".join(missing) or None
+
+
+def default_strategy(cfg):
+    """The engine's strategy when none is named: "snapshot" for layouts whose recurrent layers
+    are all Mamba-1 (Jamba's), "replay" otherwise. Mamba-1's decay differs for every state
+    element, so replaying a logged token costs an update of the whole state, as a snapshot
+    step does, and saves only the state's write: at Jamba's shape the snapshot step
+    (``kernels.mamba1.state_update``) decodes faster (``costmodel.mamba1_break_even``: no log
+    length pays; the engine's rows in data/README.md). Replay keeps the smaller pools."""
+    return "snapshot" if set(cfg.pattern) & set("MSG") == {"S"} else "replay"
 
 
 def fused_by_default(cfg):
