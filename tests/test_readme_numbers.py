@@ -205,6 +205,33 @@ def test_the_mamba1_and_roofline_sentences_match_the_committed_runs():
     assert f"busy for {min(busy)}-{max(busy)}% of the steps" in text
 
 
+def test_the_mamba1_snapshot_step_sentence_matches_the_committed_runs():
+    """The Mamba-1 ``state_update`` sentence: the kernel against selective_state_update, and
+    the Jamba-class engine's snapshot rows against the token loop, replay and ssu snapshot."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    kernels = load_bench("data/bench_mamba1_kernels_update_h100.json")["batches"]
+    ratios = [e["update"]["speedup_vs_ssu"] for e in kernels]
+    assert [e["batch"] for e in kernels] == [1, 8, 32, 128, 256]
+    assert f"({min(ratios):.2f}-{max(ratios):.2f}x `selective_state_update` at batch 1-256" in text
+    rows = load_bench("data/bench_engine_families_jamba_state_update_h100.json")["rows"]
+    before = load_bench("data/bench_engine_families_jamba_token_loop_h100.json")["rows"]
+
+    def decode(table, strategy):
+        return {r["batch"]: r["decode_tokens_per_s"] for r in table if r["strategy"] == strategy}
+
+    snap, old = decode(rows, "snapshot"), decode(before, "snapshot")
+    replay, ssu = decode(rows, "replay"), decode(rows, "ssu snapshot")
+    assert list(snap) == [8, 32, 128]
+    tok = ", ".join(f"{snap[b]:,.0f}" for b in (8, 32)) + f" and {snap[128]:,.0f}"
+    assert f"snapshot decodes {tok} tokens/s at batch 8, 32 and 128" in text
+
+    def three(other):
+        q = [f"{snap[b] / other[b]:.2f}x" for b in (8, 32, 128)]
+        return f"{q[0]}, {q[1]} and {q[2]}"
+
+    assert f"{three(old)} the token loop before it, {three(replay)} replay and {three(ssu)}" in text
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())
