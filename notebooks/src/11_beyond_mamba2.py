@@ -443,10 +443,10 @@ for N in (4, 16, 64, 256):
 # $U$). With today's kernel the answer for Jamba's shape is the snapshot step: its one update
 # per element is cheaper than any replay, and replay's log pays only where the alternative is
 # to *store* a state per draft or branch. Larger d_state does not change that (the last
-# lines). replaylab's serving
-# engine does not yet have a fused snapshot step for Mamba-1 (its snapshot runs the PyTorch token
-# update), so in the engine replay is still the faster of the two (section 8's rows): that is
-# a missing kernel, not a reason to prefer replay.
+# lines). replaylab's serving engine has that snapshot step as a kernel,
+# `kernels.mamba1.state_update`, and so picks snapshot for Mamba-1 layouts when no strategy is
+# named (`serving.default_strategy`); section 8 times it against replay and mamba-ssm's
+# update in the engine.
 
 # %% [markdown]
 # ## 7. What the GPU kernels log: the corrected update
@@ -689,7 +689,8 @@ for q in ssu["ratios"]:
 #   ahead of `fla snapshot` (flash-linear-attention's recurrent kernel in the snapshot step, the
 #   baseline a user would get) too.
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
-#   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one.
+#   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one
+#   (for Mamba-1 the engine has its own kernel since; the H100 rows below).
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
 #   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's,
 #   Qwen3-Next's and Qwen3.5's when asked for with `fused=True`) folds together, and the device
@@ -726,6 +727,42 @@ print(f"speculation / decode {prof['speculative_tokens_per_s'] / prof['decode_to
 # finished slot loses no rounds to that tail; the verify and the host's phases remain.
 
 # %% [markdown]
+# Section 6 predicted that at Jamba's shape the snapshot step, one update per state element,
+# beats any replay. Until `kernels.mamba1.state_update` the engine's Mamba-1 snapshot ran the
+# PyTorch token loop, and replay won in the engine only because it had a kernel. One H100 call
+# timed the Jamba-class stack on the tree with the kernel and on the tree before it: the
+# kernel alone against mamba-ssm's `selective_state_update`, then decode in the engine (CUDA
+# graphs; `ssu snapshot` puts mamba-ssm's update in the old token loop).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from replaylab.bench.families import load_preset
+from replaylab.serving import default_strategy
+
+m1_update = load_bench("data/bench_mamba1_kernels_update_h100.json")
+for e in m1_update["batches"]:
+    print(f"batch {e['batch']:3d}: state_update {e['update']['us']:6.1f} us, "
+          f"selective_state_update {e['ssu']['us']:6.1f} us, replay amortised (L = 16) "
+          f"{e['L']['16']['amortised']['us']:6.1f} us")
+after = load_bench("data/bench_engine_families_jamba_state_update_h100.json")
+before = load_bench("data/bench_engine_families_jamba_token_loop_h100.json")
+decode = {(tree, r["strategy"], r["batch"]): r["decode_tokens_per_s"]
+          for tree, run in (("before", before), ("after", after)) for r in run["rows"]}
+for b in (8, 32, 128):
+    snap = decode["after", "snapshot", b]
+    print(f"{after['device']}, Jamba-class, batch {b:3d}: snapshot {snap:7,.0f} tok/s, "
+          f"{snap / decode['before', 'snapshot', b]:.2f}x the token loop, "
+          f"{snap / decode['after', 'replay', b]:.2f}x replay, "
+          f"{snap / decode['after', 'ssu snapshot', b]:.2f}x ssu snapshot")
+print("the engine's strategy when none is named, Jamba-class:", default_strategy(
+    load_preset("jamba-1.5-mini-layers")[1]))
+
+# %% [markdown]
+# The kernel runs at mamba-ssm's speed, and in the engine the snapshot step now decodes
+# faster than replay at every batch timed, as the cost model said. Replay still holds the
+# smaller pools (no state copy per draft), so under a tight memory budget it keeps more
+# sequences; the default follows speed.
+#
 # Later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
 # layouts too (`fused=True`): the residual and the next norm in one kernel, gated attention
 # through the attention and RoPE kernels, the Gated DeltaNet layer's conv, L2 norms and gates in
@@ -771,7 +808,10 @@ for tree in ("96028da", "ed17032"):
 #   $L = 16$ a fold moves 1.05x (Gated DeltaNet) to 1.5x (Mamba-1) the bytes of a snapshot copy.
 # * In the serving engine these layouts speculate losslessly on a GPU only with arithmetic whose
 #   rows do not depend on the row count (matrix products, norms, attention); section 8 shows
-#   which modules parted before, and that with CUDA graphs replay decodes fastest from batch 32.
+#   which modules parted before, and that with CUDA graphs replay decodes fastest from batch 32
+#   where snapshot runs a PyTorch token loop. For Mamba-1 the snapshot step is a kernel now,
+#   and it beats replay in the engine, as section 6's break-even said: the engine's default
+#   for Jamba layouts is snapshot.
 
 # %% [markdown]
 # ## Exercises
