@@ -291,13 +291,15 @@ def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
 
 @pytest.mark.parametrize(
     "family, strategy",
-    [("gdn", "replay"), ("mamba1", "replay"), ("mamba1", "snapshot"), ("mamba1", "recompute")],
-)
+    [("gdn", "replay"), ("mamba1", "replay"), ("mamba1", "snapshot"), ("mamba1", "recompute"),
+     ("bamba", "snapshot"), ("bamba", "recompute")],
+)  # fmt: skip
 def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, strategy):
     """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each
     sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5 (replay): each gives
-    its greedy tokens bit for bit. Mamba-1 under snapshot and recompute: the state steps
-    through ``kernels.mamba1.state_update``, a verify as its tokens' single steps."""
+    its greedy tokens bit for bit. Mamba-1 and Mamba-2 (Bamba) under snapshot and recompute:
+    the state steps through the family's ``state_update`` kernel, a verify as its tokens'
+    single steps."""
     n = 8
     engine = _engine(family, 2, 32, strategy, log_length=5, max_verify=5)
     assert all(p.step_kernel == (strategy != "replay") for p in engine.ssm.values())
@@ -322,15 +324,19 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, s
 
 
 @pytest.mark.parametrize("strategy", ("snapshot", "recompute"))
-def test_mamba1_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(strategy, monkeypatch):
-    """Under ``use_kernels`` snapshot's and recompute's Mamba-1 layers step the whole bucket
-    in one ``state_update`` launch a layer and step (the spec's token loop never runs): random
-    admit / step / rollback / retire programs give the teaching caches' logits."""
-    from replaylab.serving.pools import Mamba1Pool
+@pytest.mark.parametrize("family, pool_class", [("mamba1", "Mamba1Pool"), ("bamba", "Mamba2Pool")])
+def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
+    family, pool_class, strategy, monkeypatch
+):
+    """Under ``use_kernels`` snapshot's and recompute's Mamba-1 and Mamba-2 layers step the
+    whole bucket in one ``state_update`` launch a layer and step (the spec's token loop never
+    runs): random admit / step / rollback / retire programs give the teaching caches' logits."""
+    from replaylab.serving import pools
     from replaylab.serving.strategies.base import EngineStrategy
 
     launches = []
-    step = Mamba1Pool.step
+    cls = getattr(pools, pool_class)
+    step = cls.step
 
     def counted(pool, entries, bucket, drafts, counts):
         launches.append((bucket, entries["x"].shape[1], drafts is not None))
@@ -339,9 +345,9 @@ def test_mamba1_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(stra
     def token_loop(*args):
         raise AssertionError("the spec's token loop ran under use_kernels=True")
 
-    monkeypatch.setattr(Mamba1Pool, "step", counted)
+    monkeypatch.setattr(cls, "step", counted)
     monkeypatch.setattr(EngineStrategy, "keep_states", token_loop)
-    engine, worst = _ragged_program("mamba1", strategy)
+    engine, worst = _ragged_program(family, strategy)
     assert engine.stats.steps > 0 and engine.stats.rollbacks > 0 and worst < TOL
     assert all(p.step_kernel and not p.kernels for p in engine.ssm.values())
     runs = engine.stats.steps + engine.stats.reruns  # recompute re-runs its kept tokens

@@ -8,11 +8,11 @@ replay) or without (``graphs``: both arms on a GPU), and for the layouts the fus
 its kernels, graphed (``fused``, opt-in; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
-``fold``; snapshot and recompute run Mamba-1 layers through ``kernels.mamba1.state_update``
-(the bucket in one launch) and the other families' layers through the spec's PyTorch token
-loop (no kernel of ours for their state update on this path), so for Gated DeltaNet and Bamba
-replay against snapshot here is kernels against PyTorch operations as well as one strategy
-against another. For Gated DeltaNet the
+``fold``; snapshot and recompute run Mamba-1 and Mamba-2 layers through their
+``state_update`` kernels (``kernels.mamba1``, ``kernels.decode``: the bucket in one launch)
+and Gated DeltaNet layers through the spec's PyTorch token loop (no kernel of ours for its
+state update), so for Gated DeltaNet replay against snapshot here is kernels against PyTorch
+operations as well as one strategy against another. For Gated DeltaNet the
 "fla snapshot" rows put fla's ``fused_recurrent_gated_delta_rule`` in the snapshot path's
 one-token state update (decode only: a verify needs every intermediate state, which fla's
 recurrent kernel does not return): the snapshot baseline a user of fla would get.
@@ -517,8 +517,9 @@ def run_families(
                 "'graphs'), and with fused=True the fused path for the layouts it serves "
                 "(rows with 'fused'), "
                 "use_kernels=True: replay runs the Triton replay kernels batched over the slots; "
-                "snapshot and recompute run Mamba-1 layers through kernels.mamba1.state_update "
-                "and the other families through the spec's PyTorch token loop; 'fla snapshot' runs "
+                "snapshot and recompute run Mamba-1 and Mamba-2 layers through their state_update "
+                "kernels and Gated DeltaNet's through the spec's PyTorch token loop; 'fla "
+                "snapshot' runs "
                 "fla's fused_recurrent_gated_delta_rule there, 'ssu snapshot' mamba-ssm's "
                 "selective_state_update"
             ),

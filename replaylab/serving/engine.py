@@ -98,8 +98,9 @@ class DecodeEngine:
     computed from the checkpoint after the slot's first L entries, folded into a scratch state
     by decode's fold, as a decode step there would read it (a second fold and replay launch per
     layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's
-    Triton kernels, for the whole bucket at once, and under snapshot and recompute Mamba-1's
-    token loop through its step kernel, ``kernels.mamba1.state_update`` (default: on a GPU).
+    Triton kernels, for the whole bucket at once, and under snapshot and recompute the
+    Mamba-1 and Mamba-2 token loop through their step kernels (``kernels.mamba1.state_update``,
+    ``kernels.decode.state_update``) (default: on a GPU).
     graphs: capture each (bucket, T) step in a CUDA graph (default: on a GPU, where the
     strategy's steps read no host value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for NemotronH
     layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"

@@ -15,8 +15,9 @@ Per recurrent layer (``RecurrentPool``: Mamba-2, Mamba-1, Gated DeltaNet, any la
     saved_state  (slots, *state_shape)        recompute: the state before the last verify
     saved_conv   (slots, K, C)                recompute: the window before it
 Snapshot and recompute through the Triton kernels (``kernels=True``): a family whose pool
-says ``serves_step_kernel`` (Mamba-1: ``kernels.mamba1.state_update``) steps the state of the
-whole bucket in one launch instead of the spec's token loop (``step``).
+says ``serves_step_kernel`` (Mamba-1: ``kernels.mamba1.state_update``; Mamba-2:
+``kernels.decode.state_update``, the fused path's) steps the state of the whole bucket in one
+launch instead of the spec's token loop (``step``).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -235,6 +236,7 @@ class Mamba2Pool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = prompt_kernel_default = True
+    serves_step_kernel = True
     kernel_fields = ("x", "dt", "B", "C")
     # a verify's rows in one launch, each bit for bit a single step (the loop runs one compiled
     # body for every T); "exact": T launches of the one-token kernel
@@ -256,6 +258,13 @@ class Mamba2Pool(RecurrentPool):
         x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
         return ssd_chunked_scan(x, dt, self.A, B, C, self.D, self.dt_bias, True, self.dt_limit,
                                 initial_state=state, chunk_size=self.spec.CHUNK_SIZE)  # fmt: skip
+
+    def step(self, entries, bucket, drafts, counts):
+        from replaylab.kernels.decode import state_update
+
+        x, dt, B, C = (entries[k].contiguous() for k in ("x", "dt", "B", "C"))
+        return state_update(self.state, x, dt, B, C, self.A, self.D, self.dt_bias, self.dt_limit,
+                            drafts=drafts, counts=counts)  # fmt: skip
 
     def logged_fields(self, fused):
         """x, dt, B, C for the fused kernels; the reference path keeps the conv inputs (xBC)
