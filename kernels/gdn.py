@@ -1,6 +1,8 @@
-"""Triton replay kernels for Gated DeltaNet (Qwen3-Next, Qwen3.5), each beside a PyTorch
-reference with the same signature: ``replay_step`` / ``replay_step_ref`` and ``fold`` /
-``fold_ref``.
+"""Triton kernels for Gated DeltaNet (Qwen3-Next, Qwen3.5), each beside a PyTorch reference
+with the same signature: replay's ``replay_step`` / ``replay_step_ref`` and ``fold`` /
+``fold_ref``, and the snapshot and recompute strategies' step ``state_update`` /
+``state_update_ref`` (the state read and written every token, as fla's
+``fused_recurrent_gated_delta_rule``).
 
 Glossary (code name -> paper symbol, shape):
     states     S_c     (slots, H, K, V) fp32   checkpoint states (o = Sᵀ q), one slot each
@@ -37,8 +39,12 @@ import triton
 import triton.language as tl
 
 from replaylab.kernels.mamba2 import _ring_rows
+from replaylab.scan import gdn_scan
 
-__all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref", "corrected_updates"]
+__all__ = [
+    "replay_step", "replay_step_ref", "fold", "fold_ref", "corrected_updates", "state_update",
+    "state_update_ref",
+]  # fmt: skip
 
 
 @triton.jit
@@ -227,6 +233,58 @@ def _fold_kernel(
         tl.store(out + (dst * H + h) * K * V + tile, S, mask=m_tile)
 
 
+@triton.jit
+def _state_update_kernel(
+    state,  # (S, H, K, V) fp32 current states, rows 0 .. batch-1 read and written in place
+    q,
+    k,  # (batch, T, Hk, K)
+    v,  # (batch, T, H, V)
+    g,
+    beta,  # (batch, T, H): log α and β
+    o,  # (batch, T, H, V) output
+    drafts,  # (S, max_verify, H, K, V) fp32: the state after each token (KEEP_DRAFTS)
+    counts,  # (batch,) int32: the state written is the one after counts[b] tokens (HAS_COUNTS)
+    H,
+    Hk,
+    K,
+    V,
+    max_verify,
+    T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    KEEP_DRAFTS: tl.constexpr,
+    HAS_COUNTS: tl.constexpr,
+):
+    b, h, pid_v = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)
+    hk = h // (H // Hk)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    mk, mv = offs_k < K, offs_v < V
+    tile = offs_k[:, None] * V + offs_v[None, :]
+    mask = mk[:, None] & mv[None, :]
+    S = tl.load(state + (b * H + h) * K * V + tile, mask=mask, other=0.0)
+    kept = S  # the state after counts[b] tokens (HAS_COUNTS; 0: the state read)
+    n = tl.load(counts + b) if HAS_COUNTS else T
+    for t in tl.static_range(T):  # each token as a one-token step runs it
+        row = b * T + t
+        q_t = tl.load(q + (row * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        k_t = tl.load(k + (row * Hk + hk) * K + offs_k, mask=mk, other=0.0).to(tl.float32)
+        v_t = tl.load(v + (row * H + h) * V + offs_v, mask=mv, other=0.0).to(tl.float32)
+        S = tl.exp(tl.load(g + row * H + h).to(tl.float32)) * S  # α_t S_{t-1}
+        predicted = tl.sum(S * k_t[:, None], axis=0)  # (α_t S_{t-1})ᵀ k_t
+        u = tl.load(beta + row * H + h).to(tl.float32) * (v_t - predicted)
+        S = S + k_t[:, None] * u[None, :]
+        out = tl.sum(S * q_t[:, None], axis=0)
+        tl.store(o + (row * H + h) * V + offs_v, out.to(o.dtype.element_ty), mask=mv)
+        if KEEP_DRAFTS:
+            tl.store(drafts + ((b * max_verify + t) * H + h) * K * V + tile, S, mask=mask)
+        if HAS_COUNTS:
+            kept = tl.where(n == t + 1, S, kept)
+    if HAS_COUNTS:
+        S = kept
+    tl.store(state + (b * H + h) * K * V + tile, S, mask=mask)
+
+
 # (batch bound, BLOCK_V, num_warps), from the H200 launch sweep in data/gdn_launch_sweep.jsonl
 # (tools/tune_families.py): one warp per 32 values for the step, 4 warps per 64 for the fold
 LAUNCH = {
@@ -277,21 +335,22 @@ def _check_log(states, log_k, log_u, log_g):
     return batch, Lmax, H, Hk, K, V
 
 
+def _check_token_shapes(tokens, batch, T, H, Hk, K, V, sizes_from):
+    """q, k (batch, T, Hk, K), v (batch, T, H, V), g, beta (batch, T, H); the error names
+    where the sizes came from."""
+    expected = dict(q=(batch, T, Hk, K), k=(batch, T, Hk, K), v=(batch, T, H, V),
+                    g=(batch, T, H), beta=(batch, T, H))  # fmt: skip
+    for name, shape in expected.items():
+        if tuple(tokens[name].shape) != shape:
+            raise ValueError(
+                f"{name}: expected {shape} ({sizes_from}), got {tuple(tokens[name].shape)}"
+            )
+
+
 def _check_new(q, k, v, g, beta, batch, H, Hk, K, V, log_k):
     T = q.shape[1] if q.dim() == 4 else None
-    expected = dict(
-        q=(q, (batch, T, Hk, K)),
-        k=(k, (batch, T, Hk, K)),
-        v=(v, (batch, T, H, V)),
-        g=(g, (batch, T, H)),
-        beta=(beta, (batch, T, H)),
-    )
-    for name, (t, shape) in expected.items():
-        if tuple(t.shape) != shape:
-            raise ValueError(
-                f"{name}: expected {shape} (the log's batch, the states' H={H}, K={K}, V={V}, "
-                f"log_k's Hk={Hk}), got {tuple(t.shape)}"
-            )
+    _check_token_shapes(dict(q=q, k=k, v=v, g=g, beta=beta), batch, T, H, Hk, K, V,
+                        f"the log's batch, the states' H={H}, K={K}, V={V}, log_k's Hk={Hk}")  # fmt: skip
     if k.dtype != log_k.dtype:
         raise ValueError(f"k: dtype {k.dtype} differs from log_k's {log_k.dtype}")
     if g.dtype != torch.float32:
@@ -432,7 +491,102 @@ def fold(
     return out
 
 
+# Values per program and warps of ``state_update``: a (K, 32) tile, as the replay step's
+# blocks of V (not swept)
+STATE_UPDATE_LAUNCH = (32, 4)
+
+
+def _check_state_update(state, q, k, v, g, beta, drafts, counts):
+    if state.dim() != 4 or state.dtype != torch.float32 or not state.is_contiguous():
+        raise ValueError(
+            f"state: expected a contiguous float32 pool (slots, H, K, V), got {state.dtype} "
+            f"{tuple(state.shape)}"
+        )
+    _, H, K, V = state.shape
+    batch, T, Hk = q.shape[:3] if q.dim() == 4 else (None, None, None)
+    _check_token_shapes(dict(q=q, k=k, v=v, g=g, beta=beta), batch, T, H, Hk, K, V,
+                        f"q's batch, T and Hk, the state's H={H}, K={K}, V={V}")  # fmt: skip
+    if H % Hk:
+        raise ValueError(f"heads: the state's H={H} is not a multiple of q's Hk={Hk}")
+    if state.shape[0] < batch:
+        raise ValueError(f"state: {state.shape[0]} rows, need one per sequence ({batch})")
+    if drafts is not None:
+        want = (H, K, V)
+        if drafts.dim() != 5 or tuple(drafts.shape[2:]) != want or drafts.dtype != torch.float32:
+            raise ValueError(
+                f"drafts: expected float32 (slots, max_verify, {H}, {K}, {V}), got "
+                f"{drafts.dtype} {tuple(drafts.shape)}"
+            )
+        if drafts.shape[0] < batch or drafts.shape[1] < T or not drafts.is_contiguous():
+            raise ValueError(
+                f"drafts: {drafts.shape[0]} slots x {drafts.shape[1]} tokens, need at least "
+                f"({batch}, {T}), contiguous"
+            )
+    if counts is not None:
+        _check_int("counts", counts, batch, 0, T)
+    for name, t in dict(q=q, k=k, v=v, g=g, beta=beta, drafts=drafts, counts=counts).items():
+        if t is not None and t.device != state.device:
+            raise ValueError(f"{name}: expected device {state.device}, got {t.device}")
+
+
+def state_update(state, q, k, v, g, beta, *, drafts=None, counts=None, check=True, block_v=None,
+                 num_warps=None):  # fmt: skip
+    """The snapshot / recompute step of a Gated DeltaNet layer: for each of the T new tokens
+    S <- α S, u = β (v - Sᵀ k), S <- S + k uᵀ, o = Sᵀ q (α = exp g), written back to ``state``
+    (rows 0 .. batch-1 of a (S, H, K, V) fp32 pool). With ``drafts`` (S', max_verify, H, K, V)
+    fp32 the state after each token is kept (a snapshot's rollback); with ``counts`` (batch,)
+    int32 the state written is the one after counts[b] tokens (0: unchanged), the others being
+    a ragged step's padding (their o is still computed). q, k (batch, T, Hk, K) (q scaled);
+    v (batch, T, H, V); g, beta (batch, T, H). Returns o (batch, T, H, V) in v's dtype.
+    ``check=False`` skips the checks, which read ``counts`` back (needed inside a CUDA graph
+    capture)."""
+    if check:
+        _check_state_update(state, q, k, v, g, beta, drafts, counts)
+    batch, T, H, V = v.shape
+    Hk, K = q.shape[2], q.shape[3]
+    o = torch.empty(v.shape, dtype=v.dtype, device=v.device)  # contiguous, whatever v's strides
+    BV = min(block_v or STATE_UPDATE_LAUNCH[0], triton.next_power_of_2(V))
+    _state_update_kernel[(batch, H, triton.cdiv(V, BV))](
+        state,
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        g.contiguous(),
+        beta.contiguous(),
+        o,
+        state if drafts is None else drafts,
+        state if counts is None else counts,
+        H,
+        Hk,
+        K,
+        V,
+        1 if drafts is None else drafts.shape[1],
+        T=T,
+        BLOCK_K=triton.next_power_of_2(K),
+        BLOCK_V=BV,
+        KEEP_DRAFTS=drafts is not None,
+        HAS_COUNTS=counts is not None,
+        num_warps=num_warps or STATE_UPDATE_LAUNCH[1],
+    )
+    return o
+
+
 # --- references ----------------------------------------------------------------------------
+def state_update_ref(state, q, k, v, g, beta, *, drafts=None, counts=None, check=True,
+                     block_v=None, num_warps=None):  # fmt: skip
+    """PyTorch reference of ``state_update``: the token loop ``replaylab.scan.gdn_scan``."""
+    if check:
+        _check_state_update(state, q, k, v, g, beta, drafts, counts)
+    batch, T = v.shape[:2]
+    result = gdn_scan(q, k, v, g, beta, initial_state=state[:batch], return_states=True)
+    if drafts is not None:
+        drafts[:batch, :T] = result.states
+    after = torch.cat([state[:batch, None], result.states], 1)
+    n = torch.full((batch,), T, device=v.device) if counts is None else counts.long()
+    state[:batch] = after[torch.arange(batch, device=v.device), n]
+    return result.y
+
+
 def _heads(t, H):
     """(..., Hk, K) -> (..., H, K): each key head serves H / Hk value heads."""
     return t.repeat_interleave(H // t.shape[-2], dim=-2)

@@ -292,14 +292,13 @@ def test_a_long_prefill_logs_the_chunked_corrected_updates(monkeypatch):
 @pytest.mark.parametrize(
     "family, strategy",
     [("gdn", "replay"), ("mamba1", "replay"), ("mamba1", "snapshot"), ("mamba1", "recompute"),
-     ("bamba", "snapshot"), ("bamba", "recompute")],
+     ("bamba", "snapshot"), ("bamba", "recompute"), ("gdn", "snapshot"), ("gdn", "recompute")],
 )  # fmt: skip
 def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, strategy):
     """Two sequences speculating together (drafters right with probability 0.8 and 0.4, each
     sequence accepting its own drafts), k = 1 .. 4, across folds of L = 5 (replay): each gives
-    its greedy tokens bit for bit. Mamba-1 and Mamba-2 (Bamba) under snapshot and recompute:
-    the state steps through the family's ``state_update`` kernel, a verify as its tokens'
-    single steps."""
+    its greedy tokens bit for bit. Under snapshot and recompute the state steps through the
+    family's ``state_update`` kernel, a verify as its tokens' single steps."""
     n = 8
     engine = _engine(family, 2, 32, strategy, log_length=5, max_verify=5)
     assert all(p.step_kernel == (strategy != "replay") for p in engine.ssm.values())
@@ -324,12 +323,14 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, s
 
 
 @pytest.mark.parametrize("strategy", ("snapshot", "recompute"))
-@pytest.mark.parametrize("family, pool_class", [("mamba1", "Mamba1Pool"), ("bamba", "Mamba2Pool")])
+@pytest.mark.parametrize(
+    "family, pool_class", [("mamba1", "Mamba1Pool"), ("bamba", "Mamba2Pool"), ("gdn", "GDNPool")]
+)
 def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
     family, pool_class, strategy, monkeypatch
 ):
-    """Under ``use_kernels`` snapshot's and recompute's Mamba-1 and Mamba-2 layers step the
-    whole bucket in one ``state_update`` launch a layer and step (the spec's token loop never
+    """Under ``use_kernels`` snapshot's and recompute's recurrent layers (Mamba-1, Mamba-2,
+    Gated DeltaNet) step the whole bucket in one ``state_update`` launch a layer and step (the spec's token loop never
     runs): random admit / step / rollback / retire programs give the teaching caches' logits."""
     from replaylab.serving import pools
     from replaylab.serving.strategies.base import EngineStrategy
@@ -339,7 +340,7 @@ def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
     step = cls.step
 
     def counted(pool, entries, bucket, drafts, counts):
-        launches.append((bucket, entries["x"].shape[1], drafts is not None))
+        launches.append((bucket, next(iter(entries.values())).shape[1], drafts is not None))
         return step(pool, entries, bucket, drafts, counts)
 
     def token_loop(*args):

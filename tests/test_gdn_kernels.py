@@ -1,5 +1,5 @@
-"""The Gated DeltaNet replay kernels (``replaylab.kernels.gdn``) against the float64 token
-recurrence (``replaylab.scan.gdn_scan``) and their PyTorch references, under Triton's
+"""The Gated DeltaNet replay kernels and snapshot step (``replaylab.kernels.gdn``) against the
+float64 token recurrence (``replaylab.scan.gdn_scan``) and their PyTorch references, under Triton's
 interpreter on CPU and natively on a GPU. Sizes are awkward on purpose (K, V not powers of
 two, value heads sharing key heads, ragged and wrapped logs, branches sharing a slot)."""
 
@@ -14,6 +14,8 @@ from replaylab.kernels.gdn import (
     fold_ref,
     replay_step,
     replay_step_ref,
+    state_update,
+    state_update_ref,
 )
 from replaylab.scan import gdn_scan
 from replaylab.testing import DEVICE
@@ -251,3 +253,93 @@ def test_bad_input_names_both_values():
     with pytest.raises(ValueError, match=r"fold_len: expected values in \[0, 4\], got \[5, 0\]"):
         over = torch.tensor([5, 0], dtype=torch.int32, device=DEVICE)
         fold(states, slots, states, slots, **log, fold_len=over)
+
+
+def snapshot_case(dtype=torch.float32, T=3, batch=3, slots=4, seed=1):
+    """``state_update``'s arguments: a pool of ``slots`` states (rows past the batch are not
+    the kernel's), T new tokens, counts 0, 2 and T (a ragged step's padding), NaN drafts."""
+    toks = tokens(batch, T, dtype=dtype, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    return dict(
+        state=torch.randn(slots, 4, 12, 10, generator=gen).to(DEVICE),
+        **toks,
+        drafts=torch.full((slots, T + 1, 4, 12, 10), float("nan"), device=DEVICE),
+        counts=torch.tensor([0, 2, T][:batch], dtype=torch.int32, device=DEVICE),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_update_matches_the_float64_recurrence_and_reference(dtype):
+    """The snapshot step (K = 12, V = 10 over blocks of 4 values, two value heads a key head):
+    o, the state written (after counts[b] = 0, 2, T tokens) and the drafts (the state after
+    each token) against float64 and the PyTorch reference; rows past the batch and drafts past
+    T are left alone."""
+    c = snapshot_case(dtype)
+    tri = {n: t.clone() for n, t in c.items()}
+    ref = {n: t.clone() for n, t in c.items()}
+    o = state_update(**tri, block_v=4)
+    o_ref = state_update_ref(**ref)
+    batch, T = c["v"].shape[:2]
+    toks = {n: c[n] for n in ("q", "k", "v", "g", "beta")}
+    f64 = {n: t.double() for n, t in toks.items()}
+    want = gdn_scan(**f64, initial_state=c["state"][:batch].double(), return_states=True,
+                    compute_dtype=torch.float64)  # fmt: skip
+    assert o.dtype == dtype
+    assert_close(o.double(), want.y, dtype=dtype, name="o vs float64")
+    assert_close(o, o_ref, dtype=dtype, name="o vs reference")
+    for b, n in enumerate(c["counts"].tolist()):
+        after = c["state"][b].double() if n == 0 else want.states[b, n - 1]
+        assert_close(tri["state"][b].double(), after, dtype=torch.float32, name=f"state {b}")
+        assert_close(tri["state"][b], ref["state"][b], name=f"state {b} vs reference")
+        assert_close(tri["drafts"][b, :T].double(), want.states[b], dtype=torch.float32,
+                     name=f"drafts {b}")  # fmt: skip
+    assert torch.equal(tri["state"][0], c["state"][0])  # count 0: the state as it was
+    assert torch.equal(tri["state"][3], c["state"][3])  # not a row of the batch
+    assert torch.isnan(tri["drafts"][:, T]).all() and torch.isnan(tri["drafts"][3]).all()
+    strided = {n: c[n].transpose(-1, -2).contiguous().transpose(-1, -2) for n in ("q", "k", "v")}
+    assert not strided["v"].is_contiguous()  # a verify's views of the mixer's projections
+    again = {**{n: t.clone() for n, t in c.items()}, **strided}
+    assert torch.equal(state_update(**again, block_v=4), o)
+    assert torch.equal(again["state"], tri["state"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_snapshot_verify_equals_single_steps_bit_for_bit(dtype):
+    """T tokens in one ``state_update`` give the outputs and states of T one-token calls bit
+    for bit: a snapshot's speculation is lossless."""
+    T = 4
+    c = snapshot_case(dtype, T=T)
+    batch = c["v"].shape[0]
+    together = {n: t.clone() for n, t in c.items()}
+    o_all = state_update(**{**together, "counts": None}, block_v=4)
+    apart = c["state"].clone()
+    for t in range(T):
+        one = {n: c[n][:, t : t + 1] for n in ("q", "k", "v", "g", "beta")}
+        o_t = state_update(apart, **one, block_v=4)
+        assert torch.equal(o_t[:, 0], o_all[:, t]), t
+        assert torch.equal(apart[:batch], together["drafts"][:batch, t]), t
+    assert torch.equal(apart, together["state"])
+
+
+def test_bad_state_update_input_is_named_before_anything_changes():
+    c = snapshot_case()
+    cases = [
+        (dict(v=c["v"][..., :9]), r"v: expected \(3, 3, 4, 10\) .*got \(3, 3, 4, 9\)"),
+        (dict(counts=torch.tensor([0, 4, 1], dtype=torch.int32, device=DEVICE)),
+         r"counts: expected values in \[0, 3\], got \[0, 4, 1\]"),
+        (dict(counts=c["counts"].long()), r"counts: expected int32 of shape \(3,\)"),
+        (dict(drafts=c["drafts"][:, :2].contiguous()),
+         r"drafts: 4 slots x 2 tokens, need at least \(3, 3\)"),
+        (dict(state=c["state"][:2].contiguous()), r"state: 2 rows, need one per sequence \(3\)"),
+        (dict(state=c["state"].double()), r"state: expected a contiguous float32 pool"),
+        (dict(q=c["q"][:, :, :1].repeat(1, 1, 3, 1), k=c["k"][:, :, :1].repeat(1, 1, 3, 1)),
+         r"heads: the state's H=4 is not a multiple of q's Hk=3"),
+    ]  # fmt: skip
+    for change, message in cases:
+        for kernel in (state_update, state_update_ref):
+            bad = {**{n: t.clone() for n, t in c.items()}, **change}
+            with pytest.raises(ValueError, match=message):
+                kernel(**bad)
+            assert torch.isnan(bad["drafts"]).all(), message
+            if bad["state"].shape == c["state"].shape:
+                assert torch.equal(bad["state"], c["state"]), message

@@ -272,6 +272,11 @@ def test_state_update_matches_float64_oracle_and_reference(dtype):
     assert torch.equal(tri["state"][0], c["state"][0])  # count 0: the state as it was
     assert torch.equal(tri["state"][3], c["state"][3])  # not a row of the batch
     assert torch.isnan(tri["drafts"][:, T]).all() and torch.isnan(tri["drafts"][3]).all()
+    strided = {n: c[n].transpose(-1, -2).contiguous().transpose(-1, -2) for n in ("x", "B", "C")}
+    assert not strided["x"].is_contiguous()  # a verify's views of the mixer's projections
+    again = {**cloned(c), **strided}
+    assert torch.equal(state_update(**again, block_d=BLOCK), tri_y)
+    assert torch.equal(again["state"], tri["state"])
     plain = cloned(c)
     y = state_update(**{**plain, "drafts": None, "counts": None}, block_d=BLOCK)
     assert torch.equal(y, tri_y)  # counts move only the state written

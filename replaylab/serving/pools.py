@@ -16,8 +16,8 @@ Per recurrent layer (``RecurrentPool``: Mamba-2, Mamba-1, Gated DeltaNet, any la
     saved_conv   (slots, K, C)                recompute: the window before it
 Snapshot and recompute through the Triton kernels (``kernels=True``): a family whose pool
 says ``serves_step_kernel`` (Mamba-1: ``kernels.mamba1.state_update``; Mamba-2:
-``kernels.decode.state_update``, the fused path's) steps the state of the whole bucket in one
-launch instead of the spec's token loop (``step``).
+``kernels.decode.state_update``, the fused path's; Gated DeltaNet: ``kernels.gdn.state_update``)
+steps the state of the whole bucket in one launch instead of the spec's token loop (``step``).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -380,6 +380,7 @@ class GDNPool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = True
+    serves_step_kernel = True
     kernel_fields = ("k", "u", "g")
 
     def entry_layout(self, entries, field):
@@ -406,6 +407,13 @@ class GDNPool(RecurrentPool):
             return result, dict(entries, u=result.updates)
         result, u = self.spec.scan_with_updates(state, entries, prompt=True)  # one pass for both
         return result, dict(entries, u=u)
+
+    def step(self, entries, bucket, drafts, counts):
+        from replaylab.kernels.gdn import state_update
+
+        q, k, v, g, beta = (entries[f] for f in ("q", "k", "v", "g", "beta"))
+        return state_update(self.state, q, k, v, g, beta, drafts=drafts, counts=counts,
+                            check=False)  # fmt: skip
 
     def replay(self, entries, rows, log_len, head, counts, state=None):
         from replaylab.kernels.gdn import replay_step
