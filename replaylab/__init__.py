@@ -27,27 +27,10 @@ if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _interpret_without_dropped_overflow_checks():
-    """Triton's interpreter (3.x) follows every int32 +, - and * with an overflow check (a cast
-    to int64, the operation again, two compares) and then drops it: the check's
-    ``device_assert`` does nothing unless the interpreter's options say ``debug``, and the
-    interpreter never sets that. Skipping the dropped work changes no value a kernel computes
-    and takes about 45% off an interpreted Mamba-2 replay step on CPU. The interpreter only:
-    compiled (GPU) kernels never read these options."""
-    import dataclasses
+if _os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter without work it throws away
+    from replaylab._interpreter import quicken as _quicken
 
-    try:
-        from triton.runtime.interpreter import interpreter_builder
-    except ImportError:  # no triton (or another layout): nothing to change
-        return
-    options = getattr(interpreter_builder, "options", None)
-    if dataclasses.is_dataclass(options) and not getattr(options, "debug", True):
-        if getattr(options, "sanitize_overflow", False):
-            interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
-
-
-if _os.environ.get("TRITON_INTERPRET") == "1":
-    _interpret_without_dropped_overflow_checks()
+    _quicken()
 
 from replaylab.checks import assert_close  # noqa: E402
 from replaylab.scan import ScanResult, s6_scan, s6_step, ssd_scan, ssd_step  # noqa: E402

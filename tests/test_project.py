@@ -122,17 +122,19 @@ def test_triton_interpreter_is_on_without_a_gpu():
         assert os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def test_the_interpreter_skips_only_the_overflow_checks_it_would_drop():
+def test_the_interpreter_skips_the_work_it_would_throw_away():
     """``import replaylab`` turns off the interpreter's int32 overflow checks, whose asserts
-    it drops anyway (no debug); CI's time budget counts on that (about 45% of an interpreted
-    replay step). A triton that moves these options would make CI slow, not wrong: this says
+    it drops anyway (no debug), and patches triton.language once a launch for each module
+    instead of at every device-function call (replaylab/_interpreter.py). CI's time budget
+    counts on both; a triton that moves these parts would make CI slow, not wrong: this says
     why."""
     if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("compiled kernels: the interpreter's options play no part")
-    from triton.runtime.interpreter import interpreter_builder
+        pytest.skip("compiled kernels: the interpreter plays no part")
+    from triton.runtime import interpreter
 
-    assert not interpreter_builder.options.debug
-    assert not interpreter_builder.options.sanitize_overflow
+    assert not interpreter.interpreter_builder.options.debug
+    assert not interpreter.interpreter_builder.options.sanitize_overflow
+    assert getattr(interpreter._patch_lang, "once_a_launch", False)
 
 
 def test_published_shape_memory_by_hand():
