@@ -27,7 +27,8 @@ and writes each new token's y. ``replay_step`` writes no state; ``fold`` writes 
 A verify row is computed by exactly the operations a one-token step at its position performs
 (same update, same order), so T tokens in one call equal T single steps bit for bit. All
 three share one update (``_s6_update``), so a snapshot step and a replay step of the same
-token from the same state give the same bits. The kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
+token from the same state give the same bits (for inputs already in the log's dtypes, which
+``replay_step`` rounds its new tokens to and ``state_update`` takes as they come). The kernels launch with ``enable_fp_fusion=False``, so the compiler cannot contract a product and
 a sum into one FMA differently in the unrolled new-token updates and in the looped log
 updates (why: ``data/row_invariance_probe_jamba.json``, described in data/README.md).
 """
@@ -495,7 +496,8 @@ def _check_state_update(state, x, dt, B, C, A, D, dt_bias, drafts, counts):
     check_tensor("dt_bias", dt_bias, ("D",), dims, floating=True)
     batch, T = dims["batch"], dims["T"]
     if state.dtype != torch.float32 or not state.is_contiguous():
-        raise ValueError(f"state: expected a contiguous float32 pool, got {state.dtype}")
+        got = f"{state.dtype}{'' if state.is_contiguous() else ' (not contiguous)'}"
+        raise ValueError(f"state: expected a contiguous float32 pool, got {got}")
     if dims["S"] < batch:
         raise ValueError(f"state: {dims['S']} rows, need one per sequence ({batch})")
     if A.dtype != torch.float32:
@@ -544,9 +546,9 @@ def state_update(
         dt.contiguous(),
         B.contiguous(),
         C.contiguous(),
-        A,
+        A.contiguous(),
         D.contiguous(),
-        dt_bias,
+        dt_bias.contiguous(),
         y,
         state if drafts is None else drafts,
         state if counts is None else counts,

@@ -226,18 +226,32 @@ def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
     assert not engine.fused and not engine.graphs
 
 
-def test_the_default_strategy_is_snapshot_for_mamba1_layouts_and_replay_for_the_others():
-    """Where every recurrent layer is Mamba-1 (Jamba) the snapshot step is the faster decode
-    (``default_strategy``); a layout with any other recurrent family replays. A strategy named
-    is kept."""
-    want = dict(jamba="snapshot", qwen3_next="replay", qwen3_5="replay", bamba="replay",
-                mixed="replay")  # fmt: skip
+def test_the_default_strategy_is_snapshot_for_mamba1_layouts_with_the_kernels():
+    """Where every recurrent layer is Mamba-1 (Jamba) and the engine runs its kernels (the
+    default on a GPU), the snapshot step is the faster decode (``default_strategy``); without
+    the kernels, or with any other recurrent family, the engine replays. A strategy named is
+    kept, and what only replay serves says why the engine chose snapshot."""
     for family, model in MODELS.items():
-        assert default_strategy(model.cfg) == want[family], family
-        assert DecodeEngine(model, 1, 8).strategy == want[family], family
-    assert DecodeEngine(MODELS["jamba"], 1, 8, "replay").strategy == "replay"
-    nemotron = HybridLM(HybridConfig(), seed=None).cfg
-    assert default_strategy(nemotron) == "replay"
+        want = "snapshot" if family == "jamba" else "replay"
+        assert default_strategy(model.cfg) == want, family
+        assert default_strategy(model.cfg, use_kernels=False) == "replay", family
+        assert DecodeEngine(model, 1, 8, use_kernels=True).strategy == want, family
+    jamba = MODELS["jamba"]
+    assert DecodeEngine(jamba, 1, 8).strategy == "replay"  # a CPU model: no kernels by default
+    assert DecodeEngine(jamba, 1, 8, "replay", use_kernels=True).strategy == "replay"
+    assert default_strategy(HybridLM(HybridConfig(), seed=None).cfg) == "replay"
+    hint = r"snapshot is the engine's default for Mamba-1 layouts with the kernels; pass " \
+        r"strategy='replay'"  # fmt: skip
+    with pytest.raises(ValueError, match=r"log_capacity: only replay keeps a log.*" + hint):
+        DecodeEngine(jamba, 1, 8, use_kernels=True, log_length=4, log_capacity=6)
+    engine = DecodeEngine(jamba, 1, 8, use_kernels=True)
+    with pytest.raises(ValueError, match=r"provisional: .*use strategy='replay'.*" + hint):
+        with engine.provisional([0]):
+            pass
+    named = DecodeEngine(jamba, 1, 8, "snapshot", use_kernels=True, log_length=4)
+    with pytest.raises(ValueError, match=r"use strategy='replay' \(a cursor move\)$"):
+        with named.provisional([0]):
+            pass
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -334,6 +334,7 @@ def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
     runs): random admit / step / rollback / retire programs give the teaching caches' logits."""
     from replaylab.serving import pools
     from replaylab.serving.strategies.base import EngineStrategy
+    from replaylab.serving.strategies.snapshot import EngineSnapshot
 
     launches = []
     cls = getattr(pools, pool_class)
@@ -347,7 +348,8 @@ def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
         raise AssertionError("the spec's token loop ran under use_kernels=True")
 
     monkeypatch.setattr(cls, "step", counted)
-    monkeypatch.setattr(EngineStrategy, "keep_states", token_loop)
+    for strategy_class in (EngineStrategy, EngineSnapshot):  # snapshot has its own
+        monkeypatch.setattr(strategy_class, "keep_states", token_loop)
     engine, worst = _ragged_program(family, strategy)
     assert engine.stats.steps > 0 and engine.stats.rollbacks > 0 and worst < TOL
     assert all(p.step_kernel and not p.kernels for p in engine.ssm.values())

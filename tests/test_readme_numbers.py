@@ -230,6 +230,14 @@ def test_the_mamba1_snapshot_step_sentence_matches_the_committed_runs():
         return f"{q[0]}, {q[1]} and {q[2]}"
 
     assert f"{three(old)} the token loop before it, {three(replay)} replay and {three(ssu)}" in text
+    memory = {
+        m["strategy"]: m
+        for m in load_bench("data/bench_engine_families_jamba_state_update_h100.json")["memory"]
+    }
+    mib = {k: m["pool_bytes_per_slot"] / 2**20 for k, m in memory.items()}
+    tokens = memory["replay"]["max_len"]
+    pools = f"({mib['replay']:.1f} against {mib['snapshot']:.1f} MiB a slot at {tokens:,} tokens)"
+    assert pools in text
 
 
 def test_the_batched_drafter_sentence_matches_the_host_probe():

@@ -445,8 +445,8 @@ for N in (4, 16, 64, 256):
 # to *store* a state per draft or branch. Larger d_state does not change that (the last
 # lines). replaylab's serving engine has that snapshot step as a kernel,
 # `kernels.mamba1.state_update`, and so picks snapshot for Mamba-1 layouts when no strategy is
-# named (`serving.default_strategy`); section 8 times it against replay and mamba-ssm's
-# update in the engine.
+# named and it runs its kernels, as on a GPU (`serving.default_strategy`); section 8 times it
+# against replay and mamba-ssm's update in the engine.
 
 # %% [markdown]
 # ## 7. What the GPU kernels log: the corrected update
@@ -685,7 +685,8 @@ for q in ssu["ratios"]:
 # * Without graphs the host's Python (one call per module and per kernel) set the time: a step
 #   took 8-19 ms at batch 8, 32 and 128 alike (`bench_engine_families_ungraphed.json`). With
 #   them the bytes decide more: replay reads the checkpoint and a short log where snapshot reads
-#   and writes the state, and from batch 32 replay is the fastest plain decode for every family,
+#   and writes the state, and from batch 32 replay is the fastest plain decode for every family
+#   (against that run's token-loop snapshot),
 #   ahead of `fla snapshot` (flash-linear-attention's recurrent kernel in the snapshot step, the
 #   baseline a user would get) too.
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
@@ -754,8 +755,8 @@ for b in (8, 32, 128):
           f"{snap / decode['before', 'snapshot', b]:.2f}x the token loop, "
           f"{snap / decode['after', 'replay', b]:.2f}x replay, "
           f"{snap / decode['after', 'ssu snapshot', b]:.2f}x ssu snapshot")
-print("the engine's strategy when none is named, Jamba-class:", default_strategy(
-    load_preset("jamba-1.5-mini-layers")[1]))
+print("the engine's strategy when none is named, Jamba-class, with its kernels:",
+      default_strategy(load_preset("jamba-1.5-mini-layers")[1], use_kernels=True))
 
 # %% [markdown]
 # The kernel runs at mamba-ssm's speed, and in the engine the snapshot step now decodes

@@ -8,12 +8,11 @@ replay) or without (``graphs``: both arms on a GPU), and for the layouts the fus
 its kernels, graphed (``fused``, opt-in; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their
-``fold``; snapshot and recompute run Mamba-1 and Mamba-2 layers through their
-``state_update`` kernels (``kernels.mamba1``, ``kernels.decode``: the bucket in one launch)
-and Gated DeltaNet layers through the spec's PyTorch token loop (no kernel of ours for its
-state update), so for Gated DeltaNet replay against snapshot here is kernels against PyTorch
-operations as well as one strategy against another. For Gated DeltaNet the
-"fla snapshot" rows put fla's ``fused_recurrent_gated_delta_rule`` in the snapshot path's
+``fold``; snapshot and recompute run each layer through its family's ``state_update`` kernel
+(``kernels.mamba1``, ``kernels.decode``, ``kernels.gdn``: the bucket in one launch; files
+made before those kernels ran the spec's PyTorch token loop there, so their replay against
+snapshot was kernels against PyTorch operations as well as one strategy against another).
+For Gated DeltaNet the "fla snapshot" rows put fla's ``fused_recurrent_gated_delta_rule`` in the snapshot path's
 one-token state update (decode only: a verify needs every intermediate state, which fla's
 recurrent kernel does not return): the snapshot baseline a user of fla would get.
 
@@ -348,7 +347,7 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
         wrap = PEERS[peer[0]][1]
         for pool in engine.ssm.values():
             pool.spec.scan = wrap(pool.spec, peer[1])
-            pool.step_kernel = False  # the token loop, where the peer's kernel sits
+            pool.step_kernel = False  # the spec's token loop, where the peer's kernel sits
     try:
         ref = None
         if n_spec:
@@ -517,9 +516,8 @@ def run_families(
                 "'graphs'), and with fused=True the fused path for the layouts it serves "
                 "(rows with 'fused'), "
                 "use_kernels=True: replay runs the Triton replay kernels batched over the slots; "
-                "snapshot and recompute run Mamba-1 and Mamba-2 layers through their state_update "
-                "kernels and Gated DeltaNet's through the spec's PyTorch token loop; 'fla "
-                "snapshot' runs "
+                "snapshot and recompute run each layer through its family's state_update kernel; "
+                "'fla snapshot' runs "
                 "fla's fused_recurrent_gated_delta_rule there, 'ssu snapshot' mamba-ssm's "
                 "selective_state_update"
             ),

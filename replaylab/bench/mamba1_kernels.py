@@ -180,7 +180,7 @@ def run(
                 entry["ssu"] = dict(error=repr(err)[:300])
         state = inp["states"].clone()
         update_y = state_update(
-            state, *(inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias"))
+            state, *(inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")), **launch
         )
         check["update_equals_replay_step"] = bool(torch.equal(update_y, ours_y))
 

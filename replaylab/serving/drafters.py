@@ -115,7 +115,7 @@ class BatchModelDrafter:
         if engine.strategy != "replay":
             raise ValueError(
                 f"engine: the draft engine gives back its drafts by a cursor move, so its "
-                f"strategy must be 'replay', got {engine.strategy!r}"
+                f"strategy must be 'replay', got {engine.strategy!r}{engine.strategy_hint}"
             )
         self.engine = engine
         self.seats = {}  # row -> (slot, the true tokens the slot holds (P,))

@@ -36,6 +36,7 @@ from replaylab.serving.checks import (
 )
 from replaylab.serving.cursor import provisional_room
 from replaylab.serving.layouts import (
+    DEFAULT_SNAPSHOT_HINT,
     LAYER_KINDS,
     default_strategy,
     fused_reason,
@@ -88,8 +89,8 @@ class DecodeEngine:
 
     model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH, Bamba,
     Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot",
-    "recompute", "replay"; default ``layouts.default_strategy``: snapshot for Mamba-1 layouts,
-    replay for the others). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify:
+    "recompute", "replay"; default ``layouts.default_strategy``: snapshot for Mamba-1 layouts
+    with the kernels, replay otherwise). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify:
     the most tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L
     (default: a step never passes the fold grid, so a verify just before a fold takes fewer
     drafts) up to L + min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the
@@ -98,9 +99,9 @@ class DecodeEngine:
     computed from the checkpoint after the slot's first L entries, folded into a scratch state
     by decode's fold, as a decode step there would read it (a second fold and replay launch per
     layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's
-    Triton kernels, for the whole bucket at once, and under snapshot and recompute the
-    Mamba-1 and Mamba-2 token loop through their step kernels (``kernels.mamba1.state_update``,
-    ``kernels.decode.state_update``) (default: on a GPU).
+    Triton kernels, for the whole bucket at once, and under snapshot and recompute the state
+    update through each family's step kernel (``state_update`` in ``kernels.mamba1``,
+    ``kernels.decode``, ``kernels.gdn``) instead of the token loop (default: on a GPU).
     graphs: capture each (bucket, T) step in a CUDA graph (default: on a GPU, where the
     strategy's steps read no host value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for NemotronH
     layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
@@ -143,7 +144,12 @@ class DecodeEngine:
         log_capacity=None,
     ):
         cfg = model.cfg
-        strategy = default_strategy(cfg) if strategy is None else strategy
+        chosen = strategy is None
+        if chosen:  # use_kernels' default, as ``paths`` fills it in
+            kernels = next(model.parameters()).is_cuda if use_kernels is None else use_kernels
+            strategy = default_strategy(cfg, bool(kernels))
+        # what the errors of replay-only features add when the engine chose snapshot itself
+        self.strategy_hint = DEFAULT_SNAPSHOT_HINT if chosen and strategy == "snapshot" else ""
         kind = strategy_class(strategy)
         reason = unsupported_reason(cfg)
         if reason:
@@ -193,7 +199,7 @@ class DecodeEngine:
         if not kind.logged:
             raise ValueError(
                 f"log_capacity: only replay keeps a log; the {self.strategy!r} strategy takes "
-                f"none (leave log_capacity=None), got {log_capacity!r}"
+                f"none (leave log_capacity=None), got {log_capacity!r}{self.strategy_hint}"
             )
         top = self.L + min(self.max_verify - 1, self.L)
         return as_int("log_capacity", log_capacity, self.L, top)
@@ -371,7 +377,7 @@ class DecodeEngine:
         if self.strategy != "replay":
             raise ValueError(
                 f"provisional: the engine's {self.strategy!r} strategy cannot give back more "
-                "than its last step; use strategy='replay' (a cursor move)"
+                f"than its last step; use strategy='replay' (a cursor move){self.strategy_hint}"
             )
         if self._limits:
             raise ValueError(

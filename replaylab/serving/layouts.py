@@ -14,7 +14,7 @@ from __future__ import annotations
 
 __all__ = [
     "LAYER_KINDS", "unsupported_reason", "fused_reason", "fused_by_default", "fused_prefill", "paths",
-    "default_strategy",
+    "default_strategy", "DEFAULT_SNAPSHOT_HINT",
 ]  # fmt: skip
 
 LAYER_KINDS = {"M": "Mamba-2", "S": "Mamba-1", "G": "Gated DeltaNet", "*": "attention", "-": "MLP"}
@@ -50,14 +50,24 @@ def fused_reason(cfg):
     return ", ".join(missing) or None
 
 
-def default_strategy(cfg):
+def default_strategy(cfg, use_kernels=True):
     """The engine's strategy when none is named: "snapshot" for layouts whose recurrent layers
-    are all Mamba-1 (Jamba's), "replay" otherwise. Mamba-1's decay differs for every state
-    element, so replaying a logged token costs an update of the whole state, as a snapshot
-    step does, and saves only the state's write: at Jamba's shape the snapshot step
-    (``kernels.mamba1.state_update``) decodes faster (``costmodel.mamba1_break_even``: no log
-    length pays; the engine's rows in data/README.md). Replay keeps the smaller pools."""
-    return "snapshot" if set(cfg.pattern) & set("MSG") == {"S"} else "replay"
+    are all Mamba-1 (Jamba's) when the engine runs its kernels (``use_kernels``, the default on
+    a GPU), "replay" otherwise. Mamba-1's decay differs for every state element, so replaying a
+    logged token costs an update of the whole state, as a snapshot step does, and saves only
+    the state's write: at Jamba's shape the snapshot step (``kernels.mamba1.state_update``)
+    decodes faster (``costmodel.mamba1_break_even``: no log length pays; the engine's rows in
+    data/README.md). Without the kernels that was never timed, so replay stays. Replay keeps
+    the smaller pools."""
+    mamba1_only = set(cfg.pattern) & set("MSG") == {"S"}
+    return "snapshot" if mamba1_only and use_kernels else "replay"
+
+
+# appended to the errors of what only replay serves, when the engine chose snapshot itself
+DEFAULT_SNAPSHOT_HINT = (
+    " (snapshot is the engine's default for Mamba-1 layouts with the kernels; pass "
+    "strategy='replay')"
+)
 
 
 def fused_by_default(cfg):

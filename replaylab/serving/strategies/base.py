@@ -2,9 +2,10 @@
 rollback itself, replay's folds, and what a prefix-cache seat restores.
 
 ``EngineStrategy`` is the interface and the default: a strategy that reads and writes the state
-every token (the token-loop scan of the layer's ``RecurrentSpec``; on the fused path
-``kernels.decode.state_update``). ``DecodeEngine`` builds one per engine (``engine.policy``)
-and calls, per step of T tokens over slots 0 .. bucket-1:
+every token (the token-loop scan of the layer's ``RecurrentSpec``; with the kernels the
+family's ``state_update``, ``pool.step``, where the pool has one, and on the fused path's
+Mamba-2 layers ``kernels.decode.state_update``). ``DecodeEngine`` builds one per engine
+(``engine.policy``) and calls, per step of T tokens over slots 0 .. bucket-1:
 
     plan_folds(slots) -> folds          before the step (host numbers move now)
     fold(bucket)                        in the step, when folds were planned
@@ -118,7 +119,9 @@ class EngineStrategy:
         return result.y
 
     def keep_states(self, pool, states, bucket, T):
-        """The states after each token (bucket, T, *state_shape), for a rollback."""
+        """The states after each token (bucket, T, *state_shape), for a rollback, from the
+        token loop. A strategy that keeps them overrides ``draft_states`` too: the kernels
+        write into that buffer and never call this."""
 
     def draft_states(self, pool, T):
         """The kernels' buffer for the state after each token (None: not kept)."""
