@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -268,6 +268,23 @@ case "$mode" in
       [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; extra="--strategies snapshot,recompute --no-ssu --time-budget-s ${M1_PREV_S:-110}"; }
       REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${M1_TIMEOUT_S:-300} python3 -P -m replaylab.bench \
         engine-families $fam $extra --out "$OUT/bench_engine_families_jamba_${tree}.json" 2>&1 | tail -16
+    done ;;
+  snapshot-kernels)  # issue 37: WHEELS=.whl-bench, FLA=.whl-fla (installed beside, for the bench),
+    # PREV: the tree before the state_update kernels: the family kernel and engine GPU tests,
+    # then Qwen3.5- and Bamba-class snapshot (through state_update) beside replay and fla's
+    # recurrent step on this tree, and snapshot's token loop on PREV
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile tests/test_mamba1_kernels.py tests/test_gdn_kernels.py tests/test_engine_family_kernels.py tests/test_engine_families.py tests/test_bench_families.py tests/test_decode_kernels.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_snapshot_kernel_tests.log" 2>&1
+    tail -4 "$OUT/gpu_snapshot_kernel_tests.log"
+    unset OMP_NUM_THREADS
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla ${FLA:-.whl-fla}/* >/dev/null 2>&1
+    fam="--presets ${SK_PRESETS:-qwen3.5-9b-layers,bamba-9b-layers} --batches ${SK_BATCHES:-8,32,128} --graphs on --no-ssu"
+    for tree in ${SK_TREES:-this previous}; do
+      path=/tmp/site-fla:$PWD; commit=${COMMIT:-}; extra="--strategies snapshot,replay --time-budget-s ${SK_THIS_S:-200}"
+      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; extra="--strategies snapshot --no-fla --time-budget-s ${SK_PREV_S:-100}"; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${SK_TIMEOUT_S:-280} python3 -P -m replaylab.bench \
+        engine-families $fam $extra --out "$OUT/bench_engine_families_snapshot_kernels_${tree}.json" 2>&1 | tail -16
     done ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
