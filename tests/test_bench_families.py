@@ -278,3 +278,25 @@ def test_the_two_term_roofline_from_given_rates():
     assert row["roofline_fraction"] == roof["byte_seconds"] / step
     assert ("gpu_busy" in row) == CUDA  # the profiler's share is a GPU measurement
     assert f"{roof['share']:.0%} ({roof['binds']})" in families_summary(result)[-1]
+
+
+def test_the_token_loop_arm_keeps_snapshot_off_the_state_update_kernels(monkeypatch):
+    """``step_kernels=False`` (``--step-kernels off``): the snapshot rows run the spec's token
+    loop, the side-by-side arm for the kernels; the default runs the kernel, once a layer and
+    step for the whole batch."""
+    from replaylab.serving.pools import Mamba1Pool
+
+    calls = []
+    step = Mamba1Pool.step
+
+    def counted(pool, *args):
+        calls.append(args[1])
+        return step(pool, *args)
+
+    monkeypatch.setattr(Mamba1Pool, "step", counted)
+    kw = dict(presets=("tiny-mamba1",), strategies=("snapshot",), batches=(2,), n_new=2,
+              repeats=1, n_spec=0, k=2, graphs=(False,), fla=False, ssu=False)  # fmt: skip
+    loop = run_families(**kw, step_kernels=False)
+    assert calls == [] and loop["step_kernels"] is False
+    kernel = run_families(**kw)
+    assert calls and set(calls) == {2} and kernel["step_kernels"] is True

@@ -269,23 +269,19 @@ case "$mode" in
       REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${M1_TIMEOUT_S:-300} python3 -P -m replaylab.bench \
         engine-families $fam $extra --out "$OUT/bench_engine_families_jamba_${tree}.json" 2>&1 | tail -16
     done ;;
-  snapshot-kernels)  # issue 37: WHEELS=.whl-bench, FLA=.whl-fla (installed beside, for the bench),
-    # PREV: the tree before the state_update kernels: the family kernel and engine GPU tests,
-    # then Qwen3.5- and Bamba-class snapshot (through state_update) beside replay and fla's
-    # recurrent step on this tree, and snapshot's token loop on PREV
-    export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n 8 --dist loadfile tests/test_mamba1_kernels.py tests/test_gdn_kernels.py tests/test_engine_family_kernels.py tests/test_engine_families.py tests/test_bench_families.py tests/test_decode_kernels.py"
-    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_snapshot_kernel_tests.log" 2>&1
-    tail -4 "$OUT/gpu_snapshot_kernel_tests.log"
-    unset OMP_NUM_THREADS
+  snapshot-kernels)  # issue 37: WHEELS=.whl-gpu2 (the suite's set), FLA=.whl-fla (installed
+    # beside, for the bench only): Qwen3.5- and Bamba-class snapshot through the state_update
+    # kernels beside the token loop (--step-kernels off), replay and fla's recurrent step, all
+    # on this tree; then the suite (SUITE_* as in the suite mode)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla ${FLA:-.whl-fla}/* >/dev/null 2>&1
     fam="--presets ${SK_PRESETS:-qwen3.5-9b-layers,bamba-9b-layers} --batches ${SK_BATCHES:-8,32,128} --graphs on --no-ssu"
-    for tree in ${SK_TREES:-this previous}; do
-      path=/tmp/site-fla:$PWD; commit=${COMMIT:-}; extra="--strategies snapshot,replay --time-budget-s ${SK_THIS_S:-200}"
-      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; extra="--strategies snapshot --no-fla --time-budget-s ${SK_PREV_S:-100}"; }
-      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${SK_TIMEOUT_S:-280} python3 -P -m replaylab.bench \
-        engine-families $fam $extra --out "$OUT/bench_engine_families_snapshot_kernels_${tree}.json" 2>&1 | tail -16
-    done ;;
+    for arm in off on; do
+      extra="--strategies snapshot --no-fla --step-kernels off --time-budget-s ${SK_OFF_S:-70}"
+      [ $arm = on ] && extra="--strategies snapshot,replay --time-budget-s ${SK_ON_S:-150}"
+      PYTHONPATH=/tmp/site:/tmp/site-fla:$PWD timeout -s INT ${SK_TIMEOUT_S:-240} python3 -m replaylab.bench \
+        engine-families $fam $extra --out "$OUT/bench_engine_families_snapshot_kernels_$arm.json" 2>&1 | tail -14
+    done
+    bash "$0" suite ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
     for round in $(seq ${HOST_ROUNDS:-2}); do

@@ -174,6 +174,7 @@ def _engine_families(args):
         if torch.cuda.is_available()
         else (False,),
         fused=args.fused == "on",
+        step_kernels=args.step_kernels == "on",
         time_budget_s=args.time_budget_s or None,
         checkpoint=lambda partial: _write(dict(partial, **provenance(args.argv)), out),
     )
@@ -658,6 +659,13 @@ def add_bench_parser(subparsers):
         default="off",
         help="also rows through the fused path's kernels for the layouts it serves (Bamba's; "
         "graphed on a GPU)",
+    )
+    ef.add_argument(
+        "--step-kernels",
+        choices=("on", "off"),
+        default="on",
+        help="snapshot and recompute through each family's state_update kernel (on, the "
+        "engine's default) or the spec's token loop (off: the path before those kernels)",
     )
     ef.add_argument(
         "--time-budget-s",

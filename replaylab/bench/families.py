@@ -343,6 +343,8 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
     )  # fmt: skip
     prompts = random_prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
+    for pool in engine.ssm.values() if not args.get("step_kernels", True) else ():
+        pool.step_kernel = False  # the spec's token loop, as before the state_update kernels
     if peer is not None:
         wrap = PEERS[peer[0]][1]
         for pool in engine.ssm.values():
@@ -424,6 +426,7 @@ def run_families(
     time_budget_s=None,
     checkpoint=None,
     rates=None,
+    step_kernels=True,
 ):
     """Every row of the module docstring, for each preset, batch by batch (every preset's
     model held at once). ``n_spec=0`` skips speculation; ``time_budget_s``: no new row starts
@@ -443,12 +446,14 @@ def run_families(
     max(bytes / copy bandwidth, 2 x matrix weights x batch / matrix rate, both measured at the
     start) over the step time, with the term that binds; ``gpu_busy`` the profiler's share of
     kernel time in the wall time of 8 steps. ``rates`` (copy GB/s, matrix TFLOP/s) sets both
-    rates instead of measuring them (on CPU too: a smoke run of the arithmetic)."""
+    rates instead of measuring them (on CPU too: a smoke run of the arithmetic).
+    ``step_kernels=False``: snapshot and recompute run the spec's token loop (the engine's
+    path before the ``state_update`` kernels), the side-by-side arm for them."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(
         n_new=n_new, repeats=repeats, n_spec=n_spec, k=k, acceptance=acceptance,
-        log_length=log_length,
+        log_length=log_length, step_kernels=bool(step_kernels),
     )  # fmt: skip
     cuda = device.type == "cuda"
     arms = tuple(graphs) if graphs is not None else ((False, True) if cuda else (False,))
