@@ -130,6 +130,7 @@ def run_program(
     use_kernels=None,
     teaching_model=None,
     log_capacity=None,
+    step_kernels=None,
 ):
     """A random program of admit / step (per-slot T and counts) / rollback (per-slot keep) /
     retire, on the engine and on teaching caches, comparing every logit the engine returns
@@ -137,7 +138,8 @@ def run_program(
     A rollback takes every live slot, once each took part in the last step; with
     ``partial_rollbacks`` it takes the slots that did. ``use_kernels``: default ``fused``;
     ``teaching_model``: the oracle's model (default ``model``; its CPU twin when ``model`` is
-    on a GPU); ``log_capacity``: replay's ring rows (default L)."""
+    on a GPU); ``log_capacity``: replay's ring rows (default L); ``step_kernels``: the
+    engine's (default None)."""
     rng = random.Random(seed)
     teaching = teaching_model or (MODEL if model is None else model)
     model = (engine_model() if fused else MODEL) if model is None else model
@@ -153,6 +155,7 @@ def run_program(
         fused=fused,
         matmul=FUSED_MATMUL if fused else None,
         log_capacity=log_capacity,
+        step_kernels=step_kernels,
     )
     oracle, worst = Teaching(strategy, L, teaching), 0.0
 

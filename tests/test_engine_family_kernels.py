@@ -300,7 +300,7 @@ def test_kernel_speculation_gives_the_engine_greedy_tokens_bit_for_bit(family, s
     its greedy tokens bit for bit. Under snapshot and recompute the state steps through the
     family's ``state_update`` kernel, a verify as its tokens' single steps."""
     n = 8
-    engine = _engine(family, 2, 32, strategy, log_length=5, max_verify=5)
+    engine = _engine(family, 2, 32, strategy, log_length=5, max_verify=5, step_kernels=True)
     assert all(p.step_kernel == (strategy != "replay") for p in engine.ssm.values())
     prompts = _prompts((6, 3), seed=1)
     refs = [engine.greedy(p[None], n)[0].cpu() for p in prompts]
@@ -350,7 +350,7 @@ def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
     monkeypatch.setattr(cls, "step", counted)
     for strategy_class in (EngineStrategy, EngineSnapshot):  # snapshot has its own
         monkeypatch.setattr(strategy_class, "keep_states", token_loop)
-    engine, worst = _ragged_program(family, strategy)
+    engine, worst = _ragged_program(family, strategy, step_kernels=True)
     assert engine.stats.steps > 0 and engine.stats.rollbacks > 0 and worst < TOL
     assert all(p.step_kernel and not p.kernels for p in engine.ssm.values())
     runs = engine.stats.steps + engine.stats.reruns  # recompute re-runs its kept tokens
@@ -363,7 +363,7 @@ def test_snapshot_and_recompute_step_the_bucket_in_one_kernel_launch(
     assert {d for _, T, d in launches if T > 1} == {strategy == "snapshot"}
 
 
-def _ragged_program(family, strategy):
+def _ragged_program(family, strategy, **kw):
     """A random admit / step (per-slot T and counts) / rollback (per-slot keep) / retire
     program (``test_engine.run_program``) with the kernels, against the teaching caches."""
     return run_program(
@@ -378,6 +378,7 @@ def _ragged_program(family, strategy):
         teaching_model=MODELS[family],
         tol=TOL,
         partial_rollbacks=True,
+        **kw,
     )
 
 
@@ -523,3 +524,25 @@ def test_a_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit(family):
     decoded, verified = outputs_past_the_grid(make, prompt, "advance", after=3)
     for t, (got, want) in enumerate(zip(verified[0], decoded[0])):
         assert torch.equal(got, want), (t, (got - want).abs().max().item())
+
+
+def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
+    """``step_kernels=None``: under snapshot and recompute with ``use_kernels`` the families
+    whose pools say ``step_kernel_default`` (Mamba-1) step through their kernel, the others
+    through the token loop until timed; True: every family's; False: none; replay: none (it
+    replays instead), and without ``use_kernels`` none."""
+    for family in FAMILIES:
+        for strategy in ("snapshot", "recompute"):
+            default = _engine(family, 1, 8, strategy).ssm.values()
+            assert all(p.step_kernel == (family == "mamba1") for p in default), family
+            every = _engine(family, 1, 8, strategy, step_kernels=True).ssm.values()
+            assert all(p.step_kernel for p in every), family
+            none = _engine(family, 1, 8, strategy, step_kernels=False).ssm.values()
+            assert not any(p.step_kernel for p in none), family
+        replay = _engine(family, 1, 8, "replay", step_kernels=True).ssm.values()
+        assert not any(p.step_kernel for p in replay), family
+        plain = DecodeEngine(MODELS[family], 1, 8, "snapshot", use_kernels=False, step_kernels=True)
+        assert not any(p.step_kernel for p in plain.ssm.values()), family
+    assert DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True).strategy == "snapshot"
+    no_step = DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True, step_kernels=False)
+    assert no_step.strategy == "replay"  # snapshot's speed needs the kernel

@@ -339,12 +339,10 @@ def _one(model, strategy, batch, args, peer=None, graphs=False):
     engine = DecodeEngine(
         model, batch, max_len, strategy, args["log_length"], max_verify=k + 1, use_kernels=True,
         graphs=graphs is True or (graphs == "fused" and next(model.parameters()).is_cuda),
-        fused=graphs == "fused",
+        fused=graphs == "fused", step_kernels=args.get("step_kernels", True),
     )  # fmt: skip
     prompts = random_prompts(batch, model.cfg.vocab_size, seed=7)
     specs = [pool.spec for pool in engine.ssm.values()]
-    for pool in engine.ssm.values() if not args.get("step_kernels", True) else ():
-        pool.step_kernel = False  # the spec's token loop, as before the state_update kernels
     if peer is not None:
         wrap = PEERS[peer[0]][1]
         for pool in engine.ssm.values():
@@ -447,8 +445,9 @@ def run_families(
     start) over the step time, with the term that binds; ``gpu_busy`` the profiler's share of
     kernel time in the wall time of 8 steps. ``rates`` (copy GB/s, matrix TFLOP/s) sets both
     rates instead of measuring them (on CPU too: a smoke run of the arithmetic).
-    ``step_kernels=False``: snapshot and recompute run the spec's token loop (the engine's
-    path before the ``state_update`` kernels), the side-by-side arm for them."""
+    ``step_kernels``: the engines' (True: every family's ``state_update`` kernel in snapshot
+    and recompute; False: the spec's token loop, the path before those kernels, the
+    side-by-side arm for them)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     args = dict(

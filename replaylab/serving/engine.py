@@ -99,12 +99,10 @@ class DecodeEngine:
     computed from the checkpoint after the slot's first L entries, folded into a scratch state
     by decode's fold, as a decode step there would read it (a second fold and replay launch per
     layer and step); opt-in until timed on a GPU. use_kernels: replay through each family's
-    Triton kernels, for the whole bucket at once, and under snapshot and recompute the state
-    update through each family's step kernel (``state_update`` in ``kernels.mamba1``,
-    ``kernels.decode``, ``kernels.gdn``) instead of the token loop (default: on a GPU).
-    graphs: capture each (bucket, T) step in a CUDA graph (default: on a GPU, where the
-    strategy's steps read no host value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for NemotronH
-    layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
+    Triton kernels, for the whole bucket at once (default: on a GPU). graphs: capture each
+    (bucket, T) step in a CUDA graph (default: on a GPU, where the strategy's steps read no
+    host value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for
+    NemotronH layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
     (``kernels.matmul.linear`` and ``serving.invariant``: a row's bits do not depend on the row
     count, so a verify rounds as decode steps do; default on a GPU) or "torch" (default on CPU).
     prefill_chunk: prompt tokens run through the model at once.
@@ -115,6 +113,11 @@ class DecodeEngine:
     family's; default: on a GPU, the families whose pools say ``prompt_kernel_default``
     (Mamba-2; the others' are opt-in until timed in the engine) and, on the fused path, its
     norm and MLP kernels (``serving.prefill._chunk_fused``); on CPU, off.
+    step_kernels: with ``use_kernels``, snapshot's and recompute's state update of the whole
+    bucket in one launch of the family's step kernel (``state_update`` in ``kernels.mamba1``,
+    ``kernels.decode``, ``kernels.gdn``) instead of the spec's token loop. True: every
+    family's; default: the families whose pools say ``step_kernel_default`` (Mamba-1; the
+    others' are opt-in until timed in the engine); False: none.
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).
@@ -142,12 +145,13 @@ class DecodeEngine:
         batch_invariant=True,
         prefill_kernels=None,
         log_capacity=None,
+        step_kernels=None,
     ):
         cfg = model.cfg
         chosen = strategy is None
         if chosen:  # use_kernels' default, as ``paths`` fills it in
             kernels = next(model.parameters()).is_cuda if use_kernels is None else use_kernels
-            strategy = default_strategy(cfg, bool(kernels))
+            strategy = default_strategy(cfg, bool(kernels) and step_kernels is not False)
         # what the errors of replay-only features add when the engine chose snapshot itself
         self.strategy_hint = DEFAULT_SNAPSHOT_HINT if chosen and strategy == "snapshot" else ""
         kind = strategy_class(strategy)
@@ -183,6 +187,9 @@ class DecodeEngine:
         for pool in self.ssm.values():
             wanted = pool.prompt_kernel_default if prefill_kernels is None else True
             pool.prompt_kernel = self.prefill_kernels and wanted and pool.serves_prompt_kernel
+            wanted = pool.step_kernel_default if step_kernels is None else bool(step_kernels)
+            served = self.use_kernels and pool.serves_step_kernel and not kind.logged
+            pool.step_kernel = wanted and served
         self.kv = {
             l: KVPool(cfg, slots, max_len + Tm, self.dtype, self.device) for l in cfg.attn_layers
         }

@@ -14,10 +14,12 @@ Per recurrent layer (``RecurrentPool``: Mamba-2, Mamba-1, Gated DeltaNet, any la
                                               last step
     saved_state  (slots, *state_shape)        recompute: the state before the last verify
     saved_conv   (slots, K, C)                recompute: the window before it
-Snapshot and recompute through the Triton kernels (``kernels=True``): a family whose pool
-says ``serves_step_kernel`` (Mamba-1: ``kernels.mamba1.state_update``; Mamba-2:
-``kernels.decode.state_update``, the fused path's; Gated DeltaNet: ``kernels.gdn.state_update``)
-steps the state of the whole bucket in one launch instead of the spec's token loop (``step``).
+Snapshot and recompute through the Triton kernels (the engine's ``step_kernels``, with
+``use_kernels``): a family whose pool says ``serves_step_kernel`` (Mamba-1:
+``kernels.mamba1.state_update``; Mamba-2: ``kernels.decode.state_update``, the fused path's;
+Gated DeltaNet: ``kernels.gdn.state_update``) steps the state of the whole bucket in one launch
+instead of the spec's token loop (``step``); by default those whose pools say
+``step_kernel_default`` (Mamba-1, the one timed in the engine).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -90,6 +92,7 @@ class RecurrentPool:
     serves_kernels = False  # whether the family's pool runs replay through Triton kernels
     serves_prompt_kernel = False  # whether it scans prompt chunks in one Triton launch
     serves_step_kernel = False  # whether snapshot's and recompute's token loop has a kernel
+    step_kernel_default = False  # whether the engine's default (with its kernels) uses it
     prompt_kernel_default = False  # whether the engine's default (on a GPU) uses it
     kernel_fields = ()  # the log fields the kernels append themselves
 
@@ -104,8 +107,8 @@ class RecurrentPool:
         self.dtype, self.device = dtype, device
         self.kernels = strategy.replays_with_kernels(kernels)
         # snapshot / recompute: the state read and written every token through the family's
-        # Triton step (``step``) instead of the spec's token loop
-        self.step_kernel = bool(kernels) and self.serves_step_kernel and not strategy.logged
+        # Triton step (``step``) instead of the spec's token loop (the engine's step_kernels)
+        self.step_kernel = False
         self.prompt_kernel = False  # prompt chunks through the family's Triton scan (the
         # engine's prefill_kernels)
         self.launch = {}  # kernel -> launch keywords (the engine's batch_invariant sets them)
@@ -321,7 +324,7 @@ class Mamba1Pool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = True
-    serves_step_kernel = True
+    serves_step_kernel = step_kernel_default = True
     kernel_fields = ("x", "dt", "B")
 
     def __init__(self, mixer, *args):
