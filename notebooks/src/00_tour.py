@@ -242,7 +242,8 @@ import torch
 
 import replaylab
 
-print("modules:", ", ".join(sorted(m.name for m in pkgutil.iter_modules(replaylab.__path__))))
+print("modules:", ", ".join(sorted(m.name for m in pkgutil.iter_modules(replaylab.__path__)
+                                  if not m.name.startswith("_"))))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
