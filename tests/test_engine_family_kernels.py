@@ -528,13 +528,13 @@ def test_a_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit(family):
 
 def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
     """``step_kernels=None``: under snapshot and recompute with ``use_kernels`` the families
-    whose pools say ``step_kernel_default`` (Mamba-1) step through their kernel, the others
-    through the token loop until timed; True: every family's; False: none; replay: none (it
-    replays instead), and without ``use_kernels`` none."""
+    whose pools say ``step_kernel_default`` (every family here) step through their kernel;
+    True: every family's; False: none; replay: none (it replays instead), and without
+    ``use_kernels`` none. A family without the default keeps the token loop unless asked."""
     for family in FAMILIES:
         for strategy in ("snapshot", "recompute"):
             default = _engine(family, 1, 8, strategy).ssm.values()
-            assert all(p.step_kernel == (family == "mamba1") for p in default), family
+            assert all(p.step_kernel for p in default), family
             every = _engine(family, 1, 8, strategy, step_kernels=True).ssm.values()
             assert all(p.step_kernel for p in every), family
             none = _engine(family, 1, 8, strategy, step_kernels=False).ssm.values()
@@ -543,6 +543,13 @@ def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
         assert not any(p.step_kernel for p in replay), family
         plain = DecodeEngine(MODELS[family], 1, 8, "snapshot", use_kernels=False, step_kernels=True)
         assert not any(p.step_kernel for p in plain.ssm.values()), family
+    from replaylab.serving.pools import GDNPool
+
+    with pytest.MonkeyPatch.context() as patch:  # a family whose kernel is not the default
+        patch.setattr(GDNPool, "step_kernel_default", False)
+        assert not any(p.step_kernel for p in _engine("gdn", 1, 8, "snapshot").ssm.values())
+        asked = _engine("gdn", 1, 8, "snapshot", step_kernels=True).ssm.values()
+        assert all(p.step_kernel for p in asked)
     assert DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True).strategy == "snapshot"
     no_step = DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True, step_kernels=False)
     assert no_step.strategy == "replay"  # snapshot's speed needs the kernel

@@ -240,6 +240,37 @@ def test_the_mamba1_snapshot_step_sentence_matches_the_committed_runs():
     assert pools in text
 
 
+def test_the_gdn_and_mamba2_snapshot_step_sentence_matches_the_committed_runs():
+    """The Gated DeltaNet and Mamba-2 step-kernel sentence: snapshot with the kernel over the
+    token loop (the two arms of one call) and over fla snapshot, and replay's range."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    on = load_bench("data/bench_engine_families_snapshot_kernels_state_update_h100.json")["rows"]
+    off = load_bench("data/bench_engine_families_snapshot_kernels_token_loop_h100.json")["rows"]
+
+    def decode(rows, preset, strategy):
+        return {
+            r["batch"]: r["decode_tokens_per_s"]
+            for r in rows
+            if r["preset"] == preset and r["strategy"] == strategy
+        }
+
+    def three(num, den):
+        q = [f"{num[b] / den[b]:.2f}x" for b in (8, 32, 128)]
+        return f"{q[0]}, {q[1]} and {q[2]}"
+
+    qwen, bamba = "qwen3.5-9b-layers", "bamba-9b-layers"
+    q_on, b_on = decode(on, qwen, "snapshot"), decode(on, bamba, "snapshot")
+    assert f"decoded {three(q_on, decode(off, qwen, 'snapshot'))} its token loop" in text
+    assert f"({three(q_on, decode(on, qwen, 'fla snapshot'))} fla's recurrent step" in text
+    assert f"and {three(b_on, decode(off, bamba, 'snapshot'))} on the Bamba-class stack" in text
+    over = [
+        s[b] / decode(on, p, "replay")[b]
+        for p, s in ((qwen, q_on), (bamba, b_on))
+        for b in (8, 32, 128)
+    ]
+    assert f"as fast within {min(over):.2f}-{max(over):.2f}x" in text
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())

@@ -764,6 +764,34 @@ print("the engine's strategy when none is named, Jamba-class, with its kernels:"
 # smaller pools (no state copy per draft), so under a tight memory budget it keeps more
 # sequences; the default follows speed.
 #
+# Gated DeltaNet's and Mamba-2's snapshot steps became kernels the same way
+# (`kernels.gdn.state_update`, `kernels.decode.state_update`). A later call timed the Qwen3.5-
+# and Bamba-class stacks with the token loop and with the kernels, in one tree:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+on = load_bench("data/bench_engine_families_snapshot_kernels_state_update_h100.json")
+off = load_bench("data/bench_engine_families_snapshot_kernels_token_loop_h100.json")
+tps = {(arm, r["preset"], r["strategy"], r["batch"]): r["decode_tokens_per_s"]
+       for arm, run in (("off", off), ("on", on)) for r in run["rows"]}
+mib = {(m["preset"], m["strategy"]): m["pool_bytes_per_slot"] / 2**20 for m in on["memory"]}
+for preset in ("qwen3.5-9b-layers", "bamba-9b-layers"):
+    for b in (8, 32, 128):
+        snap = tps["on", preset, "snapshot", b]
+        fla = tps.get(("on", preset, "fla snapshot", b))
+        vs_fla = "" if fla is None else f", {snap / fla:.2f}x fla snapshot"
+        print(f"{preset:18s} batch {b:3d}: snapshot {snap:7,.0f} tok/s, "
+              f"{snap / tps['off', preset, 'snapshot', b]:.2f}x the token loop, "
+              f"{snap / tps['on', preset, 'replay', b]:.2f}x replay{vs_fla}")
+    print(f"{preset:18s} pools a slot: snapshot {mib[preset, 'snapshot']:.1f} MiB, "
+          f"replay {mib[preset, 'replay']:.1f} MiB")
+
+# %% [markdown]
+# Here snapshot and replay decode at about the same speed, and replay's pools are about a
+# third of snapshot's: for these layouts the engine keeps replay as its default, and the
+# kernels make snapshot and recompute the fair peers (fla's recurrent step in the old token
+# loop is slower than either).
+#
 # Later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
 # layouts too (`fused=True`): the residual and the next norm in one kernel, gated attention
 # through the attention and RoPE kernels, the Gated DeltaNet layer's conv, L2 norms and gates in

@@ -116,8 +116,8 @@ class DecodeEngine:
     step_kernels: with ``use_kernels``, snapshot's and recompute's state update of the whole
     bucket in one launch of the family's step kernel (``state_update`` in ``kernels.mamba1``,
     ``kernels.decode``, ``kernels.gdn``) instead of the spec's token loop. True: every
-    family's; default: the families whose pools say ``step_kernel_default`` (Mamba-1; the
-    others' are opt-in until timed in the engine); False: none.
+    family's; default: the families whose pools say ``step_kernel_default`` (Mamba-1,
+    Mamba-2 and Gated DeltaNet, each timed in the engine); False: none.
     batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
     do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
     batch (``kernels.mamba2.LAUNCH``).
