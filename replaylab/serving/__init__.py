@@ -1,7 +1,8 @@
 """The serving engine beside the teaching cache.
 
 engine       DecodeEngine: the facade; checks (``checks``), then calls the parts below
-layouts      what the engine serves (layer kinds, the fused path's layouts) and its paths
+layouts      what the engine serves (layer kinds, the fused path's layouts), its paths and
+             its default strategy per layout
 slots        SlotTable: host positions, counts, the rollback cursor (``cursor``)
 pools        preallocated memory per layer and slot, by family
 strategies   one class per strategy (snapshot, recompute, replay) and their registry
