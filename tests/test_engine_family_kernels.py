@@ -553,3 +553,5 @@ def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
     assert DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True).strategy == "snapshot"
     no_step = DecodeEngine(MODELS["mamba1"], 1, 8, use_kernels=True, step_kernels=False)
     assert no_step.strategy == "replay"  # snapshot's speed needs the kernel
+    with pytest.raises(ValueError, match=r"step_kernels: expected None, True or False, got 'yes'"):
+        DecodeEngine(MODELS["mamba1"], 1, 8, step_kernels="yes")

@@ -148,6 +148,8 @@ class DecodeEngine:
         step_kernels=None,
     ):
         cfg = model.cfg
+        if not any(step_kernels is v for v in (None, True, False)):
+            raise ValueError(f"step_kernels: expected None, True or False, got {step_kernels!r}")
         chosen = strategy is None
         if chosen:  # use_kernels' default, as ``paths`` fills it in
             kernels = next(model.parameters()).is_cuda if use_kernels is None else use_kernels
