@@ -240,8 +240,8 @@ def test_the_default_strategy_is_snapshot_for_mamba1_layouts_with_the_kernels():
     assert DecodeEngine(jamba, 1, 8).strategy == "replay"  # a CPU model: no kernels by default
     assert DecodeEngine(jamba, 1, 8, "replay", use_kernels=True).strategy == "replay"
     assert default_strategy(HybridLM(HybridConfig(), seed=None).cfg) == "replay"
-    hint = r"snapshot is the engine's default for Mamba-1 layouts with the kernels; pass " \
-        r"strategy='replay'"  # fmt: skip
+    hint = r"\(snapshot: the engine's default for Mamba-1 layouts with the kernels, when no " \
+        r"strategy is named\)"  # fmt: skip
     with pytest.raises(ValueError, match=r"log_capacity: only replay keeps a log.*" + hint):
         DecodeEngine(jamba, 1, 8, use_kernels=True, log_length=4, log_capacity=6)
     engine = DecodeEngine(jamba, 1, 8, use_kernels=True)

@@ -691,7 +691,7 @@ for q in ssu["ratios"]:
 #   baseline a user would get) too.
 # * Snapshot and recompute here run the spec's PyTorch token loop, not a fused kernel, so replay
 #   against them is also kernels against PyTorch operations; `fla snapshot` is the fair one
-#   (for Mamba-1 the engine has its own kernel since; the H100 rows below).
+#   (each family's snapshot step is a kernel of the engine's since; the H100 rows below).
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
 #   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's,
 #   Qwen3-Next's and Qwen3.5's when asked for with `fused=True`) folds together, and the device
@@ -765,8 +765,9 @@ print("the engine's strategy when none is named, Jamba-class, with its kernels:"
 # sequences; the default follows speed.
 #
 # Gated DeltaNet's and Mamba-2's snapshot steps became kernels the same way
-# (`kernels.gdn.state_update`, `kernels.decode.state_update`). A later call timed the Qwen3.5-
-# and Bamba-class stacks with the token loop and with the kernels, in one tree:
+# (`kernels.gdn.state_update`, the default; `kernels.decode.state_update` on Bamba's reference
+# path, opt-in with `step_kernels=True`). A later call timed the Qwen3.5- and Bamba-class stacks
+# with the token loop and with the kernels, in one tree:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -792,7 +793,8 @@ for preset in ("qwen3.5-9b-layers", "bamba-9b-layers"):
 # kernels make snapshot and recompute the fair peers (fla's recurrent step in the old token
 # loop is slower than either).
 #
-# Later runs on one H100 take these up. The fused path now serves the Gated DeltaNet
+# Back to the fused path and speculation: later runs on one H100 take up the roofline and the
+# speculation rounds above. The fused path now serves the Gated DeltaNet
 # layouts too (`fused=True`): the residual and the next norm in one kernel, gated attention
 # through the attention and RoPE kernels, the Gated DeltaNet layer's conv, L2 norms and gates in
 # one launch (`kernels/gdn_inputs.py`), then the same strategy step as the reference path, then
@@ -838,9 +840,10 @@ for tree in ("96028da", "ed17032"):
 # * In the serving engine these layouts speculate losslessly on a GPU only with arithmetic whose
 #   rows do not depend on the row count (matrix products, norms, attention); section 8 shows
 #   which modules parted before, and that with CUDA graphs replay decodes fastest from batch 32
-#   where snapshot runs a PyTorch token loop. For Mamba-1 the snapshot step is a kernel now,
-#   and it beats replay in the engine, as section 6's break-even said: the engine's default
-#   for Jamba layouts is snapshot.
+#   where snapshot runs a PyTorch token loop. With each family's snapshot step a kernel,
+#   Mamba-1's beats replay in the engine, as section 6's break-even said (the engine's
+#   default for Jamba layouts is snapshot); for Gated DeltaNet and Mamba-2 the two decode
+#   about alike and replay keeps the smaller pools.
 
 # %% [markdown]
 # ## Exercises

@@ -65,8 +65,8 @@ def default_strategy(cfg, use_kernels=True):
 
 # appended to the errors of what only replay serves, when the engine chose snapshot itself
 DEFAULT_SNAPSHOT_HINT = (
-    " (snapshot is the engine's default for Mamba-1 layouts with the kernels; pass "
-    "strategy='replay')"
+    " (snapshot: the engine's default for Mamba-1 layouts with the kernels, when no strategy "
+    "is named)"
 )
 
 

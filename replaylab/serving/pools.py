@@ -19,7 +19,9 @@ Snapshot and recompute through the Triton kernels (the engine's ``step_kernels``
 ``kernels.mamba1.state_update``; Mamba-2: ``kernels.decode.state_update``, the fused path's;
 Gated DeltaNet: ``kernels.gdn.state_update``) steps the state of the whole bucket in one launch
 instead of the spec's token loop (``step``); by default those whose pools say
-``step_kernel_default`` (all three, each timed in the engine against the token loop).
+``step_kernel_default`` (Mamba-1 and Gated DeltaNet, timed in the engine against the token
+loop, each with one launch for every batch; Mamba-2's, timed too, opts in until its launch is
+pinned likewise).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -239,7 +241,9 @@ class Mamba2Pool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = prompt_kernel_default = True
-    serves_step_kernel = step_kernel_default = True
+    # opt-in: kernels.decode.state_update's launch changes with the batch (LAUNCH_STATE_UPDATE),
+    # so a slot's bits could depend on its batch on this path; pinned, it would be the default
+    serves_step_kernel = True
     kernel_fields = ("x", "dt", "B", "C")
     # a verify's rows in one launch, each bit for bit a single step (the loop runs one compiled
     # body for every T); "exact": T launches of the one-token kernel
