@@ -53,10 +53,11 @@ def fused_reason(cfg):
 def default_strategy(cfg, use_kernels=True):
     """The engine's strategy when none is named: "snapshot" for layouts whose recurrent layers
     are all Mamba-1 (Jamba's) when the engine runs its kernels (``use_kernels``, the default on
-    a GPU, and Mamba-1's step kernel, ``step_kernels`` not False), "replay" otherwise. Mamba-1's decay differs for every state element, so replaying a
-    logged token costs an update of the whole state, as a snapshot step does, and saves only
-    the state's write: at Jamba's shape the snapshot step (``kernels.mamba1.state_update``)
-    decodes faster (``costmodel.mamba1_break_even``: no log length pays; the engine's rows in
+    a GPU, and Mamba-1's step kernel, ``step_kernels`` not False), "replay" otherwise.
+    Mamba-1's decay differs for every state element, so replaying a logged token costs an
+    update of the whole state, as a snapshot step does, and saves only the state's write: at
+    Jamba's shape the snapshot step (``kernels.mamba1.state_update``) decodes faster
+    (``costmodel.mamba1_break_even``: no log length pays; the engine's rows in
     data/README.md). Without the kernels that was never timed, so replay stays. Replay keeps
     the smaller pools."""
     mamba1_only = set(cfg.pattern) & set("MSG") == {"S"}
