@@ -46,7 +46,7 @@ from replaylab.kernels.mamba2 import _delta
 
 __all__ = [
     "add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "swiglu", "rope_", "state_update",
-    "attention",
+    "attention", "write_kept_states",
 ]  # fmt: skip
 
 
@@ -308,6 +308,19 @@ def _check_counts(counts, batch):
             f"counts: expected contiguous int32 of shape ({batch},), got {counts.dtype} "
             f"{tuple(counts.shape)}"
         )
+
+
+def write_kept_states(state, states, drafts, counts):
+    """What a snapshot step writes, from the states after each of its T tokens ``states``
+    (batch, T, ...): ``drafts[:batch, :T]`` (when given) and ``state[:batch]`` the state after
+    ``counts[b]`` tokens (0: unchanged; None: after all T). The state_update kernels'
+    PyTorch references end with it."""
+    batch, T = states.shape[:2]
+    if drafts is not None:
+        drafts[:batch, :T] = states
+    after = torch.cat([state[:batch, None], states], 1)
+    n = torch.full((batch,), T, device=states.device) if counts is None else counts.long()
+    state[:batch] = after[torch.arange(batch, device=states.device), n]
 
 
 def relu2(u):

@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replaylab.kernels.decode import write_kept_states
 from replaylab.kernels.mamba2 import _ring_rows
 from replaylab.scan import gdn_scan
 
@@ -577,13 +578,8 @@ def state_update_ref(state, q, k, v, g, beta, *, drafts=None, counts=None, check
     """PyTorch reference of ``state_update``: the token loop ``replaylab.scan.gdn_scan``."""
     if check:
         _check_state_update(state, q, k, v, g, beta, drafts, counts)
-    batch, T = v.shape[:2]
-    result = gdn_scan(q, k, v, g, beta, initial_state=state[:batch], return_states=True)
-    if drafts is not None:
-        drafts[:batch, :T] = result.states
-    after = torch.cat([state[:batch, None], result.states], 1)
-    n = torch.full((batch,), T, device=v.device) if counts is None else counts.long()
-    state[:batch] = after[torch.arange(batch, device=v.device), n]
+    result = gdn_scan(q, k, v, g, beta, initial_state=state[: v.shape[0]], return_states=True)
+    write_kept_states(state, result.states, drafts, counts)
     return result.y
 
 

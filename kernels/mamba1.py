@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from replaylab.kernels.decode import write_kept_states
 from replaylab.kernels.mamba2 import _ring_rows
 from replaylab.scan import s6_scan
 from replaylab.validation import check_tensor
@@ -573,14 +574,9 @@ def state_update_ref(
     """PyTorch reference of ``state_update``: the reference scan (fp32) over the T tokens."""
     if check:
         _check_state_update(state, x, dt, B, C, A, D, dt_bias, drafts, counts)
-    batch, T, _ = x.shape
     result = s6_scan(x, dt, A, B, C, D, dt_bias=dt_bias, dt_softplus=True,
-                     initial_state=state[:batch], return_states=True)  # fmt: skip
-    if drafts is not None:
-        drafts[:batch, :T] = result.states
-    after = torch.cat([state[:batch, None], result.states], 1)
-    n = torch.full((batch,), T, device=x.device) if counts is None else counts.long()
-    state[:batch] = after[torch.arange(batch, device=x.device), n]
+                     initial_state=state[: x.shape[0]], return_states=True)  # fmt: skip
+    write_kept_states(state, result.states, drafts, counts)
     return result.y
 
 
