@@ -528,14 +528,13 @@ def test_a_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit(family):
 
 def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
     """``step_kernels=None``: under snapshot and recompute with ``use_kernels`` the families
-    whose pools say ``step_kernel_default`` (Mamba-1 and Gated DeltaNet; Mamba-2's launch
-    changes with the batch, so it opts in) step through their kernel;
+    whose pools say ``step_kernel_default`` (all three) step through their kernel;
     True: every family's; False: none; replay: none (it replays instead), and without
     ``use_kernels`` none. A family without the default keeps the token loop unless asked."""
     for family in FAMILIES:
         for strategy in ("snapshot", "recompute"):
             default = _engine(family, 1, 8, strategy).ssm.values()
-            assert all(p.step_kernel == (family != "bamba") for p in default), family
+            assert all(p.step_kernel for p in default), family
             every = _engine(family, 1, 8, strategy, step_kernels=True).ssm.values()
             assert all(p.step_kernel for p in every), family
             none = _engine(family, 1, 8, strategy, step_kernels=False).ssm.values()
@@ -556,3 +555,27 @@ def test_the_step_kernels_by_default_are_the_ones_timed_in_the_engine():
     assert no_step.strategy == "replay"  # snapshot's speed needs the kernel
     with pytest.raises(ValueError, match=r"step_kernels: expected None, True or False, got 'yes'"):
         DecodeEngine(MODELS["mamba1"], 1, 8, step_kernels="yes")
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_mamba2_step_launches_alike_at_every_batch_under_batch_invariant(fused, monkeypatch):
+    """Snapshot's Mamba-2 step (the reference path's ``step_kernels`` and the fused path) takes
+    ``kernels.decode.BATCH_INVARIANT_STATE_UPDATE`` under the engine's ``batch_invariant``
+    (default), whatever the bucket; without it the launch tuned per batch
+    (``LAUNCH_STATE_UPDATE``, which changes past batch 32)."""
+    import replaylab.kernels.decode as decode
+
+    launches, update = [], decode.state_update
+
+    def spy(*args, **kw):
+        launches.append((kw.get("block_p"), kw.get("num_warps")))
+        return update(*args, **kw)
+
+    monkeypatch.setattr(decode, "state_update", spy)
+    for invariant, want in ((True, decode.BATCH_INVARIANT_STATE_UPDATE), (False, (None, None))):
+        launches.clear()
+        engine = _engine("bamba", 3, 16, "snapshot", fused=fused, batch_invariant=invariant)
+        for p in _prompts((4, 6, 5)):
+            engine.admit(p.to(DEVICE))
+        engine.step(torch.ones(3, 2, dtype=torch.long, device=DEVICE))
+        assert launches and set(launches) == {want}, (invariant, set(launches))

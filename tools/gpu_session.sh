@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -282,6 +282,30 @@ case "$mode" in
         engine-families $fam $extra --out "$OUT/bench_engine_families_snapshot_kernels_$arm.json" 2>&1 | tail -14
     done
     bash "$0" suite ;;
+  mamba2-pin)  # issue 37: WHEELS=.whl-gpu2, PREV: the previous tree's folder (Mamba-2's step
+    # launch tuned per batch): the step-kernel and lossless GPU tests, then the Bamba-class
+    # engine under snapshot, side by side in one call: the token loop (this tree,
+    # --step-kernels off), state_update at the launch tuned per batch (PREV) and pinned (this)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-12} --dist loadfile tests/test_engine_families.py tests/test_engine_family_kernels.py tests/test_decode_kernels.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-200} $cmd; } >"$OUT/gpu_step_kernel_tests.log" 2>&1
+    tail -6 "$OUT/gpu_step_kernel_tests.log"
+    unset OMP_NUM_THREADS
+    fam="--presets bamba-9b-layers --batches ${PIN_BATCHES:-8,32,128} --graphs on --strategies snapshot"
+    for arm in token_loop tuned pinned; do
+      path=$PWD; commit=${COMMIT:-}; extra="--fused on --time-budget-s ${PIN_S:-70}"
+      [ $arm = token_loop ] && extra="--step-kernels off --time-budget-s ${PIN_S:-70}"
+      [ $arm = tuned ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${PIN_TIMEOUT_S:-110} python3 -P -m replaylab.bench \
+        engine-families $fam $extra --out "$OUT/bench_engine_families_bamba_step_${arm}.json" 2>&1 | tail -8
+    done ;;
+  step-sweep)  # issue 37: WHEELS=.whl-gpu2, FLA=.whl-fla: the snapshot steps' launches
+    # (tools/step_launch_sweep.py), then where a Bamba-class snapshot round's time goes at
+    # batch 128 (tools/spec_round_profile.py --strategy snapshot)
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla ${FLA:-.whl-fla}/* >/dev/null 2>&1
+    PYTHONPATH=/tmp/site:/tmp/site-fla:$PWD timeout -s INT ${SWEEP_S:-200} python3 tools/step_launch_sweep.py "$OUT/step_launch_sweep.json" 2>&1 | tail -14
+    timeout -s INT ${PROFILE_S:-150} python3 tools/spec_round_profile.py "$OUT/spec_round_profile_bamba_snapshot_b128.json" \
+      --preset bamba-9b-layers --batch ${PROFILE_BATCH:-128} --strategy snapshot 2>&1 | tail -14 ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the
     # previous tree (PREV: a folder holding its replaylab/ and kernels/) and this one, alternating
     for round in $(seq ${HOST_ROUNDS:-2}); do

@@ -1,4 +1,4 @@
-"""Where a speculation round's time goes, on the engine a user would run (replay, CUDA graphs,
+"""Where a speculation round's time goes, on the engine a user would run (replay by default, CUDA graphs,
 kernels) at one preset and batch: the round against a plain decode step, split into its phases.
 
 1. Greedy decoding of the drafters' reference, then an untimed speculation run (graphs captured).
@@ -11,7 +11,7 @@ kernels) at one preset and batch: the round against a plain decode step, split i
    kernels by total time, beside the decode step's.
 
     python tools/spec_round_profile.py OUT.json [--preset qwen3.5-9b-layers] [--batch 32]
-        [--k 4] [--acceptance 0.8] [--n-spec 48]
+        [--k 4] [--acceptance 0.8] [--n-spec 48] [--strategy replay]
 
 Meant for a GPU (on a CPU it runs as a smoke test: no graphs, no GPU kernels). Prints a short table; writes everything to OUT.json.
 """
@@ -205,13 +205,14 @@ def main(argv=None):
     ap.add_argument("--acceptance", type=float, default=0.8)
     ap.add_argument("--n-spec", type=int, default=48)
     ap.add_argument("--log-length", type=int, default=16)
+    ap.add_argument("--strategy", default="replay", choices=("snapshot", "recompute", "replay"))
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()  # on a CPU: a smoke run (no graphs, fp32, no GPU kernels)
     _, cfg = load_preset(a.preset)
     model = HybridLM(cfg, seed=0).to(*(("cuda", torch.bfloat16) if cuda else ("cpu",))).eval()
     max_len = 40 + 4 * a.n_spec + a.k + 8
     engine = DecodeEngine(
-        model, a.batch, max_len, "replay", a.log_length, max_verify=a.k + 1, use_kernels=True,
+        model, a.batch, max_len, a.strategy, a.log_length, max_verify=a.k + 1, use_kernels=True,
         graphs=cuda,
     )  # fmt: skip
     prompts = random_prompts(a.batch, cfg.vocab_size, seed=7)
@@ -225,7 +226,11 @@ def main(argv=None):
     equal = all(torch.equal(t.cpu(), r) for t, r in zip(tokens, ref))
     round_ms = spec["seconds"] * 1e3 / spec["rounds"]
     tokens_per_round = a.batch * a.n_spec / spec["rounds"]
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
     phases, _ = _phased(engine, prompts, ref, a.k, a.acceptance)
+    # the caching allocator's retries (a cudaFree of its cache, then cudaMalloc again) in the
+    # phased run: each costs milliseconds where memory runs short
+    retries = (torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0) - retries
 
     tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
     decode_seconds(engine, tok, 4)
@@ -242,7 +247,10 @@ def main(argv=None):
     result = dict(
         provenance=dict(provenance(), command="python tools/spec_round_profile.py " + " ".join(sys.argv[1:])),
         preset=a.preset, batch=a.batch, k=a.k, acceptance=a.acceptance, n_spec=a.n_spec,
-        log_length=a.log_length, strategy="replay", graphs=cuda, kernels=True,
+        log_length=a.log_length, strategy=a.strategy, graphs=cuda, kernels=True,
+        alloc_retries_in_phased_run=retries,
+        memory_reserved_gib=torch.cuda.memory_reserved() / 2**30 if cuda else None,
+        memory_total_gib=torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else None,
         decode_ms_per_step=decode_s * 1e3,
         decode_tokens_per_s=a.batch / decode_s,
         round_ms=round_ms,

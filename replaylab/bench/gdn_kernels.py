@@ -235,18 +235,21 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
 
 STEP_LAUNCHES = [(bv, w, bl) for bv in (16, 32, 64) for w in (1, 2, 4, 8) for bl in (8, 16)]
 FOLD_LAUNCHES = [(bv, w, p) for bv in (16, 32, 64) for w in (2, 4, 8) for p in ("tf32x3", "ieee")]
+UPDATE_LAUNCHES = [(bv, w, None) for bv in (16, 32, 64) for w in (1, 2, 4, 8)]
 
 
 def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("replay_step", "fold")):
-    """Launches of the step (at n = L/2: ``STEP_LAUNCHES``, BLOCK_V x num_warps x BLOCK_L)
-    and of the fold (L entries: ``FOLD_LAUNCHES``, BLOCK_V x num_warps x precision) at each
-    batch, for each of ``kinds``, beside a copy of the state's bytes under the same timer,
-    until ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes
-    (write it out: a cut-off run keeps what it measured). The numbers behind
-    ``kernels.gdn.LAUNCH``."""
+    """Launches of the step (at n = L/2: ``STEP_LAUNCHES``, BLOCK_V x num_warps x BLOCK_L),
+    of the fold (L entries: ``FOLD_LAUNCHES``, BLOCK_V x num_warps x precision) and of the
+    snapshot step ``state_update`` (one token: ``UPDATE_LAUNCHES``, BLOCK_V x num_warps, with
+    fla's recurrent step on the same token beside it where fla imports) at each batch, for
+    each of ``kinds``, beside a copy of the state's bytes under the same timer, until
+    ``budget_s`` seconds have passed; ``on_row(row)`` sees each row as it comes (write it out:
+    a cut-off run keeps what it measured). The numbers behind ``kernels.gdn.LAUNCH`` and
+    ``STATE_UPDATE_LAUNCH``."""
     import time
 
-    from replaylab.kernels.gdn import fold, replay_step
+    from replaylab.kernels.gdn import fold, replay_step, state_update
 
     H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
     copy_gbs = copy_bandwidth_gbs()
@@ -268,7 +271,16 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
         work = states.clone()
         ms, _ = time_ms(lambda: work.copy_(states))  # the same bytes as a copy, same timer
         keep(_row("copy", batch, ms, 2 * states.numel() * 4, copy_gbs))
-        plan = {"replay_step": STEP_LAUNCHES, "fold": FOLD_LAUNCHES}
+        plan = {
+            "replay_step": STEP_LAUNCHES,
+            "fold": FOLD_LAUNCHES,
+            "state_update": UPDATE_LAUNCHES,
+        }
+        fla, _ = _fla() if "state_update" in kinds else (None, None)
+        if fla:  # the peer's step on the same token: the state read, the new one written
+            fn = lambda: fla[0](**one, scale=1.0, initial_state=work, output_final_state=True)  # noqa: E731
+            ms, _ = time_ms(fn)
+            keep(_row("fla state_update", batch, ms, _fla_step_bytes(batch), copy_gbs))
         for kind in kinds:
             for a, warps, c in plan[kind]:
                 if time.time() - t0 > budget_s:
@@ -280,6 +292,11 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
                     )  # fmt: skip
                     extra = dict(n=L // 2, block_l=c)
                     nbytes = step_bytes(batch, L // 2)
+                elif kind == "state_update":
+                    fn = lambda a=a, w=warps: state_update(  # noqa: E731
+                        work, **one, check=False, block_v=a, num_warps=w
+                    )
+                    extra, nbytes = {}, _fla_step_bytes(batch)
                 else:
                     fn = lambda a=a, w=warps, c=c: fold(  # noqa: E731
                         work, slots, work, slots, **log, fold_len=full, log_head=head,

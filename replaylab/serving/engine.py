@@ -116,12 +116,11 @@ class DecodeEngine:
     step_kernels: with ``use_kernels``, snapshot's and recompute's state update of the whole
     bucket in one launch of the family's step kernel (``state_update`` in ``kernels.mamba1``,
     ``kernels.decode``, ``kernels.gdn``) instead of the spec's token loop on the reference
-    path (the fused path's Mamba-2 layers always run ``kernels.decode.state_update``). True:
-    every family's; default: the families whose pools say ``step_kernel_default`` (Mamba-1 and
-    Gated DeltaNet; Mamba-2's opts in, see ``pools.Mamba2Pool``); False: none.
-    batch_invariant: the replay kernels launch alike at every batch (default), so a slot's bits
-    do not depend on which other slots share its steps; False: the Mamba-2 launch tuned per
-    batch (``kernels.mamba2.LAUNCH``).
+    path (the fused path's Mamba-2 layers always run ``kernels.decode.state_update``). True or
+    default: every family's (the pools' ``step_kernel_default``); False: none.
+    batch_invariant: the recurrent kernels launch alike at every batch (default), so a slot's
+    bits do not depend on which other slots share its steps; False: the Mamba-2 launches tuned
+    per batch (``kernels.mamba2.LAUNCH``, ``kernels.decode.LAUNCH_STATE_UPDATE``).
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)

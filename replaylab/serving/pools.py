@@ -19,9 +19,8 @@ Snapshot and recompute through the Triton kernels (the engine's ``step_kernels``
 ``kernels.mamba1.state_update``; Mamba-2: ``kernels.decode.state_update``, the fused path's;
 Gated DeltaNet: ``kernels.gdn.state_update``) steps the state of the whole bucket in one launch
 instead of the spec's token loop (``step``); by default those whose pools say
-``step_kernel_default`` (Mamba-1 and Gated DeltaNet, timed in the engine against the token
-loop, each with one launch for every batch; Mamba-2's, timed too, opts in until its launch is
-pinned likewise).
+``step_kernel_default`` (all three, each timed in the engine against the token loop, each with
+one launch for every batch: Mamba-2's pinned under the engine's ``batch_invariant``).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log
@@ -241,9 +240,8 @@ class Mamba2Pool(RecurrentPool):
 
     serves_kernels = True
     serves_prompt_kernel = prompt_kernel_default = True
-    # opt-in: kernels.decode.state_update's launch changes with the batch (LAUNCH_STATE_UPDATE),
-    # so a slot's bits could depend on its batch on this path; pinned, it would be the default
-    serves_step_kernel = True
+    # the step's launch is pinned under the engine's batch_invariant, as replay's are
+    serves_step_kernel = step_kernel_default = True
     kernel_fields = ("x", "dt", "B", "C")
     # a verify's rows in one launch, each bit for bit a single step (the loop runs one compiled
     # body for every T); "exact": T launches of the one-token kernel
@@ -271,7 +269,8 @@ class Mamba2Pool(RecurrentPool):
 
         x, dt, B, C = (entries[k].contiguous() for k in ("x", "dt", "B", "C"))
         return state_update(self.state, x, dt, B, C, self.A, self.D, self.dt_bias, self.dt_limit,
-                            drafts=drafts, counts=counts)  # fmt: skip
+                            drafts=drafts, counts=counts,
+                            **self.launch.get("state_update", {}))  # fmt: skip
 
     def logged_fields(self, fused):
         """x, dt, B, C for the fused kernels; the reference path keeps the conv inputs (xBC)
@@ -316,9 +315,11 @@ class Mamba2Pool(RecurrentPool):
         return L % FOLD_BLOCK_L == 0
 
     def batch_invariant_launch(self):
+        from replaylab.kernels.decode import BATCH_INVARIANT_STATE_UPDATE
         from replaylab.kernels.mamba2 import BATCH_INVARIANT
 
-        return {k: dict(block_p=p, num_warps=w) for k, (p, w) in BATCH_INVARIANT.items()}
+        launches = {**BATCH_INVARIANT, "state_update": BATCH_INVARIANT_STATE_UPDATE}
+        return {k: dict(block_p=p, num_warps=w) for k, (p, w) in launches.items()}
 
 
 class Mamba1Pool(RecurrentPool):

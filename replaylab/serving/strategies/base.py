@@ -144,6 +144,7 @@ class EngineStrategy:
             pool.dt_limit,
             drafts=self.draft_states(pool, T),
             counts=counts,
+            **pool.launch.get("state_update", {}),
         )
 
     def after_step(self, tokens, bucket, T):
