@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import re
 from functools import partial
 
 import pytest
@@ -1098,6 +1099,31 @@ def gdn_own_decay_forgotten(
     u_t = tl.load(beta + row) * (tl.load(v + row * V + vs) - gamma * Sk - read_k)
     tl.store(u + row * V + vs, u_t)
     tl.store(o + row * V + vs, gamma * Sq + read_q + tl.sum(k_t * q_t) * u_t)
+
+
+@triton.jit
+def s6_y_from_old_state(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    old = tl.load(S + row)
+    new = tl.exp(delta_t * tl.load(A + d * N + ns)) * old + delta_t * x_t * tl.load(B + b * N + ns)
+    tl.store(S + row, new)
+    tl.store(y + b * D + d, tl.sum(old * tl.load(C + b * N + ns)) + tl.load(Dskip + d) * x_t)
+
+
+@triton.jit
+def s6_state_read_twice(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    decay = tl.exp(delta_t * tl.load(A + d * N + ns))
+    tl.store(S + row, decay * tl.load(S + row))
+    tl.store(S + row, tl.load(S + row) + delta_t * x_t * tl.load(B + b * N + ns))
+    s = tl.load(S + row)
+    tl.store(y + b * D + d, tl.sum(s * tl.load(C + b * N + ns)) + tl.load(Dskip + d) * x_t)
 """
 
 
@@ -1290,6 +1316,27 @@ def test_gdn_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, cap
     assert not exercises_families.check_gdn_step_kernel(wrong_kernels.gdn_own_decay_forgotten)
     out = _out(capsys)
     assert "output o differs from the reference" in out and "new u differs" in out
+
+
+@interpreter_only
+def test_s6_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, capsys):
+    """Notebook 11's Mamba-1 snapshot step: the reference answer passes, reading and writing
+    the state once; y from the state before the update fails with that diagnosis; a kernel
+    that goes through the state in three passes gives the right numbers but fails on
+    traffic."""
+    solution = _solution("11_beyond_mamba2", "s6_step_kernel", tmp_path)["s6_step_kernel"]
+    assert exercises_families.check_s6_step_kernel(solution)
+    out = _out(capsys)
+    assert re.search(r"state S: read 1\.00x \(\d+ tl\.load\), written 1\.00x", out), out
+    assert "A: read 1.00x" in out
+    assert not exercises_families.check_s6_step_kernel(wrong_kernels.s6_y_from_old_state)
+    out = _out(capsys)
+    assert "output y differs" in out and "state S differs" not in out
+    assert "it equals y from the state before the update" in out
+    assert not exercises_families.check_s6_step_kernel(wrong_kernels.s6_state_read_twice)
+    out = _out(capsys)
+    assert "differs" not in out and "traffic rule broken: S is read exactly once" in out
+    assert "traffic rule broken: S is written exactly once" in out
 
 
 def test_offgrid_extra_tokens_wrong_answers(capsys):

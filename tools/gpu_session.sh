@@ -298,7 +298,9 @@ case "$mode" in
       [ $arm = tuned ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
       REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${PIN_TIMEOUT_S:-110} python3 -P -m replaylab.bench \
         engine-families $fam $extra --out "$OUT/bench_engine_families_bamba_step_${arm}.json" 2>&1 | tail -8
-    done ;;
+    done
+    [ -n "${PROFILE:-}" ] && timeout -s INT ${PROFILE_S:-110} python3 tools/spec_round_profile.py \
+      "$OUT/spec_round_profile_bamba_snapshot_b128.json" --preset bamba-9b-layers --batch 128 --strategy snapshot 2>&1 | tail -14 ;;
   step-sweep)  # issue 37: WHEELS=.whl-gpu2, FLA=.whl-fla: the snapshot steps' launches
     # (tools/step_launch_sweep.py), then where a Bamba-class snapshot round's time goes at
     # batch 128 (tools/spec_round_profile.py --strategy snapshot)

@@ -59,3 +59,21 @@ def gdn_step_kernel(S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H,
     o_t = gamma * tl.sum(tile * q_t[:, None], 0) + read_q + tl.sum(k_t * q_t) * u_t
     tl.store(u + (b * H + h) * V + vs, u_t)
     tl.store(o + (b * H + h) * V + vs, o_t)
+
+
+# %% s6_step_kernel
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def s6_step_kernel(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    """Program (b, d): channel d of sequence b through one token, its row of S in place."""
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    s = tl.load(S + row)  # the one read
+    s = tl.exp(delta_t * tl.load(A + d * N + ns)) * s + delta_t * x_t * tl.load(B + b * N + ns)
+    tl.store(S + row, s)  # the one write
+    tl.store(y + b * D + d, tl.sum(s * tl.load(C + b * N + ns)) + tl.load(Dskip + d) * x_t)

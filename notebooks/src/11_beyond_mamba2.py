@@ -34,7 +34,8 @@ import replaylab  # first: without a GPU it switches Triton's interpreter on
 import triton
 import triton.language as tl
 from replaylab import families
-from replaylab.teaching.exercises_families import check_chunked_fold, check_gdn_step_kernel
+from replaylab.teaching.exercises_families import (check_chunked_fold, check_gdn_step_kernel,
+                                                   check_s6_step_kernel)
 from replaylab.teaching.plotting import use_notebook_renderer
 from replaylab.results import load_bench
 from replaylab.scan import (
@@ -894,7 +895,34 @@ def gdn_step_kernel(S, log_k, log_u, log_g, q, k, v, g, beta, o, u, n, H,
 check_gdn_step_kernel(gdn_step_kernel);
 
 # %% [markdown]
-# **3.** *Discussion*: section 6 measured the backward recursion for one new token. A
+# **3. Mamba-1's snapshot step in Triton.** Section 6 found that at Jamba's shape the snapshot
+# step wins: one update per state element, where replay makes $\tfrac{L+1}{2}$. Write it for one
+# token: `s6_step_kernel[(batch, D)](S, x, delta, A, B, C, Dskip, y, D, N)`. Program `(b, d)`
+# owns channel `d` of sequence `b`: the row `S[b, d]` (N,) of the fp32 state (contiguous:
+# `S[b, d, n]` at `S + (b * D + d) * N + n`), `x[b, d]` and `delta[b, d]` (Δ, already through
+# the dt projection and softplus), the row `A[d]` (N,) of A (D, N), and the token's `B[b]`,
+# `C[b]` (N,) and `Dskip[d]`. It updates the row in place,
+# $S \leftarrow e^{\Delta A[d]} \odot S + \Delta\, x\, B$ (every element its own decay), and
+# writes `y[b, d]` $= S \cdot C + D_{\text{skip}}\, x$ from the **new** state. `N` is a
+# `tl.constexpr` power of two.
+#
+# **Target traffic:** S read once and written once (mamba-ssm's `selective_state_update` moves
+# the same 8 bytes per element); y written once; the token's inputs only read. `B` and `C` are
+# read by each of a sequence's D programs: N values each, small beside the state.
+
+# %% exercise="s6_step_kernel" tags=["exercise"]
+@triton.jit
+def s6_step_kernel(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    """Program (b, d): channel d of sequence b through one token (see the spec above); its row
+    of S is updated in place and y[b, d] written from the new state."""
+    pass  # your kernel here
+
+
+# %%
+check_s6_step_kernel(s6_step_kernel);
+
+# %% [markdown]
+# **4.** *Discussion*: section 6 measured the backward recursion for one new token. A
 # speculative verify step has $k + 1$ new tokens; how does the recursion's work grow with $k$,
 # and what would a kernel share between the $k + 1$ queries? With the $u$ log of section 7,
 # what must a verify of $k + 1$ tokens do before token $i$'s output can be computed?

@@ -14,11 +14,18 @@ from __future__ import annotations
 import torch
 
 from replaylab.checks import max_abs_error
-from replaylab.scan import gdn_scan
+from replaylab.scan import gdn_scan, s6_scan
 from replaylab.teaching.grading import NOT_IMPLEMENTED, describe_exception, guarded, report
 from replaylab.teaching.kernel_harness import interpreting, poisoned, run_kernel_check
 
-__all__ = ["check_chunked_fold", "check_gdn_step_kernel", "gdn_fold_inputs", "gdn_step_case"]
+__all__ = [
+    "check_chunked_fold",
+    "check_gdn_step_kernel",
+    "check_s6_step_kernel",
+    "gdn_fold_inputs",
+    "gdn_step_case",
+    "s6_step_case",
+]
 
 
 def _done(name, ok, message) -> bool:
@@ -172,4 +179,103 @@ def check_gdn_step_kernel(kernel, seed=0) -> bool:
         rules,
         labels=_GDN_LABELS,
         also=[("u", c["want_u"])],
+    )
+
+
+# the Mamba-1 snapshot step: tiny, as the GDN step (the interpreter runs every program)
+S6_STEP_SIZES = dict(batch=2, D=6, N=4)
+
+_S6_LABELS = dict(
+    S="state S",
+    x="new x",
+    delta="new Δ",
+    A="A",
+    B="new B",
+    C="new C",
+    Dskip="D (skip)",
+    y="output y",
+)
+
+
+def s6_step_case(seed=0, device=None, **sizes) -> dict:
+    """The Mamba-1 snapshot step's inputs (fp32) and expected results: S (batch, D, N); the
+    token's x and Δ (batch, D) (Δ > 0: the dt projection and softplus already applied); A
+    (D, N) < 0; B, C (batch, N); Dskip (D,); want_S, the state after the token, and want_y
+    (batch, D), by ``replaylab.scan.s6_scan`` in float64. On ``device`` (default as
+    ``gdn_step_case``)."""
+    device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
+    z = {**S6_STEP_SIZES, **sizes}
+    batch, D, N = z["batch"], z["D"], z["N"]
+    gen = torch.Generator().manual_seed(seed)
+    case = dict(
+        S=torch.randn(batch, D, N, generator=gen),
+        x=torch.randn(batch, D, generator=gen),
+        delta=0.05 + torch.rand(batch, D, generator=gen),
+        A=-(0.2 + 2 * torch.rand(D, N, generator=gen)),
+        B=torch.randn(batch, N, generator=gen),
+        C=torch.randn(batch, N, generator=gen),
+        Dskip=torch.randn(D, generator=gen),
+    )
+    f64 = {k: t.double() for k, t in case.items()}
+    result = s6_scan(f64["x"][:, None], f64["delta"][:, None], f64["A"], f64["B"][:, None],
+                     f64["C"][:, None], f64["Dskip"], initial_state=f64["S"],
+                     compute_dtype=torch.float64)  # fmt: skip
+    case.update(want_S=result.state.float(), want_y=result.y[:, 0].float())
+    return {name: t.contiguous().to(device) for name, t in case.items()}
+
+
+def _s6_mistakes(c):
+    """The usual wrong answers' y (float64 -> fp32), for the FAIL diagnoses."""
+    S, x, delta, A, B, C, Dskip = (
+        c[k].double() for k in ("S", "x", "delta", "A", "B", "C", "Dskip")
+    )
+    write = (delta * x)[..., None] * B[:, None, :]
+    right = torch.exp(delta[..., None] * A) * S + write
+
+    def y(state):
+        return ((state * C[:, None, :]).sum(-1) + Dskip * x).float()
+
+    return [
+        ("y from the state before the update, S_(t-1) C_t + D x_t: y reads the new state S_t",
+         y(S)),
+        ("Δ_t left out of the input term: e^{Δ A} S + x B^T",
+         y(torch.exp(delta[..., None] * A) * S + x[..., None] * B[:, None, :])),
+        ("the decay of channel 0 for every channel (A's row offset d * N forgotten)",
+         y(torch.exp(delta[..., None] * A[0]) * S + write)),
+        ("y without the skip term D x_t", ((right * C[:, None, :]).sum(-1)).float()),
+    ]  # fmt: skip
+
+
+@guarded("Mamba-1 snapshot step kernel")
+def check_s6_step_kernel(kernel, seed=0) -> bool:
+    """``kernel[(batch, D)](S, x, delta, A, B, C, Dskip, y, D, N)`` steps the Mamba-1 state
+    S (batch, D, N) through one token in place, S <- e^{Δ A} S + Δ x B^T elementwise per
+    channel (A (D, N): every element its own decay), and writes y = S C + D x (batch, D)
+    from the new state (``s6_step_case``). Pass: S and y correct, S read exactly once and
+    written exactly once (the snapshot write: one update per element), y written once, the
+    token's inputs not written."""
+    c = s6_step_case(seed)
+    batch, D, N = c["S"].shape
+    y = poisoned((batch, D), c["S"])
+    names = ("S", "x", "delta", "A", "B", "C", "Dskip")
+    inputs = names[1:]
+    args = [(m, c[m]) for m in names] + [("y", y), ("D", D), ("N", N)]
+    rules = [
+        ("S is read exactly once", lambda t: abs(t.times_read("S") - 1) < 1e-9),
+        ("S is written exactly once (the snapshot write)", lambda t: abs(t.times_written("S") - 1) < 1e-9),
+        ("y is written exactly once", lambda t: abs(t.times_written("y") - 1) < 1e-9),
+        ("the token's inputs are not written", lambda t: all(t.written[m] == 0 for m in inputs)),
+    ]  # fmt: skip
+    return run_kernel_check(
+        "Mamba-1 snapshot step kernel",
+        kernel,
+        args,
+        "y",
+        c["want_y"],
+        rules,
+        labels=_S6_LABELS,
+        shared=("A", "Dskip"),
+        in_place=("S",),
+        also=[("S", c["want_S"])],
+        diagnoses=_s6_mistakes(c),
     )

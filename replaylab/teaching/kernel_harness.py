@@ -205,7 +205,7 @@ def _wrong_programs(got, want, tol=1e-4) -> str:
     """Which programs (b, h) wrote a wrong or missing value, e.g. 'programs (b, h) (1, 0),
     (1, 1), (1, 2) of 6 are wrong, the others right'."""
     bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
-    per_program = bad.flatten(2).any(-1)  # (batch, H)
+    per_program = bad.flatten(2).any(-1) if bad.dim() > 2 else bad  # (batch, H)
     wrong = [tuple(int(i) for i in w) for w in per_program.nonzero()]
     total = per_program.numel()
     if len(wrong) == total:
