@@ -430,6 +430,19 @@ def test_engine_configuration_errors():
             DecodeEngine(MODEL, 1, 8, graphs=True)
     with pytest.raises(TypeError, match=r"max_batch: expected an integer"):
         DecodeEngine(MODEL, 1.5, 8)
+    # the path switches take None (the default for the device), True or False, nothing truthy
+    for name, value in (
+        ("use_kernels", 1),
+        ("graphs", "no"),
+        ("fused", 0),
+        ("prefill_kernels", "yes"),
+    ):
+        with pytest.raises(
+            ValueError, match=rf"{name}: expected None, True or False, got {value!r}"
+        ):
+            DecodeEngine(MODEL, 1, 8, **{name: value})
+    with pytest.raises(ValueError, match=r"batch_invariant: expected True or False, got None"):
+        DecodeEngine(MODEL, 1, 8, batch_invariant=None)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -148,8 +148,12 @@ class DecodeEngine:
         step_kernels=None,
     ):
         cfg = model.cfg
-        if not any(step_kernels is v for v in (None, True, False)):
-            raise ValueError(f"step_kernels: expected None, True or False, got {step_kernels!r}")
+        switches = dict(use_kernels=use_kernels, graphs=graphs, fused=fused,
+                        prefill_kernels=prefill_kernels, step_kernels=step_kernels)  # fmt: skip
+        for name, value in (*switches.items(), ("batch_invariant", batch_invariant)):
+            if not (isinstance(value, bool) or (value is None and name != "batch_invariant")):
+                allowed = "True or False" if name == "batch_invariant" else "None, True or False"
+                raise ValueError(f"{name}: expected {allowed}, got {value!r}")
         chosen = strategy is None
         if chosen:  # use_kernels' default, as ``paths`` fills it in
             kernels = next(model.parameters()).is_cuda if use_kernels is None else use_kernels
@@ -167,7 +171,7 @@ class DecodeEngine:
         )
         self.max_verify = as_int("max_verify", max_verify, low=1)
         self.prefill_chunk = as_int("prefill_chunk", prefill_chunk, low=1)
-        self.batch_invariant = bool(batch_invariant)
+        self.batch_invariant = batch_invariant
         param = next(model.parameters())
         self.model, self.cfg, self.strategy = model, cfg, strategy
         self.dtype, self.device = param.dtype, param.device
@@ -185,7 +189,7 @@ class DecodeEngine:
         for pool in self.ssm.values() if self.batch_invariant else ():
             pool.launch = pool.batch_invariant_launch()
         cuda = self.device.type == "cuda"
-        self.prefill_kernels = cuda if prefill_kernels is None else bool(prefill_kernels)
+        self.prefill_kernels = cuda if prefill_kernels is None else prefill_kernels
         for pool in self.ssm.values():
             wanted = pool.prompt_kernel_default if prefill_kernels is None else True
             pool.prompt_kernel = self.prefill_kernels and wanted and pool.serves_prompt_kernel
