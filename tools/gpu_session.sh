@@ -286,8 +286,9 @@ case "$mode" in
     # launch tuned per batch): the step-kernel and lossless GPU tests, then the Bamba-class
     # engine under snapshot, side by side in one call: the token loop (this tree,
     # --step-kernels off), state_update at the launch tuned per batch (PREV) and pinned (this)
+    : "${PREV:?a folder with the previous tree, relative to this one}"
     export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-12} --dist loadfile tests/test_engine_families.py tests/test_engine_family_kernels.py tests/test_decode_kernels.py"
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-12} --dist load tests/test_engine_families.py tests/test_engine_family_kernels.py tests/test_decode_kernels.py"
     { stamp "$cmd"; timeout -s INT ${TESTS_S:-200} $cmd; } >"$OUT/gpu_step_kernel_tests.log" 2>&1
     tail -6 "$OUT/gpu_step_kernel_tests.log"
     unset OMP_NUM_THREADS
@@ -295,17 +296,19 @@ case "$mode" in
     for arm in token_loop tuned pinned; do
       path=$PWD; commit=${COMMIT:-}; extra="--fused on --time-budget-s ${PIN_S:-70}"
       [ $arm = token_loop ] && extra="--step-kernels off --time-budget-s ${PIN_S:-70}"
-      [ $arm = tuned ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+      [ $arm = tuned ] && { path=$PWD/$PREV; commit=${PREV_COMMIT:-}; }
       REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${PIN_TIMEOUT_S:-110} python3 -P -m replaylab.bench \
         engine-families $fam $extra --out "$OUT/bench_engine_families_bamba_step_${arm}.json" 2>&1 | tail -8
     done
-    [ -n "${PROFILE:-}" ] && timeout -s INT ${PROFILE_S:-110} python3 tools/spec_round_profile.py \
-      "$OUT/spec_round_profile_bamba_snapshot_b128.json" --preset bamba-9b-layers --batch 128 --strategy snapshot 2>&1 | tail -14 ;;
+    if [ -n "${PROFILE:-}" ]; then
+      timeout -s INT ${PROFILE_S:-110} python3 tools/spec_round_profile.py \
+        "$OUT/spec_round_profile_bamba_snapshot_b128.json" --preset bamba-9b-layers --batch 128 --strategy snapshot 2>&1 | tail -14
+    fi ;;
   step-sweep)  # issue 37: WHEELS=.whl-gpu2, FLA=.whl-fla: the snapshot steps' launches
     # (tools/step_launch_sweep.py), then where a Bamba-class snapshot round's time goes at
     # batch 128 (tools/spec_round_profile.py --strategy snapshot)
     python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla ${FLA:-.whl-fla}/* >/dev/null 2>&1
-    PYTHONPATH=/tmp/site:/tmp/site-fla:$PWD timeout -s INT ${SWEEP_S:-200} python3 tools/step_launch_sweep.py "$OUT/step_launch_sweep.json" 2>&1 | tail -14
+    PYTHONPATH=/tmp/site:/tmp/site-fla:$PWD timeout -s INT ${SWEEP_S:-200} python3 tools/step_launch_sweep.py "$OUT/step_launch_sweep.json" ${GDN_BUDGET_S:-120} 2>&1 | tail -14
     timeout -s INT ${PROFILE_S:-150} python3 tools/spec_round_profile.py "$OUT/spec_round_profile_bamba_snapshot_b128.json" \
       --preset bamba-9b-layers --batch ${PROFILE_BATCH:-128} --strategy snapshot 2>&1 | tail -14 ;;
   host)  # issue 36, item 2: a user's step + argmax loop over its graphs replayed alone, on the

@@ -7,7 +7,7 @@
    at batches 1-256, beside fla's recurrent step and a copy of the state's bytes
    (``bench.gdn_kernels.sweep_launch``).
 
-    python3 tools/step_launch_sweep.py $OUT/step_launch_sweep.json
+    python3 tools/step_launch_sweep.py $OUT/step_launch_sweep.json [GDN_BUDGET_S]
 
 Prints the fastest launch per batch and the pinned launch's ratio to it; writes every row.
 """
@@ -31,13 +31,14 @@ for batch in BATCHES:
     inp = _inputs(batch, 1, 1)
     args = [inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")]
     start = inp["states"].clone()
-    ys = {}
+    ys, states = {}, {}
     for block_p in (8, 16, 32, 64):
         for warps in (2, 4):
             state = start.clone()
             ys[block_p, warps] = decode.state_update(
                 state, *args, (0.0, math.inf), block_p=block_p, num_warps=warps
             )
+            states[block_p, warps] = state.clone()
             fn = lambda s=state, a=args, bp=block_p, w=warps: decode.state_update(  # noqa: E731
                 s, *a, (0.0, math.inf), block_p=bp, num_warps=w
             )
@@ -47,16 +48,24 @@ for batch in BATCHES:
     tuned = next((p, w) for bound, p, w in decode.LAUNCH_STATE_UPDATE if batch <= bound)
     pinned = decode.BATCH_INVARIANT_STATE_UPDATE
     differ = {f"{k[0]},{k[1]}": not torch.equal(y, ys[pinned]) for k, y in ys.items()}
+    state_differs = {
+        f"{k[0]},{k[1]}": not torch.equal(v, states[pinned]) for k, v in states.items()
+    }
     rows.append(dict(kernel="mamba2 state_update y differs from the pinned launch's", batch=batch,
-                     tuned=list(tuned), pinned=list(pinned), differs=differ))  # fmt: skip
+                     tuned=list(tuned), pinned=list(pinned), differs=differ,
+                     state_differs=state_differs))  # fmt: skip
     mine = [r for r in rows if r.get("batch") == batch and "us" in r]
     best = min(mine, key=lambda r: r["us"])
     at = {(r["block_p"], r["num_warps"]): r["us"] for r in mine}
     print(f"mamba2 b={batch:3d}: best {best['block_p']},{best['num_warps']} {best['us']:.1f} us; "
           f"pinned {at[pinned]:.1f} ({at[pinned] / best['us']:.3f}x), tuned {at[tuned]:.1f}; "
-          f"y differs from pinned under {[k for k, v in differ.items() if v]}")  # fmt: skip
+          f"y differs from pinned under {[k for k, v in differ.items() if v]}, "
+          f"the state under {[k for k, v in state_differs.items() if v]}")  # fmt: skip
 
-sweep = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=150)
+prov = {**provenance(), "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:])}
+json.dump(dict(mamba2=rows, shape_mamba2=SHAPE, **prov), open(sys.argv[1], "w"), indent=1)
+budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
+sweep = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=budget)
 for batch in BATCHES:
     mine = [r for r in sweep["rows"] if r["batch"] == batch and r["provider"] == "state_update"]
     if not mine:
@@ -71,6 +80,5 @@ for batch in BATCHES:
           f"({best['of_copy']:.2f} of copy); current {now} {cur[0]['us'] if cur else float('nan'):.1f}; "
           f"fla {fla[0] if fla else float('nan'):.1f}")  # fmt: skip
 
-prov = {**provenance(), "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:])}
 json.dump(dict(mamba2=rows, gdn=sweep, shape_mamba2=SHAPE, shape_gdn=gdn_kernels.SHAPE, **prov),
           open(sys.argv[1], "w"), indent=1, default=str)  # fmt: skip
