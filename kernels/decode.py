@@ -416,10 +416,10 @@ def rope_(t, heads, head_dim, inv_freq, position, T):
 # (up to batch, BLOCK_P, num_warps), as ``replay.LAUNCH``; from ``replaylab.bench sweep``
 LAUNCH_STATE_UPDATE = [(32, 8, 2), (math.inf, 64, 2)]
 
-# One launch (BLOCK_P, num_warps) for every batch: y's sum over N, and so a sequence's bits,
-# then do not depend on how many sequences share the launch. The serving engine's
-# ``batch_invariant`` default (LAUNCH_STATE_UPDATE's up to batch 32; its cost beyond:
-# data/README.md)
+# One launch (BLOCK_P, num_warps) for every batch, so a sequence's bits do not depend on how
+# many sequences share the launch (the compiler contracts the state update into an FMA one
+# way at BLOCK_P 8 and another at 64). The serving engine's ``batch_invariant`` default;
+# LAUNCH_STATE_UPDATE's up to batch 32 (timed against it beyond: data/README.md)
 BATCH_INVARIANT_STATE_UPDATE = (8, 2)
 
 

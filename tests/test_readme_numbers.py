@@ -272,6 +272,20 @@ def test_the_gdn_and_mamba2_snapshot_step_sentence_matches_the_committed_runs():
     assert f"it decodes at {lo:.2f}-{hi:.2f}x snapshot's speed" in text
 
 
+def test_the_pinned_mamba2_step_sentence_matches_the_committed_runs():
+    """Bamba-class snapshot speculation at batch 128 with Mamba-2's step launched alike at every
+    batch, over the launch tuned per batch (two arms of one call), on both paths."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    spec = {
+        (arm, r["fused"]): r["speculative_tokens_per_s"]
+        for arm in ("tuned", "pinned")
+        for r in load_bench(f"data/bench_engine_families_bamba_step_{arm}_h100.json")["rows"]
+        if r["batch"] == 128 and r["strategy"] == "snapshot"
+    }
+    ref, fused = (spec["pinned", f] / spec["tuned", f] for f in (False, True))
+    assert f"batch 128 up {ref:.2f}x on the reference path and {fused:.2f}x on the fused" in text
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())

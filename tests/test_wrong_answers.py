@@ -1328,7 +1328,9 @@ def test_s6_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, caps
     assert exercises_families.check_s6_step_kernel(solution)
     out = _out(capsys)
     assert re.search(r"state S: read 1\.00x \(\d+ tl\.load\), written 1\.00x", out), out
-    assert "A: read 1.00x" in out
+    assert "A: read 1.00x" in out and "new B: read 1.00x" in out
+    total = out.split("total bytes moved: ")[1]
+    assert total.split(" ")[0] == total.split("touched once: ")[1].split(";")[0], out  # the floor
     assert not exercises_families.check_s6_step_kernel(wrong_kernels.s6_y_from_old_state)
     out = _out(capsys)
     assert "output y differs" in out and "state S differs" not in out

@@ -14,8 +14,9 @@
 # them under every strategy; count state bytes against log-entry bytes at published shapes; weigh
 # a fold against a snapshot copy; find where Gated DeltaNet replay stops paying; see the log the GPU kernels keep instead (the
 # *corrected update*) and their H200 numbers against flash-linear-attention; **write the
-# chunked (WY / UT) fold** of a delta rule, checked against the token loop, and **write the
-# replay step as a Triton kernel**, checked for its traffic.
+# chunked (WY / UT) fold** of a delta rule, checked against the token loop, **write the
+# replay step as a Triton kernel**, checked for its traffic, and **write Mamba-1's snapshot
+# step** as one too.
 #
 # **Time:** about 55 minutes.
 #
@@ -766,9 +767,9 @@ print("the engine's strategy when none is named, Jamba-class, with its kernels:"
 # sequences; the default follows speed.
 #
 # Gated DeltaNet's and Mamba-2's snapshot steps became kernels the same way
-# (`kernels.gdn.state_update`, the default; `kernels.decode.state_update` on Bamba's reference
-# path, opt-in with `step_kernels=True`). A later call timed the Qwen3.5- and Bamba-class stacks
-# with the token loop and with the kernels, in one tree:
+# (`kernels.gdn.state_update`; `kernels.decode.state_update` on Bamba's reference path, the
+# fused path's kernel). A later call timed the Qwen3.5- and Bamba-class stacks with the token
+# loop and with the kernels, in one tree:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -793,6 +794,35 @@ for preset in ("qwen3.5-9b-layers", "bamba-9b-layers"):
 # third of snapshot's: for these layouts the engine keeps replay as its default, and the
 # kernels make snapshot and recompute the fair peers (fla's recurrent step in the old token
 # loop is slower than either).
+#
+# Mamba-2's step kernel came with a catch. Its launch was tuned per batch (a block of 8 rows of
+# P up to batch 32, 64 beyond), and the compiler rounds the state update differently in the two,
+# so a sequence's bits could depend on how many others shared its step. The engine now launches
+# it alike at every batch (under `batch_invariant`, its default), and the kernel became the
+# default for Mamba-2 too. The next call timed the Bamba-class stack three ways: the token loop,
+# the tuned launch (the previous tree) and the pinned one:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+arms = {arm: load_bench(f"data/bench_engine_families_bamba_step_{arm}_h100.json")
+        for arm in ("token_loop", "tuned", "pinned")}
+row = {(arm, r["fused"], r["batch"]): r for arm, run in arms.items() for r in run["rows"]}
+for fused in (False, True):
+    for b in (8, 32, 128):
+        pin, tuned = row["pinned", fused, b], row["tuned", fused, b]
+        loop = row.get(("token_loop", fused, b))
+        vs_loop = "" if loop is None else (
+            f", {pin['decode_tokens_per_s'] / loop['decode_tokens_per_s']:.2f}x the token loop")
+        print(f"{'fused' if fused else 'reference'} path, batch {b:3d}: pinned "
+              f"{pin['decode_tokens_per_s']:6,.0f} tok/s ({pin['decode_tokens_per_s'] / tuned['decode_tokens_per_s']:.2f}x tuned"
+              f"{vs_loop}); speculation {pin['speculative_tokens_per_s']:6,.0f} tok/s "
+              f"({pin['speculative_tokens_per_s'] / tuned['speculative_tokens_per_s']:.2f}x tuned)")
+
+# %% [markdown]
+# Up to batch 32 the two launches are the same kernel. At batch 128 the pinned one is a little
+# faster in decode and five to six times faster in speculation: with blocks of 64 rows a
+# five-token verify took about 0.1 s a round. A launch chosen for one token at a time can be
+# the wrong one for a verify; here the launch that keeps the bits also keeps the speed.
 #
 # Back to the fused path and speculation: later runs on one H100 take up the roofline and the
 # speculation rounds above. The fused path now serves the Gated DeltaNet
@@ -896,10 +926,11 @@ check_gdn_step_kernel(gdn_step_kernel);
 
 # %% [markdown]
 # **3. Mamba-1's snapshot step in Triton.** Section 6 found that at Jamba's shape the snapshot
-# step wins: one update per state element, where replay makes $\tfrac{L+1}{2}$. Write it for one
-# token: `s6_step_kernel[(batch, D)](S, x, delta, A, B, C, Dskip, y, D, N)`. Program `(b, d)`
-# owns channel `d` of sequence `b`: the row `S[b, d]` (N,) of the fp32 state (contiguous:
-# `S[b, d, n]` at `S + (b * D + d) * N + n`), `x[b, d]` and `delta[b, d]` (Δ, already through
+# step wins: one update per state element, where replay makes $\tfrac{L+3}{2}$ (its step and
+# fold). Write it for one token: `s6_step_kernel[(batch, D)](S, x, delta, A, B, C, Dskip, y, D,
+# N)`. Program `(b, d)` owns channel `d` of sequence `b`: the row `S[b, d]` (N,) of the state
+# (every tensor fp32 and contiguous: `S[b, d, n]` at `S + (b * D + d) * N + n`), `x[b, d]` and
+# `delta[b, d]` (Δ, already through
 # the dt projection and softplus), the row `A[d]` (N,) of A (D, N), and the token's `B[b]`,
 # `C[b]` (N,) and `Dskip[d]`. It updates the row in place,
 # $S \leftarrow e^{\Delta A[d]} \odot S + \Delta\, x\, B$ (every element its own decay), and

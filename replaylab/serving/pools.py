@@ -19,8 +19,8 @@ Snapshot and recompute through the Triton kernels (the engine's ``step_kernels``
 ``kernels.mamba1.state_update``; Mamba-2: ``kernels.decode.state_update``, the fused path's;
 Gated DeltaNet: ``kernels.gdn.state_update``) steps the state of the whole bucket in one launch
 instead of the spec's token loop (``step``); by default those whose pools say
-``step_kernel_default`` (all three, each timed in the engine against the token loop, each with
-one launch for every batch: Mamba-2's pinned under the engine's ``batch_invariant``).
+``step_kernel_default`` (all three, each timed in the engine against the token loop; each
+launched alike at every batch, Mamba-2's under the engine's ``batch_invariant``).
 Replay through the Triton kernels (``kernels=True``): each family's pool calls its kernels,
 batched over the slots of a step (``replay``: outputs from checkpoint + log, the new entries
 appended to the ring, no state written; ``fold``: L entries into the checkpoint), and its log

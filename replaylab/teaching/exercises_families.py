@@ -6,7 +6,8 @@ any other exception is reported as a failure naming it and the learner's line; n
 raises.
 
 Glossary: see ``replaylab.scan`` (Gated DeltaNet: q, k (batch, T, Hk, K), v (batch, T, H, V),
-g = log α and β (batch, T, H), state S (batch, H, K, V)).
+g = log α and β (batch, T, H), state S (batch, H, K, V); Mamba-1: x, Δ (batch, D), A (D, N),
+B, C (batch, N), state S (batch, D, N)).
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ def check_s6_step_kernel(kernel, seed=0) -> bool:
         c["want_y"],
         rules,
         labels=_S6_LABELS,
-        shared=("A", "Dskip"),
+        shared=dict(A=batch, Dskip=batch, B=D, C=D),  # B_t and C_t: each channel's program
         in_place=("S",),
         also=[("S", c["want_S"])],
         diagnoses=_s6_mistakes(c),

@@ -3,8 +3,8 @@ compiled on a GPU (``interpreting``, ``gpu_timing``, ``kernel_device``), the mem
 float arithmetic of a launch (``Traffic``, ``count_traffic``), outputs filled with NaN so an
 unwritten element shows (``poisoned``), and the verdict (``run_kernel_check``: launch, compare
 with the reference, apply the traffic rules, print, record). The Triton puzzles of notebook 06
-(``replaylab.teaching.puzzles``) and the Gated DeltaNet step kernel of notebook 11
-(``replaylab.teaching.exercises_families``) are built on it; it imports neither.
+(``replaylab.teaching.puzzles``) and the Gated DeltaNet and Mamba-1 step kernels of notebook
+11 (``replaylab.teaching.exercises_families``) are built on it; it imports neither.
 
 The traffic count is exact, not an estimate: ``count_traffic`` wraps the interpreter's masked
 load and store (``triton.runtime.interpreter.interpreter_builder``) for the duration of a
@@ -202,8 +202,8 @@ def _first_mismatch(got, want, tol=1e-4):
 
 
 def _wrong_programs(got, want, tol=1e-4) -> str:
-    """Which programs (b, h) wrote a wrong or missing value, e.g. 'programs (b, h) (1, 0),
-    (1, 1), (1, 2) of 6 are wrong, the others right'."""
+    """Which programs (b, h) (the launch's grid: (batch, S.shape[1])) wrote a wrong or missing
+    value, e.g. 'programs (b, h) (1, 0), (1, 1), (1, 2) of 6 are wrong, the others right'."""
     bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
     per_program = bad.flatten(2).any(-1) if bad.dim() > 2 else bad  # (batch, H)
     wrong = [tuple(int(i) for i in w) for w in per_program.nonzero()]
@@ -258,7 +258,8 @@ def run_kernel_check(
     args: (name, tensor-or-int) in the kernel's parameter order; result: the name of the output;
     also: (name, expected) of further outputs, compared the same way;
     rules: (description, predicate(traffic)) that must hold for a pass (under the interpreter);
-    shared: tensors every sequence's program needs (A, D): read once per sequence;
+    shared: tensors every sequence's program needs (A, D): read once per sequence; or a dict
+    name -> the number of programs that each need every element of it;
     work_rules: functions traffic -> None or the reason the kernel's arithmetic breaks a rule;
     diagnoses: (what the mistake is, the value it gives) of the usual wrong answers: a wrong
     result equal to one of them is reported as that mistake;
@@ -273,7 +274,9 @@ def run_kernel_check(
     try:
         if interpreting():
             with count_traffic(**tensors) as traffic:
-                traffic.shared_by.update({n: batch for n in shared})
+                traffic.shared_by.update(
+                    shared if isinstance(shared, dict) else dict.fromkeys(shared, batch)
+                )
                 traffic.in_place.update(in_place)
                 kernel[(batch, H)](*values)
         else:
