@@ -19,7 +19,7 @@ import sys
 import torch
 
 from replaylab.bench import gdn_kernels
-from replaylab.bench.mamba2_kernels import SHAPE, _inputs
+from replaylab.bench.mamba2_kernels import SHAPE, kernel_inputs
 from replaylab.bench.provenance import provenance
 from replaylab.bench.timing import time_ms
 from replaylab.kernels import decode
@@ -28,7 +28,7 @@ from replaylab.kernels import gdn as gdn_kernels_module
 BATCHES = (1, 8, 32, 64, 128, 256)
 rows = []
 for batch in BATCHES:
-    inp = _inputs(batch, 1, 1)
+    inp = kernel_inputs(batch, 1, 1)
     args = [inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")]
     start = inp["states"].clone()
     ys, states = {}, {}

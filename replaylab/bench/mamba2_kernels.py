@@ -27,7 +27,7 @@ from replaylab.bench.timing import copy_bandwidth_gbs, time_ms
 from replaylab.costmodel import kernel_bytes
 from replaylab.results import amortised_decode  # also re-exported: notebooks read it here
 
-__all__ = ["SHAPE", "run_kernels", "sweep", "summary", "amortised_decode"]
+__all__ = ["SHAPE", "kernel_inputs", "run_kernels", "sweep", "summary", "amortised_decode"]
 
 SHAPE = dict(H=128, P=64, N=128, G=8)
 BATCHES = [1, 8, 32, 64, 128]
@@ -36,7 +36,10 @@ VERIFY_T = [1, 4, 8]
 FOLD_LENS = [1, 4, 16, 64]
 
 
-def _inputs(batch, L, T, dtype=torch.bfloat16, Lmax=None):
+def kernel_inputs(batch, L, T, dtype=torch.bfloat16, Lmax=None):
+    """Random inputs of the kernels at ``SHAPE`` on the GPU: states (batch, H, P, N) fp32, a log
+    of ``Lmax`` (default L + T) rows with ``log_len`` = L, T new tokens (x, dt, B, C in
+    ``dtype``), A, D, dt_bias (H,) fp32, and ``slots``."""
     H, P, N, G = SHAPE["H"], SHAPE["P"], SHAPE["N"], SHAPE["G"]
     dev = "cuda"
     Lmax = Lmax or L + T
@@ -162,7 +165,7 @@ def sweep(batches=(1, 8, 32, 128)):
         )
 
     for batch in batches:
-        inp = _inputs(batch, 16, 1)
+        inp = kernel_inputs(batch, 16, 1)
         y = torch.empty_like(inp["x"])
         step_bytes = kernel_bytes("replay_step", batch, 16, 1, **SHAPE)
         for bp in (16, 32, 64):
@@ -200,7 +203,7 @@ def sweep(batches=(1, 8, 32, 128)):
                 _providers(inp, 16, 1, {"ssu": peers["ssu"]})["ssu"],
                 ssu_bytes,
             )
-        fin = _inputs(batch, 16, 1, Lmax=16)
+        fin = kernel_inputs(batch, 16, 1, Lmax=16)
         dst = torch.empty_like(fin["states"])
         fold_len = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
         fold_bytes = kernel_bytes("fold", batch, 16, 0, **SHAPE)
@@ -248,7 +251,7 @@ def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None
 
     shapes = [(b, L, T) for b in batches for L in logs for T in ts]
     for batch, L, T in tqdm(shapes, desc="replay shapes", disable=not progress):
-        inp = _inputs(batch, L, T)
+        inp = kernel_inputs(batch, L, T)
         for name, fn in _providers(inp, L, T, peers).items():
             if name == "ssu" and L != logs[0]:
                 continue  # ssu does not depend on the log length: time it once per (batch, T)
@@ -263,7 +266,7 @@ def run_kernels(quick=False, progress=True, batches=None, log_lens=None, ts=None
         torch.cuda.empty_cache()
     for batch in tqdm(batches if fold else [], desc="fold vs copy", disable=not progress):
         for L in FOLD_LENS if not quick else [16]:
-            inp = _inputs(batch, L, 1, Lmax=L)
+            inp = kernel_inputs(batch, L, 1, Lmax=L)
             src = inp["states"]
             dst = torch.empty_like(src)
             slots = inp["slots"]
