@@ -1114,6 +1114,28 @@ def s6_y_from_old_state(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
 
 
 @triton.jit
+def s6_input_without_delta(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    s = tl.exp(delta_t * tl.load(A + d * N + ns)) * tl.load(S + row) + x_t * tl.load(B + b * N + ns)
+    tl.store(S + row, s)
+    tl.store(y + b * D + d, tl.sum(s * tl.load(C + b * N + ns)) + tl.load(Dskip + d) * x_t)
+
+
+@triton.jit
+def s6_first_channels_decay(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    s = tl.exp(delta_t * tl.load(A + ns)) * tl.load(S + row) + delta_t * x_t * tl.load(B + b * N + ns)
+    tl.store(S + row, s)
+    tl.store(y + b * D + d, tl.sum(s * tl.load(C + b * N + ns)) + tl.load(Dskip + d) * x_t)
+
+
+@triton.jit
 def s6_state_read_twice(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
     b, d = tl.program_id(0), tl.program_id(1)
     ns = tl.arange(0, N)
@@ -1321,9 +1343,9 @@ def test_gdn_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, cap
 @interpreter_only
 def test_s6_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, capsys):
     """Notebook 11's Mamba-1 snapshot step: the reference answer passes, reading and writing
-    the state once; y from the state before the update fails with that diagnosis; a kernel
-    that goes through the state in three passes gives the right numbers but fails on
-    traffic."""
+    the state once; y from the state before the update, Δ left out of the input term and
+    channel 0's decay for every channel fail with their diagnoses; a kernel that goes through
+    the state in three passes gives the right numbers but fails on traffic."""
     solution = _solution("11_beyond_mamba2", "s6_step_kernel", tmp_path)["s6_step_kernel"]
     assert exercises_families.check_s6_step_kernel(solution)
     out = _out(capsys)
@@ -1335,6 +1357,13 @@ def test_s6_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, caps
     out = _out(capsys)
     assert "output y differs" in out and "state S differs" not in out
     assert "it equals y from the state before the update" in out
+    for kernel, mistake in (
+        (wrong_kernels.s6_input_without_delta, "Δ_t left out of the input term"),
+        (wrong_kernels.s6_first_channels_decay, "the decay of channel 0 for every channel"),
+    ):
+        assert not exercises_families.check_s6_step_kernel(kernel)
+        out = _out(capsys)
+        assert "output y differs" in out and f"it equals {mistake}" in out, out
     assert not exercises_families.check_s6_step_kernel(wrong_kernels.s6_state_read_twice)
     out = _out(capsys)
     assert "differs" not in out and "traffic rule broken: S is read exactly once" in out
