@@ -796,8 +796,9 @@ for preset in ("qwen3.5-9b-layers", "bamba-9b-layers"):
 # loop is slower than either).
 #
 # Mamba-2's step kernel came with a catch. Its launch was tuned per batch (a block of 8 rows of
-# P up to batch 32, 64 beyond), and the compiler rounds the state update differently in the two,
-# so a sequence's bits could depend on how many others shared its step. The engine now launches
+# P up to batch 32, 64 beyond), and the compiler may round the state update differently in the
+# two (its PTX for one GPU contracts it into an FMA differently), so a sequence's bits could
+# depend on how many others shared its step. The engine now launches
 # it alike at every batch (under `batch_invariant`, its default), and the kernel became the
 # default for Mamba-2 too. The next call timed the Bamba-class stack three ways: the token loop,
 # the tuned launch (the previous tree) and the pinned one:
@@ -820,8 +821,8 @@ for fused in (False, True):
 
 # %% [markdown]
 # Up to batch 32 the two launches are the same kernel. At batch 128 the pinned one is a little
-# faster in decode and five to six times faster in speculation: with blocks of 64 rows a
-# five-token verify took about 0.1 s a round. A launch chosen for one token at a time can be
+# faster in decode and five to six times faster in speculation: with blocks of 64 rows a round,
+# nearly all of it the five-token verify, took about 0.08 s. A launch chosen for one token at a time can be
 # the wrong one for a verify; here the launch that keeps the bits also keeps the speed.
 #
 # Back to the fused path and speculation: later runs on one H100 take up the roofline and the

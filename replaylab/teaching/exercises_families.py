@@ -17,7 +17,12 @@ import torch
 from replaylab.checks import max_abs_error
 from replaylab.scan import gdn_scan, s6_scan
 from replaylab.teaching.grading import NOT_IMPLEMENTED, describe_exception, guarded, report
-from replaylab.teaching.kernel_harness import interpreting, poisoned, run_kernel_check
+from replaylab.teaching.kernel_harness import (
+    interpreting,
+    kernel_device,
+    poisoned,
+    run_kernel_check,
+)
 
 __all__ = [
     "check_chunked_fold",
@@ -204,7 +209,7 @@ def s6_step_case(seed=0, device=None, **sizes) -> dict:
     (D, N) < 0; B, C (batch, N); Dskip (D,); want_S, the state after the token, and want_y
     (batch, D), by ``replaylab.scan.s6_scan`` in float64. On ``device`` (default as
     ``gdn_step_case``)."""
-    device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
+    device = device or kernel_device()
     z = {**S6_STEP_SIZES, **sizes}
     batch, D, N = z["batch"], z["D"], z["N"]
     gen = torch.Generator().manual_seed(seed)
