@@ -423,6 +423,11 @@ LAUNCH_STATE_UPDATE = [(32, 8, 2), (math.inf, 64, 2)]
 BATCH_INVARIANT_STATE_UPDATE = (8, 2)
 
 
+def tuned_state_update_launch(batch):
+    """(BLOCK_P, num_warps) of ``LAUNCH_STATE_UPDATE`` for ``batch`` sequences."""
+    return next((p, w) for bound, p, w in LAUNCH_STATE_UPDATE if batch <= bound)
+
+
 @triton.jit
 def _state_update_kernel(
     state,  # (slots, H, P, N) fp32, updated in place
@@ -518,7 +523,7 @@ def state_update(
         )
     _check_counts(counts, batch)
     y = torch.empty_like(x)
-    default_p, default_w = next((p, w) for bound, p, w in LAUNCH_STATE_UPDATE if batch <= bound)
+    default_p, default_w = tuned_state_update_launch(batch)
     BLOCK_P = min(block_p or default_p, triton.next_power_of_2(P))
     _state_update_kernel[(batch, H, triton.cdiv(P, BLOCK_P))](
         state,

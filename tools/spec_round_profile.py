@@ -226,11 +226,15 @@ def main(argv=None):
     equal = all(torch.equal(t.cpu(), r) for t, r in zip(tokens, ref))
     round_ms = spec["seconds"] * 1e3 / spec["rounds"]
     tokens_per_round = a.batch * a.n_spec / spec["rounds"]
-    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
+    def alloc_retries():
+        return torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0
+
+    retries = alloc_retries()
     phases, _ = _phased(engine, prompts, ref, a.k, a.acceptance)
     # the caching allocator's retries (a cudaFree of its cache, then cudaMalloc again) in the
     # phased run: each costs milliseconds where memory runs short
-    retries = (torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else 0) - retries
+    retries = alloc_retries() - retries
 
     tok = admit_all(engine, prompts).argmax(-1, keepdim=True)
     decode_seconds(engine, tok, 4)

@@ -45,7 +45,7 @@ for batch in BATCHES:
             us = time_ms(fn)[0] * 1e3
             rows.append(dict(kernel="mamba2 state_update", batch=batch, block_p=block_p,
                              num_warps=warps, us=us))  # fmt: skip
-    tuned = next((p, w) for bound, p, w in decode.LAUNCH_STATE_UPDATE if batch <= bound)
+    tuned = decode.tuned_state_update_launch(batch)
     pinned = decode.BATCH_INVARIANT_STATE_UPDATE
     differ = {f"{k[0]},{k[1]}": not torch.equal(y, ys[pinned]) for k, y in ys.items()}
     state_differs = {

@@ -18,7 +18,6 @@ from replaylab.checks import max_abs_error
 from replaylab.scan import gdn_scan, s6_scan
 from replaylab.teaching.grading import NOT_IMPLEMENTED, describe_exception, guarded, report
 from replaylab.teaching.kernel_harness import (
-    interpreting,
     kernel_device,
     poisoned,
     run_kernel_check,
@@ -126,7 +125,7 @@ def gdn_step_case(seed=0, device=None, **sizes) -> dict:
     natively, else the CPU for the interpreter); drawn on the CPU, so the case is the same."""
     from replaylab.kernels.gdn import corrected_updates
 
-    device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
+    device = device or kernel_device()
 
     z = {**GDN_STEP_SIZES, **sizes}
     batch, H, K, V, n = z["batch"], z["H"], z["K"], z["V"], z["n"]

@@ -53,6 +53,7 @@ from replaylab.teaching.kernel_harness import (
     Traffic,
     count_traffic,
     interpreting,
+    kernel_device,
     poisoned,
     run_kernel_check,
 )
@@ -94,7 +95,7 @@ def make_case(seed=0, device=None, **sizes) -> dict:
     stay at 1, so a wrong exponent shows."""
     s = {**PUZZLE_SIZES, **sizes}
     batch, H, P, N, L = s["batch"], s["H"], s["P"], s["N"], s["L"]
-    device = device or ("cpu" if interpreting() or not torch.cuda.is_available() else "cuda")
+    device = device or kernel_device()
     g = torch.Generator().manual_seed(seed)
 
     def r(*shape):
