@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
@@ -304,6 +304,24 @@ case "$mode" in
       timeout -s INT ${PROFILE_S:-110} python3 tools/spec_round_profile.py \
         "$OUT/spec_round_profile_bamba_snapshot_b128.json" --preset bamba-9b-layers --batch 128 --strategy snapshot 2>&1 | tail -14
     fi ;;
+  pin-check)  # issues 36/37: WHEELS=.whl-pin (the suite's set less transformers), FLA=.whl-fla,
+    # PREV: the tree before the pin. The batch-invariance GPU tests across batch 32, the matched
+    # model's speculation with every slot busy on PREV and this tree, then the snapshot steps'
+    # launch sweep (tools/step_launch_sweep.py)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-4} --dist load tests/test_decode_kernels.py -k do_not_depend"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_batch_invariance_tests.log" 2>&1
+    tail -6 "$OUT/gpu_batch_invariance_tests.log"
+    unset OMP_NUM_THREADS
+    for tree in previous this; do
+      path=$PWD; commit=${COMMIT:-}
+      [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-130} python3 -P -m replaylab.bench spec-steady \
+        --preset matched --strategies ${SPEC_STRATEGIES:-snapshot,replay} --batches ${SPEC_BATCHES:-32,128} \
+        --out "$OUT/bench_spec_steady_pin_${tree}.json" 2>&1 | tail -6
+    done
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site-fla ${FLA:-.whl-fla}/* >/dev/null 2>&1
+    PYTHONPATH=/tmp/site:/tmp/site-fla:$PWD timeout -s INT ${SWEEP_S:-150} python3 tools/step_launch_sweep.py "$OUT/step_launch_sweep.json" ${GDN_BUDGET_S:-80} 2>&1 | tail -14 ;;
   step-sweep)  # issue 37: WHEELS=.whl-gpu2, FLA=.whl-fla: the snapshot steps' launches
     # (tools/step_launch_sweep.py), then where a Bamba-class snapshot round's time goes at
     # batch 128 (tools/spec_round_profile.py --strategy snapshot)
