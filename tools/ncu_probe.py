@@ -120,7 +120,7 @@ def main(argv=None):
     def gdn_case(batch):
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
         log, _, slots, _ = gdn_bench._filled_log(batch, L + 1, L, states.clone())
-        return states, log, slots, gdn_bench._tokens(batch, 1)
+        return states, log, slots, gdn_bench.token_inputs(batch, 1)
 
     s128, log128, slots128, one128 = gdn_case(128)
     dst = torch.empty_like(s128)
@@ -148,7 +148,7 @@ def main(argv=None):
             ("fla_fused_recurrent_step_b128",
              lambda: fla[0](**one128, scale=1.0, initial_state=s128, output_final_state=True))
         )  # fmt: skip
-    inp = m1_bench._inputs(32, 16, m1_bench.SHAPE["D"], m1_bench.SHAPE["N"], torch.bfloat16,
+    inp = m1_bench.kernel_inputs(32, 16, m1_bench.SHAPE["D"], m1_bench.SHAPE["N"], torch.bfloat16,
                            "cuda")  # fmt: skip
     step_inp = {**inp, "log_len": torch.full_like(inp["log_len"], L // 2)}
     launches.append(

@@ -1,16 +1,21 @@
-"""The snapshot steps' launches on a GPU (issue 37), one call:
+"""The snapshot steps' launches on a GPU (issue 37), one call. For each family's
+``state_update`` (the snapshot and recompute step) at its serving shape, one token (a decode
+step) and five (a verify of four drafts, the drafts kept for the rollback), at batches 1-256:
+every launch's time, and whether its outputs or its state differ in bits from the launch the
+engine uses (the reason a launch must not be chosen per batch).
 
-1. Mamba-2 ``kernels.decode.state_update`` at the 8B layer shape, one token and a five-token
-   verify (its drafts kept): BLOCK_P x num_warps at batches 1-256, and whether y's or the
-   state's bits change between the launch tuned per batch and
-   ``BATCH_INVARIANT_STATE_UPDATE`` (the reason the engine pins it).
-2. Gated DeltaNet ``kernels.gdn.state_update`` at the Qwen3.5-9B shape: BLOCK_V x num_warps
-   at batches 1-256, beside fla's recurrent step and a copy of the state's bytes
-   (``bench.gdn_kernels.sweep_launch``).
+1. Mamba-2 ``kernels.decode.state_update`` (8B layer shape): BLOCK_P x num_warps, against
+   ``BATCH_INVARIANT_STATE_UPDATE`` (the engine's pin) and the launch tuned per batch.
+2. Mamba-1 ``kernels.mamba1.state_update`` (Jamba's D=8192, N=16): BLOCK_D x num_warps,
+   against the fixed ``BLOCK_D`` / ``NUM_WARPS``.
+3. Gated DeltaNet ``kernels.gdn.state_update`` (Qwen3.5-9B shape): BLOCK_V x num_warps
+   against ``STATE_UPDATE_LAUNCH``; at one token through ``bench.gdn_kernels.sweep_launch``,
+   beside fla's recurrent step and a copy of the state's bytes.
 
     python3 tools/step_launch_sweep.py $OUT/step_launch_sweep.json [GDN_BUDGET_S]
 
-Prints the fastest launch per batch and the pinned launch's ratio to it; writes every row.
+Prints the fastest launch per (family, batch, tokens) and the engine's launch's ratio to it;
+writes every row (after each family, so a cut run keeps what it timed).
 """
 
 import json
@@ -20,69 +25,102 @@ import sys
 import torch
 
 from replaylab.bench import gdn_kernels
+from replaylab.bench import mamba1_kernels as m1_bench
 from replaylab.bench.mamba2_kernels import SHAPE, kernel_inputs
 from replaylab.bench.provenance import provenance
 from replaylab.bench.timing import time_ms
-from replaylab.kernels import decode
+from replaylab.kernels import decode, mamba1
 from replaylab.kernels import gdn as gdn_kernels_module
 
 BATCHES = (1, 8, 32, 64, 128, 256)
-TOKENS = (1, 5)  # a decode step, and a verify of four drafts (drafts kept for the rollback)
+TOKENS = (1, 5)
 rows = []
+
+
+def sweep(kernel, batch, T, start, call, launches, engine_launch, tuned=None):
+    """Time ``call(state, drafts, launch)`` (-> outputs) at every launch from the state
+    ``start``; a row per launch, then one naming the launches whose outputs or state differ
+    in bits from ``engine_launch``'s."""
+    drafts = None if T == 1 else torch.empty(batch, T, *start.shape[1:], device=start.device)
+    outs, states = {}, {}
+    for launch in launches:
+        state = start.clone()
+        outs[launch] = call(state, drafts, launch)
+        states[launch] = state.clone()
+        us = time_ms(lambda s=state, lc=launch: call(s, drafts, lc))[0] * 1e3
+        rows.append(dict(kernel=kernel, batch=batch, T=T, launch=list(launch), us=us))
+    differ = [f"{a},{b}" for (a, b), y in outs.items() if not torch.equal(y, outs[engine_launch])]
+    state_differs = [
+        f"{a},{b}" for (a, b), v in states.items() if not torch.equal(v, states[engine_launch])
+    ]
+    rows.append(dict(kernel=kernel + " bits", batch=batch, T=T, engine_launch=list(engine_launch),
+                     tuned=list(tuned) if tuned else None, outputs_differ_under=differ,
+                     state_differs_under=state_differs))  # fmt: skip
+    mine = {tuple(r["launch"]): r["us"] for r in rows
+            if r["kernel"] == kernel and r["batch"] == batch and r["T"] == T}  # fmt: skip
+    best = min(mine, key=mine.get)
+    extra = f", tuned {mine[tuned]:.1f}" if tuned else ""
+    print(f"{kernel} b={batch:3d} T={T}: best {best} {mine[best]:.1f} us; engine's "
+          f"{engine_launch} {mine[engine_launch]:.1f} ({mine[engine_launch] / mine[best]:.3f}x)"
+          f"{extra}; outputs differ under {differ}, the state under {state_differs}")  # fmt: skip
+
+
+def save(**more):
+    prov = {
+        **provenance(),
+        "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:]),
+    }
+    shapes = dict(mamba2=SHAPE, mamba1=m1_bench.SHAPE, gdn=gdn_kernels.SHAPE)
+    json.dump(dict(rows=rows, shapes=shapes, **more, **prov), open(sys.argv[1], "w"), indent=1,
+              default=str)  # fmt: skip
+
+
 for batch in BATCHES:
     for T in TOKENS:
         inp = kernel_inputs(batch, 1, T)
         args = [inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")]
-        start = inp["states"].clone()
-        drafts = None if T == 1 else torch.empty(batch, T, *start.shape[1:], device=start.device)
-        ys, states = {}, {}
-        for block_p in (8, 16, 32, 64):
-            for warps in (2, 4):
-                state = start.clone()
-                launch = dict(drafts=drafts, block_p=block_p, num_warps=warps)
-                ys[block_p, warps] = decode.state_update(state, *args, (0.0, math.inf), **launch)
-                states[block_p, warps] = state.clone()
-                fn = lambda s=state, a=args, kw=launch: decode.state_update(  # noqa: E731
-                    s, *a, (0.0, math.inf), **kw
-                )
-                us = time_ms(fn)[0] * 1e3
-                rows.append(dict(kernel="mamba2 state_update", batch=batch, T=T,
-                                 block_p=block_p, num_warps=warps, us=us))  # fmt: skip
-        tuned = decode.tuned_state_update_launch(batch)
-        pinned = decode.BATCH_INVARIANT_STATE_UPDATE
-        differ = {f"{k[0]},{k[1]}": not torch.equal(y, ys[pinned]) for k, y in ys.items()}
-        state_differs = {
-            f"{k[0]},{k[1]}": not torch.equal(v, states[pinned]) for k, v in states.items()
-        }
-        rows.append(dict(kernel="mamba2 state_update y differs from the pinned launch's",
-                         batch=batch, T=T, tuned=list(tuned), pinned=list(pinned),
-                         differs=differ, state_differs=state_differs))  # fmt: skip
-        mine = [r for r in rows if r.get("batch") == batch and r.get("T") == T and "us" in r]
-        best = min(mine, key=lambda r: r["us"])
-        at = {(r["block_p"], r["num_warps"]): r["us"] for r in mine}
-        print(f"mamba2 b={batch:3d} T={T}: best {best['block_p']},{best['num_warps']} "
-              f"{best['us']:.1f} us; pinned {at[pinned]:.1f} ({at[pinned] / best['us']:.3f}x), "
-              f"tuned {at[tuned]:.1f}; y differs from pinned under "
-              f"{[k for k, v in differ.items() if v]}, the state under "
-              f"{[k for k, v in state_differs.items() if v]}")  # fmt: skip
-
-prov = {**provenance(), "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:])}
-json.dump(dict(mamba2=rows, shape_mamba2=SHAPE, **prov), open(sys.argv[1], "w"), indent=1)
-budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
-sweep = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=budget)
+        sweep("mamba2 state_update", batch, T, inp["states"],
+              lambda s, d, lc, a=args: decode.state_update(s, *a, (0.0, math.inf), drafts=d,
+                                                           block_p=lc[0], num_warps=lc[1]),
+              [(p, w) for p in (8, 16, 32, 64) for w in (2, 4)],
+              decode.BATCH_INVARIANT_STATE_UPDATE, decode.tuned_state_update_launch(batch))  # fmt: skip
+save()
+D, N = m1_bench.SHAPE["D"], m1_bench.SHAPE["N"]
 for batch in BATCHES:
-    mine = [r for r in sweep["rows"] if r["batch"] == batch and r["provider"] == "state_update"]
+    for T in TOKENS:
+        inp = m1_bench.kernel_inputs(batch, 1, D, N, torch.bfloat16, "cuda", T=T)
+        args = [inp[k] for k in ("x", "dt", "B", "C", "A", "D", "dt_bias")]
+        sweep("mamba1 state_update", batch, T, inp["states"],
+              lambda s, d, lc, a=args: mamba1.state_update(s, *a, drafts=d, block_d=lc[0],
+                                                           num_warps=lc[1]),
+              [(bd, w) for bd in (16, 32, 64, 128) for w in (2, 4)],
+              (mamba1.BLOCK_D, mamba1.NUM_WARPS))  # fmt: skip
+save()
+G = gdn_kernels.SHAPE
+for batch in BATCHES:  # the verify; the one-token step is sweep_launch's below
+    toks = gdn_kernels.token_inputs(batch, 5)
+    start = torch.randn(batch, G["H"], G["K"], G["V"], device="cuda") * 0.1
+    sweep("gdn state_update", batch, 5, start,
+          lambda s, d, lc, t=toks: gdn_kernels_module.state_update(s, **t, drafts=d,
+                                                                   block_v=lc[0], num_warps=lc[1]),
+          [(bv, w) for bv in (16, 32, 64) for w in (1, 2, 4, 8)],
+          tuple(gdn_kernels_module.STATE_UPDATE_LAUNCH))  # fmt: skip
+save()
+budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
+one_token = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=budget)
+for batch in BATCHES:
+    mine = [r for r in one_token["rows"] if r["batch"] == batch and r["provider"] == "state_update"]
     if not mine:
         continue
     best = min(mine, key=lambda r: r["us"])
     now = gdn_kernels_module.STATE_UPDATE_LAUNCH
     cur = [r for r in mine if (r["block_v"], r["num_warps"]) == now]
     fla = [
-        r["us"] for r in sweep["rows"] if r["batch"] == batch and r["provider"].startswith("fla")
+        r["us"]
+        for r in one_token["rows"]
+        if r["batch"] == batch and r["provider"].startswith("fla")
     ]
-    print(f"gdn b={batch:3d}: best {best['block_v']},{best['num_warps']} {best['us']:.1f} us "
+    print(f"gdn b={batch:3d} T=1: best {best['block_v']},{best['num_warps']} {best['us']:.1f} us "
           f"({best['of_copy']:.2f} of copy); current {now} {cur[0]['us'] if cur else float('nan'):.1f}; "
           f"fla {fla[0] if fla else float('nan'):.1f}")  # fmt: skip
-
-json.dump(dict(mamba2=rows, gdn=sweep, shape_mamba2=SHAPE, shape_gdn=gdn_kernels.SHAPE, **prov),
-          open(sys.argv[1], "w"), indent=1, default=str)  # fmt: skip
+save(gdn_one_token=one_token)

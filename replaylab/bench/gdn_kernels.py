@@ -64,7 +64,9 @@ def _fla_step_bytes(batch, H=32, Hk=16, K=128, V=128):
     return batch * (2 * H * K * V * 4 + _token_bytes(H, Hk, K, V))
 
 
-def _tokens(batch, T, gen_device="cuda"):
+def token_inputs(batch, T, gen_device="cuda"):
+    """T random tokens' q, k (batch, T, Hk, K), v (batch, T, H, V), beta (batch, T, H) in bf16
+    and g (batch, T, H) fp32 at ``SHAPE``; q and k L2-normalised (q also scaled by K^-1/2)."""
     from replaylab.gated_deltanet import l2_normalize
 
     H, Hk, K, V = SHAPE["H"], SHAPE["Hk"], SHAPE["K"], SHAPE["V"]
@@ -90,7 +92,7 @@ def _filled_log(batch, Lmax, n, states):
     )
     log_len = torch.zeros(batch, dtype=torch.int32, device="cuda")
     slots = torch.arange(batch, dtype=torch.int32, device="cuda")
-    toks = _tokens(batch, n) if n else None
+    toks = token_inputs(batch, n) if n else None
     if n:
         replay_step(states, slots, **log, log_len=log_len, **toks)
     return log, log_len, slots, toks
@@ -120,7 +122,7 @@ def check_against_fla(batch=4, T=24):
     states = torch.randn(batch, H, K, V, device="cuda") * 0.05
     checkpoint = states.clone()
     log, log_len, slots, _ = _filled_log(batch, T, 0, states)
-    toks = _tokens(batch, T)
+    toks = token_inputs(batch, T)
     ours = replay_step(states, slots, **log, log_len=log_len, **toks)  # token by token
     o_fla, s_fla = recurrent(
         q=toks["q"], k=toks["k"], v=toks["v"], g=toks["g"], beta=toks["beta"], scale=1.0,
@@ -163,7 +165,7 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
     rows, decode = [], []
     for batch in batches:
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
-        one = _tokens(batch, 1)
+        one = token_inputs(batch, 1)
         fla_us = None
         if fla is not None:
             recurrent, chunk = fla
@@ -262,7 +264,7 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
 
     for batch in batches:
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
-        one = _tokens(batch, 1)
+        one = token_inputs(batch, 1)
         log, _, slots, _ = _filled_log(batch, L + 1, L, states.clone())
         head = torch.zeros(batch, dtype=torch.int32, device="cuda")
         o = torch.empty_like(one["v"])

@@ -85,7 +85,10 @@ def _bytes(kind, batch, D, N, n=0, L=0, sx=2):
     }[kind]
 
 
-def _inputs(batch, Lmax, D, N, dtype, device):
+def kernel_inputs(batch, Lmax, D, N, dtype, device, T=1):
+    """Random inputs of the Mamba-1 kernels: states (batch, D, N) fp32, an empty log of
+    ``Lmax`` rows, T new tokens (x, dt (batch, T, D), B, C (batch, T, N) in ``dtype``), A (D,
+    N) at the S4D-real initialisation, D, dt_bias (D,) fp32, ``slots`` and ``log_head``."""
     g = torch.Generator(device=device).manual_seed(0)
     r = lambda *s: torch.randn(*s, device=device, generator=g)  # noqa: E731
     A_log = torch.log(torch.arange(1, N + 1, device=device, dtype=torch.float32)).expand(D, N)
@@ -96,10 +99,10 @@ def _inputs(batch, Lmax, D, N, dtype, device):
         log_dt=(r(batch, Lmax, D) * 0.5 - 2).to(dtype),
         log_B=r(batch, Lmax, N).to(dtype),
         log_len=torch.zeros(batch, dtype=torch.int32, device=device),
-        x=r(batch, 1, D).to(dtype),
-        dt=(r(batch, 1, D) * 0.5 - 2).to(dtype),
-        B=r(batch, 1, N).to(dtype),
-        C=r(batch, 1, N).to(dtype),
+        x=r(batch, T, D).to(dtype),
+        dt=(r(batch, T, D) * 0.5 - 2).to(dtype),
+        B=r(batch, T, N).to(dtype),
+        C=r(batch, T, N).to(dtype),
         A=-torch.exp(A_log).contiguous(),  # S4D-real initialisation: A[d, n] = -(n + 1)
         D=torch.ones(D, device=device),
         dt_bias=torch.rand(D, device=device, generator=g) - 0.5,
@@ -161,7 +164,7 @@ def run(
                     **extra)  # fmt: skip
 
     for batch in batches:
-        inp = _inputs(batch, Lmax, D, N, dtype, device)
+        inp = kernel_inputs(batch, Lmax, D, N, dtype, device)
         entry = dict(batch=batch, L={})
         # correctness at the full shape: our step from the checkpoint (empty log) vs ssu
         check = {}
