@@ -1136,6 +1136,17 @@ def s6_first_channels_decay(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
 
 
 @triton.jit
+def s6_no_skip(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    ns = tl.arange(0, N)
+    row = (b * D + d) * N + ns
+    x_t, delta_t = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    s = tl.exp(delta_t * tl.load(A + d * N + ns)) * tl.load(S + row) + delta_t * x_t * tl.load(B + b * N + ns)
+    tl.store(S + row, s)
+    tl.store(y + b * D + d, tl.sum(s * tl.load(C + b * N + ns)))
+
+
+@triton.jit
 def s6_state_read_twice(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
     b, d = tl.program_id(0), tl.program_id(1)
     ns = tl.arange(0, N)
@@ -1360,10 +1371,13 @@ def test_s6_step_kernel_solution_and_wrong_answers(wrong_kernels, tmp_path, caps
     for kernel, mistake in (
         (wrong_kernels.s6_input_without_delta, "Δ_t left out of the input term"),
         (wrong_kernels.s6_first_channels_decay, "the decay of channel 0 for every channel"),
+        (wrong_kernels.s6_no_skip, "y without the skip term D x_t"),
     ):
         assert not exercises_families.check_s6_step_kernel(kernel)
         out = _out(capsys)
         assert "output y differs" in out and f"it equals {mistake}" in out, out
+        assert "program (b, d)" in out or "programs (b, d)" in out, out  # a program: a channel
+        assert "(b, h)" not in out, out
     assert not exercises_families.check_s6_step_kernel(wrong_kernels.s6_state_read_twice)
     out = _out(capsys)
     assert "differs" not in out and "traffic rule broken: S is read exactly once" in out

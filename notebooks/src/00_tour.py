@@ -24,12 +24,12 @@
 # | 08 Intervals and budgets | the optimum interval, sequences per budget, live eviction | 20 |
 # | 09 Measuring | what to measure when state storage changes (time per token, peak memory, rollback cost), live; replay's amortised kernel cost and the engine on an H200; where replay wins | 30 |
 # | 10 The trained model | real text, a real draft model, real acceptance | 25 |
-# | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 55 |
+# | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 65 |
 # | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 30 |
 # | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 35 |
 # | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 40 |
 # | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 45 |
-# | **total** | | **605 (10 h 5 min)** |
+# | **total** | | **615 (10 h 15 min)** |
 #
 # **How the minutes were set.** Executing a notebook is the small part: every one runs top to
 # bottom in seconds on a 2-core CPU (timed with `jupyter nbconvert --to notebook --execute`, one
@@ -43,8 +43,8 @@
 #
 # ## Time budgets and two short paths
 #
-# The minutes in the table are the whole sequence: **605 minutes of reading and exercises (10 h 5
-# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 260 minutes; the appendix,
+# The minutes in the table are the whole sequence: **615 minutes of reading and exercises (10 h 15
+# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 270 minutes; the appendix,
 # 15, 45 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
 # says which exercises a path skips (marked *optional*).
 #
@@ -165,7 +165,7 @@
 #   every strategy.
 # * Write prompt lookup.
 #
-# **11 Beyond Mamba-2 (55 min)**
+# **11 Beyond Mamba-2 (65 min)**
 # * Compare the Mamba-2, Mamba-1 and Gated DeltaNet updates and how each gets outputs from one
 #   read of a checkpoint.
 # * Count state bytes against log-entry bytes at published shapes; find where Gated DeltaNet

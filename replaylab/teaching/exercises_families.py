@@ -283,4 +283,5 @@ def check_s6_step_kernel(kernel, seed=0) -> bool:
         in_place=("S",),
         also=[("S", c["want_S"])],
         diagnoses=_s6_mistakes(c),
+        grid="(b, d)",
     )

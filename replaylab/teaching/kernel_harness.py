@@ -201,17 +201,18 @@ def _first_mismatch(got, want, tol=1e-4):
     )
 
 
-def _wrong_programs(got, want, tol=1e-4) -> str:
-    """Which programs (b, h) (the launch's grid: (batch, S.shape[1])) wrote a wrong or missing
-    value, e.g. 'programs (b, h) (1, 0), (1, 1), (1, 2) of 6 are wrong, the others right'."""
+def _wrong_programs(got, want, grid="(b, h)", tol=1e-4) -> str:
+    """Which programs (the launch's grid: (batch, S.shape[1]), its axes named by ``grid``)
+    wrote a wrong or missing value, e.g. 'programs (b, h) (1, 0), (1, 1), (1, 2) of 6 are
+    wrong, the others right'."""
     bad = ~((got.double() - want.double()).abs() <= tol + tol * want.double().abs())
     per_program = bad.flatten(2).any(-1) if bad.dim() > 2 else bad  # (batch, H)
     wrong = [tuple(int(i) for i in w) for w in per_program.nonzero()]
     total = per_program.numel()
     if len(wrong) == total:
-        return f"every program (b, h) of the {total} is wrong"
+        return f"every program {grid} of the {total} is wrong"
     listed = ", ".join(str(w) for w in wrong)
-    return f"programs (b, h) {listed} of {total} are wrong, the others right"
+    return f"programs {grid} {listed} of {total} are wrong, the others right"
 
 
 def _matches(got, want, tol=1e-4) -> bool:
@@ -252,6 +253,7 @@ def run_kernel_check(
     error_hint=None,
     timing=None,
     in_place=(),
+    grid="(b, h)",
 ):
     """Launch, compare, count; print a verdict and return True or False.
 
@@ -266,7 +268,9 @@ def run_kernel_check(
     outside: said after a count of accesses outside every tensor (where they come from);
     error_hint: function (error text) -> None or a sentence added when the kernel cannot run;
     timing: function () -> args at ``TIMING_SIZES``; a kernel that passes is timed on a GPU;
-    in_place: tensors the kernel updates in place (their floor: read once, written once).
+    in_place: tensors the kernel updates in place (their floor: read once, written once);
+    grid: the names of the launch's two axes in the messages, e.g. "(b, d)" where a program
+    owns a channel.
     """
     tensors = {n: v for n, v in args if isinstance(v, torch.Tensor)}
     batch, H = tensors["S"].shape[:2]
@@ -299,7 +303,7 @@ def run_kernel_check(
             where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
             problems.append(
                 f"{labels.get(output, output)} not written everywhere (NaN left at {where}; "
-                f"{_wrong_programs(got, expected)})"
+                f"{_wrong_programs(got, expected, grid)})"
             )
             continue
         mismatch = _first_mismatch(got, expected)
@@ -307,7 +311,7 @@ def run_kernel_check(
             problems.append(
                 f"{labels.get(output, output)} differs from the reference: max abs error "
                 f"{max_abs_error(got, expected):.2e}; {mismatch} "
-                f"({_wrong_programs(got, expected)})"
+                f"({_wrong_programs(got, expected, grid)})"
             )
             if output == result:
                 problems += [
