@@ -418,8 +418,9 @@ LAUNCH_STATE_UPDATE = [(32, 8, 2), (math.inf, 64, 2)]
 
 # One launch (BLOCK_P, num_warps) for every batch, so a sequence's bits do not depend on how
 # many sequences share the launch (Triton 3.9's PTX for sm_90 contracts the state update into
-# an FMA one way at BLOCK_P 8 and another at 64). The serving engine's ``batch_invariant``
-# default; LAUNCH_STATE_UPDATE's up to batch 32 (timed against it beyond: data/README.md)
+# an FMA one way at BLOCK_P 8 and another at 64; Triton 3.6 on an H100 rounds them alike). The
+# serving engine's ``batch_invariant`` default; LAUNCH_STATE_UPDATE's up to batch 32 (timed
+# against it beyond: data/README.md)
 BATCH_INVARIANT_STATE_UPDATE = (8, 2)
 
 

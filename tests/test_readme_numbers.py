@@ -286,6 +286,22 @@ def test_the_pinned_mamba2_step_sentence_matches_the_committed_runs():
     assert f"batch 128 up {ref:.2f}x on the reference path and {fused:.2f}x on the fused" in text
 
 
+def test_the_matched_snapshot_speculation_sentence_matches_the_committed_runs():
+    """The weight-matched model's steady snapshot speculation over plain decode at batch 128,
+    the tree before the pin and the pinned one (one call)."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    steady = [
+        next(r for r in load_bench(f"data/{name}")["rows"] if r["batch"] == 128)
+        for name in (
+            "bench_spec_steady_snapshot_previous_2b24083_h100.json",
+            "bench_spec_steady_snapshot_this_3d43fb7_h100.json",
+        )
+    ]
+    assert all(r["strategy"] == "snapshot" and r["speculative_equal_greedy"] for r in steady)
+    before, after = (f"{r['steady_speculation_over_decode']:.2f}x" for r in steady)
+    assert f"from {before} to {after} plain decode" in text
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())

@@ -15,7 +15,7 @@ engine uses (the reason a launch must not be chosen per batch).
     python3 tools/step_launch_sweep.py $OUT/step_launch_sweep.json [GDN_BUDGET_S]
 
 Prints the fastest launch per (family, batch, tokens) and the engine's launch's ratio to it;
-writes every row (after each family, so a cut run keeps what it timed).
+writes every row (after each batch, so a cut run keeps what it timed).
 """
 
 import json
@@ -35,6 +35,16 @@ from replaylab.kernels import gdn as gdn_kernels_module
 BATCHES = (1, 8, 32, 64, 128, 256)
 TOKENS = (1, 5)
 rows = []
+
+
+def save(**more):
+    prov = {
+        **provenance(),
+        "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:]),
+    }
+    shapes = dict(mamba2=SHAPE, mamba1=m1_bench.SHAPE, gdn=gdn_kernels.SHAPE)
+    json.dump(dict(rows=rows, shapes=shapes, **more, **prov), open(sys.argv[1], "w"), indent=1,
+              default=str)  # fmt: skip
 
 
 def sweep(kernel, batch, T, start, call, launches, engine_launch, tuned=None):
@@ -63,16 +73,7 @@ def sweep(kernel, batch, T, start, call, launches, engine_launch, tuned=None):
     print(f"{kernel} b={batch:3d} T={T}: best {best} {mine[best]:.1f} us; engine's "
           f"{engine_launch} {mine[engine_launch]:.1f} ({mine[engine_launch] / mine[best]:.3f}x)"
           f"{extra}; outputs differ under {differ}, the state under {state_differs}")  # fmt: skip
-
-
-def save(**more):
-    prov = {
-        **provenance(),
-        "command": "python3 tools/step_launch_sweep.py " + " ".join(sys.argv[1:]),
-    }
-    shapes = dict(mamba2=SHAPE, mamba1=m1_bench.SHAPE, gdn=gdn_kernels.SHAPE)
-    json.dump(dict(rows=rows, shapes=shapes, **more, **prov), open(sys.argv[1], "w"), indent=1,
-              default=str)  # fmt: skip
+    save()
 
 
 for batch in BATCHES:
@@ -84,7 +85,6 @@ for batch in BATCHES:
                                                            block_p=lc[0], num_warps=lc[1]),
               [(p, w) for p in (8, 16, 32, 64) for w in (2, 4)],
               decode.BATCH_INVARIANT_STATE_UPDATE, decode.tuned_state_update_launch(batch))  # fmt: skip
-save()
 D, N = m1_bench.SHAPE["D"], m1_bench.SHAPE["N"]
 for batch in BATCHES:
     for T in TOKENS:
@@ -95,7 +95,6 @@ for batch in BATCHES:
                                                            num_warps=lc[1]),
               [(bd, w) for bd in (16, 32, 64, 128) for w in (2, 4)],
               (mamba1.BLOCK_D, mamba1.NUM_WARPS))  # fmt: skip
-save()
 G = gdn_kernels.SHAPE
 for batch in BATCHES:  # the verify; the one-token step is sweep_launch's below
     toks = gdn_kernels.token_inputs(batch, 5)
@@ -105,7 +104,6 @@ for batch in BATCHES:  # the verify; the one-token step is sweep_launch's below
                                                                    block_v=lc[0], num_warps=lc[1]),
           [(bv, w) for bv in (16, 32, 64) for w in (1, 2, 4, 8)],
           tuple(gdn_kernels_module.STATE_UPDATE_LAUNCH))  # fmt: skip
-save()
 budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
 one_token = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=budget)
 for batch in BATCHES:
