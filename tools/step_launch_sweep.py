@@ -14,6 +14,9 @@ engine uses (the reason a launch must not be chosen per batch).
 
     python3 tools/step_launch_sweep.py $OUT/step_launch_sweep.json [GDN_BUDGET_S]
 
+Mamba-2's verify is also timed as the engine calls it: with ``counts`` and pools of twice the
+batch's rows. GDN_BUDGET_S (default 150) bounds each of Gated DeltaNet's two parts.
+
 Prints the fastest launch per (family, batch, tokens) and the engine's launch's ratio to it;
 writes every row (after each batch, so a cut run keeps what it timed).
 """
@@ -21,6 +24,7 @@ writes every row (after each batch, so a cut run keeps what it timed).
 import json
 import math
 import sys
+import time
 
 import torch
 
@@ -47,18 +51,21 @@ def save(**more):
               default=str)  # fmt: skip
 
 
-def sweep(kernel, batch, T, start, call, launches, engine_launch, tuned=None):
+def sweep(kernel, batch, T, start, call, launches, engine_launch, tuned=None, pool=None):
     """Time ``call(state, drafts, launch)`` (-> outputs) at every launch from the state
-    ``start``; a row per launch, then one naming the launches whose outputs or state differ
-    in bits from ``engine_launch``'s."""
-    drafts = None if T == 1 else torch.empty(batch, T, *start.shape[1:], device=start.device)
+    ``start`` (its first ``batch`` rows are the batch's; ``pool`` rows of drafts, default
+    batch); a row per launch, then one naming the launches whose outputs or state differ in
+    bits from ``engine_launch``'s."""
+    shape = (pool or batch, T, *start.shape[1:])
+    drafts = None if T == 1 else torch.empty(shape, device=start.device)
     outs, states = {}, {}
     for launch in launches:
         state = start.clone()
         outs[launch] = call(state, drafts, launch)
         states[launch] = state.clone()
-        us = time_ms(lambda s=state, lc=launch: call(s, drafts, lc))[0] * 1e3
-        rows.append(dict(kernel=kernel, batch=batch, T=T, launch=list(launch), us=us))
+        ms, graph = time_ms(lambda s=state, lc=launch: call(s, drafts, lc))
+        rows.append(dict(kernel=kernel, batch=batch, T=T, launch=list(launch), us=ms * 1e3,
+                         cuda_graph=graph))  # fmt: skip
     differ = [f"{a},{b}" for (a, b), y in outs.items() if not torch.equal(y, outs[engine_launch])]
     state_differs = [
         f"{a},{b}" for (a, b), v in states.items() if not torch.equal(v, states[engine_launch])
@@ -85,6 +92,19 @@ for batch in BATCHES:
                                                            block_p=lc[0], num_warps=lc[1]),
               [(p, w) for p in (8, 16, 32, 64) for w in (2, 4)],
               decode.BATCH_INVARIANT_STATE_UPDATE, decode.tuned_state_update_launch(batch))  # fmt: skip
+        if T == 1:
+            continue
+        # as the engine's verify: a ragged step's counts (here every token kept) and pools of
+        # more rows than the batch (the engine's slots, and its drafts of max_verify rows)
+        pool = 2 * batch
+        states = torch.cat([inp["states"], inp["states"]])
+        counts = torch.full((batch,), T, dtype=torch.int32, device="cuda")
+        sweep("mamba2 state_update, counts, pool 2x", batch, T, states,
+              lambda s, d, lc, a=args, c=counts: decode.state_update(
+                  s, *a, (0.0, math.inf), drafts=d, counts=c, block_p=lc[0], num_warps=lc[1]),
+              [(p, w) for p in (8, 16, 32, 64) for w in (2, 4)],
+              decode.BATCH_INVARIANT_STATE_UPDATE, decode.tuned_state_update_launch(batch),
+              pool=pool)  # fmt: skip
 D, N = m1_bench.SHAPE["D"], m1_bench.SHAPE["N"]
 for batch in BATCHES:
     for T in TOKENS:
@@ -96,7 +116,12 @@ for batch in BATCHES:
               [(bd, w) for bd in (16, 32, 64, 128) for w in (2, 4)],
               (mamba1.BLOCK_D, mamba1.NUM_WARPS))  # fmt: skip
 G = gdn_kernels.SHAPE
-for batch in BATCHES:  # the verify; the one-token step is sweep_launch's below
+budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
+t0 = time.perf_counter()
+for batch in BATCHES:  # the verify (within the budget); the one-token step is sweep_launch's
+    if time.perf_counter() - t0 > budget:
+        print(f"gdn verify: budget of {budget} s spent before batch {batch}")
+        break
     toks = gdn_kernels.token_inputs(batch, 5)
     start = torch.randn(batch, G["H"], G["K"], G["V"], device="cuda") * 0.1
     sweep("gdn state_update", batch, 5, start,
@@ -104,7 +129,6 @@ for batch in BATCHES:  # the verify; the one-token step is sweep_launch's below
                                                                    block_v=lc[0], num_warps=lc[1]),
           [(bv, w) for bv in (16, 32, 64) for w in (1, 2, 4, 8)],
           tuple(gdn_kernels_module.STATE_UPDATE_LAUNCH))  # fmt: skip
-budget = float(sys.argv[2]) if len(sys.argv) > 2 else 150.0
 one_token = gdn_kernels.sweep_launch(batches=BATCHES, kinds=("state_update",), budget_s=budget)
 for batch in BATCHES:
     mine = [r for r in one_token["rows"] if r["batch"] == batch and r["provider"] == "state_update"]
