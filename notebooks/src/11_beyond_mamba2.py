@@ -797,8 +797,9 @@ for preset in ("qwen3.5-9b-layers", "bamba-9b-layers"):
 #
 # Mamba-2's step kernel came with a catch. Its launch was tuned per batch (a block of 8 rows of
 # P up to batch 32, 64 beyond), and the compiler may round the state update differently in the
-# two (its PTX for one GPU contracts it into an FMA differently), so a sequence's bits could
-# depend on how many others shared its step. The engine now launches
+# two (a newer Triton's PTX for the H100 contracts it into an FMA differently; the Triton of
+# the measurements here, on an H100, happened to round every launch alike), so a sequence's bits
+# could depend on how many others shared its step. The engine now launches
 # it alike at every batch (under `batch_invariant`, its default), and the kernel became the
 # default for Mamba-2 too. The next call timed the Bamba-class stack three ways: the token loop,
 # the tuned launch (the previous tree) and the pinned one:
