@@ -72,11 +72,12 @@ def window_after(window, conv_inputs):
     return torch.cat([window, conv_inputs.to(window.dtype)], dim=1)[:, -keep:]
 
 
-def prepared_chunk(spec, window, inputs):
+def prepared_chunk(spec, window, inputs, prepare=None):
     """A chunk's layer ``inputs`` (field -> (batch, T, ...)) with the entries ``spec.prepare``
-    derives from them after ``window`` (batch, K, C), and the window after the chunk: what a
-    prefill chunk scans (``serving.prefill``, and a replay seat that rescans as it did)."""
-    entries = {**inputs, **spec.prepare(window, inputs)}
+    (or ``prepare``, e.g. a serving pool's kernel) derives from them after ``window`` (batch,
+    K, C), and the window after the chunk: what a prefill chunk scans (``serving.prefill``, and
+    a replay seat that rescans as it did)."""
+    entries = {**inputs, **(prepare or spec.prepare)(window, inputs)}
     return entries, window_after(window, entries[spec.conv_field])
 
 

@@ -1,6 +1,7 @@
 """The host's time per call of the depthwise causal conv that every Mamba-2 prefill chunk and
 prefix-hit seat runs (``Mamba2Mixer.conv``: ``F.conv1d`` with groups = channels), beside the
-same conv written as d_conv shifted products (fp32, rounded once), and the layer's
+same conv written as d_conv shifted products (fp32, rounded once), ``kernels.conv.conv_prompt``
+(one launch, SiLU included), and the layer's
 in-projection over the T rows (F.linear, 4,096 -> 18,560), on a GPU
 (issue 38: a prefix hit is host-bound; ``data/prefill_profile_fused_h100_ed17032.json`` has
 6 conv1d calls of a replay hit at about 1.6 ms of its host time, under cProfile).
@@ -24,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from replaylab.bench.provenance import provenance
+from replaylab.kernels.conv import conv_prompt
 
 C, K = 10240, 4
 TOKENS = (1, 5, 17, 33, 48, 97, 128, 256, 2048)
@@ -44,6 +46,10 @@ def shifted(full):  # in fp32, rounded once to bf16 at the end, as conv1d's accu
     for k in range(1, K):
         out = out + full[:, k : k + T].float() * w[:, k]
     return (out + bias.float()).to(full.dtype)
+
+
+def kernel(full):  # kernels.conv.conv_prompt (SiLU included: the others leave it out)
+    return conv_prompt(full[:, K - 1 :], full[:, : K - 1], weight[:, 0], bias)
 
 
 def project(rows):  # rows: (1, T, 4096) -> (1, T, 18560), the layer's in-projection
@@ -81,13 +87,15 @@ def save(rows):
 
 rows = []
 with torch.no_grad():
-    for fn in (conv1d, shifted):  # each library's one-off start-up, at a shape not timed
+    for fn in (conv1d, shifted, kernel):  # each one-off start-up, at a shape not timed
         fn(torch.randn(1, K - 1 + 3, C, device=dev, dtype=torch.bfloat16))
     project(torch.randn(1, 3, 4096, device=dev, dtype=torch.bfloat16))
     for T in TOKENS:
         full = torch.randn(1, K - 1 + T, C, device=dev, dtype=torch.bfloat16)
         row = dict(T=T)
-        for name, fn in (("conv1d", conv1d), ("shifted", shifted), ("matmul_rows", project)):
+        arms = (("conv1d", conv1d), ("shifted", shifted), ("conv_prompt", kernel),
+                ("matmul_rows", project))  # fmt: skip
+        for name, fn in arms:
             x = full if name != "matmul_rows" else full[:, K - 1 :, :4096].contiguous()
             row[name] = dict(zip(("first_host_us", "host_us", "device_us"), timed(fn, x)))
         row["max_abs_difference"] = float(
@@ -97,5 +105,5 @@ with torch.no_grad():
         save(rows)
         print(f"T={T:5d} " + " ".join(
             f"{n}: first {row[n]['first_host_us']:.0f} host {row[n]['host_us']:.1f} "
-            f"device {row[n]['device_us']:.1f} us;" for n in ("conv1d", "shifted", "matmul_rows")
+            f"device {row[n]['device_us']:.1f} us;" for n, _ in arms
         ) + f" |diff| {row['max_abs_difference']:.3g}")  # fmt: skip

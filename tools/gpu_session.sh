@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -222,6 +222,16 @@ case "$mode" in
         --shared-tokens 2000 --fused --prefill-kernels $k \
         --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5
     done ;;
+  conv)  # issue 38: WHEELS=.whl-pin, PREV: the tree before kernels.conv joined the prompt
+    # path. The conv's host and device time per call (tools/conv_host_probe.py), the kernel's
+    # and the prefix hits' GPU tests, then TTFT on PREV and this tree (the ttft mode below)
+    timeout -s INT ${PROBE_S:-60} python3 tools/conv_host_probe.py "$OUT/conv_host_probe.json" 2>&1 | tail -10
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-6} --dist load tests/test_conv_kernel.py tests/test_engine_prefix.py tests/test_prefix_ttft.py tests/test_ssd_chunked_kernel.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-90} $cmd; } >"$OUT/gpu_conv_tests.log" 2>&1
+    tail -4 "$OUT/gpu_conv_tests.log"
+    unset OMP_NUM_THREADS
+    TTFT_ROUNDS=${TTFT_ROUNDS:-1} PROFILE_S=${PROFILE_S:-0} bash "$0" ttft ;;
   ttft)  # issue 38: TTFT off the grid on the previous tree (PREV: a folder holding its replaylab/
     # and kernels/; name it in run's carry where git ignores it, as .prev) and this one in turn
     # (TTFT_ROUNDS; the previous tree first in odd rounds, this one in even), fused path with

@@ -180,6 +180,12 @@ class RecurrentPool:
             for f in self.node_fields
         }
 
+    def prepare(self, window, inputs):
+        """A prefill chunk's entries derived from its layer ``inputs`` (field -> (batch, T,
+        ...)) after the conv ``window`` (batch, K, C): the spec's ``prepare``, or the
+        family's Triton conv (``prompt_kernel``)."""
+        return self.spec.prepare(window, inputs)
+
     def scan_prompt(self, state, entries):
         """A prefill chunk scanned from ``state`` (batch, *state_shape) -> the spec's
         ScanResult: the spec's chunked form, or the family's Triton scan (``prompt_kernel``)."""
@@ -254,6 +260,16 @@ class Mamba2Pool(RecurrentPool):
         self.dt_bias, self.dt_limit = p.dt_bias.detach().float(), p.dt_limit
         self.conv_weight = mixer.conv1d.weight.detach().view(self.spec.conv_shape[1], -1)
         self.conv_bias = None if mixer.conv1d.bias is None else mixer.conv1d.bias.detach()
+
+    def prepare(self, window, inputs):
+        if not self.prompt_kernel:
+            return super().prepare(window, inputs)
+        from replaylab.kernels.conv import conv_prompt
+
+        xBC = inputs["xBC"]
+        conv = conv_prompt(xBC, window, self.conv_weight, self.conv_bias)
+        x, B, C = self.mixer.split_scan_inputs(conv)
+        return dict(xBC=xBC, x=x, dt=inputs["dt"], B=B, C=C)
 
     def scan_prompt(self, state, entries):
         if not self.prompt_kernel:

@@ -124,7 +124,7 @@ def _advance(engine, layer, inputs, slot, carried, logged=None):
     tokens of ``slot``) -> y: the conv window moves on; the strategy scans."""
     pool, one = engine.ssm[layer], slice(slot, slot + 1)
     # the inputs stay in the entries: what a prefix node keeps
-    entries, pool.conv[one] = prepared_chunk(pool.spec, pool.conv[one], inputs)
+    entries, pool.conv[one] = prepared_chunk(pool.spec, pool.conv[one], inputs, pool.prepare)
     return engine.policy.prefill_scan(pool, layer, slot, entries, carried, logged)
 
 

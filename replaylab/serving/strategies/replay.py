@@ -303,7 +303,7 @@ class EngineReplay(EngineStrategy):
         ``node_fields`` {field: (1, n >= j, ...)}."""
         for a in range(0, j, chunk):
             inputs = {k: t[:, a : a + chunk] for k, t in held.items()}
-            entries, conv = prepared_chunk(pool.spec, conv, inputs)
+            entries, conv = prepared_chunk(pool.spec, conv, inputs, pool.prepare)
             result, _ = pool.logged_scan(ssm, entries)
             ssm = result.state
         return ssm, conv
@@ -311,14 +311,14 @@ class EngineReplay(EngineStrategy):
     @staticmethod
     def node_entries(pool, window, state, held):
         """(the log's entries {field: (1, n, ...)} in its dtypes, the state after them or
-        None) from a node's ``held`` fields (1, n, ...): derived by ``spec.prepare`` from the
-        window before them where the node keeps the spec's inputs (``RecurrentPool.
-        node_fields``), and values of the kernels' own (Gated DeltaNet's u) by ``logged_scan``
+        None) from a node's ``held`` fields (1, n, ...): derived by the pool's ``prepare``
+        from the window before them where the node keeps the spec's inputs
+        (``RecurrentPool.node_fields``), and values of the kernels' own (Gated DeltaNet's u) by ``logged_scan``
         from ``state`` (1, *state_shape), the state before them, as the prefill logged them
         (then the state after them is that scan's); else the held ones."""
         after = None
         if pool.spec.input_fields:
-            held = pool.spec.prepare(window, held)
+            held = pool.prepare(window, held)
             if not set(pool.log) <= set(held):
                 result, held = pool.logged_scan(state, held)
                 after = result.state

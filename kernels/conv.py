@@ -1,0 +1,94 @@
+"""Mamba-2's causal depthwise conv over a prompt chunk, in one launch.
+
+y_t = SiLU(bias + Σ_{k=0..K} w_k · u_{t+k}) over u = [window; xBC], the window holding the K
+rows before the chunk (K = d_conv - 1): the conv that ``Mamba2Mixer.conv`` computes with
+``F.conv1d``, in the arithmetic of the decode step's ``kernels.decode.conv_step`` (fp32
+accumulation from the bias in tap order, rounded to xBC's dtype, then SiLU), so that a prompt
+chunk's conv rounds as decoding the same tokens one by one does, at any chunk length. The
+token count is a runtime argument: one compiled kernel serves every chunk and suffix length.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["conv_prompt"]
+
+
+@triton.jit(do_not_specialize=["T"])
+def _conv_prompt_kernel(
+    xbc,  # (B, T, C) with strides (stride_b, stride_t, 1)
+    window,  # (B, K, C) contiguous
+    weight,  # (C, K + 1) contiguous
+    bias,  # (C,)
+    out,  # (B, T, C) contiguous, xbc's dtype
+    T,
+    C,
+    stride_b,
+    stride_t,
+    K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1)
+    c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # (1, BLOCK_C)
+    mc = c < C
+    m = (t < T) & mc
+    dtype = out.dtype.element_ty
+    acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias + c, mask=mc, other=0.0).to(tl.float32)
+    for k in tl.static_range(K + 1):
+        row = t + k  # row of [window; xBC]
+        old = tl.load(window + (b * K + row) * C + c, mask=m & (row < K), other=0.0)
+        new = tl.load(xbc + b * stride_b + (row - K) * stride_t + c, mask=m & (row >= K), other=0.0)
+        v = tl.where(row < K, old.to(dtype), new).to(tl.float32)
+        w = tl.load(weight + c * (K + 1) + k, mask=mc, other=0.0).to(tl.float32)
+        acc += v * w
+    y = acc.to(dtype).to(tl.float32)  # the conv's output dtype
+    y = y / (1.0 + tl.exp(-y))
+    tl.store(out + (b * T + t) * C + c, y.to(dtype), mask=m)
+
+
+def conv_prompt(xbc, window, weight, bias):
+    """SiLU(causal depthwise conv) of a prompt chunk, one launch.
+
+    xbc: (B, T, C), its last dimension contiguous (a slice of the in-projection may be passed
+    as it is); window: (B, K, C), the K rows before the chunk, any float dtype (read in xbc's);
+    weight: (C, K + 1); bias: (C,) or None. Returns (B, T, C) in xbc's dtype, contiguous.
+    """
+    batch, T, C = xbc.shape
+    K = window.shape[1]
+    if window.shape != (batch, K, C) or weight.shape != (C, K + 1):
+        raise ValueError(
+            f"conv_prompt: window {tuple(window.shape)} and weight {tuple(weight.shape)} do not "
+            f"fit xbc {tuple(xbc.shape)}: expected ({batch}, K, {C}) and ({C}, K + 1)"
+        )
+    if xbc.stride(-1) != 1:
+        raise ValueError("conv_prompt: xbc's last dimension must be contiguous")
+    out = torch.empty((batch, T, C), dtype=xbc.dtype, device=xbc.device)
+    if T == 0:
+        return out
+    BLOCK_T, BLOCK_C = 16, 128
+    grid = (batch, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
+    _conv_prompt_kernel[grid](
+        xbc,
+        window.contiguous(),
+        weight.contiguous(),
+        bias if bias is not None else weight,
+        out,
+        T,
+        C,
+        xbc.stride(0),
+        xbc.stride(1),
+        K=K,
+        BLOCK_T=BLOCK_T,
+        BLOCK_C=BLOCK_C,
+        HAS_BIAS=bias is not None,
+        num_warps=4,
+    )
+    return out
