@@ -2,10 +2,13 @@
 
 y_t = SiLU(bias + Σ_{k=0..K} w_k · u_{t+k}) over u = [window; xBC], the window holding the K
 rows before the chunk (K = d_conv - 1): the conv that ``Mamba2Mixer.conv`` computes with
-``F.conv1d``, in the arithmetic of the decode step's ``kernels.decode.conv_step`` (fp32
+``F.conv1d``, in the arithmetic of the fused decode step's ``kernels.decode.conv_step`` (fp32
 accumulation from the bias in tap order, rounded to xBC's dtype, then SiLU), so that a prompt
-chunk's conv rounds as decoding the same tokens one by one does, at any chunk length. The
-token count is a runtime argument: one compiled kernel serves every chunk and suffix length.
+chunk's conv rounds as the fused path decoding the same tokens one by one does, at any chunk
+length, where the window is kept in xBC's dtype (the engine's pools keep it so; a window of
+another dtype is read in xBC's here, as ``Mamba2Mixer.conv`` reads it, and in its own by
+``conv_step``). The token count is a runtime argument, so one compiled kernel serves most
+chunk and suffix lengths (Triton still specialises the batch stride on its divisibility).
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ def _conv_prompt_kernel(
     window,  # (B, K, C) contiguous
     weight,  # (C, K + 1) contiguous
     bias,  # (C,)
-    out,  # (B, T, C) contiguous, xbc's dtype
+    x_out,  # (B, T, XP) contiguous, xbc's dtype: channels [0, XP)
+    b_out,  # (B, T, GN): channels [XP, XP + GN)
+    c_out,  # (B, T, C - XP - GN): the rest
     T,
     C,
+    XP,
+    GN,
     stride_b,
     stride_t,
     K: tl.constexpr,
@@ -34,11 +41,11 @@ def _conv_prompt_kernel(
     HAS_BIAS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]  # (BLOCK_T, 1)
+    t = (tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]).to(tl.int64)  # (BLOCK_T, 1)
     c = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # (1, BLOCK_C)
     mc = c < C
     m = (t < T) & mc
-    dtype = out.dtype.element_ty
+    dtype = x_out.dtype.element_ty
     acc = tl.zeros([BLOCK_T, BLOCK_C], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias + c, mask=mc, other=0.0).to(tl.float32)
@@ -51,15 +58,21 @@ def _conv_prompt_kernel(
         acc += v * w
     y = acc.to(dtype).to(tl.float32)  # the conv's output dtype
     y = y / (1.0 + tl.exp(-y))
-    tl.store(out + (b * T + t) * C + c, y.to(dtype), mask=m)
+    y = y.to(dtype)
+    row = b * T + t
+    tl.store(x_out + row * XP + c, y, mask=m & (c < XP))
+    tl.store(b_out + row * GN + c - XP, y, mask=m & (c >= XP) & (c < XP + GN))
+    tl.store(c_out + row * (C - XP - GN) + c - XP - GN, y, mask=m & (c >= XP + GN))
 
 
-def conv_prompt(xbc, window, weight, bias):
+def conv_prompt(xbc, window, weight, bias, splits=None):
     """SiLU(causal depthwise conv) of a prompt chunk, one launch.
 
     xbc: (B, T, C), its last dimension contiguous (a slice of the in-projection may be passed
-    as it is); window: (B, K, C), the K rows before the chunk, any float dtype (read in xbc's);
-    weight: (C, K + 1); bias: (C,) or None. Returns (B, T, C) in xbc's dtype, contiguous.
+    as it is); window: (B, K, C), the K rows before the chunk, read in xbc's dtype;
+    weight: (C, K + 1); bias: (C,) or None. Returns (B, T, C) in xbc's dtype, contiguous; with
+    ``splits`` = (XP, GN), its three parts x (B, T, XP), B (B, T, GN) and C (B, T, C - XP - GN)
+    as three contiguous tensors (what the scan and the log read), written by the same launch.
     """
     batch, T, C = xbc.shape
     K = window.shape[1]
@@ -70,9 +83,13 @@ def conv_prompt(xbc, window, weight, bias):
         )
     if xbc.stride(-1) != 1:
         raise ValueError("conv_prompt: xbc's last dimension must be contiguous")
-    out = torch.empty((batch, T, C), dtype=xbc.dtype, device=xbc.device)
+    XP, GN = splits if splits is not None else (C, 0)
+    if not (0 < XP and 0 <= GN and XP + GN <= C):
+        raise ValueError(f"conv_prompt: splits {splits} do not fit {C} channels")
+    new = lambda n: torch.empty((batch, T, n), dtype=xbc.dtype, device=xbc.device)  # noqa: E731
+    parts = new(XP), new(GN), new(C - XP - GN)
     if T == 0:
-        return out
+        return parts if splits is not None else parts[0]
     BLOCK_T, BLOCK_C = 16, 128
     grid = (batch, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
     _conv_prompt_kernel[grid](
@@ -80,9 +97,11 @@ def conv_prompt(xbc, window, weight, bias):
         window.contiguous(),
         weight.contiguous(),
         bias if bias is not None else weight,
-        out,
+        *parts,
         T,
         C,
+        XP,
+        GN,
         xbc.stride(0),
         xbc.stride(1),
         K=K,
@@ -91,4 +110,4 @@ def conv_prompt(xbc, window, weight, bias):
         HAS_BIAS=bias is not None,
         num_warps=4,
     )
-    return out
+    return parts if splits is not None else parts[0]

@@ -1,7 +1,8 @@
 """``kernels.conv.conv_prompt``, a prompt chunk's causal depthwise conv in one launch, against
 the teaching mixer's ``Mamba2Mixer.conv`` (``F.conv1d``) in float64, and its promises: a
-token's bits are those the decode step's ``kernels.decode.conv_step`` gives it, and they do
-not depend on how the prompt is cut into chunks or on the batch. CPU through Triton's
+token's bits are those the fused decode step's ``kernels.decode.conv_step`` gives it, and they
+do not depend on how the prompt is cut into chunks or on the batch (an elementwise kernel, so
+this last check guards against a future tiling that mixes tokens). CPU through Triton's
 interpreter; on a GPU the same tests run on the device's tensors."""
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def test_it_is_the_teaching_conv(T, bias):
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("C, taps, T", [(200, 4, 21), (200, 1, 5), (64, 4, 0)])
+def test_every_channel_block_any_width_and_an_empty_chunk(C, taps, T):
+    """Channels over several programs (C = 200 > 128 a block), a conv of one tap (d_conv = 1: no
+    window), an empty chunk: against F.conv1d and SiLU in float64."""
+    gen = torch.Generator().manual_seed(2)
+    window = torch.randn(2, taps - 1, C, generator=gen).to(DEVICE)
+    xbc = torch.randn(2, T, C, generator=gen).to(DEVICE)
+    weight, bias = (torch.randn(C, taps, generator=gen).to(DEVICE), torch.randn(C).to(DEVICE))
+    got = conv_prompt(xbc, window, weight, bias)
+    assert got.shape == (2, T, C)
+    if T == 0:  # F.conv1d refuses an input shorter than its kernel
+        return
+    full = torch.cat([window, xbc], 1).double().transpose(1, 2)
+    want = torch.nn.functional.conv1d(full, weight.double()[:, None], bias.double(), groups=C)
+    want = torch.nn.functional.silu(want).transpose(1, 2)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_tokens_bits_are_the_decode_steps():
     """bf16: a 6-token chunk equals conv_step over the same tokens (one launch of T = 6) and
     over one token at a time, the window advanced between them."""
@@ -96,6 +115,21 @@ def test_chunks_and_batch_do_not_change_a_tokens_bits():
     assert torch.equal(alone, whole[1:2])
 
 
+def test_its_three_parts_are_the_whole_and_contiguous():
+    """With ``splits``, x, B and C come back as three contiguous tensors (what the scan and the
+    log read without a copy) with the bits of the whole output's slices."""
+    mixer = _mixer(torch.bfloat16)
+    c = mixer.cfg
+    window, xbc = _xbc(mixer, 2, 9, torch.bfloat16)
+    weight, bias = _weights(mixer)
+    whole = conv_prompt(xbc, window, weight, bias)
+    XP, GN = c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state
+    parts = conv_prompt(xbc, window, weight, bias, splits=(XP, GN))
+    assert [p.shape[-1] for p in parts] == [XP, GN, c.conv_dim - XP - GN]
+    assert all(p.is_contiguous() for p in parts)
+    assert torch.equal(torch.cat(parts, -1), whole)
+
+
 def test_bad_shapes_are_refused_by_name():
     mixer = _mixer(torch.float32)
     window, xbc = _xbc(mixer, 2, 4, torch.float32)
@@ -105,3 +139,5 @@ def test_bad_shapes_are_refused_by_name():
     strided = torch.stack([xbc, xbc], -1)[..., 0]  # its channels two elements apart
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
         conv_prompt(strided, window, weight, bias)
+    with pytest.raises(ValueError, match=r"splits \(60, 8\) do not fit 64 channels"):
+        conv_prompt(xbc, window, weight, bias, splits=(60, 8))

@@ -11,7 +11,8 @@ per T: the first call at that T (a shape not seen before) and the median of late
 as the host's wall time of the call alone (no synchronisation inside: what a launch costs the
 host) and the device's (CUDA events behind a sleep kernel); whether the two convs agree (max
 |difference|). Each library's start-up is paid first, at a shape not timed; the file is
-written after each T. The model's cat and SiLU around the conv are left out.
+written after each T. The ``F.conv1d`` and shifted arms leave out the model's cat and SiLU
+around the conv; ``conv_prompt`` includes them.
 
     python3 tools/conv_host_probe.py OUT.json
 """

@@ -107,7 +107,8 @@ class DecodeEngine:
     count, so a verify rounds as decode steps do; default on a GPU) or "torch" (default on CPU).
     prefill_chunk: prompt tokens run through the model at once.
     prefill_kernels: the prompt chunks' recurrent scan through the family's Triton kernel
-    (Mamba-2: ``kernels.ssd_chunked``, its conv too, ``kernels.conv``; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
+    (Mamba-2: ``kernels.ssd_chunked``, and its conv through ``kernels.conv`` in the prefill
+    and a replay seat; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
     ``kernels.gdn_scan``, with replay's corrected updates in the same launch) under every
     strategy, and on the fused path the chunks through its norm and MLP kernels. True: every
     family's; default: on a GPU, the families whose pools say ``prompt_kernel_default``

@@ -163,7 +163,7 @@ class RecurrentPool:
     @property
     def node_fields(self):
         """What a prefix node keeps of each prompt token: the spec's ``input_fields``, from which
-        a seat off the grid derives the log's entries (``spec.prepare`` from the window at the
+        a seat off the grid derives the log's entries (``prepare`` from the window at the
         block's start) and the conv window; where the spec names none, the log's fields and
         the conv field."""
         if self.spec.input_fields:
@@ -266,9 +266,11 @@ class Mamba2Pool(RecurrentPool):
             return super().prepare(window, inputs)
         from replaylab.kernels.conv import conv_prompt
 
-        xBC = inputs["xBC"]
-        conv = conv_prompt(xBC, window, self.conv_weight, self.conv_bias)
-        x, B, C = self.mixer.split_scan_inputs(conv)
+        c, xBC = self.mixer.cfg, inputs["xBC"]
+        XP, GN = c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state
+        x, B, C = conv_prompt(xBC, window, self.conv_weight, self.conv_bias, splits=(XP, GN))
+        x, B, C = (x.unflatten(-1, (c.ssm_heads, -1)), B.unflatten(-1, (c.n_groups, -1)),
+                   C.unflatten(-1, (c.n_groups, -1)))  # fmt: skip
         return dict(xBC=xBC, x=x, dt=inputs["dt"], B=B, C=C)
 
     def scan_prompt(self, state, entries):

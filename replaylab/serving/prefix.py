@@ -37,8 +37,8 @@ What the tree holds per node of tokens [g, g + b): per attention layer the KV ro
 recurrent layer the state and conv window at g + b (full blocks; replay: the checkpoint, which
 sits there since g + b is on the fold grid), under replay every token's inputs to the layer
 (``RecurrentPool.node_fields``: the spec's ``input_fields``, Mamba-2's xBC and dt, about half
-its log entry), from which a seat derives the ring's entries (``spec.prepare`` from the window
-at g, the node's start) and the conv window. All are copies taken after the prefill: a slot's later decode,
+its log entry), from which a seat derives the ring's entries (the pool's ``prepare`` from the
+window at g, the node's start) and the conv window. All are copies taken after the prefill: a slot's later decode,
 verify, rollback or retire never changes the tree, and a seat copies out of it (copy on write).
 The prompt's tail shorter than a block is held too (KV, and replay's entries), so replay
 resumes inside it; snapshot and recompute cannot.
