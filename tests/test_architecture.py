@@ -197,14 +197,26 @@ def test_the_cycle_finder_finds_a_deferred_cycle(tmp_path):
 
 def test_tools_import_only_public_names_of_the_library():
     """tools/ calls the library through its public functions: no ``from replaylab... import
-    _name``."""
+    _name``, and no ``module._name`` of a replaylab module the tool imported."""
     private = []
     for path in sorted((REPO / "tools").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        modules = set()  # names bound to replaylab modules (or to names imported from them)
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("replaylab"):
                 names = [alias.name for alias in node.names]
                 private += [f"{path.name}: {n}" for n in names if n.startswith("_")]
-    assert not private, f"tools/ importing private names of replaylab: {private}"
+                modules |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                modules |= {
+                    a.asname for a in node.names if a.name.startswith("replaylab.") and a.asname
+                }
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in modules and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):  # fmt: skip
+                private.append(f"{path.name}:{node.lineno}: {node.value.id}.{node.attr}")
+    assert not private, f"tools/ using private names of replaylab: {private}"
 
 
 class DecaySpec(RecurrentSpec):

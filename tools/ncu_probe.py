@@ -119,7 +119,7 @@ def main(argv=None):
 
     def gdn_case(batch):
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
-        log, _, slots, _ = gdn_bench._filled_log(batch, L + 1, L, states.clone())
+        log, _, slots, _ = gdn_bench.filled_log(batch, L + 1, L, states.clone())
         return states, log, slots, gdn_bench.token_inputs(batch, 1)
 
     s128, log128, slots128, one128 = gdn_case(128)
@@ -142,7 +142,7 @@ def main(argv=None):
              lambda states=states, log=log, slots=slots, one=one, at=at, o=o: gdn.replay_step(
                  states, slots, **log, log_len=at, **one, out=o, advance=False, check=False))
         )  # fmt: skip
-    fla, fla_error = gdn_bench._fla()
+    fla, fla_error = gdn_bench.fla_kernels()
     if fla is not None:
         launches.append(
             ("fla_fused_recurrent_step_b128",
@@ -158,7 +158,7 @@ def main(argv=None):
     if "ssu" in peers:
         state = inp["states"].clone()
         launches.append(
-            ("mamba_ssm_ssu_mamba1_b32", lambda: m1_bench._ssu_call(peers["ssu"], inp, state,
+            ("mamba_ssm_ssu_mamba1_b32", lambda: m1_bench.ssu_call(peers["ssu"], inp, state,
                                                                     "cuda"))
         )  # fmt: skip
     for _, fn in launches:  # compile and warm up outside the profiled region

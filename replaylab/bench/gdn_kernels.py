@@ -80,7 +80,7 @@ def token_inputs(batch, T, gen_device="cuda"):
     )
 
 
-def _filled_log(batch, Lmax, n, states):
+def filled_log(batch, Lmax, n, states):
     """A log of n entries written by our own steps (so u is the real corrected update)."""
     from replaylab.kernels.gdn import replay_step
 
@@ -98,7 +98,9 @@ def _filled_log(batch, Lmax, n, states):
     return log, log_len, slots, toks
 
 
-def _fla():
+def fla_kernels():
+    """((fla's ``fused_recurrent_gated_delta_rule``, its ``chunk_gated_delta_rule``), None), or
+    (None, why fla could not be imported)."""
     try:
         from fla.ops.gated_delta_rule import (
             chunk_gated_delta_rule,
@@ -114,14 +116,14 @@ def check_against_fla(batch=4, T=24):
     against fla's recurrent kernel over the same T tokens from the same state."""
     from replaylab.kernels.gdn import fold, replay_step
 
-    fla, error = _fla()
+    fla, error = fla_kernels()
     if fla is None:
         return dict(error=error)
     recurrent, chunk = fla
     H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
     states = torch.randn(batch, H, K, V, device="cuda") * 0.05
     checkpoint = states.clone()
-    log, log_len, slots, _ = _filled_log(batch, T, 0, states)
+    log, log_len, slots, _ = filled_log(batch, T, 0, states)
     toks = token_inputs(batch, T)
     ours = replay_step(states, slots, **log, log_len=log_len, **toks)  # token by token
     o_fla, s_fla = recurrent(
@@ -160,7 +162,7 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
 
     batches, log_lens = batches or BATCHES, log_lens or LOG_LENS
     H, K, V = SHAPE["H"], SHAPE["K"], SHAPE["V"]
-    fla, fla_error = _fla()
+    fla, fla_error = fla_kernels()
     copy_gbs, copy_methods = copy_bandwidth_gbs(methods=True)
     rows, decode = [], []
     for batch in batches:
@@ -180,7 +182,7 @@ def run_gdn_kernels(batches=None, log_lens=None, progress=True):
         ms, _ = time_ms(lambda: dst.copy_(states))
         rows.append(_row("copy", batch, ms, 2 * states.numel() * 4, copy_gbs))
         for L in log_lens:
-            log, log_len, slots, toks = _filled_log(batch, L + 1, L, states.clone())
+            log, log_len, slots, toks = filled_log(batch, L + 1, L, states.clone())
             head = torch.zeros(batch, dtype=torch.int32, device="cuda")
             o = torch.empty_like(one["v"])
             step_us = []
@@ -265,7 +267,7 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
     for batch in batches:
         states = torch.randn(batch, H, K, V, device="cuda") * 0.05
         one = token_inputs(batch, 1)
-        log, _, slots, _ = _filled_log(batch, L + 1, L, states.clone())
+        log, _, slots, _ = filled_log(batch, L + 1, L, states.clone())
         head = torch.zeros(batch, dtype=torch.int32, device="cuda")
         o = torch.empty_like(one["v"])
         at = torch.full((batch,), L // 2, dtype=torch.int32, device="cuda")
@@ -278,7 +280,7 @@ def sweep_launch(batches=(128,), L=16, budget_s=150.0, on_row=None, kinds=("repl
             "fold": FOLD_LAUNCHES,
             "state_update": UPDATE_LAUNCHES,
         }
-        fla, _ = _fla() if "state_update" in kinds else (None, None)
+        fla, _ = fla_kernels() if "state_update" in kinds else (None, None)
         if fla:  # the peer's step on the same token: the state read, the new one written
             fn = lambda: fla[0](**one, scale=1.0, initial_state=work, output_final_state=True)  # noqa: E731
             ms, _ = time_ms(fn)

@@ -110,7 +110,7 @@ def kernel_inputs(batch, Lmax, D, N, dtype, device, T=1):
     )
 
 
-def _ssu_call(ssu, inp, state, device):
+def ssu_call(ssu, inp, state, device):
     """selective_state_update on ``state`` (written in place) for the one new token."""
     # on CPU (interpreter) mamba-ssm's `with torch.cuda.device(...)` needs a stand-in
     cpu = torch.device(device).type != "cuda"
@@ -172,12 +172,12 @@ def run(
                              append=False, **launch)  # fmt: skip
         if ssu is not None:
             try:
-                ssu_y = _ssu_call(ssu, inp, inp["states"].clone(), device)
+                ssu_y = ssu_call(ssu, inp, inp["states"].clone(), device)
                 check["max_abs_diff_vs_ssu"] = float(
                     (ours_y[:, 0].float() - ssu_y.float()).abs().max()
                 )
                 state = inp["states"].clone()
-                entry["ssu"] = row("ssu", *timer(lambda: _ssu_call(ssu, inp, state, device)),
+                entry["ssu"] = row("ssu", *timer(lambda: ssu_call(ssu, inp, state, device)),
                                    _bytes("ssu", batch, D, N, sx=sx))  # fmt: skip
             except Exception as err:  # noqa: BLE001 - record why the peer did not run
                 entry["ssu"] = dict(error=repr(err)[:300])
