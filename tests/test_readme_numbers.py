@@ -302,6 +302,34 @@ def test_the_matched_snapshot_speculation_sentence_matches_the_committed_runs():
     assert f"from {before} to {after} plain decode" in text
 
 
+def test_the_prompt_conv_ttft_sentence_matches_the_committed_runs():
+    """The median prefix hit's speedup on the tree with the prompt conv in one launch over the
+    tree before it (two rounds), and replay's hit over its cold admission after."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    runs = {
+        (tree, r): load_bench(f"data/bench_prefix_ttft_conv_{tree}_{r}_h100.json")["strategies"]
+        for tree in ("previous", "this")
+        for r in (1, 2)
+    }
+
+    def hit(tree, r, s):
+        return runs[tree, r][s]["prefix_ttft_s"]["median"]
+
+    faster = {
+        s: [f"{hit('previous', r, s) / hit('this', r, s):.2f}x" for r in (1, 2)]
+        for s in ("replay", "snapshot")
+    }
+    assert (
+        f"came {faster['replay'][0]} and {faster['replay'][1]} faster under replay and "
+        f"{faster['snapshot'][0]} and {faster['snapshot'][1]} under snapshot" in text
+    )
+    over_cold = [
+        f"{runs['this', r]['replay']['cold_ttft_s']['median'] / hit('this', r, 'replay'):.2f}x"
+        for r in (1, 2)
+    ]
+    assert f"still only {over_cold[0]} and {over_cold[1]} faster than its cold" in text
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())
