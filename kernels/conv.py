@@ -85,11 +85,17 @@ def conv_prompt(xbc, window, weight, bias, splits=None):
         raise ValueError("conv_prompt: xbc's last dimension must be contiguous")
     XP, GN = splits if splits is not None else (C, 0)
     if not (0 < XP and 0 <= GN and XP + GN <= C):
-        raise ValueError(f"conv_prompt: splits {splits} do not fit {C} channels")
-    new = lambda n: torch.empty((batch, T, n), dtype=xbc.dtype, device=xbc.device)  # noqa: E731
-    parts = new(XP), new(GN), new(C - XP - GN)
+        raise ValueError(
+            f"conv_prompt: splits (XP, GN) = {splits} must have 0 < XP, 0 <= GN and XP + GN <= "
+            f"C = {C}"
+        )
+    flat = torch.empty(batch * T * C, dtype=xbc.dtype, device=xbc.device)  # one allocation
+    parts, at = [], 0
+    for width in (XP, GN, C - XP - GN):  # three contiguous views of it
+        parts.append(flat[at : at + batch * T * width].view(batch, T, width))
+        at += batch * T * width
     if T == 0:
-        return parts if splits is not None else parts[0]
+        return tuple(parts) if splits is not None else parts[0]
     BLOCK_T, BLOCK_C = 16, 128
     grid = (batch, triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))
     _conv_prompt_kernel[grid](
@@ -110,4 +116,4 @@ def conv_prompt(xbc, window, weight, bias, splits=None):
         HAS_BIAS=bias is not None,
         num_warps=4,
     )
-    return parts if splits is not None else parts[0]
+    return tuple(parts) if splits is not None else parts[0]

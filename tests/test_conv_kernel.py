@@ -115,17 +115,28 @@ def test_chunks_and_batch_do_not_change_a_tokens_bits():
     assert torch.equal(alone, whole[1:2])
 
 
-def test_its_three_parts_are_the_whole_and_contiguous():
+@pytest.mark.parametrize("C, splits, T", [(64, "mixer", 9), (200, (130, 35), 7), (200, (200, 0), 3),
+                                          (200, (130, 35), 0)])  # fmt: skip
+def test_its_three_parts_are_the_whole_and_contiguous(C, splits, T):
     """With ``splits``, x, B and C come back as three contiguous tensors (what the scan and the
-    log read without a copy) with the bits of the whole output's slices."""
-    mixer = _mixer(torch.bfloat16)
-    c = mixer.cfg
-    window, xbc = _xbc(mixer, 2, 9, torch.bfloat16)
-    weight, bias = _weights(mixer)
+    log read without a copy) with the bits of the whole output's slices: the mixer's widths,
+    parts that cross the 128-channel blocks, no B and C, an empty chunk."""
+    gen = torch.Generator().manual_seed(3)
+    if splits == "mixer":
+        mixer = _mixer(torch.bfloat16)
+        c = mixer.cfg
+        window, xbc = _xbc(mixer, 2, T, torch.bfloat16)
+        weight, bias = _weights(mixer)
+        splits = (c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state)
+    else:
+        window = torch.randn(2, 3, C, generator=gen).to(DEVICE, torch.bfloat16)
+        xbc = torch.randn(2, T, C, generator=gen).to(DEVICE, torch.bfloat16)
+        weight = torch.randn(C, 4, generator=gen).to(DEVICE, torch.bfloat16)
+        bias = torch.randn(C, generator=gen).to(DEVICE, torch.bfloat16)
     whole = conv_prompt(xbc, window, weight, bias)
-    XP, GN = c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state
-    parts = conv_prompt(xbc, window, weight, bias, splits=(XP, GN))
-    assert [p.shape[-1] for p in parts] == [XP, GN, c.conv_dim - XP - GN]
+    parts = conv_prompt(xbc, window, weight, bias, splits=splits)
+    XP, GN = splits
+    assert [p.shape for p in parts] == [(2, T, w) for w in (XP, GN, C - XP - GN)]
     assert all(p.is_contiguous() for p in parts)
     assert torch.equal(torch.cat(parts, -1), whole)
 
@@ -139,5 +150,5 @@ def test_bad_shapes_are_refused_by_name():
     strided = torch.stack([xbc, xbc], -1)[..., 0]  # its channels two elements apart
     with pytest.raises(ValueError, match="last dimension must be contiguous"):
         conv_prompt(strided, window, weight, bias)
-    with pytest.raises(ValueError, match=r"splits \(60, 8\) do not fit 64 channels"):
+    with pytest.raises(ValueError, match=r"splits \(XP, GN\) = \(60, 8\) must have .* <= C = 64"):
         conv_prompt(xbc, window, weight, bias, splits=(60, 8))

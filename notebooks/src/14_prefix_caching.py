@@ -604,11 +604,11 @@ for path in (TTFT_FIRST_SEEN_RESULT, *TTFT_WARM_RESULTS):
 # time).
 #
 # A host-bound hit gets faster by issuing fewer operations. One of them: each Mamba-2 layer's
-# conv was three (the cat of the window and the new inputs, the conv, the SiLU), once in the
-# prefill and once more in replay's seat, and is now one Triton launch
-# (`kernels.conv.conv_prompt`, in the decode step's arithmetic). The code before and after, in
-# turn on one H100, two rounds, the code before going first in round 1 and second in round 2
-# (medians, ms):
+# conv was three (the cat of the window and the new inputs, the conv, the SiLU) in every
+# prefill chunk, and once more in replay's seat, and is now one Triton launch
+# (`kernels.conv.conv_prompt`, in the fused decode step's arithmetic). The code before and
+# after (commits dbf9e4e and a5af96d), in turn on one H100, two rounds, the code before going
+# first in round 1 and second in round 2 (medians, ms):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -623,10 +623,10 @@ for round_, *paths in TTFT_CONV_RESULTS:
 
 # %% [markdown]
 # Both kinds of hit got faster in both orders, and the cold admissions too (their spread is
-# wider: the slowest cold median belongs to one slow pass). The kernel costs the host more per
-# call than the library's conv (`data/README.md`); the gain is two launches fewer per conv and
-# less device time. A hit is still a few times faster than a cold admission, not more: what is
-# left is the rest of its hundred or more small operations, issued one by one.
+# wider: `data/README.md` traces the slowest cold median to one slow pass). The kernel costs the
+# host more per call than the library's conv; the gain is two launches fewer per conv, a copy
+# fewer, and less device time. A hit is still a few times faster than a cold admission, not
+# more: what is left is the rest of its hundred or so small operations, issued one by one.
 
 # %% [markdown]
 # One more column deserves a look: "hit vs cold", the largest difference between a hit's

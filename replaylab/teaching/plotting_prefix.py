@@ -71,15 +71,18 @@ PREFILL_PROFILES = (
     "data/prefill_profile_fused_h100.json",
 )
 
+# one H100, two rounds: the code before Mamba-2's prompt conv became one launch (dbf9e4e) and
+# after it (a5af96d), the code before going first in round 1 and second in round 2 (the files'
+# dates): (round, before, after)
+TTFT_CONV_RESULTS = tuple(
+    (r, f"data/bench_prefix_ttft_conv_previous_{r}_h100.json",
+     f"data/bench_prefix_ttft_conv_this_{r}_h100.json")
+    for r in (1, 2)
+)  # fmt: skip
+
 # the bench before its warm-up met every timed shape, snapshot timed first (one H100 call)
 TTFT_FIRST_SEEN_RESULT = "data/bench_prefix_ttft_previous_snapshot_first_h100.json"
 # with it, in the same call: snapshot timed first, then replay timed first
-# one H100, two rounds, the code before Mamba-2's prompt conv became one launch and after it,
-# each going first once: (round, before, after)
-TTFT_CONV_RESULTS = tuple(
-    (round_, *(f"data/bench_prefix_ttft_conv_{tree}_{round_}_h100.json" for tree in trees))
-    for round_, trees in ((1, ("previous", "this")), (2, ("previous", "this")))
-)
 TTFT_WARM_RESULTS = tuple(
     f"data/bench_prefix_ttft_warm_shapes_{first}_first_h100.json"
     for first in ("snapshot", "replay")
