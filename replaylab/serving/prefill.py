@@ -11,9 +11,10 @@ past it stay in the log.
 Under ``prefill_kernels`` on the fused path (NemotronH and Bamba layouts, ``layouts.fused_prefill``;
 Gated DeltaNet layouts prefill as above) a chunk runs the
 fused decode's kernels instead (``_chunk_fused``): the residual add and the next norm in one
-kernel, the gated norm and the MLP's activation in one each, and the Mamba-2 conv and scan in
-one launch each (``kernels.conv``, through the pool's ``prepare``, and ``kernels.ssd_chunked``);
-the strategy's scan and attention stay those above.
+kernel, the gated norm and the MLP's activation in one each, and the Mamba-2 scan in one launch
+(``kernels.ssd_chunked``); the strategy's scan and attention stay those above. Under
+``prefill_kernels`` on either path a Mamba-2 layer's conv is one launch too (``kernels.conv``,
+through the pool's ``prepare``).
 
 Shapes: prompt (T0,) ids; a chunk's hidden (1, C, D); logits (vocab,).
 """

@@ -313,9 +313,9 @@ class EngineReplay(EngineStrategy):
         """(the log's entries {field: (1, n, ...)} in its dtypes, the state after them or
         None) from a node's ``held`` fields (1, n, ...): derived by the pool's ``prepare``
         from the window before them where the node keeps the spec's inputs
-        (``RecurrentPool.node_fields``), and values of the kernels' own (Gated DeltaNet's u) by ``logged_scan``
-        from ``state`` (1, *state_shape), the state before them, as the prefill logged them
-        (then the state after them is that scan's); else the held ones."""
+        (``RecurrentPool.node_fields``), and values of the kernels' own (Gated DeltaNet's u)
+        by ``logged_scan`` from ``state`` (1, *state_shape), the state before them, as the
+        prefill logged them (then the state after them is that scan's); else the held ones."""
         after = None
         if pool.spec.input_fields:
             held = pool.prepare(window, held)
