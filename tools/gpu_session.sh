@@ -222,9 +222,10 @@ case "$mode" in
         --shared-tokens 2000 --fused --prefill-kernels $k \
         --out "$OUT/bench_prefix_ttft_offgrid_prefill_${k}_gpu.json" 2>&1 | tail -5
     done ;;
-  conv)  # issue 38: WHEELS=.whl-pin, PREV: the tree before kernels.conv joined the prompt
-    # path. The conv's host and device time per call (tools/conv_host_probe.py), the kernel's
-    # and the prefix hits' GPU tests, then TTFT on PREV and this tree (the ttft mode below)
+  conv)  # issue 38: WHEELS=.whl-gpu2a (the stamp imports transformers), PREV: the tree before
+    # kernels.conv joined the prompt path. The conv's host and device time per call
+    # (tools/conv_host_probe.py), the kernel's and the prefix hits' GPU tests, then TTFT on
+    # PREV and this tree (the ttft mode below)
     timeout -s INT ${PROBE_S:-60} python3 tools/conv_host_probe.py "$OUT/conv_host_probe.json" 2>&1 | tail -10
     export OMP_NUM_THREADS=1
     cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-6} --dist load tests/test_conv_kernel.py tests/test_engine_prefix.py tests/test_prefix_ttft.py tests/test_ssd_chunked_kernel.py"
@@ -314,8 +315,9 @@ case "$mode" in
       timeout -s INT ${PROFILE_S:-110} python3 tools/spec_round_profile.py \
         "$OUT/spec_round_profile_bamba_snapshot_b128.json" --preset bamba-9b-layers --batch 128 --strategy snapshot 2>&1 | tail -14
     fi ;;
-  pin-check)  # issues 36/37: WHEELS=.whl-pin (the suite's set less transformers), FLA=.whl-fla,
-    # PREV: the tree before the pin. The batch-invariance GPU tests across batch 32, the matched
+  pin-check)  # issues 36/37: WHEELS=.whl-pin (the suite's set less transformers, to fit the
+    # carry beside fla and PREV; the log's stamp then fails on the image's transformers),
+    # FLA=.whl-fla, PREV: the tree before the pin. The batch-invariance GPU tests across batch 32, the matched
     # model's speculation with every slot busy on PREV and this tree, then the snapshot steps'
     # launch sweep (tools/step_launch_sweep.py)
     export OMP_NUM_THREADS=1
