@@ -84,12 +84,18 @@ class Mamba2Mixer(nn.Module):
             F.conv1d(full, self.conv1d.weight, self.conv1d.bias, groups=self.cfg.conv_dim)
         ).transpose(1, 2)
 
+    def scan_input_widths(self):
+        """The conv channels of x, B and C: (H·P, G·N, G·N)."""
+        c = self.cfg
+        return c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state, c.n_groups * c.d_state
+
     def split_scan_inputs(self, conv_out):
         """(batch, T, conv_dim) after conv -> x (batch,T,H,P), B, C (batch,T,G,N)."""
+        return self.unflatten_scan_inputs(*conv_out.split(self.scan_input_widths(), dim=-1))
+
+    def unflatten_scan_inputs(self, x, B, C):
+        """x (batch, T, H·P), B, C (batch, T, G·N) -> x (batch,T,H,P), B, C (batch,T,G,N)."""
         c = self.cfg
-        x, B, C = conv_out.split(
-            [c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state, c.n_groups * c.d_state], dim=-1
-        )
         return (
             x.unflatten(-1, (c.ssm_heads, c.ssm_head_dim)),
             B.unflatten(-1, (c.n_groups, c.d_state)),

@@ -83,8 +83,7 @@ def test_a_tokens_bits_are_the_decode_steps():
     H = 1
     # conv_step reads xBC from an in-projection row (here xBC and then one dt column)
     zx = torch.cat([xbc, torch.zeros(batch, T, H, device=DEVICE, dtype=xbc.dtype)], -1)
-    c = mixer.cfg
-    XP, GN = c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state
+    XP, GN, _ = mixer.scan_input_widths()
 
     def stepped(zx_rows, win, n):
         x, B, Cm, _ = conv_step(zx_rows.reshape(batch * n, -1).contiguous(), win, weight, bias,
@@ -124,10 +123,9 @@ def test_its_three_parts_are_the_whole_and_contiguous(C, splits, T):
     gen = torch.Generator().manual_seed(3)
     if splits == "mixer":
         mixer = _mixer(torch.bfloat16)
-        c = mixer.cfg
         window, xbc = _xbc(mixer, 2, T, torch.bfloat16)
         weight, bias = _weights(mixer)
-        splits = (c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state)
+        splits = mixer.scan_input_widths()[:2]
     else:
         window = torch.randn(2, 3, C, generator=gen).to(DEVICE, torch.bfloat16)
         xbc = torch.randn(2, T, C, generator=gen).to(DEVICE, torch.bfloat16)

@@ -266,11 +266,9 @@ class Mamba2Pool(RecurrentPool):
             return super().prepare(window, inputs)
         from replaylab.kernels.conv import conv_prompt
 
-        c, xBC = self.mixer.cfg, inputs["xBC"]
-        XP, GN = c.ssm_heads * c.ssm_head_dim, c.n_groups * c.d_state
-        x, B, C = conv_prompt(xBC, window, self.conv_weight, self.conv_bias, splits=(XP, GN))
-        x, B, C = (x.unflatten(-1, (c.ssm_heads, -1)), B.unflatten(-1, (c.n_groups, -1)),
-                   C.unflatten(-1, (c.n_groups, -1)))  # fmt: skip
+        xBC, (XP, GN, _) = inputs["xBC"], self.mixer.scan_input_widths()
+        parts = conv_prompt(xBC, window, self.conv_weight, self.conv_bias, splits=(XP, GN))
+        x, B, C = self.mixer.unflatten_scan_inputs(*parts)
         return dict(xBC=xBC, x=x, dt=inputs["dt"], B=B, C=C)
 
     def scan_prompt(self, state, entries):
