@@ -63,12 +63,16 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def window_after(window, conv_inputs):
+def window_after(window, conv_inputs, view=False):
     """The conv window after appending ``conv_inputs (batch, T, C)`` to ``window
-    (batch, K, C)``: its last K rows (K = d_conv - 1; K = 0 keeps nothing)."""
+    (batch, K, C)``: its last K rows (K = d_conv - 1; K = 0 keeps nothing). ``view``: where T
+    >= K, the last K rows of ``conv_inputs`` as they are (a view where the dtypes agree), for
+    a caller that copies the window into a buffer of its own."""
     keep = window.shape[1]
     if not keep:
         return window
+    if view and conv_inputs.shape[1] >= keep:
+        return conv_inputs[:, -keep:].to(window.dtype)
     return torch.cat([window, conv_inputs.to(window.dtype)], dim=1)[:, -keep:]
 
 
@@ -76,9 +80,10 @@ def prepared_chunk(spec, window, inputs, prepare=None):
     """A chunk's layer ``inputs`` (field -> (batch, T, ...)) with the entries ``spec.prepare``
     (or ``prepare``, e.g. a serving pool's kernel) derives from them after ``window`` (batch,
     K, C), and the window after the chunk: what a prefill chunk scans (``serving.prefill``, and
-    a replay seat that rescans as it did)."""
+    a replay seat that rescans as it did). The window may be a view of the chunk's conv
+    inputs: the callers copy it into their pool."""
     entries = {**inputs, **(prepare or spec.prepare)(window, inputs)}
-    return entries, window_after(window, entries[spec.conv_field])
+    return entries, window_after(window, entries[spec.conv_field], view=True)
 
 
 def windows_per_token(window, conv_inputs):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -26,7 +26,7 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 export REPLAYLAB_COMMIT=${COMMIT:-}
 stamp() {
   echo "# $*"
-  echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton, transformers; print(f"torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}")'), $(date -u +%FT%TZ), tree of commit ${COMMIT:-unknown}"
+  echo "# $(nvidia-smi --query-gpu=name --format=csv,noheader), $(python3 -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}")'), $(python3 -c 'import transformers; print(f"transformers {transformers.__version__}")' 2>/dev/null || echo "transformers: none importable"), $(date -u +%FT%TZ), tree of commit ${COMMIT:-unknown}"
 }
 case "$mode" in
   tests)
@@ -251,6 +251,15 @@ case "$mode" in
     [ "${PROFILE_S:-120}" = 0 ] || timeout -s INT ${PROFILE_S:-120} python3 tools/prefill_profile.py \
       "$OUT/prefill_profile.json" --fused --prefill-kernels on --hit 2000 --suffix 48 2>&1 \
       | grep -v "^  *[0-9.]* ms dev" | tail -60 ;;
+  hit)  # issue 38: WHEELS=.whl-pin (the tests' packages beside the image's torch and triton),
+    # PREV: the tree before the prefix hit's host trims. The prefill path's GPU tests, then the ttft mode's rounds and
+    # profile (TTFT_ROUNDS=2: the previous tree first, then this one first)
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-6} --dist load tests/test_engine_prefix.py tests/test_prefix_ttft.py tests/test_conv_kernel.py tests/test_engine_admission.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-120} $cmd; } >"$OUT/gpu_hit_tests.log" 2>&1
+    tail -4 "$OUT/gpu_hit_tests.log"
+    unset OMP_NUM_THREADS
+    TTFT_ROUNDS=${TTFT_ROUNDS:-2} bash "$0" ttft ;;
   ssd-speed)  # WHEELS=.whl-bench (mamba-ssm, its peer), PREV: the previous tree's folder:
     # the Mamba-2 prompt kernel's launches beside PREV's and mamba-ssm's, its GPU tests, then
     # TTFT on both trees (the ttft mode's rounds, TTFT_ROUNDS=1 by default here)

@@ -80,6 +80,40 @@ def _count_triton(mode):
     return lambda: setattr(InterpretedFunction, "run", run)
 
 
+def _count_lower_right_attention(mode):
+    """torch's attention with a lower-right causal bias (``serving.prefill`` under
+    ``prefill_kernels``) counted as one launch, as flash attention runs it on a GPU: the bias
+    is a tensor subclass, which cannot be made under a dispatch mode, so it and the attention
+    run with the mode set aside (on CPU the attention materialises the mask instead)."""
+    from torch.nn.attention import bias
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    make, dispatch = bias.causal_lower_right, bias.CausalBias._dispatch
+
+    def made(*size):
+        with _disable_current_modes():
+            return make(*size)
+
+    def dispatched(*args, **kwargs):
+        if not mode.inside_kernel:
+            mode.ops["scaled_dot_product_attention (lower-right causal)"] += 1
+        with _disable_current_modes():
+            return dispatch(*args, **kwargs)
+
+    bias.causal_lower_right, bias.CausalBias._dispatch = made, staticmethod(dispatched)
+
+    def restore():
+        bias.causal_lower_right, bias.CausalBias._dispatch = make, staticmethod(dispatch)
+
+    return restore
+
+
+def _counting(mode):
+    """Install the launch counters beside ``mode``; returns the function that removes them."""
+    undo = [_count_triton(mode), _count_lower_right_attention(mode)]
+    return lambda: [u() for u in undo]
+
+
 def count(model, strategy, arm, prompt):
     kw = dict(log_length=16, max_verify=1, prefill_chunk=256, use_kernels=True, graphs=False)
     kw.update({"fused": False, **ARMS[arm]})
@@ -87,7 +121,7 @@ def count(model, strategy, arm, prompt):
     with torch.no_grad():
         engine.retire(engine.admit(prompt)[0])  # warm-up
         mode = _Launches()
-        restore = _count_triton(mode)
+        restore = _counting(mode)
         try:
             with mode:
                 engine.retire(engine.admit(prompt)[0])
@@ -113,7 +147,7 @@ def count_hit(model, strategy, shared, suffix, resume="match"):
         engine.retire(cache.admit(head)[0])
         engine.retire(cache.admit(prompts[0])[0])  # warm-up
         mode = _Launches()
-        restore = _count_triton(mode)
+        restore = _counting(mode)
         try:
             with mode:
                 slot, _, hit = cache.admit(prompts[1])

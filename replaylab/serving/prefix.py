@@ -79,6 +79,14 @@ def allowed_block_sizes(engine) -> list[int]:
     return list(range(step, engine.max_len, step))
 
 
+def _upload(tokens, device):
+    """``tokens`` (a list of ids) as a (T,) int64 tensor on ``device``: on a GPU through pinned
+    memory without waiting for the device (a pageable copy waits for the work queued before
+    it)."""
+    ids = torch.tensor(tokens, dtype=torch.long, pin_memory=device.type == "cuda")
+    return ids.to(device, non_blocking=True)
+
+
 def _sizes(values) -> str:
     if len(values) <= 12:
         return ", ".join(map(str, values))
@@ -208,7 +216,7 @@ class EnginePrefixCache(PrefixTree):
         e = self.engine
         e.free_slot()  # raises when every slot is in use
         plan = self._plan(tokens)
-        ids = torch.tensor(tokens, dtype=torch.long, device=e.device)
+        ids = _upload(tokens, e.device)
         slot = e._claim()
         carried = self._seat(slot, plan)
         record = {}
@@ -240,7 +248,7 @@ class EnginePrefixCache(PrefixTree):
             node.last_used = next(self._clock)
         e.prefilling.add(slot)
         e.pos[slot] = e.max_len  # parked while it prefills (serving.admission)
-        ids = torch.tensor(tokens, dtype=torch.long, device=e.device)
+        ids = _upload(tokens, e.device)
         return PrefixAdmission(self, slot, ids, tokens, plan, carried)
 
     def _seat(self, slot, plan):

@@ -191,8 +191,9 @@ class EngineStrategy:
         return r
 
     def seat_layer(self, pool, layer, path, block, ssm, conv, r, c, upto, j, slot):
-        """(state, conv window, the state a prefill carries from ``upto``) of a seat."""
-        return ssm, conv, ssm.clone()
+        """(state, conv window, the state a prefill carries from ``upto``) of a seat (here
+        ``ssm`` itself: ``prefill_scan`` reads the pool's state, not the carried one)."""
+        return ssm, conv, ssm
 
     def seat_cursor(self, slot, upto, c):
         """The slot's host numbers after a seat at ``upto``."""

@@ -210,7 +210,7 @@ class EngineReplay(EngineStrategy):
             return
         log = {k: entries[k].to(buf.dtype) for k, buf in pool.log.items()}  # (1, T, ...)
         if n:  # the ring's entries first (a chunk that starts on the grid has none)
-            held = (head + torch.arange(n, device=e.device)) % table.capacity
+            held = _ring_rows(head, 0, n, table.capacity, e.device)
             log = {k: torch.cat([buf[slot, held], log[k][0]])[None] for k, buf in pool.log.items()}
         total = next(iter(log.values())).shape[1]
         folded = total // L * L
@@ -219,7 +219,7 @@ class EngineReplay(EngineStrategy):
             grid = {k: t[:, :folded] for k, t in log.items()}
             pool.state[one] = self.fold_grid(pool, pool.state[one], grid)
         if folded < total:  # the entries past the last fold stay in the ring
-            rows = (head + torch.arange(folded, total, device=e.device)) % table.capacity
+            rows = _ring_rows(head, folded, total, table.capacity, e.device)
             for k, buf in pool.log.items():
                 buf[slot, rows] = log[k][0, folded:]
 
@@ -286,7 +286,7 @@ class EngineReplay(EngineStrategy):
         if upto > c:
             for k, buf in pool.log.items():
                 buf[slot, : upto - c] = ring[k][0]
-        conv = window_after(conv, held[pool.spec.conv_field][:, :j])
+        conv = window_after(conv, held[pool.spec.conv_field][:, :j], view=True)  # _seat copies
         if scanned is not None:  # the scan that derived the log reached upto
             carried = scanned
         else:
@@ -356,3 +356,13 @@ def _expand(index, t):
 def _rows(t, index):
     """t (batch, T, ...) with row j of sequence b taken from row index[b, j]."""
     return t.gather(1, _expand(index, t))
+
+
+def _ring_rows(head, start, stop, capacity, device):
+    """The ring rows of a slot's entries start .. stop - 1 after its ``head``: a slice where
+    they do not wrap past ``capacity`` (a copy, no index tensor to build), else (stop - start,)
+    int64 row indices."""
+    first = (head + start) % capacity
+    if first + stop - start <= capacity:
+        return slice(first, first + stop - start)
+    return (head + torch.arange(start, stop, device=device)) % capacity
