@@ -87,7 +87,7 @@ def _dot_exact_left(a, b):
 
 @triton.jit
 def _ssd_chunked_kernel(
-    x, dt, B, C, y, state, A, D, bias,
+    x, dt, B, C, y, state, initial, A, D, bias,
     T, H, P, N, heads_per_group, lo, hi,
     sx_b, sx_t, sx_h, sx_p,
     sdt_b, sdt_t, sdt_h,
@@ -95,6 +95,7 @@ def _ssd_chunked_kernel(
     sC_b, sC_t, sC_g, sC_n,
     sy_b, sy_t, sy_h, sy_p,
     sS_b, sS_h, sS_p, sS_n,
+    sI_b, sI_h, sI_p, sI_n,
     Q: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -114,8 +115,9 @@ def _ssd_chunked_kernel(
     A_h = tl.load(A + h).to(tl.float32)
     bias_h = tl.load(bias + h).to(tl.float32)
     s_ptr = state + b * sS_b + h * sS_h + offs_p[:, None] * sS_p + offs_n[None, :] * sS_n
-    if HAS_STATE:
-        S = tl.load(s_ptr, mask=mp[:, None] & mn[None, :], other=0.0).to(tl.float32)
+    if HAS_STATE:  # a program reads its own tile before it writes it: initial may be state
+        i_ptr = initial + b * sI_b + h * sI_h + offs_p[:, None] * sI_p + offs_n[None, :] * sI_n
+        S = tl.load(i_ptr, mask=mp[:, None] & mn[None, :], other=0.0).to(tl.float32)
     else:
         S = tl.zeros((BLOCK_P, BLOCK_N), dtype=tl.float32)
     if HAS_D:
@@ -183,6 +185,7 @@ def ssd_chunked_scan(
     dt_limit=NO_LIMIT,
     *,
     initial_state=None,
+    out_state=None,
     chunk_size=64,
     block_p=None,
     block_n=None,
@@ -190,7 +193,9 @@ def ssd_chunked_scan(
     precision="tf32x3",
 ) -> ScanResult:
     """``replaylab.scan.ssd_chunked_scan`` (no z) in one Triton launch: shapes in the module
-    docstring; returns ``ScanResult(y, state)`` with the state in fp32. ``chunk_size``: Q, a
+    docstring; returns ``ScanResult(y, state)`` with the state in fp32, written into
+    ``out_state`` ((batch, H, P, N) fp32) where given, which may be ``initial_state`` itself
+    (the scan then moves it on in place: no copy). ``chunk_size``: Q, a
     power of two of at least 16 (``tl.dot``'s smallest side), halved where a chunk does not
     fit the GPU's shared memory (fp32 inputs at N = 128 need Q = 32 on Hopper; Q changes only
     the rounding). ``block_p``, ``block_n``: powers of two of at least 32; by default 32
@@ -229,26 +234,34 @@ def ssd_chunked_scan(
     lo, hi = (-math.inf, math.inf) if tuple(dt_limit) == NO_LIMIT else map(float, dt_limit)
     device = x.device
     y = torch.empty_like(x)
-    state = torch.empty(batch, H, P, N, dtype=torch.float32, device=device)
-    if initial_state is not None:
-        state.copy_(initial_state)
+    if out_state is None:
+        state = torch.empty(batch, H, P, N, dtype=torch.float32, device=device)
+    else:
+        check_tensor("out_state", out_state, (batch, H, P, N))
+        if out_state.dtype != torch.float32:
+            raise ValueError(f"out_state: expected float32, got {out_state.dtype}")
+        state = out_state
     if T == 0:
         y.zero_()
-        return ScanResult(y, state if initial_state is not None else state.zero_())
+        return ScanResult(
+            y, state.copy_(initial_state) if initial_state is not None else state.zero_()
+        )
     block_p = block_p or DEFAULT_BLOCK_P
     block_n = block_n or max(MIN_BLOCK, triton.next_power_of_2(N))
     A = A.contiguous()  # the kernel reads A[h], D[h], dt_bias[h] at unit stride
     bias = dt_bias.contiguous() if dt_bias is not None else torch.zeros(H, device=device)
     grid = (batch * H, triton.cdiv(P, block_p))
+    initial = state if initial_state is None else initial_state  # read only under HAS_STATE
     exact_bc = precision == "tf32x3" and {B.dtype, C.dtype} <= {torch.bfloat16, torch.float16}
     launch = (x.device, x.dtype, q, block_p, block_n, num_warps, precision, exact_bc)
     q = _CHUNK_THAT_FITS.get(launch, q)
     while True:
         try:
             _ssd_chunked_kernel[grid](
-                x, dt, B, C, y, state, A, D.contiguous() if D is not None else A, bias,
+                x, dt, B, C, y, state, initial, A, D.contiguous() if D is not None else A, bias,
                 T, H, P, N, H // G, lo, hi,
                 *x.stride(), *dt.stride(), *B.stride(), *C.stride(), *y.stride(), *state.stride(),
+                *initial.stride(),
                 Q=q, BLOCK_P=block_p, BLOCK_N=block_n,
                 SOFTPLUS=bool(dt_softplus), HAS_D=D is not None, HAS_STATE=initial_state is not None,
                 PRECISION=precision, EXACT_BC=exact_bc, num_warps=num_warps,

@@ -67,6 +67,36 @@ def test_large_steps_keep_the_error_at_fp32_rounding(shift):
         assert float((a.double() - b).abs().max() / b.abs().max()) < 2e-6, name
 
 
+@pytest.mark.parametrize("T", [0, 37])
+def test_the_state_moved_on_in_place_equals_a_new_one_bit_for_bit(T):
+    """``out_state=initial_state`` (what a snapshot prefill does with a slot's row): the kernel
+    reads each tile of the initial state before it writes it, so the result is the new
+    tensor's, bit for bit; the initial state is not touched without ``out_state``."""
+    t = inputs(T=T)
+    before = t["initial_state"].clone()
+    fresh = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16)
+    assert torch.equal(t["initial_state"], before)
+    pool = torch.zeros(3, *before.shape[1:], device=before.device)
+    pool[1:] = before  # rows 1, 2 of a pool, as a slot's rows are
+    t["initial_state"] = pool[1:]
+    moved = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16, out_state=pool[1:])
+    assert moved.state.data_ptr() == pool[1:].data_ptr()
+    assert torch.equal(moved.y, fresh.y) and torch.equal(pool[1:], fresh.state)
+    assert torch.equal(pool[0], torch.zeros_like(pool[0]))
+    elsewhere = torch.full_like(before, 7.0)  # read from initial_state, not from out_state
+    t["initial_state"] = before
+    apart = ssd_chunked_scan(**t, dt_softplus=True, chunk_size=16, out_state=elsewhere)
+    assert torch.equal(apart.y, fresh.y) and torch.equal(elsewhere, fresh.state)
+
+
+def test_a_bad_out_state_is_refused_before_anything_is_written():
+    t = inputs(T=8)
+    for bad, what in ((torch.zeros(2, 4, 12, 9), "out_state"),
+                      (torch.zeros(2, 4, 12, 10, dtype=torch.float64), "float32")):  # fmt: skip
+        with pytest.raises(ValueError, match=what):
+            ssd_chunked_scan(**t, dt_softplus=True, out_state=bad.to(DEVICE))
+
+
 def test_from_zeros_without_d_and_on_strided_inputs():
     t = inputs(T=50)
     xBC = torch.cat([t["x"].flatten(2), t["B"].flatten(2), t["C"].flatten(2)], -1)

@@ -191,6 +191,13 @@ class RecurrentPool:
         ScanResult: the spec's chunked form, or the family's Triton scan (``prompt_kernel``)."""
         return self.spec.scan_prompt(state, entries)
 
+    def scan_prompt_into(self, state, entries):
+        """``scan_prompt`` from ``state`` (a view of the pool's rows), leaving the final state
+        in it -> y."""
+        result = self.scan_prompt(state, entries)
+        state.copy_(result.state)
+        return result.y
+
     def logged_scan(self, state, entries):
         """``scan_prompt``, and what the log keeps of the chunk's tokens: field -> (batch, T,
         ...), by default the spec's ``entries``."""
@@ -274,11 +281,22 @@ class Mamba2Pool(RecurrentPool):
     def scan_prompt(self, state, entries):
         if not self.prompt_kernel:
             return super().scan_prompt(state, entries)
+        return self._prompt_kernel_scan(state, entries)
+
+    def scan_prompt_into(self, state, entries):
+        if not self.prompt_kernel:
+            return super().scan_prompt_into(state, entries)
+        return self._prompt_kernel_scan(state, entries, out=state).y  # moved on in place
+
+    def _prompt_kernel_scan(self, state, entries, out=None):
+        """``kernels.ssd_chunked`` from ``state``; the final state written into ``out`` ((1,
+        *state_shape) fp32, may be ``state``) where given."""
         from replaylab.kernels.ssd_chunked import ssd_chunked_scan
 
         x, dt, B, C = (entries[k] for k in ("x", "dt", "B", "C"))
         return ssd_chunked_scan(x, dt, self.A, B, C, self.D, self.dt_bias, True, self.dt_limit,
-                                initial_state=state, chunk_size=self.spec.CHUNK_SIZE)  # fmt: skip
+                                initial_state=state, out_state=out,
+                                chunk_size=self.spec.CHUNK_SIZE)  # fmt: skip
 
     def step(self, entries, bucket, drafts, counts):
         from replaylab.kernels.decode import state_update

@@ -169,10 +169,7 @@ class EngineStrategy:
 
     def prefill_scan(self, pool, layer, slot, entries, carried, logged):
         """A prefill chunk through ``pool`` for ``slot`` from its state -> y."""
-        one = slice(slot, slot + 1)
-        result = pool.scan_prompt(pool.state[one], entries)
-        pool.state[one] = result.state
-        return result.y
+        return pool.scan_prompt_into(pool.state[slot : slot + 1], entries)
 
     def prefill_chunk_done(self, slot, T):
         """Every layer took a prefill chunk of T tokens."""
