@@ -358,9 +358,9 @@ class GatedAttention(nn.Module):
         return torch.cat([rot * cos + torch.cat([-second, first], -1) * sin, rest], -1)
 
     def project(self, h, positions):
-        """h (batch, T, hidden) at ``positions`` (T,) or (batch, T) -> q (batch, heads, T, hd),
-        k, v (batch, Hkv, T, hd), normalised and rotated, and the output gate
-        (batch, T, heads * hd)."""
+        """h (batch, T, hidden) at ``positions`` (an int start, (T,) or (batch, T)) -> q
+        (batch, heads, T, hd), k, v (batch, Hkv, T, hd), normalised and rotated, and the
+        output gate (batch, T, heads * hd)."""
         c = self.cfg
         batch, T, _ = h.shape
         q, gate = self.q_proj(h).view(batch, T, c.attn_heads, 2 * c.head_dim).chunk(2, dim=-1)

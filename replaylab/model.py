@@ -180,8 +180,9 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.attn_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def project(self, h, positions):
-        """h (batch, T, hidden) at ``positions`` (T,) or (batch, T) -> q (batch, heads, T, Dh),
-        k, v (batch, Hkv, T, Dh) with RoPE applied, and the output gate (None: no gate)."""
+        """h (batch, T, hidden) at ``positions`` (an int start, (T,) or (batch, T)) -> q
+        (batch, heads, T, Dh), k, v (batch, Hkv, T, Dh) with RoPE applied, and the output gate
+        (None: no gate)."""
         c = self.cfg
         batch, T, _ = h.shape
         q = self.q_proj(h).view(batch, T, c.attn_heads, c.head_dim).transpose(1, 2)

@@ -255,7 +255,7 @@ case "$mode" in
     # PREV: the tree before the prefix hit's host trims. The prefill path's GPU tests, then the ttft mode's rounds and
     # profile (TTFT_ROUNDS=2: the previous tree first, then this one first)
     export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-6} --dist load tests/test_engine_prefix.py tests/test_prefix_ttft.py tests/test_conv_kernel.py tests/test_engine_admission.py"
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider -n ${TESTS_WORKERS:-6} --dist load tests/test_engine_prefix.py tests/test_prefix_ttft.py tests/test_conv_kernel.py tests/test_engine_admission.py tests/test_prefill_host_trims.py tests/test_ssd_chunked_kernel.py tests/test_engine.py tests/test_engine_families.py"
     { stamp "$cmd"; timeout -s INT ${TESTS_S:-120} $cmd; } >"$OUT/gpu_hit_tests.log" 2>&1
     tail -4 "$OUT/gpu_hit_tests.log"
     unset OMP_NUM_THREADS

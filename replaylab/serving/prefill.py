@@ -133,31 +133,30 @@ def _advance(engine, layer, inputs, slot, carried, logged=None):
 def _attention(engine, layer, h, slot, start):
     """The chunk's queries against the slot's KV rows 0 .. start + T - 1 (causal), at
     positions start .. start + T - 1: ``kv.attend``, or under ``prefill_kernels`` torch's
-    fused attention with the causal mask aligned to the last row (``_fused_attend``)."""
+    fused attention (``_fused_attend``)."""
     att, pool = engine.model.model.layers[layer].mixer, engine.kv[layer]
     end = start + h.shape[1]
-    positions = torch.arange(start, end, device=engine.device)
-    q, k, v, gate = att.project(h, positions)
+    q, k, v, gate = att.project(h, start)
     pool.k[slot, :, start:end] = k[0].to(pool.k.dtype)
     pool.v[slot, :, start:end] = v[0].to(pool.v.dtype)
     one = slice(slot, slot + 1)
     keys, values = pool.k[one, :, :end], pool.v[one, :, :end]
     if engine.prefill_kernels:
         return att.finish(_fused_attend(q, keys, values), gate)
+    positions = torch.arange(start, end, device=engine.device)
     visible = torch.arange(end, device=engine.device) <= positions[:, None]  # (T, end)
     return att.finish(attend(q, keys, values, visible), gate)
 
 
 def _fused_attend(q, keys, values):
-    """``kv.attend`` of q (1, heads, T, Dh) over the last T of ``keys``, ``values`` (1, Hkv,
-    rows, Dh) being its own, in one call of ``F.scaled_dot_product_attention`` (flash or
-    memory-efficient attention where the device has them): the same softmax, rounded in the
-    kernel's own order. Returns (1, T, heads * Dh)."""
+    """``kv.attend`` of q (1, heads, T, Dh) at positions rows - T .. rows - 1 over ``keys``,
+    ``values`` (1, Hkv, rows, Dh): query i sees rows 0 .. rows - T + i. One call of
+    ``F.scaled_dot_product_attention`` with a lower-right causal bias (flash attention on a
+    GPU in 16 bits; elsewhere the mask is materialised), its scores kept in fp32 where
+    ``kv.attend`` rounds them to q's dtype first. Returns (1, T, heads * Dh)."""
     from torch.nn.attention.bias import causal_lower_right
 
     batch, heads, T, Dh = q.shape
     mask = causal_lower_right(T, keys.shape[2])
-    out = F.scaled_dot_product_attention(
-        q, keys.to(q.dtype), values.to(q.dtype), attn_mask=mask, enable_gqa=True
-    )
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
     return out.transpose(1, 2).reshape(batch, T, heads * Dh)

@@ -360,8 +360,8 @@ def _rows(t, index):
 
 def _ring_rows(head, start, stop, capacity, device):
     """The ring rows of a slot's entries start .. stop - 1 after its ``head``: a slice where
-    they do not wrap past ``capacity`` (a copy, no index tensor to build), else (stop - start,)
-    int64 row indices."""
+    they do not wrap past ``capacity`` (no index tensor to build), else (stop - start,) int64
+    row indices."""
     first = (head + start) % capacity
     if first + stop - start <= capacity:
         return slice(first, first + stop - start)
