@@ -23,8 +23,8 @@ Parameter names equal transformers' Qwen3.5 (Qwen3-Next's fused projections are 
 
 ``GatedAttention`` is the models' softmax attention: q and k RMS-normalised per head, partial
 RoPE, and a sigmoid output gate projected together with q (``project``, then ``kv.attend``
-over the KV rows, then ``finish``: the serving engine runs the same three at each slot's
-positions).
+over the KV rows, then ``finish``: the serving engine runs ``project`` and ``finish`` at each
+slot's positions, with its own attention between them).
 """
 
 from __future__ import annotations

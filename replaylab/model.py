@@ -169,7 +169,7 @@ class Attention(nn.Module):
     """Softmax attention, RoPE on the first ``rotary_dim`` dims (Bamba) or none (NemotronH).
     ``project`` and ``finish`` are the math before and after the product with the KV rows
     (``kv.attend``); ``forward`` runs them over a cache, the serving engine over its pools at
-    each slot's own positions."""
+    each slot's own positions (with its own attention between them)."""
 
     def __init__(self, cfg: HybridConfig, layer: int):
         super().__init__()

@@ -80,8 +80,9 @@ def prepared_chunk(spec, window, inputs, prepare=None):
     """A chunk's layer ``inputs`` (field -> (batch, T, ...)) with the entries ``spec.prepare``
     (or ``prepare``, e.g. a serving pool's kernel) derives from them after ``window`` (batch,
     K, C), and the window after the chunk: what a prefill chunk scans (``serving.prefill``, and
-    a replay seat that rescans as it did). The window may be a view of the chunk's conv
-    inputs: the callers copy it into their pool."""
+    a replay seat that rescans as it did). Where the chunk has at least K tokens the window is
+    a view of its conv inputs (``window_after(view=True)``): copy it before they change (the
+    callers copy it into their pool)."""
     entries = {**inputs, **(prepare or spec.prepare)(window, inputs)}
     return entries, window_after(window, entries[spec.conv_field], view=True)
 

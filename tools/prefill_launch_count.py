@@ -2,9 +2,11 @@
 host-bound on the GPU (``data/prefill_profile.json``: the device busy 23-26 ms of a 98-155 ms
 admission, some 2,900 operations launched one by one), so the operations it launches set its
 host time. Counted here: every PyTorch operation but views and allocations (a
-``TorchDispatchMode``; allocations, which launch nothing, are counted apart) and every Triton
-kernel launch (the interpreter's ``run``), for one admission of a T-token prompt after
-a warm-up, per strategy and prefill arm:
+``TorchDispatchMode``; allocations, which launch nothing, are counted apart), every Triton
+kernel launch (the interpreter's ``run``), and torch's attention with a lower-right causal bias
+as one launch (what flash attention is on a GPU in 16 bits; on CPU torch materialises the
+mask; the bias is patched where ``serving.prefill`` imports it at each call), for one
+admission of a T-token prompt after a warm-up, per strategy and prefill arm:
 
 - ``default``: the teaching modules, the spec's chunked scan in PyTorch (``prefill_kernels=False``,
   the default until 2026-12-05, and on CPU still);

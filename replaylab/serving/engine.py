@@ -110,10 +110,12 @@ class DecodeEngine:
     (Mamba-2: ``kernels.ssd_chunked``, and its conv through ``kernels.conv`` in the prefill
     and a replay seat; Mamba-1: ``kernels.s6_scan``; Gated DeltaNet:
     ``kernels.gdn_scan``, with replay's corrected updates in the same launch) under every
-    strategy, and on the fused path the chunks through its norm and MLP kernels. True: every
+    strategy, and on the fused path the chunks through its norm and MLP kernels; with any of
+    these, every attention layer's prefill in one call of torch's fused attention. True: every
     family's; default: on a GPU, the families whose pools say ``prompt_kernel_default``
-    (Mamba-2; the others' are opt-in until timed in the engine) and, on the fused path, its
-    norm and MLP kernels (``serving.prefill._chunk_fused``); on CPU, off.
+    (Mamba-2; the others' are opt-in until timed in the engine), the fused attention (every
+    layout) and, on the fused path, its norm and MLP kernels (``serving.prefill._chunk_fused``);
+    on CPU, off.
     step_kernels: with ``use_kernels``, snapshot's and recompute's state update of the whole
     bucket in one launch of the family's step kernel (``state_update`` in ``kernels.mamba1``,
     ``kernels.decode``, ``kernels.gdn``) instead of the spec's token loop on the reference

@@ -14,7 +14,8 @@ fused decode's kernels instead (``_chunk_fused``): the residual add and the next
 kernel, the gated norm and the MLP's activation in one each, and the Mamba-2 scan in one launch
 (``kernels.ssd_chunked``); the strategy's scan and attention stay those above. Under
 ``prefill_kernels`` on either path a Mamba-2 layer's conv is one launch too (``kernels.conv``,
-through the pool's ``prepare``).
+through the pool's ``prepare``), and each attention layer's chunk is one call of torch's
+fused attention (``_fused_attend``) instead of ``kv.attend``.
 
 Shapes: prompt (T0,) ids; a chunk's hidden (1, C, D); logits (vocab,).
 """
