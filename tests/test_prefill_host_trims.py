@@ -20,8 +20,8 @@ def softmax_attention_f64(q, keys, values):
     values = values.repeat_interleave(heads // Hkv, 1)
     T, rows, Dh = q.shape[2], keys.shape[2], q.shape[3]
     scores = q @ keys.transpose(2, 3) / Dh**0.5
-    own = torch.arange(rows - T, rows)[:, None]
-    scores = scores.masked_fill(torch.arange(rows) > own, float("-inf"))
+    own = torch.arange(rows - T, rows, device=q.device)[:, None]
+    scores = scores.masked_fill(torch.arange(rows, device=q.device) > own, float("-inf"))
     out = torch.softmax(scores, -1) @ values
     return out.transpose(1, 2).reshape(1, T, heads * Dh)
 
