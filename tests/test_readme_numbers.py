@@ -330,6 +330,46 @@ def test_the_prompt_conv_ttft_sentence_matches_the_committed_runs():
     assert f"still only {over_cold[0]} and {over_cold[1]} faster than its cold" in text
 
 
+def test_the_hit_trims_ttft_sentence_matches_the_committed_runs():
+    """The median hit and cold admission on the tree with the hit's trims over the tree before
+    them (two rounds, H200), and replay's hit over its cold admission after."""
+    text = " ".join((ROOT / "README.md").read_text().split())
+    trees = {"previous": "previous_91bc487", "this": "this_71f43c0"}
+    runs = {
+        (tree, r): load_bench(f"data/bench_prefix_ttft_trims_{name}_{r}_h200.json")["strategies"]
+        for tree, name in trees.items()
+        for r in (1, 2)
+    }
+
+    def median(tree, r, s, kind):
+        return runs[tree, r][s][f"{kind}_ttft_s"]["median"]
+
+    def ratios(s, kind):
+        return [
+            f"{median('previous', r, s, kind) / median('this', r, s, kind):.2f}x" for r in (1, 2)
+        ]
+
+    hit, cold = ratios("replay", "prefix"), ratios("snapshot", "prefix")
+    assert (
+        f"came {hit[0]} and {hit[1]} faster under replay and {cold[0]} and {cold[1]} under" in text
+    )
+    cold = ratios("replay", "cold") + ratios("snapshot", "cold")
+    assert f"cold admissions {cold[0]} and {cold[1]} and {cold[2]} and {cold[3]}" in text
+    over = [
+        f"{median('this', r, 'replay', 'cold') / median('this', r, 'replay', 'prefix'):.2f}x"
+        for r in (1, 2)
+    ]
+    assert f"Replay's hit is {over[0]} and {over[1]} faster than its cold admission" in text
+    counts = {r["strategy"]: r["launches"] for r in
+              load_bench("data/prefill_launch_count_hit_final_cpu.json")["rows"]}  # fmt: skip
+    before = {r["strategy"]: r["launches"] for r in
+              load_bench("data/prefill_launch_count_hit_conv_splits_cpu.json")["rows"]}  # fmt: skip
+    assert (
+        f"launches {counts['replay']} operations under replay and {counts['snapshot']} under "
+        f"snapshot, where it launched {before['replay']} and {before['snapshot']}" in text
+    )
+
+
 def test_the_batched_drafter_sentence_matches_the_host_probe():
     runs = load_bench("data/spec_host_probe_drafters_cpu.json")["runs"]
     text = " ".join((ROOT / "README.md").read_text().split())
