@@ -44,6 +44,7 @@ __all__ = [
     "TTFT_FIRST_SEEN_RESULT",
     "TTFT_WARM_RESULTS",
     "TTFT_CONV_RESULTS",
+    "TTFT_TRIMS_RESULTS",
     "ttft_rows",
     "ttft_figure",
 ]
@@ -77,6 +78,16 @@ PREFILL_PROFILES = (
 TTFT_CONV_RESULTS = tuple(
     (r, f"data/bench_prefix_ttft_conv_previous_{r}_h100.json",
      f"data/bench_prefix_ttft_conv_this_{r}_h100.json")
+    for r in (1, 2)
+)  # fmt: skip
+
+# one H200, two rounds: the code before a hit's trims (91bc487: the prefill's attention in one
+# call of torch's fused attention, the conv window as a view, the prompt scan in place) and
+# after them (71f43c0), the code before going first in round 1 and second in round 2:
+# (round, before, after)
+TTFT_TRIMS_RESULTS = tuple(
+    (r, f"data/bench_prefix_ttft_trims_previous_91bc487_{r}_h200.json",
+     f"data/bench_prefix_ttft_trims_this_71f43c0_{r}_h200.json")
     for r in (1, 2)
 )  # fmt: skip
 
