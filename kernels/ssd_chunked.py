@@ -27,7 +27,8 @@ cause was not looked into.
     x: (batch, T, H, P)  dt: (batch, T, H) raw (bias, softplus and the clamp applied here)
     B, C: (batch, T, G, N), head h reads group h // (H / G)
     A, D, dt_bias: (H,)  initial_state: (batch, H, P, N)
-    -> y (batch, T, H, P) in x's dtype, final state (batch, H, P, N) fp32
+    -> y (batch, T, H, P) in x's dtype, final state (batch, H, P, N) fp32 (written into
+    out_state where given: initial_state itself, or memory apart from it)
 
 Under ``TRITON_INTERPRET=1`` it runs on CPU tensors.
 """
@@ -173,6 +174,34 @@ def _ssd_chunked_kernel(
     tl.store(s_ptr, S, mask=mp[:, None] & mn[None, :])
 
 
+def _byte_span(t):
+    """[first, last + 1) byte addresses ``t``'s elements occupy."""
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _check_out_state(out, initial, shape, device):
+    """``out_state``: fp32 of ``shape`` on ``device``, no element written twice, and either
+    ``initial_state`` itself (the same elements, read by each program before it writes them)
+    or apart from it (a partial overlap would let one program overwrite a tile another has yet
+    to read)."""
+    check_tensor("out_state", out, shape)
+    if out.dtype != torch.float32 or out.device != device:
+        raise ValueError(
+            f"out_state: expected float32 on {device}, got {out.dtype} on {out.device}"
+        )
+    if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
+        raise ValueError(f"out_state: expected distinct elements, got strides {out.stride()}")
+    if initial is None or initial.device != out.device:
+        return
+    same = initial.data_ptr() == out.data_ptr() and initial.stride() == out.stride()
+    (a, b), (c, d) = _byte_span(initial), _byte_span(out)
+    if not same and a < d and c < b:
+        raise ValueError(
+            "out_state: expected initial_state itself or memory apart from it, got an overlap"
+        )
+
+
 def ssd_chunked_scan(
     x,
     dt,
@@ -234,12 +263,14 @@ def ssd_chunked_scan(
     lo, hi = (-math.inf, math.inf) if tuple(dt_limit) == NO_LIMIT else map(float, dt_limit)
     device = x.device
     y = torch.empty_like(x)
+    if initial_state is not None and initial_state.device != device:
+        raise ValueError(
+            f"initial_state: expected a tensor on {device}, got {initial_state.device}"
+        )
     if out_state is None:
         state = torch.empty(batch, H, P, N, dtype=torch.float32, device=device)
     else:
-        check_tensor("out_state", out_state, (batch, H, P, N))
-        if out_state.dtype != torch.float32:
-            raise ValueError(f"out_state: expected float32, got {out_state.dtype}")
+        _check_out_state(out_state, initial_state, (batch, H, P, N), device)
         state = out_state
     if T == 0:
         y.zero_()

@@ -90,11 +90,24 @@ def test_the_state_moved_on_in_place_equals_a_new_one_bit_for_bit(T):
 
 
 def test_a_bad_out_state_is_refused_before_anything_is_written():
+    """Wrong shape or dtype, an expanded buffer, or one that overlaps the initial state without
+    being it (a program could overwrite a tile another has yet to read)."""
     t = inputs(T=8)
-    for bad, what in ((torch.zeros(2, 4, 12, 9), "out_state"),
-                      (torch.zeros(2, 4, 12, 10, dtype=torch.float64), "float32")):  # fmt: skip
-        with pytest.raises(ValueError, match=what):
-            ssd_chunked_scan(**t, dt_softplus=True, out_state=bad.to(DEVICE))
+    pool = torch.zeros(3, 4, 12, 10, device=DEVICE)
+    pool[:2] = t["initial_state"]
+    t["initial_state"] = pool[:2]
+    before = pool.clone()
+    bad = {
+        "shape": torch.zeros(2, 4, 12, 9, device=DEVICE),
+        "float32": torch.zeros(2, 4, 12, 10, dtype=torch.float64, device=DEVICE),
+        "distinct": torch.zeros(1, 4, 12, 10, device=DEVICE).expand(2, -1, -1, -1),
+        "overlap": pool[1:],
+    }
+    for what, out in bad.items():
+        with pytest.raises(ValueError, match="out_state") as raised:
+            ssd_chunked_scan(**t, dt_softplus=True, out_state=out)
+        assert what in str(raised.value) or what == "shape", (what, raised.value)
+        assert torch.equal(pool, before), what
 
 
 def test_from_zeros_without_d_and_on_strided_inputs():

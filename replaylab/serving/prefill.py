@@ -137,14 +137,16 @@ def _attention(engine, layer, h, slot, start):
     fused attention (``_fused_attend``)."""
     att, pool = engine.model.model.layers[layer].mixer, engine.kv[layer]
     end = start + h.shape[1]
-    q, k, v, gate = att.project(h, start)
+    fused = engine.prefill_kernels
+    rotates = engine.cfg.rotary_dim  # q and k rotate at the positions: one tensor for both
+    positions = start if fused and not rotates else torch.arange(start, end, device=h.device)
+    q, k, v, gate = att.project(h, positions)
     pool.k[slot, :, start:end] = k[0].to(pool.k.dtype)
     pool.v[slot, :, start:end] = v[0].to(pool.v.dtype)
     one = slice(slot, slot + 1)
     keys, values = pool.k[one, :, :end], pool.v[one, :, :end]
-    if engine.prefill_kernels:
+    if fused:
         return att.finish(_fused_attend(q, keys, values), gate)
-    positions = torch.arange(start, end, device=engine.device)
     visible = torch.arange(end, device=engine.device) <= positions[:, None]  # (T, end)
     return att.finish(attend(q, keys, values, visible), gate)
 

@@ -81,9 +81,9 @@ TTFT_CONV_RESULTS = tuple(
     for r in (1, 2)
 )  # fmt: skip
 
-# one H200, two rounds: the code before a hit's trims (91bc487: the prefill's attention in one
-# call of torch's fused attention, the conv window as a view, the prompt scan in place) and
-# after them (71f43c0), the code before going first in round 1 and second in round 2:
+# one H200, two rounds: the code before a hit's trims (91bc487) and after them (71f43c0: the
+# prefill's attention in one call of torch's fused attention, the conv window as a view, the
+# prompt scan in place), the code before going first in round 1 and second in round 2:
 # (round, before, after)
 TTFT_TRIMS_RESULTS = tuple(
     (r, f"data/bench_prefix_ttft_trims_previous_91bc487_{r}_h200.json",
