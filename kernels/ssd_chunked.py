@@ -192,7 +192,7 @@ def _check_out_state(out, initial, shape, device):
         )
     if any(st == 0 and n > 1 for n, st in zip(out.shape, out.stride())):
         raise ValueError(f"out_state: expected distinct elements, got strides {out.stride()}")
-    if initial is None or initial.device != out.device:
+    if initial is None:
         return
     same = initial.data_ptr() == out.data_ptr() and initial.stride() == out.stride()
     (a, b), (c, d) = _byte_span(initial), _byte_span(out)
