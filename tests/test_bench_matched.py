@@ -102,17 +102,22 @@ def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
     cfg = dict(PRESETS["tiny"], pattern=MATCHED["pattern"])
     d, vocab = cfg["hidden_size"], cfg["vocab_size"]
     chosen = kernels_matmul.Launch(64, 32, 32, 3, 4, 4)
-    sweep = dict(shapes=[dict(weight=[vocab, d], best=dict(launch=chosen._asdict()))])
+    slower = kernels_matmul.Launch(64, 64, 32, 1, 4, 4)
+    sweep = dict(shapes=[dict(weight=[vocab, d], cublas_us={"1": 1.0, "640": 2.0}, tried=[
+        dict(launch=chosen._asdict(), us={"1": 1.5, "640": 2.5}, rows_equal=True),
+        dict(launch=slower._asdict(), us={"1": 3.0, "640": 6.0}, rows_equal=True),
+    ])])  # fmt: skip
     table = bench_matmul.best_launches(sweep)
-    assert table == {(vocab, d): chosen}
+    assert table == {(vocab, d): ((None, chosen),)}
     policy = bench_matmul.table_policy(table)
-    assert policy(vocab, d) == chosen and policy(7, d) == kernels_matmul.launch_for(7, d)
+    assert policy(vocab, d, 1) == chosen and policy(7, d, 5) == kernels_matmul.launch_for(7, d, 5)
 
     seen = []
     product = kernels_matmul.linear
 
     def recording(x, w, launch=None):
-        seen.append((tuple(w.shape), launch or kernels_matmul._policy.get()(*w.shape)))
+        rows = x.reshape(-1, x.shape[-1]).shape[0]
+        seen.append((tuple(w.shape), rows, launch or kernels_matmul._policy.get()(*w.shape, rows)))
         return product(x, w, launch)
 
     torch.manual_seed(0)
@@ -124,8 +129,8 @@ def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
         )  # fmt: skip
     finally:
         kernels_matmul.linear = product
-    assert ((vocab, d), chosen) in seen
-    assert all(launch == policy(*shape) for shape, launch in seen)
+    assert any(shape == (vocab, d) and launch == chosen for shape, _, launch in seen)
+    assert all(launch == policy(*shape, rows) for shape, rows, launch in seen)
 
 
 def test_matched_speculation_with_the_batched_drafter():

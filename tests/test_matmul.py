@@ -77,11 +77,11 @@ def test_use_launches_swaps_the_policy_and_restores_it():
     x = torch.randn(3, 96, device=DEVICE).to(torch.bfloat16)
     w = torch.randn(40, 96, device=DEVICE).to(torch.bfloat16)
     sliced = Launch(64, 32, 32, 3, 4, 4)
-    with use_launches(lambda N, K: sliced):
+    with use_launches(lambda N, K, M: sliced):
         inside = linear(x, w)
     assert torch.equal(inside, linear(x, w, sliced))
-    assert torch.equal(linear(x, w), linear(x, w, launch_for(40, 96)))  # restored
-    assert previous_launch_for(4096, 21504).splits == 1
+    assert torch.equal(linear(x, w), linear(x, w, launch_for(40, 96, 3)))  # restored
+    assert previous_launch_for(4096, 21504, 1) == previous_launch_for(4096, 21504, 640)
 
 
 def test_a_bad_launch_is_named():
@@ -151,3 +151,101 @@ def test_tma_launches_are_row_invariant_at_8b_shapes(NK, splits):
     for m in (1, 8, 64, 128, 320):
         assert torch.equal(linear(x[:m], w, launch), every[:m]), m
     assert_close(every[:8], linear_ref(x[:8], w), dtype=torch.bfloat16, name="y")
+
+
+def _swept(weight, cublas, tried):
+    """A sweep's result for one weight: cuBLAS µs by row, and (launch, µs by row) tried."""
+    return dict(weight=list(weight), cublas_us=cublas, tried=[
+        dict(launch=launch._asdict(), us=us, rows_equal=True) for launch, us in tried
+    ])  # fmt: skip
+
+
+def test_the_launch_table_holds_one_reduction_per_weight_and_chooses_tiles_by_rows():
+    """``bench.matmul.best_launches``: one reduction (block_k, splits) per weight, the one whose
+    fastest launches are worst off against cuBLAS the least; then each row count's fastest
+    launch of it, up to the geometric middle of the swept row counts. A one-slice launch stands
+    in for the in-loop launch of its tile only when asked."""
+    from replaylab.bench.matmul import best_launches
+
+    small = Launch(64, 64, 64, 4, 4, 4)  # 4 slices, fast at few rows
+    wide = Launch(128, 256, 64, 4, 8, 3)  # 4 slices, fast at many
+    one = Launch(128, 128, 64, 1, 8, 3)  # 1 slice: another reduction
+    cublas = {"1": 10.0, "64": 10.0, "640": 40.0}
+    shape = _swept((4096, 21504), cublas, [
+        (small, {"1": 11.0, "64": 12.0, "640": 90.0}),
+        (wide, {"1": 20.0, "64": 19.0, "640": 44.0}),
+        (one, {"1": 30.0, "64": 30.0, "640": 41.0}),
+    ])  # fmt: skip
+    table = best_launches(dict(shapes=[shape]))[(4096, 21504)]
+    assert table == ((202, small), (None, wide))  # int(sqrt(64 * 640)) = 202
+    assert {launch.reduction for _, launch in table} == {(64, 4)}
+    stood_in = best_launches(dict(shapes=[shape]), one_slice_stands_in=True)[(4096, 21504)]
+    assert stood_in == ((202, small), (None, one._replace(splits=4, in_loop=True)))
+
+
+def test_every_tuned_weight_keeps_one_reduction_at_every_row_count():
+    """``TUNED``'s buckets: rising bounds, the last for any M, and one (block_k, splits) per
+    weight (what keeps a row's bits independent of M); ``launch_for`` walks them."""
+    from replaylab.kernels.matmul import TUNED
+
+    for weight, buckets in TUNED.items():
+        bounds = [b for b, _ in buckets]
+        assert bounds[-1] is None and bounds[:-1] == sorted(bounds[:-1]), weight
+        assert len({launch.reduction for _, launch in buckets}) == 1, weight
+        for (bound, launch), (_, after) in zip(buckets, buckets[1:]):
+            assert launch_for(*weight, bound) == launch and launch_for(*weight, bound + 1) == after
+
+
+@pytest.mark.parametrize("tma", [False, True])
+@pytest.mark.parametrize("splits", [2, 3])
+def test_slices_summed_in_one_program_equal_the_second_launchs_sum(splits, tma):
+    """``in_loop``: each tile's program reduces its slices one after another and sums them in
+    slice order, the split form's second launch done in place: the same bits, at every row
+    count, under any tile (here two), and within fp32 accumulation's error."""
+    x = torch.randn(70, 200, device=DEVICE).to(torch.bfloat16)  # K=200: a partial last chunk
+    w = torch.randn(40, 200, device=DEVICE).to(torch.bfloat16)
+    split = Launch(64, 32, 32, splits, 4, 4, tma=tma)
+    every = linear(x, w, split)
+    assert_close(every, linear_ref(x, w), dtype=torch.bfloat16, name="y")
+    for tile in (split, split._replace(block_m=16, block_n=64, num_warps=2)):
+        in_loop = tile._replace(in_loop=True)
+        for m in (1, 5, 64, 70):
+            assert torch.equal(linear(x[:m], w, in_loop), every[:m]), (tile, m)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("NK", [(4096, 32256), (18560, 4096)])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_every_swept_tile_rounds_one_reduction_alike(NK, splits):
+    """What lets ``launch_for`` choose tiles by the row count: for one reduction (block_k 64,
+    ``splits`` slices), every tile the sweep tries, by pointer loads or TMA, with the slices
+    in programs of their own or in one, gives the same bits."""
+    from replaylab.bench.matmul import TILES
+
+    N, K = NK
+    w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * K**-0.5
+    x = torch.randn(200, K, device=DEVICE, dtype=torch.bfloat16)
+    base = linear(x, w, Launch(64, 64, 64, splits, 4, 4))
+    for bm, bn, bk, warps, stages in TILES:
+        for tma in (False, True):
+            for in_loop in (False, True) if splits > 1 else (False,):
+                if bk == 64:
+                    launch = Launch(bm, bn, bk, splits, warps, stages, tma=tma, in_loop=in_loop)
+                    assert torch.equal(linear(x, w, launch), base), launch
+
+
+@pytest.mark.gpu
+def test_every_tuned_weight_keeps_its_rows_across_its_buckets():
+    """Each weight of ``TUNED`` at the row counts on both sides of every bucket bound (a
+    decode step's and a verify's), each with its own launch: rows equal the same rows among
+    the most, bit for bit."""
+    from replaylab.kernels.matmul import TUNED
+
+    for (N, K), buckets in TUNED.items():
+        bounds = [b for b, _ in buckets[:-1]]
+        rows = sorted({1, *bounds, *(b + 1 for b in bounds)})
+        w = torch.randn(N, K, device=DEVICE, dtype=torch.bfloat16) * K**-0.5
+        x = torch.randn(max(rows[-1], 641), K, device=DEVICE, dtype=torch.bfloat16)
+        every = linear(x, w)
+        for m in rows:
+            assert torch.equal(linear(x[:m], w), every[:m]), ((N, K), m, launch_for(N, K, m))

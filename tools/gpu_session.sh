@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill or suite}
+mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill, buckets or suite}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \
@@ -132,6 +132,18 @@ case "$mode" in
     tail -4 "$OUT/gpu_matmul_tests.log"
     timeout -s INT ${MATMUL_S:-420} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_sweep.json" \
       --sweep ${MATMUL_ARGS:-} 2>&1 | tail -40 ;;
+  buckets)  # WHEELS=.whl-pin: launches chosen by the row count (issue 36, item 1): the product's and the
+    # engine's row-invariance GPU tests, then the product at every row count against cuBLAS and the
+    # previous one-launch table (previous_launch_for), then the matched engine's arms in one process
+    # (the default, the previous table, cuBLAS) against mamba-ssm (MATCHED_ARGS)
+    rm -rf /tmp/site/huggingface_hub*  # .whl-pin's hub refuses the image's transformers
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py tests/test_engine_row_invariance.py"
+    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_matmul_rows_tests.log" 2>&1
+    tail -4 "$OUT/gpu_matmul_rows_tests.log"
+    timeout -s INT ${MATMUL_S:-150} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_rows.json" \
+      --rows 1,2,4,8,16,32,64,128,256,320,640,1280 2>&1 | tail -34
+    timeout -s INT ${MATCHED_S:-250} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
+      ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
   lossless)  # the row-invariant product against cuBLAS and its previous launch, then the
     # lossless engine against mamba-ssm on the same weights (MATCHED_ARGS)
     timeout -s INT ${MATMUL_S:-150} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul.json" \

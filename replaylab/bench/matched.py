@@ -196,7 +196,10 @@ def run_matched(
         k=k,
         acceptance=acceptance,
         log_length=log_length,
-        launches={f"{n}x{k}": l._asdict() for (n, k), l in (launches or {}).items()},
+        launches={
+            f"{n}x{k}": [dict(max_rows=bound, **l._asdict()) for bound, l in buckets]
+            for (n, k), buckets in (launches or {}).items()
+        },
         previous_launch="launch_for (TUNED)" if launches else "previous_launch_for",
         rows=rows,
         mamba_ssm=peer,

@@ -71,8 +71,10 @@ SPLITS = (1, 2, 3, 4, 6, 8)
 
 def candidates(N, K):
     """Launches worth timing for a weight (N, K): every tile of ``TILES`` at each count of
-    ``SPLITS`` slices of K (a slice at least 512 columns), its tiles loaded by pointers and,
-    where bf16 rows of K are 16-byte multiples, by TMA."""
+    ``SPLITS`` slices of K (a slice at least 512 columns), the slices in programs of their own
+    and, where there are several, also reduced one after another in one program (``in_loop``:
+    the same sums); tiles loaded by pointers and, where bf16 rows of K are 16-byte multiples,
+    by TMA."""
     from replaylab.kernels.matmul import Launch
 
     out = []
@@ -80,7 +82,9 @@ def candidates(N, K):
         for bm, bn, bk, warps, stages in TILES:
             for splits in SPLITS:
                 if splits == 1 or K // splits >= 512:
-                    out.append(Launch(bm, bn, bk, splits, warps, stages, tma=tma))
+                    for in_loop in (False, True) if splits > 1 else (False,):
+                        out.append(Launch(bm, bn, bk, splits, warps, stages, tma=tma,
+                                          in_loop=in_loop))  # fmt: skip
     return out
 
 
@@ -181,20 +185,65 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint
     return dict(kind="matmul sweep", rows=list(rows), shapes=out, stopped=stopped)
 
 
-def best_launches(result):
-    """{(N, K): Launch} of a sweep's result (``sweep``, or its JSON loaded): each weight's
-    chosen launch, the table ``kernels.matmul.TUNED`` is written from."""
+def best_launches(result, up_to=256, one_slice_stands_in=False):
+    """{(N, K): ((max_rows, Launch), ...)} of a sweep's result (``sweep``, or its JSON loaded):
+    each weight's launches by row count, the table ``kernels.matmul.TUNED`` is written from.
+
+    A row's bits depend on the reduction (block_k and the slices of K), not on the tile, so one
+    reduction is chosen per weight, the one whose fastest launches have the lowest worst ratio
+    to cuBLAS over the rows up to ``up_to`` (then the lowest sum of ratios); each row count
+    then takes its fastest launch of that reduction, up to the geometric middle between it and
+    the next row count swept. ``one_slice_stands_in``: for sweeps made before ``in_loop``
+    launches were candidates, each one-slice launch stands in for the in-loop launch of its
+    tile at every count of slices (the same loop with a sum at each slice's end)."""
     from replaylab.kernels.matmul import Launch
 
-    return {tuple(s["weight"]): Launch(**s["best"]["launch"]) for s in result["shapes"]}
+    table = {}
+    for shape in result["shapes"]:
+        cublas = {int(m): us for m, us in shape["cublas_us"].items()}
+        rows = sorted(cublas)
+        tried = [t for t in shape["tried"] if t["rows_equal"]] or shape["tried"]
+        groups: dict[tuple[int, int], list] = {}
+        for t in tried:
+            launch = Launch(**t["launch"])
+            us = {int(m): v for m, v in t["us"].items()}
+            groups.setdefault((launch.block_k, launch.splits), []).append((launch, us))
+        if one_slice_stands_in:
+            for (block_k, splits), members in groups.items():
+                if splits > 1:
+                    members += [(l._replace(splits=splits, in_loop=True), us)
+                                for l, us in groups.get((block_k, 1), [])]  # fmt: skip
+
+        def fastest(members, m):
+            return min(members, key=lambda lu: lu[1][m])
+
+        def score(members):
+            ratios = [fastest(members, m)[1][m] / max(cublas[m], 1e-3) for m in rows if m <= up_to]
+            return max(ratios), sum(ratios)
+
+        members = min(groups.values(), key=score)
+        buckets = []
+        for i, m in enumerate(rows):
+            bound = int((m * rows[i + 1]) ** 0.5) if i + 1 < len(rows) else None
+            launch = fastest(members, m)[0]
+            if buckets and buckets[-1][1] == launch:
+                buckets[-1] = (bound, launch)
+            else:
+                buckets.append((bound, launch))
+        table[tuple(shape["weight"])] = tuple(buckets)
+    return table
 
 
 def table_policy(table):
-    """A launch policy for ``kernels.matmul.use_launches``: ``table``'s launch for the weights
-    it holds, ``launch_for``'s for the others."""
-    from replaylab.kernels.matmul import launch_for
+    """A launch policy for ``kernels.matmul.use_launches``: ``table``'s launches (from
+    ``best_launches``) for the weights it holds, ``launch_for``'s for the others."""
+    from replaylab.kernels.matmul import launch_for, launch_for_rows
 
-    return lambda N, K: table.get((N, K)) or launch_for(N, K)
+    def policy(N, K, M):
+        entry = table.get((N, K))
+        return launch_for(N, K, M) if entry is None else launch_for_rows(entry, M)
+
+    return policy
 
 
 def run(
@@ -203,10 +252,11 @@ def run(
     progress=True,
     launches=None,
 ):
-    """Per weight shape: ``launch_for``'s launch against cuBLAS and against the launch it
-    replaced (``previous_launch_for``), µs at each row count, and the contract: rows computed
-    among M rows equal the same rows among max(rows), at every M. With ``launches`` (a table
-    from ``best_launches``) the table's launches are timed against ``launch_for``'s."""
+    """Per weight shape: ``launch_for``'s launch at each row count against cuBLAS and against
+    the launch it replaced (``previous_launch_for``), µs, and the contract: rows computed
+    among M rows equal the same rows among max(rows), at every M (each M with its own launch).
+    With ``launches`` (a table from ``best_launches``) the table's launches are timed against
+    ``launch_for``'s."""
     import gc
 
     from tqdm.auto import tqdm
@@ -220,24 +270,24 @@ def run(
     out = []
     for (N, K), presets in tqdm(list(shapes.items()), desc="weights", disable=not progress):
         gc.collect()  # once a weight, not once a capture (``capture``)
-        launch = policy(N, K)
         x, w = _inputs(N, K, rows)
-        every = linear(x, w, launch)
+        every = linear(x, w, policy(N, K, max(rows)))
         ref = linear_ref(x, w).float()
+        launch = {m: policy(N, K, m) for m in rows}
         row = dict(
             weight=[N, K],
             presets=presets,
-            launch=launch._asdict(),
-            rows_equal={m: bool(torch.equal(linear(x[:m], w, launch), every[:m])) for m in rows},
+            launch={m: launch[m]._asdict() for m in rows},
+            rows_equal={m: bool(torch.equal(linear(x[:m], w, launch[m]), every[:m])) for m in rows},
             max_abs_diff_vs_fp32_accumulation=float((every.float() - ref).abs().max()),
             cublas_us={},
             row_invariant_us={},
             previous_launch_us={},
         )
-        before = previous(N, K)
         for m in rows:
+            before = previous(N, K, m)
             row["cublas_us"][m] = timer.us(lambda m=m: torch.nn.functional.linear(x[:m], w))
-            row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w, launch))
+            row["row_invariant_us"][m] = timer.us(lambda m=m: linear(x[:m], w, launch[m]))
             row["previous_launch_us"][m] = timer.us(lambda m=m: linear(x[:m], w, before))
         row["weight_bytes"] = N * K * 2
         out.append(row)
@@ -246,24 +296,54 @@ def run(
 
 
 def sweep_summary(result):
-    """One line per weight: the chosen launch and its worst ratio to cuBLAS."""
-    lines = [f"{'weight (N, K)':>16}  worst/cuBLAS  launch (bm, bn, bk, splits, warps, stages)"]
+    """One line per weight and row bucket: the chosen launch (``best_launches``) and its ratio
+    to cuBLAS at the row count the bucket was chosen at."""
+    from replaylab.kernels.matmul import launch_for_rows
+
+    table = best_launches(result)
+    lines = [
+        f"{'weight (N, K)':>16}  rows  /cuBLAS  launch (bm, bn, bk, splits, warps, stages, ...)"
+    ]
     for s in result["shapes"]:
-        b = s["best"]
-        lines.append(
-            f"{str(tuple(s['weight'])):>16}  {b['worst_ratio']:11.2f}x  "
-            f"{tuple(b['launch'].values())}  rows equal {b['rows_equal']}"
-        )
+        weight = tuple(s["weight"])
+        for m, cublas in s["cublas_us"].items():
+            launch = launch_for_rows(table[weight], int(m))
+            us = next(t["us"][m] for t in s["tried"] if t["launch"] == launch._asdict())
+            lines.append(
+                f"{str(weight):>16}  {int(m):>4}  {us / max(cublas, 1e-3):6.2f}x  {tuple(launch)}"
+            )
     return lines
 
 
 def run_summary(result, show=(1, 8, 128, 640)):
-    """One line per weight: row-invariant / cuBLAS at a few row counts, and the contract."""
-    head = "  ".join(f"M={m:<5}" for m in show)
-    lines = [f"{'weight (N, K)':>16}  {head}  rows equal at every M"]
+    """One line per weight: row-invariant / cuBLAS (and the previous launch's / cuBLAS) at a
+    few row counts, and the contract; then the sums over the weights at each row count."""
+    head = "  ".join(f"M={m:<12}" for m in show)
+    lines = [f"{'weight (N, K)':>16}  {head}  rows equal  (launch / cuBLAS, previous / cuBLAS)"]
+
+    def key(d, m):  # ints in a fresh result, strings in its JSON
+        return m if m in d else str(m)
+
     for s in result["shapes"]:
-        ratios = "  ".join(
-            f"{s['row_invariant_us'][m] / max(s['cublas_us'][m], 1e-3):6.2f}x" for m in show
+        cells = []
+        for m in show:
+            cublas = max(s["cublas_us"][key(s["cublas_us"], m)], 1e-3)
+            cells.append(
+                f"{s['row_invariant_us'][key(s['cublas_us'], m)] / cublas:5.2f}x "
+                f"{s['previous_launch_us'][key(s['cublas_us'], m)] / cublas:5.2f}x"
+            )
+        lines.append(
+            f"{str(tuple(s['weight'])):>16}  {'  '.join(cells)}  {all(s['rows_equal'].values())}"
         )
-        lines.append(f"{str(tuple(s['weight'])):>16}  {ratios}  {all(s['rows_equal'].values())}")
+    sums = []
+    for m in result["rows"]:
+        total = {a: sum(s[a][key(s[a], m)] for s in result["shapes"])
+                 for a in ("row_invariant_us", "previous_launch_us", "cublas_us")}  # fmt: skip
+        sums.append(
+            f"M={m}: {total['row_invariant_us'] / total['cublas_us']:.3f}x / "
+            f"{total['previous_launch_us'] / total['cublas_us']:.3f}x"
+        )
+    lines.append(
+        "summed over the weights, launch / cuBLAS and previous / cuBLAS: " + ", ".join(sums)
+    )
     return lines
