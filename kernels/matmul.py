@@ -258,8 +258,9 @@ PREVIOUS_TUNED: dict[tuple[int, int], Launch] = {
 # data/bench_matmul_sweep.json (the other 18): per weight the reduction (block_k, splits) whose
 # fastest launches have the lowest worst ratio to cuBLAS up to 256 rows, then per row count its
 # fastest launch. Those sweeps predate ``in_loop``: an in-loop launch was timed there as its
-# one-slice launch (the same loop, with a sum at each slice's end); data/bench_matmul_rows.json
-# times the table as it is.
+# one-slice launch (the same loop, with a sum at each slice's end: a little optimistic), and for
+# 6 weights that chose another count of slices than ``PREVIOUS_TUNED``'s; ``bench matmul`` times
+# the table as it is (data/README.md).
 TUNED: dict[tuple[int, int], tuple[tuple[int | None, Launch], ...]] = {
     (32, 4096): (
         (None, Launch(64, 64, 64, 8, 4, 4)),
@@ -443,7 +444,7 @@ def launch_for_rows(buckets, M):
     return next(launch for bound, launch in buckets if bound is None or M <= bound)
 
 
-def launch_for(N, K, M=1):
+def launch_for(N, K, M):
     """The ``Launch`` for a weight (N, K) at M rows: ``TUNED``'s bucket for M where a sweep
     measured the shape, else ``_untuned``'s. The reduction (block_k, splits) is the weight's
     alone, so a row's bits do not depend on M; the tile may."""
@@ -453,7 +454,7 @@ def launch_for(N, K, M=1):
 
 def linear(x, weight, launch=None):
     """``x @ weight.T`` for x (..., K) and weight (N, K), row-invariant: (..., N). ``launch``
-    overrides ``launch_for(N, K)`` (a sweep's candidate)."""
+    overrides ``launch_for(N, K, M)`` (a sweep's candidate)."""
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: x has {x.shape[-1]} features, weight (N, K) = {tuple(weight.shape)} "
@@ -471,7 +472,9 @@ def linear(x, weight, launch=None):
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y.view(*lead, N)
-    L = launch or (_policy.get() or launch_for)(N, K, M)
+    # the interpreter's tl.dot (numpy) sums a chunk in an order that follows the tile: on CPU
+    # one launch serves every row count
+    L = launch or (_policy.get() or launch_for)(N, K, M if x.is_cuda else 1)
     if L.splits < 1 or L.block_k < 16:
         raise ValueError(f"linear: launch {L} needs splits >= 1 and block_k >= 16")
     k_slice = triton.cdiv(triton.cdiv(K, L.splits), L.block_k) * L.block_k

@@ -1,11 +1,12 @@
 """The row-invariant matrix product (``kernels.matmul.linear``) against cuBLAS, on every weight
 shape of the presets (GPU).
 
-``sweep`` times candidate launches (tile, K slices, warps, stages) at a few row counts and picks,
-per weight shape, the one whose worst ratio to cuBLAS over those rows is lowest: what
-``kernels.matmul.TUNED`` holds. ``run`` times ``launch_for``'s launch against cuBLAS at rows
-1 .. 1,280 and checks the contract at each row count: rows 0 .. M-1 computed among M rows equal
-the same rows computed among the most rows, bit for bit.
+``sweep`` times candidate launches (tile, K slices, warps, stages, TMA, in-loop slices) at a few
+row counts; ``best_launches`` picks from it, per weight shape, one reduction (block_k, slices)
+and, per row count, that reduction's fastest launch: what ``kernels.matmul.TUNED`` holds.
+``run`` times ``launch_for``'s launch at each row count 1 .. 1,280 against cuBLAS and checks the
+contract at each: rows 0 .. M-1 computed among M rows equal the same rows computed among the
+most rows, bit for bit.
 
 Each timing replays a CUDA graph of ``reps`` products, each behind a write of 256 MiB that
 evicts the weight from L2 (as a decode step's other layers do), minus the same graph without
@@ -167,7 +168,7 @@ def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint
                     )
                 )
             fair = [t for t in tried if t["rows_equal"]] or tried
-            best = min(fair, key=lambda t: t["worst_ratio"])
+            best = min(fair, key=lambda t: t["worst_ratio"])  # one launch for all rows
             out.append(
                 dict(
                     weight=[N, K],
@@ -202,7 +203,12 @@ def best_launches(result, up_to=256, one_slice_stands_in=False):
     for shape in result["shapes"]:
         cublas = {int(m): us for m, us in shape["cublas_us"].items()}
         rows = sorted(cublas)
-        tried = [t for t in shape["tried"] if t["rows_equal"]] or shape["tried"]
+        tried = [t for t in shape["tried"] if t["rows_equal"]]
+        if not tried:
+            raise ValueError(
+                f"weight {tuple(shape['weight'])}: no launch of the sweep kept its rows equal "
+                f"at every row count ({len(shape['tried'])} tried); nothing to choose from"
+            )
         groups: dict[tuple[int, int], list] = {}
         for t in tried:
             launch = Launch(**t["launch"])
@@ -298,7 +304,7 @@ def run(
 def sweep_summary(result):
     """One line per weight and row bucket: the chosen launch (``best_launches``) and its ratio
     to cuBLAS at the row count the bucket was chosen at."""
-    from replaylab.kernels.matmul import launch_for_rows
+    from replaylab.kernels.matmul import Launch, launch_for_rows
 
     table = best_launches(result)
     lines = [
@@ -308,7 +314,7 @@ def sweep_summary(result):
         weight = tuple(s["weight"])
         for m, cublas in s["cublas_us"].items():
             launch = launch_for_rows(table[weight], int(m))
-            us = next(t["us"][m] for t in s["tried"] if t["launch"] == launch._asdict())
+            us = next(t["us"][m] for t in s["tried"] if Launch(**t["launch"]) == launch)
             lines.append(
                 f"{str(weight):>16}  {int(m):>4}  {us / max(cublas, 1e-3):6.2f}x  {tuple(launch)}"
             )
