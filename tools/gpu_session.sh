@@ -133,16 +133,19 @@ case "$mode" in
     timeout -s INT ${MATMUL_S:-420} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_sweep.json" \
       --sweep ${MATMUL_ARGS:-} 2>&1 | tail -40 ;;
   buckets)  # WHEELS=.whl-pin: launches chosen by the row count (issue 36, item 1): the product's and the
-    # engine's row-invariance GPU tests, then the product at every row count against cuBLAS and the
-    # previous one-launch table (previous_launch_for), then the matched engine's arms in one process
-    # (the default, the previous table, cuBLAS) against mamba-ssm (MATCHED_ARGS)
+    # engine's row-invariance GPU tests (PART=tests), then (PART=bench) the product at every row count
+    # against cuBLAS and the previous one-launch table (previous_launch_for), then the matched engine's
+    # arms in one process (the default, the previous table, cuBLAS) against mamba-ssm (MATCHED_ARGS)
     rm -rf /tmp/site/huggingface_hub*  # .whl-pin's hub refuses the image's transformers
-    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py tests/test_engine_row_invariance.py"
-    { stamp "$cmd"; timeout -s INT ${TESTS_S:-150} $cmd; } >"$OUT/gpu_matmul_rows_tests.log" 2>&1
-    tail -4 "$OUT/gpu_matmul_rows_tests.log"
+    if [ "${PART:-all}" != bench ]; then
+      cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_matmul.py tests/test_engine_row_invariance.py"
+      { stamp "$cmd"; timeout -s INT ${TESTS_S:-300} $cmd; } >"$OUT/gpu_matmul_rows_tests.log" 2>&1
+      tail -4 "$OUT/gpu_matmul_rows_tests.log"
+    fi
+    [ "${PART:-all}" = tests ] && exit 0
     timeout -s INT ${MATMUL_S:-150} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul_rows.json" \
       --rows 1,2,4,8,16,32,64,128,256,320,640,1280 2>&1 | tail -34
-    timeout -s INT ${MATCHED_S:-250} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
+    timeout -s INT ${MATCHED_S:-300} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
   lossless)  # the row-invariant product against cuBLAS and its previous launch, then the
     # lossless engine against mamba-ssm on the same weights (MATCHED_ARGS)
