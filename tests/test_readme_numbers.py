@@ -534,3 +534,29 @@ def test_the_prompt_kernel_sentence_matches_the_committed_sweeps_and_profiles():
     assert all(b["strategy"] == "snapshot" and b["tokens"] == 2048 for b in busy)
     before, after = (b["device_busy_ms"] for b in busy)
     assert f"busy {after:.1f} ms where it took {before:.1f} ms" in text
+
+
+def test_the_row_bucketed_product_sentence_matches_the_committed_run():
+    run = load_bench("data/bench_matched_rows_h200_cc8bbd3.json")
+    rows = {(r["arm"], r["batch"]): r for r in run["rows"] if r["strategy"] == "replay"}
+    peer = {r["batch"]: _tok_s(r) for r in run["mamba_ssm"]}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(
+        r"replay decodes ([\d,]+), ([\d,]+), ([\d,]+), ([\d,]+) and ([\d,]+) tokens/s at batch "
+        r"1, 8, 64, 128 and 256: ([\d.]+)x, ([\d.]+)x, ([\d.]+)x, ([\d.]+)x and ([\d.]+)x "
+        r"mamba-ssm's `generate\(cg=True\)` in the same run, ([\d.]+)-([\d.]+)x the launches it "
+        r"replaced and ([\d.]+)-([\d.]+)x the engine on cuBLAS",
+        text,
+    )
+    batches = [1, 8, 64, 128, 256]
+    new = [rows[("row_invariant", b)]["decode_tokens_per_s"] for b in batches]
+    assert [int(v.replace(",", "")) for v in m.groups()[:5]] == [round(t) for t in new]
+    ratios = [round(t / peer[b], 2) for t, b in zip(new, batches)]
+    assert [float(v) for v in m.groups()[5:10]] == ratios
+    over_previous = [
+        1 / rows[("row_invariant_previous_launch", b)]["over_first_arm_paired_median"]
+        for b in batches
+    ]
+    over_cublas = [1 / rows[("torch", b)]["over_first_arm_paired_median"] for b in batches]
+    for found, spread in ((m.groups()[10:12], over_previous), (m.groups()[12:14], over_cublas)):
+        assert [float(v) for v in found] == [round(min(spread), 2), round(max(spread), 2)]
