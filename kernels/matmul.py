@@ -259,10 +259,9 @@ PREVIOUS_TUNED: dict[tuple[int, int], Launch] = {
 # fastest launches have the lowest worst ratio to cuBLAS up to 256 rows, then per row count its
 # fastest launch. Those sweeps predate ``in_loop``: an in-loop launch was timed there as its
 # one-slice launch (the same loop, with a sum at each slice's end), and for 6 weights that chose
-# another count of slices than ``PREVIOUS_TUNED``'s. Timed as it is on an H200
-# (data/bench_matmul_rows_h200_cc8bbd3.json): 0.85-0.89x the previous launches' time at 1-128
-# rows, but the stand-in was wrong for in-loop launches at 640 rows (up to 1.8x slower than
-# credited) and no launch was chosen for 320 rows; a sweep of in-loop launches is still to run.
+# another count of slices than ``PREVIOUS_TUNED``'s. Timed as it is on an H200 (data/README.md):
+# faster than ``PREVIOUS_TUNED`` up to 128 rows, slower at 320 rows (none was chosen there) and
+# at 640 where the stand-in was wrong; a sweep that times in-loop launches is still to run.
 TUNED: dict[tuple[int, int], tuple[tuple[int | None, Launch], ...]] = {
     (32, 4096): (
         (None, Launch(64, 64, 64, 8, 4, 4)),

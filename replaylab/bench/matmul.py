@@ -129,7 +129,7 @@ def _inputs(N, K, rows, seed=0):
     return x, w
 
 
-def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 640), progress=True, checkpoint=None):
+def sweep(shapes=None, rows=(1, 8, 64, 128, 256, 320, 640), progress=True, checkpoint=None):
     """Per weight shape: cuBLAS and every candidate launch (µs at each row count), whether the
     candidate's rows computed among M rows equal the same rows among max(rows) at every M, and
     the chosen launch (the lowest worst ratio to cuBLAS over the rows). ``checkpoint(result)``
@@ -196,7 +196,10 @@ def best_launches(result, up_to=256, one_slice_stands_in=False):
     then takes its fastest launch of that reduction, up to the geometric middle between it and
     the next row count swept. ``one_slice_stands_in``: for sweeps made before ``in_loop``
     launches were candidates, each one-slice launch stands in for the in-loop launch of its
-    tile at every count of slices (the same loop with a sum at each slice's end)."""
+    tile at every count of slices (the same loop with a sum at each slice's end). It is how
+    ``TUNED`` was made, and it was wrong at 640 rows for some weights (data/README.md): a sweep
+    that times them is better.
+    (320 rows, a verify at batch 64, were first swept after that table.)"""
     from replaylab.kernels.matmul import Launch
 
     table = {}
