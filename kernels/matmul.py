@@ -258,8 +258,8 @@ PREVIOUS_TUNED: dict[tuple[int, int], Launch] = {
 # data/bench_matmul_sweep.json (the other 18): per weight the reduction (block_k, splits) whose
 # fastest launches have the lowest worst ratio to cuBLAS up to 256 rows, then per row count its
 # fastest launch. Those sweeps predate ``in_loop``: an in-loop launch was timed there as its
-# one-slice launch (the same loop, with a sum at each slice's end), and for 6 weights that chose
-# another count of slices than ``PREVIOUS_TUNED``'s. Timed as it is on an H200 (data/README.md):
+# one-slice launch (the same loop, with a sum at each slice's end), which changed the count of
+# slices chosen for 6 weights. Timed as it is on an H200 (data/README.md):
 # faster than ``PREVIOUS_TUNED`` up to 128 rows, slower at 320 rows (none was chosen there) and
 # at 640 where the stand-in was wrong; a sweep that times in-loop launches is still to run.
 TUNED: dict[tuple[int, int], tuple[tuple[int | None, Launch], ...]] = {

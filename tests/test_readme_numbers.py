@@ -542,12 +542,15 @@ def test_the_row_bucketed_product_sentence_matches_the_committed_run():
     peer = {r["batch"]: _tok_s(r) for r in run["mamba_ssm"]}
     text = " ".join((ROOT / "README.md").read_text().split())
     m = re.search(
+        r"\(`data/bench_matched_rows_h200_cc8bbd3.json`, 2026-12-06\) "
         r"replay decodes ([\d,]+), ([\d,]+), ([\d,]+), ([\d,]+) and ([\d,]+) tokens/s at batch "
         r"1, 8, 64, 128 and 256: ([\d.]+)x, ([\d.]+)x, ([\d.]+)x, ([\d.]+)x and ([\d.]+)x "
         r"mamba-ssm's `generate\(cg=True\)` in the same run, ([\d.]+)-([\d.]+)x the launches it "
         r"replaced and ([\d.]+)-([\d.]+)x the engine on cuBLAS",
         text,
     )
+    assert m, "README: the row-bucketed product's sentence is gone or reworded"
+    assert run["date"].startswith("2026-12-06") and run["commit"] == "cc8bbd3"
     batches = [1, 8, 64, 128, 256]
     new = [rows[("row_invariant", b)]["decode_tokens_per_s"] for b in batches]
     assert [int(v.replace(",", "")) for v in m.groups()[:5]] == [round(t) for t in new]

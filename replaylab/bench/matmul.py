@@ -23,7 +23,7 @@ from replaylab.serving.runner import capture
 
 __all__ = [
     "weight_shapes", "candidates", "sweep", "best_launches", "table_policy", "run",
-    "sweep_summary", "run_summary",
+    "sweep_summary", "run_summary", "slower_weights",
 ]  # fmt: skip
 
 ISSUE_SHAPES = [(32256, 4096), (4096, 32256)]  # the weight-matched layout's MLP (issue #36)
@@ -355,4 +355,22 @@ def run_summary(result, show=(1, 8, 128, 640)):
     lines.append(
         "summed over the weights, launch / cuBLAS and previous / cuBLAS: " + ", ".join(sums)
     )
+    slower = slower_weights(result)
+    lines.append(
+        "weights more than 3% slower than the previous launch: "
+        + ", ".join(f"M={m}: {len(w)}" for m, w in slower.items())
+    )
     return lines
+
+
+def slower_weights(result, margin=1.03):
+    """{rows: [(N, K), ...]} of a ``run`` result (or its JSON): the weights whose launch takes
+    more than ``margin`` times the previous launch's time at that row count."""
+    out = {}
+    for m in result["rows"]:
+        out[m] = []
+        for s in result["shapes"]:
+            key = m if m in s["row_invariant_us"] else str(m)
+            if s["row_invariant_us"][key] > margin * s["previous_launch_us"][key]:
+                out[m].append(tuple(s["weight"]))
+    return out
