@@ -256,3 +256,18 @@ def test_every_tuned_weight_keeps_its_rows_across_its_buckets():
         every = linear(x, w)
         for m in rows:
             assert torch.equal(linear(x[:m], w), every[:m]), ((N, K), m, launch_for(N, K, m))
+
+
+def test_slower_weights_names_the_weights_past_the_margin_at_each_row_count():
+    from replaylab.bench.matmul import run_summary, slower_weights
+
+    def shape(weight, new, previous):
+        return dict(weight=list(weight), rows_equal={"1": True}, row_invariant_us=new,
+                    previous_launch_us=previous, cublas_us={"1": 1.0, "8": 1.0})  # fmt: skip
+
+    result = dict(rows=[1, 8], shapes=[
+        shape((64, 32), {"1": 1.04, "8": 1.0}, {"1": 1.0, "8": 1.0}),  # 4% slower at 1 row
+        shape((32, 64), {"1": 1.02, "8": 2.0}, {"1": 1.0, "8": 1.0}),  # 2% at 1: within
+    ])  # fmt: skip
+    assert slower_weights(result) == {1: [(64, 32)], 8: [(32, 64)]}
+    assert run_summary(result, show=(1, 8))[-1].endswith("M=1: 1, M=8: 1")
