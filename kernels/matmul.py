@@ -16,8 +16,9 @@ measured by ``bench matmul``.
     y = x W^T      x: (M, K), W: (N, K) (nn.Linear's layout), y: (M, N), fp32 accumulation
 
 That a tile does not change the bits rests on ``tl.dot`` adding a chunk's products to the
-accumulator alike in every tile shape; ``tests/test_matmul.py`` checks it on the GPU at the
-presets' shapes, each row count with its own launch.
+accumulator alike in every tile shape: measured (Triton 3.6, an H200), not promised by the
+compiler, so ``tests/test_matmul.py``'s GPU tests (every swept tile of one reduction; every
+tuned weight across its row buckets) are to be rerun after a Triton upgrade.
 
 A launch may fetch its tiles with the tensor memory accelerator (``Launch.tma``, Hopper and
 later): the same slices and order along K, zeros past the edges instead of masks; it applies

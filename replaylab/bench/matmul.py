@@ -198,8 +198,8 @@ def best_launches(result, up_to=256, one_slice_stands_in=False):
     launches were candidates, each one-slice launch stands in for the in-loop launch of its
     tile at every count of slices (the same loop with a sum at each slice's end). It is how
     ``TUNED`` was made, and it was wrong at 640 rows for some weights (data/README.md): a sweep
-    that times them is better.
-    (320 rows, a verify at batch 64, were first swept after that table.)"""
+    that times them is better. (``sweep`` also times 320 rows, a verify at batch 64, since that
+    table; its sweeps did not.)"""
     from replaylab.kernels.matmul import Launch
 
     table = {}
