@@ -9,8 +9,9 @@ verify and the B rows of a decode step round differently, and bf16 near-ties par
 tokens; so do torch's row reductions at some row counts (the RMSNorms,
 ``tools/row_invariance_probe.py``). ``RowInvariantLinear`` routes every ``F.linear`` of the
 forward (each ``nn.Linear`` calls it) to ``kernels.matmul.linear``, whose reduction depends on
-the weight's shape alone (its tile on the row count too), and every sum or mean over the last dim to ``kernels.matmul.row_sum``;
-attention goes to ``kernels.decode.attention`` (one program per query row).
+the weight's shape alone (its tile on the row count too), and every sum or mean over the last
+dim to ``kernels.matmul.row_sum``; attention goes to ``kernels.decode.attention`` (one program
+per query row).
 """
 
 from __future__ import annotations
