@@ -135,13 +135,25 @@ def test_a_sweeps_launch_table_reaches_the_row_invariant_arm():
 
 def test_matched_speculation_with_the_batched_drafter():
     """``drafter="batched"``: the speculation rows run one BatchSyntheticDrafter, say so, and
-    still equal greedy."""
+    still equal greedy; a second drafter is timed beside it on the same engine; the command
+    line refuses a drafter it does not know."""
+    import argparse
+
+    from replaylab.bench.cli import _drafters
+
     torch.manual_seed(0)
     result = run_matched(
         batches=(), n_steps=2, repeats=1, arms=("torch",), spec_batches=(2,),
         spec_strategies=("replay",), log_length=4,
         config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu", progress=False,
-        drafter="batched",
+        drafter=("batched", "list"),
     )  # fmt: skip
     (row,) = result["rows"]
     assert row["drafter"] == "batched" and row["speculative_equal_greedy"]
+    other = row["other_drafters"]["list"]
+    assert other["drafter"] == "list" and other["speculative_equal_greedy"]
+    assert other["speculation_over_decode"] > 0
+    assert matched_summary(result)[-1].endswith("(list)")
+    assert _drafters("batched,device") == ("batched", "device") and _drafters("list") == "list"
+    with pytest.raises(argparse.ArgumentTypeError, match="got 'gpu'"):
+        _drafters("batched,gpu")

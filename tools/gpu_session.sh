@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill, buckets or suite}
@@ -147,6 +147,21 @@ case "$mode" in
       --rows 1,2,4,8,16,32,64,128,256,320,640,1280 2>&1 | tail -34
     timeout -s INT ${MATCHED_S:-300} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
+  retune)  # WHEELS=.whl-pin: issue 36, item 1's re-sweep. PART=sweep: every candidate launch of
+    # the matched model's weights (in-loop launches timed themselves, 320 rows), then the table
+    # best_launches chooses from it against TUNED (launch_for) and cuBLAS at every row count.
+    # PART=matched: the matched engine with that table against TUNED, in one process
+    # (SWEEP: the sweep's JSON, carried in the working tree; MATCHED_ARGS)
+    rm -rf /tmp/site/huggingface_hub*  # .whl-pin's hub refuses the image's transformers
+    if [ "${PART:-sweep}" = sweep ]; then
+      timeout -s INT ${SWEEP_S:-400} python3 -m replaylab.bench matmul --sweep --presets 8b-layers \
+        --out "$OUT/bench_matmul_sweep_inloop.json" 2>&1 | tail -8
+      timeout -s INT ${MATMUL_S:-120} python3 -m replaylab.bench matmul --presets 8b-layers \
+        --launches "$OUT/bench_matmul_sweep_inloop.json" --out "$OUT/bench_matmul_retuned.json" 2>&1 | tail -20
+    else
+      timeout -s INT ${MATCHED_S:-400} python3 -m replaylab.bench matched --launches "${SWEEP:?}" \
+        --out "$OUT/bench_matched_retuned.json" ${MATCHED_ARGS:-} 2>&1 | tail -24
+    fi ;;
   lossless)  # the row-invariant product against cuBLAS and its previous launch, then the
     # lossless engine against mamba-ssm on the same weights (MATCHED_ARGS)
     timeout -s INT ${MATMUL_S:-150} python3 -m replaylab.bench matmul --out "$OUT/bench_matmul.json" \

@@ -287,6 +287,17 @@ def _matmul(args):
     return _save(args, result, out, lines, t0)
 
 
+def _drafters(value):
+    """``--drafter``: one of ``bench.families.DRAFTERS``, or several comma-separated."""
+    from replaylab.bench.families import DRAFTERS
+
+    names = tuple(value.split(","))
+    for name in names:
+        if name not in DRAFTERS:
+            raise argparse.ArgumentTypeError(f"expected names of {DRAFTERS}, got {name!r}")
+    return names[0] if len(names) == 1 else names
+
+
 def _launch_table(path):
     """The launches of a ``bench matmul --sweep`` JSON (``bench.matmul.best_launches``)."""
     if path is None:
@@ -575,8 +586,10 @@ def add_bench_parser(subparsers):
     mt.add_argument("--no-mamba-ssm", action="store_true", help="skip the peer")
     mt.add_argument("--launches", help="a matmul --sweep JSON whose launches replace TUNED's")
     mt.add_argument(
-        "--drafter", default="list", choices=["list", "batched"],
-        help="speculation rows: a SyntheticDrafter per sequence, or one BatchSyntheticDrafter",
+        "--drafter", default="list", type=_drafters,
+        help="speculation rows: list (a SyntheticDrafter per sequence), batched (one "
+        "BatchSyntheticDrafter) or device (that drafter, the rounds on the device); several "
+        "comma-separated are timed one after another on each engine, the first in the row",
     )  # fmt: skip
     mt.set_defaults(run=_matched)
     sp = sub.add_parser(

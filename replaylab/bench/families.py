@@ -250,34 +250,41 @@ def decode_seconds(engine, tok, n_new):
     return (time.perf_counter() - t0) / n_new, tok
 
 
+DRAFTERS = ("list", "batched", "device")  # timed_speculation's drafters
+
+
 def timed_speculation(engine, prompts, ref, k, acceptance, warm=False, drafter="list"):
     """Batched speculative decoding of ``prompts`` (a list of (n,)) against the engine's own
     greedy tokens ``ref`` (a list of (n_spec,)), k drafts per round; a row dict. ``warm``:
     a whole untimed run first (with CUDA graphs: the verify and rerun steps are captured
     there, not in the timed run). ``drafter``: "list", a ``SyntheticDrafter`` per sequence,
-    or "batched", one ``serving.BatchSyntheticDrafter``."""
+    "batched", one ``serving.BatchSyntheticDrafter``, or "device", that drafter with the
+    rounds on the device (``speculate_batch(on_device=True)``; replay with its kernels)."""
     from replaylab.serving import BatchSyntheticDrafter
 
-    if drafter not in ("list", "batched"):
-        raise ValueError(f"drafter: expected 'list' or 'batched', got {drafter!r}")
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter: expected one of {DRAFTERS}, got {drafter!r}")
+    on_device = drafter == "device"
     n_spec = ref[0].numel()
 
     def start():
         pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
         references = [torch.cat([p, r]) for p, r in zip(prompts, ref)]
-        if drafter == "batched":
+        if drafter in ("batched", "device"):
             return pending, BatchSyntheticDrafter(references, acceptance, seed=0)
         drafters = [SyntheticDrafter(r, acceptance, seed=i) for i, r in enumerate(references)]
         return pending, drafters
 
     if warm:
         pending, drafters = start()
-        engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
+        engine.speculate_batch(prompts, pending, n_spec, drafters, k=k, on_device=on_device)
     rollbacks, reruns = engine.stats.rollbacks, engine.stats.reruns  # the timed run's own
     pending, drafters = start()
     sync(engine.device)
     t0 = time.perf_counter()
-    tokens, proposed, accepted = engine.speculate_batch(prompts, pending, n_spec, drafters, k=k)
+    tokens, proposed, accepted = engine.speculate_batch(
+        prompts, pending, n_spec, drafters, k=k, on_device=on_device
+    )
     sync(engine.device)
     seconds = time.perf_counter() - t0
     parted = [i for i, (t, r) in enumerate(zip(tokens, ref)) if not torch.equal(t.cpu(), r)]

@@ -72,7 +72,9 @@ def run_matched(
     default ``MATCHED``) and ``device="cpu"`` make a smoke run: no roofline, no peer.
     ``launches`` (a table from ``bench.matmul.best_launches``) replaces ``launch_for``'s
     launches in the row-invariant arm, and the previous-launch arm then runs ``launch_for``'s.
-    ``drafter`` ("list" or "batched") is ``timed_speculation``'s."""
+    ``drafter`` ("list", "batched" or "device") is ``timed_speculation``'s, or a tuple of
+    them: the first gives the row's speculation, each other one its ``other_drafters`` entry,
+    timed after it on the same engine."""
     from tqdm.auto import tqdm
 
     from replaylab.bench.matmul import table_policy
@@ -143,10 +145,17 @@ def run_matched(
 
     def speculation(row, engine, prompts):
         ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
-        row.update(timed_speculation(engine, prompts, ref, k, acceptance, True, drafter))
+        first, *others = (drafter,) if isinstance(drafter, str) else drafter
+        row.update(timed_speculation(engine, prompts, ref, k, acceptance, True, first))
         row["speculation_over_decode"] = (
             row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
         )
+        for other in others:
+            timed = timed_speculation(engine, prompts, ref, k, acceptance, True, other)
+            timed["speculation_over_decode"] = (
+                timed["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
+            )
+            row.setdefault("other_drafters", {})[other] = timed
 
     rows = []
     jobs = [("replay", b) for b in all_batches]
@@ -259,5 +268,12 @@ def matched_summary(result):
                 f"speculation {r['strategy']:<8} batch {r['batch']:>3}: "
                 f"{r['speculation_over_decode']:.2f}x decode, equal greedy "
                 f"{r['speculative_equal_greedy']}, acceptance {r['measured_acceptance']:.2f}"
+                f" ({r['drafter']})"
             )
+            for name, o in r.get("other_drafters", {}).items():
+                lines.append(
+                    f"{'':>33}{o['speculation_over_decode']:.2f}x decode, equal greedy "
+                    f"{o['speculative_equal_greedy']}, acceptance "
+                    f"{o['measured_acceptance']:.2f} ({name})"
+                )
     return lines

@@ -8,7 +8,8 @@ pools        preallocated memory per layer and slot, by family
 strategies   one class per strategy (snapshot, recompute, replay) and their registry
 runner       ModelRunner: the reference forward and CUDA graphs; ``fused``: the fused one
 prefill      a prompt through the pools; ``admission``: a chunk at a time between steps
-speculation  batched speculative decoding and acceptance; ``drafters``: batched drafters
+speculation  batched speculative decoding and acceptance; ``drafters``: batched drafters;
+             ``device_rounds``: the rounds on the device (replay)
 request      a request; ``scheduler``: continuous batching under one byte budget (``budget``)
 prefix       a prefix cache of KV and recurrent state over the slots
 """

@@ -26,7 +26,9 @@ def accepted(drafts, predicted, n_drafts):
     were verified (the rest are padding). Returns (G,) int64: the row keeps its first
     ``accepted`` drafts and then the target's next token, 1 + accepted tokens in all."""
     k = drafts.shape[1]
-    same = (drafts == predicted[:, :k]) & (torch.arange(k) < n_drafts[:, None])
+    same = (drafts == predicted[:, :k]) & (
+        torch.arange(k, device=drafts.device) < n_drafts[:, None]
+    )
     return same.long().cumprod(1).sum(1)
 
 

@@ -43,8 +43,9 @@ class BatchSyntheticDrafter:
         self.reference = torch.zeros(len(references), width, dtype=torch.long)
         for i, r in enumerate(references):
             self.reference[i, : r.numel()] = r.flatten().cpu()
-        self.acceptance = acceptance
+        self.acceptance, self.seed = acceptance, seed
         self.generator = torch.Generator().manual_seed(seed)
+        self._device = None  # propose_on_device's: the reference and a generator there
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if len(rows) and int(rows.max()) >= self.reference.shape[0]:
@@ -58,6 +59,28 @@ class BatchSyntheticDrafter:
         true = true.masked_fill(~inside, 0)
         wrong = torch.rand(true.shape, generator=self.generator) >= self.acceptance
         return torch.where(wrong, (true + 1) % vocab_size, true)
+
+    def propose_on_device(self, contexts, lengths, k, vocab_size):
+        """``propose_batch`` as tensor operations on the device of ``lengths`` (S,) int64,
+        for every sequence of the call (row i is sequence i; ``contexts`` unread), with a
+        generator of that device seeded as this drafter's: the same rule, other draws."""
+        device = lengths.device
+        if self._device != device:
+            self._device = device
+            self._reference = self.reference.to(device)
+            self._generator = torch.Generator(device=device).manual_seed(self.seed)
+        reference = self._reference
+        if lengths.numel() > reference.shape[0]:
+            raise ValueError(
+                f"lengths: {lengths.numel()} sequences, this drafter holds "
+                f"{reference.shape[0]} references; expected one reference per sequence"
+            )
+        width = reference.shape[1]
+        at = lengths[:, None] + torch.arange(k, device=device)
+        true = reference[: lengths.numel()].gather(1, at.clamp(max=width - 1))
+        true = true.masked_fill(at >= width, 0)
+        draws = torch.rand(true.shape, generator=self._generator, device=device)
+        return torch.where(draws >= self.acceptance, (true + 1) % vocab_size, true)
 
 
 class BatchPromptLookupDrafter:

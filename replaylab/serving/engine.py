@@ -462,7 +462,7 @@ class DecodeEngine:
         return tokens[0][None], proposed[0], accepted[0]
 
     @torch.no_grad()
-    def speculate_batch(self, prompts, pending, n_new, drafters, k=4, slots=None):
+    def speculate_batch(self, prompts, pending, n_new, drafters, k=4, slots=None, on_device=False):
         """Speculative decoding of the live ``slots`` (default: all) together, each sequence
         accepting its own number of drafts per round (``serving.speculation``): ``prompts``
         (list of (T0,)), ``pending`` (S, 1) or (S,) their first tokens, ``drafters`` one per
@@ -470,5 +470,8 @@ class DecodeEngine:
         round verifies fewer drafts before a fold (replay) and near max_len. Returns (list of
         (n_new,) tokens on the engine's device, proposed, accepted), the last two per sequence.
         Everything is checked before the first step; a drafter's proposal before the step of
-        its round, so a bad one is refused with the rounds before it kept."""
-        return speculate_batch(self, prompts, pending, n_new, drafters, k, slots)
+        its round, so a bad one is refused with the rounds before it kept. ``on_device``:
+        every part of a round on the engine's device, the host reading the progress a round
+        late (``serving.device_rounds``; replay with its kernels, one drafter with
+        ``propose_on_device``)."""
+        return speculate_batch(self, prompts, pending, n_new, drafters, k, slots, on_device)

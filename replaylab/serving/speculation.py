@@ -13,6 +13,7 @@ import torch
 
 from replaylab.serving.checks import check_slots
 from replaylab.serving.contexts import accepted as accepted_drafts
+from replaylab.serving.device_rounds import check_device_drafter, speculate_on_device
 from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
 
 __all__ = ["speculate_batch", "check_k", "check_drafters"]
@@ -42,19 +43,24 @@ def check_drafters(drafters, S):
             )
 
 
-def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
-    """``DecodeEngine.speculate_batch``: checks everything, then runs the rounds. Returns
-    (list of (n_new,) tokens on the engine's device, proposed, accepted), the last two per
-    sequence."""
+def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None, on_device=False):
+    """``DecodeEngine.speculate_batch``: checks everything, then runs the rounds (on the host,
+    or with ``on_device`` on the engine's device: ``serving.device_rounds``). Returns (list of
+    (n_new,) tokens on the engine's device, proposed, accepted), the last two per sequence."""
     e = engine
     k = check_k(e, k)
     slots = check_slots(e, slots)
     S, vocab = len(slots), e.cfg.vocab_size
+    if not isinstance(on_device, bool):
+        raise ValueError(f"on_device: expected True or False, got {on_device!r}")
     if not isinstance(prompts, (list, tuple)) or len(prompts) != S:
         raise ValueError(f"prompts: expected a list of {S}, one per slot, got {given(prompts)}")
     prompts = [as_token_ids(f"prompts[{i}]", p, vocab, ("T0",)) for i, p in enumerate(prompts)]
     pending = as_token_ids("pending", pending, vocab, (("slots", S), 1), (("slots", S),))
-    check_drafters(drafters, S)
+    if on_device:
+        check_device_drafter(e, drafters)
+    else:
+        check_drafters(drafters, S)
     n_new = as_int("n_new", n_new, low=1)
     for s in slots:
         if e.pos[s] + n_new - 1 > e.max_len:
@@ -62,6 +68,8 @@ def speculate_batch(engine, prompts, pending, n_new, drafters, k=4, slots=None):
                 f"n_new: slot {s} at position {e.pos[s]} cannot take n_new={n_new} tokens: "
                 f"expected position + n_new - 1 <= max_len={e.max_len}"
             )
+    if on_device:
+        return speculate_on_device(e, slots, prompts, pending, n_new, drafters, k)
     outs = [[int(t)] for t in pending.flatten().tolist()]
     # the contexts on the host, a row each: prompt, then the tokens so far; a drafter reads a
     # view (no copy of the whole context every round)
