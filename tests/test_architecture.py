@@ -415,15 +415,26 @@ def run(*args):
     )
 
 
-def test_the_command_lists_its_subcommands_and_version():
+def help_text(capsys, *args):
+    """The command's help for ``args``, from its parser in this process (the command itself
+    runs as a subprocess once, in ``--version``'s check)."""
+    from replaylab.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--help"])
+    assert exit_.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_the_command_lists_its_subcommands_and_version(capsys):
     import replaylab
 
     assert run("--version").stdout.strip() == f"replaylab {replaylab.__version__}"
-    top = run("--help").stdout
+    top = help_text(capsys)
     assert "generate" in top and "bench" in top
-    bench = run("bench", "--help").stdout
+    bench = help_text(capsys, "bench")
     assert all(name in bench for name in ("kernels", "sweep", "decode", "engine"))
-    assert "--log-length" in run("generate", "--help").stdout
+    assert "--log-length" in help_text(capsys, "generate")
     if not torch.cuda.is_available():  # on a GPU this would run (and write) the benchmark
         missing = run("bench", "kernels", "--out", os.devnull)
         assert missing.returncode != 0 and "no CUDA device" in missing.stderr
