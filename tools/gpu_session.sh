@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill, buckets or suite}
@@ -147,6 +147,18 @@ case "$mode" in
       --rows 1,2,4,8,16,32,64,128,256,320,640,1280 2>&1 | tail -34
     timeout -s INT ${MATCHED_S:-300} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
+  rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item
+    # 3): bench matched's replay speculation with one BatchSyntheticDrafter, host rounds then
+    # device rounds on each engine, over plain decode on the same engine (ROUNDS_ARGS); then
+    # the suite in what is left (SUITE_ARGS: its ignores)
+    timeout -s INT ${ROUNDS_S:-200} python3 -m replaylab.bench matched --batches 8,32,128 \
+      --spec-batches 8,32,128 --arms row_invariant --spec-strategies replay,replay-ring \
+      --drafter batched,device --no-mamba-ssm --out "$OUT/bench_matched_device_rounds.json" \
+      ${ROUNDS_ARGS:-} 2>&1 | tail -16
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
+    { stamp "$cmd"; timeout -s INT ${SUITE_S:-340} $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -30 "$OUT/gpu_tests.log" ;;
   retune)  # WHEELS=.whl-pin: issue 36, item 1's re-sweep. PART=sweep: every candidate launch of
     # the matched model's weights (in-loop launches timed themselves, 320 rows), then the table
     # best_launches chooses from it against TUNED (launch_for) and cuBLAS at every row count.
