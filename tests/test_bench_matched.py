@@ -157,3 +157,27 @@ def test_matched_speculation_with_the_batched_drafter():
     assert _drafters("batched,device") == ("batched", "device") and _drafters("list") == "list"
     with pytest.raises(argparse.ArgumentTypeError, match="got 'gpu'"):
         _drafters("batched,gpu")
+
+
+def test_an_interrupted_matched_run_keeps_the_engines_it_finished(monkeypatch):
+    """A SIGINT (the device call's time limit) ends the run with the rows of the engines done
+    and says how many of how many."""
+    import replaylab.bench.matched as matched
+
+    timed = matched.decode_seconds
+    calls = []
+
+    def decode_seconds(engine, tok, n_steps):
+        calls.append(engine.max_batch)
+        if engine.max_batch == 3:
+            raise KeyboardInterrupt
+        return timed(engine, tok, n_steps)
+
+    monkeypatch.setattr(matched, "decode_seconds", decode_seconds)
+    result = run_matched(
+        batches=(1, 3), n_steps=2, repeats=1, arms=("torch",), spec_batches=(),
+        spec_strategies=("replay",), log_length=4,
+        config=dict(PRESETS["tiny"], pattern=MATCHED["pattern"]), device="cpu", progress=False,
+    )  # fmt: skip
+    assert [r["batch"] for r in result["rows"]] == [1]
+    assert result["stopped"] == "interrupted after 1 of 2 engines" and calls == [1, 3]

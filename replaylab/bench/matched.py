@@ -157,10 +157,9 @@ def run_matched(
             )
             row.setdefault("other_drafters", {})[other] = timed
 
-    rows = []
-    jobs = [("replay", b) for b in all_batches]
-    jobs += [(s, b) for s in spec_strategies if s != "replay" for b in spec_batches]
-    for strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
+    def _engine_rows(strategy, batch):
+        """The rows of one engine: its arms' decode in turn, then the first arm's speculation."""
+        out = []
         prompts = random_prompts(batch, cfg.vocab_size, seed=7)
         arms_here = arms if strategy == "replay" else arms[:1]
         engines = {a: warm_engine(a, strategy, batch, prompts) for a in arms_here}
@@ -179,12 +178,24 @@ def run_matched(
             if arm == arms[0] and batch in spec_batches:
                 with use_launches(policy_of(arm)):
                     speculation(row, engines[arm][0], prompts)
-            rows.append(row)
+            out.append(row)
         del engines
         torch.cuda.empty_cache()
+        return out
+
+    rows = []
+    jobs = [("replay", b) for b in all_batches]
+    jobs += [(s, b) for s in spec_strategies if s != "replay" for b in spec_batches]
+    try:  # a SIGINT (the device call's time limit) keeps the engines already done
+        for strategy, batch in tqdm(jobs, desc="engines", disable=not progress):
+            rows += _engine_rows(strategy, batch)
+        stopped = None
+    except KeyboardInterrupt:
+        engines = len({(r["strategy"], r["batch"]) for r in rows})
+        stopped = f"interrupted after {engines} of {len(jobs)} engines"
     peer = []
     peer_weights = None
-    if mamba_ssm and cuda:
+    if mamba_ssm and cuda and not stopped:
         from replaylab.bench.engine import _mamba_ssm_baseline
         from replaylab.bench.peers import use_mamba_ssm_kernels_in_transformers
 
@@ -195,6 +206,7 @@ def run_matched(
             peer = [dict(provider="mamba-ssm generate(cg=True)", error="mamba_ssm not importable")]
     return dict(
         kind="matched",
+        stopped=stopped,
         config=config,
         weights_bytes=weights,
         mamba_ssm_weights_bytes=peer_weights,
