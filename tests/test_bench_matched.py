@@ -157,6 +157,10 @@ def test_matched_speculation_with_the_batched_drafter():
     assert _drafters("batched,device") == ("batched", "device") and _drafters("list") == "list"
     with pytest.raises(argparse.ArgumentTypeError, match="got 'gpu'"):
         _drafters("batched,gpu")
+    with pytest.raises(argparse.ArgumentTypeError, match="each drafter once"):
+        _drafters("batched,batched")
+    with pytest.raises(ValueError, match="'device' rounds need replay.*device='cpu'"):
+        run_matched(batches=(), spec_batches=(2,), device="cpu", drafter=("batched", "device"))
 
 
 def test_an_interrupted_matched_run_keeps_the_engines_it_finished(monkeypatch):

@@ -1,8 +1,10 @@
 """Speculation rounds on the device (``serving.device_rounds``): every part of a round is a
-tensor operation on the engine's device and the host reads the progress a round late. The
-tokens equal the engine's own greedy ones, the slot table the rounds hand back continues
-greedily, and bad input is refused before the first step. On CPU the replay kernels run
-through Triton's interpreter; the GPU run covers more rings, paths and batches."""
+tensor operation on the engine's device and the host reads the progress a round late. With the
+same drafts, host rounds and device rounds leave the engine alike, bit for bit; the tokens
+equal the engine's own greedy ones; a draft outside the vocabulary is refused with the rounds
+run kept and a cursor that continues greedily; other bad input is refused before any step. On
+CPU the replay kernels run through Triton's interpreter; the GPU run covers the other rings
+and the fused path."""
 
 import dataclasses
 
@@ -18,6 +20,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SMALL = dataclasses.replace(preset("tiny"), pattern="M*-", ssm_heads=2, d_state=16)
 MODEL = HybridLM(SMALL, seed=0).eval().to(DEVICE)
 PROMPTS = [torch.tensor(p) for p in ([3, 1, 4, 1, 5], [9, 2, 6], [5, 3, 5, 8, 9, 7, 9])]
+OTHER = torch.tensor([7, 7, 2])  # a live sequence left out of the speculation
 N_NEW, K, L = 9, 3, 4
 
 
@@ -33,29 +36,8 @@ def fresh(engine, prompts):
     return torch.stack([engine.admit(p)[1].argmax() for p in prompts])[:, None]
 
 
-@torch.no_grad()
-def test_device_rounds_give_the_greedy_tokens_and_hand_back_a_cursor_that_continues_greedily():
-    engine = kernel_engine()
-    extra = N_NEW + K + 3  # past what a round can overshoot, and two steps more
-    refs, _ = greedy_ragged(engine, PROMPTS, extra)
-    pending = fresh(engine, PROMPTS)
-    full = [torch.cat([p, r]) for p, r in zip(PROMPTS, refs)]
-    drafter = BatchSyntheticDrafter(full, 0.7, seed=1)
-    tokens, proposed, accepted = engine.speculate_batch(
-        PROMPTS, pending, N_NEW, drafter, k=K, on_device=True
-    )
-    assert all(torch.equal(t, r[:N_NEW]) for t, r in zip(tokens, refs))
-    assert 0 < sum(accepted) < sum(proposed)  # some drafts kept, some rolled back
-    assert engine.stats.rollbacks > 0 and engine.stats.folds > 0
-    # the host's slot table after the rounds: each slot holds its prompt and some of its
-    # greedy tokens, and decoding from there gives the next ones
-    held = [engine.pos[s] - p.numel() for s, p in zip(engine.slots, PROMPTS)]
-    assert all(N_NEW - 1 <= h <= N_NEW - 1 + K for h in held)
-    assert all(engine.log_len[s] <= engine.table.capacity for s in engine.slots)
-    tok = torch.stack([r[h] for r, h in zip(refs, held)])[:, None]
-    for j in range(2):
-        tok = engine.step(tok)[:, -1].argmax(-1, keepdim=True)
-        assert tok.flatten().tolist() == [int(r[h + 1 + j]) for r, h in zip(refs, held)]
+def references(prompts, refs):
+    return [torch.cat([p, r.cpu()]) for p, r in zip(prompts, refs)]
 
 
 class Patterned:
@@ -63,8 +45,8 @@ class Patterned:
     next k tokens with draft ``length % (k + 1)`` wrong (none when that is k), so rounds keep
     1 .. k + 1 tokens by a pattern the host round and the device round share."""
 
-    def __init__(self, references):
-        self.reference = torch.nn.utils.rnn.pad_sequence(references, batch_first=True)
+    def __init__(self, refs):
+        self.reference = torch.nn.utils.rnn.pad_sequence(refs, batch_first=True)
 
     def _drafts(self, reference, lengths, k, vocab_size):
         steps = torch.arange(k, device=lengths.device)
@@ -80,35 +62,99 @@ class Patterned:
         return self._drafts(self.reference[: lengths.numel()], lengths, k, vocab_size)
 
 
+def spread_out(engine):
+    """PROMPTS in slots 3, 0 and 2 (in that order), OTHER live in slot 1 and left out:
+    (slots, the first tokens (S, 1), the greedy tokens of each prompt)."""
+    refs, _ = greedy_ragged(engine, PROMPTS, N_NEW + K)
+    for s in engine.slots:
+        engine.retire(s)
+    order = [PROMPTS[1], OTHER, PROMPTS[2], PROMPTS[0]]  # admitted into slots 0 .. 3
+    first = [engine.admit(p)[1].argmax() for p in order]
+    return [3, 0, 2], torch.stack([first[3], first[0], first[2]])[:, None], refs
+
+
 @torch.no_grad()
 @pytest.mark.parametrize("capacity", [None, L + K])
 @pytest.mark.parametrize("fused", [False, True])
 def test_device_rounds_leave_the_engine_as_the_host_rounds_do(capacity, fused):
-    """The same drafts through the host's rounds and the device's: the same tokens and
-    counts, the same slot table, and every recurrent pool's state, window and log ring
-    equal bit for bit (capacity L + k: verifies that pass the fold grid)."""
+    """The same drafts through the host's rounds and the device's, for three of four live
+    slots out of order: the same tokens (the greedy ones) and counts, the same slot table
+    and stats, and every recurrent pool's state, window and log ring equal bit for bit
+    (capacity L + k: verifies that pass the fold grid)."""
     if DEVICE == "cpu" and (capacity or fused):
         pytest.skip("CI time: 20 s and more through the interpreter; all run on a GPU")
     runs = []
     for on_device in (False, True):
         engine = kernel_engine(log_capacity=capacity, fused=fused)
-        refs, _ = greedy_ragged(engine, PROMPTS, N_NEW + K)
-        pending = fresh(engine, PROMPTS)
-        drafter = Patterned([torch.cat([p, r]) for p, r in zip(PROMPTS, refs)])
-        out = engine.speculate_batch(PROMPTS, pending, N_NEW, drafter, K, on_device=on_device)
+        slots, pending, refs = spread_out(engine)
+        drafter = Patterned(references(PROMPTS, refs))
+        out = engine.speculate_batch(
+            PROMPTS, pending, N_NEW, drafter, K, slots=slots, on_device=on_device
+        )
         runs.append((engine, out))
         assert all(torch.equal(t, r[:N_NEW]) for t, r in zip(out[0], refs))
     (host, (_, *counts)), (device, (_, *device_counts)) = runs
     assert counts == device_counts and 0 < sum(counts[1]) < sum(counts[0])
     for name in ("pos", "log_len", "head", "last"):
         assert getattr(host, name) == getattr(device, name), name
-    assert host.stats.rollbacks == device.stats.rollbacks > 0
-    assert host.stats.folds == device.stats.folds > 0
+    for name in ("steps", "verify_steps", "folds", "rollbacks"):
+        assert getattr(host.stats, name) == getattr(device.stats, name), name
+    assert device.stats.rollbacks > 0 and device.stats.folds > 0
     for layer, pool in host.ssm.items():
         other = device.ssm[layer]
         for name, a, b in (("state", pool.state, other.state), ("conv", pool.conv, other.conv),
                            *((f"log {f}", v, other.log[f]) for f, v in pool.log.items())):  # fmt: skip
             assert torch.equal(a, b), f"layer {layer}: {name}"
+
+
+class BadLater(BatchSyntheticDrafter):
+    """The synthetic drafter, but sequence 1's third draft is outside the vocabulary once
+    its context holds 8 tokens or more."""
+
+    def propose_on_device(self, contexts, lengths, k, vocab_size):
+        drafts = super().propose_on_device(contexts, lengths, k, vocab_size)
+        drafts[1, 2] = torch.where(lengths[1] >= 8, vocab_size + 5, drafts[1, 2])
+        return drafts
+
+
+@torch.no_grad()
+def test_a_draft_outside_the_vocabulary_later_is_refused_with_the_rounds_run_kept():
+    """A later round's bad id cannot be checked without waiting for the device: it is
+    verified as id 0 (a wrong draft), and the call raises once it reads that round, naming
+    the slot, the id and the round; the slot table holds every round run, and decoding from
+    it gives the greedy tokens."""
+    engine = kernel_engine()
+    refs, _ = greedy_ragged(engine, PROMPTS, N_NEW + K + 3)
+    pending = fresh(engine, PROMPTS)
+    drafter = BadLater(references(PROMPTS, refs), 0.7, seed=1)
+    with pytest.raises(ValueError, match=r"drafts of slot 1 \(sequence 1\): token id 133 at "
+                       r"index 2 in round \d is outside the vocabulary \[0, 128\)"):  # fmt: skip
+        engine.speculate_batch(PROMPTS, pending, N_NEW, drafter, k=K, on_device=True)
+    assert engine.stats.steps > 0 and engine.stats.rollbacks > 0
+    held = [engine.pos[s] - p.numel() for s, p in zip(engine.slots, PROMPTS)]
+    tok = torch.stack([r[h] for r, h in zip(refs, held)])[:, None]
+    for j in range(2):
+        tok = engine.step(tok)[:, -1].argmax(-1, keepdim=True)
+        assert tok.flatten().tolist() == [int(r[h + 1 + j]) for r, h in zip(refs, held)]
+
+
+@torch.no_grad()
+def test_device_rounds_with_no_drafts_or_no_round_match_the_host():
+    """k = 0 (every round one token) and n_new = 1 (no round, the last step stays rollable):
+    the host's and the device's tokens, counts, positions, last steps and step counts alike."""
+    for k, n_new in ((0, 4), (2, 1)):
+        runs = []
+        for on_device in (False, True):
+            engine = kernel_engine()
+            pending = fresh(engine, PROMPTS)
+            if n_new == 1:
+                pending = engine.step(pending)[:, -1].argmax(-1, keepdim=True)
+            drafter = Patterned(PROMPTS)
+            out = engine.speculate_batch(PROMPTS, pending, n_new, drafter, k, on_device=on_device)
+            runs.append((out, [list(engine.pos), list(engine.last), engine.stats.steps]))
+        (host, host_table), (device, device_table) = runs
+        assert all(torch.equal(a, b) for a, b in zip(host[0], device[0])), (k, n_new)
+        assert host[1:] == device[1:] and host_table == device_table, (k, n_new)
 
 
 def test_device_rounds_refuse_what_they_cannot_serve_before_any_step():
@@ -121,13 +167,21 @@ def test_device_rounds_refuse_what_they_cannot_serve_before_any_step():
     with pytest.raises(ValueError, match="on_device: expected True or False, got 'yes'"):
         engine.speculate_batch(PROMPTS, pending, 5, drafter, 2, on_device="yes")
 
-    class Wild(BatchSyntheticDrafter):
-        def propose_on_device(self, contexts, lengths, k, vocab_size):
-            return super().propose_on_device(contexts, lengths, k, vocab_size) + vocab_size
+    class Wrong(BatchSyntheticDrafter):
+        def __init__(self, value):
+            super().__init__([torch.arange(40)] * 3, 1.0)
+            self.value = value
 
-    with pytest.raises(ValueError, match=r"token id \d+ at index 0 is outside the vocabulary"):
-        engine.speculate_batch(PROMPTS, pending, 5, Wild([torch.arange(40)] * 3, 1.0),
-                               k=2, on_device=True)  # fmt: skip
+        def propose_on_device(self, contexts, lengths, k, vocab_size):
+            return self.value
+
+    for value, error, match in (
+        (torch.zeros(3, 3, dtype=torch.long), ValueError, r"shape \(sequences=3, k=2\), got"),
+        (torch.zeros(3, 2), TypeError, "got dtype torch.float32"),
+        (torch.zeros(3, 2, dtype=torch.bool), TypeError, "got dtype torch.bool"),
+    ):
+        with pytest.raises(error, match=match):
+            engine.speculate_batch(PROMPTS, pending, 5, Wrong(value), 2, on_device=True)
     assert engine.stats.steps == steps and list(engine.pos) == pos
     for strategy in ("snapshot", "recompute"):
         other = DecodeEngine(MODEL, 4, 48, strategy)

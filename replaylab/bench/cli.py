@@ -295,6 +295,8 @@ def _drafters(value):
     for name in names:
         if name not in DRAFTERS:
             raise argparse.ArgumentTypeError(f"expected names of {DRAFTERS}, got {name!r}")
+    if len(set(names)) < len(names):
+        raise argparse.ArgumentTypeError(f"expected each drafter once, got {value!r}")
     return names[0] if len(names) == 1 else names
 
 

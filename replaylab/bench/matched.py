@@ -75,6 +75,15 @@ def run_matched(
     ``drafter`` ("list", "batched" or "device") is ``timed_speculation``'s, or a tuple of
     them: the first gives the row's speculation, each other one its ``other_drafters`` entry,
     timed after it on the same engine."""
+    drafters = (drafter,) if isinstance(drafter, str) else tuple(drafter)
+    if "device" in drafters and (
+        device != "cuda" or any(not s.startswith("replay") for s in spec_strategies)
+    ):
+        raise ValueError(
+            f"drafter: 'device' rounds need replay with its kernels (a CUDA device, spec "
+            f"strategies replay or replay-ring); got device={device!r}, spec_strategies="
+            f"{tuple(spec_strategies)}"
+        )
     from tqdm.auto import tqdm
 
     from replaylab.bench.matmul import table_policy

@@ -17,9 +17,12 @@ Per round, with the cursor of slots 0 .. bucket-1 held on the device, (bucket,) 
     rollback  a cursor move, and each conv window back to the one after its kept tokens
 
 Replay only: its rollback moves numbers, which the device moves alone; snapshot and
-recompute copy or re-run state per slot, which the host round drives. The tokens equal the
-host round's (both equal greedy): the bits of a slot do not depend on which other slots share
-its step. The host's slot table takes the cursor back when the rounds end.
+recompute copy or re-run state per slot, which the host round drives. Every round steps the
+whole bucket (finished sequences with count 0), where the host's rounds shrink it as
+sequences finish; the tokens are the same (the greedy ones) where a slot's bits do not depend
+on its batch: the engine's defaults on a GPU (``batch_invariant``, ``matmul="row_invariant"``)
+and, as measured by the tests, on CPU. The host's slot table takes the cursor back when the
+rounds end, or after an error, the cursor of the last whole round.
 
 Glossary: S sequences, k drafts, T = k + 1 tokens verified per slot, L log length.
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.serving.contexts import accepted as accepted_drafts
+from replaylab.serving.validate import as_token_ids
 
 __all__ = ["speculate_on_device", "check_device_drafter"]
 
@@ -51,39 +55,53 @@ def check_device_drafter(engine, drafter):
 
 
 class _Progress:
-    """The batch's progress after a round, (the fewest tokens a sequence holds, how many are
-    still going), copied to the host without waiting; ``read`` waits for that round only."""
+    """A few pinned host buffers the progress of a round is copied into without waiting, each
+    with the event that says the copy landed; ``read`` waits for that round only."""
 
-    def __init__(self, n_out, n_new):
-        done = torch.stack([n_out.min(), (n_out < n_new).sum()])
-        if n_out.is_cuda:
-            self.host = torch.empty(2, dtype=done.dtype, pin_memory=True)
-            self.host.copy_(done, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
+    def __init__(self, device, n=4):
+        self.cuda = device.type == "cuda"
+        self.slots = [
+            (torch.zeros(4, dtype=torch.long, pin_memory=self.cuda),
+             torch.cuda.Event() if self.cuda else None)
+            for _ in range(n)
+        ]  # fmt: skip
+        self.next = 0
+
+    def record(self, values):
+        """Copy ``values`` (4,) int64 on the device to the next buffer; returns a reader."""
+        host, event = self.slots[self.next]
+        self.next = (self.next + 1) % len(self.slots)
+        if event is not None:
+            event.synchronize()  # its last copy has landed (read or not)
+            host.copy_(values, non_blocking=True)
+            event.record()
         else:
-            self.host, self.event = done, None
+            host.copy_(values)
 
-    def read(self):
-        if self.event is not None:
-            self.event.synchronize()
-        fewest, going = self.host.tolist()
-        return fewest, going
+        def read():
+            if event is not None:
+                event.synchronize()
+            return host.tolist()
+
+        return read
 
 
 class _Rounds:
-    """The device tensors of one ``speculate_on_device`` call and its round."""
+    """The device tensors of one ``speculate_on_device`` call and its round. The cursor of
+    slots 0 .. bucket-1 (``pos``, ``log_len``, ``head``, ``last``) is replaced, never written
+    in place, at the end of a round, so after an error it is the last whole round's."""
 
     def __init__(self, engine, slots, prompts, pending, n_new, drafter, k):
         e, dev = engine, engine.device
         self.e, self.drafter, self.k, self.n_new = e, drafter, k, n_new
         self.T = T = k + 1
         self.bucket = bucket = e.table.bucket(slots)
-        S = len(slots)
+        self.slots, S = list(slots), len(slots)
         self.index = torch.tensor(slots, device=dev)  # sequence i is slot slots[i]
-        cursor = (e.pos, e.log_len, e.head)
-        self.pos, self.log_len, self.head = (torch.tensor(c[:bucket], device=dev) for c in cursor)
-        self.last = torch.zeros(bucket, dtype=torch.long, device=dev)
+        cursor = (e.pos, e.log_len, e.head, e.last)
+        self.pos, self.log_len, self.head, self.last = (
+            torch.tensor(c[:bucket], device=dev) for c in cursor
+        )
         lengths = [p.numel() for p in prompts]
         self.contexts = torch.zeros(S, max(lengths) + n_new + T, dtype=torch.long, device=dev)
         for i, p in enumerate(prompts):
@@ -99,17 +117,27 @@ class _Rounds:
         self.accepted = torch.zeros(S, dtype=torch.long, device=dev)
         self.folds = torch.zeros((), dtype=torch.long, device=dev)
         self.rollbacks = torch.zeros((), dtype=torch.long, device=dev)
+        self.round = torch.zeros((), dtype=torch.long, device=dev)
+        # the first draft outside the vocabulary: (round, sequence, index, id), -1 for none
+        self.bad = torch.full((4,), -1, dtype=torch.long, device=dev)
         self.steps = torch.arange(T, device=dev)
         self.rows = torch.zeros(bucket, T, dtype=torch.long, device=dev)  # the step's tokens
-        self.checked = False
-        table = e.table
-        table.index_d[:bucket] = torch.arange(bucket, device=dev)  # row s is slot s
-        table.src_row_d[:bucket] = torch.arange(bucket, device=dev)
+        self.progress = _Progress(torch.device(dev))
+        self.rounds_run = 0
+        self.started = False
 
     def run_one(self):
-        """Enqueue one round; returns its ``_Progress``."""
+        """Enqueue one round; returns a reader of its progress: [the fewest tokens a sequence
+        holds, the round, sequence, index of the first draft outside the vocabulary (-1:
+        none)]."""
         e, table, k, T, bucket = self.e, self.e.table, self.k, self.T, self.bucket
-        L, index = e.L, self.index
+        L, index, vocab = e.L, self.index, e.cfg.vocab_size
+        drafts = self.drafter.propose_on_device(self.contexts, self.lengths, k, vocab)
+        drafts = self._checked(drafts)
+        if not self.started:  # the first round's step: row s of the step's tokens is slot s
+            table.index_d[:bucket] = torch.arange(bucket, device=e.device)
+            table.src_row_d[:bucket] = torch.arange(bucket, device=e.device)
+            self.started = True
         going = self.n_out < self.n_new  # (S,)
         pos, held = self.pos[index], self.log_len[index]
         room = (table.capacity - torch.where(held < L, held, held - L)).clamp(max=e.max_verify)
@@ -119,34 +147,24 @@ class _Rounds:
         counts[index] = torch.where(going, ks + 1, 0)
         fold = torch.zeros(bucket, dtype=torch.bool, device=e.device)
         fold[index] = going & (held >= L)
-        # the step's numbers, as ``SlotTable.upload`` would give them
-        table.head_pre_d[:bucket] = self.head
-        self.head = torch.where(fold, (self.head + L) % table.capacity, self.head)
-        self.log_len = torch.where(fold, self.log_len - L, self.log_len)
+        # the step's numbers, as ``SlotTable.upload`` gives them
+        head = torch.where(fold, (self.head + L) % table.capacity, self.head)
+        log_len = torch.where(fold, self.log_len - L, self.log_len)
         table.pos_d[:bucket] = self.pos
-        table.log_len_d[:bucket] = self.log_len
-        table.head_d[:bucket] = self.head
+        table.head_pre_d[:bucket] = self.head
+        table.log_len_d[:bucket] = log_len
+        table.head_d[:bucket] = head
         table.fold_len_d[:bucket] = fold * L
         table.counts_d[:bucket] = counts
-        self.folds += fold.sum()
 
-        drafts = self.drafter.propose_on_device(self.contexts, self.lengths, k, e.cfg.vocab_size)
-        if not self.checked:  # once: a drafter's bad ids are refused before the first step
-            self._check(drafts)
         last = self.out.gather(1, (self.n_out - 1)[:, None])
-        self.rows[index] = torch.cat([last, drafts.to(torch.long)], 1)
+        self.rows[index] = torch.cat([last, drafts], 1)
         logits = e._run(self.rows, bucket, True, save=True)
-        pred = logits[index].argmax(-1)  # (S, T)
+        pred = logits.argmax(-1)[index]  # (S, T)
         taken = accepted_drafts(drafts, pred, ks)
         kept = torch.where(going, taken + 1, 0)  # tokens each slot keeps of its step
-        # commit, then roll back: a cursor move
-        self.pos[index] += kept
-        self.log_len[index] += kept
-        self.last = torch.zeros_like(counts)  # slots left out of the step: no rollback now
-        self.last[index] = kept
         dropped = going & (kept < ks + 1)
-        self.rollbacks += dropped.sum()
-        if T > 1:
+        if T > 1:  # each window back to the one after its kept tokens
             back = (kept - 1).clamp(min=0)
             for pool in e.ssm.values():
                 window = pool.draft_conv[index, back]
@@ -162,70 +180,104 @@ class _Rounds:
         self.lengths += kept
         self.proposed += ks
         self.accepted += torch.where(going, taken, 0)
+        self.folds += fold.sum()
+        self.rollbacks += dropped.sum()
+        self.round += 1
+        # the step's commit and the rollback after it: a cursor move; slots left out of the
+        # step (count 0) can no longer roll back an earlier one
+        self.pos = self.pos.index_add(0, index, kept)
+        self.log_len = log_len.index_add(0, index, kept)
+        self.head = head
+        self.last = torch.zeros_like(counts).index_copy(0, index, kept)
+        self.rounds_run += 1
         e.stats.steps += 1
         e.stats.verify_steps += int(T > 1)
-        return _Progress(self.n_out, self.n_new)
+        return self.progress.record(torch.cat([self.n_out.min()[None], self.bad[:3]]))
 
-    def _check(self, drafts):
+    def _checked(self, drafts):
+        """The drafts as int64 (S, k), their type and shape checked on the host; an id
+        outside the vocabulary is recorded (``bad``, read with the progress) and verified as
+        id 0, a wrong draft, so no round reads past the embedding and every token stays the
+        target's own."""
         S, k, vocab = self.index.numel(), self.k, self.e.cfg.vocab_size
-        if not isinstance(drafts, torch.Tensor) or drafts.is_floating_point():
-            raise TypeError(
-                f"drafts of propose_on_device: expected an integer tensor, got {type(drafts)}"
-            )
-        if tuple(drafts.shape) != (S, k) or drafts.device != self.e.device:
+        shape = (("sequences", S), ("k", k))
+        drafts = as_token_ids(
+            "drafts of propose_on_device", drafts, vocab, shape, check_range=False
+        )
+        if drafts.device != self.e.device:
             raise ValueError(
-                f"drafts of propose_on_device: expected shape ({S}, {k}) on {self.e.device}, "
-                f"got {tuple(drafts.shape)} on {drafts.device}"
+                f"drafts of propose_on_device: expected them on {self.e.device}, got "
+                f"{drafts.device}"
             )
-        bad = (drafts < 0) | (drafts >= vocab)
-        if bool(bad.any()):
-            g, j = bad.nonzero()[0].tolist()
-            raise ValueError(
-                f"drafts of sequence {g}: token id {int(drafts[g, j])} at index {j} is outside "
-                f"the vocabulary [0, {vocab})"
-            )
-        self.checked = True
+        if not drafts.numel():
+            return drafts
+        outside = (drafts < 0) | (drafts >= vocab)
+        first = outside.flatten().long().argmax()
+        found = torch.stack([self.round, first // k, first % k])
+        fresh = outside.any() & (self.bad[0] < 0)
+        self.bad = torch.where(fresh, torch.cat([found, drafts.flatten()[first][None]]), self.bad)
+        return drafts.masked_fill(outside, 0)
 
     def finish(self):
-        """The host's slot table and stats after the rounds; returns (tokens, proposed,
-        accepted) as ``speculate_batch`` does."""
+        """The host's slot table and stats after the rounds enqueued so far (it waits for
+        them); returns (tokens, proposed, accepted) as ``speculate_batch`` does."""
         e, table, bucket = self.e, self.e.table, self.bucket
-        cursor = (self.pos, self.log_len, self.head, self.last)
-        pos, log_len, head, last = (t.tolist() for t in cursor)
-        table.pos[:bucket], table.log_len[:bucket] = pos, log_len
-        table.head[:bucket] = head
-        table.forget_last()
-        table.last[:bucket] = last
-        table.plan = {}
-        folds = int(self.folds)
+        cursor = torch.stack([self.pos, self.log_len, self.head, self.last]).tolist()
+        pos, log_len, head, last = cursor
+        table.pos[:bucket], table.log_len[:bucket], table.head[:bucket] = pos, log_len, head
+        if self.rounds_run:
+            table.forget_last()
+            table.last[:bucket] = last
+            table.plan = {}
+        folds, rollbacks = torch.stack([self.folds, self.rollbacks]).tolist()
         e.stats.folds += folds
         e.stats.folded_tokens += folds * e.L
-        e.stats.rollbacks += int(self.rollbacks)
-        tokens = [row[: self.n_new] for row in self.out]
+        e.stats.rollbacks += rollbacks
+        tokens = list(self.out[:, : self.n_new])
         return tokens, self.proposed.tolist(), self.accepted.tolist()
+
+    def refuse_bad_draft(self, bad):
+        """Raise for the first draft outside the vocabulary (``bad``: round, sequence, index,
+        id), after ``finish`` kept the rounds run."""
+        r, g, j, token = bad
+        raise ValueError(
+            f"drafts of slot {self.slots[g]} (sequence {g}): token id {token} at index {j} in "
+            f"round {r + 1} is outside the vocabulary [0, {self.e.cfg.vocab_size}); the "
+            f"{self.rounds_run} rounds run are kept (that draft verified as id 0, a wrong one, "
+            "so every token taken is the target's own)"
+        )
 
 
 def speculate_on_device(engine, slots, prompts, pending, n_new, drafter, k):
     """The rounds of ``speculate_batch(..., on_device=True)`` after its checks: ``slots`` live
     slots, ``prompts`` (T0,) ids each, ``pending`` (S,) first tokens, one ``drafter`` with
-    ``propose_on_device``. Returns (list of (n_new,) tokens, proposed, accepted)."""
+    ``propose_on_device``. Returns (list of (n_new,) tokens, proposed, accepted). After an
+    error (an interrupt among them) the slot table holds the cursor of the last whole round."""
     rounds = _Rounds(engine, slots, prompts, pending, n_new, drafter, k)
-    fewest, previous = 1, None
-    for _ in range(n_new - 1):  # each round gives every going sequence a token at least
-        if fewest >= n_new:
-            break
-        progress = rounds.run_one()
-        if previous is not None:  # the round before this one: its progress is known soon
-            fewest, _ = previous.read()
-            if fewest >= n_new - 1:  # this round finishes every sequence
+    fewest, previous, bad = 1, None, None
+    try:
+        for _ in range(n_new - 1):  # each round gives every going sequence a token at least
+            if fewest >= n_new:
                 break
-        # a round adds at most T tokens: further from the end than that, the sequence with
-        # the fewest is still going after this round, and the next one is enqueued unread
-        if n_new - fewest <= rounds.T:  # near the end: wait for this round before the next
-            fewest, going = progress.read()
-            previous = None
-            if not going:
-                break
-        else:
-            previous = progress
-    return rounds.finish()
+            progress = rounds.run_one()
+            if previous is not None:  # the round before this one: its progress is known soon
+                fewest, *bad = previous()
+                if bad[0] >= 0 or fewest >= n_new - 1:  # a bad draft, or this round ends all
+                    break
+            # a round adds at most T tokens: further from the end than that, the sequence with
+            # the fewest is still going after this round, and the next one is enqueued unread
+            if n_new - fewest <= rounds.T:  # near the end: wait for this round before the next
+                fewest, *bad = progress()
+                previous = None
+                if bad[0] >= 0:
+                    break
+            else:
+                previous = progress
+    except BaseException:
+        rounds.finish()
+        raise
+    result = rounds.finish()
+    bad = rounds.bad.tolist()
+    if bad[0] >= 0:
+        rounds.refuse_bad_draft(bad)
+    return result

@@ -473,5 +473,7 @@ class DecodeEngine:
         its round, so a bad one is refused with the rounds before it kept. ``on_device``:
         every part of a round on the engine's device, the host reading the progress a round
         late (``serving.device_rounds``; replay with its kernels, one drafter with
-        ``propose_on_device``)."""
+        ``propose_on_device``); there a draft's type and shape are checked before the first
+        step, and an id outside the vocabulary is verified as id 0 and refused when its round
+        is read, with the rounds run kept."""
         return speculate_batch(self, prompts, pending, n_new, drafters, k, slots, on_device)
