@@ -150,13 +150,13 @@ case "$mode" in
   rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item
     # 3): bench matched's replay speculation with one BatchSyntheticDrafter, host rounds then
     # device rounds on each engine, over plain decode on the same engine (ROUNDS_ARGS); then
-    # the suite in what is left (SUITE_ARGS: its ignores)
+    # the suite in what is left (SUITE_FILES: its files, default tests/; SUITE_ARGS: its ignores)
     timeout -s INT ${ROUNDS_S:-200} python3 -m replaylab.bench matched --batches 8,32,128 \
       --spec-batches 8,32,128 --arms row_invariant --spec-strategies replay,replay-ring \
       --drafter batched,device --no-mamba-ssm --out "$OUT/bench_matched_device_rounds.json" \
       ${ROUNDS_ARGS:-} 2>&1 | tail -16
     export OMP_NUM_THREADS=1
-    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
+    cmd="python3 -m pytest ${SUITE_FILES:-tests} -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-340} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -30 "$OUT/gpu_tests.log" ;;
   retune)  # WHEELS=.whl-pin: issue 36, item 1's re-sweep. PART=sweep: every candidate launch of
