@@ -5,10 +5,12 @@ round, at each batch. Drafters follow an all-zero reference (the stub's greedy t
 with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
 
     python tools/spec_host_probe.py OUT.json [--batches 8,32,128] [--k 4] [--rounds 40]
-        [--drafters list|batched] [--label NAME]
+        [--drafters list|batched|device] [--label NAME]
 
 ``--drafters batched`` times one ``serving.BatchSyntheticDrafter`` instead of a list of
-per-sequence drafters. Run it on the machine whose host you want to know (a GPU machine's
+per-sequence drafters; ``device`` that drafter with the rounds on the device
+(``speculate_batch(on_device=True)``, an engine with the replay kernels): on a CPU, where
+nothing runs ahead, the host's work to enqueue a round. Run it on the machine whose host you want to know (a GPU machine's
 host sets the floor under its speculation rounds there); the pools are the tiny-gdn
 preset's, on the CPU.
 """
@@ -35,12 +37,13 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
     model = HybridLM(cfg, seed=0).eval()
     best, logits = None, torch.zeros(batch, k + 1, cfg.vocab_size)
     for _ in range(repeats):
-        engine = DecodeEngine(model, batch, 48 + rounds * (k + 1), "replay", 16, k + 1)
+        engine = DecodeEngine(model, batch, 48 + rounds * (k + 1), "replay", 16, k + 1,
+                              use_kernels=drafters == "device")  # fmt: skip
         prompts = random_prompts(batch, cfg.vocab_size, seed=7)
         pending = admit_all(engine, prompts).argmax(-1, keepdim=True)
         engine._run = lambda tokens, *step, **kw: logits[:, : tokens.shape[1]]  # every slot's row
         zeros = torch.zeros(48 + rounds * (k + 1) + k, dtype=torch.long)
-        if drafters == "batched":  # one BatchSyntheticDrafter for the whole batch
+        if drafters in ("batched", "device"):  # one BatchSyntheticDrafter for the whole batch
             from replaylab.serving import BatchSyntheticDrafter
 
             proposer = BatchSyntheticDrafter([zeros] * batch, acceptance, seed=0)
@@ -48,7 +51,8 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
             proposer = [SyntheticDrafter(zeros, acceptance, seed=i) for i in range(batch)]
         n_new = rounds * (1 + k) // 2  # about `rounds` rounds at this acceptance
         t0 = time.perf_counter()
-        engine.speculate_batch(prompts, pending, n_new, proposer, k=k)
+        on_device = drafters == "device"
+        engine.speculate_batch(prompts, pending, n_new, proposer, k=k, on_device=on_device)
         seconds = time.perf_counter() - t0
         per_round = seconds / engine.stats.steps
         if best is None or per_round < best["ms_per_round"] / 1e3:
@@ -63,22 +67,30 @@ def main(argv=None):
     ap.add_argument("--batches", default="8,32,128")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=40)
-    ap.add_argument("--drafters", default="list", choices=["list", "batched"],
-                    help="a SyntheticDrafter per sequence, or one BatchSyntheticDrafter")  # fmt: skip
+    ap.add_argument("--drafters", default="list",
+                    help="list (a SyntheticDrafter per sequence), batched (one "
+                    "BatchSyntheticDrafter) or device (that drafter, the rounds on the device); "
+                    "several comma-separated take turns at each batch, in one process")  # fmt: skip
     ap.add_argument("--label", default=None, help="names the tree, for side-by-side runs")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [probe(int(b), a.k, a.rounds, drafters=a.drafters) for b in a.batches.split(",")]
+    kinds = a.drafters.split(",")
+    if not set(kinds) <= {"list", "batched", "device"}:
+        ap.error(f"--drafters: expected list, batched or device, got {a.drafters!r}")
+    rows = [probe(int(b), a.k, a.rounds, drafters=d) for b in a.batches.split(",") for d in kinds]
     for r in rows:
         r["label"] = a.label
     found = provenance()
     found["command"] = "python tools/spec_host_probe.py " + " ".join(sys.argv[1:])
     with open(a.out, "w") as f:
         json.dump(dict(provenance=found, torch_threads=1, rows=rows), f, indent=1)
-    print(f"{'batch':>5s} {'rounds':>6s} {'ms / round':>10s} {'us / sequence':>13s}")
+    print(
+        f"{'batch':>5s} {'drafters':>8s} {'rounds':>6s} {'ms / round':>10s} {'us / sequence':>13s}"
+    )
     for r in rows:
         print(
-            f"{r['batch']:5d} {r['rounds']:6d} {r['ms_per_round']:10.2f} {r['us_per_sequence']:13.1f}"
+            f"{r['batch']:5d} {r['drafters']:>8s} {r['rounds']:6d} {r['ms_per_round']:10.2f} "
+            f"{r['us_per_sequence']:13.1f}"
         )
 
 
