@@ -1,6 +1,7 @@
 """The README's engine table and sentences quote data/bench_engine.json: recomputed here, so
 a new run that changes them fails until the README is updated."""
 
+import json
 import re
 from pathlib import Path
 
@@ -563,3 +564,19 @@ def test_the_row_bucketed_product_sentence_matches_the_committed_run():
     over_cublas = [1 / rows[("torch", b)]["over_first_arm_paired_median"] for b in batches]
     for found, spread in ((m.groups()[10:12], over_previous), (m.groups()[12:14], over_cublas)):
         assert [float(v) for v in found] == [round(min(spread), 2), round(max(spread), 2)]
+
+
+def test_the_device_rounds_sentence_matches_the_committed_probe():
+    probe = json.loads((ROOT / "data/spec_host_probe_device_rounds_cpu.json").read_text())
+    ms = {(r["batch"], r["drafters"]): r["ms_per_round"] for r in probe["rows"]}
+    text = " ".join((ROOT / "README.md").read_text().split())
+    m = re.search(
+        r"enqueueing a device round took ([\d.]+)x a host round's time at batch 8 and "
+        r"([\d.]+)x at batch 128 \(`data/spec_host_probe_device_rounds_cpu.json`\)",
+        text,
+    )
+    assert m, "README: the device rounds' sentence is gone or reworded"
+    assert probe["provenance"]["commit"] == "8befbca"
+    want = [round(ms[(b, "device")] / ms[(b, "batched")], 2) for b in (8, 128)]
+    assert [float(v) for v in m.groups()] == want
+    assert "it has not yet run on a GPU" in text  # no GPU number stands behind it yet
