@@ -10,9 +10,9 @@ with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
 ``--drafters batched`` times one ``serving.BatchSyntheticDrafter`` instead of a list of
 per-sequence drafters; ``device`` that drafter with the rounds on the device
 (``speculate_batch(on_device=True)``, an engine with the replay kernels): on a CPU, where
-nothing runs ahead, the host's work to enqueue a round. Run it on the machine whose host you want to know (a GPU machine's
-host sets the floor under its speculation rounds there); the pools are the tiny-gdn
-preset's, on the CPU.
+nothing runs ahead, the host's work to enqueue a round. Run it on the machine whose host you
+want to know (a GPU machine's host sets the floor under its speculation rounds there); the
+pools are the tiny-gdn preset's, on the CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from replaylab.bench.families import load_preset
+from replaylab.bench.families import DRAFTERS, load_preset
 from replaylab.bench.provenance import provenance
 from replaylab.bench.serve import admit_all, random_prompts
 from replaylab.decoding import SyntheticDrafter
@@ -75,8 +75,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     kinds = a.drafters.split(",")
-    if not set(kinds) <= {"list", "batched", "device"}:
-        ap.error(f"--drafters: expected list, batched or device, got {a.drafters!r}")
+    if not set(kinds) <= set(DRAFTERS):
+        ap.error(f"--drafters: expected names of {DRAFTERS}, got {a.drafters!r}")
     rows = [probe(int(b), a.k, a.rounds, drafters=d) for b in a.batches.split(",") for d in kinds]
     for r in rows:
         r["label"] = a.label

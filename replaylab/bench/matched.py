@@ -154,7 +154,7 @@ def run_matched(
 
     def speculation(row, engine, prompts):
         ref, _ = greedy_ragged(engine, prompts, 2 * n_steps)
-        first, *others = (drafter,) if isinstance(drafter, str) else drafter
+        first, *others = drafters
         row.update(timed_speculation(engine, prompts, ref, k, acceptance, True, first))
         row["speculation_over_decode"] = (
             row["speculative_tokens_per_s"] / row["decode_tokens_per_s"]
