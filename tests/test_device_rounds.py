@@ -62,13 +62,13 @@ class Patterned:
         return self._drafts(self.reference[: lengths.numel()], lengths, k, vocab_size)
 
 
-def spread_out(engine):
-    """PROMPTS in slots 3, 0 and 2 (in that order), OTHER live in slot 1 and left out:
-    (slots, the first tokens (S, 1), the greedy tokens of each prompt)."""
-    refs, _ = greedy_ragged(engine, PROMPTS, N_NEW + K)
+def spread_out(engine, prompts=PROMPTS):
+    """``prompts`` (three) in slots 3, 0 and 2 (in that order), OTHER live in slot 1 and left
+    out: (slots, the first tokens (S, 1), the greedy tokens of each prompt)."""
+    refs, _ = greedy_ragged(engine, prompts, N_NEW + K)
     for s in engine.slots:
         engine.retire(s)
-    order = [PROMPTS[1], OTHER, PROMPTS[2], PROMPTS[0]]  # admitted into slots 0 .. 3
+    order = [prompts[1], OTHER, prompts[2], prompts[0]]  # admitted into slots 0 .. 3
     first = [engine.admit(p)[1].argmax() for p in order]
     return [3, 0, 2], torch.stack([first[3], first[0], first[2]])[:, None], refs
 
@@ -162,8 +162,13 @@ def test_device_rounds_refuse_what_they_cannot_serve_before_any_step():
     pending = fresh(engine, PROMPTS)
     steps, pos = engine.stats.steps, list(engine.pos)
     drafter = BatchSyntheticDrafter([torch.arange(40)] * 3, 0.5)
+
+    class HostOnly:  # a batched drafter without propose_on_device
+        def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+            return contexts[:, :k]
+
     with pytest.raises(TypeError, match="propose_on_device"):
-        engine.speculate_batch(PROMPTS, pending, 5, BatchPromptLookupDrafter(), 2, on_device=True)
+        engine.speculate_batch(PROMPTS, pending, 5, HostOnly(), 2, on_device=True)
     with pytest.raises(ValueError, match="on_device: expected True or False, got 'yes'"):
         engine.speculate_batch(PROMPTS, pending, 5, drafter, 2, on_device="yes")
 
@@ -211,3 +216,28 @@ def test_the_device_synthetic_drafter_follows_its_references():
     assert 0.65 < torch.cat(right).float().mean() < 0.75  # 1,200 draws at acceptance 0.7
     with pytest.raises(ValueError, match="3 sequences, this drafter holds 2 references"):
         BatchSyntheticDrafter(refs, 0.5).propose_on_device(contexts, torch.tensor([1, 1, 1]), 2, 10)
+
+
+@torch.no_grad()
+def test_prompt_lookup_drafts_on_the_device_from_the_contexts_the_rounds_keep():
+    """Prompt lookup reads each sequence's context, which the device's rounds keep on the
+    device (prompt, then every kept token): with the same drafter the host's rounds and the
+    device's draft alike, so they give the same tokens (the greedy ones), the same counts and
+    the same stats; some drafts are taken and some are not."""
+    # this model's greedy tokens repeat n-grams of these prompts (found by trying prompts
+    # around its recurring run 81 46 15 112 6 116 117), so lookup's drafts are sometimes right
+    prompts = [torch.tensor(p) for p in ([81, 46, 15, 112, 6, 116, 117, 9, 81, 46, 15],
+                                         [46, 15, 112, 6, 116, 117, 70, 112, 81, 46], [9, 2, 6])]  # fmt: skip
+    runs = []
+    for on_device in (False, True):
+        engine = kernel_engine()
+        slots, pending, refs = spread_out(engine, prompts)
+        out = engine.speculate_batch(
+            prompts, pending, N_NEW, BatchPromptLookupDrafter(), K, slots=slots,
+            on_device=on_device,
+        )  # fmt: skip
+        assert all(torch.equal(t, r[:N_NEW]) for t, r in zip(out[0], refs))
+        runs.append((out[1:], engine.stats.steps, engine.stats.rollbacks, engine.pos))
+    assert runs[0] == runs[1]
+    proposed, accepted = runs[0][0]
+    assert 0 < sum(accepted) < sum(proposed), runs[0]

@@ -87,27 +87,35 @@ class BatchPromptLookupDrafter:
     """``decoding.PromptLookupDrafter`` for a whole batch, the same drafts row for row: the k
     tokens that followed the latest earlier occurrence of the context's last n-gram (n from
     ``max_ngram`` down to 1, the follow padded with its last token), or the last token k times
-    when none is found."""
+    when none is found. Tensor operations on the device of ``contexts``: the host's rounds
+    call ``propose_batch``, the device's rounds ``propose_on_device``, the same rule."""
 
     def __init__(self, max_ngram=3):
         self.max_ngram = max_ngram
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        return self.propose_on_device(contexts, lengths, k, vocab_size)
+
+    def propose_on_device(self, contexts, lengths, k, vocab_size):
+        """The drafts (G, k) of ``contexts`` (G, width) int64 holding ``lengths`` (G,) tokens
+        each (at least one), on their device."""
         G, width = contexts.shape
+        device = contexts.device
         last = lengths - 1
         follow = last.clone()  # where each row's follow starts (last: no match yet)
-        found = torch.zeros(G, dtype=torch.bool)
+        found = torch.zeros(G, dtype=torch.bool, device=device)
         for n in range(min(self.max_ngram, width - 1), 0, -1):
-            tail = contexts.gather(1, (lengths[:, None] - n + torch.arange(n)).clamp(min=0))
+            steps = torch.arange(n, device=device)
+            tail = contexts.gather(1, (lengths[:, None] - n + steps).clamp(min=0))
             windows = contexts.unfold(1, n, 1)  # (G, width - n + 1, n): window at each start
-            starts = torch.arange(windows.shape[1])
+            starts = torch.arange(windows.shape[1], device=device)
             hit = (windows == tail[:, None]).all(-1) & (starts <= (lengths - n - 1)[:, None])
             hit &= (lengths > n)[:, None] & ~found[:, None]
             latest = torch.where(hit, starts, -1).amax(1)
             now = latest >= 0
             follow = torch.where(now, latest + n, follow)
             found |= now
-        at = torch.minimum(follow[:, None] + torch.arange(k), last[:, None])
+        at = torch.minimum(follow[:, None] + torch.arange(k, device=device), last[:, None])
         return contexts.gather(1, at)
 
 
