@@ -19,7 +19,9 @@ from types import SimpleNamespace
 
 import torch
 
-__all__ = ["DEVICE", "mamba_ssm_references", "scan_agreement", "tiny_hybrid", "perturbed"]
+__all__ = [
+    "DEVICE", "mamba_ssm_references", "scan_agreement", "tiny_hybrid", "kernel_sized", "perturbed",
+]  # fmt: skip
 
 # where the tests run: the GPU where there is one (Triton kernels then need its tensors), else
 # the CPU under Triton's interpreter
@@ -189,6 +191,20 @@ def tiny_hybrid(seed=2):
         head_dim=16,
         intermediate_size=64,
     )
+    return HybridLM(cfg, seed=seed).eval()
+
+
+def kernel_sized(model, seed=0):
+    """The model a test runs the fused kernels on, in place of ``model`` (a HybridLM): itself
+    on a GPU; on CPU, where Triton's interpreter takes time for every program (one per head
+    and state tile), a new one of its config with two heads of state size 16 (``seed``)."""
+    import dataclasses
+
+    from replaylab.model import HybridLM
+
+    if torch.cuda.is_available():
+        return model
+    cfg = dataclasses.replace(model.cfg, ssm_heads=2, d_state=16)
     return HybridLM(cfg, seed=seed).eval()
 
 

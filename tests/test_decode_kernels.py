@@ -25,9 +25,10 @@ from replaylab.model import HybridLM, RMSNorm, preset
 from replaylab.recurrent import windows_per_token
 from replaylab.scan import ssd_scan
 from replaylab.serving import DecodeEngine
-from replaylab.testing import DEVICE
+from replaylab.testing import DEVICE, kernel_sized
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval().to(DEVICE)
+ENGINE_MODEL = kernel_sized(MODEL)  # the fused engine's (on CPU: two heads of state 16)
 GEN = torch.Generator().manual_seed(0)
 
 
@@ -228,11 +229,11 @@ _ON_GPU_ONLY = pytest.mark.skipif(
 def test_fused_engine_gives_the_teaching_tokens(strategy):
     n = 12 if torch.cuda.is_available() else 8  # through the interpreter: 7 + 8 tokens, 2 folds
     prompts = torch.randint(0, 128, (2, 7), generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    ref = greedy(MODEL, prompts, n, CacheConfig(strategy, log_length=5)).tokens
-    engine = DecodeEngine(MODEL, 3, 32, strategy, log_length=5, use_kernels=True, fused=True)
+    ref = greedy(ENGINE_MODEL, prompts, n, CacheConfig(strategy, log_length=5)).tokens
+    engine = DecodeEngine(ENGINE_MODEL, 3, 32, strategy, log_length=5, use_kernels=True, fused=True)
     assert torch.equal(engine.greedy(prompts, n).cpu(), ref.cpu())
     prompt = prompts[:1]
-    full = torch.cat([prompt, greedy(MODEL, prompt, n, "snapshot").tokens], 1).cpu()
+    full = torch.cat([prompt, greedy(ENGINE_MODEL, prompt, n, "snapshot").tokens], 1).cpu()
     tokens, proposed, accepted = engine.speculative(prompt, n, SyntheticDrafter(full, 0.6, 1))
     assert torch.equal(tokens.cpu(), full[:, 7:]) and 0 < accepted < proposed
 

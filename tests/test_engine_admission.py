@@ -13,10 +13,11 @@ import torch
 
 from replaylab.model import HybridLM, preset
 from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
-from replaylab.testing import DEVICE
+from replaylab.testing import DEVICE, kernel_sized
 
 MODEL = HybridLM(preset("tiny"), seed=0).eval()
-DEVICE_MODEL = copy.deepcopy(MODEL).to(DEVICE)
+KERNEL_MODEL = kernel_sized(MODEL)  # the fused path's (on CPU: two heads of state 16)
+DEVICE_MODEL = copy.deepcopy(KERNEL_MODEL).to(DEVICE)
 
 
 def ids(n, seed):
@@ -44,7 +45,7 @@ def step_live(e, i, T=1):
     return e.step(tokens, check=False)
 
 
-# the fused path through Triton's interpreter costs about a minute a strategy on CPU: there
+# the fused path through Triton's interpreter costs 8-23 s a strategy on CPU: there
 # only replay's (its log and folds are where a parked slot could be touched); all on a GPU
 FUSED = [(s, False) for s in STRATEGIES] + [
     (s, True) for s in (STRATEGIES if torch.cuda.is_available() else ("replay",))
