@@ -696,7 +696,7 @@ for q in ssu["ratios"]:
 #   (each family's snapshot step is a kernel of the engine's since; the H100 rows below).
 # * The roofline shares stay far from 100%: the reference path runs each module's operations as
 #   separate kernels, which the fused path (notebook 13: NemotronH layouts, and Bamba's,
-#   Qwen3-Next's and Qwen3.5's when asked for with `fused=True`) folds together, and the device
+#   Jamba's, Qwen3-Next's and Qwen3.5's when asked for with `fused=True`) folds together, and the device
 #   sits idle for part of each step.
 # * With mamba-ssm's update in its snapshot step, Jamba-class snapshot decodes as fast as replay
 #   in this engine, though the kernel alone is several times replay's (section 6). Overhead

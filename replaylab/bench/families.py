@@ -4,7 +4,7 @@ recompute and replay, batch by batch, in one run (``replaylab bench engine-famil
 
 What runs: ``DecodeEngine``'s reference path, each row with CUDA graphs (every step one graph
 replay) or without (``graphs``: both arms on a GPU), and for the layouts the fused path serves
-(Bamba's, Qwen3-Next's, Qwen3.5's; ``serving.layouts.fused_reason``) a third arm through
+(Bamba's, Jamba's, Qwen3-Next's, Qwen3.5's; ``serving.layouts.fused_reason``) a third arm through
 its kernels, graphed (``fused``, opt-in; each row's ``fused``), with ``use_kernels=True``:
 under replay each recurrent layer's decode and verify run its Triton replay kernels for the
 whole bucket (``kernels.gdn``, ``kernels.mamba1``, ``kernels.mamba2``) and its folds their

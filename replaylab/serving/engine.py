@@ -87,8 +87,7 @@ def _table_field(name, doc):
 class DecodeEngine:
     """Decode and verify for up to ``max_batch`` sequences of at most ``max_len`` tokens each.
 
-    model: a ``HybridLM`` (any layout of ``LAYER_KINDS``; the fused path: NemotronH, Bamba,
-    Qwen3-Next and Qwen3.5 layouts). strategy: a name of ``serving.strategies`` ("snapshot",
+    model: a ``HybridLM`` (any layout of ``LAYER_KINDS``, on either path). strategy: a name of ``serving.strategies`` ("snapshot",
     "recompute", "replay"; default ``layouts.default_strategy``: snapshot for Mamba-1 layouts
     with the kernels, replay otherwise). log_length: replay's L, or "auto"
     (``AUTO_LOG_LENGTH``). max_verify: the most tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L
@@ -102,7 +101,7 @@ class DecodeEngine:
     Triton kernels, for the whole bucket at once (default: on a GPU). graphs: capture each
     (bucket, T) step in a CUDA graph (default: on a GPU, where the strategy's steps read no
     host value). fused: the fused decode kernels (``serving.fused``; default: on a GPU, for
-    NemotronH layouts; Bamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
+    NemotronH layouts; Bamba's, Jamba's, Qwen3-Next's and Qwen3.5's opt-in). matmul: "row_invariant"
     (``kernels.matmul.linear`` and ``serving.invariant``: a row's bits do not depend on the row
     count, so a verify rounds as decode steps do; default on a GPU) or "torch" (default on CPU).
     prefill_chunk: prompt tokens run through the model at once.

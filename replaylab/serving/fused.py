@@ -1,7 +1,7 @@
 """The fused path's forward (GPU; on CPU through Triton's interpreter, for the tests): NemotronH
-and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs) and
+and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs),
 Qwen3-Next / Qwen3.5 layouts (Gated DeltaNet, gated attention with partial RoPE, SwiGLU MLPs)
-through ``replaylab.kernels.decode``,
+and Jamba's (Mamba-1, its mixer's own math over the pools) through ``replaylab.kernels.decode``,
 which folds each group of element-wise operations into one kernel (the residual add and the
 next block's norm are one kernel, and so on). Matrix products go through ``linear``: with
 ``matmul="row_invariant"`` ``kernels.matmul.linear``, whose rows do not depend on the row
@@ -16,6 +16,8 @@ import contextlib
 from functools import partial
 
 import torch
+
+from replaylab.serving.runner import PoolCache
 
 __all__ = ["forward_fused", "linear"]
 
@@ -38,6 +40,9 @@ def forward_fused(runner, tokens):
         elif kind == "G":
             with _row_sums(e):
                 out = _gdn(runner, i, x, bucket, T)
+        elif kind == "S":
+            with _row_sums(e):
+                out = _mamba1(runner, i, x, bucket, T)
         elif kind == "*" and gated:
             with _row_sums(e):
                 out = _gated_attention(runner, i, x, bucket, T)
@@ -152,6 +157,15 @@ def _gdn(runner, layer, h, bucket, T):
     o = o.to(h.dtype).reshape(bucket * T, -1).contiguous()
     normed = gated_rmsnorm(o, z, mixer.norm.weight, s.v_heads, mixer.norm.eps, norm_first=True)
     return linear(e, mixer.out_proj.weight, normed.view(bucket, T, -1))
+
+
+def _mamba1(runner, layer, h, bucket, T):
+    """A Mamba-1 layer (Jamba): the mixer's own math, its products row-invariant under
+    ``_row_sums`` (in_proj, x_proj with the dt / B / C norms, dt_proj, out_proj), its conv and
+    selective update through the engine's pools and strategy (``ModelRunner.advance``, with
+    Mamba-1's step kernel under ``use_kernels``), as on the reference path."""
+    pools = PoolCache(lambda index, inputs: runner.advance(index, inputs, bucket, T))
+    return runner.model.model.layers[layer].mixer(h, pools)
 
 
 def _gdn_entries(mixer, window, inputs):

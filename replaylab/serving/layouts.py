@@ -4,10 +4,10 @@
 
 The reference path serves every family the teaching cache does: Mamba-2 ("M": NemotronH,
 Bamba), Mamba-1 ("S": Jamba) and Gated DeltaNet ("G": Qwen3-Next, Qwen3.5) layers, plain or
-gated attention with or without RoPE, relu2 or SwiGLU MLPs. The fused path serves NemotronH,
-Bamba, Qwen3-Next and Qwen3.5 layouts: Mamba-2 and Gated DeltaNet, plain or gated attention
-with or without RoPE, relu2 or SwiGLU MLPs; on a GPU it is the default for NemotronH layouts
-(the others opt in until the fused path is timed on them, ``fused_by_default``).
+gated attention with or without RoPE, relu2 or SwiGLU MLPs. So does the fused path (Jamba's
+Mamba-1 layers through the mixer's own math with row-invariant products, ``fused._mamba1``);
+on a GPU it is the default for NemotronH layouts (the others opt in until the fused path is
+timed on them, ``fused_by_default``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ def unsupported_reason(cfg, strategy=None):
 def fused_reason(cfg):
     """What the fused path (GPU kernels, CUDA graphs) lacks for a model of config ``cfg``
     (None: nothing)."""
-    missing = [f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set("MG*-"))]
+    missing = [
+        f"{LAYER_KINDS[k]} layers ({k!r})" for k in sorted(set(cfg.pattern) - set(LAYER_KINDS))
+    ]
     if cfg.attention not in ("plain", "gated"):
         missing.append(f"{cfg.attention} attention (attention={cfg.attention!r})")
     if cfg.mlp not in ("relu2", "swiglu"):
@@ -73,8 +75,8 @@ DEFAULT_SNAPSHOT_HINT = (
 
 def fused_by_default(cfg):
     """Whether a GPU engine takes the fused path unasked: NemotronH layouts (Mamba-2, plain
-    attention without RoPE, relu2 MLPs), the ones it is timed on; Bamba's, Qwen3-Next's and
-    Qwen3.5's pass ``fused=True``."""
+    attention without RoPE, relu2 MLPs), the ones it is timed on; Bamba's, Jamba's,
+    Qwen3-Next's and Qwen3.5's pass ``fused=True``."""
     nemotron_h = set(cfg.pattern) <= set("M*-") and cfg.attention == "plain"
     return fused_reason(cfg) is None and nemotron_h and not cfg.rotary_dim and cfg.mlp == "relu2"
 
@@ -97,7 +99,7 @@ def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
     fused = (cuda and use_kernels and fused_by_default(cfg)) if fused is None else fused
     if fused and lacks:
         raise ValueError(
-            f"fused: the fused kernels serve NemotronH, Bamba, Qwen3-Next and Qwen3.5 layouts "
+            f"fused: the fused kernels serve NemotronH, Bamba, Jamba, Qwen3-Next and Qwen3.5 layouts "
             f"and lack {lacks}; "
             f"use fused=False (the reference path serves this model)"
         )
