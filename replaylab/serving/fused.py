@@ -17,8 +17,6 @@ from functools import partial
 
 import torch
 
-from replaylab.serving.runner import PoolCache
-
 __all__ = ["forward_fused", "linear"]
 
 
@@ -162,10 +160,9 @@ def _gdn(runner, layer, h, bucket, T):
 def _mamba1(runner, layer, h, bucket, T):
     """A Mamba-1 layer (Jamba): the mixer's own math, its products row-invariant under
     ``_row_sums`` (in_proj, x_proj with the dt / B / C norms, dt_proj, out_proj), its conv and
-    selective update through the engine's pools and strategy (``ModelRunner.advance``, with
+    selective update through the engine's pools and strategy (``ModelRunner.pools``, with
     Mamba-1's step kernel under ``use_kernels``), as on the reference path."""
-    pools = PoolCache(lambda index, inputs: runner.advance(index, inputs, bucket, T))
-    return runner.model.model.layers[layer].mixer(h, pools)
+    return runner.model.model.layers[layer].mixer(h, runner.pools(bucket, T))
 
 
 def _gdn_entries(mixer, window, inputs):

@@ -103,7 +103,7 @@ class ModelRunner:
 
     def forward_reference(self, tokens, bucket, T):
         """The reference path's forward: the teaching modules over the pools."""
-        pools = PoolCache(lambda l, inputs: self.advance(l, inputs, bucket, T))
+        pools = self.pools(bucket, T)
         h = self.model.model.embeddings(tokens)
         for i, block in enumerate(self.model.model.layers):
             x = block.norm(h)
@@ -112,6 +112,11 @@ class ModelRunner:
             else:  # a recurrent mixer through the pools, or an MLP (no memory)
                 h = h + block.mixer(x, pools)
         return self.model.lm_head(self.model.model.norm_f(h))
+
+    def pools(self, bucket, T):
+        """The cache a teaching mixer's ``forward(h, cache)`` takes: its layer advances
+        through the engine's pools (``advance``) for slots 0 .. bucket-1, T tokens each."""
+        return PoolCache(lambda layer, inputs: self.advance(layer, inputs, bucket, T))
 
     def advance(self, layer, inputs, bucket, T, prepare=None):
         """Recurrent layer ``layer`` for slots 0 .. bucket-1: its mixer's ``inputs`` for T tokens
