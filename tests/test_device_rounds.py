@@ -92,7 +92,7 @@ def test_device_rounds_leave_the_engine_as_the_host_rounds_do(capacity, fused):
             PROMPTS, pending, N_NEW, drafter, K, slots=slots, on_device=on_device
         )
         runs.append((engine, out))
-        assert all(torch.equal(t, r[:N_NEW]) for t, r in zip(out[0], refs))
+        assert all(torch.equal(t.cpu(), r[:N_NEW].cpu()) for t, r in zip(out[0], refs))
     (host, (_, *counts)), (device, (_, *device_counts)) = runs
     assert counts == device_counts and 0 < sum(counts[1]) < sum(counts[0])
     for name in ("pos", "log_len", "head", "last"):
@@ -236,7 +236,7 @@ def test_prompt_lookup_drafts_on_the_device_from_the_contexts_the_rounds_keep():
             prompts, pending, N_NEW, BatchPromptLookupDrafter(), K, slots=slots,
             on_device=on_device,
         )  # fmt: skip
-        assert all(torch.equal(t, r[:N_NEW]) for t, r in zip(out[0], refs))
+        assert all(torch.equal(t.cpu(), r[:N_NEW].cpu()) for t, r in zip(out[0], refs))
         runs.append((out[1:], engine.stats.steps, engine.stats.rollbacks, engine.pos))
     assert runs[0] == runs[1]
     proposed, accepted = runs[0][0]
