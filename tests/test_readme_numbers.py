@@ -579,4 +579,44 @@ def test_the_device_rounds_sentence_matches_the_committed_probe():
     assert probe["provenance"]["commit"] == "8befbca"
     want = [round(ms[(b, "device")] / ms[(b, "batched")], 2) for b in (8, 128)]
     assert [float(v) for v in m.groups()] == want
-    assert "it has not yet run on a GPU" in text  # no GPU number stands behind it yet
+    gpu = json.loads((ROOT / "data/bench_matched_device_rounds_h100_b39a1ad.json").read_text())
+    assert gpu["device"].startswith("NVIDIA H100") and gpu["commit"] == "b39a1ad"
+    replay = {r["batch"]: r for r in gpu["rows"] if r["strategy"] == "replay"}
+    device = {b: r["other_drafters"]["device"] for b, r in replay.items()}
+    r8, r32, r128 = (
+        device[b]["speculative_tokens_per_s"] / replay[b]["speculative_tokens_per_s"]
+        for b in (8, 32, 128)
+    )
+    acceptance = (
+        f"{device[8]['measured_acceptance']:.2f} against {replay[8]['measured_acceptance']:.2f}"
+    )
+    over_decode = device[128]["speculative_tokens_per_s"] / replay[128]["decode_tokens_per_s"]
+    assert all(r["speculative_equal_greedy"] and device[b]["speculative_equal_greedy"]
+               for b, r in replay.items())  # fmt: skip
+    ratios = f"{r8:.2f}x, {r32:.2f}x and {r128:.2f}x"
+    for phrase in (f"replay's device rounds gave {ratios} the host rounds' speculation rate",
+                   f"different acceptance ({acceptance} at batch 8)",
+                   f"speculation stays {over_decode:.2f}x plain decode at batch 128"):  # fmt: skip
+        assert phrase in text, phrase
+
+
+def test_the_data_readmes_gpu_device_rounds_and_fused_jamba_tables_match_their_files():
+    text = (ROOT / "data/README.md").read_text()
+    rounds = json.loads((ROOT / "data/bench_matched_device_rounds_h100_b39a1ad.json").read_text())
+    for r in rounds["rows"]:
+        d = r["other_drafters"]["device"]
+        host, dev = r["speculative_tokens_per_s"], d["speculative_tokens_per_s"]
+        name = {"replay": "replay", "replay-ring": "replay, ring L + k"}[r["strategy"]]
+        row = (f"| {name} | {r['batch']} | {r['decode_tokens_per_s']:,.0f} | {host:,.0f} "
+               f"({r['measured_acceptance']:.2f}) | {dev:,.0f} ({d['measured_acceptance']:.2f}) "
+               f"| {dev / host:.2f}x |")  # fmt: skip
+        assert row in text, row
+    fused = json.loads((ROOT / "data/bench_engine_families_jamba_fused_h100.json").read_text())
+    rate = {(r["strategy"], r["batch"], r["fused"]): r for r in fused["rows"]}
+    for (strategy, batch, on), r in rate.items():
+        if on:
+            ref = rate[(strategy, batch, False)]["decode_tokens_per_s"]
+            tok = r["decode_tokens_per_s"]
+            row = (f"| {strategy} | {batch} | {ref:,.0f} | {tok:,.0f} | {tok / ref:.2f}x | "
+                   f"{r['roofline']['share']:.0%} |")  # fmt: skip
+            assert row in text, row
