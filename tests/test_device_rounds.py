@@ -214,6 +214,16 @@ def test_the_device_synthetic_drafter_follows_its_references():
         for t in range(300)
     ]
     assert 0.65 < torch.cat(right).float().mean() < 0.75  # 1,200 draws at acceptance 0.7
+    # the draws are keyed by (seed, sequence, position): the host's drafts, whatever the calls
+    # before, for the sequences of ``rows`` in any order
+    drafter = BatchSyntheticDrafter([torch.arange(400)] * 3, 0.5, seed=4)
+    lengths = torch.tensor([7, 31, 200])
+    device = drafter.propose_on_device(torch.zeros(3, 1, dtype=torch.long), lengths, 6, 1000)
+    host = drafter.propose_batch(None, lengths.flip(0), torch.tensor([2, 1, 0]), 6, 1000)
+    assert (
+        torch.equal(device, host.flip(0))
+        and 0 < (device != lengths[:, None] + torch.arange(6)).sum() < 18
+    )
     with pytest.raises(ValueError, match="3 sequences, this drafter holds 2 references"):
         BatchSyntheticDrafter(refs, 0.5).propose_on_device(contexts, torch.tensor([1, 1, 1]), 2, 10)
 

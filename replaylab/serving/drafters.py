@@ -28,8 +28,11 @@ __all__ = ["BatchSyntheticDrafter", "BatchPromptLookupDrafter", "BatchModelDraft
 class BatchSyntheticDrafter:
     """``decoding.SyntheticDrafter`` for a whole batch: sequence i proposes
     ``references[i]``'s next k ids after its context (0 past the reference's end), each
-    replaced by id + 1 with probability 1 - ``acceptance``, one random draw for the round.
-    ``references``: S tensors (n_i,), each the sequence's prompt then its greedy tokens."""
+    replaced by id + 1 with probability 1 - ``acceptance``. The draw of a draft is keyed by
+    (``seed``, sequence, position) (``position_draws``), not by a generator's state: the same
+    on the host and the device and whatever the rounds before, so host and device rounds
+    draft alike. ``references``: S tensors (n_i,), each the sequence's prompt then its greedy
+    tokens."""
 
     def __init__(self, references, acceptance, seed=0):
         if not 0 <= acceptance <= 1:
@@ -44,8 +47,7 @@ class BatchSyntheticDrafter:
         for i, r in enumerate(references):
             self.reference[i, : r.numel()] = r.flatten().cpu()
         self.acceptance, self.seed = acceptance, seed
-        self.generator = torch.Generator().manual_seed(seed)
-        self._device = None  # propose_on_device's: the reference and a generator there
+        self._on = {}  # device -> the reference there
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if len(rows) and int(rows.max()) >= self.reference.shape[0]:
@@ -53,34 +55,41 @@ class BatchSyntheticDrafter:
                 f"rows: sequence {int(rows.max())} has no reference (this drafter holds "
                 f"{self.reference.shape[0]}); expected one reference per sequence"
             )
-        at = lengths[:, None] + torch.arange(k)  # (G, k) positions after each context
-        inside = at < self.reference.shape[1]
-        true = self.reference[rows[:, None], at.clamp(max=self.reference.shape[1] - 1)]
-        true = true.masked_fill(~inside, 0)
-        wrong = torch.rand(true.shape, generator=self.generator) >= self.acceptance
-        return torch.where(wrong, (true + 1) % vocab_size, true)
+        return self._drafts(self.reference, rows, lengths, k, vocab_size)
 
     def propose_on_device(self, contexts, lengths, k, vocab_size):
         """``propose_batch`` as tensor operations on the device of ``lengths`` (S,) int64,
-        for every sequence of the call (row i is sequence i; ``contexts`` unread), with a
-        generator of that device seeded as this drafter's: the same rule, other draws."""
+        for every sequence of the call (row i is sequence i; ``contexts`` unread): the same
+        drafts."""
         device = lengths.device
-        if self._device != device:
-            self._device = device
-            self._reference = self.reference.to(device)
-            self._generator = torch.Generator(device=device).manual_seed(self.seed)
-        reference = self._reference
-        if lengths.numel() > reference.shape[0]:
+        if lengths.numel() > self.reference.shape[0]:
             raise ValueError(
                 f"lengths: {lengths.numel()} sequences, this drafter holds "
-                f"{reference.shape[0]} references; expected one reference per sequence"
+                f"{self.reference.shape[0]} references; expected one reference per sequence"
             )
+        if device not in self._on:
+            self._on[device] = self.reference.to(device)
+        rows = torch.arange(lengths.numel(), device=device)
+        return self._drafts(self._on[device], rows, lengths, k, vocab_size)
+
+    def _drafts(self, reference, rows, lengths, k, vocab_size):
         width = reference.shape[1]
-        at = lengths[:, None] + torch.arange(k, device=device)
-        true = reference[: lengths.numel()].gather(1, at.clamp(max=width - 1))
-        true = true.masked_fill(at >= width, 0)
-        draws = torch.rand(true.shape, generator=self._generator, device=device)
-        return torch.where(draws >= self.acceptance, (true + 1) % vocab_size, true)
+        at = lengths[:, None] + torch.arange(k, device=lengths.device)  # (G, k) positions
+        true = reference[rows[:, None], at.clamp(max=width - 1)].masked_fill(at >= width, 0)
+        wrong = position_draws(self.seed, rows, at) >= self.acceptance
+        return torch.where(wrong, (true + 1) % vocab_size, true)
+
+
+def position_draws(seed, rows, at):
+    """Uniform numbers in [0, 1), float64 (G, k), one per (``seed``, sequence ``rows`` (G,),
+    position ``at`` (G, k)): a 32-bit integer hash (xorshift-multiply rounds) of the three,
+    the same bits on any device (int64 arithmetic that never overflows)."""
+    mask = 0xFFFFFFFF
+    x = ((seed & mask) * 0x27D4EB2F + rows[:, None] * 0x165667B1 + at) & mask
+    for multiplier in (0x7FEB352D, 0x5BD1E995):
+        x = ((x ^ (x >> 16)) * multiplier) & mask
+    x = x ^ (x >> 15)
+    return x.double() / 2.0**32
 
 
 class BatchPromptLookupDrafter:
