@@ -207,18 +207,20 @@ def test_the_device_synthetic_drafter_follows_its_references():
     assert sure.tolist() == [[7, 8, 9, 0], [2, 3, 0, 0]]  # 0 past a reference's end
     never = BatchSyntheticDrafter(refs, 0.0).propose_on_device(contexts, lengths, 4, 10)
     assert never.tolist() == [[8, 9, 0, 1], [3, 4, 1, 1]]
-    drafter = BatchSyntheticDrafter([torch.arange(400)], 0.7, seed=3)
-    right = [
-        drafter.propose_on_device(contexts[:1], torch.tensor([t]), 4, 1000)
-        == torch.arange(t, t + 4)
+    drafter = BatchSyntheticDrafter([torch.arange(1300)], 0.7, seed=3)
+    right = [  # positions 4t .. 4t + 3: 1,200 draws, none drawn twice
+        drafter.propose_on_device(contexts[:1], torch.tensor([4 * t]), 4, 1000)
+        == torch.arange(4 * t, 4 * t + 4)
         for t in range(300)
     ]
     assert 0.65 < torch.cat(right).float().mean() < 0.75  # 1,200 draws at acceptance 0.7
-    # the draws are keyed by (seed, sequence, position): the host's drafts, whatever the calls
-    # before, for the sequences of ``rows`` in any order
+    # the draws are keyed by (seed, sequence, position): on the engine's device the host's
+    # drafts, whatever the calls before, for the sequences of ``rows`` in any order
     drafter = BatchSyntheticDrafter([torch.arange(400)] * 3, 0.5, seed=4)
     lengths = torch.tensor([7, 31, 200])
-    device = drafter.propose_on_device(torch.zeros(3, 1, dtype=torch.long), lengths, 6, 1000)
+    drafter.propose_on_device(None, torch.tensor([3, 9, 27], device=DEVICE), 6, 1000)
+    device = drafter.propose_on_device(None, lengths.to(DEVICE), 6, 1000).cpu()
+    drafter.propose_batch(None, lengths, torch.arange(3), 2, 1000)
     host = drafter.propose_batch(None, lengths.flip(0), torch.tensor([2, 1, 0]), 6, 1000)
     assert (
         torch.equal(device, host.flip(0))

@@ -61,11 +61,11 @@ def test_batched_synthetic_drafter_follows_its_references():
         rows[1:], lengths[1:], torch.tensor([1]), 2, 10
     )
     assert one_row.tolist() == [[2, 3]]  # a row names its own sequence
-    drafter = BatchSyntheticDrafter([torch.arange(400)], 0.7, seed=3)
-    many = torch.zeros(1, 400, dtype=torch.long)
-    right = [
-        drafter.propose_batch(many, torch.tensor([t]), torch.tensor([0]), 4, 1000)
-        == torch.arange(t, t + 4)
+    drafter = BatchSyntheticDrafter([torch.arange(1300)], 0.7, seed=3)
+    many = torch.zeros(1, 1300, dtype=torch.long)
+    right = [  # positions 4t .. 4t + 3: 1,200 draws, none drawn twice
+        drafter.propose_batch(many, torch.tensor([4 * t]), torch.tensor([0]), 4, 1000)
+        == torch.arange(4 * t, 4 * t + 4)
         for t in range(300)
     ]
     assert 0.65 < torch.cat(right).float().mean() < 0.75  # 1,200 draws at acceptance 0.7

@@ -46,7 +46,7 @@ class BatchSyntheticDrafter:
         self.reference = torch.zeros(len(references), width, dtype=torch.long)
         for i, r in enumerate(references):
             self.reference[i, : r.numel()] = r.flatten().cpu()
-        self.acceptance, self.seed = acceptance, seed
+        self.acceptance, self.seed = acceptance, as_int("seed", seed, low=0)
         self._on = {}  # device -> the reference there
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
@@ -82,9 +82,11 @@ class BatchSyntheticDrafter:
 
 def position_draws(seed, rows, at):
     """Uniform numbers in [0, 1), float64 (G, k), one per (``seed``, sequence ``rows`` (G,),
-    position ``at`` (G, k)): a 32-bit integer hash (xorshift-multiply rounds) of the three,
-    the same bits on any device (int64 arithmetic that never overflows)."""
+    position ``at`` (G, k)): a 32-bit integer hash (xorshift-multiply rounds) of the three
+    (the seed's low 32 bits), the same bits on any device (int64 arithmetic that never
+    overflows for rows below 2**33)."""
     mask = 0xFFFFFFFF
+    rows, at = rows.long(), at.long()  # int32 products would wrap to other bits
     x = ((seed & mask) * 0x27D4EB2F + rows[:, None] * 0x165667B1 + at) & mask
     for multiplier in (0x7FEB352D, 0x5BD1E995):
         x = ((x ^ (x >> 16)) * multiplier) & mask
