@@ -197,7 +197,8 @@ def tiny_hybrid(seed=2):
 def kernel_sized(model, seed=0):
     """The model a test runs the fused kernels on, in place of ``model`` (a HybridLM): itself
     on a GPU; on CPU, where Triton's interpreter takes time for every program (one per head
-    and state tile), a new one of its config with two heads of state size 16 (``seed``)."""
+    and state tile), a new one of its config with two heads of state size 16 (``seed``): the
+    kernels' paths over several heads and state tiles are then tested on a GPU only."""
     import dataclasses
 
     from replaylab.model import HybridLM

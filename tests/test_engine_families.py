@@ -215,6 +215,14 @@ def test_the_engine_serves_every_family_and_the_fused_path_says_what_it_lacks():
     cfg.mlp = "gelu"  # past the config's own check
     assert unsupported_reason(cfg) == "mlp: 'gelu' (the engine serves 'relu2' and 'swiglu')"
     assert fused_reason(cfg) == "gelu MLPs (mlp='gelu')"
+    from replaylab.serving.layouts import paths
+    from replaylab.serving.strategies import strategy_class
+
+    with pytest.raises(ValueError, match=r"lack gelu MLPs \(mlp='gelu'\); use fused=False"):
+        paths(strategy_class("replay"), cfg, torch.device("cpu"), True, False, True, None)
+    cfg = HybridConfig()
+    cfg.pattern = "MX*-"
+    assert fused_reason(cfg) == "layer kind 'X'" and "'X'" in unsupported_reason(cfg)
     engine = DecodeEngine(MODELS["qwen3_next"], 1, 8)  # CPU defaults: the reference path
     assert not engine.fused and not engine.graphs
 

@@ -59,7 +59,7 @@ def _model(kind, seed=11):
         cfg = HybridConfig(
             pattern="S*-", mamba1=Mamba1Config(d_inner=40, d_state=4, dt_rank=4), **COMMON
         )
-    else:  # Bamba-like: Mamba-2 with RoPE attention and SwiGLU (the fused path lacks both)
+    else:  # Bamba-like: Mamba-2 with RoPE attention and SwiGLU
         cfg = HybridConfig(
             pattern="M*-",
             ssm_heads=2,

@@ -595,7 +595,7 @@ def test_the_device_rounds_sentence_matches_the_committed_probe():
                for b, r in replay.items())  # fmt: skip
     ratios = f"{r8:.2f}x, {r32:.2f}x and {r128:.2f}x"
     for phrase in (f"replay's device rounds gave {ratios} the host rounds' speculation rate",
-                   f"different acceptance ({acceptance} at batch 8)",
+                   f"different acceptance ({acceptance} at batch 8;",
                    f"speculation stays {over_decode:.2f}x plain decode at batch 128"):  # fmt: skip
         assert phrase in text, phrase
 
@@ -620,3 +620,54 @@ def test_the_data_readmes_gpu_device_rounds_and_fused_jamba_tables_match_their_f
             row = (f"| {strategy} | {batch} | {ref:,.0f} | {tok:,.0f} | {tok / ref:.2f}x | "
                    f"{r['roofline']['share']:.0%} |")  # fmt: skip
             assert row in text, row
+
+
+def test_the_fused_jamba_prose_and_the_gpu_logs_match_their_files():
+    data = " ".join((ROOT / "data/README.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rows = {}
+    for name in ("jamba_fused", "jamba_fused_spec"):
+        result = json.loads((ROOT / f"data/bench_engine_families_{name}_h100.json").read_text())
+        assert result["device"].startswith("NVIDIA H100")
+        for r in result["rows"]:
+            rows[(name, r["strategy"], r["batch"], r["fused"])] = r
+    tok = {key: r["decode_tokens_per_s"] for key, r in rows.items()}
+    spec = "jamba_fused_spec"
+    ratio = {
+        s: tok[(spec, s, 32, True)] / tok[(spec, s, 32, False)] for s in ("snapshot", "replay")
+    }
+    phrases = [
+        f"snapshot {tok[(spec, 'snapshot', 32, False)]:,.0f} against "
+        f"{tok[(spec, 'snapshot', 32, True)]:,.0f} ({ratio['snapshot']:.2f}x), replay "
+        f"{tok[(spec, 'replay', 32, False)]:,.0f} against {tok[(spec, 'replay', 32, True)]:,.0f} "
+        f"({ratio['replay']:.2f}x)",
+    ]
+    one = "jamba_fused"
+    over = [tok[(one, "snapshot", b, True)] / tok[(one, "replay", b, True)] for b in (8, 128)]
+    phrases.append(f"({over[0]:.2f}x at batch 8, {over[1]:.2f}x at 128 on the fused path)")
+    fused8, fused32 = rows[(spec, "snapshot", 8, True)], rows[(spec, "snapshot", 32, True)]
+    s8, s32 = fused8["speculative_tokens_per_s"], fused32["speculative_tokens_per_s"]
+    reference32 = rows[(spec, "snapshot", 32, False)]["speculative_tokens_per_s"]
+    phrases.append(
+        f"{s8 / fused8['decode_tokens_per_s']:.2f}x snapshot's decode at batch 8 ({s8:,.0f} tok/s) "
+        f"but {s32 / fused32['decode_tokens_per_s']:.2f}x at batch 32 ({s32:,.0f}), where the "
+        f"graphed reference path's speculation is {reference32:,.0f}"
+    )
+    assert all(
+        r["speculative_equal_greedy"] for r in rows.values() if "speculative_tokens_per_s" in r
+    )
+    for phrase in phrases:
+        assert phrase in data, phrase
+    snap = [tok[(one, "snapshot", b, True)] / tok[(one, "snapshot", b, False)] for b in (8, 128)]
+    rep = [tok[(one, "replay", b, True)] / tok[(one, "replay", b, False)] for b in (8, 128)]
+    assert f"{min(snap):.2f}" == f"{max(snap):.2f}"
+    low, high = sorted(rep)
+    want = (
+        f"1.13x the graphed reference path's under snapshot and {low:.2f}-{high:.2f}x under replay"
+    )
+    assert f"{snap[0]:.2f}" == "1.13" and want in readme, want
+    suite = (ROOT / "data/gpu_suite_h100_b39a1ad.log").read_text().strip().splitlines()[-1]
+    assert "5 failed, 1378 passed, 60 skipped, 2 xfailed" in suite and "338.57s" in suite
+    assert "**1,378 passed, 5 failed, 60 skipped, 2 xfailed in 339 s**" in data
+    rerun = (ROOT / "data/gpu_tests_rounds_jamba_h100_adeeef1.log").read_text()
+    assert "19 passed" in rerun and "failed" not in rerun and "**19 passed**" in data

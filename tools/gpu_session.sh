@@ -57,7 +57,7 @@ case "$mode" in
     timeout 200 python3 -c "import json; from replaylab.bench.mamba1_kernels import run, summary; r = run(); json.dump(r, open('$OUT/bench_mamba1_kernels.json', 'w'), indent=1, default=str); print(chr(10).join(summary(r)))" 2>&1 | tail -30 ;;
   families)  # the families' replay kernels in the engine: their tests, then the per-family
     # engine bench (FAMILIES_ARGS: e.g. --presets qwen3.5-9b-layers --batches 8,128)
-    # (FAMILIES_ARGS='--fused on': Bamba's fused path too; its tests run first either way)
+    # (FAMILIES_ARGS='--fused on': the fused path too where it serves the preset; Bamba's tests run first)
     fam=tests/test_engine_families.py
     cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_engine_family_kernels.py tests/test_bench_families.py $fam::test_bamba_on_the_fused_path_follows_the_teaching_cache $fam::test_bamba_on_the_fused_path_speculates_its_own_greedy_tokens_bit_for_bit tests/test_decode_kernels.py"
     { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_engine_family_tests.log" 2>&1

@@ -672,8 +672,8 @@ def add_bench_parser(subparsers):
         "--fused",
         choices=("on", "off"),
         default="off",
-        help="also rows through the fused path's kernels for the layouts it serves (Bamba's; "
-        "graphed on a GPU)",
+        help="also rows through the fused path's kernels for the layouts it serves (every "
+        "preset's; graphed on a GPU)",
     )
     ef.add_argument(
         "--step-kernels",

@@ -43,9 +43,8 @@ def check_device_drafter(engine, drafter):
     if not callable(getattr(drafter, "propose_on_device", None)):
         raise TypeError(
             "drafters: on_device=True needs one batched drafter with propose_on_device("
-            f"contexts, lengths, k, vocab_size) (serving.BatchSyntheticDrafter, "
-            f"BatchPromptLookupDrafter), got "
-            f"{type(drafter).__name__}"
+            "contexts, lengths, k, vocab_size) (serving.BatchSyntheticDrafter, "
+            f"BatchPromptLookupDrafter), got {type(drafter).__name__}"
         )
     if engine.strategy != "replay" or not engine.use_kernels:
         raise ValueError(

@@ -1,7 +1,8 @@
 """The fused path's forward (GPU; on CPU through Triton's interpreter, for the tests): NemotronH
 and Bamba layouts (Mamba-2, plain attention with or without RoPE, relu2 or SwiGLU MLPs),
 Qwen3-Next / Qwen3.5 layouts (Gated DeltaNet, gated attention with partial RoPE, SwiGLU MLPs)
-and Jamba's (Mamba-1, its mixer's own math over the pools) through ``replaylab.kernels.decode``,
+and Jamba's (Mamba-1: its mixer's own math over the pools, the rest as above) through
+``replaylab.kernels.decode``,
 which folds each group of element-wise operations into one kernel (the residual add and the
 next block's norm are one kernel, and so on). Matrix products go through ``linear``: with
 ``matmul="row_invariant"`` ``kernels.matmul.linear``, whose rows do not depend on the row
@@ -129,9 +130,10 @@ def _attention(runner, layer, h, bucket, T):
 
 
 def _row_sums(engine):
-    """Where the teaching modules' norms run (Gated DeltaNet's and gated attention's): their
-    sums over the last dim row by row (``serving.invariant``) under the row-invariant product,
-    so a verify rounds as single steps do; else as they are."""
+    """Where the teaching modules run (Gated DeltaNet's and gated attention's norms, the whole
+    Mamba-1 mixer): their products and sums over the last dim row by row
+    (``serving.invariant``) under the row-invariant product, so a verify rounds as single
+    steps do; else as they are."""
     if engine.matmul != "row_invariant":
         return contextlib.nullcontext()
     from replaylab.serving.invariant import RowInvariantLinear

@@ -1,6 +1,6 @@
 """Row-invariant arithmetic for the engine's reference path (Bamba, Jamba, Qwen3-Next and
 Qwen3.5 off the fused path) and for the teaching modules the fused path still runs (Gated
-DeltaNet's and gated attention's norms, ``serving.fused``).
+DeltaNet's and gated attention's norms, the Mamba-1 mixer, ``serving.fused``).
 
 Speculation is lossless only if a verify of k + 1 tokens rounds each of its rows as a decode
 step of one token would. On a GPU the teaching modules' matrix products do not: cuBLAS picks
