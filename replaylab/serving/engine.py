@@ -91,7 +91,8 @@ class DecodeEngine:
     of ``serving.strategies`` ("snapshot", "recompute", "replay"; default
     ``layouts.default_strategy``: snapshot for Mamba-1 layouts with the kernels, replay
     otherwise). log_length: replay's L, or "auto" (``AUTO_LOG_LENGTH``). max_verify: the most
-    tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L (default: a step never passes the fold grid, so a verify just before a fold takes fewer
+    tokens one step may take (k + 1). log_capacity: replay's log ring rows per slot, L
+    (default: a step never passes the fold grid, so a verify just before a fold takes fewer
     drafts) up to L + min(max_verify - 1, L) (a verify may pass the grid, its fold waits for the
     next step; at L + max_verify - 1 drafts never shrink; (capacity - L) entries more per slot,
     and with the kernels a second state per slot). Bit-exact: a verify row past the grid is

@@ -98,9 +98,8 @@ def paths(kind, cfg, device, use_kernels, graphs, fused, matmul):
     fused = (cuda and use_kernels and fused_by_default(cfg)) if fused is None else fused
     if fused and lacks:
         raise ValueError(
-            f"fused: the fused kernels serve NemotronH, Bamba, Jamba, Qwen3-Next and Qwen3.5 layouts "
-            f"and lack {lacks}; "
-            f"use fused=False (the reference path serves this model)"
+            "fused: the fused kernels serve NemotronH, Bamba, Jamba, Qwen3-Next and Qwen3.5 "
+            f"layouts and lack {lacks}; use fused=False (the reference path serves this model)"
         )
     if graphs and not cuda:
         raise ValueError("graphs: CUDA graphs need a CUDA device")
