@@ -583,6 +583,7 @@ def test_the_device_rounds_sentence_matches_the_committed_probe():
     assert gpu["device"].startswith("NVIDIA H100") and gpu["commit"] == "b39a1ad"
     replay = {r["batch"]: r for r in gpu["rows"] if r["strategy"] == "replay"}
     device = {b: r["other_drafters"]["device"] for b, r in replay.items()}
+    assert f"{2 * gpu['n_steps']} tokens a sequence" in text  # bench matched's spec length
     r8, r32, r128 = (
         device[b]["speculative_tokens_per_s"] / replay[b]["speculative_tokens_per_s"]
         for b in (8, 32, 128)
