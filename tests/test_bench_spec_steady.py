@@ -41,6 +41,26 @@ def test_spec_steady_replay_ring_of_l_plus_k():
     assert row["log_capacity"] == 4 + 3 and row["speculative_equal_greedy"]
 
 
+def test_spec_steady_times_other_ks_and_the_adaptive_k_on_the_same_engine():
+    with torch.no_grad():
+        result = run_spec_steady(
+            MODEL, batches=(3,), k=2, n_new=14, log_length=4, requests_per_slot=2,
+            other_k=(1, 3), adaptive=True, progress=False,
+        )  # fmt: skip
+    (row,) = result["rows"]
+    assert list(row["arms"]) == ["k=1", "k=3", "adaptive, k <= 2"]
+    plain = row["plain"]["steady_tokens_per_s"]
+    for label, arm in row["arms"].items():
+        assert arm["equal_greedy"], label
+        assert arm["steady_over_decode"] == pytest.approx(arm["steady_tokens_per_s"] / plain)
+        assert sum(arm["steady_widths"].values()) == arm["steady_iterations"] > 0
+    assert set(row["arms"]["k=1"]["steady_widths"]) == {2}
+    assert set(row["arms"]["k=3"]["steady_widths"]) <= {2, 3, 4}  # fewer drafts near the end
+    assert set(row["arms"]["adaptive, k <= 2"]["steady_widths"]) <= {1, 2, 3}
+    assert 0 < row["arms"]["adaptive, k <= 2"]["acceptance_estimate"] < 1
+    assert (result["other_k"], result["adaptive"]) == ([1, 3], True)
+
+
 def test_steady_iterations_are_full_and_admission_free():
     history = [
         StepRecord(start=0.0, end=1.0, admitted=(0, 1), running=2, tokens=2),  # admits

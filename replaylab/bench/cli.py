@@ -13,6 +13,7 @@ replaylab bench hf-cache [--device cpu|cuda] [--dtype float32] [--n-new 48] [--d
 replaylab bench draft-model [--device cpu|cuda] [--batches 1,8] [--n-new 48] [--k 4]
 replaylab bench workload-stream [--preset cpu|gpu] [--workloads ...] [--modes ...]
 replaylab bench spec-steady [--preset matched|tiny-gdn|...] [--batches 8,32,128] [--ring L|L+k]
+    [--other-k 1,2] [--adaptive]
 """
 
 from __future__ import annotations
@@ -340,6 +341,7 @@ def _spec_steady(args):
             strategies=tuple(args.strategies.split(",")), k=args.k, acceptance=args.acceptance,
             n_new=args.n_new, requests_per_slot=args.requests_per_slot,
             log_length=args.log_length, log_capacity=None if args.ring == "L" else "L+k",
+            other_k=args.other_k, adaptive=args.adaptive,
         )  # fmt: skip
     result["preset"] = args.preset
     out = args.out or f"data/bench_spec_steady_{'gpu' if device == 'cuda' else 'cpu'}.json"
@@ -607,6 +609,13 @@ def add_bench_parser(subparsers):
     sp.add_argument("--requests-per-slot", type=int, default=3)
     sp.add_argument("--log-length", type=int, default=16)
     sp.add_argument("--ring", choices=["L", "L+k"], default="L", help="replay's log ring rows")
+    sp.add_argument(
+        "--other-k", type=_ints, default=[], help="also speculate with each of these k, same engine"
+    )
+    sp.add_argument(
+        "--adaptive", action="store_true",
+        help="also let the scheduler choose each round's k in 0 .. k (serving.adaptive_k)",
+    )  # fmt: skip
     sp.set_defaults(run=_spec_steady)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")

@@ -16,10 +16,12 @@ whole run; the share of time in steady iterations.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from replaylab.bench.serve import random_prompts
-from replaylab.serving import BatchSyntheticDrafter, DecodeEngine, Request, Scheduler
+from replaylab.serving import AdaptiveK, BatchSyntheticDrafter, DecodeEngine, Request, Scheduler
 
 __all__ = ["run_spec_steady", "spec_steady_summary", "PromptKeyedDrafter", "model_for"]
 
@@ -88,9 +90,9 @@ def _requests(prompts, lengths):
     return [Request(i, p, n, arrival=0.0) for i, (p, n) in enumerate(zip(prompts, lengths))]
 
 
-def _serve(engine, requests, k, drafter):
+def _serve(engine, requests, k, drafter, adaptive_k=False):
     """Every request through a fresh scheduler; returns (requests in id order, history)."""
-    sched = Scheduler(engine, k=k, drafter=drafter)
+    sched = Scheduler(engine, k=k, drafter=drafter, adaptive_k=adaptive_k)
     sched.run(requests)
     return sorted(sched.finished, key=lambda r: r.id), sched.history
 
@@ -105,6 +107,7 @@ def _timing(history, batch):
         steady_iterations=len(steady),
         steady_share=steady_s / total_s,
         iterations=len(history),
+        steady_widths=dict(sorted(Counter(h.T for h in steady).items())),
     )
 
 
@@ -132,10 +135,15 @@ def run_spec_steady(
     log_capacity=None,
     seed=7,
     progress=True,
+    other_k=(),
+    adaptive=False,
 ):
     """Rows per (strategy, batch): the plain and the speculative run's timings, their
     steady-state ratio and whether every request's speculative tokens equal its greedy
-    ones. ``log_capacity``: replay's ring (None: L; "L+k": L + k)."""
+    ones. ``log_capacity``: replay's ring (None: L; "L+k": L + k). Beside them, in the same
+    process and on the same engine, each row's ``arms``: speculation with each k of
+    ``other_k``, and with ``adaptive`` the scheduler choosing each round's k in 0 .. k
+    (``serving.adaptive_k``; its policy warmed by the warm-up run, as a server's would be)."""
     from tqdm.auto import tqdm
 
     vocab = model.cfg.vocab_size
@@ -149,7 +157,11 @@ def run_spec_steady(
         ring = log_length + k if log_capacity == "L+k" else log_capacity
         kw = dict(log_capacity=ring) if strategy == "replay" else {}
         max_len = max(p.numel() for p in prompts) + int(lengths.max()) + k + 2
-        engine = DecodeEngine(model, batch, max_len, strategy, log_length, max_verify=k + 1, **kw)
+        k_top = max((k, *other_k))
+        max_len += k_top - k
+        engine = DecodeEngine(
+            model, batch, max_len, strategy, log_length, max_verify=k_top + 1, **kw
+        )
         warm = [min(int(m), log_length + k + 2) for m in lengths[:batch]]
         _serve(engine, _requests(prompts[:batch], warm), 0, None)  # graphs captured
         plain, history = _serve(engine, _requests(prompts, lengths.tolist()), 0, None)
@@ -169,12 +181,25 @@ def run_spec_steady(
         row["speculation_over_decode"] = (
             row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
         )
+        arms = [(f"k={j}", j, False) for j in other_k]
+        arms += [(f"adaptive, k <= {k}", k, AdaptiveK(k))] if adaptive else []
+        row["arms"] = {}
+        for label, j, policy in arms:
+            _serve(engine, _requests(prompts[:batch], warm), j, drafter, policy)
+            got, history = _serve(engine, _requests(prompts, lengths.tolist()), j, drafter, policy)
+            arm = row["arms"][label] = _timing(history, batch)
+            arm["equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(got, plain))
+            if arm["steady_tokens_per_s"] and steady[0]:
+                arm["steady_over_decode"] = arm["steady_tokens_per_s"] / steady[0]
+            if policy:
+                arm["acceptance_estimate"] = policy.acceptance
         rows.append(row)
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return dict(
-        kind="spec_steady", k=k, acceptance=acceptance, n_new=n_new,
+        kind="spec_steady", k=k, other_k=list(other_k), adaptive=adaptive,
+        acceptance=acceptance, n_new=n_new,
         requests_per_slot=requests_per_slot, log_length=log_length, rows=rows,
     )  # fmt: skip
 
@@ -193,4 +218,11 @@ def spec_steady_summary(result):
             f", whole run {r['speculation_over_decode']:.2f}x, acceptance "
             f"{r['measured_acceptance']:.2f}, equal greedy {r['speculative_equal_greedy']}"
         )
+        for label, arm in r.get("arms", {}).items():
+            ratio = arm.get("steady_over_decode")
+            lines.append(
+                f"  {label}: steady / decode "
+                + (f"{ratio:.2f}x" if ratio else "none")
+                + f", widths {arm['steady_widths']}, equal greedy {arm['equal_greedy']}"
+            )
     return lines

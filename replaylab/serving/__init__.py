@@ -10,10 +10,12 @@ runner       ModelRunner: the reference forward and CUDA graphs; ``fused``: the 
 prefill      a prompt through the pools; ``admission``: a chunk at a time between steps
 speculation  batched speculative decoding and acceptance; ``drafters``: batched drafters;
              ``device_rounds``: the rounds on the device (replay)
-request      a request; ``scheduler``: continuous batching under one byte budget (``budget``)
+request      a request; ``scheduler``: continuous batching under one byte budget (``budget``),
+             each round's k chosen by its measured rate with ``adaptive_k``
 prefix       a prefix cache of KV and recurrent state over the slots
 """
 
+from replaylab.serving.adaptive_k import AdaptiveK
 from replaylab.serving.admission import Admission
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.drafters import (
@@ -29,6 +31,7 @@ from replaylab.serving.scheduler import Scheduler, admissible, request_bytes, sl
 from replaylab.serving.strategies import STRATEGIES
 
 __all__ = [
+    "AdaptiveK",
     "Admission",
     "BatchModelDrafter",
     "BatchPromptLookupDrafter",

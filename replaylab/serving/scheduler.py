@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replaylab.serving.adaptive_k import AdaptiveK
 from replaylab.serving.admission import check_interleaving, grid_grant
 from replaylab.serving.budget import SlotBytes, admissible, request_bytes, slot_bytes
 from replaylab.serving.contexts import SlotContexts, accepted
@@ -89,7 +90,9 @@ class Scheduler:
     drafter (``serving.drafters``: ``propose_batch``) that drafts for every running request at
     once, its rows the requests' engine slots (a ``BatchModelDrafter`` keeps a draft slot per
     row and re-seats a row whose context does not extend what it holds); requests then carry no
-    drafter of their own.
+    drafter of their own. adaptive_k: False (default) drafts k every round; True makes k the
+    most, and each round drafts the k in 0 .. k with the best measured rate at its batch
+    (``serving.adaptive_k``; the tokens are the same greedy ones), or pass an ``AdaptiveK``.
 
     >>> sched = Scheduler(engine, budget_bytes=2**30, k=4)          # doctest: +SKIP
     >>> sched.add(Request(0, prompt, 32, arrival=0.0, drafter=d))
@@ -107,6 +110,7 @@ class Scheduler:
         prefix=None,
         prefill_per_step=None,
         drafter=None,
+        adaptive_k=False,
     ):
         if engine.batch:
             raise ValueError(
@@ -167,6 +171,7 @@ class Scheduler:
                 f"max_len={engine.max_len}"
             )
         self.drafter = drafter
+        self.adaptive_k = _adaptive(adaptive_k, self.k)
         # what the batched drafter reads, kept across rounds (a context is at most max_len + 1)
         self._contexts = (
             None if drafter is None else SlotContexts(engine.max_batch, engine.max_len + self.k + 2)
@@ -372,8 +377,15 @@ class Scheduler:
         if not going:
             return []
         batched = self.drafter is not None
-        T = self.k + 1 if self.k and (batched or any(r.drafter is not None for r in going)) else 1
         slots = [r.slot for r in going]
+        k = self.k if batched or any(r.drafter is not None for r in going) else 0
+        choosing = bool(k) and self.adaptive_k is not None
+        if choosing:  # the round's k for this bucket, and the round timed for the next choice
+            bucket = self.engine.table.bucket(slots)
+            k = self.adaptive_k.choose(bucket)
+            self._sync()
+            r0 = time.perf_counter()
+        T, proposed, taken = k + 1, (), ()
         if T == 1:  # plain decode: one token each, nothing to accept or roll back
             tokens = torch.tensor([[r.tokens[-1]] for r in going], device=self.engine.device)
             for r, p in zip(going, self._step(record, tokens, None, slots).view(-1).tolist()):
@@ -381,8 +393,12 @@ class Scheduler:
                 r.rounds += 1
             keep = [1] * len(going)
         else:
-            keep = self._verify(record, going, slots, T)
+            proposed, taken = self._verify(record, going, slots, T)
+            keep = (taken + 1).tolist()
         now = self._clock(t0, start)
+        if choosing:
+            seconds = time.perf_counter() - r0
+            self.adaptive_k.observe(bucket, T, seconds, list(proposed), list(taken))
         for r, m in zip(going, keep):
             r.token_times += [now] * m
         record.running, record.T, record.tokens = len(going), T, sum(keep)
@@ -399,11 +415,11 @@ class Scheduler:
         return pred
 
     def _verify(self, record, going, slots, T):
-        """A speculation round: drafts, one verify step, acceptance, one rollback. Returns
-        the tokens each request keeps (1 + its accepted drafts)."""
+        """A speculation round of T - 1 drafts: drafts, one verify step, acceptance, one
+        rollback. Returns (proposed, accepted) drafts per request, (S,) int64 each."""
         # fewer drafts than k near the end, and under replay near the fold grid (room)
         room = self.engine.policy.room  # the engine's ``room`` without its check of the slot
-        wants = [min(self.k, r.remaining - 1, room(r.slot) - 1) for r in going]
+        wants = [min(T - 1, r.remaining - 1, room(r.slot) - 1) for r in going]
         drafts, n = _round_drafts(self, going, wants, T, self.engine.cfg.vocab_size)
         last = torch.tensor([r.tokens[-1] for r in going], dtype=torch.long)
         tokens = torch.cat([last[:, None], drafts], 1).to(self.engine.device)
@@ -422,7 +438,7 @@ class Scheduler:
         self.engine.rollback(keep, slots=slots)
         self._sync()
         record.rollback_s = time.perf_counter() - r0
-        return keep
+        return n, taken
 
     def _retire(self, r, now):
         self.engine.retire(r.slot)
@@ -449,10 +465,28 @@ class Scheduler:
         return list(self.finished)
 
 
+def _adaptive(adaptive_k, k):
+    """``Scheduler``'s adaptive_k: None (k every round), or the ``AdaptiveK`` choosing it."""
+    if adaptive_k is False:
+        return None
+    if adaptive_k is True:
+        if not k:
+            raise ValueError("adaptive_k: choosing k per round needs k >= 1 (the most), got k=0")
+        return AdaptiveK(k)
+    if isinstance(adaptive_k, AdaptiveK):
+        if adaptive_k.k_max != k:
+            raise ValueError(
+                f"adaptive_k: its k_max={adaptive_k.k_max} must equal the scheduler's k={k}"
+            )
+        return adaptive_k
+    raise TypeError(f"adaptive_k: expected True, False or an AdaptiveK, got {given(adaptive_k)}")
+
+
 def _round_drafts(sched, going, wants, T, vocab):
     """(drafts (S, T - 1), n (S,)): each request of ``sched``'s round its first ``wants[i]``
-    proposals, zeros past them; from the scheduler's batched drafter (one call for every
-    request that wants any, reading its contexts table), else from each request's own."""
+    proposals of k = T - 1, zeros past them; from the scheduler's batched drafter (one call for
+    every request that wants any, reading its contexts table), else from each request's own."""
+    k = T - 1
     drafts, n = (
         torch.zeros(len(going), T - 1, dtype=torch.long),
         torch.zeros(len(going), dtype=torch.long),
@@ -460,7 +494,7 @@ def _round_drafts(sched, going, wants, T, vocab):
     if sched.drafter is None:
         for i, (r, w) in enumerate(zip(going, wants)):
             if r.drafter is not None and w > 0:
-                got = r.drafter.propose(r.context(), sched.k, vocab)
+                got = r.drafter.propose(r.context(), k, vocab)
                 got = as_drafts(f"request {r.id}: drafts", got, vocab)[:w]
                 drafts[i, : len(got)], n[i] = torch.tensor(got, dtype=torch.long), len(got)
         return drafts, n
@@ -469,10 +503,10 @@ def _round_drafts(sched, going, wants, T, vocab):
     if not len(asked):
         return drafts, n
     slots = torch.tensor([r.slot for r in going])[asked]
-    contexts, lengths = sched._contexts.rows(slots, sched.k + 1)
-    got = sched.drafter.propose_batch(contexts, lengths, slots, sched.k, vocab)
-    shape = (("requests drafted for", len(asked)), ("k", sched.k))
+    contexts, lengths = sched._contexts.rows(slots, k + 1)
+    got = sched.drafter.propose_batch(contexts, lengths, slots, k, vocab)
+    shape = (("requests drafted for", len(asked)), ("k", k))
     got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu()
     n[asked] = wants[asked]
-    drafts[asked] = got.masked_fill(torch.arange(sched.k) >= n[asked, None], 0)
+    drafts[asked] = got.masked_fill(torch.arange(k) >= n[asked, None], 0)
     return drafts, n

@@ -1,0 +1,159 @@
+"""Each round's k chosen by its measured rate (``serving.adaptive_k``): the choice against the
+rate computed by hand, the acceptance estimate against the law it samples, and the scheduler's
+tokens equal to greedy whatever k each round drafts."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from replaylab.decoding import greedy
+from replaylab.serving import (
+    STRATEGIES,
+    AdaptiveK,
+    BatchSyntheticDrafter,
+    DecodeEngine,
+    Request,
+    Scheduler,
+)
+from replaylab.serving.adaptive_k import best_k, expected_tokens
+from replaylab.testing import tiny_hybrid
+
+MODEL = tiny_hybrid()
+VOCAB = MODEL.cfg.vocab_size
+
+
+@pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.999])
+@pytest.mark.parametrize("k", [0, 1, 4, 9])
+def test_expected_tokens_is_the_mean_of_a_geometric_run_of_accepted_drafts(a, k):
+    closed = (1 - a ** (k + 1)) / (1 - a)
+    assert expected_tokens(a, k) == pytest.approx(closed, rel=1e-12)
+    rng = random.Random(k)  # the kept tokens of simulated rounds: 1 + the leading right drafts
+    kept = []
+    for _ in range(20_000):
+        right = 0
+        while right < k and rng.random() < a:
+            right += 1
+        kept.append(1 + right)
+    assert sum(kept) / len(kept) == pytest.approx(closed, rel=0.02)
+
+
+def test_best_k_takes_the_most_drafts_where_bytes_bind_and_none_where_flops_do():
+    flat = [1.0] * 5  # a verify costs what a step does
+    assert best_k(0.6, flat) == 4 and best_k(0.0, flat) == 0  # no drafts right: ties go to 0
+    proportional = [1.0 * (k + 1) for k in range(5)]  # a verify of T rows costs T steps
+    assert best_k(0.9, proportional) == 0
+    # in between, the rate by hand: k = 2 keeps 1 + .7 + .49 = 2.19 tokens in 1.5 s (1.46/s)
+    # against 1.7 / 1.2 (1.42), 2.533 / 1.9 (1.33), 1 / 1 and 2.77 / 2.4
+    assert best_k(0.7, [1.0, 1.2, 1.5, 1.9, 2.4]) == 2
+
+
+def _round(policy, bucket, seconds_of, a, rng, S=16):
+    """A simulated round at ``bucket``: each sequence's drafts right with probability ``a``
+    given the earlier ones; returns the k chosen."""
+    k = policy.choose(bucket)
+    proposed, accepted = [k] * S, []
+    for _ in range(S):
+        right = 0
+        while right < k and rng.random() < a:
+            right += 1
+        accepted.append(right)
+    policy.observe(bucket, k + 1, seconds_of(k + 1), proposed, accepted)
+    return k
+
+
+def test_adaptive_k_tries_every_width_then_settles_on_the_best_rate_per_bucket():
+    policy, rng = AdaptiveK(4, samples_needed=2), random.Random(0)
+    small = lambda T: 1.0 + 0.05 * T  # noqa: E731  bytes bind: drafts nearly free
+    large = lambda T: 0.2 + 1.0 * T  # noqa: E731  FLOPs bind: a row costs a step
+    first = [_round(policy, 8, small, 0.8, rng) for _ in range(10)]
+    assert first == [4, 4, 3, 3, 2, 2, 1, 1, 0, 0]  # each width twice, the largest k first
+    settled = [_round(policy, 8, small, 0.8, rng) for _ in range(30)]
+    assert set(settled[-10:]) == {4}
+    assert policy.acceptance == pytest.approx(0.8, abs=0.06)
+    times = [min(policy.times[8, k + 1]) for k in range(5)]
+    assert settled[-1] == best_k(policy.acceptance, times)
+    # a second bucket is measured on its own; there a verify costs what its rows do
+    explored = [_round(policy, 128, large, 0.8, rng) for _ in range(10)]
+    assert sorted(explored) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    later = [_round(policy, 128, large, 0.8, rng) for _ in range(32)]
+    # plain decode wins there; one round with k = 1 in every 16 keeps the acceptance measured
+    assert later.count(1) == 2 and set(later) == {0, 1}
+    assert _round(policy, 8, small, 0.8, rng) == 4  # and the first bucket keeps its own
+
+
+def test_the_acceptance_estimate_follows_a_drafter_that_gets_worse():
+    policy, rng = AdaptiveK(3, decay=0.9), random.Random(1)
+    for _ in range(40):
+        _round(policy, 8, lambda T: 1.0, 0.9, rng)
+    assert policy.acceptance == pytest.approx(0.9, abs=0.05)
+    for _ in range(40):
+        _round(policy, 8, lambda T: 1.0, 0.2, rng)
+    assert policy.acceptance == pytest.approx(0.2, abs=0.08)
+
+
+def test_bad_settings_are_refused_by_name():
+    for kwargs, match in [
+        (dict(k_max=0), "k_max"),
+        (dict(k_max=2, samples=0), "samples"),
+        (dict(k_max=2, samples=2, samples_needed=3), "samples_needed"),
+        (dict(k_max=2, decay=0.0), "decay"),
+        (dict(k_max=2, probe_every=0), "probe_every"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            AdaptiveK(**kwargs)
+    engine = DecodeEngine(MODEL, 2, 24, "replay", log_length=4, max_verify=4)
+    with pytest.raises(ValueError, match="adaptive_k.*k=0"):
+        Scheduler(engine, k=0, adaptive_k=True)
+    with pytest.raises(ValueError, match="k_max=2 must equal the scheduler's k=3"):
+        Scheduler(engine, k=3, adaptive_k=AdaptiveK(2))
+    with pytest.raises(TypeError, match="adaptive_k"):
+        Scheduler(engine, k=3, adaptive_k="yes")
+
+
+class Scripted(AdaptiveK):
+    """Rounds of the k in ``script``, in turn (what a policy might pick, made to vary)."""
+
+    def __init__(self, k_max, script):
+        super().__init__(k_max)
+        self.script, self.chosen = list(script), []
+
+    def choose(self, bucket):
+        k = self.script[len(self.chosen) % len(self.script)]
+        self.chosen.append(k)
+        return k
+
+
+def _workload(n=7, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, VOCAB, (int(torch.randint(2, 10, (1,), generator=g)),)) for _ in range(n)]  # fmt: skip
+    outs = [int(torch.randint(3, 14, (1,), generator=g)) for _ in range(n)]
+    alone = [greedy(MODEL, p[None], m, "snapshot").tokens[0] for p, m in zip(prompts, outs)]
+    return prompts, outs, alone
+
+
+PROMPTS, OUTS, ALONE = _workload()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("policy", ["scripted", "measured"])
+def test_a_scheduler_choosing_k_each_round_keeps_every_requests_greedy_tokens(strategy, policy):
+    engine = DecodeEngine(MODEL, 3, 30, strategy, log_length=5, max_verify=4)
+    references = [torch.cat([p, a]) for p, a in zip(PROMPTS, ALONE)]
+    drafter = BatchSyntheticDrafter(references, 0.7, seed=2)
+    chooser = Scripted(3, [3, 0, 1, 2, 2, 0]) if policy == "scripted" else True
+    sched = Scheduler(engine, k=3, drafter=drafter, adaptive_k=chooser)
+    arrivals = [0.0, 0.0, 0.0, 1e-4, 2e-4, 3e-4, 4e-4]
+    finished = sched.run(Request(i, p, n, arrival=t) for i, (p, n, t) in enumerate(zip(PROMPTS, OUTS, arrivals)))  # fmt: skip
+    assert sorted(r.id for r in finished) == list(range(len(PROMPTS)))
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+    widths = [h.T for h in sched.history if h.running]
+    if policy == "scripted":  # each decoding iteration ran the scripted width
+        assert widths == [k + 1 for k in sched.adaptive_k.chosen]
+    else:  # every width was tried (largest first), the acceptance measured from the drafts
+        assert widths[:2] == [4, 4] and set(widths) == {1, 2, 3, 4}
+        assert sched.adaptive_k.acceptance != 0.5
+    assert sum(r.accepted for r in finished) > 0 and engine.batch == 0
