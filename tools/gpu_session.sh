@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill, buckets or suite}
@@ -159,12 +159,23 @@ case "$mode" in
     cmd="python3 -m pytest ${SUITE_FILES:-tests} -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-15} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-340} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -30 "$OUT/gpu_tests.log" ;;
+  adaptive)  # WHEELS=.whl-gpu2: issue 36, speculation at serving batch sizes: bench spec-steady
+    # (every slot busy) with k = 4, k = 1 and 2, and the scheduler choosing each round's k
+    # (adaptive_k), side by side on one engine per batch; then the GPU tests of the scheduler's
+    # speculation, the drafters and the device rounds (SUITE_FILES)
+    timeout -s INT ${SPEC_S:-300} python3 -m replaylab.bench spec-steady --preset matched \
+      --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-1,2} --adaptive \
+      --out "$OUT/bench_spec_steady_adaptive.json" 2>&1 | tail -16
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest ${SUITE_FILES:-tests/test_adaptive_k.py tests/test_bench_spec_steady.py tests/test_device_rounds.py tests/test_drafters.py} -q -rf -p no:cacheprovider -n ${SUITE_WORKERS:-4} --dist loadfile --junitxml=$OUT/gpu_tests.xml"
+    { stamp "$cmd"; timeout -s INT ${SUITE_S:-120} $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    tail -8 "$OUT/gpu_tests.log" ;;
   retune)  # WHEELS=.whl-pin: issue 36, item 1's re-sweep. PART=sweep: every candidate launch of
     # the matched model's weights (in-loop launches timed themselves, 320 rows), then the table
     # best_launches chooses from it against TUNED (launch_for) and cuBLAS at every row count.
     # PART=matched: the matched engine with that table against TUNED, in one process
     # (SWEEP: the sweep's JSON, carried in the working tree; MATCHED_ARGS)
-    rm -rf /tmp/site/huggingface_hub*  # .whl-pin's hub refuses the image's transformers
+    [ "${WHEELS:-.whl}" = .whl-pin ] && rm -rf /tmp/site/huggingface_hub*  # its hub refuses the image's transformers
     if [ "${PART:-sweep}" = sweep ]; then
       timeout -s INT ${SWEEP_S:-400} python3 -m replaylab.bench matmul --sweep --presets 8b-layers \
         --out "$OUT/bench_matmul_sweep_inloop.json" 2>&1 | tail -8
