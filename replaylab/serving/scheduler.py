@@ -388,10 +388,15 @@ class Scheduler:
         T, proposed, taken = k + 1, (), ()
         if T == 1:  # plain decode: one token each, nothing to accept or roll back
             tokens = torch.tensor([[r.tokens[-1]] for r in going], device=self.engine.device)
-            for r, p in zip(going, self._step(record, tokens, None, slots).view(-1).tolist()):
+            pred = self._step(record, tokens, None, slots)
+            for r, p in zip(going, pred.view(-1).tolist()):
                 r.tokens.append(p)
                 r.rounds += 1
             keep = [1] * len(going)
+            if self._contexts is not None:  # a round of k = 0 (adaptive_k): the drafter reads on
+                self._contexts.extend(
+                    torch.tensor(slots), pred, torch.ones(len(going), dtype=torch.long)
+                )
         else:
             proposed, taken = self._verify(record, going, slots, T)
             keep = (taken + 1).tolist()
