@@ -161,11 +161,18 @@ case "$mode" in
     tail -30 "$OUT/gpu_tests.log" ;;
   adaptive)  # WHEELS=.whl-gpu2: issue 36, speculation at serving batch sizes: bench spec-steady
     # (every slot busy) with k = 4, k = 1 and 2, and the scheduler choosing each round's k
-    # (adaptive_k), side by side on one engine per batch; then the GPU tests of the scheduler's
-    # speculation, the drafters and the device rounds (SUITE_FILES)
+    # (adaptive_k), side by side on one engine per batch; with ROUNDS_S, the device rounds
+    # beside the host's (the rounds mode's bench); then the GPU tests of the scheduler's
+    # speculation, the drafters and the device rounds (SUITE_FILES; SUITE_FILES=none: no tests)
     timeout -s INT ${SPEC_S:-300} python3 -m replaylab.bench spec-steady --preset matched \
       --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-1,2} --adaptive \
       --out "$OUT/bench_spec_steady_adaptive.json" 2>&1 | tail -16
+    if [ -n "${ROUNDS_S:-}" ]; then
+      timeout -s INT $ROUNDS_S python3 -m replaylab.bench matched --batches 8,32,128 \
+        --spec-batches 8,32,128 --arms row_invariant --spec-strategies replay,replay-ring \
+        --drafter batched,device --no-mamba-ssm --out "$OUT/bench_matched_device_rounds.json" 2>&1 | tail -16
+    fi
+    [ "${SUITE_FILES:-}" = none ] && exit 0
     export OMP_NUM_THREADS=1
     cmd="python3 -m pytest ${SUITE_FILES:-tests/test_adaptive_k.py tests/test_bench_spec_steady.py tests/test_device_rounds.py tests/test_drafters.py} -q -rf -p no:cacheprovider -n ${SUITE_WORKERS:-4} --dist loadfile --junitxml=$OUT/gpu_tests.xml"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-120} $cmd; } >"$OUT/gpu_tests.log" 2>&1
