@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from replaylab.bench.spec_steady import PromptKeyedDrafter
+from replaylab.costmodel import expected_accepted
 from replaylab.decoding import greedy
 from replaylab.serving import (
     STRATEGIES,
@@ -18,7 +19,7 @@ from replaylab.serving import (
     Request,
     Scheduler,
 )
-from replaylab.serving.adaptive_k import best_k, expected_tokens
+from replaylab.serving.adaptive_k import best_k
 from replaylab.testing import tiny_hybrid
 
 MODEL = tiny_hybrid()
@@ -27,9 +28,9 @@ VOCAB = MODEL.cfg.vocab_size
 
 @pytest.mark.parametrize("a", [0.0, 0.3, 0.8, 0.999])
 @pytest.mark.parametrize("k", [0, 1, 4, 9])
-def test_expected_tokens_is_the_mean_of_a_geometric_run_of_accepted_drafts(a, k):
+def test_a_rounds_expected_tokens_are_the_mean_of_a_geometric_run_of_accepted_drafts(a, k):
     closed = (1 - a ** (k + 1)) / (1 - a)
-    assert expected_tokens(a, k) == pytest.approx(closed, rel=1e-12)
+    assert 1 + expected_accepted(k, a) == pytest.approx(closed, rel=1e-12)
     rng = random.Random(k)  # the kept tokens of simulated rounds: 1 + the leading right drafts
     kept = []
     for _ in range(20_000):

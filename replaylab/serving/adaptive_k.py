@@ -6,10 +6,11 @@ per-draft acceptance), keeps on average
 
     E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
 
-tokens a sequence, and costs one round of T = k + 1 tokens a slot, t(bucket, T) seconds. The
-rate is E(k) / t(bucket, k + 1); k = 0 is plain decode (E = 1, T = 1). Where the weights'
-bytes bind, t barely grows with T and the largest k wins; at large batches a verify of T rows a
-slot costs nearly T steps (the FLOPs bind), and a small k, or none, wins. Both a and t are
+tokens a sequence (1 + ``costmodel.expected_accepted``), and costs one round of T = k + 1
+tokens a slot, t(bucket, T) seconds. The rate is E(k) / t(bucket, k + 1); k = 0 is plain decode
+(E = 1, T = 1). Where the weights' bytes bind, t barely grows with T and the largest k wins; at
+large batches a verify of T rows a slot costs nearly T steps (the FLOPs bind), and a small k,
+or none, wins. Both a and t are
 measured while serving, so the choice follows the drafter and the machine:
 
 - a: ``accepted / (accepted + rejections)`` over the rounds so far (a rejection: a sequence
@@ -29,21 +30,17 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
+from replaylab.costmodel import expected_accepted
 from replaylab.serving.validate import as_int
 
-__all__ = ["expected_tokens", "best_k", "AdaptiveK"]
-
-
-def expected_tokens(acceptance, k):
-    """E(k) = 1 + a + ... + a^k: the tokens a round with k drafts keeps, on average, when each
-    draft is right with probability ``acceptance`` (a) given the ones before it."""
-    return sum(acceptance**i for i in range(k + 1))
+__all__ = ["best_k", "AdaptiveK"]
 
 
 def best_k(acceptance, seconds):
     """The k in 0 .. len(seconds) - 1 with the highest rate E(k) / seconds[k], where
-    ``seconds[k]`` is a round's time with k drafts (T = k + 1); the smaller k on a tie."""
-    rates = [expected_tokens(acceptance, k) / s for k, s in enumerate(seconds)]
+    ``seconds[k]`` is a round's time with k drafts (T = k + 1) and E(k) = 1 +
+    ``costmodel.expected_accepted(k, acceptance)``; the smaller k on a tie."""
+    rates = [(1 + expected_accepted(k, acceptance)) / s for k, s in enumerate(seconds)]
     return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
 
