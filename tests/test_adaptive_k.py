@@ -156,7 +156,7 @@ def test_a_scheduler_choosing_k_each_round_keeps_every_requests_greedy_tokens(st
         assert widths == [k + 1 for k in sched.adaptive_k.chosen]
     else:  # widths tried largest first, the acceptance measured from the drafts
         assert widths[:4] == [4, 4, 3, 3] and len(set(widths)) >= 3
-        assert sched.adaptive_k.acceptance != 0.5
+        assert type(sched.adaptive_k.acceptance) is float and sched.adaptive_k.acceptance != 0.5
     assert sum(r.accepted for r in finished) > 0 and engine.batch == 0
 
 

@@ -28,3 +28,10 @@ def my_admissible(needs, used, budget, free_slots):
         used += need
         n += 1
     return n
+
+
+# %% best_k
+def my_best_k(acceptance, seconds):
+    """The k with the most tokens a second (see the stub)."""
+    rates = [sum(acceptance**i for i in range(k + 1)) / t for k, t in enumerate(seconds)]
+    return max(range(len(rates)), key=lambda k: (rates[k], -k))  # a tie: the smaller k

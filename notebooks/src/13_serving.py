@@ -28,6 +28,7 @@
 
 # %%
 import math
+from collections import Counter
 
 import torch
 
@@ -450,6 +451,49 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # for each strategy, far below the cost model's. The two-term roofline leaves out what a verify
 # step costs this engine beyond bytes and FLOPs, so read its crossover as an upper bound.
 #
+# ### Choosing k each round
+#
+# So no one k suits every batch: where a round's time barely grows with its width, the most
+# drafts win; where every extra row costs its FLOPs, fewer drafts, or none, do. A scheduler can
+# choose each round's k from what it measures. With per-draft acceptance a (a draft is right
+# with probability a once the ones before it were), a round with k drafts keeps on average
+# $E(k) = 1 + a + \dots + a^k$ tokens a sequence and takes $t_k$ seconds, so it decodes
+# $E(k) / t_k$ tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
+#
+# **Exercise (d).** Write the choice: given a and the measured round times $t_0, t_1, \dots$,
+# return the k with the most tokens a second (the smaller k on a tie).
+
+# %% exercise="best_k" tags=["exercise"]
+def my_best_k(acceptance, seconds):
+    # acceptance: a float in [0, 1]; seconds: a list, seconds[k] = a round's time with k drafts
+    # return the k in 0 .. len(seconds) - 1 with the most tokens a second, E(k) / seconds[k]
+    raise NotImplementedError
+
+
+# %%
+ex.check_best_k(my_best_k);
+
+# %% [markdown]
+# The scheduler makes this choice with `adaptive_k=True` (`serving.adaptive_k`): k becomes the
+# most drafts a round may take; at each batch bucket it first times every width, twice (a
+# first round may include a CUDA graph's capture), keeps the fastest of each width's recent
+# rounds as $t_k$, and estimates a from the drafts its rounds kept. The tokens do not change,
+# whatever k a round takes. Here, section 4's stream under replay, on this machine (what it
+# chooses depends on how this machine's round times grow with k, so the counts vary from run
+# to run):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+engine = DecodeEngine(model, max_batch=4, max_len=40, strategy="replay", log_length=5)
+budget = 3 * request_bytes(slot_bytes(engine), 20, 14, k=4)
+sched = Scheduler(engine, budget_bytes=budget, k=4, adaptive_k=True)
+done = sched.run(stream_requests(stream, 150.0, "synthetic", references, acceptance=0.8))
+assert all(torch.equal(torch.tensor(r.tokens), alone[r.id]) for r in done)  # the greedy tokens
+chosen = Counter(h.T - 1 for h in sched.history if h.running)
+print(f"rounds by k: {dict(sorted(chosen.items()))}; "
+      f"acceptance estimated {sched.adaptive_k.acceptance:.2f} (drawn at 0.8 a draft)")
+
+# %% [markdown]
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
 #   a rollback. Under replay a rollback moves two numbers per slot, and a draft model's slot
@@ -462,11 +506,12 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 #   speculation.
 # * Speculation pays while a verify's extra rows are cheap (memory-bound steps); once they turn
 #   compute-bound they cost nearly their FLOPs, and only the $1 + E[k_{\mathrm{acc}}]$ tokens a round keeps pay
-#   for them: the crossover is where they no longer do.
+#   for them: the crossover is where they no longer do. A scheduler can choose each round's k
+#   from its measured round times and acceptance (`adaptive_k=True`), k = 0 included.
 #
 # ## Exercises
-# The three build-it exercises are in sections 2 and 3 (a: `my_rollback_cursor`; b:
-# `my_provisional_room`; c: `my_admissible`), each with its check; reference answers in `solutions/13_serving.py`. Once
+# The four build-it exercises are in sections 2, 3 and 5 (a: `my_rollback_cursor`; b:
+# `my_provisional_room`; c: `my_admissible`; d: `my_best_k`), each with its check; reference answers in `solutions/13_serving.py`. Once
 # `check_admission_rule` passes, serve section 4's stream with your rule:
 # `Scheduler(engine, budget_bytes=budget, admission=my_admissible)` (the scheduler refuses an
 # answer that would break the budget or the free slots, naming it).

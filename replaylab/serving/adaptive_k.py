@@ -84,7 +84,7 @@ class AdaptiveK:
         self.plain_rounds = self.plain_rounds + 1 if T == 1 else 0
         if T == 1:
             return
-        kept = sum(accepted)
-        rejections = sum(a < p for p, a in zip(proposed, accepted))
+        kept = sum(int(a) for a in accepted)
+        rejections = sum(int(a) < int(p) for p, a in zip(proposed, accepted))
         self.accepted = self.decay * self.accepted + kept
         self.rejected = self.decay * self.rejected + rejections

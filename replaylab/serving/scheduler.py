@@ -403,7 +403,8 @@ class Scheduler:
         now = self._clock(t0, start)
         if choosing:
             seconds = time.perf_counter() - r0
-            self.adaptive_k.observe(bucket, T, seconds, list(proposed), list(taken))
+            proposed, taken = list(map(int, proposed)), list(map(int, taken))
+            self.adaptive_k.observe(bucket, T, seconds, proposed, taken)
         for r, m in zip(going, keep):
             r.token_times += [now] * m
         record.running, record.T, record.tokens = len(going), T, sum(keep)

@@ -1,26 +1,35 @@
 """Exercise checks of notebook 13 (serving): the per-slot rollback cursor, a draft slot's
-provisional room and the scheduler's admission rule under a byte budget. Each check compares
-the learner's function with the library's (``serving.cursor.rollback_cursor``,
-``serving.cursor.provisional_room``, ``serving.scheduler.admissible``) on fixed edge cases and
-then random ones, prints PASS or FAIL with the first mismatch and what it points at,
+provisional room, the scheduler's admission rule under a byte budget and each speculation
+round's k. Each check compares the learner's function with the library's
+(``serving.cursor.rollback_cursor``, ``serving.cursor.provisional_room``,
+``serving.scheduler.admissible``, ``serving.adaptive_k.best_k``) on fixed edge cases and then
+random ones, prints PASS or FAIL with the first mismatch and what it points at,
 and records its verdict (``grading``).
 
 Glossary: pos (tokens a slot holds), log_len (replay's log entries since the checkpoint), last
 (tokens the slot took in its last step), keep (tokens of that step it keeps: the pending token
 plus the accepted drafts), needs (bytes of each waiting request, in queue order), used (bytes
 the running requests hold), budget (the byte budget), free_slots (engine slots free), L
-(replay's log length), max_len (the engine's longest sequence).
+(replay's log length), max_len (the engine's longest sequence), acceptance (a, the per-draft
+acceptance), seconds (a round's time with k drafts, k = 0 .. k_max).
 """
 
 from __future__ import annotations
 
 import random
 
+from replaylab.costmodel import expected_accepted
+from replaylab.serving.adaptive_k import best_k
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
 from replaylab.teaching.grading import describe_exception, guarded, report
 
-__all__ = ["check_rollback_cursor", "check_provisional_room", "check_admission_rule"]
+__all__ = [
+    "check_rollback_cursor",
+    "check_provisional_room",
+    "check_admission_rule",
+    "check_best_k",
+]
 
 
 def _cursor_cases(n_random, seed):
@@ -226,3 +235,55 @@ def check_admission_rule(fn, cases=300, seed=0) -> bool:
             why += f", and {free} slots are free"
         return report(name, False, f"on {where}: expected {want}, got {got}: {why}")
     return report(name, True, f"{cases + 5} queues give the library's admissions")
+
+
+def _best_k_cases(n_random, seed):
+    fixed = [
+        dict(acceptance=0.8, seconds=[1.0, 1.0, 1.0, 1.0, 1.0]),  # bytes bind: drafts are free
+        dict(acceptance=0.9, seconds=[1.0, 2.0, 3.0, 4.0, 5.0]),  # FLOPs bind: a row, a step
+        dict(acceptance=0.0, seconds=[1.0, 1.0, 1.0]),  # nothing accepted: a tie, take k = 0
+        dict(acceptance=0.7, seconds=[1.0, 1.2, 1.5, 1.9, 2.4]),  # in between: k = 2
+    ]
+    rng = random.Random(seed)
+    for _ in range(n_random):
+        seconds, t = [], rng.uniform(0.5, 2.0)
+        for _ in range(rng.randint(1, 8)):  # a round never gets cheaper with more drafts
+            seconds.append(round(t, 4))
+            t += rng.uniform(0.0, 1.2) * seconds[0]
+        fixed.append(dict(acceptance=round(rng.random(), 3), seconds=seconds))
+    return fixed
+
+
+@guarded("best k")
+def check_best_k(fn, cases=300, seed=0) -> bool:
+    """Exercise (notebook 13): ``fn(acceptance, seconds) -> k``, the number of drafts whose
+    round keeps the most tokens a second, compared with ``serving.adaptive_k.best_k``."""
+    name = "best k"
+    for case in _best_k_cases(cases, seed):
+        a, seconds = case["acceptance"], list(case["seconds"])
+        want = best_k(a, seconds)
+        where = f"acceptance={a}, seconds={seconds}"
+        got, failed = _answer(name, fn, (a, seconds), where)
+        if failed is not None:
+            return failed
+        if seconds != case["seconds"]:
+            return report(name, False, f"on {where}: your function changed seconds")
+        try:
+            got = int(got)
+        except (TypeError, ValueError):
+            return report(name, False, f"on {where}: expected a number of drafts, got {got!r}")
+        if got == want:
+            continue
+        rate = [(1 + expected_accepted(k, a)) / t for k, t in enumerate(seconds)]
+        if not 0 <= got < len(seconds):
+            why = f"k must be one of 0 .. {len(seconds) - 1} (one time per k)"
+        elif rate[got] == rate[want]:
+            why = f"k={got} and k={want} tie at {rate[want]:.4g} tokens/s: take the smaller"
+        else:
+            why = (
+                f"k={want} keeps 1 + a + ... + a^{want} = {1 + expected_accepted(want, a):.4g} "
+                f"tokens in {seconds[want]} s ({rate[want]:.4g} tokens/s), k={got} "
+                f"{1 + expected_accepted(got, a):.4g} in {seconds[got]} s ({rate[got]:.4g})"
+            )
+        return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
+    return report(name, True, f"{cases + 4} cases give the library's best k")
