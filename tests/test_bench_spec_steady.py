@@ -55,10 +55,14 @@ def test_spec_steady_times_other_ks_and_the_adaptive_k_on_the_same_engine():
         assert arm["steady_over_decode"] == pytest.approx(arm["steady_tokens_per_s"] / plain)
         assert sum(arm["steady_widths"].values()) == arm["steady_iterations"] > 0
     assert set(row["arms"]["k=1"]["steady_widths"]) == {2}
-    assert set(row["arms"]["k=3"]["steady_widths"]) <= {2, 3, 4}  # fewer drafts near the end
-    assert set(row["arms"]["adaptive, k <= 2"]["steady_widths"]) <= {1, 2, 3}
-    assert 0 < row["arms"]["adaptive, k <= 2"]["acceptance_estimate"] < 1
+    assert 4 in row["arms"]["k=3"]["steady_widths"]  # (fewer drafts near the end or a fold)
+    adaptive = row["arms"]["adaptive, k <= 2"]
+    assert 4 not in adaptive["steady_widths"] and len(adaptive["steady_widths"]) >= 2
+    # synthetic drafts right with probability 0.8 each: the estimate of a finds it
+    assert adaptive["acceptance_estimate"] == pytest.approx(0.8, abs=0.15)
     assert (result["other_k"], result["adaptive"]) == ([1, 3], True)
+    with pytest.raises(ValueError, match=r"other_k\[1\]: expected 1 <= other_k\[1\], got 0"):
+        run_spec_steady(MODEL, batches=(3,), k=2, other_k=(1, 0), progress=False)
 
 
 def test_steady_iterations_are_full_and_admission_free():

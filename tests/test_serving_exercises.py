@@ -10,6 +10,7 @@ import pytest
 from replaylab.teaching.exercises import solution_sections
 from replaylab.teaching.exercises_serving import (
     check_admission_rule,
+    check_best_k,
     check_provisional_room,
     check_rollback_cursor,
 )
@@ -31,9 +32,10 @@ def test_the_reference_answers_pass(capsys):
     assert check_rollback_cursor(_solution("rollback_cursor", "my_rollback_cursor"))
     assert check_admission_rule(_solution("admission_rule", "my_admissible"))
     assert check_provisional_room(_solution("provisional_room", "my_provisional_room"))
+    assert check_best_k(_solution("best_k", "my_best_k"))
     out = _out(capsys)
     assert "PASS rollback cursor" in out and "PASS admission rule" in out
-    assert "PASS provisional room" in out
+    assert "PASS provisional room" in out and "PASS best k" in out
 
 
 def _stub(*args):
@@ -41,7 +43,7 @@ def _stub(*args):
 
 
 @pytest.mark.parametrize(
-    "check", [check_rollback_cursor, check_provisional_room, check_admission_rule]
+    "check", [check_rollback_cursor, check_provisional_room, check_admission_rule, check_best_k]
 )
 def test_stubs_and_exceptions_are_failures_not_errors(check, capsys):
     assert check(_stub) is False
@@ -158,3 +160,29 @@ def test_wrong_answers_fail_with_a_pointed_message(check, wrong, pointer, capsys
     assert check(wrong) is False
     out = _out(capsys)
     assert f"FAIL {check.verdict_name()}" in out and re.search(pointer, out), out
+
+
+# ------------------------------------------------------------------ each round's k
+
+
+def _rate(a, seconds, k):
+    return sum(a**i for i in range(k + 1)) / seconds[k]
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (lambda a, s: len(s) - 1, "expected 0, got 4"),  # always the most drafts
+        (lambda a, s: max(range(len(s)), key=lambda k: (_rate(a, s, k), k)), "take the smaller"),
+        (lambda a, s: max(range(len(s)), key=lambda k: _rate(a, s, k) - 1 / s[k]), "tokens/s"),
+        (lambda a, s: max(range(len(s) - 1), key=lambda k: _rate(a, s[1:], k)), "expected"),
+        (lambda a, s: len(s), "k must be one of 0 .."),
+        (lambda a, s: "two", "expected a number of drafts"),
+    ],
+)
+def test_wrong_choices_of_k_fail_with_what_they_got_wrong(wrong, says, capsys):
+    """The largest k always, ties to the larger k, E(k) without its 1, the times shifted by
+    one k, a k past the last time, not a number."""
+    assert check_best_k(wrong) is False
+    out = _out(capsys)
+    assert "FAIL best k" in out and says in out, out

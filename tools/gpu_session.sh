@@ -3,7 +3,7 @@
 #   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
-mode=${1:?tests, ssd-speed, mamba1, snapshot-kernels, mamba2-pin, pin-check, conv, hit, step-sweep, serve, ragged, gdn, tune, families, stream, final, probe, graphs, profile, matmul, lossless, drafts, hf-suite, hf-families, hf-bench, probe-suite, prefill, buckets or suite}
+mode=${1:?a mode: see the list above}
 # the package itself, editable, as in a user's install (replaylab/kernels links to kernels/);
 # where that cannot build, PYTHONPATH below still imports it from the checkout
 python3 -m pip install -q --no-deps --no-build-isolation -e . >/tmp/pip-e.log 2>&1 \

@@ -475,12 +475,14 @@ ex.check_best_k(my_best_k);
 
 # %% [markdown]
 # The scheduler makes this choice with `adaptive_k=True` (`serving.adaptive_k`): k becomes the
-# most drafts a round may take; at each batch bucket it first times every width, twice (a
-# first round may include a CUDA graph's capture), keeps the fastest of each width's recent
-# rounds as $t_k$, and estimates a from the drafts its rounds kept. The tokens do not change,
-# whatever k a round takes. Here, section 4's stream under replay, on this machine (what it
-# chooses depends on how this machine's round times grow with k, so the counts vary from run
-# to run):
+# most drafts a round may take; at each batch bucket it first runs every width twice, the
+# largest first (the first round is left out: it may include a CUDA graph's capture), takes
+# the median of each width's recent rounds as $t_k$, estimates a from the drafts its rounds
+# kept, and now and then re-times the width timed longest ago. Under replay its $E(k)$ also
+# counts the drafts the fold grid clips (`costmodel.tokens_per_round`). The tokens do not
+# change, whatever k a round takes. Here, section 4's stream under replay, on this machine: a
+# stream this short is mostly that exploration (each batch bucket explores on its own), so
+# the counts show the mechanism, not a choice settled on; they vary from run to run.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -492,6 +494,10 @@ assert all(torch.equal(torch.tensor(r.tokens), alone[r.id]) for r in done)  # th
 chosen = Counter(h.T - 1 for h in sched.history if h.running)
 print(f"rounds by k: {dict(sorted(chosen.items()))}; "
       f"acceptance estimated {sched.adaptive_k.acceptance:.2f} (drawn at 0.8 a draft)")
+for bucket in sorted(sched.adaptive_k.rounds):
+    times = sched.adaptive_k.round_seconds(bucket)
+    shown = ", ".join("-" if t is None else f"{1e3 * t:.2f}" for t in times)
+    print(f"bucket {bucket}: {sched.adaptive_k.rounds[bucket]} rounds, median ms by k = 0 .. 4: {shown}")
 
 # %% [markdown]
 # ## Summary

@@ -22,6 +22,7 @@ import torch
 
 from replaylab.bench.serve import random_prompts
 from replaylab.serving import AdaptiveK, BatchSyntheticDrafter, DecodeEngine, Request, Scheduler
+from replaylab.serving.validate import as_int
 
 __all__ = ["run_spec_steady", "spec_steady_summary", "PromptKeyedDrafter", "model_for"]
 
@@ -140,13 +141,17 @@ def run_spec_steady(
 ):
     """Rows per (strategy, batch): the plain and the speculative run's timings, their
     steady-state ratio and whether every request's speculative tokens equal its greedy
-    ones. ``log_capacity``: replay's ring (None: L; "L+k": L + k). Beside them, in the same
-    process and on the same engine, each row's ``arms``: speculation with each k of
-    ``other_k``, and with ``adaptive`` the scheduler choosing each round's k in 0 .. k
-    (``serving.adaptive_k``; its policy warmed by the warm-up run, as a server's would be)."""
+    ones. ``log_capacity``: replay's ring (None: L; "L+k": L + the largest k). Beside them,
+    in the same process and on the same engine (its max_verify the largest k + 1), each row's
+    ``arms``: speculation with each k of ``other_k``, and with ``adaptive`` the scheduler
+    choosing each round's k in 0 .. k (``AdaptiveK.for_engine``; its policy warmed by the
+    warm-up run, as a server's would be)."""
     from tqdm.auto import tqdm
 
     vocab = model.cfg.vocab_size
+    k = as_int("k", k, low=1)
+    other_k = [as_int(f"other_k[{i}]", j, low=1) for i, j in enumerate(other_k)]
+    k_top = max((k, *other_k))
     rows = []
     jobs = [(s, b) for s in strategies for b in batches]
     for strategy, batch in tqdm(jobs, desc="spec steady", disable=not progress):
@@ -154,15 +159,13 @@ def run_spec_steady(
         g = torch.Generator().manual_seed(seed + batch)
         lengths = (n_new * (0.5 + torch.rand(n, generator=g))).round().long().clamp(min=2)
         prompts = random_prompts(n, vocab, seed=seed + batch)
-        ring = log_length + k if log_capacity == "L+k" else log_capacity
+        ring = log_length + k_top if log_capacity == "L+k" else log_capacity
         kw = dict(log_capacity=ring) if strategy == "replay" else {}
-        max_len = max(p.numel() for p in prompts) + int(lengths.max()) + k + 2
-        k_top = max((k, *other_k))
-        max_len += k_top - k
+        max_len = max(p.numel() for p in prompts) + int(lengths.max()) + k_top + 2
         engine = DecodeEngine(
             model, batch, max_len, strategy, log_length, max_verify=k_top + 1, **kw
         )
-        warm = [min(int(m), log_length + k + 2) for m in lengths[:batch]]
+        warm = [min(int(m), log_length + k_top + 2) for m in lengths[:batch]]
         _serve(engine, _requests(prompts[:batch], warm), 0, None)  # graphs captured
         plain, history = _serve(engine, _requests(prompts, lengths.tolist()), 0, None)
         row = dict(strategy=strategy, batch=batch, requests=n, log_capacity=engine.capacity)
@@ -182,7 +185,7 @@ def run_spec_steady(
             row["speculative"]["tokens_per_s"] / row["plain"]["tokens_per_s"]
         )
         arms = [(f"k={j}", j, False) for j in other_k]
-        arms += [(f"adaptive, k <= {k}", k, AdaptiveK(k))] if adaptive else []
+        arms += [(f"adaptive, k <= {k}", k, AdaptiveK.for_engine(engine, k))] if adaptive else []
         row["arms"] = {}
         for label, j, policy in arms:
             _serve(engine, _requests(prompts[:batch], warm), j, drafter, policy)

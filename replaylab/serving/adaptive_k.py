@@ -6,85 +6,155 @@ per-draft acceptance), keeps on average
 
     E(k) = 1 + a + a^2 + ... + a^k = (1 - a^(k+1)) / (1 - a)
 
-tokens a sequence (1 + ``costmodel.expected_accepted``), and costs one round of T = k + 1
-tokens a slot, t(bucket, T) seconds. The rate is E(k) / t(bucket, k + 1); k = 0 is plain decode
-(E = 1, T = 1). Where the weights' bytes bind, t barely grows with T and the largest k wins; at
-large batches a verify of T rows a slot costs nearly T steps (the FLOPs bind), and a small k,
-or none, wins. Both a and t are
-measured while serving, so the choice follows the drafter and the machine:
+tokens a sequence (1 + ``costmodel.expected_accepted``; under replay with a ring of L rows
+the fold grid clips some rounds, which ``AdaptiveK.for_engine`` counts with
+``costmodel.tokens_per_round``), and costs one round of T = k + 1 tokens a slot,
+t(bucket, T) seconds. The rate is
+E(k) / t(bucket, k + 1); k = 0 is plain decode (E = 1, T = 1). Where the weights' bytes bind,
+t barely grows with T and the largest k wins; at large batches a verify of T rows a slot costs
+nearly T steps (the FLOPs bind), and a small k, or none, wins. Both a and t are measured while
+serving, so the choice follows the drafter and the machine:
 
-- a: ``accepted / (accepted + rejections)`` over the rounds so far (a rejection: a sequence
-  that kept fewer drafts than it proposed), the estimate of a geometric law; older rounds
-  count less (``decay`` per round), and a prior of one accepted draft and one rejection starts
-  it at 1/2.
-- t(bucket, T): the fastest of the last ``samples`` rounds of that bucket and width (the first
-  one may include a CUDA graph's capture). A width with fewer than ``samples_needed`` rounds
-  at that bucket is tried first, the largest k first.
-- While k = 0 wins, nothing is learnt about a, so every ``probe_every`` rounds one round with
-  k = 1 is run.
+- a: ``accepted / (accepted + rejections)`` over the drafting rounds so far (a rejection: a
+  sequence that kept fewer drafts than it proposed), the estimate of a geometric law; each
+  drafting round weighs the earlier ones by ``decay``, and a prior of one accepted draft and
+  one rejection starts it at 1/2.
+- t(bucket, T): the median of the last ``samples`` rounds of that bucket and width, leaving out
+  the first round of each (it may include a CUDA graph's capture). Each width is tried first,
+  the largest k first, until it has ``samples_needed`` rounds after that first one.
+- Every ``refresh_every`` rounds at a bucket, the width timed longest ago runs once (other than
+  the best): round times drift, and while k = 0 wins nothing else would be learnt about a.
 
 The tokens do not depend on the choice: every round keeps the target's greedy tokens.
 """
 
 from __future__ import annotations
 
+import functools
+import math
+import statistics
 from collections import defaultdict, deque
 
-from replaylab.costmodel import expected_accepted
+from replaylab.costmodel import expected_accepted, tokens_per_round
 from replaylab.serving.validate import as_int
 
-__all__ = ["best_k", "AdaptiveK"]
+__all__ = ["best_k", "AdaptiveK", "geometric_tokens"]
 
 
-def best_k(acceptance, seconds):
-    """The k in 0 .. len(seconds) - 1 with the highest rate E(k) / seconds[k], where
-    ``seconds[k]`` is a round's time with k drafts (T = k + 1) and E(k) = 1 +
-    ``costmodel.expected_accepted(k, acceptance)``; the smaller k on a tie."""
-    rates = [(1 + expected_accepted(k, acceptance)) / s for k, s in enumerate(seconds)]
+def geometric_tokens(k, acceptance):
+    """E(k) = 1 + a + ... + a^k, the tokens a round of k drafts keeps (none clipped)."""
+    return 1 + expected_accepted(k, acceptance)
+
+
+def _seconds(name, seconds):
+    """``seconds`` as a non-empty list of finite times > 0, else a ValueError naming it."""
+    seconds = list(seconds)
+    if not seconds or not all(isinstance(s, (int, float)) and 0 < s < math.inf for s in seconds):
+        raise ValueError(f"{name}: expected one finite time > 0 per k = 0, 1, ..., got {seconds}")
+    return seconds
+
+
+def best_k(acceptance, seconds, tokens=geometric_tokens):
+    """The k in 0 .. len(seconds) - 1 with the highest rate ``tokens(k, acceptance) /
+    seconds[k]``, where ``seconds[k]`` is a round's time with k drafts (T = k + 1) and
+    ``tokens`` E(k) (default: 1 + a + ... + a^k); the smaller k on a tie."""
+    seconds = _seconds("seconds", seconds)
+    rates = [tokens(k, acceptance) / s for k, s in enumerate(seconds)]
     return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
 
 class AdaptiveK:
     """The k of each round, at most ``k_max``, from the acceptance and the round times measured
     so far (module docstring). ``choose(bucket)`` before a round, then ``observe(bucket, T,
-    seconds, proposed, accepted)`` after it (proposed, accepted: per sequence)."""
+    seconds, proposed, accepted)`` after it (proposed, accepted: per sequence). ``tokens``:
+    E(k) as a function of (k, a) (default ``geometric_tokens``)."""
 
-    def __init__(self, k_max, samples=8, samples_needed=2, decay=0.98, probe_every=16):
+    def __init__(
+        self, k_max, samples=8, samples_needed=1, decay=0.98, refresh_every=16,
+        tokens=geometric_tokens,
+    ):  # fmt: skip
         self.k_max = as_int("k_max", k_max, low=1)
         self.samples = as_int("samples", samples, low=1)
         self.samples_needed = as_int("samples_needed", samples_needed, 1, self.samples)
-        if not 0 < decay <= 1:
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
             raise ValueError(f"decay: expected a number in (0, 1], got {decay!r}")
         self.decay = decay
-        self.probe_every = as_int("probe_every", probe_every, low=1)
+        self.refresh_every = as_int("refresh_every", refresh_every, low=2)
+        if not callable(tokens):
+            raise TypeError(f"tokens: expected a function of (k, acceptance), got {tokens!r}")
+        self.tokens = tokens
         self.accepted, self.rejected = 1.0, 1.0  # the prior: a = 1/2
         self.times = defaultdict(lambda: deque(maxlen=self.samples))  # (bucket, T) -> seconds
-        self.plain_rounds = 0  # rounds with k = 0 since the last one that drafted
+        self.first_seen = set()  # (bucket, T) whose first round (left out) has run
+        self.last_timed = {}  # (bucket, T) -> the bucket's round count when it last ran
+        self.rounds = defaultdict(int)  # bucket -> rounds run there
+
+    @classmethod
+    def for_engine(cls, engine, k_max, **settings):
+        """An ``AdaptiveK`` for ``engine`` (a ``DecodeEngine``): under replay its E(k) counts
+        the drafts the fold grid clips (``costmodel.tokens_per_round`` with the engine's L and
+        log ring, a to two decimals, cached), else 1 + a + ... + a^k."""
+        if engine.strategy != "replay":
+            return cls(k_max, **settings)
+        L, capacity = engine.L, engine.capacity
+
+        @functools.lru_cache(maxsize=4096)
+        def tokens(k, acceptance):
+            return tokens_per_round(k, round(acceptance, 2), L, capacity)
+
+        return cls(k_max, tokens=tokens, **settings)
 
     @property
     def acceptance(self):
         """The per-draft acceptance estimated so far (a)."""
         return self.accepted / (self.accepted + self.rejected)
 
+    def round_seconds(self, bucket):
+        """t(bucket, k + 1) for k = 0 .. k_max (medians; None where not yet measured)."""
+        out = []
+        for k in range(self.k_max + 1):
+            times = self.times[bucket, k + 1]
+            out.append(statistics.median(times) if len(times) >= self.samples_needed else None)
+        return out
+
     def choose(self, bucket):
-        """The k of the next round at ``bucket``: an untried width first (largest k first),
-        else ``best_k``; k = 1 once in every ``probe_every`` rounds of plain decode."""
+        """The k of the next round at ``bucket``: an unmeasured width first (largest k first),
+        else the best rate, except every ``refresh_every``-th round the width timed longest
+        ago."""
+        seconds = self.round_seconds(bucket)
         for k in range(self.k_max, -1, -1):
-            if len(self.times[bucket, k + 1]) < self.samples_needed:
+            if seconds[k] is None:
                 return k
-        k = best_k(self.acceptance, [min(self.times[bucket, k + 1]) for k in range(self.k_max + 1)])
-        if k == 0 and self.plain_rounds + 1 >= self.probe_every:
-            return 1
-        return k
+        best = best_k(self.acceptance, seconds, self.tokens)
+        if (self.rounds[bucket] + 1) % self.refresh_every == 0:
+            others = [k for k in range(self.k_max + 1) if k != best]
+            return min(others, key=lambda k: self.last_timed.get((bucket, k + 1), -1))
+        return best
 
     def observe(self, bucket, T, seconds, proposed=(), accepted=()):
-        """A round of width ``T`` at ``bucket`` took ``seconds``; each sequence proposed
-        ``proposed[i]`` drafts and kept ``accepted[i]`` of them."""
-        self.times[bucket, T].append(seconds)
-        self.plain_rounds = self.plain_rounds + 1 if T == 1 else 0
-        if T == 1:
-            return
-        kept = sum(int(a) for a in accepted)
-        rejections = sum(int(a) < int(p) for p, a in zip(proposed, accepted))
-        self.accepted = self.decay * self.accepted + kept
-        self.rejected = self.decay * self.rejected + rejections
+        """A round of width ``T`` (1 .. k_max + 1) at ``bucket`` took ``seconds``; sequence i
+        proposed ``proposed[i]`` drafts and kept ``accepted[i]`` of them."""
+        T = as_int("T", T, 1, self.k_max + 1)
+        seconds = _seconds("seconds", [seconds])[0]
+        proposed, accepted = list(proposed), list(accepted)
+        if len(proposed) != len(accepted):
+            raise ValueError(
+                f"proposed, accepted: one of each per sequence, got {len(proposed)} and "
+                f"{len(accepted)}"
+            )
+        pairs = [
+            (as_int(f"proposed[{i}]", p, 0, T - 1), as_int(f"accepted[{i}]", a, 0, T - 1))
+            for i, (p, a) in enumerate(zip(proposed, accepted))
+        ]
+        for i, (p, a) in enumerate(pairs):
+            if a > p:
+                raise ValueError(f"accepted[{i}]: expected at most proposed[{i}] = {p}, got {a}")
+        key = bucket, T
+        if key in self.first_seen:
+            self.times[key].append(seconds)
+        self.first_seen.add(key)
+        self.last_timed[key] = self.rounds[bucket]
+        self.rounds[bucket] += 1
+        if T > 1:
+            self.accepted = self.decay * self.accepted + sum(a for _, a in pairs)
+            self.rejected = self.decay * self.rejected + sum(a < p for p, a in pairs)

@@ -171,7 +171,7 @@ class Scheduler:
                 f"max_len={engine.max_len}"
             )
         self.drafter = drafter
-        self.adaptive_k = _adaptive(adaptive_k, self.k)
+        self.adaptive_k = _adaptive(adaptive_k, self.k, engine)
         # what the batched drafter reads, kept across rounds (a context is at most max_len + 1)
         self._contexts = (
             None if drafter is None else SlotContexts(engine.max_batch, engine.max_len + self.k + 2)
@@ -371,8 +371,9 @@ class Scheduler:
 
     def _decode(self, record, t0, start):
         """One engine step of every running request: a row (S, T) of its last token and its
-        drafts (T = k + 1 when any running request speculates, padded past its count), then
-        each keeps its accepted prefix and the target's next token."""
+        drafts (T = k + 1 when any running request speculates, k the scheduler's or, with
+        adaptive_k, the round's choice; padded past its count), then each keeps its accepted
+        prefix and the target's next token."""
         going = [r for r in self.running if not r.done]
         if not going:
             return []
@@ -382,7 +383,7 @@ class Scheduler:
         choosing = bool(k) and self.adaptive_k is not None
         if choosing:  # the round's k for this bucket, and the round timed for the next choice
             bucket = self.engine.table.bucket(slots)
-            k = self.adaptive_k.choose(bucket)
+            k = as_int("adaptive_k: the round's k", self.adaptive_k.choose(bucket), 0, self.k)
             self._sync()
             r0 = time.perf_counter()
         T, proposed, taken = k + 1, (), ()
@@ -398,8 +399,7 @@ class Scheduler:
                     torch.tensor(slots), pred, torch.ones(len(going), dtype=torch.long)
                 )
         else:
-            proposed, taken = self._verify(record, going, slots, T)
-            keep = (taken + 1).tolist()
+            proposed, taken, keep = self._verify(record, going, slots, T)
         now = self._clock(t0, start)
         if choosing:
             seconds = time.perf_counter() - r0
@@ -422,7 +422,8 @@ class Scheduler:
 
     def _verify(self, record, going, slots, T):
         """A speculation round of T - 1 drafts: drafts, one verify step, acceptance, one
-        rollback. Returns (proposed, accepted) drafts per request, (S,) int64 each."""
+        rollback. Returns the drafts each request proposed and accepted, (S,) int64 each, and
+        the tokens each keeps (1 + accepted, a list)."""
         # fewer drafts than k near the end, and under replay near the fold grid (room)
         room = self.engine.policy.room  # the engine's ``room`` without its check of the slot
         wants = [min(T - 1, r.remaining - 1, room(r.slot) - 1) for r in going]
@@ -444,7 +445,7 @@ class Scheduler:
         self.engine.rollback(keep, slots=slots)
         self._sync()
         record.rollback_s = time.perf_counter() - r0
-        return n, taken
+        return n, taken, keep
 
     def _retire(self, r, now):
         self.engine.retire(r.slot)
@@ -471,14 +472,15 @@ class Scheduler:
         return list(self.finished)
 
 
-def _adaptive(adaptive_k, k):
-    """``Scheduler``'s adaptive_k: None (k every round), or the ``AdaptiveK`` choosing it."""
+def _adaptive(adaptive_k, k, engine):
+    """``Scheduler``'s adaptive_k: None (k every round), or the ``AdaptiveK`` choosing it (with
+    ``True``: ``AdaptiveK.for_engine``)."""
     if adaptive_k is False:
         return None
     if adaptive_k is True:
         if not k:
             raise ValueError("adaptive_k: choosing k per round needs k >= 1 (the most), got k=0")
-        return AdaptiveK(k)
+        return AdaptiveK.for_engine(engine, k)
     if isinstance(adaptive_k, AdaptiveK):
         if adaptive_k.k_max != k:
             raise ValueError(
