@@ -282,7 +282,7 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # | $M$ | the strictly lower-triangular matrix of the chunked WY / UT form, $(I + M)\,U = \dots$ | 11 |
 # | $m$ | tokens per chunk in that form | 11 |
 # | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12, 15 |
-# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 06, 07, 09, 11, 15 |
+# | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 06, 07, 09, 11, 13, 15 |
 # | $\alpha$ | (07 only, no subscript) the chance that a draft is accepted | 07 |
 # | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09, 11 |
 # | $b$ | the batch: in a kernel, the sequence a program works on (program `(b, h)`: sequence $b$, head $h$); in a loop over measured runs, the batch size | 06, 09, 11, 15 |
