@@ -16,12 +16,13 @@ from replaylab.decoding import SyntheticDrafter, greedy
 from replaylab.serving import (
     STRATEGIES,
     AdaptiveK,
+    BatchModelDrafter,
     DecodeEngine,
     Request,
     Scheduler,
 )
 from replaylab.serving.adaptive_k import best_k
-from replaylab.testing import tiny_hybrid
+from replaylab.testing import perturbed, tiny_hybrid
 
 MODEL = tiny_hybrid()
 VOCAB = MODEL.cfg.vocab_size
@@ -232,6 +233,22 @@ def test_after_rounds_without_drafts_the_batched_drafter_reads_every_token():
     engine = DecodeEngine(MODEL, 3, 30, "replay", log_length=5, max_verify=4)
     drafter = PromptKeyedDrafter(PROMPTS, REFERENCES, 1.0, seed=2)
     sched = Scheduler(engine, k=2, drafter=drafter, adaptive_k=Scripted(2, [0, 2, 0, 0, 1]))
+    finished = sched.run(Request(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, OUTS)))
+    for r in finished:
+        assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
+    assert 0 in sched.adaptive_k.chosen and sum(r.proposed for r in finished) > 0
+    assert [r.accepted for r in finished] == [r.proposed for r in finished]
+
+
+def test_a_draft_model_catches_up_on_the_tokens_of_rounds_without_drafts():
+    """The target's own weights as the draft model: every draft it proposes is the target's
+    greedy token, so every one is kept, only if the draft slots catch up on the tokens of the
+    rounds with k = 0 before they draft again."""
+    engine = DecodeEngine(MODEL, 3, 30, "replay", log_length=5, max_verify=4)
+    drafts = DecodeEngine(perturbed(MODEL, 0.0), 3, 30, "replay", log_length=5, max_verify=4)
+    sched = Scheduler(
+        engine, k=3, drafter=BatchModelDrafter(drafts), adaptive_k=Scripted(3, [0, 3, 0, 0, 2])
+    )
     finished = sched.run(Request(i, p, n) for i, (p, n) in enumerate(zip(PROMPTS, OUTS)))
     for r in finished:
         assert torch.equal(torch.tensor(r.tokens), ALONE[r.id]), f"request {r.id} differs"
