@@ -223,6 +223,11 @@ def test_the_scheduler_counts_the_rounds_replays_fold_grid_clips():
         tokens = Scheduler(engine, k=3, adaptive_k=True).adaptive_k.tokens
         if strategy == "replay":  # a ring of L rows: rounds near a fold verify fewer drafts
             assert tokens(3, 0.8) == tokens_per_round(3, 0.8, 4, 4) < 1 + expected_accepted(3, 0.8)
+            # one Markov chain per k and a to two decimals (each costs a few hundred µs):
+            # estimates that differ past the second decimal are answered from the cache
+            for a in (0.801, 0.7993, 0.8004):
+                assert tokens(3, a) == tokens(3, 0.8)
+            assert tokens.cache_info().misses == 1 and tokens.cache_info().hits == 6
         else:
             assert tokens(3, 0.8) == 1 + expected_accepted(3, 0.8)
 

@@ -99,9 +99,13 @@ class AdaptiveK:
         L, capacity = engine.L, engine.capacity
 
         @functools.lru_cache(maxsize=4096)
-        def tokens(k, acceptance):
-            return tokens_per_round(k, round(acceptance, 2), L, capacity)
+        def clipped(k, acceptance):
+            return tokens_per_round(k, acceptance, L, capacity)
 
+        def tokens(k, acceptance):  # the cache keyed by a to two decimals
+            return clipped(k, round(acceptance, 2))
+
+        tokens.cache_info = clipped.cache_info
         return cls(k_max, tokens=tokens, **settings)
 
     @property
