@@ -672,3 +672,31 @@ def test_the_fused_jamba_prose_and_the_gpu_logs_match_their_files():
     assert "**1,378 passed, 5 failed, 60 skipped, 2 xfailed in 339 s**" in data
     rerun = (ROOT / "data/gpu_tests_rounds_jamba_h100_adeeef1.log").read_text()
     assert "19 passed" in rerun and "failed" not in rerun and "**19 passed**" in data
+
+
+def test_the_k_per_batch_table_and_sentence_match_the_committed_run():
+    run = json.loads((ROOT / "data/bench_spec_steady_adaptive_h100_a6e10de.json").read_text())
+    assert run["device"].startswith("NVIDIA H100") and run["commit"] == "a6e10de"
+    assert (run["k"], run["other_k"], run["adaptive"], run["acceptance"]) == (4, [1, 2], True, 0.8)
+    data = (ROOT / "data/README.md").read_text()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    ratio = {}
+    for row in run["rows"]:
+        plain = row["plain"]["steady_tokens_per_s"]
+        arms = [("k = 4", row["speculative"]["steady_tokens_per_s"], row["speculative_equal_greedy"])]  # fmt: skip
+        arms += [(label, a["steady_tokens_per_s"], a["equal_greedy"]) for label, a in row["arms"].items()]  # fmt: skip
+        assert all(equal for _, _, equal in arms)
+        cells = [f"{rate:,.0f} ({rate / plain:.2f}x)" for _, rate, _ in arms]
+        assert f"| {row['batch']} | {plain:,.0f} | " + " | ".join(cells) + " |" in data
+        ratio[row["batch"]] = [f"{rate / plain:.2f}x" for _, rate, _ in arms]
+    (k4_32, _, k2_32, ad_32), (k4_128, k1_128, k2_128, ad_128) = ratio[32], ratio[128]
+    for phrase in (
+        f"at batch 32, k = 4 gave {k4_32} plain decode and k = 2 {k2_32}",
+        f"at batch 128, k = 4 gave {k4_128} and k = 2 {k2_128}",
+        f"The adaptive arm of that tree gave {ad_32} and {ad_128}",
+    ):
+        assert phrase in readme, phrase
+    for phrase in (f"k = 2 is {k2_128} it and k = 1 {k1_128}", f"k = 4 is best ({k4_32})"):
+        assert phrase in " ".join(data.split()), phrase
+    log = (ROOT / "data/gpu_tests_adaptive_h100_a6e10de.log").read_text()
+    assert "tree of commit a6e10de" in log and "84 passed, 1 skipped" in log
