@@ -123,7 +123,7 @@ def test_bad_settings_and_observations_are_refused_by_name():
     ]:
         with pytest.raises(ValueError, match=match):
             AdaptiveK(**kwargs)
-    for seconds in ([], [1.0, 0.0], [1.0, -2.0], [float("nan")], [float("inf")]):
+    for seconds in ([], [1.0, 0.0], [1.0, -2.0], [float("nan")], [float("inf")], [True]):
         with pytest.raises(ValueError, match="seconds: expected one finite time > 0"):
             best_k(0.5, seconds)
     policy = AdaptiveK(2)
@@ -132,7 +132,9 @@ def test_bad_settings_and_observations_are_refused_by_name():
         ((8, 2, 0.0), "seconds"),
         ((8, 2, 1.0, [1, 1], [1]), "one of each per sequence, got 2 and 1"),
         ((8, 2, 1.0, [1], [2]), r"accepted\[0\]: expected 0 <= accepted\[0\] <= 1, got 2"),
-        ((8, 3, 1.0, [1], [2]), r"accepted\[0\]: expected at most proposed\[0\] = 1, got 2"),
+        ((8, 3, 1.0, [1], [2]), r"accepted\[0\]: expected 0 <= accepted\[0\] <= 1, got 2"),
+        ((8, 3, 1.0, [1, 3], [0, 0]), r"proposed\[1\]: expected 0 <= proposed\[1\] <= 2, got 3"),
+        ((8, 2, True), "seconds: expected a finite time > 0, got True"),
     ]:
         with pytest.raises(ValueError, match=match):
             policy.observe(*args)
@@ -144,6 +146,8 @@ def test_bad_settings_and_observations_are_refused_by_name():
         Scheduler(engine, k=3, adaptive_k=AdaptiveK(2))
     with pytest.raises(TypeError, match="adaptive_k"):
         Scheduler(engine, k=3, adaptive_k="yes")
+    with pytest.raises(TypeError, match="tokens: for_engine chooses E"):
+        AdaptiveK.for_engine(engine, 3, tokens=lambda k, a: 1.0)
 
 
 class Wrong(AdaptiveK):
@@ -223,7 +227,7 @@ def test_the_scheduler_counts_the_rounds_replays_fold_grid_clips():
         tokens = Scheduler(engine, k=3, adaptive_k=True).adaptive_k.tokens
         if strategy == "replay":  # a ring of L rows: rounds near a fold verify fewer drafts
             assert tokens(3, 0.8) == tokens_per_round(3, 0.8, 4, 4) < 1 + expected_accepted(3, 0.8)
-            # one Markov chain per k and a to two decimals (each costs a few hundred µs):
+            # one Markov chain per k and a to two decimals (each a small least-squares solve):
             # estimates that differ past the second decimal are answered from the cache
             for a in (0.801, 0.7993, 0.8004):
                 assert tokens(3, a) == tokens(3, 0.8)

@@ -696,7 +696,40 @@ def test_the_k_per_batch_table_and_sentence_match_the_committed_run():
         f"The adaptive arm of that tree gave {ad_32} and {ad_128}",
     ):
         assert phrase in readme, phrase
-    for phrase in (f"k = 2 is {k2_128} it and k = 1 {k1_128}", f"k = 4 is best ({k4_32})"):
-        assert phrase in " ".join(data.split()), phrase
+    data = " ".join(data.split())
+    rows = {r["batch"]: r for r in run["rows"]}
+    spec = lambda r: [r["speculative"], *r["arms"].values()]  # noqa: E731
+    iterations = [a["steady_iterations"] for r in rows.values() for a in spec(r)]
+    plain = [rows[b]["plain"]["steady_iterations"] for b in (32, 128)]
+    shares = {b: [a["steady_share"] for a in [rows[b]["plain"], *spec(rows[b])]] for b in rows}
+    span = {b: f"{100 * min(v):.0f}-{100 * max(v):.0f}%" for b, v in shares.items()}
+    adaptive = {b: rows[b]["arms"]["adaptive, k <= 4"] for b in rows}
+    rounds = {b: {int(T) - 1: n for T, n in a["steady_widths"].items()} for b, a in adaptive.items()}  # fmt: skip
+    earlier = {}
+    for commit, name in (("ed17032", "h100_ed17032"), ("62c0c65", "h100_plain_branch_62c0c65")):
+        old = json.loads((ROOT / f"data/bench_spec_steady_{name}.json").read_text())
+        by = {r["batch"]: r["steady_speculation_over_decode"] for r in old["rows"]}
+        earlier[commit] = f"{by[32]:.2f}x and {by[128]:.2f}x"
+    step_ms = 1e3 * 32 / rows[32]["plain"]["steady_tokens_per_s"]
+    estimates = {f"{a['acceptance_estimate']:.2f}" for a in adaptive.values()}
+    assert rounds[32] == {3: 19, 4: 1} and rounds[128][3] == 7 and rounds[128][0] == 3
+    for phrase in (
+        f"k = 2 is {k2_128} it and k = 1 {k1_128}",
+        f"k = 4 is best ({k4_32})",
+        f"{min(iterations)} to {max(iterations)} steady iterations per speculative arm "
+        f"({plain[0]} and {plain[1]} plain), {span[32]} of each run's time at batch 32 and "
+        f"{span[128]} at 128",
+        f"gave {earlier['ed17032']} at batch 32 and 128 on ed17032 and {earlier['62c0c65']} on "
+        "62c0c65",
+        f"settled on k = 3 ({rounds[32][3]} of {sum(rounds[32].values())} steady rounds)",
+        f"(k = 3 in {rounds[128][3]} of {sum(rounds[128].values())} steady rounds, k = 0 in "
+        f"{rounds[128][0]})",
+        f"acceptance estimate was right ({estimates.pop()} at both)",
+        f"takes {step_ms:.1f} ms, 32 / {rows[32]['plain']['steady_tokens_per_s']:,.0f} tokens/s",
+    ):
+        assert phrase in data, phrase
+    assert not estimates  # one estimate, the same at both batches to two decimals
+    assert f"({min(iterations)} to {max(iterations)} steady iterations an arm)" in readme
+    assert f"({earlier['ed17032']} on ed17032, above)" in readme
     log = (ROOT / "data/gpu_tests_adaptive_h100_a6e10de.log").read_text()
     assert "tree of commit a6e10de" in log and "84 passed, 1 skipped" in log

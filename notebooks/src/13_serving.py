@@ -462,9 +462,9 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # $E(k) / t_k$ tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
 #
 # Measured on one H100 with every slot busy (`replaylab bench spec-steady --other-k 1,2`, the
-# weight-matched model, replay): speculation over plain decode with each fixed k. The file's
-# adaptive arm is left out here: that run paid a host cost every round, since fixed
-# (`data/README.md`).
+# weight-matched model, replay): speculation over plain decode with each fixed k. One run with
+# few steady rounds (8 to 45 an arm), so read the order of the k at each batch, not the second
+# decimal; `data/README.md` gives the caveats, and the file's adaptive arm, which did not gain.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -46,19 +46,23 @@ def geometric_tokens(k, acceptance):
     return 1 + expected_accepted(k, acceptance)
 
 
-def _seconds(name, seconds):
-    """``seconds`` as a non-empty list of finite times > 0, else a ValueError naming it."""
-    seconds = list(seconds)
-    if not seconds or not all(isinstance(s, (int, float)) and 0 < s < math.inf for s in seconds):
-        raise ValueError(f"{name}: expected one finite time > 0 per k = 0, 1, ..., got {seconds}")
-    return seconds
+def _checked_pair(i, proposed, accepted, T):
+    """Sequence i's (proposed, accepted) drafts as ints, 0 <= accepted <= proposed < T."""
+    proposed = as_int(f"proposed[{i}]", proposed, 0, T - 1)
+    return proposed, as_int(f"accepted[{i}]", accepted, 0, proposed)
+
+
+def _is_time(s):
+    return isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < math.inf
 
 
 def best_k(acceptance, seconds, tokens=geometric_tokens):
     """The k in 0 .. len(seconds) - 1 with the highest rate ``tokens(k, acceptance) /
     seconds[k]``, where ``seconds[k]`` is a round's time with k drafts (T = k + 1) and
     ``tokens`` E(k) (default: 1 + a + ... + a^k); the smaller k on a tie."""
-    seconds = _seconds("seconds", seconds)
+    seconds = list(seconds)
+    if not seconds or not all(map(_is_time, seconds)):
+        raise ValueError(f"seconds: expected one finite time > 0 per k = 0, 1, ..., got {seconds}")
     rates = [tokens(k, acceptance) / s for k, s in enumerate(seconds)]
     return max(range(len(rates)), key=lambda k: (rates[k], -k))
 
@@ -94,6 +98,10 @@ class AdaptiveK:
         """An ``AdaptiveK`` for ``engine`` (a ``DecodeEngine``): under replay its E(k) counts
         the drafts the fold grid clips (``costmodel.tokens_per_round`` with the engine's L and
         log ring, a to two decimals, cached), else 1 + a + ... + a^k."""
+        if "tokens" in settings:
+            raise TypeError(
+                "tokens: for_engine chooses E(k) from the engine; build AdaptiveK itself"
+            )
         if engine.strategy != "replay":
             return cls(k_max, **settings)
         L, capacity = engine.L, engine.capacity
@@ -139,20 +147,17 @@ class AdaptiveK:
         """A round of width ``T`` (1 .. k_max + 1) at ``bucket`` took ``seconds``; sequence i
         proposed ``proposed[i]`` drafts and kept ``accepted[i]`` of them."""
         T = as_int("T", T, 1, self.k_max + 1)
-        seconds = _seconds("seconds", [seconds])[0]
+        if not _is_time(seconds):
+            raise ValueError(f"seconds: expected a finite time > 0, got {seconds!r}")
         proposed, accepted = list(proposed), list(accepted)
         if len(proposed) != len(accepted):
             raise ValueError(
                 f"proposed, accepted: one of each per sequence, got {len(proposed)} and "
                 f"{len(accepted)}"
             )
-        pairs = [
-            (as_int(f"proposed[{i}]", p, 0, T - 1), as_int(f"accepted[{i}]", a, 0, T - 1))
-            for i, (p, a) in enumerate(zip(proposed, accepted))
-        ]
-        for i, (p, a) in enumerate(pairs):
-            if a > p:
-                raise ValueError(f"accepted[{i}]: expected at most proposed[{i}] = {p}, got {a}")
+        pairs = list(zip(proposed, accepted))
+        if not all(type(p) is int and type(a) is int and 0 <= a <= p < T for p, a in pairs):
+            pairs = [_checked_pair(i, p, a, T) for i, (p, a) in enumerate(pairs)]
         key = bucket, T
         if key in self.first_seen:
             self.times[key].append(seconds)

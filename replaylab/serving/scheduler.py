@@ -403,7 +403,7 @@ class Scheduler:
         now = self._clock(t0, start)
         if choosing:
             seconds = time.perf_counter() - r0
-            proposed, taken = list(map(int, proposed)), list(map(int, taken))
+            proposed, taken = (v.tolist() if torch.is_tensor(v) else v for v in (proposed, taken))
             self.adaptive_k.observe(bucket, T, seconds, proposed, taken)
         for r, m in zip(going, keep):
             r.token_times += [now] * m
