@@ -9,6 +9,7 @@ Oracle: a fresh teaching-cache prefill of the slot's whole sequence (``prefill_l
 2e-4 as in ``test_engine``."""
 
 import dataclasses
+import random
 
 import numpy as np
 import pytest
@@ -439,3 +440,39 @@ def test_the_scheduler_checks_every_request_before_queueing_any():
     sched.add(Request(4, torch.tensor([1, 2, 3]), np.int64(3), arrival=np.float32(0.0)))
     done = sched.run([good], max_steps=np.int64(20))
     assert [r.tokens for r in done] == [eng.greedy(torch.tensor([[1, 2, 3]]), 3)[0].tolist()] * 2
+
+
+def test_the_fast_paths_of_the_slot_checks_agree_with_the_named_checks():
+    """``check_slots`` and ``per_slot`` return a list of in-range ints at once; anything else
+    goes through the per-value checks that name it. Random lists, both ways, same answer or
+    the same error."""
+    from replaylab.serving.checks import check_slots, per_slot
+    from replaylab.serving.validate import as_int, as_ints
+
+    engine = DecodeEngine(MODEL, 4, 24, "replay", log_length=4, max_verify=3)
+    for prompt in ([1, 2], [3], [4, 5, 6]):
+        engine.admit(torch.tensor(prompt))
+    rng = random.Random(0)
+    pick = [0, 1, 2, 3, 4, -1, True, 1.0, np.int64(1)]
+    for _ in range(400):
+        slots = [rng.choice(pick) for _ in range(rng.randint(0, 4))]
+        try:
+            want = [as_int("slots", s, 0, 3) for s in slots]
+            if not want or len(set(want)) != len(want) or not all(engine.live[s] for s in want):
+                want = ValueError
+        except (TypeError, ValueError) as err:
+            want = type(err)
+        try:
+            got = check_slots(engine, slots)
+        except (TypeError, ValueError) as err:
+            got = type(err)
+        assert got == want, (slots, got, want)
+        values = [rng.choice([0, 1, 2, 3, True, 2.0, np.int64(2)]) for _ in range(3)]
+        high = rng.choice([2, [1, 2, 3]])
+        results = []
+        for fn in (per_slot, lambda *a: as_ints(a[0], a[1], [f"slot {s}" for s in a[2]], *a[3:])):
+            try:
+                results.append(fn("counts", values, [0, 1, 2], 1, high))
+            except (TypeError, ValueError) as err:
+                results.append(str(err))
+        assert results[0] == results[1], (values, high, results)

@@ -10,7 +10,10 @@ with probability ``acceptance``. Prints a table; writes the rows to OUT.json.
 ``--drafters batched`` times one ``serving.BatchSyntheticDrafter`` instead of a list of
 per-sequence drafters; ``device`` that drafter with the rounds on the device
 (``speculate_batch(on_device=True)``, an engine with the replay kernels): on a CPU, where
-nothing runs ahead, the host's work to enqueue a round. Run it on the machine whose host you
+nothing runs ahead, the host's work to enqueue a round; ``scheduler`` a ``Scheduler``'s
+iteration with every slot busy and nothing admitted, one batched drafter (``bench.spec_steady``'s
+``PromptKeyedDrafter``), as ``bench spec-steady`` runs it. ``--append`` adds the rows to OUT's
+(several trees one after another, each on PYTHONPATH with ``python -P``, ``--label`` naming it). Run it on the machine whose host you
 want to know (a GPU machine's host sets the floor under its speculation rounds there); the
 pools are the tiny-gdn preset's, on the CPU.
 """
@@ -61,6 +64,37 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
     return best
 
 
+def probe_scheduler(batch, k, rounds, acceptance=0.8, repeats=3):
+    """ms per scheduler iteration (a speculation round of every request) with the forward
+    stubbed out; the admissions' iteration is not timed."""
+    from replaylab.bench.spec_steady import PromptKeyedDrafter
+    from replaylab.serving import Request, Scheduler
+
+    _, cfg = load_preset("tiny-gdn")
+    model = HybridLM(cfg, seed=0).eval()
+    n_new = rounds * (k + 1)  # no request finishes within the timed iterations
+    logits = torch.zeros(batch, k + 1, cfg.vocab_size)
+    prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+    references = [torch.cat([p, torch.zeros(n_new + k + 2, dtype=torch.long)]) for p in prompts]
+    best = None
+    for _ in range(repeats):
+        engine = DecodeEngine(model, batch, 48 + n_new + k + 2, "replay", 16, k + 1)
+        drafter = PromptKeyedDrafter(prompts, references, acceptance, seed=0)
+        sched = Scheduler(engine, k=k, drafter=drafter)
+        for i, p in enumerate(prompts):
+            sched.add(Request(i, p, n_new))
+        sched.step()  # every request admitted, its first token
+        engine._run = lambda tokens, *step, **kw: logits[:, : tokens.shape[1]]
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            sched.step()
+        per_round = (time.perf_counter() - t0) / rounds
+        if best is None or per_round < best["ms_per_round"] / 1e3:
+            best = dict(batch=batch, k=k, drafters="scheduler", rounds=rounds,
+                        ms_per_round=per_round * 1e3, us_per_sequence=per_round * 1e6 / batch)  # fmt: skip
+    return best
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -69,21 +103,34 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--drafters", default="list",
                     help="list (a SyntheticDrafter per sequence), batched (one "
-                    "BatchSyntheticDrafter) or device (that drafter, the rounds on the device); "
-                    "several comma-separated take turns at each batch, in one process")  # fmt: skip
+                    "BatchSyntheticDrafter), device (that drafter, the rounds on the device) or "
+                    "scheduler (a Scheduler's round, one batched drafter); several "
+                    "comma-separated take turns at each batch, in one process")  # fmt: skip
     ap.add_argument("--label", default=None, help="names the tree, for side-by-side runs")
+    ap.add_argument("--append", action="store_true", help="add the rows to OUT's")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     kinds = a.drafters.split(",")
-    if not set(kinds) <= set(DRAFTERS):
-        ap.error(f"--drafters: expected names of {DRAFTERS}, got {a.drafters!r}")
-    rows = [probe(int(b), a.k, a.rounds, drafters=d) for b in a.batches.split(",") for d in kinds]
-    for r in rows:
-        r["label"] = a.label
+    if not set(kinds) <= {*DRAFTERS, "scheduler"}:
+        ap.error(f"--drafters: expected names of {(*DRAFTERS, 'scheduler')}, got {a.drafters!r}")
+    rows = [
+        probe_scheduler(int(b), a.k, a.rounds) if d == "scheduler"
+        else probe(int(b), a.k, a.rounds, drafters=d)
+        for b in a.batches.split(",") for d in kinds
+    ]  # fmt: skip
     found = provenance()
     found["command"] = "python tools/spec_host_probe.py " + " ".join(sys.argv[1:])
+    import replaylab
+
+    for r in rows:  # each row names its tree and the run that made it
+        r.update(label=a.label, replaylab=replaylab.__file__, command=found["command"])
+    runs = [found]
+    if a.append:
+        with open(a.out) as f:
+            before = json.load(f)
+        rows, runs = before["rows"] + rows, before.get("runs", [before["provenance"]]) + runs
     with open(a.out, "w") as f:
-        json.dump(dict(provenance=found, torch_threads=1, rows=rows), f, indent=1)
+        json.dump(dict(provenance=runs[0], runs=runs, torch_threads=1, rows=rows), f, indent=1)
     print(
         f"{'batch':>5s} {'drafters':>8s} {'rounds':>6s} {'ms / round':>10s} {'us / sequence':>13s}"
     )

@@ -28,6 +28,10 @@ def check_prompt(engine, prompt):
 
 def check_slots(engine, slots, name="slots"):
     """``slots``: distinct live slots (None: every live slot, in order) -> a list."""
+    if type(slots) is list and slots and all(type(s) is int for s in slots):  # a scheduler's
+        flags, top = engine.live, engine.max_batch
+        if len(set(slots)) == len(slots) and all(0 <= s < top and flags[s] for s in slots):
+            return list(slots)
     live = engine.slots
     if slots is None:
         if not live:
@@ -46,6 +50,10 @@ def check_slots(engine, slots, name="slots"):
 
 def per_slot(name, values, slots, low, high):
     """One int per slot (an int for all); each in [low, high] (high may be per slot)."""
+    if type(values) is list and len(values) == len(slots):  # ints in range: nothing to name
+        highs = high if isinstance(high, list) else [high] * len(values)
+        if all(type(v) is int and low <= v <= h for v, h in zip(values, highs)):
+            return list(values)
     return as_ints(name, values, [f"slot {s}" for s in slots], low, high)
 
 
