@@ -733,3 +733,21 @@ def test_the_k_per_batch_table_and_sentence_match_the_committed_run():
     assert f"({earlier['ed17032']} on ed17032, above)" in readme
     log = (ROOT / "data/gpu_tests_adaptive_h100_a6e10de.log").read_text()
     assert "tree of commit a6e10de" in log and "84 passed, 1 skipped" in log
+
+
+def test_the_scheduler_host_probe_table_matches_its_file():
+    probe = json.loads((ROOT / "data/spec_host_probe_scheduler_cpu.json").read_text())
+    assert [r["commit"] for r in probe["runs"]] == ["b2851a2", "c9b6dc9"] * 2
+    ms = {}
+    for r in probe["rows"]:
+        assert r["drafters"] == "scheduler" and r["k"] == 4
+        ms.setdefault((r["label"], r["batch"]), []).append(r["ms_per_round"])
+    data = (ROOT / "data/README.md").read_text()
+    for tree in ("b2851a2", "c9b6dc9"):
+        cells = " | ".join(" / ".join(f"{v:.2f}" for v in ms[tree, b]) for b in (8, 32, 128))
+        assert f"| {tree} | {cells} |" in data, cells
+    best = {b: [min(ms[t, b]) for t in ("b2851a2", "c9b6dc9")] for b in (8, 32, 128)}
+    saved = {b: round(100 * (1 - new / old)) for b, (old, new) in best.items()}
+    text = " ".join(data.split())
+    assert f"{saved[128]}% less host time a round at batch 128, {saved[32]}% at 32" in text
+    assert saved[8] <= 1 and "none at 8" in text
