@@ -462,9 +462,10 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # $E(k) / t_k$ tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
 #
 # Measured on one H100 with every slot busy (`replaylab bench spec-steady --other-k 1,2`, the
-# weight-matched model, replay): speculation over plain decode with each fixed k. One run with
-# few steady rounds (8 to 45 an arm), so read the order of the k at each batch, not the second
-# decimal; `data/README.md` gives the caveats, and the file's adaptive arm, which did not gain.
+# weight-matched model, replay): speculation over plain decode with each fixed k, and in
+# brackets the steady rounds each ratio rests on. One run with few of them, so read the order
+# of the k at each batch, not the second decimal; `data/README.md` gives the caveats, and the
+# file's adaptive arm, which did not gain.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -472,9 +473,11 @@ k_run = load_bench("data/bench_spec_steady_adaptive_h100_a6e10de.json")
 print(f"{k_run['device']}, {k_run['date'][:10]}, synthetic acceptance {k_run['acceptance']} a draft")
 for row in k_run["rows"]:
     plain = row["plain"]["steady_tokens_per_s"]
-    fixed = {4: row["speculative"]["steady_tokens_per_s"]}
-    fixed.update({int(label[2:]): a["steady_tokens_per_s"] for label, a in row["arms"].items() if label.startswith("k=")})
-    print(f"batch {row['batch']:3d}: " + ", ".join(f"k = {k} {fixed[k] / plain:.2f}x" for k in sorted(fixed)))
+    fixed = {4: row["speculative"]}
+    fixed.update({int(label[2:]): a for label, a in row["arms"].items() if label.startswith("k=")})
+    print(f"batch {row['batch']:3d}: " + ", ".join(
+        f"k = {k} {fixed[k]['steady_tokens_per_s'] / plain:.2f}x ({fixed[k]['steady_iterations']})"
+        for k in sorted(fixed)))
 
 # %% [markdown]
 # **Exercise (d).** Write the choice: given a and the measured round times $t_0, t_1, \dots$,
