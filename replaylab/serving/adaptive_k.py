@@ -36,9 +36,9 @@ import statistics
 from collections import defaultdict, deque
 
 from replaylab.costmodel import expected_accepted, tokens_per_round
-from replaylab.serving.validate import as_int
+from replaylab.serving.validate import as_int, given
 
-__all__ = ["best_k", "AdaptiveK", "geometric_tokens"]
+__all__ = ["best_k", "AdaptiveK", "geometric_tokens", "policy_for"]
 
 
 def geometric_tokens(k, acceptance):
@@ -167,3 +167,21 @@ class AdaptiveK:
         if T > 1:
             self.accepted = self.decay * self.accepted + sum(a for _, a in pairs)
             self.rejected = self.decay * self.rejected + sum(a < p for p, a in pairs)
+
+
+def policy_for(adaptive_k, k, engine):
+    """``Scheduler``'s ``adaptive_k`` with its k -> None (k drafts every round), or the
+    ``AdaptiveK`` choosing each round's (``True``: ``AdaptiveK.for_engine(engine, k)``)."""
+    if adaptive_k is False:
+        return None
+    if adaptive_k is True:
+        if not k:
+            raise ValueError("adaptive_k: choosing k per round needs k >= 1 (the most), got k=0")
+        return AdaptiveK.for_engine(engine, k)
+    if isinstance(adaptive_k, AdaptiveK):
+        if adaptive_k.k_max != k:
+            raise ValueError(
+                f"adaptive_k: its k_max={adaptive_k.k_max} must equal the scheduler's k={k}"
+            )
+        return adaptive_k
+    raise TypeError(f"adaptive_k: expected True, False or an AdaptiveK, got {given(adaptive_k)}")

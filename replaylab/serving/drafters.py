@@ -22,7 +22,12 @@ import torch
 
 from replaylab.serving.validate import as_int, given
 
-__all__ = ["BatchSyntheticDrafter", "BatchPromptLookupDrafter", "BatchModelDrafter"]
+__all__ = [
+    "BatchSyntheticDrafter",
+    "BatchPromptLookupDrafter",
+    "BatchModelDrafter",
+    "check_scheduler_drafter",
+]
 
 
 class BatchSyntheticDrafter:
@@ -290,3 +295,30 @@ class BatchModelDrafter:
             for i, (g, c) in enumerate(zip(going, counts)):
                 seen[g] += c
                 out[g] = step[i, c - 1]
+
+
+def check_scheduler_drafter(engine, drafter, k, max_running):
+    """A ``Scheduler``'s ``drafter`` (None, or one batched drafter with ``propose_batch``) for
+    ``engine`` with k drafts a round and at most ``max_running`` requests; a draft model's
+    engine (``BatchModelDrafter.engine``) must be its own, with room for every request."""
+    if drafter is None:
+        return
+    if not callable(getattr(drafter, "propose_batch", None)):
+        raise TypeError(
+            f"drafter: expected a batched drafter with propose_batch (serving.drafters), "
+            f"got {given(drafter)}"
+        )
+    if not k:
+        raise ValueError("drafter: a batched drafter needs k >= 1 drafts per round, got k=0")
+    inner = getattr(drafter, "engine", None)  # a BatchModelDrafter's draft engine
+    if inner is engine:
+        raise ValueError(
+            "drafter: its engine is the scheduler's own; give the draft model a "
+            "DecodeEngine of its own"
+        )
+    if inner is not None and (inner.max_batch < max_running or inner.max_len < engine.max_len):
+        raise ValueError(
+            f"drafter: its engine has max_batch={inner.max_batch}, max_len={inner.max_len}; "
+            f"expected at least max_running={max_running} slots and the target's "
+            f"max_len={engine.max_len}"
+        )

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from replaylab.serving.adaptive_k import AdaptiveK
+from replaylab.serving.adaptive_k import policy_for
 from replaylab.serving.admission import check_interleaving, grid_grant
 from replaylab.serving.budget import SlotBytes, admissible, request_bytes, slot_bytes
 from replaylab.serving.contexts import SlotContexts, accepted
+from replaylab.serving.drafters import check_scheduler_drafter
 from replaylab.serving.request import FINISHED, RUNNING, WAITING, Request
 from replaylab.serving.validate import as_drafts, as_int, as_token_ids, given
 
@@ -149,29 +150,9 @@ class Scheduler:
             prefill_per_step = as_int("prefill_per_step", prefill_per_step, low=1)
         check_interleaving(engine, prefix, prefill_per_step)
         self.prefill_per_step = prefill_per_step
-        if drafter is not None and not callable(getattr(drafter, "propose_batch", None)):
-            raise TypeError(
-                f"drafter: expected a batched drafter with propose_batch (serving.drafters), "
-                f"got {given(drafter)}"
-            )
-        if drafter is not None and not self.k:
-            raise ValueError("drafter: a batched drafter needs k >= 1 drafts per round, got k=0")
-        inner = getattr(drafter, "engine", None)  # a BatchModelDrafter's draft engine
-        if inner is engine:
-            raise ValueError(
-                "drafter: its engine is the scheduler's own; give the draft model a "
-                "DecodeEngine of its own"
-            )
-        if inner is not None and (
-            inner.max_batch < self.max_running or inner.max_len < engine.max_len
-        ):
-            raise ValueError(
-                f"drafter: its engine has max_batch={inner.max_batch}, max_len={inner.max_len}; "
-                f"expected at least max_running={self.max_running} slots and the target's "
-                f"max_len={engine.max_len}"
-            )
+        check_scheduler_drafter(engine, drafter, self.k, self.max_running)
         self.drafter = drafter
-        self.adaptive_k = _adaptive(adaptive_k, self.k, engine)
+        self.adaptive_k = policy_for(adaptive_k, self.k, engine)
         # what the batched drafter reads, kept across rounds (a context is at most max_len + 1)
         self._contexts = (
             None if drafter is None else SlotContexts(engine.max_batch, engine.max_len + self.k + 2)
@@ -470,24 +451,6 @@ class Scheduler:
             self.step()
             steps += 1
         return list(self.finished)
-
-
-def _adaptive(adaptive_k, k, engine):
-    """``Scheduler``'s adaptive_k: None (k every round), or the ``AdaptiveK`` choosing it (with
-    ``True``: ``AdaptiveK.for_engine``)."""
-    if adaptive_k is False:
-        return None
-    if adaptive_k is True:
-        if not k:
-            raise ValueError("adaptive_k: choosing k per round needs k >= 1 (the most), got k=0")
-        return AdaptiveK.for_engine(engine, k)
-    if isinstance(adaptive_k, AdaptiveK):
-        if adaptive_k.k_max != k:
-            raise ValueError(
-                f"adaptive_k: its k_max={adaptive_k.k_max} must equal the scheduler's k={k}"
-            )
-        return adaptive_k
-    raise TypeError(f"adaptive_k: expected True, False or an AdaptiveK, got {given(adaptive_k)}")
 
 
 def _round_drafts(sched, going, wants, T, vocab):

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import random
 
-from replaylab.costmodel import expected_accepted
-from replaylab.serving.adaptive_k import best_k
+from replaylab.serving.adaptive_k import best_k, geometric_tokens
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
 from replaylab.teaching.grading import describe_exception, guarded, report
@@ -274,16 +273,16 @@ def check_best_k(fn, cases=300, seed=0) -> bool:
             return report(name, False, f"on {where}: expected a number of drafts, got {got!r}")
         if got == want:
             continue
-        rate = [(1 + expected_accepted(k, a)) / t for k, t in enumerate(seconds)]
+        rate = [geometric_tokens(k, a) / t for k, t in enumerate(seconds)]
         if not 0 <= got < len(seconds):
             why = f"k must be one of 0 .. {len(seconds) - 1} (one time per k)"
         elif rate[got] == rate[want]:
             why = f"k={got} and k={want} tie at {rate[want]:.4g} tokens/s: take the smaller"
         else:
             why = (
-                f"k={want} keeps 1 + a + ... + a^{want} = {1 + expected_accepted(want, a):.4g} "
+                f"k={want} keeps 1 + a + ... + a^{want} = {geometric_tokens(want, a):.4g} "
                 f"tokens in {seconds[want]} s ({rate[want]:.4g} tokens/s), k={got} "
-                f"{1 + expected_accepted(got, a):.4g} in {seconds[got]} s ({rate[got]:.4g})"
+                f"{geometric_tokens(got, a):.4g} in {seconds[got]} s ({rate[got]:.4g})"
             )
         return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
     return report(name, True, f"{cases + 4} cases give the library's best k")
