@@ -5,7 +5,12 @@ partial batches. The GPU run is ``replaylab bench spec-steady``."""
 import pytest
 import torch
 
-from replaylab.bench.spec_steady import PromptKeyedDrafter, _timing, run_spec_steady
+from replaylab.bench.spec_steady import (
+    PromptKeyedDrafter,
+    _timing,
+    run_spec_steady,
+    spec_steady_summary,
+)
 from replaylab.model import HybridLM, preset
 from replaylab.serving.scheduler import StepRecord
 
@@ -29,6 +34,10 @@ def test_spec_steady_smoke_run_gives_the_greedy_tokens(strategy):
     assert row["steady_speculation_over_decode"] == pytest.approx(
         row["speculative"]["steady_tokens_per_s"] / row["plain"]["steady_tokens_per_s"]
     )
+    plain = row["plain"]  # every request admitted once; on CPU no graph is captured
+    assert plain["admitting_iterations"] >= 1 and plain["captures"] == plain["capture_s"] == 0
+    share = plain["admitting_s"] / plain["seconds"]
+    assert 0 < share < 1 and f"time admitting: plain {share:.0%}" in spec_steady_summary(result)[0]
 
 
 def test_spec_steady_replay_ring_of_l_plus_k():
@@ -71,10 +80,13 @@ def test_steady_iterations_are_full_and_admission_free():
         StepRecord(start=1.0, end=2.0, running=2, tokens=6),
         StepRecord(start=2.0, end=4.0, running=2, tokens=4, prefilled=3),  # a prefill chunk
         StepRecord(start=4.0, end=5.0, running=1, tokens=3),  # a partial batch
+        StepRecord(start=5.0, end=8.0, running=2, tokens=5, captures=2),  # captured graphs
     ]
     t = _timing(history, batch=2)
     assert t["steady_tokens_per_s"] == 6.0 and t["steady_iterations"] == 1
-    assert t["tokens_per_s"] == 15 / 5 and t["steady_share"] == 1 / 5
+    assert t["tokens_per_s"] == 20 / 8 and t["steady_share"] == 1 / 8
+    assert (t["steady_captures"], t["captures"], t["capture_s"]) == (1, 2, 3.0)
+    assert (t["admitting_iterations"], t["admitting_s"], t["seconds"]) == (1, 1.0, 8.0)
 
 
 def test_prompt_keyed_drafter_finds_each_rows_request():

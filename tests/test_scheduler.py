@@ -538,3 +538,42 @@ def test_the_batched_drafter_reads_each_requests_own_context_on_every_admission_
         assert torch.equal(torch.tensor(r.tokens), alone[r.id]), r.id
     if "prefix" in mode:
         assert any(r.prefix_hit.matched for r in done)
+
+
+def test_each_iteration_records_the_graphs_captured_in_it():
+    """``StepRecord.captures``: the graphs the engine captured inside that iteration (here the
+    runner's 2nd and 5th calls stand in for captures; graphs run only on a GPU)."""
+    engine = DecodeEngine(MODEL, 2, 28, "snapshot", max_verify=1)
+    run, calls, capturing = engine.runner.run, [], {2, 5}
+
+    def counted(*args):
+        calls.append(len(sched.history))  # the iteration this call belongs to
+        if len(calls) in capturing:
+            engine.stats.graph_captures += 1
+        return run(*args)
+
+    engine.runner.run = counted
+    sched = Scheduler(engine)
+    sched.run(_requests("decode", [0.0] * len(PROMPTS)))
+    expected = [0] * len(sched.history)
+    for n in capturing:
+        expected[calls[n - 1]] += 1
+    assert [h.captures for h in sched.history] == expected and sum(expected) == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_on_a_gpu_the_captures_recorded_are_the_engines_and_a_warm_engine_captures_none():
+    model = tiny_hybrid().cuda()
+    engine = DecodeEngine(model, 2, 28, "replay", 4, max_verify=3, graphs=True)
+
+    def serve():
+        sched = Scheduler(engine, k=2)
+        requests = _requests("synthetic", [0.0] * len(PROMPTS))
+        for r in requests:
+            r.prompt = r.prompt.cuda()
+        sched.run(requests)
+        return sum(h.captures for h in sched.history)
+
+    first = serve()
+    assert first == engine.stats.graph_captures == len(engine.runner.captured) > 0
+    assert serve() == 0

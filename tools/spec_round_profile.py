@@ -10,7 +10,7 @@ kernels) at one preset and batch: the round against a plain decode step, split i
 5. torch.profiler over one more speculation run: the GPU-busy fraction of a round and its
    kernels by total time, beside the decode step's.
 
-    python tools/spec_round_profile.py OUT.json [--preset qwen3.5-9b-layers] [--batch 32]
+    python tools/spec_round_profile.py OUT.json [--preset qwen3.5-9b-layers|matched] [--batch 32]
         [--k 4] [--acceptance 0.8] [--n-spec 48] [--strategy replay]
 
 Meant for a GPU (on a CPU it runs as a smoke test: no graphs, no GPU kernels). Prints a short table; writes everything to OUT.json.
@@ -29,6 +29,7 @@ import torch
 from replaylab.bench.families import decode_seconds, load_preset
 from replaylab.bench.provenance import provenance
 from replaylab.bench.serve import admit_all, greedy_ragged, random_prompts
+from replaylab.bench.spec_steady import model_for
 from replaylab.decoding import SyntheticDrafter
 from replaylab.model import HybridLM
 from replaylab.serving import DecodeEngine
@@ -208,8 +209,12 @@ def main(argv=None):
     ap.add_argument("--strategy", default="replay", choices=("snapshot", "recompute", "replay"))
     a = ap.parse_args(argv)
     cuda = torch.cuda.is_available()  # on a CPU: a smoke run (no graphs, fp32, no GPU kernels)
-    _, cfg = load_preset(a.preset)
-    model = HybridLM(cfg, seed=0).to(*(("cuda", torch.bfloat16) if cuda else ("cpu",))).eval()
+    if a.preset == "matched":  # bench spec-steady's model (Nemotron-H 8B shapes)
+        model = model_for("matched", "cuda" if cuda else "cpu")
+        cfg = model.cfg
+    else:
+        _, cfg = load_preset(a.preset)
+        model = HybridLM(cfg, seed=0).to(*(("cuda", torch.bfloat16) if cuda else ("cpu",))).eval()
     max_len = 40 + 4 * a.n_spec + a.k + 8
     engine = DecodeEngine(
         model, a.batch, max_len, a.strategy, a.log_length, max_verify=a.k + 1, use_kernels=True,

@@ -10,8 +10,9 @@ speculative run (k drafts a round from one ``BatchSyntheticDrafter``-style draft
 those tokens, each right with probability ``acceptance``) must give them again, bit for bit
 (with ``--ring L+k`` too: rows past the fold grid are computed from a folded scratch state).
 Each run is warmed first (its CUDA graphs captured). Per run: ``steady_tokens_per_s``, the
-tokens over the seconds of the full, admission-free iterations; ``tokens_per_s`` over the
-whole run; the share of time in steady iterations.
+tokens over the seconds of the full, admission-free iterations that captured no graph;
+``tokens_per_s`` over the whole run; the share of time in steady iterations, and the seconds
+of the iterations that admitted requests and that captured graphs.
 """
 
 from __future__ import annotations
@@ -99,16 +100,27 @@ def _serve(engine, requests, k, drafter, adaptive_k=False):
 
 
 def _timing(history, batch):
-    steady = [h for h in history if h.running == batch and not h.admitted and not h.prefilled]
+    """The run's timings from its ``StepRecord`` s. Steady: every slot runs, nothing is
+    admitted or prefilled and no CUDA graph is captured (``steady_captures``: iterations left
+    out for a capture alone). ``admitting_s`` / ``capture_s``: seconds of the iterations that
+    admitted requests / captured graphs (the rest is steady or the tail)."""
+    full = [h for h in history if h.running == batch and not h.admitted and not h.prefilled]
+    steady = [h for h in full if not h.captures]
     total_s = history[-1].end - history[0].start
     steady_s = sum(h.end - h.start for h in steady)
     return dict(
+        seconds=total_s,
         tokens_per_s=sum(h.tokens for h in history) / total_s,
         steady_tokens_per_s=sum(h.tokens for h in steady) / steady_s if steady_s else None,
         steady_iterations=len(steady),
         steady_share=steady_s / total_s,
         iterations=len(history),
         steady_widths=dict(sorted(Counter(h.T for h in steady).items())),
+        steady_captures=len(full) - len(steady),
+        captures=sum(h.captures for h in history),
+        capture_s=sum(h.end - h.start for h in history if h.captures),
+        admitting_iterations=sum(bool(h.admitted) for h in history),
+        admitting_s=sum(h.end - h.start for h in history if h.admitted),
     )
 
 
@@ -221,6 +233,12 @@ def spec_steady_summary(result):
             f", whole run {r['speculation_over_decode']:.2f}x, acceptance "
             f"{r['measured_acceptance']:.2f}, equal greedy {r['speculative_equal_greedy']}"
         )
+        plain, spec = r["plain"], r["speculative"]
+        if "admitting_s" in plain:  # (not in files before the field)
+            lines[-1] += ", time admitting: plain {:.0%}, k = {} {:.0%}".format(
+                plain["admitting_s"] / plain["seconds"], result["k"],
+                spec["admitting_s"] / spec["seconds"],
+            )  # fmt: skip
         for label, arm in r.get("arms", {}).items():
             ratio = arm.get("steady_over_decode")
             lines.append(

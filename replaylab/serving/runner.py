@@ -183,6 +183,7 @@ class ModelRunner:
                 out = self.forward(static, bucket, folds, save)
             self._restore_after_capture(saved, bucket)
             self.captured[key] = (graph, static, out, self.placed)
+            self.engine.stats.graph_captures += 1
         graph, static, out, self.placed = self.captured[key]
         static[:S].copy_(tokens)
         graph.replay()

@@ -47,7 +47,8 @@ class StepRecord:
     step and of the rollback, ``rejected`` drafts rolled back, ``rolled_back`` slots rolled
     back, ``tokens`` output tokens the step produced, ``prefilled`` prompt tokens an
     interleaved prefill ran in it, ``tree_bytes`` what the prefix cache's tree held after the
-    iteration's admissions and prefill (``used + tree_bytes <= budget_bytes``)."""
+    iteration's admissions and prefill (``used + tree_bytes <= budget_bytes``), ``captures``
+    CUDA graphs the engine captured in it (their eager runs are inside its time)."""
 
     start: float
     end: float = 0.0
@@ -62,6 +63,7 @@ class StepRecord:
     tokens: int = 0
     prefilled: int = 0
     tree_bytes: int = 0
+    captures: int = 0
 
 
 class Scheduler:
@@ -262,7 +264,7 @@ class Scheduler:
         if not self.running and not self.prefilling and self.waiting[0].arrival > self.now:
             self.now = self.waiting[0].arrival  # idle: jump to the next arrival
         start, t0 = self.now, time.perf_counter()
-        record = StepRecord(start=start)
+        record, captured = StepRecord(start=start), self.engine.stats.graph_captures
         done = self._admit(record, t0, start)
         if self.prefilling:
             done += self._prefill_chunks(record, t0, start)
@@ -271,6 +273,7 @@ class Scheduler:
         for r in done:
             self._retire(r, self._clock(t0, start))
         self.now = record.end = self._clock(t0, start)
+        record.captures = self.engine.stats.graph_captures - captured
         self.history.append(record)
         return done
 
