@@ -461,15 +461,15 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # $E(k) = 1 + a + \dots + a^k$ tokens a sequence and takes $t_k$ seconds, so it decodes
 # $E(k) / t_k$ tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
 #
-# Measured on one H100 with every slot busy (`replaylab bench spec-steady --other-k 1,2`, the
-# weight-matched model, replay): speculation over plain decode with each fixed k, and in
-# brackets the steady rounds each ratio rests on. One run with few of them, so read the order
-# of the k at each batch, not the second decimal; `data/README.md` gives the caveats, and the
-# file's adaptive arm, which did not gain.
+# Measured on one H100 with every slot busy (`replaylab bench spec-steady --other-k 2,3
+# --n-new 192`, the weight-matched model, replay): speculation over plain decode with each
+# fixed k, and in brackets the steady rounds each ratio rests on. One run, so read the order
+# of the k at each batch, not the second decimal; `data/README.md` gives the earlier runs, and
+# the file's adaptive arm, which trailed the fixed k it chose most.
 
 # %%
 # NBVAL_CHECK_OUTPUT
-k_run = load_bench("data/bench_spec_steady_adaptive_h100_a6e10de.json")
+k_run = load_bench("data/bench_spec_steady_k_n192_h100_a0f4d0b.json")
 print(f"{k_run['device']}, {k_run['date'][:10]}, synthetic acceptance {k_run['acceptance']} a draft")
 for row in k_run["rows"]:
     plain = row["plain"]["steady_tokens_per_s"]
