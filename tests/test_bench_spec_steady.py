@@ -87,6 +87,12 @@ def test_steady_iterations_are_full_and_admission_free():
     assert t["tokens_per_s"] == 20 / 8 and t["steady_share"] == 1 / 8
     assert (t["steady_captures"], t["captures"], t["capture_s"]) == (1, 2, 3.0)
     assert (t["admitting_iterations"], t["admitting_s"], t["seconds"]) == (1, 1.0, 8.0)
+    more = [StepRecord(start=8.0 + i, end=8.5 + i, running=2, T=3, tokens=4, step_s=0.1 * i,
+                       rollback_s=0.01 * (3 - i)) for i in range(3)]  # fmt: skip
+    t = _timing(history[:2] + more, batch=2)
+    assert t["steady_ms_by_width"] == {0: 1000.0, 3: 500.0}
+    assert t["steady_step_ms_by_width"][3] == pytest.approx(100.0)
+    assert t["steady_rollback_ms_by_width"][3] == pytest.approx(20.0)
 
 
 def test_prompt_keyed_drafter_finds_each_rows_request():

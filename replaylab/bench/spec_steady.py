@@ -17,6 +17,7 @@ of the iterations that admitted requests and that captured graphs.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 
 import torch
@@ -103,7 +104,9 @@ def _timing(history, batch):
     """The run's timings from its ``StepRecord`` s. Steady: every slot runs, nothing is
     admitted or prefilled and no CUDA graph is captured (``steady_captures``: iterations left
     out for a capture alone). ``admitting_s`` / ``capture_s``: seconds of the iterations that
-    admitted requests / captured graphs (the rest is steady or the tail)."""
+    admitted requests / captured graphs (the rest is steady or the tail). Per width T of the
+    steady iterations, the median ms of the iteration, of its engine step (the step, argmax
+    and the predictions' copy to the host: ``StepRecord.step_s``) and of its rollback."""
     full = [h for h in history if h.running == batch and not h.admitted and not h.prefilled]
     steady = [h for h in full if not h.captures]
     total_s = history[-1].end - history[0].start
@@ -121,7 +124,18 @@ def _timing(history, batch):
         capture_s=sum(h.end - h.start for h in history if h.captures),
         admitting_iterations=sum(bool(h.admitted) for h in history),
         admitting_s=sum(h.end - h.start for h in history if h.admitted),
+        steady_ms_by_width=_medians_ms(steady, lambda h: h.end - h.start),
+        steady_step_ms_by_width=_medians_ms(steady, lambda h: h.step_s),
+        steady_rollback_ms_by_width=_medians_ms(steady, lambda h: h.rollback_s),
     )
+
+
+def _medians_ms(records, seconds):
+    """Width T -> the median of ``seconds(record)`` over ``records`` of that width, in ms."""
+    by = {}
+    for h in records:
+        by.setdefault(h.T, []).append(seconds(h))
+    return {T: 1e3 * statistics.median(v) for T, v in sorted(by.items())}
 
 
 def model_for(preset, device):
@@ -245,5 +259,9 @@ def spec_steady_summary(result):
                 f"  {label}: steady / decode "
                 + (f"{ratio:.2f}x" if ratio else "none")
                 + f", widths {arm['steady_widths']}, equal greedy {arm['equal_greedy']}"
+                + "".join(
+                    f", ms a round of width {T}: {ms:.2f} (step {arm['steady_step_ms_by_width'][T]:.2f})"
+                    for T, ms in arm.get("steady_ms_by_width", {}).items()
+                )
             )
     return lines
