@@ -7,9 +7,9 @@ import torch
 
 from replaylab.bench.spec_steady import (
     PromptKeyedDrafter,
-    _timing,
     run_spec_steady,
     spec_steady_summary,
+    steady_timing,
 )
 from replaylab.model import HybridLM, preset
 from replaylab.serving.scheduler import StepRecord
@@ -82,14 +82,14 @@ def test_steady_iterations_are_full_and_admission_free():
         StepRecord(start=4.0, end=5.0, running=1, tokens=3),  # a partial batch
         StepRecord(start=5.0, end=8.0, running=2, tokens=5, captures=2),  # captured graphs
     ]
-    t = _timing(history, batch=2)
+    t = steady_timing(history, batch=2)
     assert t["steady_tokens_per_s"] == 6.0 and t["steady_iterations"] == 1
     assert t["tokens_per_s"] == 20 / 8 and t["steady_share"] == 1 / 8
     assert (t["steady_captures"], t["captures"], t["capture_s"]) == (1, 2, 3.0)
     assert (t["admitting_iterations"], t["admitting_s"], t["seconds"]) == (1, 1.0, 8.0)
     more = [StepRecord(start=8.0 + i, end=8.5 + i, running=2, T=3, tokens=4, step_s=0.1 * i,
                        rollback_s=0.01 * (3 - i)) for i in range(3)]  # fmt: skip
-    t = _timing(history[:2] + more, batch=2)
+    t = steady_timing(history[:2] + more, batch=2)
     assert t["steady_ms_by_width"] == {0: 1000.0, 3: 500.0}
     assert t["steady_step_ms_by_width"][3] == pytest.approx(100.0)
     assert t["steady_rollback_ms_by_width"][3] == pytest.approx(20.0)

@@ -3,7 +3,8 @@ adaptive k) with the CUDA graphs each scheduler iteration captured counted by pa
 ``ModelRunner.graph_step``; it asked whether the adaptive arm lost to captures inside steady
 iterations (it found 3-4 captures a speculative run, none in steady ones). Since 4fe79c0 the
 scheduler records ``StepRecord.captures`` and the bench leaves such iterations out itself
-(run on such a tree, this patch would count each capture twice).
+(run on such a tree, this patch would count each capture twice). On cfbdb4f the bench's
+helpers it patches were private (``_timing``); they are public since (``steady_timing``).
 
     python tools/capture_probe.py OUT.json    (a GPU)
 """
@@ -47,7 +48,7 @@ def step(self):
 
 
 SC.Scheduler.step = step
-ot = S._timing
+ot = S.steady_timing
 
 
 def timing(history, batch):
@@ -81,7 +82,7 @@ def timing(history, batch):
     return d
 
 
-S._timing = timing
+S.steady_timing = timing
 from replaylab.bench.spec_steady import model_for, run_spec_steady
 
 m = model_for("matched", "cuda")

@@ -28,21 +28,21 @@ lengths = (96 * (0.5 + torch.rand(n, generator=g))).round().long().clamp(min=2)
 prompts = random_prompts(n, m.cfg.vocab_size, seed=7 + batch)
 eng = DecodeEngine(m, batch, 40 + int(lengths.max()) + k + 2, "replay", 16, max_verify=k + 1)
 warm = [min(int(x), 16 + k + 2) for x in lengths[:batch]]
-S._serve(eng, S._requests(prompts[:batch], warm), 0, None)
-plain, h0 = S._serve(eng, S._requests(prompts, lengths.tolist()), 0, None)
+S.serve_all(eng, S.waiting_requests(prompts[:batch], warm), 0, None)
+plain, h0 = S.serve_all(eng, S.waiting_requests(prompts, lengths.tolist()), 0, None)
 refs = [torch.cat([p, torch.tensor(r.tokens)]) for p, r in zip(prompts, plain)]
 dr = S.PromptKeyedDrafter(prompts, refs, 0.8, seed=7)
-S._serve(eng, S._requests(prompts[:batch], warm), k, dr)
+S.serve_all(eng, S.waiting_requests(prompts[:batch], warm), k, dr)
 res = {}
 for name, kk, d in (("plain", 0, None), (f"k={k}", k, dr)):
     pr = cProfile.Profile()
     pr.enable()
-    got, h = S._serve(eng, S._requests(prompts, lengths.tolist()), kk, d)
+    got, h = S.serve_all(eng, S.waiting_requests(prompts, lengths.tolist()), kk, d)
     pr.disable()
     st = [x for x in h if x.running == batch and not x.admitted and not x.prefilled]
     adm = [x for x in h if x.admitted]
     res[name] = dict(
-        timing=S._timing(h, batch),
+        timing=S.steady_timing(h, batch),
         steady_ms=[1e3 * (x.end - x.start) for x in st][:50],
         steady_step_ms=[1e3 * x.step_s for x in st][:50],
         steady_rollback_ms=[1e3 * x.rollback_s for x in st][:50],

@@ -26,7 +26,10 @@ from replaylab.bench.serve import random_prompts
 from replaylab.serving import AdaptiveK, BatchSyntheticDrafter, DecodeEngine, Request, Scheduler
 from replaylab.serving.validate import as_int
 
-__all__ = ["run_spec_steady", "spec_steady_summary", "PromptKeyedDrafter", "model_for"]
+__all__ = [
+    "run_spec_steady", "spec_steady_summary", "PromptKeyedDrafter", "model_for",
+    "waiting_requests", "serve_all", "steady_timing",
+]  # fmt: skip
 
 
 class PromptKeyedDrafter:
@@ -89,18 +92,20 @@ class PromptKeyedDrafter:
         raise ValueError("context: its prompt is none of the drafter's requests")
 
 
-def _requests(prompts, lengths):
+def waiting_requests(prompts, lengths):
+    """``Request`` i for prompt i ((n,) ids) and ``lengths[i]`` new tokens, all waiting at
+    time 0."""
     return [Request(i, p, n, arrival=0.0) for i, (p, n) in enumerate(zip(prompts, lengths))]
 
 
-def _serve(engine, requests, k, drafter, adaptive_k=False):
+def serve_all(engine, requests, k, drafter, adaptive_k=False):
     """Every request through a fresh scheduler; returns (requests in id order, history)."""
     sched = Scheduler(engine, k=k, drafter=drafter, adaptive_k=adaptive_k)
     sched.run(requests)
     return sorted(sched.finished, key=lambda r: r.id), sched.history
 
 
-def _timing(history, batch):
+def steady_timing(history, batch):
     """The run's timings from its ``StepRecord`` s. Steady: every slot runs, nothing is
     admitted or prefilled and no CUDA graph is captured (``steady_captures``: iterations left
     out for a capture alone). ``admitting_s`` / ``capture_s``: seconds of the iterations that
@@ -192,15 +197,15 @@ def run_spec_steady(
             model, batch, max_len, strategy, log_length, max_verify=k_top + 1, **kw
         )
         warm = [min(int(m), log_length + k_top + 2) for m in lengths[:batch]]
-        _serve(engine, _requests(prompts[:batch], warm), 0, None)  # graphs captured
-        plain, history = _serve(engine, _requests(prompts, lengths.tolist()), 0, None)
+        serve_all(engine, waiting_requests(prompts[:batch], warm), 0, None)  # graphs captured
+        plain, history = serve_all(engine, waiting_requests(prompts, lengths.tolist()), 0, None)
         row = dict(strategy=strategy, batch=batch, requests=n, log_capacity=engine.capacity)
-        row["plain"] = _timing(history, batch)
+        row["plain"] = steady_timing(history, batch)
         references = [torch.cat([p, torch.tensor(r.tokens)]) for p, r in zip(prompts, plain)]
         drafter = PromptKeyedDrafter(prompts, references, acceptance, seed=seed)
-        _serve(engine, _requests(prompts[:batch], warm), k, drafter)
-        spec, history = _serve(engine, _requests(prompts, lengths.tolist()), k, drafter)
-        row["speculative"] = _timing(history, batch)
+        serve_all(engine, waiting_requests(prompts[:batch], warm), k, drafter)
+        spec, history = serve_all(engine, waiting_requests(prompts, lengths.tolist()), k, drafter)
+        row["speculative"] = steady_timing(history, batch)
         row["speculative_equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(spec, plain))
         row["measured_acceptance"] = sum(r.accepted for r in spec) / max(
             1, sum(r.proposed for r in spec)
@@ -214,9 +219,11 @@ def run_spec_steady(
         arms += [(f"adaptive, k <= {k}", k, AdaptiveK.for_engine(engine, k))] if adaptive else []
         row["arms"] = {}
         for label, j, policy in arms:
-            _serve(engine, _requests(prompts[:batch], warm), j, drafter, policy)
-            got, history = _serve(engine, _requests(prompts, lengths.tolist()), j, drafter, policy)
-            arm = row["arms"][label] = _timing(history, batch)
+            serve_all(engine, waiting_requests(prompts[:batch], warm), j, drafter, policy)
+            got, history = serve_all(
+                engine, waiting_requests(prompts, lengths.tolist()), j, drafter, policy
+            )
+            arm = row["arms"][label] = steady_timing(history, batch)
             arm["equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(got, plain))
             if arm["steady_tokens_per_s"] and steady[0]:
                 arm["steady_over_decode"] = arm["steady_tokens_per_s"] / steady[0]
