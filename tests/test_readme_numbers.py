@@ -936,3 +936,60 @@ def test_the_k_sweep_with_192_tokens_and_the_admitting_time_match_their_file():
         f"took {100 * lo:.0f}-{100 * hi:.0f}% of plain decode's time",
     ):
         assert phrase in readme, phrase
+
+
+def test_the_round_against_its_step_table_and_bounds_match_their_files():
+    data = (ROOT / "data/README.md").read_text()
+    text = " ".join(data.split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    files = {"widths": "widths", "threads 16": "threads16", "threads 1": "threads1"}
+    parts, bounds, rests, rollbacks, shares = {}, {}, [], [], []
+    for label, name in files.items():
+        run = json.loads((ROOT / f"data/bench_spec_steady_{name}_h100_e466a9d.json").read_text())
+        assert run["commit"] == "e466a9d" and run["n_new"] == 192
+        if name != "widths":
+            assert run["env"]["OMP_NUM_THREADS"] == name.removeprefix("threads")
+        for row in run["rows"]:
+            b, plain = row["batch"], row["plain"]
+            arms = {"plain": plain, "k = 3": row["arms"]["k=3"], "k = 4": row["speculative"]}
+            cells = []
+            for arm_name, arm in arms.items():
+                ((T, it),) = arm["steady_ms_by_width"].items()
+                step, rb = arm["steady_step_ms_by_width"][T], arm["steady_rollback_ms_by_width"][T]
+                parts[label, b, arm_name] = it, step, rb, it - step - rb
+                if arm_name == "plain":
+                    cells.append(f"{it:.2f} / {step:.2f} / 0 / {it - step - rb:.2f}")
+                    assert rb == 0
+                    continue
+                ratio = arm["steady_tokens_per_s"] / plain["steady_tokens_per_s"]
+                cells.append(f"{it:.2f} / {step:.2f} / {rb:.2f} / {it - step - rb:.2f} ({ratio:.2f}x)")  # fmt: skip
+                p_it, p_step = parts[label, b, "plain"][:2]
+                bounds[label, b, arm_name] = ratio * it / step * p_step / p_it
+                rests.append(it - step - rb)
+                rollbacks.append(rb)
+                if b in (8, 32):
+                    shares.append((it - step) / it)
+            assert f"| {label} | {b} | " + " | ".join(cells) + " |" in data, cells
+    plain_rest = [v[3] for k, v in parts.items() if k[2] == "plain"]
+    b8 = [f"{bounds[f, 8, 'k = 4']:.2f}x" for f in files]
+    b32 = [f"{bounds[f, 32, 'k = 3']:.2f}x" for f in files]
+    for phrase in (
+        f"A plain iteration spends {min(plain_rest):.2f}-{max(plain_rest):.2f} ms on the host",
+        f"a speculation round {min(rests):.2f}-{max(rests):.2f} ms, plus "
+        f"{min(rollbacks):.2f}-{max(rollbacks):.2f} ms of rollback: "
+        f"{100 * min(shares):.0f}-{100 * max(shares):.0f}% of a round at batch 8 and 32",
+        f"k = 4 at batch 8 would reach {b8[0]}, {b8[1]} and {b8[2]} in the three runs",
+        f"k = 3 at batch 32 {b32[0]}, {b32[1]} and {b32[2]}",
+        f"At batch 128 k = 3 would reach {bounds['widths', 128, 'k = 3']:.2f}x",
+    ):
+        assert phrase in text, phrase
+    steps = [parts[f, 8, "k = 4"][1] for f in files]
+    rest8 = [parts[f, 8, "k = 4"][3] for f in files]
+    assert f"({min(steps):.2f}-{max(steps):.2f} ms)" in text and max(steps) / min(steps) < 1.1
+    assert f"moves from {min(rest8):.2f} to {max(rest8):.2f} ms" in text
+    for phrase in (
+        f"k = 4 at batch 8 would reach about {min(b8)[:-1]}-{max(b8)}",
+        f"k = 3 at batch 32 about {min(b32)[:-1]}-{max(b32)}",
+        f"took {100 * min(shares):.0f}-{100 * max(shares):.0f}% of it at batch 8 and 32",
+    ):
+        assert phrase in readme, phrase
