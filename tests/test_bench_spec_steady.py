@@ -132,3 +132,28 @@ def test_prompt_keyed_drafter_looks_up_prompts_with_distinct_heads_at_once():
         changed[1, at] = (changed[1, at] + 1) % 50
         with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
             drafter.propose_batch(changed, lengths, torch.arange(len(order)), 3, 100)
+
+
+def test_repeats_rotate_every_arm_and_report_the_median_ratio():
+    with torch.no_grad():
+        result = run_spec_steady(
+            MODEL, batches=(3,), k=2, n_new=10, log_length=4, requests_per_slot=2,
+            other_k=(1,), adaptive=True, repeats=3, progress=False,
+        )  # fmt: skip
+    (row,) = result["rows"]
+    labels = ["plain", "k=2", "k=1", "adaptive, k <= 2"]
+    orders = [p["order"] for p in row["repeats"]]
+    assert orders == [labels, labels[1:] + labels[:1], labels[2:] + labels[:2]]
+    assert row["repeats_equal_greedy"] and result["repeats"] == 3
+    first = row["repeats"][0]["steady_tokens_per_s"]
+    assert first["plain"] == row["plain"]["steady_tokens_per_s"]
+    assert first["k=1"] == row["arms"]["k=1"]["steady_tokens_per_s"]
+    for label in labels[1:]:
+        ratios = sorted(
+            p["steady_tokens_per_s"][label] / p["steady_tokens_per_s"]["plain"]
+            for p in row["repeats"]
+        )
+        assert row["median_steady_over_decode"][label] == pytest.approx(ratios[1])
+    assert "medians over 3 passes: k=2 " in spec_steady_summary(result)[0]
+    with pytest.raises(ValueError, match=r"repeats: expected 1 <= repeats, got 0"):
+        run_spec_steady(MODEL, batches=(3,), repeats=0, progress=False)

@@ -165,7 +165,7 @@ case "$mode" in
     # beside the host's (the rounds mode's bench); then the GPU tests of the scheduler's
     # speculation, the drafters and the device rounds (SUITE_FILES; SUITE_FILES=none: no tests)
     timeout -s INT ${SPEC_S:-300} python3 -m replaylab.bench spec-steady --preset matched \
-      --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-1,2} --adaptive --n-new ${N_NEW:-64} \
+      --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-1,2} --adaptive --n-new ${N_NEW:-64} --repeats ${REPEATS:-1} \
       --out "$OUT/bench_spec_steady_adaptive.json" 2>&1 | tail -16
     if [ -n "${ROUNDS_S:-}" ]; then
       timeout -s INT $ROUNDS_S python3 -m replaylab.bench matched --batches 8,32,128 \

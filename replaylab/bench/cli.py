@@ -341,7 +341,7 @@ def _spec_steady(args):
             strategies=tuple(args.strategies.split(",")), k=args.k, acceptance=args.acceptance,
             n_new=args.n_new, requests_per_slot=args.requests_per_slot,
             log_length=args.log_length, log_capacity=None if args.ring == "L" else "L+k",
-            other_k=args.other_k, adaptive=args.adaptive,
+            other_k=args.other_k, adaptive=args.adaptive, repeats=args.repeats,
         )  # fmt: skip
     result["preset"] = args.preset
     out = args.out or f"data/bench_spec_steady_{'gpu' if device == 'cuda' else 'cpu'}.json"
@@ -615,6 +615,10 @@ def add_bench_parser(subparsers):
     sp.add_argument(
         "--adaptive", action="store_true",
         help="also let the scheduler choose each round's k in 0 .. k (serving.adaptive_k)",
+    )  # fmt: skip
+    sp.add_argument(
+        "--repeats", type=int, default=1,
+        help="run every arm this many times, the order rotated each pass; medians reported",
     )  # fmt: skip
     sp.set_defaults(run=_spec_steady)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")

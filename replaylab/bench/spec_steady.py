@@ -135,6 +135,17 @@ def steady_timing(history, batch):
     )
 
 
+def _median_ratio(passes, label):
+    """The median over ``passes`` of arm ``label``'s steady rate over the same pass's plain
+    decode (None where a pass had no steady iterations)."""
+    ratios = [
+        p["steady_tokens_per_s"][label] / p["steady_tokens_per_s"]["plain"]
+        for p in passes
+        if p["steady_tokens_per_s"][label] and p["steady_tokens_per_s"]["plain"]
+    ]
+    return statistics.median(ratios) if ratios else None
+
+
 def _medians_ms(records, seconds):
     """Width T -> the median of ``seconds(record)`` over ``records`` of that width, in ms."""
     by = {}
@@ -169,6 +180,7 @@ def run_spec_steady(
     progress=True,
     other_k=(),
     adaptive=False,
+    repeats=1,
 ):
     """Rows per (strategy, batch): the plain and the speculative run's timings, their
     steady-state ratio and whether every request's speculative tokens equal its greedy
@@ -176,11 +188,15 @@ def run_spec_steady(
     in the same process and on the same engine (its max_verify the largest k + 1), each row's
     ``arms``: speculation with each k of ``other_k``, and with ``adaptive`` the scheduler
     choosing each round's k in 0 .. k (``AdaptiveK.for_engine``; its policy warmed by the
-    warm-up run, as a server's would be)."""
+    warm-up run, as a server's would be). ``repeats``: every arm, plain decode included,
+    runs that many times on the engine, the order rotated each pass (``repeats``: each
+    pass's steady rates; ``median_steady_over_decode``: per arm, the median over the passes
+    of its rate over that pass's plain decode; the other fields are the first pass's)."""
     from tqdm.auto import tqdm
 
     vocab = model.cfg.vocab_size
     k = as_int("k", k, low=1)
+    repeats = as_int("repeats", repeats, low=1)
     other_k = [as_int(f"other_k[{i}]", j, low=1) for i, j in enumerate(other_k)]
     k_top = max((k, *other_k))
     rows = []
@@ -229,12 +245,34 @@ def run_spec_steady(
                 arm["steady_over_decode"] = arm["steady_tokens_per_s"] / steady[0]
             if policy:
                 arm["acceptance_estimate"] = policy.acceptance
+        passes = [
+            ("plain", 0, None, False), (f"k={k}", k, drafter, False),
+            *[(label, j, drafter, policy) for label, j, policy in arms],
+        ]  # fmt: skip
+        first = {"plain": steady[0], f"k={k}": steady[1]}
+        first.update({label: a["steady_tokens_per_s"] for label, a in row["arms"].items()})
+        row["repeats"] = [dict(order=[p[0] for p in passes], steady_tokens_per_s=first)]
+        for r in range(1, repeats):  # every arm again, the order rotated by one each pass
+            order = passes[r % len(passes) :] + passes[: r % len(passes)]
+            rates = {}
+            for label, j, d, policy in order:
+                got, history = serve_all(
+                    engine, waiting_requests(prompts, lengths.tolist()), j, d, policy
+                )
+                rates[label] = steady_timing(history, batch)["steady_tokens_per_s"]
+                if not all(s.tokens == p.tokens for s, p in zip(got, plain)):
+                    row["repeats_equal_greedy"] = False
+            row["repeats"].append(dict(order=[p[0] for p in order], steady_tokens_per_s=rates))
+        row.setdefault("repeats_equal_greedy", True)
+        row["median_steady_over_decode"] = {
+            label: _median_ratio(row["repeats"], label) for label, *_ in passes[1:]
+        }
         rows.append(row)
         del engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return dict(
-        kind="spec_steady", k=k, other_k=list(other_k), adaptive=adaptive,
+        kind="spec_steady", k=k, other_k=list(other_k), adaptive=adaptive, repeats=repeats,
         acceptance=acceptance, n_new=n_new,
         requests_per_slot=requests_per_slot, log_length=log_length, rows=rows,
     )  # fmt: skip
@@ -254,6 +292,11 @@ def spec_steady_summary(result):
             f", whole run {r['speculation_over_decode']:.2f}x, acceptance "
             f"{r['measured_acceptance']:.2f}, equal greedy {r['speculative_equal_greedy']}"
         )
+        if len(r.get("repeats", ())) > 1:
+            lines[-1] += ", medians over {} passes: {}".format(
+                len(r["repeats"]),
+                ", ".join(f"{label} {v:.2f}x" for label, v in r["median_steady_over_decode"].items() if v),
+            )  # fmt: skip
         plain, spec = r["plain"], r["speculative"]
         if "admitting_s" in plain:  # (not in files before the field)
             lines[-1] += ", time admitting: plain {:.0%}, k = {} {:.0%}".format(
