@@ -400,10 +400,13 @@ def test_run_stream_bench_refuses_unknown_settings():
 
 @pytest.mark.figures
 def test_the_serving_figures_draw_a_stream_and_the_committed_result():
+    from replaylab.results import load_bench
     from replaylab.teaching.plotting_serving import (
         crossover_figure,
         latency_figure,
         load_stream_result,
+        round_split,
+        round_split_figure,
         slot_timeline_figure,
     )
 
@@ -421,6 +424,17 @@ def test_the_serving_figures_draw_a_stream_and_the_committed_result():
     fig = crossover_figure(result)
     assert len(fig.data) == 2 * len(result["strategies"]) and "CPU" in fig.layout.title.text
     assert run["replay"]["requests"] == len(done)
+    widths = load_bench("data/bench_spec_steady_widths_h100_e466a9d.json")
+    split = round_split(widths)  # the one-width arms: plain, k = 4 and k = 3, per batch
+    assert {b: list(a) for b, a in split.items()} == {b: ["plain", "k=4", "k=3"] for b in (8, 32, 128)}  # fmt: skip
+    row = widths["rows"][0]["arms"]["k=3"]
+    assert split[8]["k=3"]["host"] == pytest.approx(
+        row["steady_ms_by_width"]["4"] - row["steady_step_ms_by_width"]["4"]
+        - row["steady_rollback_ms_by_width"]["4"]
+    )  # fmt: skip
+    bars = round_split_figure(widths)
+    assert [t.type for t in bars.data] == ["bar"] * 3 + ["scatter"] and len(bars.data[0].y) == 9
+    assert bars.data[3].text[4] == f"{split[32]['k=4']['over_plain']:.2f}x"
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

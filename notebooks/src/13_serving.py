@@ -520,6 +520,46 @@ for bucket in sorted(sched.adaptive_k.rounds):
     print(f"bucket {bucket}: {sched.adaptive_k.rounds[bucket]} rounds, median ms by k = 0 .. 4: {shown}")
 
 # %% [markdown]
+# ### Where a round's time goes
+#
+# A round is more than its verify. The scheduler also drafts, accepts, rolls back and keeps
+# each request's books on the host, and while it does, the GPU waits. `bench spec-steady`
+# records each steady iteration's engine step (the device's work, its argmax and the copy of
+# the predictions to the host) and rollback; the rest is the host's. The bars below are the
+# medians from one H100 run (`data/bench_spec_steady_widths_h100_e466a9d.json`), each labelled
+# with the arm's rate over plain decode. The last column asks: if the host's part took no time,
+# for the plain iterations too, what would the ratio be? It scales the measured ratio by
+# (round / its step) x (plain step / plain iteration).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from replaylab.teaching.plotting_serving import round_split, round_split_figure
+
+widths = load_bench("data/bench_spec_steady_widths_h100_e466a9d.json")
+split = round_split(widths)
+print("batch  arm   step  rollback  host  (ms)  host share   over plain   host-free")
+for batch, arms in split.items():
+    plain = arms["plain"]
+    plain_total = plain["step"] + plain["rollback"] + plain["host"]
+    for label, a in arms.items():
+        total = a["step"] + a["rollback"] + a["host"]
+        free = a["over_plain"] * total / a["step"] * plain["step"] / plain_total
+        share = (a["rollback"] + a["host"]) / total
+        print(f"{batch:5d}  {label:5s} {a['step']:5.2f}  {a['rollback']:8.2f}  {a['host']:4.2f}"
+              f"       {share:5.0%}        {a['over_plain']:5.2f}x       {free:5.2f}x")
+
+# %%
+round_split_figure(widths, "one H100, the weight-matched model, replay: a steady iteration").show()
+
+# %% [markdown]
+# Read the host share column: at batch 8 and 32 the host's part of a speculation round is several
+# times its part of a plain iteration. The host-free column sets what that part costs beside
+# issue 36's targets for those batches (2.5x and 2.0x). At batch 128 compare the step column
+# instead: the verify's step is a large multiple of a plain step, so there the device's work
+# binds. Moving the host's part onto the device, or out of the round's way, is the next step
+# for speculation at serving batch sizes.
+
+# %% [markdown]
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
 #   a rollback. Under replay a rollback moves two numbers per slot, and a draft model's slot
@@ -546,7 +586,8 @@ for bucket in sorted(sched.adaptive_k.rounds):
 # instead of admitting smaller ones behind it, and what would you add to a server to use the
 # idle bytes without starving the large request? (2) Recompute's rollback re-runs the kept tokens:
 # in the measured stream, is its extra time per rejected draft closer to snapshot's copy or to a
-# decode step, and why?
+# decode step, and why? (3) In the round split above, which part would you attack first at batch
+# 32, and which at batch 128? What would each buy, by the host-free column?
 #
 # ## References
 # * nano-vllm (scheduler / sequence / model-runner split) and vLLM (continuous batching, its

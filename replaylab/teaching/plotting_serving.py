@@ -20,6 +20,8 @@ __all__ = [
     "latency_figure",
     "slot_timeline_figure",
     "crossover_figure",
+    "round_split",
+    "round_split_figure",
     "prefix_hit_rate_figure",
     "PREFIX_BLOCKS",
     "STREAM_GPU",
@@ -149,6 +151,55 @@ def crossover_figure(result) -> go.Figure:
         yaxis_title="speedup of speculation",
         height=420,
     )
+    return fig
+
+
+def round_split(result):
+    """Per (batch, arm) of a ``bench spec-steady`` result that records its widths
+    (``steady_ms_by_width``): the median steady iteration of the arm's one width split into
+    (step, rollback, host) ms, with the arm's rate over plain decode. Arms: "plain",
+    "k=<k>" for the main k and each other k (arms of several widths, the adaptive one, are
+    left out). Returns {batch: {arm: dict(step=, rollback=, host=, over_plain=)}}."""
+    out = {}
+    for row in result["rows"]:
+        plain = row["plain"]["steady_tokens_per_s"]
+        arms = {"plain": row["plain"], f"k={result['k']}": row["speculative"], **row["arms"]}
+        out[row["batch"]] = {}
+        for label, arm in arms.items():
+            widths = arm.get("steady_ms_by_width", {})
+            if len(widths) != 1:
+                continue
+            ((T, total),) = widths.items()
+            step, rollback = (
+                arm["steady_step_ms_by_width"][T],
+                arm["steady_rollback_ms_by_width"][T],
+            )
+            out[row["batch"]][label] = dict(
+                step=step, rollback=rollback, host=total - step - rollback,
+                over_plain=arm["steady_tokens_per_s"] / plain,
+            )  # fmt: skip
+    return out
+
+
+def round_split_figure(result, title="where a steady iteration's time goes") -> go.Figure:
+    """Stacked bars, one per (batch, arm) of ``round_split(result)``: the engine step, the
+    rollback and the host's work around them, ms; each bar's label its rate over plain."""
+    split = round_split(result)
+    x = [[str(b) for b, arms in split.items() for _ in arms],
+         [label for arms in split.values() for label in arms]]  # fmt: skip
+    parts = [("step", "engine step (device)", "#636efa"), ("rollback", "rollback", "#ab63fa"),
+             ("host", "host around it", "#ef553b")]  # fmt: skip
+    fig = go.Figure()
+    for key, name, color in parts:
+        fig.add_trace(go.Bar(x=x, y=[a[key] for arms in split.values() for a in arms.values()],
+                             name=name, marker_color=color))  # fmt: skip
+    fig.add_trace(go.Scatter(
+        x=x, y=[sum(a[k] for k, *_ in parts) for arms in split.values() for a in arms.values()],
+        text=[f"{a['over_plain']:.2f}x" for arms in split.values() for a in arms.values()],
+        mode="text", textposition="top center", showlegend=False,
+    ))  # fmt: skip
+    fig.update_layout(barmode="stack", title=title, yaxis_title="ms per steady iteration",
+                      xaxis_title="batch, arm", height=420)  # fmt: skip
     return fig
 
 
