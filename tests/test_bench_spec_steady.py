@@ -87,12 +87,19 @@ def test_steady_iterations_are_full_and_admission_free():
     assert t["tokens_per_s"] == 20 / 8 and t["steady_share"] == 1 / 8
     assert (t["steady_captures"], t["captures"], t["capture_s"]) == (1, 2, 3.0)
     assert (t["admitting_iterations"], t["admitting_s"], t["seconds"]) == (1, 1.0, 8.0)
-    more = [StepRecord(start=8.0 + i, end=8.5 + i, running=2, T=3, tokens=4, step_s=0.1 * i,
-                       rollback_s=0.01 * (3 - i)) for i in range(3)]  # fmt: skip
+    # skewed times (medians, not means): iterations 0.5, 0.6 and 2.5 s; steps 0.1, 0.1, 1.6 s
+    spans, steps, rollbacks = (0.5, 0.6, 2.5), (0.1, 0.1, 1.6), (0.01, 0.05, 0.9)
+    more, at = [], 8.0
+    for span, step, rollback in zip(spans, steps, rollbacks):
+        more.append(StepRecord(start=at, end=at + span, running=2, T=3, tokens=4, step_s=step,
+                               rollback_s=rollback))  # fmt: skip
+        at += span
     t = steady_timing(history[:2] + more, batch=2)
-    assert t["steady_ms_by_width"] == {0: 1000.0, 3: 500.0}
+    assert t["steady_ms_by_width"] == pytest.approx({0: 1000.0, 3: 600.0})
     assert t["steady_step_ms_by_width"][3] == pytest.approx(100.0)
-    assert t["steady_rollback_ms_by_width"][3] == pytest.approx(20.0)
+    assert t["steady_rollback_ms_by_width"][3] == pytest.approx(50.0)
+    with pytest.raises(ValueError, match=r"history: expected the records of a run that took"):
+        steady_timing([], batch=2)
 
 
 def test_prompt_keyed_drafter_finds_each_rows_request():
@@ -134,7 +141,16 @@ def test_prompt_keyed_drafter_looks_up_prompts_with_distinct_heads_at_once():
             drafter.propose_batch(changed, lengths, torch.arange(len(order)), 3, 100)
 
 
-def test_repeats_rotate_every_arm_and_report_the_median_ratio():
+def test_repeats_rotate_every_arm_and_report_the_median_ratio(monkeypatch):
+    import replaylab.bench.spec_steady as bench
+
+    serve, served = bench.serve_all, [0]
+
+    def counted(*args):
+        served[0] += 1
+        return serve(*args)
+
+    monkeypatch.setattr(bench, "serve_all", counted)
     with torch.no_grad():
         result = run_spec_steady(
             MODEL, batches=(3,), k=2, n_new=10, log_length=4, requests_per_slot=2,
@@ -145,9 +161,7 @@ def test_repeats_rotate_every_arm_and_report_the_median_ratio():
     orders = [p["order"] for p in row["repeats"]]
     assert orders == [labels, labels[1:] + labels[:1], labels[2:] + labels[:2]]
     assert row["repeats_equal_greedy"] and result["repeats"] == 3
-    first = row["repeats"][0]["steady_tokens_per_s"]
-    assert first["plain"] == row["plain"]["steady_tokens_per_s"]
-    assert first["k=1"] == row["arms"]["k=1"]["steady_tokens_per_s"]
+    assert served == [4 * 2 + 2 * 4]  # each arm warmed and timed, then two passes of four
     for label in labels[1:]:
         ratios = sorted(
             p["steady_tokens_per_s"][label] / p["steady_tokens_per_s"]["plain"]
@@ -157,3 +171,7 @@ def test_repeats_rotate_every_arm_and_report_the_median_ratio():
     assert "medians over 3 passes: k=2 " in spec_steady_summary(result)[0]
     with pytest.raises(ValueError, match=r"repeats: expected 1 <= repeats, got 0"):
         run_spec_steady(MODEL, batches=(3,), repeats=0, progress=False)
+    with pytest.raises(ValueError, match=r"other_k\[1\]: 2 is k; expected each other k once"):
+        run_spec_steady(MODEL, batches=(3,), k=2, other_k=(1, 2), progress=False)
+    with pytest.raises(ValueError, match=r"other_k\[1\]: 1 is listed twice"):
+        run_spec_steady(MODEL, batches=(3,), k=2, other_k=(1, 1), progress=False)

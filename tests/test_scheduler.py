@@ -435,6 +435,8 @@ def test_the_serving_figures_draw_a_stream_and_the_committed_result():
     bars = round_split_figure(widths)
     assert [t.type for t in bars.data] == ["bar"] * 3 + ["scatter"] and len(bars.data[0].y) == 9
     assert bars.data[3].text[4] == f"{split[32]['k=4']['over_plain']:.2f}x"
+    with pytest.raises(ValueError, match=r"result: its rows record no steady_ms_by_width"):
+        round_split(load_bench("data/bench_spec_steady_k_h100_cfbdb4f.json"))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

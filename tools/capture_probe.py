@@ -3,7 +3,7 @@ adaptive k) with the CUDA graphs each scheduler iteration captured counted by pa
 ``ModelRunner.graph_step``; it asked whether the adaptive arm lost to captures inside steady
 iterations (it found 3-4 captures a speculative run, none in steady ones). Since 4fe79c0 the
 scheduler records ``StepRecord.captures`` and the bench leaves such iterations out itself
-(run on such a tree, this patch would count each capture twice). On cfbdb4f the bench's
+(on such a tree the probe leaves the scheduler's count alone). On cfbdb4f the bench's
 helpers it patches were private (``_timing``); they are public since (``steady_timing``).
 
     python tools/capture_probe.py OUT.json    (a GPU)
@@ -47,7 +47,8 @@ def step(self):
     return done
 
 
-SC.Scheduler.step = step
+if "captures" not in SC.StepRecord.__dataclass_fields__:  # (later trees count them)
+    SC.Scheduler.step = step
 ot = S.steady_timing
 
 
@@ -87,4 +88,7 @@ from replaylab.bench.spec_steady import model_for, run_spec_steady
 
 m = model_for("matched", "cuda")
 r = run_spec_steady(m, batches=(32,), other_k=(3,), adaptive=True, progress=False)
+from replaylab.bench.provenance import provenance  # noqa: E402
+
+r = dict(provenance=dict(provenance(), command="python " + " ".join(sys.argv)), result=r)
 json.dump(r, open(sys.argv[1], "w"), default=str, indent=1)

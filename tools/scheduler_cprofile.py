@@ -69,4 +69,7 @@ for name, kk, d in (("plain", 0, None), (f"k={k}", k, dr)):
         "share {:.2f}".format(t["steady_share"]),
         flush=True,
     )
+from replaylab.bench.provenance import provenance  # noqa: E402
+
+res = dict(provenance=dict(provenance(), command="python " + " ".join(sys.argv)), **res)
 json.dump(res, open(out, "w"), indent=1, default=str)

@@ -109,9 +109,15 @@ def steady_timing(history, batch):
     """The run's timings from its ``StepRecord`` s. Steady: every slot runs, nothing is
     admitted or prefilled and no CUDA graph is captured (``steady_captures``: iterations left
     out for a capture alone). ``admitting_s`` / ``capture_s``: seconds of the iterations that
-    admitted requests / captured graphs (the rest is steady or the tail). Per width T of the
-    steady iterations, the median ms of the iteration, of its engine step (the step, argmax
-    and the predictions' copy to the host: ``StepRecord.step_s``) and of its rollback."""
+    admitted requests (each also decodes) / captured graphs; an iteration may do both. Per
+    width T of the steady iterations, the median ms of the iteration, of its engine step (the
+    step, argmax and the predictions' copy to the host: ``StepRecord.step_s``) and of its
+    rollback."""
+    if not history or history[-1].end <= history[0].start:
+        raise ValueError(
+            f"history: expected the records of a run that took time, got {len(history)} "
+            "records" + (f" from {history[0].start} to {history[-1].end}" if history else "")
+        )
     full = [h for h in history if h.running == batch and not h.admitted and not h.prefilled]
     steady = [h for h in full if not h.captures]
     total_s = history[-1].end - history[0].start
@@ -191,13 +197,21 @@ def run_spec_steady(
     warm-up run, as a server's would be). ``repeats``: every arm, plain decode included,
     runs that many times on the engine, the order rotated each pass (``repeats``: each
     pass's steady rates; ``median_steady_over_decode``: per arm, the median over the passes
-    of its rate over that pass's plain decode; the other fields are the first pass's)."""
+    of its rate over that pass's plain decode; the other fields are the first pass's). Only
+    the first pass warms each arm; the adaptive arm's policy keeps what it learnt from pass
+    to pass, as a server's would."""
     from tqdm.auto import tqdm
 
     vocab = model.cfg.vocab_size
     k = as_int("k", k, low=1)
     repeats = as_int("repeats", repeats, low=1)
     other_k = [as_int(f"other_k[{i}]", j, low=1) for i, j in enumerate(other_k)]
+    for i, j in enumerate(other_k):
+        if j == k or j in other_k[:i]:
+            raise ValueError(
+                f"other_k[{i}]: {j} is {'k' if j == k else 'listed twice'}; expected each "
+                f"other k once and none equal to k={k}"
+            )
     k_top = max((k, *other_k))
     rows = []
     jobs = [(s, b) for s in strategies for b in batches]

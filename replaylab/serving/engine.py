@@ -76,7 +76,7 @@ class EngineStats:
     reruns: int = 0  # recompute: forwards that re-ran kept tokens
     rerun_tokens: int = 0
     graph_replays: int = 0
-    graph_captures: int = 0  # CUDA graphs captured (each runs its step eagerly three times)
+    graph_captures: int = 0  # CUDA graphs captured (each after two eager runs of its step)
     admitted: int = 0
     retired: int = 0
 

@@ -156,18 +156,27 @@ def crossover_figure(result) -> go.Figure:
 
 def round_split(result):
     """Per (batch, arm) of a ``bench spec-steady`` result that records its widths
-    (``steady_ms_by_width``): the median steady iteration of the arm's one width split into
-    (step, rollback, host) ms, with the arm's rate over plain decode. Arms: "plain",
-    "k=<k>" for the main k and each other k (arms of several widths, the adaptive one, are
-    left out). Returns {batch: {arm: dict(step=, rollback=, host=, over_plain=)}}."""
+    (``steady_ms_by_width``, since e466a9d): the arm's steady iterations of its one width
+    split into (step, rollback, host) ms, with the arm's rate over plain decode. step and
+    rollback are medians; host is the median iteration less those two (an estimate of the
+    rest, which can come out below zero). Arms: "plain", "k=<k>" for the main k and each
+    other k; arms of several widths (the adaptive one) or without steady iterations are left
+    out. Returns {batch: {arm: dict(step=, rollback=, host=, over_plain=)}}; a ValueError
+    names a file without the widths."""
     out = {}
     for row in result["rows"]:
         plain = row["plain"]["steady_tokens_per_s"]
-        arms = {"plain": row["plain"], f"k={result['k']}": row["speculative"], **row["arms"]}
+        if "steady_ms_by_width" not in row["plain"]:
+            raise ValueError(
+                "result: its rows record no steady_ms_by_width (bench spec-steady before "
+                "e466a9d); expected a run that splits its iterations"
+            )
+        arms = {"plain": row["plain"], f"k={result['k']}": row["speculative"]}
+        arms.update(row.get("arms", {}))
         out[row["batch"]] = {}
         for label, arm in arms.items():
             widths = arm.get("steady_ms_by_width", {})
-            if len(widths) != 1:
+            if len(widths) != 1 or not plain or not arm["steady_tokens_per_s"]:
                 continue
             ((T, total),) = widths.items()
             step, rollback = (
@@ -188,7 +197,7 @@ def round_split_figure(result, title="where a steady iteration's time goes") -> 
     x = [[str(b) for b, arms in split.items() for _ in arms],
          [label for arms in split.values() for label in arms]]  # fmt: skip
     parts = [("step", "engine step (device)", "#636efa"), ("rollback", "rollback", "#ab63fa"),
-             ("host", "host around it", "#ef553b")]  # fmt: skip
+             ("host", "other (host)", "#ef553b")]  # fmt: skip
     fig = go.Figure()
     for key, name, color in parts:
         fig.add_trace(go.Bar(x=x, y=[a[key] for arms in split.values() for a in arms.values()],
