@@ -175,3 +175,36 @@ def test_repeats_rotate_every_arm_and_report_the_median_ratio(monkeypatch):
         run_spec_steady(MODEL, batches=(3,), k=2, other_k=(1, 2), progress=False)
     with pytest.raises(ValueError, match=r"other_k\[1\]: 1 is listed twice"):
         run_spec_steady(MODEL, batches=(3,), k=2, other_k=(1, 1), progress=False)
+
+
+def test_prompt_keyed_drafter_confirms_a_rows_prompt_once_per_request(monkeypatch):
+    gen = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 50, (int(n),), generator=gen) for n in (6, 9, 7)]
+    refs = [torch.cat([p, torch.arange(12) + 10 * i]) for i, p in enumerate(prompts)]
+    drafter = PromptKeyedDrafter(prompts, refs, acceptance=1.0)
+    checked, check = [], drafter._starts_with_prompts
+
+    def counted(contexts, lengths, index):
+        checked.append(list(index))
+        return check(contexts, lengths, index)
+
+    monkeypatch.setattr(drafter, "_starts_with_prompts", counted)
+
+    def rows_of(tenants, grown):
+        contexts = torch.zeros(len(tenants), 30, dtype=torch.long)
+        lengths = torch.tensor([prompts[i].numel() + grown for i in tenants])
+        for g, i in enumerate(tenants):
+            contexts[g, : lengths[g]] = refs[i][: lengths[g]]
+        return contexts, lengths
+
+    slots = torch.tensor([4, 7])
+    for grown, tenants in ((1, [0, 2]), (3, [0, 2]), (5, [0, 1])):  # slot 7 changes tenant
+        contexts, lengths = rows_of(tenants, grown)
+        got = drafter.propose_batch(contexts, lengths, slots, 2, 100)
+        assert got.tolist() == [refs[i][n : n + 2].tolist() for i, n in zip(tenants, lengths)]
+    assert checked == [[0, 2], [1]]  # each (row, request) confirmed once
+    contexts, lengths = rows_of([2], 1)
+    contexts[0, 6] += 1  # request 2's head (m = 6 ids), another prompt: a new row checks it
+    with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
+        drafter.propose_batch(contexts, lengths, torch.tensor([9]), 2, 100)
+    assert checked[-1] == [2]  # refused by the prompt check, not the hash

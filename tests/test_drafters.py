@@ -50,6 +50,25 @@ def test_batched_prompt_lookup_proposes_what_the_per_sequence_one_does(contexts,
     assert torch.equal(got, want.reshape(len(contexts), k))
 
 
+def test_batched_synthetic_drafters_lookup_table_gives_the_hashed_drafts():
+    """The host's rounds read a table of every draft inside the references; it must give what
+    the per-round hashing gives (``_drafts``) at every position, past a reference's end and
+    past the table too (where it falls back), for each vocabulary size asked."""
+    gen = torch.Generator().manual_seed(5)
+    refs = [torch.randint(0, 40, (int(n),), generator=gen) for n in (3, 17, 9, 30)]
+    drafter = BatchSyntheticDrafter(refs, 0.6, seed=11)
+    for vocab in (40, 41, 40):
+        for _ in range(30):
+            rows = torch.randint(0, 4, (5,), generator=gen)
+            lengths = torch.randint(1, 36, (5,), generator=gen)
+            k = int(torch.randint(1, 6, (1,), generator=gen))
+            contexts = torch.zeros(5, 40, dtype=torch.long)
+            got = drafter.propose_batch(contexts, lengths, rows, k, vocab)
+            want = drafter._drafts(drafter.reference, rows, lengths, k, vocab)
+            assert torch.equal(got, want), (rows, lengths, k, vocab)
+        assert drafter._table[0] == vocab
+
+
 def test_batched_synthetic_drafter_follows_its_references():
     refs = [torch.tensor([5, 6, 7, 8, 9]), torch.tensor([1, 2, 3])]
     rows, lengths = padded([[5, 6], [1]])

@@ -64,9 +64,10 @@ def probe(batch, k, rounds, acceptance=0.8, repeats=3, drafters="list"):
     return best
 
 
-def probe_scheduler(batch, k, rounds, acceptance=0.8, repeats=3):
+def probe_scheduler(batch, k, rounds, acceptance=0.8, repeats=3, prompt_length=None):
     """ms per scheduler iteration (a speculation round of every request) with the forward
-    stubbed out; the admissions' iteration is not timed."""
+    stubbed out; the admissions' iteration is not timed. ``prompt_length``: prompts of that
+    many ids plus their index (default: ``random_prompts``' 8-40)."""
     from replaylab.bench.spec_steady import PromptKeyedDrafter
     from replaylab.serving import Request, Scheduler
 
@@ -74,11 +75,19 @@ def probe_scheduler(batch, k, rounds, acceptance=0.8, repeats=3):
     model = HybridLM(cfg, seed=0).eval()
     n_new = rounds * (k + 1)  # no request finishes within the timed iterations
     logits = torch.zeros(batch, k + 1, cfg.vocab_size)
-    prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+    if prompt_length is None:
+        prompts = random_prompts(batch, cfg.vocab_size, seed=7)
+    else:
+        gen = torch.Generator().manual_seed(7)
+        prompts = [torch.randint(0, cfg.vocab_size, (prompt_length + i,), generator=gen)
+                   for i in range(batch)]  # fmt: skip
+    longest = max(p.numel() for p in prompts)
     references = [torch.cat([p, torch.zeros(n_new + k + 2, dtype=torch.long)]) for p in prompts]
     best = None
     for _ in range(repeats):
-        engine = DecodeEngine(model, batch, 48 + n_new + k + 2, "replay", 16, k + 1)
+        engine = DecodeEngine(
+            model, batch, max(longest, 39) + 9 + n_new + k + 2, "replay", 16, k + 1
+        )
         drafter = PromptKeyedDrafter(prompts, references, acceptance, seed=0)
         sched = Scheduler(engine, k=k, drafter=drafter)
         for i, p in enumerate(prompts):
@@ -91,6 +100,7 @@ def probe_scheduler(batch, k, rounds, acceptance=0.8, repeats=3):
         per_round = (time.perf_counter() - t0) / rounds
         if best is None or per_round < best["ms_per_round"] / 1e3:
             best = dict(batch=batch, k=k, drafters="scheduler", rounds=rounds,
+                        prompt_length=prompt_length,
                         ms_per_round=per_round * 1e3, us_per_sequence=per_round * 1e6 / batch)  # fmt: skip
     return best
 
@@ -108,13 +118,15 @@ def main(argv=None):
                     "comma-separated take turns at each batch, in one process")  # fmt: skip
     ap.add_argument("--label", default=None, help="names the tree, for side-by-side runs")
     ap.add_argument("--append", action="store_true", help="add the rows to OUT's")
+    ap.add_argument("--prompt-length", type=int, default=None,
+                    help="scheduler: prompts of this many ids (plus their index)")  # fmt: skip
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     kinds = a.drafters.split(",")
     if not set(kinds) <= {*DRAFTERS, "scheduler"}:
         ap.error(f"--drafters: expected names of {(*DRAFTERS, 'scheduler')}, got {a.drafters!r}")
     rows = [
-        probe_scheduler(int(b), a.k, a.rounds) if d == "scheduler"
+        probe_scheduler(int(b), a.k, a.rounds, prompt_length=a.prompt_length) if d == "scheduler"
         else probe(int(b), a.k, a.rounds, drafters=d)
         for b in a.batches.split(",") for d in kinds
     ]  # fmt: skip

@@ -53,6 +53,7 @@ class BatchSyntheticDrafter:
             self.reference[i, : r.numel()] = r.flatten().cpu()
         self.acceptance, self.seed = acceptance, as_int("seed", seed, low=0)
         self._on = {}  # device -> the reference there
+        self._table = None  # (vocab_size, (S, width) every draft inside the references)
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if len(rows) and int(rows.max()) >= self.reference.shape[0]:
@@ -60,7 +61,22 @@ class BatchSyntheticDrafter:
                 f"rows: sequence {int(rows.max())} has no reference (this drafter holds "
                 f"{self.reference.shape[0]}); expected one reference per sequence"
             )
+        at = lengths[:, None] + torch.arange(k)  # (G, k) positions
+        table = self._proposals(vocab_size)
+        if len(rows) and int(at.max()) < table.shape[1]:  # inside the references: a lookup
+            return table[rows[:, None], at]
         return self._drafts(self.reference, rows, lengths, k, vocab_size)
+
+    def _proposals(self, vocab_size):
+        """(S, width): the draft at every position inside the references, the same as
+        ``_drafts`` gives there, computed once per vocabulary size (the host's rounds read
+        it instead of hashing each round's positions)."""
+        if self._table is None or self._table[0] != vocab_size:
+            S, width = self.reference.shape
+            every = torch.arange(width).expand(S, width)
+            drafts = self._drafts_at(self.reference, torch.arange(S), every, vocab_size)
+            self._table = (vocab_size, drafts)
+        return self._table[1]
 
     def propose_on_device(self, contexts, lengths, k, vocab_size):
         """``propose_batch`` as tensor operations on the device of ``lengths`` (S,) int64,
@@ -78,8 +94,12 @@ class BatchSyntheticDrafter:
         return self._drafts(self._on[device], rows, lengths, k, vocab_size)
 
     def _drafts(self, reference, rows, lengths, k, vocab_size):
-        width = reference.shape[1]
         at = lengths[:, None] + torch.arange(k, device=lengths.device)  # (G, k) positions
+        return self._drafts_at(reference, rows, at, vocab_size)
+
+    def _drafts_at(self, reference, rows, at, vocab_size):
+        """The drafts of sequences ``rows`` (G,) at positions ``at`` (G, n)."""
+        width = reference.shape[1]
         true = reference[rows[:, None], at.clamp(max=width - 1)].masked_fill(at >= width, 0)
         wrong = position_draws(self.seed, rows, at) >= self.acceptance
         return torch.where(wrong, (true + 1) % vocab_size, true)
