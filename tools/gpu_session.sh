@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?a mode: see the list above}
@@ -147,6 +147,11 @@ case "$mode" in
       --rows 1,2,4,8,16,32,64,128,256,320,640,1280 2>&1 | tail -34
     timeout -s INT ${MATCHED_S:-300} python3 -m replaylab.bench matched --out "$OUT/bench_matched_rows.json" \
       ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
+  host-probe)  # issue 36: the scheduler's host work a speculation round on this machine's host
+    # (CPU only, forward stubbed; tools/spec_host_probe.py), the floor under its rounds here
+    OMP_NUM_THREADS=1 timeout ${PROBE_S:-120} python3 tools/spec_host_probe.py \
+      "$OUT/spec_host_probe_scheduler_gpu_host.json" --drafters scheduler --batches 8,32,128 \
+      --label "${COMMIT:-unknown}" 2>&1 | tail -6 ;;
   rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item
     # 3): bench matched's replay speculation with one BatchSyntheticDrafter, host rounds then
     # device rounds on each engine, over plain decode on the same engine (ROUNDS_ARGS); then
