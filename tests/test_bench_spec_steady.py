@@ -208,3 +208,8 @@ def test_prompt_keyed_drafter_confirms_a_rows_prompt_once_per_request(monkeypatc
     with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
         drafter.propose_batch(contexts, lengths, torch.tensor([9]), 2, 100)
     assert checked[-1] == [2]  # refused by the prompt check, not the hash
+    contexts, lengths = rows_of([0, 1], 2)  # both slots held these requests 5 tokens past
+    contexts[1, 7] += 1  # request 1's head, another prompt, a shorter context: checked again
+    with pytest.raises(ValueError, match=r"context: its prompt is none of the drafter's"):
+        drafter.propose_batch(contexts, lengths, slots, 2, 100)
+    assert checked[-1] == [0, 1]  # both contexts shorter than last seen: both checked

@@ -61,12 +61,18 @@ def test_batched_synthetic_drafters_lookup_table_gives_the_hashed_drafts():
         for _ in range(30):
             rows = torch.randint(0, 4, (5,), generator=gen)
             lengths = torch.randint(1, 36, (5,), generator=gen)
-            k = int(torch.randint(1, 6, (1,), generator=gen))
+            k = int(torch.randint(0, 6, (1,), generator=gen))
             contexts = torch.zeros(5, 40, dtype=torch.long)
             got = drafter.propose_batch(contexts, lengths, rows, k, vocab)
             want = drafter._drafts(drafter.reference, rows, lengths, k, vocab)
             assert torch.equal(got, want), (rows, lengths, k, vocab)
         assert drafter._table[0] == vocab
+    with pytest.raises(ValueError, match=r"rows: sequence -1: expected 0 <= row"):
+        drafter.propose_batch(contexts, lengths[:2], torch.tensor([-1, 0]), 2, 40)
+    drafter.TABLE_ENTRIES = 10  # references past the table's size: hashed each round
+    got = drafter.propose_batch(contexts, lengths, rows, 3, 40)
+    assert drafter._proposals(40) is None
+    assert torch.equal(got, drafter._drafts(drafter.reference, rows, lengths, 3, 40))
 
 
 def test_batched_synthetic_drafter_follows_its_references():

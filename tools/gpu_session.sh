@@ -149,7 +149,7 @@ case "$mode" in
       ${MATCHED_ARGS:-} 2>&1 | tail -24 ;;
   host-probe)  # issue 36: the scheduler's host work a speculation round on this machine's host
     # (CPU only, forward stubbed; tools/spec_host_probe.py), the floor under its rounds here
-    OMP_NUM_THREADS=1 timeout ${PROBE_S:-120} python3 tools/spec_host_probe.py \
+    OMP_NUM_THREADS=1 timeout -s INT ${PROBE_S:-120} python3 tools/spec_host_probe.py \
       "$OUT/spec_host_probe_scheduler_gpu_host.json" --drafters scheduler --batches 8,32,128 \
       --label "${COMMIT:-unknown}" 2>&1 | tail -6 ;;
   rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item

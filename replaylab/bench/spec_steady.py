@@ -40,9 +40,10 @@ class PromptKeyedDrafter:
 
     Where the prompts' first m ids (m the shortest prompt) tell them apart, as random prompts'
     do, the rows are looked up at once by a hash of those ids, and a row's whole prompt is
-    confirmed in one comparison the first round a request is seen in it (a context only grows
-    while its request holds the row; a request search a row cost about 20 µs a row on the host
-    each round, charged to speculation); else one by one."""
+    confirmed in one comparison the first round a request is seen in it and whenever its
+    context is not longer than the round before (a context only grows while its request holds
+    the row, and a new tenant starts over; a request search a row cost about 20 µs a row on
+    the host each round, charged to speculation); else one by one."""
 
     def __init__(self, prompts, references, acceptance, seed=0):
         self.keys = {tuple(p.tolist()): i for i, p in enumerate(prompts)}
@@ -65,7 +66,7 @@ class PromptKeyedDrafter:
         self.prompts = torch.zeros(len(prompts), self.lengths[-1], dtype=torch.long)
         for i, p in enumerate(prompts):
             self.prompts[i, : p.numel()] = p.cpu()
-        self.confirmed = {}  # row -> the request whose whole prompt the row was seen to hold
+        self.confirmed = {}  # row -> (request, length) when its whole prompt was last seen
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if self.by_key is None or contexts.shape[1] < self.m:
@@ -75,13 +76,17 @@ class PromptKeyedDrafter:
             index = [self.by_key.get(key) for key in keys]
             if None in index:
                 raise ValueError("context: its prompt is none of the drafter's requests")
-            held = rows.tolist()
-            new = [g for g, (r, i) in enumerate(zip(held, index)) if self.confirmed.get(r) != i]
+            held, n = rows.tolist(), lengths.tolist()
+            new = [  # a row seen with this request and a shorter context needs no new check
+                g for g, (r, i) in enumerate(zip(held, index))
+                if r not in self.confirmed or self.confirmed[r][0] != i
+                or self.confirmed[r][1] >= n[g]
+            ]  # fmt: skip
             if new and not self._starts_with_prompts(
                 contexts[new], lengths[new], [index[g] for g in new]
             ):
                 raise ValueError("context: its prompt is none of the drafter's requests")
-            self.confirmed.update((held[g], index[g]) for g in new)
+            self.confirmed.update((r, (i, m)) for r, i, m in zip(held, index, n))
         return self.inner.propose_batch(contexts, lengths, torch.tensor(index), k, vocab_size)
 
     def _starts_with_prompts(self, contexts, lengths, index):

@@ -61,16 +61,23 @@ class BatchSyntheticDrafter:
                 f"rows: sequence {int(rows.max())} has no reference (this drafter holds "
                 f"{self.reference.shape[0]}); expected one reference per sequence"
             )
+        if len(rows) and int(rows.min()) < 0:
+            raise ValueError(f"rows: sequence {int(rows.min())}: expected 0 <= row")
         at = lengths[:, None] + torch.arange(k)  # (G, k) positions
         table = self._proposals(vocab_size)
-        if len(rows) and int(at.max()) < table.shape[1]:  # inside the references: a lookup
-            return table[rows[:, None], at]
+        if table is not None and at.numel() and 0 <= int(at.min()) <= int(at.max()) < table.shape[1]:  # fmt: skip
+            return table[rows[:, None], at]  # inside the references: a lookup
         return self._drafts(self.reference, rows, lengths, k, vocab_size)
+
+    TABLE_ENTRIES = 1 << 22  # the most drafts the table holds (32 MiB); past it, no table
 
     def _proposals(self, vocab_size):
         """(S, width): the draft at every position inside the references, the same as
         ``_drafts`` gives there, computed once per vocabulary size (the host's rounds read
-        it instead of hashing each round's positions)."""
+        it instead of hashing each round's positions); None for references of more than
+        ``TABLE_ENTRIES`` ids, padded."""
+        if self.reference.numel() > self.TABLE_ENTRIES:
+            return None
         if self._table is None or self._table[0] != vocab_size:
             S, width = self.reference.shape
             every = torch.arange(width).expand(S, width)
