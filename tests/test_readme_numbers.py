@@ -1060,18 +1060,18 @@ def test_the_bench_drafters_host_probe_tables_match_their_files():
     best = {}
     for name, batches in (("drafters", (8, 32, 128)), ("long", (32, 128))):
         probe = json.loads((ROOT / f"data/spec_host_probe_scheduler_{name}_cpu.json").read_text())
-        assert [r["commit"] for r in probe["runs"]] == ["b0efe98", "a179835"] * 2
+        assert [r["commit"] for r in probe["runs"]] == ["b0efe98", "24caec7"] * 2
         ms = {}
         for r in probe["rows"]:
             assert r["drafters"] == "scheduler" and r["k"] == 4
             assert r["prompt_length"] == (None if name == "drafters" else 4096)
             ms.setdefault((r["label"], r["batch"]), []).append(r["ms_per_round"])
         saved = {
-            b: round(100 * (1 - min(ms["a179835", b]) / min(ms["b0efe98", b]))) for b in batches
+            b: round(100 * (1 - min(ms["24caec7", b]) / min(ms["b0efe98", b]))) for b in batches
         }
         best[name] = saved
         if name == "drafters":
-            for tree in ("b0efe98", "a179835"):
+            for tree in ("b0efe98", "24caec7"):
                 cells = " | ".join(" / ".join(f"{v:.2f}" for v in ms[tree, b]) for b in batches)
                 assert f"| {tree} | {cells} |" in data, cells
             assert (
@@ -1081,8 +1081,8 @@ def test_the_bench_drafters_host_probe_tables_match_their_files():
         else:
             pair = lambda tree, b, ms=ms: " / ".join(f"{v:.2f}" for v in ms[tree, b])  # noqa: E731
             assert (
-                f"{pair('b0efe98', 32)} ms against {pair('a179835', 32)} ms at batch 32, and "
-                f"{pair('b0efe98', 128)} ms against {pair('a179835', 128)} ms at batch 128" in text
+                f"{pair('b0efe98', 32)} ms against {pair('24caec7', 32)} ms at batch 32, and "
+                f"{pair('b0efe98', 128)} ms against {pair('24caec7', 128)} ms at batch 128" in text
             )
             assert f"{saved[32]}% less at 32 and {saved[128]}% at 128" in text
     assert min(best["drafters"].values()) > 5 and min(best["long"].values()) > 20
