@@ -155,6 +155,22 @@ def steady_timing(history, batch):
     )
 
 
+def _timed(engine, prompts, lengths, warm, k, drafter, policy=False, warm_up=True):
+    """Every request (prompt i, ``lengths[i]`` new tokens) with k drafts a round, after a
+    warm-up of the first ``len(warm)`` prompts with ``warm`` new tokens (its CUDA graphs
+    captured) -> (the requests in id order, the run's ``steady_timing``)."""
+    batch = len(warm)
+    if warm_up:
+        serve_all(engine, waiting_requests(prompts[:batch], warm), k, drafter, policy)
+    got, history = serve_all(engine, waiting_requests(prompts, lengths), k, drafter, policy)
+    return got, steady_timing(history, batch)
+
+
+def _same_tokens(got, plain):
+    """Whether every request's tokens are its plain run's (both in id order)."""
+    return all(s.tokens == p.tokens for s, p in zip(got, plain))
+
+
 def _median_ratio(passes, label):
     """The median over ``passes`` of arm ``label``'s steady rate over the same pass's plain
     decode (None where a pass had no steady iterations)."""
@@ -241,16 +257,14 @@ def run_spec_steady(
             model, batch, max_len, strategy, log_length, max_verify=k_top + 1, **kw
         )
         warm = [min(int(m), log_length + k_top + 2) for m in lengths[:batch]]
-        serve_all(engine, waiting_requests(prompts[:batch], warm), 0, None)  # graphs captured
-        plain, history = serve_all(engine, waiting_requests(prompts, lengths.tolist()), 0, None)
+        run = (engine, prompts, lengths.tolist(), warm)
+        plain, plain_timing = _timed(*run, 0, None)
         row = dict(strategy=strategy, batch=batch, requests=n, log_capacity=engine.capacity)
-        row["plain"] = steady_timing(history, batch)
+        row["plain"] = plain_timing
         references = [torch.cat([p, torch.tensor(r.tokens)]) for p, r in zip(prompts, plain)]
         drafter = PromptKeyedDrafter(prompts, references, acceptance, seed=seed)
-        serve_all(engine, waiting_requests(prompts[:batch], warm), k, drafter)
-        spec, history = serve_all(engine, waiting_requests(prompts, lengths.tolist()), k, drafter)
-        row["speculative"] = steady_timing(history, batch)
-        row["speculative_equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(spec, plain))
+        spec, row["speculative"] = _timed(*run, k, drafter)
+        row["speculative_equal_greedy"] = _same_tokens(spec, plain)
         row["measured_acceptance"] = sum(r.accepted for r in spec) / max(
             1, sum(r.proposed for r in spec)
         )
@@ -263,12 +277,9 @@ def run_spec_steady(
         arms += [(f"adaptive, k <= {k}", k, AdaptiveK.for_engine(engine, k))] if adaptive else []
         row["arms"] = {}
         for label, j, policy in arms:
-            serve_all(engine, waiting_requests(prompts[:batch], warm), j, drafter, policy)
-            got, history = serve_all(
-                engine, waiting_requests(prompts, lengths.tolist()), j, drafter, policy
-            )
-            arm = row["arms"][label] = steady_timing(history, batch)
-            arm["equal_greedy"] = all(s.tokens == p.tokens for s, p in zip(got, plain))
+            got, arm = _timed(*run, j, drafter, policy)
+            row["arms"][label] = arm
+            arm["equal_greedy"] = _same_tokens(got, plain)
             if arm["steady_tokens_per_s"] and steady[0]:
                 arm["steady_over_decode"] = arm["steady_tokens_per_s"] / steady[0]
             if policy:
@@ -284,11 +295,9 @@ def run_spec_steady(
             order = passes[r % len(passes) :] + passes[: r % len(passes)]
             rates = {}
             for label, j, d, policy in order:
-                got, history = serve_all(
-                    engine, waiting_requests(prompts, lengths.tolist()), j, d, policy
-                )
-                rates[label] = steady_timing(history, batch)["steady_tokens_per_s"]
-                if not all(s.tokens == p.tokens for s, p in zip(got, plain)):
+                got, timing = _timed(*run, j, d, policy, warm_up=False)
+                rates[label] = timing["steady_tokens_per_s"]
+                if not _same_tokens(got, plain):
                     row["repeats_equal_greedy"] = False
             row["repeats"].append(dict(order=[p[0] for p in order], steady_tokens_per_s=rates))
         row.setdefault("repeats_equal_greedy", True)
@@ -296,7 +305,7 @@ def run_spec_steady(
             label: _median_ratio(row["repeats"], label) for label, *_ in passes[1:]
         }
         rows.append(row)
-        del engine
+        del engine, run  # the pools go before the next batch's engine
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return dict(
