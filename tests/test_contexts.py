@@ -1,6 +1,8 @@
 """``serving.contexts``: the slots' host contexts kept across rounds equal each request's prompt
-and tokens rebuilt from scratch, and ``accepted`` equals the per-row loop it replaced."""
+and tokens rebuilt from scratch, and ``accepted`` (on tensors and on numpy arrays) equals the
+per-row loop it replaced."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -32,7 +34,10 @@ def test_accepted_is_the_leading_run_of_matches(data):
         ]
     )
     n = torch.tensor(data.draw(st.lists(st.integers(0, k), min_size=G, max_size=G)))
-    assert accepted(drafts, predicted, n).tolist() == accepted_by_loop(drafts, predicted, n)
+    want = accepted_by_loop(drafts, predicted, n)
+    assert accepted(drafts, predicted, n).tolist() == want
+    on_host = accepted(drafts.numpy(), predicted.numpy(), n.numpy())  # the scheduler's rounds
+    assert isinstance(on_host, np.ndarray) and on_host.tolist() == want
 
 
 @settings(max_examples=40, deadline=None)
@@ -81,10 +86,10 @@ def test_a_context_past_the_width_is_refused_before_anything_changes():
     ):
         table.start(1, torch.arange(1, 7), [3])
     table.start(0, torch.tensor([1, 2, 3]), [4])
-    before = table.table.clone(), table.lengths.clone()
+    before = table.table.copy(), table.lengths.copy()
     with pytest.raises(ValueError, match="a context would exceed the table's width 6"):
         table.extend(torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([3]))
-    assert torch.equal(table.table, before[0]) and torch.equal(table.lengths, before[1])
+    assert (table.table == before[0]).all() and (table.lengths == before[1]).all()
 
 
 def test_the_table_grows_with_its_longest_context_not_to_its_width():

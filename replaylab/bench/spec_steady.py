@@ -59,8 +59,8 @@ class PromptKeyedDrafter:
         self.inner = BatchSyntheticDrafter(references, acceptance, seed=seed)
         self.m = self.lengths[0]
         gen = torch.Generator().manual_seed(seed)
-        self.weights = torch.randint(1, 2**31, (self.m,), generator=gen)
-        keys = torch.stack([p[: self.m] for p in prompts]).cpu().mul(self.weights).sum(1).tolist()
+        self.weights = torch.randint(1, 2**31, (self.m,), generator=gen).numpy()
+        keys = (torch.stack([p[: self.m] for p in prompts]).cpu().numpy() @ self.weights).tolist()
         self.by_key = dict(zip(keys, range(len(prompts)))) if len(set(keys)) == len(keys) else None
         self.prompt_len = torch.tensor([p.numel() for p in prompts])
         self.prompts = torch.zeros(len(prompts), self.lengths[-1], dtype=torch.long)
@@ -72,7 +72,9 @@ class PromptKeyedDrafter:
         if self.by_key is None or contexts.shape[1] < self.m:
             index = [self._request(c) for c in contexts]
         else:
-            keys = contexts[:, : self.m].mul(self.weights).sum(1).tolist()
+            keys = (
+                contexts[:, : self.m].cpu().numpy() @ self.weights
+            ).tolist()  # numpy: no dispatch
             index = [self.by_key.get(key) for key in keys]
             if None in index:
                 raise ValueError("context: its prompt is none of the drafter's requests")

@@ -45,8 +45,10 @@ def rollback_cursor(pos, log_len, last, keep):
             raise ValueError(f"{name}: expected {n} values, one per slot, got {len(values)}")
     new_pos, new_log, new_last = [], [], []
     for i in range(n):
-        lst = as_int(f"last of slot {i}", last[i], low=1)
-        k = as_int(f"keep of slot {i}", keep[i], 1, lst)
+        lst, k = last[i], keep[i]
+        if not (type(lst) is int and type(k) is int and 1 <= k <= lst):  # else: name it
+            lst = as_int(f"last of slot {i}", lst, low=1)
+            k = as_int(f"keep of slot {i}", k, 1, lst)
         drop = lst - k
         new_pos.append(pos[i] - drop)
         new_log.append(log_len[i] - drop)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import torch
 
 from replaylab.serving.validate import as_int, given
@@ -56,23 +57,25 @@ class BatchSyntheticDrafter:
         self._table = None  # (vocab_size, (S, width) every draft inside the references)
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
-        if len(rows) and int(rows.max()) >= self.reference.shape[0]:
+        # the host's rounds: numpy (a few microseconds an operation, not a dispatch each)
+        index, n = np.asarray(rows.cpu()), np.asarray(lengths.cpu())
+        if len(index) and int(index.max()) >= self.reference.shape[0]:
             raise ValueError(
-                f"rows: sequence {int(rows.max())} has no reference (this drafter holds "
+                f"rows: sequence {int(index.max())} has no reference (this drafter holds "
                 f"{self.reference.shape[0]}); expected one reference per sequence"
             )
-        if len(rows) and int(rows.min()) < 0:
-            raise ValueError(f"rows: sequence {int(rows.min())}: expected 0 <= row")
-        at = lengths[:, None] + torch.arange(k)  # (G, k) positions
+        if len(index) and int(index.min()) < 0:
+            raise ValueError(f"rows: sequence {int(index.min())}: expected 0 <= row")
+        at = n[:, None] + np.arange(k)  # (G, k) positions
         table = self._proposals(vocab_size)
-        if table is not None and at.numel() and 0 <= int(at.min()) <= int(at.max()) < table.shape[1]:  # fmt: skip
-            return table[rows[:, None], at]  # inside the references: a lookup
+        if table is not None and at.size and 0 <= at.min() and at.max() < table.shape[1]:
+            return torch.from_numpy(table[index[:, None], at]).to(rows.device)  # a lookup
         return self._drafts(self.reference, rows, lengths, k, vocab_size)
 
     TABLE_ENTRIES = 1 << 22  # the most drafts the table holds (32 MiB); past it, no table
 
     def _proposals(self, vocab_size):
-        """(S, width): the draft at every position inside the references, the same as
+        """(S, width) numpy: the draft at every position inside the references, the same as
         ``_drafts`` gives there, computed once per vocabulary size (the host's rounds read
         it instead of hashing each round's positions); None for references of more than
         ``TABLE_ENTRIES`` ids, padded."""
@@ -82,7 +85,7 @@ class BatchSyntheticDrafter:
             S, width = self.reference.shape
             every = torch.arange(width).expand(S, width)
             drafts = self._drafts_at(self.reference, torch.arange(S), every, vocab_size)
-            self._table = (vocab_size, drafts)
+            self._table = (vocab_size, drafts.numpy())
         return self._table[1]
 
     def propose_on_device(self, contexts, lengths, k, vocab_size):

@@ -367,9 +367,9 @@ class DecodeEngine:
         dropped = [(s, k) for s, k in zip(slots, keep) if k < self.last[s]]
         if not dropped:
             return
-        index = torch.tensor([s for s, _ in dropped], device=self.device)
-        kept = torch.tensor([k - 1 for _, k in dropped], device=self.device)
-        self.policy.rollback(index, kept)
+        pair = torch.tensor([[s for s, _ in dropped], [k - 1 for _, k in dropped]])
+        pair = pair.to(self.device)  # one copy to the device, not two
+        self.policy.rollback(pair[0], pair[1])
         self.table.rollback(dropped)
         self.stats.rollbacks += len(dropped)
         self.policy.after_rollback(dropped)

@@ -26,6 +26,7 @@ import numbers
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from replaylab.serving.adaptive_k import policy_for
@@ -372,22 +373,20 @@ class Scheduler:
             r0 = time.perf_counter()
         T, proposed, taken = k + 1, (), ()
         if T == 1:  # plain decode: one token each, nothing to accept or roll back
-            tokens = torch.tensor([[r.tokens[-1]] for r in going], device=self.engine.device)
+            tokens = torch.tensor([[r.tokens[-1]] for r in going])
             pred = self._step(record, tokens, None, slots)
-            for r, p in zip(going, pred.view(-1).tolist()):
+            for r, p in zip(going, pred[:, 0].tolist()):
                 r.tokens.append(p)
                 r.rounds += 1
             keep = [1] * len(going)
             if self._contexts is not None:  # a round of k = 0 (adaptive_k): the drafter reads on
-                self._contexts.extend(
-                    torch.tensor(slots), pred, torch.ones(len(going), dtype=torch.long)
-                )
+                self._contexts.extend(slots, pred, np.ones(len(going), dtype=np.int64))
         else:
             proposed, taken, keep = self._verify(record, going, slots, T)
         now = self._clock(t0, start)
         if choosing:
             seconds = time.perf_counter() - r0
-            proposed, taken = (v.tolist() if torch.is_tensor(v) else v for v in (proposed, taken))
+            proposed, taken = (v.tolist() if hasattr(v, "tolist") else v for v in (proposed, taken))
             self.adaptive_k.observe(bucket, T, seconds, proposed, taken)
         for r, m in zip(going, keep):
             r.token_times += [now] * m
@@ -395,35 +394,37 @@ class Scheduler:
         return [r for r in going if r.done]
 
     def _step(self, record, tokens, counts, slots):
-        """The engine's step of ``tokens`` (S, T) and its greedy ids (S, T) on the host (reading
-        them back ends the step), timed into ``record.step_s``."""
+        """The engine's step of ``tokens`` (S, T) on the host and its greedy ids, an (S, T)
+        int64 numpy array (reading them back ends the step), timed into ``record.step_s``."""
         self._sync()
         s0 = time.perf_counter()
         logits = self.engine.step(tokens, counts=counts, slots=slots, check=False)
-        pred = logits.argmax(-1).cpu()
+        pred = logits.argmax(-1).cpu().numpy()
         record.step_s = time.perf_counter() - s0
         return pred
 
     def _verify(self, record, going, slots, T):
         """A speculation round of T - 1 drafts: drafts, one verify step, acceptance, one
-        rollback. Returns the drafts each request proposed and accepted, (S,) int64 each, and
-        the tokens each keeps (1 + accepted, a list)."""
+        rollback. Returns the drafts each request proposed and accepted, (S,) int64 arrays,
+        and the tokens each keeps (1 + accepted, a list). The host's part is numpy: a round
+        costs it a few microseconds an operation, not a tensor operation's dispatch each."""
         # fewer drafts than k near the end, and under replay near the fold grid (room)
         room = self.engine.policy.room  # the engine's ``room`` without its check of the slot
         wants = [min(T - 1, r.remaining - 1, room(r.slot) - 1) for r in going]
         drafts, n = _round_drafts(self, going, wants, T, self.engine.cfg.vocab_size)
-        last = torch.tensor([r.tokens[-1] for r in going], dtype=torch.long)
-        tokens = torch.cat([last[:, None], drafts], 1).to(self.engine.device)
-        pred = self._step(record, tokens, (n + 1).tolist(), slots)
+        tokens = np.empty((len(going), T), dtype=np.int64)
+        tokens[:, 0] = [r.tokens[-1] for r in going]
+        tokens[:, 1:] = drafts
+        pred = self._step(record, torch.from_numpy(tokens), (n + 1).tolist(), slots)
         taken = accepted(drafts, pred, n)  # (S,)
         keep = (taken + 1).tolist()
-        for r, p, a, d in zip(going, pred.tolist(), taken.tolist(), n.tolist()):
-            r.tokens += p[: a + 1]  # the accepted drafts are the target's own tokens
-            r.proposed, r.accepted, r.rounds = r.proposed + d, r.accepted + a, r.rounds + 1
+        for r, p, m, d in zip(going, pred.tolist(), keep, n.tolist()):
+            r.tokens += p[:m]  # the accepted drafts are the target's own tokens
+            r.proposed, r.accepted, r.rounds = r.proposed + d, r.accepted + m - 1, r.rounds + 1
         record.rejected += int((n - taken).sum())
         record.rolled_back += int((taken < n).sum())
         if self._contexts is not None:
-            self._contexts.extend(torch.tensor(slots), pred, taken + 1)
+            self._contexts.extend(slots, pred, taken + 1)
         self._sync()
         r0 = time.perf_counter()
         self.engine.rollback(keep, slots=slots)
@@ -457,30 +458,28 @@ class Scheduler:
 
 
 def _round_drafts(sched, going, wants, T, vocab):
-    """(drafts (S, T - 1), n (S,)): each request of ``sched``'s round its first ``wants[i]``
-    proposals of k = T - 1, zeros past them; from the scheduler's batched drafter (one call for
-    every request that wants any, reading its contexts table), else from each request's own."""
+    """(drafts (S, T - 1), n (S,)), int64 numpy arrays: each request of ``sched``'s round its
+    first ``wants[i]`` proposals of k = T - 1, zeros past them; from the scheduler's batched
+    drafter (one call for every request that wants any, reading its contexts table), else
+    from each request's own."""
     k = T - 1
-    drafts, n = (
-        torch.zeros(len(going), T - 1, dtype=torch.long),
-        torch.zeros(len(going), dtype=torch.long),
-    )
+    drafts = np.zeros((len(going), k), dtype=np.int64)
     if sched.drafter is None:
+        n = np.zeros(len(going), dtype=np.int64)
         for i, (r, w) in enumerate(zip(going, wants)):
             if r.drafter is not None and w > 0:
                 got = r.drafter.propose(r.context(), k, vocab)
                 got = as_drafts(f"request {r.id}: drafts", got, vocab)[:w]
-                drafts[i, : len(got)], n[i] = torch.tensor(got, dtype=torch.long), len(got)
+                drafts[i, : len(got)], n[i] = got, len(got)
         return drafts, n
-    wants = torch.tensor(wants).clamp(min=0)
-    asked = wants.nonzero().flatten()
+    n = np.maximum(np.array(wants, dtype=np.int64), 0)
+    asked = np.flatnonzero(n)
     if not len(asked):
         return drafts, n
-    slots = torch.tensor([r.slot for r in going])[asked]
+    slots = np.array([r.slot for r in going])[asked]
     contexts, lengths = sched._contexts.rows(slots, k + 1)
-    got = sched.drafter.propose_batch(contexts, lengths, slots, k, vocab)
+    got = sched.drafter.propose_batch(contexts, lengths, torch.from_numpy(slots), k, vocab)
     shape = (("requests drafted for", len(asked)), ("k", k))
-    got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu()
-    n[asked] = wants[asked]
-    drafts[asked] = got.masked_fill(torch.arange(k) >= n[asked, None], 0)
+    got = as_token_ids("drafts of the scheduler's drafter", got, vocab, shape).cpu().numpy()
+    drafts[asked] = np.where(np.arange(k) < n[asked, None], got, 0)
     return drafts, n
