@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?a mode: see the list above}
@@ -152,6 +152,29 @@ case "$mode" in
     OMP_NUM_THREADS=1 timeout -s INT ${PROBE_S:-120} python3 tools/spec_host_probe.py \
       "$OUT/spec_host_probe_scheduler_gpu_host.json" --drafters scheduler --batches 8,32,128 \
       --label "${COMMIT:-unknown}" 2>&1 | tail -6 ;;
+  host-rounds)  # WHEELS=.whl-gpu2: issue 36, the host's part of a scheduler round, on the previous
+    # tree (PREV: a folder holding its replaylab/ and kernels/) and this one, taking turns
+    # (ROUNDS_PASSES passes): bench spec-steady (k = 4 and OTHER_K, N_NEW tokens a request);
+    # then each tree's iteration phases (tools/iteration_phases.py) and host probe
+    export OMP_NUM_THREADS=1
+    for pass in $(seq ${ROUNDS_PASSES:-2}); do
+      for tree in previous this; do
+        path=$PWD; commit=${COMMIT:-}
+        [ $tree = previous ] && { path=$PWD/${PREV:?a folder with the previous tree}; commit=${PREV_COMMIT:-}; }
+        REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${SPEC_S:-150} python3 -P -m replaylab.bench spec-steady \
+          --preset matched --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-3} --n-new ${N_NEW:-128} \
+          --out "$OUT/bench_spec_steady_${tree}_$pass.json" 2>&1 | tail -5
+      done
+    done
+    for tree in previous this; do
+      path=$PWD; commit=${COMMIT:-}
+      [ $tree = previous ] && { path=$PWD/$PREV; commit=${PREV_COMMIT:-}; }
+      REPLAYLAB_COMMIT=$commit PYTHONPATH=/tmp/site:$path timeout -s INT ${PHASES_S:-120} python3 -P tools/iteration_phases.py \
+        "$OUT/iteration_phases_$tree.json" --batches ${SPEC_BATCHES:-8,32,128} --k 4 2>&1 | tail -6
+      PYTHONPATH=/tmp/site:$path timeout -s INT ${PROBE_S:-60} python3 -P tools/spec_host_probe.py \
+        "$OUT/spec_host_probe_scheduler_gpu_host_$tree.json" --drafters scheduler --batches 8,32,128 \
+        --label "$commit" 2>&1 | tail -4
+    done ;;
   rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item
     # 3): bench matched's replay speculation with one BatchSyntheticDrafter, host rounds then
     # device rounds on each engine, over plain decode on the same engine (ROUNDS_ARGS); then
