@@ -76,7 +76,7 @@ class EngineStats:
     reruns: int = 0  # recompute: forwards that re-ran kept tokens
     rerun_tokens: int = 0
     graph_replays: int = 0
-    graph_captures: int = 0  # CUDA graphs captured (each after two eager runs of its step)
+    graph_captures: int = 0  # CUDA graphs captured: steps (each after two eager runs), rollbacks
     admitted: int = 0
     retired: int = 0
 
@@ -368,8 +368,11 @@ class DecodeEngine:
         if not dropped:
             return
         pair = torch.tensor([[s for s, _ in dropped], [k - 1 for _, k in dropped]])
-        pair = pair.to(self.device)  # one copy to the device, not two
-        self.policy.rollback(pair[0], pair[1])
+        if self.graphs and self.policy.rollback_graphable():  # one launch for every pool
+            self.runner.graph_rollback(pair, self.table.bucket(pair[0].tolist()))
+        else:
+            pair = pair.to(self.device)  # one copy to the device, not two
+            self.policy.rollback(pair[0], pair[1])
         self.table.rollback(dropped)
         self.stats.rollbacks += len(dropped)
         self.policy.after_rollback(dropped)

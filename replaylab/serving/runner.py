@@ -1,7 +1,7 @@
 """The model over the engine's pools: one step of T tokens for slots 0 .. bucket-1, through the
 reference path (the teaching modules, each recurrent mixer meeting an adapter in place of a
 cache) or the fused path (``serving.fused``), optionally captured in a CUDA graph per
-(bucket, T, folds, save).
+(bucket, T, folds, save); a rollback's copies in one graph per bucket (``graph_rollback``).
 
 A step reads the per-slot numbers the slot table uploaded (``SlotTable.upload``) and no host
 value (but replay without kernels, which groups slots by log length on the host), so on a GPU
@@ -56,6 +56,7 @@ class ModelRunner:
         self.engine = engine
         self.model, self.cfg = engine.model, engine.cfg
         self.captured = {}  # (bucket, T, folds, save) -> (graph, tokens in, logits, placed)
+        self.rollbacks = {}  # bucket -> (graph, (2, bucket) slots and kept tokens in)
         self.placed = None  # the last step's tokens at their slots (bucket, T)
         layers = self.model.model.layers
         self.qkv_weight = {  # fused: one matrix product for q, k and v
@@ -189,6 +190,24 @@ class ModelRunner:
         graph.replay()
         self.engine.stats.graph_replays += 1
         return out
+
+    def graph_rollback(self, pair, bucket):
+        """The strategy's rollback of slots ``pair[0]`` to after their token ``pair[1]`` ((2,
+        n) int64 on the host, n <= bucket distinct slots below ``bucket``) as one graph launch,
+        captured per bucket: the pairs are padded to the bucket with copies of the first (a
+        slot written twice takes the same rows twice)."""
+        if bucket not in self.rollbacks:
+            static = torch.zeros(2, bucket, dtype=torch.long, device=self.engine.device)
+            graph = torch.cuda.CUDAGraph()
+            with capture(graph):  # index copies only: nothing to compile or warm up
+                self.engine.policy.rollback(static[0], static[1])
+            self.rollbacks[bucket] = (graph, static)
+            self.engine.stats.graph_captures += 1
+        graph, static = self.rollbacks[bucket]
+        padded = pair[:, :1].expand(2, bucket).clone()
+        padded[:, : pair.shape[1]] = pair
+        static.copy_(padded)
+        graph.replay()
 
     def _save_for_capture(self, bucket):
         """The warm-up runs the step for real (capture records without running): keep what it

@@ -81,6 +81,13 @@ class EngineStrategy:
         return True
 
     @classmethod
+    def rollback_graphable(cls) -> bool:
+        """Whether ``rollback`` is device work reading no host value, the same for a slot
+        given twice: under CUDA graphs it is then captured once per bucket (its pairs padded
+        with repeats of the first) and replayed in one launch."""
+        return True
+
+    @classmethod
     def allocate(cls, pool, zeros, slots, capacity, max_verify, fused):
         """Add the strategy's buffers to ``pool`` (``zeros(*shape, dt=dtype)``)."""
 
