@@ -1089,3 +1089,178 @@ def test_the_bench_drafters_host_probe_tables_match_their_files():
     readme = " ".join((ROOT / "README.md").read_text().split())
     low, high = min(best["drafters"].values()), max(best["drafters"].values())
     assert f"host time by {low}-{high}% on this project's CPU" in readme
+
+
+def _steady_round(row, arm, width):
+    """(round ms, step ms, rollback ms, rate over plain) of ``arm`` ("k=4" the row's own
+    speculation, else an ``arms`` entry) at ``width`` in a spec-steady row."""
+    x = row["speculative"] if arm == "k=4" else row["arms"][arm]
+    rate = x["steady_tokens_per_s"] / row["plain"]["steady_tokens_per_s"]
+    w = str(width)
+    return (
+        x["steady_ms_by_width"][w],
+        x["steady_step_ms_by_width"][w],
+        x["steady_rollback_ms_by_width"][w],
+        rate,
+    )
+
+
+def test_the_numpy_rounds_and_the_graph_rollback_match_their_files():
+    data = (ROOT / "data/README.md").read_text()
+    text = " ".join(data.split())
+    # the CPU probe, side by side
+    probe = json.loads((ROOT / "data/spec_host_probe_scheduler_numpy_cpu.json").read_text())
+    ms = {}
+    for r in probe["rows"]:
+        assert r["drafters"] == "scheduler" and r["k"] == 4
+        ms.setdefault((r["label"], r["batch"]), []).append(r["ms_per_round"])
+    assert [r["label"] for r in probe["rows"][::3]] == ["093a1a9", "621fa8f"] * 2
+    for tree in ("093a1a9", "621fa8f"):
+        cells = " | ".join(" / ".join(f"{v:.2f}" for v in ms[tree, b]) for b in (8, 32, 128))
+        assert f"| {tree} | {cells} |" in data, cells
+    saved = [round(100 * (1 - min(ms["621fa8f", b]) / min(ms["093a1a9", b]))) for b in (8, 32, 128)]
+    assert min(saved) > 10
+    assert (
+        f"{saved[0]}% less host time a round at batch 8, {saved[1]}% at 32, {saved[2]}% at 128"
+        in text
+    )
+    hosts = {}
+    for name in ("h100_093a1a9", "previous_093a1a9_h100", "this_5aed305_h100"):
+        rows = json.loads(
+            (ROOT / f"data/spec_host_probe_scheduler_gpu_host_{name}.json").read_text()
+        )["rows"]
+        assert [r["batch"] for r in rows] == [8, 32, 128]
+        hosts[name] = " / ".join(f"{r['ms_per_round']:.2f}" for r in rows)
+    assert f"took {hosts['h100_093a1a9']} ms a round at batch 8 / 32 / 128" in text
+    assert f"and {hosts['previous_093a1a9_h100']} ms on the second" in text
+    assert (
+        f"{hosts['previous_093a1a9_h100']} ms (093a1a9) against {hosts['this_5aed305_h100']} ms (5aed305"
+        in text
+    )
+    # the two calls' spec-steady runs, the table row by row
+    calls = {"host_numpy": ("093a1a9", "5aed305"), "graph_rollback": ("5aed305", "d2c23eb")}
+    runs = {}
+    for stem, (old, new) in calls.items():
+        for p in (1, 2):
+            for tree, sha in (("previous", old), ("this", new)):
+                run = load_bench(f"data/bench_spec_steady_{stem}_{tree}_{sha}_{p}_h100.json")
+                assert run["commit"] == sha and run["n_new"] == 128 and run["other_k"] == [3]
+                assert [r["batch"] for r in run["rows"]] == [8, 32, 128]
+                for row in run["rows"]:
+                    assert row["speculative_equal_greedy"] and row["arms"]["k=3"]["equal_greedy"]
+                runs[stem, tree, p] = run["rows"]
+    for stem, (old, new) in calls.items():
+        later = " (next call)" if stem == "graph_rollback" else ""
+        for i, batch in enumerate((8, 32, 128)):
+            for p in (1, 2):
+                for tree, sha in (("previous", old), ("this", new)):
+                    row = runs[stem, tree, p][i]
+                    cells = [f"{row['plain']['steady_ms_by_width']['1']:.2f}"]
+                    for arm, width in (("k=4", 5), ("k=3", 4)):
+                        t, step, back, rate = _steady_round(row, arm, width)
+                        cells.append(f"{t:.2f} ({step:.2f}, {back:.2f}) {rate:.2f}x")
+                    tag = later if tree == "previous" else ""
+                    line = f"| {sha} {p}, {batch}{tag} | " + " | ".join(cells) + " |"
+                    assert line in data, line
+
+    def cuts(stem, i):
+        out, steps = [], []
+        for p in (1, 2):
+            for arm, width in (("k=4", 5), ("k=3", 4)):
+                a = _steady_round(runs[stem, "previous", p][i], arm, width)
+                b = _steady_round(runs[stem, "this", p][i], arm, width)
+                out.append(100 * (1 - b[0] / a[0]))
+                steps.append(abs(100 * (b[1] / a[1] - 1)))
+        return out, steps
+
+    span = lambda v: f"{round(min(v))}-{round(max(v))}%"  # noqa: E731
+    numpy = [cuts("host_numpy", i) for i in range(3)]
+    assert all(min(c) > 0 for c, _ in numpy) and max(max(s) for _, s in numpy) < 2
+    assert (
+        f"were {span(numpy[0][0])} shorter at batch 8, {span(numpy[1][0])} at batch 32 and "
+        f"{span(numpy[2][0])} at batch 128, with their engine steps within 2%" in text
+    )
+    graph = [cuts("graph_rollback", i) for i in range(3)]
+    assert f"{span(graph[0][0])} shorter at batch 8" in text
+    assert f"and {span(graph[2][0])} shorter at batch 128" in text
+    b32 = graph[1][0]
+    assert round(-min(b32)) == 3 and round(max(b32)) == 5
+    backs = {}
+    for i, batch in enumerate((8, 32, 128)):
+        for tree in ("previous", "this"):
+            v = [
+                _steady_round(runs["graph_rollback", tree, p][i], arm, w)[2]
+                for p in (1, 2)
+                for arm, w in (("k=4", 5), ("k=3", 4))
+            ]
+            backs[batch, tree] = f"{min(v):.2f}-{max(v):.2f}"
+    assert (
+        f"the rollback {backs[8, 'this']} ms at batch 8, where it took {backs[8, 'previous']} ms"
+        in text
+    )
+    assert f"{backs[32, 'this']} ms against {backs[32, 'previous']} ms at batch 32" in text
+    assert f"{backs[128, 'this']} against {backs[128, 'previous']} ms at batch 128" in text
+
+    # outside the step, its share, and the ratios of the final tree
+    def outside(stem, tree, i, arm, width):
+        got = [_steady_round(runs[stem, tree, p][i], arm, width) for p in (1, 2)]
+        return [t - s for t, s, _, _ in got], [100 * (t - s) / t for t, s, _, _ in got], got
+
+    o8, share8, new8 = outside("graph_rollback", "this", 0, "k=4", 5)
+    o32, share32, new32 = outside("graph_rollback", "this", 1, "k=3", 4)
+    assert (
+        f"{min(o8):.2f}-{max(o8):.2f} ms at batch 8 (k = 4) and {min(o32):.2f}-{max(o32):.2f} ms "
+        f"at batch 32 (k = 3)** on d2c23eb: {span(share8)} and {round(min(share32))}% of the round"
+        in text
+    ) and round(min(share32)) == round(max(share32))
+    _, old8, first8 = outside("host_numpy", "previous", 0, "k=4", 5)
+    _, old32, first32 = outside("host_numpy", "previous", 1, "k=3", 4)
+    assert f"where 093a1a9 spent {span(old8)} and {span(old32)} in the first call" in text
+    new128 = [_steady_round(runs["graph_rollback", "this", p][2], "k=3", 4) for p in (1, 2)]
+    first128 = [_steady_round(runs["host_numpy", "previous", p][2], "k=3", 4) for p in (1, 2)]
+    pair = lambda got: " and ".join(f"{g[3]:.2f}x" for g in got)  # noqa: E731
+    slash = lambda got: " / ".join(f"{g[3]:.2f}x" for g in got)  # noqa: E731
+    assert (
+        f"On d2c23eb: {pair(new8)} at batch 8 with k = 4, {new32[0][3]:.2f}x twice at batch 32 "
+        f"with k = 3, {pair(new128)} at batch 128 with k = 3; the same pass's 093a1a9 gave "
+        f"{slash(first8)}, {slash(first32)} and {slash(first128)}" in text
+    ) and f"{new32[0][3]:.2f}" == f"{new32[1][3]:.2f}"
+    assert max(g[3] for g in new8) < 2.5 and max(g[3] for g in new32) < 2.0
+    # the phases table at batch 8
+    for label, name in (
+        ("k4 093a1a9 (first machine)", "k4_h100_093a1a9"),
+        ("host numpy, previous 093a1a9", "host_numpy_previous_093a1a9_h100"),
+        ("host numpy, this 5aed305", "host_numpy_this_5aed305_h100"),
+        ("graph rollback, previous 5aed305", "graph_rollback_previous_5aed305_h100"),
+        ("graph rollback, this d2c23eb", "graph_rollback_this_d2c23eb_h100"),
+    ):
+        phases = json.loads((ROOT / f"data/iteration_phases_{name}.json").read_text())
+        row = phases["rows"][0]
+        assert row["batch"] == 8 and row["speculative_equal_greedy"]
+        x = row["k=4"]
+        cells = [f"{x['iteration']:.2f}", f"{x['step']:.2f} ({x['enqueue']:.2f})"]
+        cells += [f"{x[k]:.2f}" for k in ("drafts", "accept", "extend", "rollback", "rest")]
+        line = f"| {label} | " + " | ".join(cells) + " |"
+        assert line in data, line
+    logs = {
+        name: (ROOT / f"data/{name}").read_text()
+        for name in (
+            "gpu_tests_graph_rollback_h100_d2c23eb.log",
+            "gpu_tests_rounds_h100_d2c23eb.log",
+        )
+    }
+    assert "10 passed in" in logs["gpu_tests_graph_rollback_h100_d2c23eb.log"]
+    assert "replay]" in logs["gpu_tests_graph_rollback_h100_d2c23eb.log"]
+    rounds = logs["gpu_tests_rounds_h100_d2c23eb.log"]
+    assert "168 passed, 1 skipped" in rounds and "failed" not in rounds
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    k3_128 = [g[3] for g in new128]
+    assert (
+        f"the rounds of the numpy tree were {span(numpy[0][0])} shorter at batch 8 and "
+        f"{span(numpy[1][0])} at batch 32 than the tree before it, and the graph rollback took "
+        f"{backs[8, 'this']} ms at batch 8 where the rollback had taken {backs[8, 'previous']} ms. "
+        f"On d2c23eb the work outside the engine step is {span(share8)} of a round at batch 8 "
+        f"(k = 4) and {round(min(share32))}% at batch 32 (k = 3), and speculation gave "
+        f"{pair(new8)} plain decode at batch 8 with k = 4, {new32[0][3]:.2f}x at batch 32 with "
+        f"k = 3 and {min(k3_128):.2f}-{max(k3_128):.2f}x at batch 128 with k = 3" in readme
+    )
