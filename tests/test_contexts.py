@@ -87,6 +87,12 @@ def test_a_context_past_the_width_is_refused_before_anything_changes():
         table.start(1, torch.arange(1, 7), [3])
     table.start(0, torch.tensor([1, 2, 3]), [4])
     before = table.table.copy(), table.lengths.copy()
+    with pytest.raises(TypeError, match="expected integer token ids, got dtype float"):
+        table.extend(torch.tensor([0]), torch.tensor([[5.0, 6.0]]), torch.tensor([2]))
+    with pytest.raises(TypeError, match="expected integer token ids"):
+        table.start(1, torch.tensor([1.0, 2.0]), [3])
+    with pytest.raises(TypeError, match="expected integer token ids"):
+        table.start(1, torch.tensor([1, 2]), [3.5])
     with pytest.raises(ValueError, match="a context would exceed the table's width 6"):
         table.extend(torch.tensor([0]), torch.tensor([[5, 6, 7]]), torch.tensor([3]))
     assert (table.table == before[0]).all() and (table.lengths == before[1]).all()

@@ -557,3 +557,43 @@ def test_a_fused_verify_past_the_fold_grid_rounds_as_decode_steps_bit_for_bit():
     for layer, (want, got) in enumerate(zip(decoded, verified)):
         for t, (a, b) in enumerate(zip(got, want)):
             assert torch.equal(a, b), (layer, t, (a - b).abs().max().item())
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_rollback_padded_with_its_first_pair_leaves_the_pools_as_the_rollback_does(strategy):
+    """Under CUDA graphs a rollback is captured once per bucket and its (slot, kept) pairs are
+    padded to the bucket with copies of the first (``runner.padded_pairs``): every built-in
+    strategy says its rollback allows that, and here, eagerly, the padded rollback leaves every
+    pool buffer bit for bit as the rollback of the pairs alone."""
+    from replaylab.serving.runner import padded_pairs
+    from replaylab.testing import tiny_hybrid
+
+    engine = DecodeEngine(tiny_hybrid(), 4, 40, strategy, 4, max_verify=4)
+    assert engine.policy.rollback_graphable
+    gen = torch.Generator().manual_seed(5)
+    for n in (5, 9, 3, 7):
+        engine.admit(torch.randint(0, 50, (n,), generator=gen))
+    engine.step(
+        torch.randint(0, 50, (4, 3), generator=gen), [min(3, engine.room(s)) for s in range(4)]
+    )
+    pair = torch.tensor([[3, 1], [0, 1]])  # slots 3 and 1 keep 1 and 2 of their tokens
+
+    def pools_after(pairs):
+        saved = copy.deepcopy([vars(p) for p in engine.ssm.values()])
+        engine.policy.rollback(pairs[0], pairs[1])
+        after = [
+            {k: v.clone() for k, v in vars(p).items() if torch.is_tensor(v)}
+            for p in engine.ssm.values()
+        ]
+        for p, kept in zip(engine.ssm.values(), saved):
+            vars(p).update(kept)
+        return after
+
+    plain, padded = pools_after(pair), pools_after(padded_pairs(pair, 4))
+    assert padded_pairs(pair, 4).tolist() == [[3, 1, 3, 3], [0, 1, 0, 0]]
+    assert plain and all(a.keys() == b.keys() for a, b in zip(plain, padded))
+    for a, b in zip(plain, padded):
+        for name in a:
+            assert torch.equal(a[name], b[name]), name
+    changed = pools_after(torch.tensor([[2], [0]]))  # another slot's rollback: the test can fail
+    assert any(not torch.equal(a[k], c[k]) for a, c in zip(plain, changed) for k in a)

@@ -5,10 +5,12 @@ mistake."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from replaylab.teaching.exercises import solution_sections
 from replaylab.teaching.exercises_serving import (
+    check_accepted,
     check_admission_rule,
     check_best_k,
     check_provisional_room,
@@ -33,9 +35,10 @@ def test_the_reference_answers_pass(capsys):
     assert check_admission_rule(_solution("admission_rule", "my_admissible"))
     assert check_provisional_room(_solution("provisional_room", "my_provisional_room"))
     assert check_best_k(_solution("best_k", "my_best_k"))
+    assert check_accepted(_solution("accepted", "my_accepted"))
     out = _out(capsys)
     assert "PASS rollback cursor" in out and "PASS admission rule" in out
-    assert "PASS provisional room" in out and "PASS best k" in out
+    assert "PASS provisional room" in out and "PASS best k" in out and "PASS accepted" in out
 
 
 def _stub(*args):
@@ -43,7 +46,14 @@ def _stub(*args):
 
 
 @pytest.mark.parametrize(
-    "check", [check_rollback_cursor, check_provisional_room, check_admission_rule, check_best_k]
+    "check",
+    [
+        check_rollback_cursor,
+        check_provisional_room,
+        check_admission_rule,
+        check_best_k,
+        check_accepted,
+    ],
 )
 def test_stubs_and_exceptions_are_failures_not_errors(check, capsys):
     assert check(_stub) is False
@@ -186,3 +196,61 @@ def test_wrong_choices_of_k_fail_with_what_they_got_wrong(wrong, says, capsys):
     assert check_best_k(wrong) is False
     out = _out(capsys)
     assert "FAIL best k" in out and says in out, out
+
+
+# ------------------------------------------------------------------ a round's acceptance
+
+
+def _every_match(drafts, predicted, n):
+    """Counts every draft equal to the target's token, not only the leading run."""
+    k = drafts.shape[1]
+    return ((drafts == predicted[:, :k]) & (np.arange(k) < n[:, None])).sum(1)
+
+
+def _tokens_kept(drafts, predicted, n):
+    """1 + accepted: the tokens a row keeps, not its drafts."""
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, :k]) & (np.arange(k) < n[:, None])
+    return same.cumprod(1).sum(1) + 1
+
+
+def _ignores_padding(drafts, predicted, n):
+    """Reads the padding past a row's proposed drafts."""
+    k = drafts.shape[1]
+    return (drafts == predicted[:, :k]).cumprod(1).sum(1)
+
+
+def _shifted(drafts, predicted, n):
+    """Compares draft j with the target's token j + 1."""
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, 1:]) & (np.arange(k) < n[:, None])
+    return same.cumprod(1).sum(1)
+
+
+def _in_place(drafts, predicted, n):
+    """Right, but writes into its input."""
+    k = drafts.shape[1]
+    n[:] = np.minimum(n, k)
+    drafts[:] = drafts * ((drafts == predicted[:, :k]) & (np.arange(k) < n[:, None]))
+    same = (drafts == predicted[:, :k]) & (np.arange(k) < n[:, None])
+    return same.cumprod(1).sum(1)
+
+
+@pytest.mark.parametrize(
+    "wrong, says",
+    [
+        (_every_match, "only the leading run counts"),
+        (_tokens_kept, "not the tokens"),
+        (_ignores_padding, "the rest is padding"),
+        (_shifted, "expected"),
+        (_in_place, "changed its inputs"),
+        (lambda d, p, n: [0] * (len(d) + 1), "one count per row"),
+        (lambda d, p, n: object(), "counts"),
+    ],
+)
+def test_wrong_acceptances_fail_with_what_they_got_wrong(wrong, says, capsys):
+    """Every match counted, 1 + accepted, the padding read, the targets shifted by one, the
+    inputs overwritten, one count for all rows, not counts at all."""
+    assert check_accepted(wrong) is False
+    out = _out(capsys)
+    assert "FAIL accepted drafts" in out and says in out, out

@@ -35,3 +35,13 @@ def my_best_k(acceptance, seconds):
     """The k with the most tokens a second (see the stub)."""
     rates = [sum(acceptance**i for i in range(k + 1)) / t for k, t in enumerate(seconds)]
     return max(range(len(rates)), key=lambda k: (rates[k], -k))  # a tie: the smaller k
+
+
+# %% accepted
+def my_accepted(drafts, predicted, n_drafts):
+    """The drafts each row keeps (see the stub)."""
+    import numpy as np
+
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, :k]) & (np.arange(k) < n_drafts[:, None])
+    return same.cumprod(1).sum(1)  # the leading run of matches

@@ -30,6 +30,7 @@
 import math
 from collections import Counter
 
+import numpy as np
 import torch
 
 from replaylab.teaching import exercises_serving as ex
@@ -570,6 +571,84 @@ round_split_figure(widths, "one H100, the weight-matched model, replay: a steady
 # rounds' is printed under the table too).
 
 # %% [markdown]
+# ### What the host's work is made of
+#
+# Most of that work is small: a verify round of 8 sequences compares 8 x 4 drafts, appends a
+# few tokens to 8 contexts and moves 8 cursors. On tensors each of those operations pays
+# torch's dispatch, microseconds whatever the size; on the GPU machine's host, slower than a
+# laptop at it, the round's acceptance, context updates and drafting added up to more than
+# the rollback. Since 621fa8f the scheduler keeps that part in numpy. Build its acceptance:
+#
+# **Exercise (e).** Given a round's drafts (G, k), the target's greedy tokens (G, k + 1) and
+# the drafts each row proposed, return how many leading drafts of each row equal the
+# target's tokens, with numpy operations on whole arrays (no loop over rows).
+
+# %% exercise="accepted" tags=["exercise"]
+def my_accepted(drafts, predicted, n_drafts):
+    # drafts (G, k), predicted (G, k + 1), n_drafts (G,): int64 numpy arrays; row g proposed
+    # drafts[g, :n_drafts[g]] (the rest is padding); predicted[g, j] is the target's token
+    # after the row's last token and its first j drafts
+    # return (G,): the drafts each row keeps, the leading run equal to the target's tokens
+    raise NotImplementedError
+
+
+# %%
+ex.check_accepted(my_accepted);
+
+# %% [markdown]
+# Time the library's acceptance (`serving.contexts.accepted`, which takes tensors or numpy
+# arrays) both ways on one round of 8 rows, on this machine, and your function too (these
+# numbers are this machine's, and change from run to run):
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+import timeit
+
+from replaylab.serving.contexts import accepted
+
+gen = np.random.default_rng(0)
+round_np = (gen.integers(0, 3, (8, 4)), gen.integers(0, 3, (8, 5)), np.full(8, 4))
+round_torch = tuple(torch.from_numpy(a) for a in round_np)
+for label, fn, args in (("tensors", accepted, round_torch), ("numpy", accepted, round_np),
+                        ("yours, numpy", my_accepted, round_np)):
+    try:
+        us = 1e6 * min(timeit.repeat(lambda: fn(*args), number=2000, repeat=3)) / 2000
+        print(f"{label:13s} {us:6.1f} us a round")
+    except NotImplementedError:
+        print(f"{label:13s} (exercise (e) not written yet)")
+
+# %% [markdown]
+# On the GPU machine, the same scheduler before and after, in one call
+# (`data/iteration_phases_host_numpy_*_h100.json`, `tools/iteration_phases.py`: timers around
+# the scheduler's and engine's methods, the median steady iteration at batch 8 with k = 4, in
+# ms):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+phases = ("drafts", "accept", "extend", "rollback", "rest", "step")
+print("tree                 " + " ".join(f"{p:>8s}" for p in phases) + "  iteration")
+split = {}
+for tree in ("previous_093a1a9", "this_5aed305"):
+    run = load_bench(f"data/iteration_phases_host_numpy_{tree}_h100.json")
+    split[tree] = row = run["rows"][0]["k=4"]
+    print(f"{tree:20s} " + " ".join(f"{row[p]:8.3f}" for p in phases) + f"  {row['iteration']:9.3f}")
+before, after = split.values()
+print("less:                " + " ".join(f"{1 - after[p] / before[p]:8.0%}" for p in phases))
+rounds = {}  # the bench's speculation rounds (k = 4, width 5) at batch 8, both passes
+for tree in ("previous_093a1a9", "this_5aed305"):
+    rounds[tree] = [load_bench(f"data/bench_spec_steady_host_numpy_{tree}_{p}_h100.json")["rows"][0]
+                    ["speculative"]["steady_ms_by_width"]["5"] for p in (1, 2)]
+    print(f"{tree}: a speculation round at batch 8 took " + " and ".join(f"{ms:.2f}" for ms in rounds[tree]) + " ms")
+
+# %% [markdown]
+# Acceptance, the contexts' update ("extend") and the bookkeeping ("rest") shrank the most
+# (the "less" line); the engine step did not move, and the bench's whole rounds got shorter
+# (the last two lines). What is left outside the step is mostly the drafting (half of it the
+# bench's own synthetic drafter) and the rollback, which under CUDA graphs is now one graph
+# launch (`ModelRunner.graph_rollback`). Issue 36's targets are still ahead (`data/README.md`
+# has the side-by-side runs).
+
+# %% [markdown]
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
 #   a rollback. Under replay a rollback moves two numbers per slot, and a draft model's slot
@@ -587,7 +666,7 @@ round_split_figure(widths, "one H100, the weight-matched model, replay: a steady
 #
 # ## Exercises
 # The four build-it exercises are in sections 2, 3 and 5 (a: `my_rollback_cursor`; b:
-# `my_provisional_room`; c: `my_admissible`; d: `my_best_k`), each with its check; reference answers in `solutions/13_serving.py`. Once
+# `my_provisional_room`; c: `my_admissible`; d: `my_best_k`; e: `my_accepted`), each with its check; reference answers in `solutions/13_serving.py`. Once
 # `check_admission_rule` passes, serve section 4's stream with your rule:
 # `Scheduler(engine, budget_bytes=budget, admission=my_admissible)` (the scheduler refuses an
 # answer that would break the budget or the free slots, naming it).

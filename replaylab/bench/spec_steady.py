@@ -127,7 +127,8 @@ def steady_timing(history, batch):
     out for a capture alone). ``admitting_s`` / ``capture_s``: seconds of the iterations that
     admitted requests (each also decodes) / captured graphs; an iteration may do both. Per
     width T of the steady iterations, the median ms of the iteration, of its engine step (the
-    step, argmax and the predictions' copy to the host: ``StepRecord.step_s``) and of its
+    tokens' copy to the device, the step, argmax and the predictions' copy to the host:
+    ``StepRecord.step_s``; before 621fa8f the tokens' copy was outside it) and of its
     rollback."""
     if not history or history[-1].end <= history[0].start:
         raise ValueError(

@@ -44,7 +44,7 @@ class SlotContexts:
     ``initial`` columns wide and doubles, up to ``width``, when a context needs more: an
     engine of many long slots does not hold slots x width ids for short requests. The table
     is a numpy array (a round's few indexed reads and writes cost microseconds, not a tensor
-    operation's dispatch each); ``rows`` hands drafters tensors sharing its memory."""
+    operation's dispatch each); ``rows`` hands drafters tensors of copies of its rows."""
 
     def __init__(self, slots, width, initial=1024):
         self.width = width
@@ -63,6 +63,8 @@ class SlotContexts:
 
     def start(self, slot, prompt, tokens):
         """Slot ``slot``'s new tenant: ``prompt`` (T0,) ids then ``tokens`` (a list of ids)."""
+        if prompt.is_floating_point() or any(type(t) is not int for t in tokens):
+            raise TypeError("prompt, tokens: expected integer token ids")
         n, old = prompt.numel() + len(tokens), int(self.lengths[slot])
         if n > self.width:
             raise ValueError(
@@ -91,6 +93,8 @@ class SlotContexts:
         (tokens (G, T), n_taken (G,) ints with 0 <= n_taken <= T; arrays or tensors), all in
         one write."""
         slots, tokens, n_taken = np.asarray(slots), np.asarray(tokens), np.asarray(n_taken)
+        if tokens.dtype.kind not in "iu":
+            raise TypeError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
         T = tokens.shape[1]
         ends = self.lengths[slots] + n_taken
         longest = int(ends.max()) if len(slots) else 0

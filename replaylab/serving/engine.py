@@ -368,7 +368,7 @@ class DecodeEngine:
         if not dropped:
             return
         pair = torch.tensor([[s for s, _ in dropped], [k - 1 for _, k in dropped]])
-        if self.graphs and self.policy.rollback_graphable():  # one launch for every pool
+        if self.graphs and self.policy.rollback_graphable:  # one launch for every pool
             self.runner.graph_rollback(pair, self.table.bucket(pair[0].tolist()))
         else:
             pair = pair.to(self.device)  # one copy to the device, not two

@@ -24,7 +24,7 @@ from replaylab.model import rope_frequencies
 from replaylab.recurrent import windows_per_token
 from replaylab.serving.invariant import RowInvariantLinear, row_invariant_attention
 
-__all__ = ["ModelRunner", "PoolCache", "capture"]
+__all__ = ["ModelRunner", "PoolCache", "capture", "padded_pairs"]
 
 
 @contextlib.contextmanager
@@ -204,9 +204,7 @@ class ModelRunner:
             self.rollbacks[bucket] = (graph, static)
             self.engine.stats.graph_captures += 1
         graph, static = self.rollbacks[bucket]
-        padded = pair[:, :1].expand(2, bucket).clone()
-        padded[:, : pair.shape[1]] = pair
-        static.copy_(padded)
+        static.copy_(padded_pairs(pair, bucket))
         graph.replay()
 
     def _save_for_capture(self, bucket):
@@ -228,6 +226,14 @@ class ModelRunner:
             pool.conv[:bucket].copy_(conv)
             for buf, kept in zip(pool.log.values(), log):
                 buf[:bucket].copy_(kept)
+
+
+def padded_pairs(pair, bucket):
+    """(2, bucket): ``pair`` ((2, n), 1 <= n <= bucket) and then copies of its first column;
+    a rollback that copies from buffers it does not write gives the same pools either way."""
+    padded = pair[:, :1].expand(2, bucket).clone()
+    padded[:, : pair.shape[1]] = pair
+    return padded
 
 
 class PoolCache:

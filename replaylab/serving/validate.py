@@ -86,7 +86,11 @@ def as_token_ids(name, value, vocab, *specs, check_range=True) -> torch.Tensor:
         )
     ids = value.long()
     if check_range and ids.numel():
-        low, high = torch.stack(ids.aminmax()).tolist()  # one read back
+        if ids.device.type == "cpu":  # numpy's reductions: no tensor dispatch
+            host = ids.numpy()
+            low, high = int(host.min()), int(host.max())
+        else:
+            low, high = torch.stack(ids.aminmax()).tolist()  # one read back
         if low < 0 or high >= vocab:
             at = ((ids < 0) | (ids >= vocab)).nonzero()[0].tolist()
             raise ValueError(_outside(name, int(ids[tuple(at)]), _where(at, ids.shape), vocab))

@@ -1,8 +1,9 @@
 """Exercise checks of notebook 13 (serving): the per-slot rollback cursor, a draft slot's
 provisional room, the scheduler's admission rule under a byte budget and each speculation
-round's k. Each check compares the learner's function with the library's
-(``serving.cursor.rollback_cursor``, ``serving.cursor.provisional_room``,
-``serving.scheduler.admissible``, ``serving.adaptive_k.best_k``) on fixed edge cases and then
+round's k, and a round's acceptance on the host in numpy. Each check compares the learner's
+function with the library's (``serving.cursor.rollback_cursor``, ``serving.cursor.provisional_room``,
+``serving.scheduler.admissible``, ``serving.adaptive_k.best_k``, ``serving.contexts.accepted``)
+on fixed edge cases and then
 random ones, prints PASS or FAIL with the first mismatch and what it points at,
 and records its verdict (``grading``).
 
@@ -11,14 +12,19 @@ Glossary: pos (tokens a slot holds), log_len (replay's log entries since the che
 plus the accepted drafts), needs (bytes of each waiting request, in queue order), used (bytes
 the running requests hold), budget (the byte budget), free_slots (engine slots free), L
 (replay's log length), max_len (the engine's longest sequence), acceptance (a, the per-draft
-acceptance), seconds (a round's time with k drafts, k = 0 .. k_max).
+acceptance), seconds (a round's time with k drafts, k = 0 .. k_max), drafts (G, k) and
+predicted (G, k + 1) token ids of a verify round's G rows, n_drafts (G,) the drafts each row
+proposed (the rest of its row is padding).
 """
 
 from __future__ import annotations
 
 import random
 
+import numpy as np
+
 from replaylab.serving.adaptive_k import best_k, geometric_tokens
+from replaylab.serving.contexts import accepted
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
 from replaylab.teaching.grading import describe_exception, guarded, report
@@ -28,6 +34,7 @@ __all__ = [
     "check_provisional_room",
     "check_admission_rule",
     "check_best_k",
+    "check_accepted",
 ]
 
 
@@ -286,3 +293,61 @@ def check_best_k(fn, cases=300, seed=0) -> bool:
             )
         return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
     return report(name, True, f"{cases + 4} cases give the library's best k")
+
+
+def _accepted_cases(n_random, seed):
+    rows = lambda *r: np.array(r, dtype=np.int64)  # noqa: E731
+    fixed = [
+        (rows([1, 2, 3]), rows([1, 2, 3, 4]), rows(3)),  # every draft kept
+        (rows([1, 2, 3]), rows([5, 2, 3, 4]), rows(3)),  # the first one wrong: none kept
+        (rows([1, 2, 3]), rows([1, 9, 3, 4]), rows(3)),  # a match after a mismatch counts not
+        (rows([1, 2, 3]), rows([1, 2, 3, 4]), rows(1)),  # one proposed: padding past it
+        (rows([7, 7], [1, 2]), rows([7, 7, 0], [1, 2, 0]), rows(0, 2)),  # none proposed
+    ]
+    gen = np.random.default_rng(seed)
+    for _ in range(n_random):
+        G, k = int(gen.integers(1, 7)), int(gen.integers(1, 6))
+        drafts = gen.integers(0, 3, (G, k))  # few ids: many matches
+        predicted = gen.integers(0, 3, (G, k + 1))
+        fixed.append((drafts, predicted, gen.integers(0, k + 1, G)))
+    return fixed
+
+
+@guarded("accepted drafts")
+def check_accepted(fn, cases=300, seed=0) -> bool:
+    """Exercise (notebook 13): ``fn(drafts, predicted, n_drafts) -> (G,)`` on numpy arrays,
+    the drafts each row keeps (the leading run equal to the target's tokens, within the row's
+    ``n_drafts``), compared with ``serving.contexts.accepted``."""
+    name = "accepted drafts"
+    for drafts, predicted, n in _accepted_cases(cases, seed):
+        want = accepted(drafts, predicted, n).tolist()
+        where = f"drafts={drafts.tolist()}, predicted={predicted.tolist()}, n_drafts={n.tolist()}"
+        kept = drafts.copy(), predicted.copy(), n.copy()
+        got, failed = _answer(name, fn, kept, where)
+        if failed is not None:
+            return failed
+        if any((a != b).any() for a, b in zip(kept, (drafts, predicted, n))):
+            return report(name, False, f"on {where}: your function changed its inputs")
+        try:
+            got = np.asarray(got).astype(np.int64).reshape(-1).tolist()
+        except (TypeError, ValueError):
+            return report(name, False, f"on {where}: expected {len(want)} counts, got {got!r}")
+        if len(got) != len(want):
+            return report(
+                name, False, f"on {where}: expected one count per row ({len(want)}), got {got}"
+            )
+        for g, (a, b) in enumerate(zip(want, got)):
+            if a == b:
+                continue
+            k = drafts.shape[1]
+            same = (drafts[g] == predicted[g, :k]).tolist()
+            if b == sum(same[: n[g]]):
+                why = "only the leading run counts: stop at the first draft the target did not pick"
+            elif b == a + 1:
+                why = "count the drafts kept, not the tokens (a row keeps 1 + accepted)"
+            elif b > n[g]:
+                why = f"only the row's first n_drafts = {n[g]} drafts were proposed (the rest is padding)"
+            else:
+                why = "draft j is kept when drafts 0 .. j all equal the target's tokens there"
+            return report(name, False, f"on {where}: row {g} expected {a}, got {b} ({why})")
+    return report(name, True, f"{cases + 5} cases give the scheduler's acceptance")

@@ -65,6 +65,10 @@ class EngineStrategy:
     name: ClassVar[str]
     store: ClassVar[str]  # the teaching StateStore of the same outputs
     logged: ClassVar[bool] = False  # the slot table's log length moves with steps (replay)
+    # whether ``rollback`` is device work reading no host value, the same for a slot given
+    # twice (copies from buffers it does not write): under CUDA graphs it is then captured
+    # once per bucket, its pairs padded with repeats of the first (the built-in ones are)
+    rollback_graphable: ClassVar[bool] = False
 
     def __init__(self, engine):
         self.engine = engine
@@ -78,13 +82,6 @@ class EngineStrategy:
     @classmethod
     def graphable(cls, use_kernels) -> bool:
         """Whether a step reads no host value, so a CUDA graph can hold it."""
-        return True
-
-    @classmethod
-    def rollback_graphable(cls) -> bool:
-        """Whether ``rollback`` is device work reading no host value, the same for a slot
-        given twice: under CUDA graphs it is then captured once per bucket (its pairs padded
-        with repeats of the first) and replayed in one launch."""
         return True
 
     @classmethod
@@ -159,7 +156,8 @@ class EngineStrategy:
 
     # --- rollback ----------------------------------------------------------------------
     def rollback(self, index, kept):
-        """Slots ``index`` go back to after their token ``kept`` (both (n,) on the device)."""
+        """Slots ``index`` go back to after their token ``kept`` (both (n,) on the device).
+        With ``rollback_graphable`` this runs inside a CUDA graph capture, once per bucket."""
         for pool in self.engine.ssm.values():
             self.rollback_pool(pool, index, kept)
 

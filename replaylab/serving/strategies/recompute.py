@@ -19,6 +19,7 @@ __all__ = ["EngineRecompute"]
 class EngineRecompute(EngineStrategy):
     name = "recompute"
     store = "recompute"
+    rollback_graphable = True  # its rollback copies rows from buffers it does not write
 
     @classmethod
     def allocate(cls, pool, zeros, slots, capacity, max_verify, fused):

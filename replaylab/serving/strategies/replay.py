@@ -34,6 +34,7 @@ class EngineReplay(EngineStrategy):
     name = "replay"
     store = "replay"
     logged = True
+    rollback_graphable = True  # its rollback copies rows from buffers it does not write
 
     @classmethod
     def replays_with_kernels(cls, kernels):

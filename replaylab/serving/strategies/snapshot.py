@@ -18,6 +18,7 @@ __all__ = ["EngineSnapshot"]
 class EngineSnapshot(EngineStrategy):
     name = "snapshot"
     store = "snapshot"
+    rollback_graphable = True  # its rollback copies rows from buffers it does not write
 
     @classmethod
     def allocate(cls, pool, zeros, slots, capacity, max_verify, fused):
