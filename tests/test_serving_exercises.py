@@ -242,15 +242,18 @@ def _in_place(drafts, predicted, n):
         (_every_match, "only the leading run counts"),
         (_tokens_kept, "not the tokens"),
         (_ignores_padding, "the rest is padding"),
-        (_shifted, "expected"),
+        (_shifted, "not predicted[:, j + 1]"),
         (_in_place, "changed its inputs"),
-        (lambda d, p, n: [0] * (len(d) + 1), "one count per row"),
-        (lambda d, p, n: object(), "counts"),
+        (lambda d, p, n: np.zeros(len(d) + 1, dtype=np.int64), "one integer count per row"),
+        (lambda d, p, n: _ignores_padding(d, p, n)[:, None], "got shape ("),
+        (lambda d, p, n: _ignores_padding(d, p, n).astype(float), "of dtype float64"),
+        (lambda d, p, n: _ignores_padding(d, p, n).tolist(), "got list"),
+        (lambda d, p, n: object(), "expected a numpy array"),
     ],
 )
 def test_wrong_acceptances_fail_with_what_they_got_wrong(wrong, says, capsys):
     """Every match counted, 1 + accepted, the padding read, the targets shifted by one, the
-    inputs overwritten, one count for all rows, not counts at all."""
+    inputs overwritten, a count too many, a column (G, 1), floats, a list, not an array."""
     assert check_accepted(wrong) is False
     out = _out(capsys)
     assert "FAIL accepted drafts" in out and says in out, out

@@ -575,13 +575,15 @@ round_split_figure(widths, "one H100, the weight-matched model, replay: a steady
 #
 # Most of that work is small: a verify round of 8 sequences compares 8 x 4 drafts, appends a
 # few tokens to 8 contexts and moves 8 cursors. On tensors each of those operations pays
-# torch's dispatch, microseconds whatever the size; on the GPU machine's host, slower than a
-# laptop at it, the round's acceptance, context updates and drafting added up to more than
-# the rollback. Since 621fa8f the scheduler keeps that part in numpy. Build its acceptance:
+# torch's dispatch, microseconds whatever the size, and the GPU machine's host is slower at
+# that than the project's CPU machine (the scheduler's round with its model stubbed out, the
+# same tree on both: printed further below). Since 621fa8f the scheduler keeps that part in
+# numpy. Build its acceptance:
 #
 # **Exercise (e).** Given a round's drafts (G, k), the target's greedy tokens (G, k + 1) and
 # the drafts each row proposed, return how many leading drafts of each row equal the
-# target's tokens, with numpy operations on whole arrays (no loop over rows).
+# target's tokens, as a (G,) integer numpy array. Aim for operations on whole arrays: a loop
+# over rows passes the check, and costs a Python iteration a row.
 
 # %% exercise="accepted" tags=["exercise"]
 def my_accepted(drafts, predicted, n_drafts):
@@ -619,9 +621,14 @@ for label, fn, args in (("tensors", accepted, round_torch), ("numpy", accepted, 
 
 # %% [markdown]
 # On the GPU machine, the same scheduler before and after, in one call
-# (`data/iteration_phases_host_numpy_*_h100.json`, `tools/iteration_phases.py`: timers around
-# the scheduler's and engine's methods, the median steady iteration at batch 8 with k = 4, in
-# ms):
+# (`data/iteration_phases_host_numpy_*_h100.json`, from `tools/iteration_phases.py`; the tree
+# before is 093a1a9, and 5aed305's `replaylab/` is 621fa8f's). The tool times a steady
+# iteration at batch 8 with k = 4 (the median, in ms) in phases: "drafts" (the drafter and
+# its inputs), "accept" (acceptance), "extend" (the contexts' update), "rollback" (the
+# engine's), "step" (the engine step, its argmax and the copy to the host), and "rest" (the
+# scheduler's own bookkeeping between those calls). The bench's rounds printed under it are
+# from separate runs of `bench spec-steady` in the same call (128 new tokens a request where
+# the phases' run had 96):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -639,14 +646,23 @@ for tree in ("previous_093a1a9", "this_5aed305"):
     rounds[tree] = [load_bench(f"data/bench_spec_steady_host_numpy_{tree}_{p}_h100.json")["rows"][0]
                     ["speculative"]["steady_ms_by_width"]["5"] for p in (1, 2)]
     print(f"{tree}: a speculation round at batch 8 took " + " and ".join(f"{ms:.2f}" for ms in rounds[tree]) + " ms")
+host = {name: load_bench(f"data/spec_host_probe_scheduler_{name}.json")["rows"][0]["ms_per_round"]
+        for name in ("gpu_host_h100_093a1a9", "numpy_cpu")}
+print(f"the scheduler's round at batch 8, model stubbed out, 093a1a9: {host['gpu_host_h100_093a1a9']:.2f} ms "
+      f"on a GPU machine's host, {host['numpy_cpu']:.2f} ms on the project's CPU machine")
+graphed = [load_bench(f"data/iteration_phases_graph_rollback_{tree}_h100.json")["rows"][0]["k=4"]["rollback"]
+           for tree in ("previous_5aed305", "this_d2c23eb")]
+print(f"rollback phase at batch 8, 5aed305 then d2c23eb (graphed), the next call: {graphed[0]:.3f} -> {graphed[1]:.3f} ms")
 
 # %% [markdown]
 # Acceptance, the contexts' update ("extend") and the bookkeeping ("rest") shrank the most
-# (the "less" line); the engine step did not move, and the bench's whole rounds got shorter
-# (the last two lines). What is left outside the step is mostly the drafting (half of it the
-# bench's own synthetic drafter) and the rollback, which under CUDA graphs is now one graph
-# launch (`ModelRunner.graph_rollback`). Issue 36's targets are still ahead (`data/README.md`
-# has the side-by-side runs).
+# (the "less" line); the engine step did not move, and the bench's whole rounds got shorter.
+# The rollback, whose code this change did not touch but for one copy, moved by run-to-run
+# noise. A later commit (d2c23eb) makes a rollback under CUDA graphs one graph launch
+# (`ModelRunner.graph_rollback`): the last line compares its rollback phase with the tree
+# before it, in the next call. What is left outside the step is mostly the drafting and the
+# rollback; the speed targets printed with the round split above are still ahead
+# (`data/README.md` has the side-by-side runs).
 
 # %% [markdown]
 # ## Summary
@@ -665,7 +681,7 @@ for tree in ("previous_093a1a9", "this_5aed305"):
 #   from its measured round times and acceptance (`adaptive_k=True`), k = 0 included.
 #
 # ## Exercises
-# The four build-it exercises are in sections 2, 3 and 5 (a: `my_rollback_cursor`; b:
+# The five build-it exercises are in sections 2, 3 and 5 (a: `my_rollback_cursor`; b:
 # `my_provisional_room`; c: `my_admissible`; d: `my_best_k`; e: `my_accepted`), each with its check; reference answers in `solutions/13_serving.py`. Once
 # `check_admission_rule` passes, serve section 4's stream with your rule:
 # `Scheduler(engine, budget_bytes=budget, admission=my_admissible)` (the scheduler refuses an
@@ -676,7 +692,7 @@ for tree in ("previous_093a1a9", "this_5aed305"):
 # idle bytes without starving the large request? (2) Recompute's rollback re-runs the kept tokens:
 # in the measured stream, is its extra time per rejected draft closer to snapshot's copy or to a
 # decode step, and why? (3) In the round split above, which part would you attack first at batch
-# 32, and which at batch 128? What would each buy, by the host-free column?
+# 32, and which at batch 128? What would each buy, by the "step only" column?
 #
 # ## References
 # * nano-vllm (scheduler / sequence / model-runner split) and vLLM (continuous batching, its

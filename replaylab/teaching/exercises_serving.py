@@ -328,20 +328,29 @@ def check_accepted(fn, cases=300, seed=0) -> bool:
             return failed
         if any((a != b).any() for a, b in zip(kept, (drafts, predicted, n))):
             return report(name, False, f"on {where}: your function changed its inputs")
-        try:
-            got = np.asarray(got).astype(np.int64).reshape(-1).tolist()
-        except (TypeError, ValueError):
-            return report(name, False, f"on {where}: expected {len(want)} counts, got {got!r}")
-        if len(got) != len(want):
+        if not isinstance(got, np.ndarray):
             return report(
-                name, False, f"on {where}: expected one count per row ({len(want)}), got {got}"
-            )
+                name, False, f"on {where}: expected a numpy array of {len(want)} counts, got "
+                f"{type(got).__name__} (the point is numpy on the host: no tensor dispatch)",
+            )  # fmt: skip
+        if got.shape != (len(want),) or got.dtype.kind not in "iu":
+            return report(
+                name, False, f"on {where}: expected one integer count per row, shape "
+                f"({len(want)},), got shape {got.shape} of dtype {got.dtype}",
+            )  # fmt: skip
+        got = got.tolist()
+        k = drafts.shape[1]
+        shifted = accepted(drafts, predicted[:, 1:], n).tolist()
         for g, (a, b) in enumerate(zip(want, got)):
             if a == b:
                 continue
-            k = drafts.shape[1]
             same = (drafts[g] == predicted[g, :k]).tolist()
-            if b == sum(same[: n[g]]):
+            if b == shifted[g] and got == shifted:
+                why = (
+                    "draft j is compared with predicted[:, j], the target's token at its "
+                    "position, not predicted[:, j + 1]"
+                )
+            elif b == sum(same[: n[g]]):
                 why = "only the leading run counts: stop at the first draft the target did not pick"
             elif b == a + 1:
                 why = "count the drafts kept, not the tokens (a row keeps 1 + accepted)"
