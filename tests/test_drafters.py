@@ -47,7 +47,9 @@ def test_batched_prompt_lookup_proposes_what_the_per_sequence_one_does(contexts,
     )
     one = PromptLookupDrafter(max_ngram)
     want = torch.stack([one.propose(torch.tensor(c), k, 4).long() for c in contexts])
-    assert torch.equal(got, want.reshape(len(contexts), k))
+    assert torch.equal(got, want.reshape(len(contexts), k))  # the host's numpy path
+    device = BatchPromptLookupDrafter(max_ngram).propose_on_device(rows, lengths, k, 4)
+    assert torch.equal(device, got)  # the device rounds' tensor path, the same rule
 
 
 def test_batched_synthetic_drafters_lookup_table_gives_the_hashed_drafts():

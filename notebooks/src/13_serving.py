@@ -614,7 +614,7 @@ round_torch = tuple(torch.from_numpy(a) for a in round_np)
 for label, fn, args in (("tensors", accepted, round_torch), ("numpy", accepted, round_np),
                         ("yours, numpy", my_accepted, round_np)):
     try:
-        us = 1e6 * min(timeit.repeat(lambda: fn(*args), number=2000, repeat=3)) / 2000
+        us = 1e6 * min(timeit.repeat(lambda fn=fn, args=args: fn(*args), number=2000, repeat=3)) / 2000
         print(f"{label:13s} {us:6.1f} us a round")
     except NotImplementedError:
         print(f"{label:13s} (exercise (e) not written yet)")

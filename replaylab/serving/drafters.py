@@ -133,14 +133,43 @@ class BatchPromptLookupDrafter:
     """``decoding.PromptLookupDrafter`` for a whole batch, the same drafts row for row: the k
     tokens that followed the latest earlier occurrence of the context's last n-gram (n from
     ``max_ngram`` down to 1, the follow padded with its last token), or the last token k times
-    when none is found. Tensor operations on the device of ``contexts``: the host's rounds
-    call ``propose_batch``, the device's rounds ``propose_on_device``, the same rule."""
+    when none is found. The host's rounds call ``propose_batch`` (numpy on host tensors), the
+    device's rounds ``propose_on_device`` (tensor operations on the device of ``contexts``):
+    the same rule, the same drafts."""
 
     def __init__(self, max_ngram=3):
         self.max_ngram = max_ngram
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
-        return self.propose_on_device(contexts, lengths, k, vocab_size)
+        if contexts.device.type != "cpu" or lengths.device.type != "cpu":
+            return self.propose_on_device(contexts, lengths, k, vocab_size)
+        ctx, n = contexts.numpy(), lengths.numpy()
+        return torch.from_numpy(self._propose_host(ctx, n.astype(np.int64), k))
+
+    def _propose_host(self, ctx, lengths, k):
+        """``propose_on_device``'s rule in numpy: ``same[n - 1][g, j]`` says whether the n
+        tokens of row g ending at column j equal its last n, each n one comparison of the
+        table shifted by n - 1 columns (no (G, width, n) windows); a match may end at most at
+        column length - 2 (a token follows it, and it is earlier than the tail itself)."""
+        G, width = ctx.shape
+        rows, last = np.arange(G), lengths - 1
+        follow, found = last.copy(), np.zeros(G, dtype=bool)
+        top = min(self.max_ngram, width - 1)
+        same = []
+        for n in range(1, top + 1):
+            nth = ctx[rows, np.maximum(lengths - n, 0)]  # the row's n-th token from its end
+            equal = np.zeros((G, width), dtype=bool)
+            equal[:, n - 1 :] = ctx[:, : width - n + 1] == nth[:, None]
+            same.append(equal if n == 1 else same[-1] & equal)
+        inside = np.arange(width) <= (lengths - 2)[:, None]
+        for n in range(top, 0, -1):
+            hit = same[n - 1] & inside & ((lengths > n) & ~found)[:, None]
+            now = hit.any(1)
+            latest = width - 1 - hit[:, ::-1].argmax(1)  # the last column where a match ends
+            follow = np.where(now, latest + 1, follow)
+            found |= now
+        at = np.minimum(follow[:, None] + np.arange(k), last[:, None])
+        return ctx[rows[:, None], at]
 
     def propose_on_device(self, contexts, lengths, k, vocab_size):
         """The drafts (G, k) of ``contexts`` (G, width) int64 holding ``lengths`` (G,) tokens
