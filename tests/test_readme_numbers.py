@@ -1271,3 +1271,28 @@ def test_the_numpy_rounds_and_the_graph_rollback_match_their_files():
         f"{pair(new8)} plain decode at batch 8 with k = 4, {new32[0][3]:.2f}x at batch 32 with "
         f"k = 3 and {min(k3_128):.2f}-{max(k3_128):.2f}x at batch 128 with k = 3" in readme
     )
+
+
+def test_the_prompt_lookup_probe_table_matches_its_file():
+    data = (ROOT / "data/README.md").read_text()
+    text = " ".join(data.split())
+    probe = json.loads((ROOT / "data/prompt_lookup_probe_cpu.json").read_text())
+    shapes = [(G, W) for G in (8, 32, 128) for W in (200, 2000)]
+    ms = {}
+    for r in probe["rows"]:
+        assert r["k"] == 4
+        ms.setdefault((r["label"], r["rows"], r["width"]), []).append(r["ms"])
+    assert [r["label"] for r in probe["rows"][:: len(shapes)]] == ["e4d874c", "52b856e"] * 2
+    for tree in ("e4d874c", "52b856e"):
+        cells = " | ".join(" / ".join(f"{v:.3f}" for v in ms[tree, G, W]) for G, W in shapes)
+        assert f"| {tree} | {cells} |" in data, cells
+    ratios = [min(ms["e4d874c", G, W]) / min(ms["52b856e", G, W]) for G, W in shapes]
+    assert min(ratios) > 2
+    listed = ", ".join(f"{r:.1f}x" for r in ratios[:-1]) + f" and {ratios[-1]:.1f}x less time"
+    assert f"The best run of each tree: {listed}" in text
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"took {min(ms['52b856e', 128, 2000]):.2f} ms where the tensor version took "
+        f"{min(ms['e4d874c', 128, 2000]):.2f} ms, {min(ratios):.1f}-{max(ratios):.1f}x less"
+        in readme
+    )
