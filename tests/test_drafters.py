@@ -326,3 +326,12 @@ def test_a_provisional_step_may_fold_a_full_log_of_true_tokens():
             engine.step(torch.tensor([[t]]), slots=[0])
     assert (engine.pos[0], engine.log_len[0], engine.stats.folds - folds) == (8, 0, 1)
     assert torch.equal(engine.step(torch.tensor([[7]]))[0], fresh.step(torch.tensor([[7]]))[0])
+
+
+def test_batched_prompt_lookup_refuses_a_negative_k_and_an_empty_row_by_name():
+    rows, lengths = padded([[1, 2, 3], [4]])
+    drafter = BatchPromptLookupDrafter()
+    with pytest.raises(ValueError, match="k: expected k >= 0 drafts, got -1"):
+        drafter.propose_batch(rows, lengths, torch.arange(2), -1, 8)
+    with pytest.raises(ValueError, match="lengths: row 1 holds 0 tokens: expected at least one"):
+        drafter.propose_batch(rows, torch.tensor([3, 0]), torch.arange(2), 2, 8)

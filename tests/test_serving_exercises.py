@@ -227,6 +227,20 @@ def _shifted(drafts, predicted, n):
     return same.cumprod(1).sum(1)
 
 
+def _reads_one_padding_draft(drafts, predicted, n):
+    """Off by one in the mask: one draft past the row's proposed ones."""
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, :k]) & (np.arange(k) <= n[:, None])
+    return same.cumprod(1).sum(1)
+
+
+def _first_rows_count(drafts, predicted, n):
+    """The first row's n_drafts for every row."""
+    k = drafts.shape[1]
+    same = (drafts == predicted[:, :k]) & (np.arange(k) < n[0])
+    return same.cumprod(1).sum(1)
+
+
 def _in_place(drafts, predicted, n):
     """Right, but writes into its input."""
     k = drafts.shape[1]
@@ -243,6 +257,8 @@ def _in_place(drafts, predicted, n):
         (_tokens_kept, "not the tokens"),
         (_ignores_padding, "the rest is padding"),
         (_shifted, "not predicted[:, j + 1]"),
+        (_reads_one_padding_draft, "the rest is padding"),
+        (_first_rows_count, "draft j is kept when drafts 0 .. j all equal"),
         (_in_place, "changed its inputs"),
         (lambda d, p, n: np.zeros(len(d) + 1, dtype=np.int64), "one integer count per row"),
         (lambda d, p, n: _ignores_padding(d, p, n)[:, None], "got shape ("),

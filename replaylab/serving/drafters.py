@@ -143,8 +143,13 @@ class BatchPromptLookupDrafter:
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         if contexts.device.type != "cpu" or lengths.device.type != "cpu":
             return self.propose_on_device(contexts, lengths, k, vocab_size)
-        ctx, n = contexts.numpy(), lengths.numpy()
-        return torch.from_numpy(self._propose_host(ctx, n.astype(np.int64), k))
+        ctx, n = contexts.numpy(), lengths.numpy().astype(np.int64)
+        if k < 0:
+            raise ValueError(f"k: expected k >= 0 drafts, got {k!r}")
+        if len(n) and n.min() < 1:
+            g = int(n.argmin())
+            raise ValueError(f"lengths: row {g} holds {n[g]} tokens: expected at least one")
+        return torch.from_numpy(self._propose_host(ctx, n, k))
 
     def _propose_host(self, ctx, lengths, k):
         """``propose_on_device``'s rule in numpy: ``same[n - 1][g, j]`` says whether the n
