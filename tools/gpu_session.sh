@@ -155,7 +155,7 @@ case "$mode" in
   host-rounds)  # WHEELS=.whl-gpu2: issue 36, the host's part of a scheduler round, on the previous
     # tree (PREV: a folder holding its replaylab/ and kernels/) and this one, taking turns
     # (ROUNDS_PASSES passes): bench spec-steady (k = 4 and OTHER_K, N_NEW tokens a request);
-    # then each tree's iteration phases (tools/iteration_phases.py) and host probe
+    # then each tree's iteration phases (tools/iteration_phases.py), host probe and prompt lookup probe
     export OMP_NUM_THREADS=1
     for pass in $(seq ${ROUNDS_PASSES:-2}); do
       for tree in previous this; do
@@ -174,6 +174,9 @@ case "$mode" in
       PYTHONPATH=/tmp/site:$path timeout -s INT ${PROBE_S:-60} python3 -P tools/spec_host_probe.py \
         "$OUT/spec_host_probe_scheduler_gpu_host_$tree.json" --drafters scheduler --batches 8,32,128 \
         --label "$commit" 2>&1 | tail -4
+      # prompt lookup's host rounds on this host (the numpy path since 52b856e)
+      PYTHONPATH=/tmp/site:$path timeout -s INT ${PROBE_S:-60} python3 -P tools/prompt_lookup_probe.py \
+        "$OUT/prompt_lookup_probe_gpu_host_$tree.json" --label "$commit" 2>&1 | tail -6
     done ;;
   rounds)  # WHEELS=.whl-gpu2: speculation rounds on the device beside the host's (issue 36, item
     # 3): bench matched's replay speculation with one BatchSyntheticDrafter, host rounds then
