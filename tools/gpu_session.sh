@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|admissions|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?a mode: see the list above}
@@ -152,6 +152,22 @@ case "$mode" in
     OMP_NUM_THREADS=1 timeout -s INT ${PROBE_S:-120} python3 tools/spec_host_probe.py \
       "$OUT/spec_host_probe_scheduler_gpu_host.json" --drafters scheduler --batches 8,32,128 \
       --label "${COMMIT:-unknown}" 2>&1 | tail -6 ;;
+  admissions)  # WHEELS=.whl-gpu2: issues 36 / 38, an iteration's admissions in one prefill
+    # (DecodeEngine(batched_admission=True), opt-in until this runs): its GPU tests, then bench
+    # spec-steady without and with it on this tree, taking turns (ADMIT_PASSES passes), so
+    # admitting_s and the whole run's rate sit side by side
+    export OMP_NUM_THREADS=1
+    cmd="python3 -m pytest -q -rf -p no:cacheprovider tests/test_batched_admission.py"
+    { stamp "$cmd"; timeout 120 $cmd; } >"$OUT/gpu_tests_batched_admission.log" 2>&1
+    tail -3 "$OUT/gpu_tests_batched_admission.log"
+    for pass in $(seq ${ADMIT_PASSES:-2}); do
+      for arm in alone together; do
+        flag=""; [ $arm = together ] && flag=--batched-admission
+        timeout -s INT ${SPEC_S:-150} python3 -m replaylab.bench spec-steady --preset matched \
+          --batches ${SPEC_BATCHES:-8,32,128} --other-k ${OTHER_K:-3} --n-new ${N_NEW:-128} $flag \
+          --out "$OUT/bench_spec_steady_admissions_${arm}_$pass.json" 2>&1 | tail -4
+      done
+    done ;;
   host-rounds)  # WHEELS=.whl-gpu2: issue 36, the host's part of a scheduler round, on the previous
     # tree (PREV: a folder holding its replaylab/ and kernels/) and this one, taking turns
     # (ROUNDS_PASSES passes): bench spec-steady (k = 4 and OTHER_K, N_NEW tokens a request);

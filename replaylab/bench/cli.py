@@ -342,6 +342,7 @@ def _spec_steady(args):
             n_new=args.n_new, requests_per_slot=args.requests_per_slot,
             log_length=args.log_length, log_capacity=None if args.ring == "L" else "L+k",
             other_k=args.other_k, adaptive=args.adaptive, repeats=args.repeats,
+            batched_admission=args.batched_admission,
         )  # fmt: skip
     result["preset"] = args.preset
     out = args.out or f"data/bench_spec_steady_{'gpu' if device == 'cuda' else 'cpu'}.json"
@@ -619,6 +620,10 @@ def add_bench_parser(subparsers):
     sp.add_argument(
         "--repeats", type=int, default=1,
         help="run every arm this many times, the order rotated each pass; medians reported",
+    )  # fmt: skip
+    sp.add_argument(
+        "--batched-admission", action="store_true",
+        help="the engine prefills the requests an iteration admits in one pass (admit_many)",
     )  # fmt: skip
     sp.set_defaults(run=_spec_steady)
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")

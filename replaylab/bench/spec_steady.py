@@ -220,6 +220,7 @@ def run_spec_steady(
     other_k=(),
     adaptive=False,
     repeats=1,
+    batched_admission=False,
 ):
     """Rows per (strategy, batch): the plain and the speculative run's timings, their
     steady-state ratio and whether every request's speculative tokens equal its greedy
@@ -232,7 +233,8 @@ def run_spec_steady(
     pass's steady rates; ``median_steady_over_decode``: per arm, the median over the passes
     of its rate over that pass's plain decode; the other fields are the first pass's). Only
     the first pass warms each arm; the adaptive arm's policy keeps what it learnt from pass
-    to pass, as a server's would."""
+    to pass, as a server's would. ``batched_admission``: the engine's (``DecodeEngine``): the
+    requests an iteration admits prefill in one pass."""
     from tqdm.auto import tqdm
 
     vocab = model.cfg.vocab_size
@@ -257,8 +259,9 @@ def run_spec_steady(
         kw = dict(log_capacity=ring) if strategy == "replay" else {}
         max_len = max(p.numel() for p in prompts) + int(lengths.max()) + k_top + 2
         engine = DecodeEngine(
-            model, batch, max_len, strategy, log_length, max_verify=k_top + 1, **kw
-        )
+            model, batch, max_len, strategy, log_length, max_verify=k_top + 1,
+            batched_admission=batched_admission, **kw,
+        )  # fmt: skip
         warm = [min(int(m), log_length + k_top + 2) for m in lengths[:batch]]
         run = (engine, prompts, lengths.tolist(), warm)
         plain, plain_timing = _timed(*run, 0, None)
@@ -313,7 +316,7 @@ def run_spec_steady(
             torch.cuda.empty_cache()
     return dict(
         kind="spec_steady", k=k, other_k=list(other_k), adaptive=adaptive, repeats=repeats,
-        acceptance=acceptance, n_new=n_new,
+        acceptance=acceptance, n_new=n_new, batched_admission=batched_admission,
         requests_per_slot=requests_per_slot, log_length=log_length, rows=rows,
     )  # fmt: skip
 

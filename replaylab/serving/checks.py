@@ -16,13 +16,13 @@ from replaylab.serving.validate import as_int, as_ints, as_token_ids, given
 __all__ = ["check_prompt", "check_prompts", "check_slots", "check_step", "per_slot"]
 
 
-def check_prompt(engine, prompt):
+def check_prompt(engine, prompt, name="prompt"):
     """``prompt`` (T0,) or (1, T0) ids of any integer dtype -> (T0,) int64, checked."""
-    prompt = as_token_ids("prompt", prompt, engine.cfg.vocab_size, ("T0",), (1, "T0"))
+    prompt = as_token_ids(name, prompt, engine.cfg.vocab_size, ("T0",), (1, "T0"))
     prompt = prompt.reshape(-1)
     T0 = prompt.numel()
     if not 1 <= T0 < engine.max_len:
-        raise ValueError(f"prompt: length {T0}: expected 1 <= length < max_len={engine.max_len}")
+        raise ValueError(f"{name}: length {T0}: expected 1 <= length < max_len={engine.max_len}")
     return prompt
 
 

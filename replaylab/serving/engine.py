@@ -9,7 +9,7 @@ steps, under any registered strategy, with steps captured in CUDA graphs.
     serving.strategies   one class per strategy: its buffers, save, rollback and fold
     serving.runner       ModelRunner: the reference forward and CUDA graphs
     serving.fused        the fused forward (GPU kernels)
-    serving.prefill      a prompt through the pools, a chunk at a time
+    serving.prefill      a prompt through the pools, a chunk at a time (short prompts together)
     serving.speculation  batched speculative decoding and acceptance
 
 A step takes (S, T) tokens for S slots and a count per slot (1 <= count <= T): a slot's tokens
@@ -45,11 +45,12 @@ from replaylab.serving.layouts import (
 )
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.serving.prefill import prefill as run_prefill
+from replaylab.serving.prefill import prefill_many as run_prefill_many
 from replaylab.serving.runner import ModelRunner
 from replaylab.serving.slots import SlotTable
 from replaylab.serving.speculation import check_drafters, check_k, speculate_batch
 from replaylab.serving.strategies import STRATEGIES, strategy_class
-from replaylab.serving.validate import as_int, as_token_ids
+from replaylab.serving.validate import as_int, as_token_ids, given
 
 __all__ = [
     "DecodeEngine",
@@ -125,6 +126,12 @@ class DecodeEngine:
     batch_invariant: the recurrent kernels launch alike at every batch (default), so a slot's
     bits do not depend on which other slots share its steps; False: the Mamba-2 launches tuned
     per batch (``kernels.mamba2.LAUNCH``, ``kernels.decode.LAUNCH_STATE_UPDATE``).
+    batched_admission: ``admit_many`` prefills its prompts of at most ``prefill_chunk`` tokens
+    in one pass (``serving.prefill.prefill_many``: their products and norms together, each
+    prompt's conv, scan and attention apart), and ``admit`` a lone one the same way; every
+    product and row sum of those prefills is then row-invariant, so a prompt's bits do not
+    depend on the prompts admitted with it. Default False (each prompt alone, torch's
+    products): opt-in until timed on a GPU.
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -150,13 +157,16 @@ class DecodeEngine:
         prefill_kernels=None,
         log_capacity=None,
         step_kernels=None,
+        batched_admission=False,
     ):
         cfg = model.cfg
         switches = dict(use_kernels=use_kernels, graphs=graphs, fused=fused,
                         prefill_kernels=prefill_kernels, step_kernels=step_kernels)  # fmt: skip
-        for name, value in (*switches.items(), ("batch_invariant", batch_invariant)):
-            if not (isinstance(value, bool) or (value is None and name != "batch_invariant")):
-                allowed = "True or False" if name == "batch_invariant" else "None, True or False"
+        fixed = (("batch_invariant", batch_invariant), ("batched_admission", batched_admission))
+        for name, value in (*switches.items(), *fixed):
+            strict = name in ("batch_invariant", "batched_admission")
+            if not (isinstance(value, bool) or (value is None and not strict)):
+                allowed = "True or False" if strict else "None, True or False"
                 raise ValueError(f"{name}: expected {allowed}, got {value!r}")
         chosen = strategy is None
         if chosen:  # use_kernels' default, as ``paths`` fills it in
@@ -175,7 +185,7 @@ class DecodeEngine:
         )
         self.max_verify = as_int("max_verify", max_verify, low=1)
         self.prefill_chunk = as_int("prefill_chunk", prefill_chunk, low=1)
-        self.batch_invariant = batch_invariant
+        self.batch_invariant, self.batched_admission = batch_invariant, batched_admission
         param = next(model.parameters())
         self.model, self.cfg, self.strategy = model, cfg, strategy
         self.dtype, self.device = param.dtype, param.device
@@ -262,9 +272,53 @@ class DecodeEngine:
         last logits (vocab,)). Raises if every slot is in use or T0 >= max_len."""
         prompt = check_prompt(self, prompt)
         slot = self._claim()
-        logits = self._prefill(slot, prompt.to(self.device))
+        if self.batched_admission and prompt.numel() <= self.prefill_chunk:
+            logits = run_prefill_many(self, [slot], [prompt.to(self.device)])[0]
+        else:
+            logits = self._prefill(slot, prompt.to(self.device))
         self._go_live(slot, prompt.numel())
         return slot, logits
+
+    @torch.no_grad()
+    def admit_many(self, prompts):
+        """Prefill each of ``prompts`` (a list of (T0,) or (1, T0) ids) into the lowest free
+        slots, in order; returns a list of (slot, the last logits (vocab,)). All are checked,
+        and the free slots counted, before any is seated. With ``batched_admission`` the
+        prompts of at most ``prefill_chunk`` tokens prefill in one pass (a longer one alone);
+        without it, each as ``admit`` would."""
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError(f"prompts: expected a non-empty list of prompts, got {given(prompts)}")
+        prompts = [check_prompt(self, p, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
+        if len(prompts) > self.n_free:
+            raise ValueError(
+                f"prompts: {len(prompts)} prompts, {self.n_free} free slots (max_batch="
+                f"{self.max_batch}, {self.batch} live, {len(self.prefilling)} prefilling): "
+                "expected at most one prompt per free slot"
+            )
+        if not self.batched_admission:
+            return [self.admit(p) for p in prompts]
+        slots = []
+        for _ in prompts:  # claimed, not yet live: the next _claim takes the next free slot
+            slots.append(self._claim())
+            self.table.prefilling.add(slots[-1])
+        short = [i for i, p in enumerate(prompts) if p.numel() <= self.prefill_chunk]
+        logits = [None] * len(prompts)
+        try:
+            if short:
+                got = run_prefill_many(
+                    self, [slots[i] for i in short], [prompts[i].to(self.device) for i in short]
+                )
+                for i, row in zip(short, got):
+                    logits[i] = row
+            for i, p in enumerate(prompts):
+                if logits[i] is None:
+                    logits[i] = self._prefill(slots[i], p.to(self.device))
+        finally:
+            for s in slots:
+                self.table.prefilling.discard(s)
+        for s, p in zip(slots, prompts):
+            self._go_live(s, p.numel())
+        return list(zip(slots, logits))
 
     def begin_admit(self, prompt):
         """Claim the lowest free slot for ``prompt`` (T0,) or (1, T0) and return an

@@ -40,12 +40,15 @@ class RowInvariantLinear(TorchFunctionMode):
     the last dim (the norms, the L2 normalisation of Gated DeltaNet's q and k) as
     ``kernels.matmul.row_sum``: row i of the result has the same bits whatever the number of
     rows. ``every_device=True``: the sums on CPU tensors too (through Triton's interpreter; the
-    fused path's tests, where torch's CPU sums round by the row count). Every other function
-    runs unchanged."""
+    fused path's tests, where torch's CPU sums round by the row count). ``row_by_row=True``:
+    on CPU each row's product is its own (1, K) product, whose bits depend neither on the row
+    count nor on the row's place among the rows (the interpreter's blocks round a row by its
+    place in them; ``prefill_many`` seats prompts at any offset). Every other function runs
+    unchanged."""
 
-    def __init__(self, every_device=False):
+    def __init__(self, every_device=False, row_by_row=False):
         super().__init__()
-        self.every_device = every_device
+        self.every_device, self.row_by_row = every_device, row_by_row
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -54,7 +57,12 @@ class RowInvariantLinear(TorchFunctionMode):
 
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            out = linear(x, weight)
+            if self.row_by_row and not x.is_cuda and x.numel():
+                rows = x.reshape(-1, x.shape[-1])
+                out = torch.stack([func(row[None], weight)[0] for row in rows])
+                out = out.reshape(*x.shape[:-1], weight.shape[0])
+            else:
+                out = linear(x, weight)
             return out if bias is None else out + bias
         if func in _SUMS and args and isinstance(args[0], torch.Tensor):
             x = args[0]

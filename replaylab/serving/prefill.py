@@ -27,10 +27,11 @@ import torch.nn.functional as F
 
 from replaylab.kv import attend
 from replaylab.recurrent import LayerState, prepared_chunk
+from replaylab.serving.invariant import RowInvariantLinear
 from replaylab.serving.layouts import fused_prefill
 from replaylab.serving.runner import PoolCache
 
-__all__ = ["prefill"]
+__all__ = ["prefill", "prefill_many"]
 
 
 def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None):
@@ -62,7 +63,7 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
         if block:
             end = min(end, (pos // block + 1) * block)
         if e.fused and e.prefill_kernels and fused_prefill(cfg):
-            x = _chunk_fused(e, prompt[None, pos:end], slot, pos, carried, logged)
+            x = _chunk_fused(e, prompt[None, pos:end], [(slot, pos, end - pos, carried, logged)])
         else:
             h = model.model.embeddings(prompt[None, pos:end])
             for i, layer in enumerate(model.model.layers):
@@ -92,10 +93,67 @@ def prefill(engine, slot, prompt, start=0, carried=None, block=None, record=None
     return model.lm_head(x[:, -1])[0]
 
 
-def _chunk_fused(engine, ids, slot, start, carried, logged):
+def prefill_many(engine, slots, prompts):
+    """Whole prompts ((T_i,) ids, each T_i <= ``prefill_chunk``) into ``slots`` at once (a
+    fresh slot each, start 0): their tokens concatenated (1, sum T_i) for the embeddings,
+    norms, matrix products and MLPs, and split per slot for each recurrent layer's conv and
+    scan and each attention layer. Every product and row sum is row-invariant
+    (``serving.invariant``), so a prompt's bits do not depend on the prompts beside it
+    (``DecodeEngine(batched_admission=True)`` admits a lone prompt this way too). Returns
+    the last logits of each prompt (P, vocab)."""
+    e, model, cfg = engine, engine.model, engine.cfg
+    segments = [
+        (slot, 0, p.numel(), {l: torch.zeros_like(q.state[:1]) for l, q in e.ssm.items()}, None)
+        for slot, p in zip(slots, prompts)
+    ]
+    ids = torch.cat([p.reshape(-1) for p in prompts])[None]
+    with RowInvariantLinear(every_device=True, row_by_row=True):
+        if e.fused and e.prefill_kernels and fused_prefill(cfg):
+            x = _chunk_fused(e, ids, segments)
+        else:
+            pools = PoolCache(lambda l, inputs: _advance_each(e, l, inputs, segments))
+            h = model.model.embeddings(ids)
+            for i, layer in enumerate(model.model.layers):
+                x = layer.norm(h)
+                if cfg.pattern[i] == "*":
+                    h = h + _attention_each(e, i, x, segments)
+                else:
+                    h = h + layer.mixer(x, pools)
+            x = model.model.norm_f(h)
+        for slot, _, T, _, _ in segments:
+            e.policy.prefill_chunk_done(slot, T)
+        ends = torch.tensor([T for _, _, T, _, _ in segments]).cumsum(0) - 1
+        return model.lm_head(x[0, ends.to(x.device)])
+
+
+def _advance_each(engine, layer, inputs, segments):
+    """``_advance`` of each segment (slot, start, T, carried, logged) of the concatenated
+    ``inputs`` (1, sum T, ...): the outputs concatenated again."""
+    outs, at = [], 0
+    for slot, _, T, carried, logged in segments:
+        part = {k: v[:, at : at + T] for k, v in inputs.items()} if len(segments) > 1 else inputs
+        outs.append(_advance(engine, layer, part, slot, carried, logged))
+        at += T
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+
+
+def _attention_each(engine, layer, x, segments):
+    """``_attention`` of each segment (slot, start, T, ...) of the concatenated x (1, sum T,
+    D), at its positions start .. start + T - 1."""
+    outs, at = [], 0
+    for slot, start, T, _, _ in segments:
+        outs.append(_attention(engine, layer, x[:, at : at + T] if len(segments) > 1 else x,
+                               slot, start))  # fmt: skip
+        at += T
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+
+
+def _chunk_fused(engine, ids, segments):
     """One chunk (1, T) ids through the fused decode's kernels -> the final norm's output (1,
-    T, D): ``serving.fused.forward_fused``'s order of kernels, with the slot's pools; the
-    matrix products are torch's, as the reference prefill's."""
+    T, D): ``serving.fused.forward_fused``'s order of kernels, with the slots' pools; the
+    tokens of ``segments`` (slot, start, tokens, carried, logged), one after another (a
+    single prompt: one segment, at its chunk's start). The matrix products are torch's, as the reference
+    prefill's, unless the caller routes them (``prefill_many``)."""
     from replaylab.kernels.decode import add_rmsnorm, gated_rmsnorm
     from replaylab.serving.fused import mlp
 
@@ -110,12 +168,12 @@ def _chunk_fused(engine, ids, slot, start, carried, logged):
             mixer, inner = block.mixer, c.ssm_heads * c.ssm_head_dim
             zx = F.linear(x, mixer.in_proj.weight)
             gate, xBC, dt = zx.split([inner, c.conv_dim, c.ssm_heads], dim=-1)
-            y = _advance(e, i, {"xBC": xBC, "dt": dt}, slot, carried, logged)
+            y = _advance_each(e, i, {"xBC": xBC, "dt": dt}, segments)
             y = gated_rmsnorm(y.reshape(T, inner).contiguous(), gate.reshape(T, inner),
                               mixer.norm.weight, c.n_groups, mixer.norm.eps)  # fmt: skip
             out = F.linear(y, mixer.out_proj.weight)[None]
         elif kind == "*":
-            out = _attention(e, i, x, slot, start)
+            out = _attention_each(e, i, x, segments)
         else:
             out = mlp(e.runner, i, x, lambda w, v: F.linear(v, w))
         h, x = add_rmsnorm(h, norms[i].weight, norms[i].eps, delta=out)

@@ -1,6 +1,7 @@
 """Continuous batching over a ``DecodeEngine`` under one byte budget: requests arrive, wait in
 a first-come-first-served queue, are admitted between steps while the budget and the free
-slots allow, decode one token per step (or, speculating, verify k drafts of their own drafter
+slots allow (with the engine's ``batched_admission``, an iteration's admissions in one
+prefill), decode one token per step (or, speculating, verify k drafts of their own drafter
 and keep their own accepted prefix), and leave when they have their tokens.
 
 The split follows nano-vllm's: ``Request`` (``serving.request``) is the sequence, this module
@@ -291,8 +292,20 @@ class Scheduler:
                     f"{self.used + sum(needs[:n])} bytes with the running ones; expected at "
                     f"most budget_bytes={self.budget}"
                 )
-        done = []
-        for r in arrived[:n]:
+        admitted, done = arrived[:n], []
+        alone = self.prefix is not None or self.prefill_per_step is not None  # seated apart
+        if n > 1 and self.engine.batched_admission and not alone:  # one ``admit_many``
+            for r in admitted:
+                self.waiting.remove(r)
+                r.admitted_at = self._clock(t0, start)
+                self.used += r.reserved
+            seated = self.engine.admit_many([r.prompt for r in admitted])
+            for r, (slot, logits) in zip(admitted, seated):
+                r.slot = slot
+                if self._start_running(r, logits, t0, start):
+                    done.append(r)
+            admitted = []  # seated
+        for r in admitted:
             self.waiting.remove(r)
             r.admitted_at = self._clock(t0, start)
             self.used += r.reserved
