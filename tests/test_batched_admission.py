@@ -116,12 +116,15 @@ def test_a_scheduler_admitting_together_serves_each_request_its_greedy_tokens(st
                 drafter=SyntheticDrafter(torch.cat([p, alone[i]]), 0.6, seed=i) if speculate else None)
         for i, (p, n) in enumerate(zip(prompts, n_new))
     ]  # fmt: skip
-    sched = Scheduler(engine, k=3 if speculate else 0)
+    sched, seated = Scheduler(engine, k=3 if speculate else 0), []
+    admit_many = engine.admit_many
+    engine.admit_many = lambda prompts: seated.append(len(prompts)) or admit_many(prompts)
     done = sched.run(requests)
     assert sorted(r.id for r in done) == list(range(len(prompts)))
     for r in done:
         assert torch.equal(torch.tensor(r.tokens), alone[r.id]), r.id
-    assert max(len(h.admitted) for h in sched.history) == 4  # the first four in one prefill
+    assert seated[0] == 4  # the first four in one prefill; a lone one goes through admit
+    assert [len(h.admitted) for h in sched.history if len(h.admitted) > 1] == seated
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's fused path and kernels")

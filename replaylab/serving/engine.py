@@ -130,8 +130,10 @@ class DecodeEngine:
     in one pass (``serving.prefill.prefill_many``: their products and norms together, each
     prompt's conv, scan and attention apart), and ``admit`` a lone one the same way; every
     product and row sum of those prefills is then row-invariant, so a prompt's bits do not
-    depend on the prompts admitted with it. Default False (each prompt alone, torch's
-    products): opt-in until timed on a GPU.
+    depend on the prompts admitted with it (on CPU with one torch thread; there each row's
+    product runs alone and the sums through Triton's interpreter: slow, meant for GPUs). The
+    prefix cache's and interleaved admissions keep torch's products. Default False (each
+    prompt alone, torch's products): opt-in until timed on a GPU.
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
