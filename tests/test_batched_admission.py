@@ -161,3 +161,38 @@ def test_every_family_admitted_together_equals_alone(preset):
         assert torch.equal(a, b)
     mine, theirs = _buffers(engines[0]), _buffers(engines[1])
     assert all(torch.equal(mine[name], theirs[name]) for name in mine)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_an_admission_that_fails_loses_no_request_and_holds_no_bytes(batched):
+    """The engine's prefill raises at the third admission of an iteration (one by one) or at
+    the iteration's one ``admit_many``: the requests it had not seated are back at the head
+    of the queue, in order, with their bytes released; those seated before keep running; the
+    next run serves every request its greedy tokens."""
+    n_new = [4, 3, 5, 2]
+    alone = [greedy(MODEL, p[None], n, "snapshot").tokens[0] for p, n in zip(PROMPTS, n_new)]
+    engine = DecodeEngine(MODEL, 4, 40, "replay", 4, batched_admission=batched)
+    sched = Scheduler(engine)
+    calls = {"n": 0}
+    admit, admit_many = engine.admit, engine.admit_many
+
+    def failing(*args):
+        calls["n"] += 1
+        if calls["n"] == (1 if batched else 3):
+            raise RuntimeError("out of memory (simulated)")
+        return (admit_many if batched else admit)(*args)
+
+    setattr(engine, "admit_many" if batched else "admit", failing)
+    requests = [Request(i, p, n, arrival=0.0) for i, (p, n) in enumerate(zip(PROMPTS, n_new))]
+    with pytest.raises(RuntimeError, match="simulated"):
+        sched.run(requests)
+    seated = [] if batched else [0, 1]
+    assert [r.id for r in sched.waiting] == [i for i in range(4) if i not in seated]
+    assert [r.id for r in sched.running] == seated and engine.slots == seated
+    assert sched.used == sum(requests[i].reserved for i in seated)
+    assert all(r.admitted_at is None and r.slot is None for r in sched.waiting)
+    done = sched.run()
+    assert sorted(r.id for r in done) == [0, 1, 2, 3]
+    for r in done:
+        assert torch.equal(torch.tensor(r.tokens), alone[r.id]), r.id
+    assert sched.used == 0

@@ -292,38 +292,12 @@ class Scheduler:
                     f"{self.used + sum(needs[:n])} bytes with the running ones; expected at "
                     f"most budget_bytes={self.budget}"
                 )
-        admitted, done = arrived[:n], []
-        alone = self.prefix is not None or self.prefill_per_step is not None  # seated apart
-        if n > 1 and self.engine.batched_admission and not alone:  # one ``admit_many``
-            for r in admitted:
-                self.waiting.remove(r)
-                r.admitted_at = self._clock(t0, start)
-                self.used += r.reserved
-            seated = self.engine.admit_many([r.prompt for r in admitted])
-            for r, (slot, logits) in zip(admitted, seated):
-                r.slot = slot
-                if self._start_running(r, logits, t0, start):
-                    done.append(r)
-            admitted = []  # seated
-        for r in admitted:
-            self.waiting.remove(r)
-            r.admitted_at = self._clock(t0, start)
-            self.used += r.reserved
-            if self.prefill_per_step is not None:
-                if self.prefix is None:
-                    r.admission = self.engine.begin_admit(r.prompt.to(self.engine.device))
-                else:  # seated from the tree; the rest a chunk at a time
-                    r.admission = self.prefix.begin_admit(r.prompt)
-                    r.prefix_hit = r.admission.hit
-                r.slot = r.admission.slot
-                self.prefilling.append(r)
-                continue
-            if self.prefix is None:
-                r.slot, logits = self.engine.admit(r.prompt.to(self.engine.device))
-            else:
-                r.slot, logits, r.prefix_hit = self.prefix.admit(r.prompt)
-            if self._start_running(r, logits, t0, start):
-                done.append(r)
+        admitted = arrived[:n]
+        try:
+            done = _seat(self, admitted, t0, start)
+        except BaseException:  # those not seated wait again, their bytes released
+            _requeue(self, admitted)
+            raise
         record.admitted = tuple(r.id for r in arrived[:n])
         record.used = self.used
         self._fit_tree(record)
@@ -468,6 +442,57 @@ class Scheduler:
             self.step()
             steps += 1
         return list(self.finished)
+
+
+def _seat(sched, admitted, t0, start):
+    """Seat ``admitted`` (requests leaving ``sched``'s queue, in order): each prompt's prefill
+    (all at once with the engine's ``batched_admission``), or its first chunk's admission
+    under interleaving; returns those that finished with their first token."""
+    done = []
+    alone = sched.prefix is not None or sched.prefill_per_step is not None  # seated apart
+    if len(admitted) > 1 and sched.engine.batched_admission and not alone:  # one ``admit_many``
+        for r in admitted:
+            sched.waiting.remove(r)
+            r.admitted_at = sched._clock(t0, start)
+            sched.used += r.reserved
+        seated = sched.engine.admit_many([r.prompt for r in admitted])
+        for r, (slot, logits) in zip(admitted, seated):
+            r.slot = slot
+            if sched._start_running(r, logits, t0, start):
+                done.append(r)
+        admitted = []  # seated
+    for r in admitted:
+        sched.waiting.remove(r)
+        r.admitted_at = sched._clock(t0, start)
+        sched.used += r.reserved
+        if sched.prefill_per_step is not None:
+            if sched.prefix is None:
+                r.admission = sched.engine.begin_admit(r.prompt.to(sched.engine.device))
+            else:  # seated from the tree; the rest a chunk at a time
+                r.admission = sched.prefix.begin_admit(r.prompt)
+                r.prefix_hit = r.admission.hit
+            r.slot = r.admission.slot
+            sched.prefilling.append(r)
+            continue
+        if sched.prefix is None:
+            r.slot, logits = sched.engine.admit(r.prompt.to(sched.engine.device))
+        else:
+            r.slot, logits, r.prefix_hit = sched.prefix.admit(r.prompt)
+        if sched._start_running(r, logits, t0, start):
+            done.append(r)
+    return done
+
+
+def _requeue(sched, admitted):
+    """``_seat`` raised: the requests it had not seated go back to the head of the queue, in
+    order, and give back their bytes; the ones seated before stay."""
+    back = [r for r in admitted if r.slot is None]
+    for r in back:
+        if r in sched.waiting:
+            continue
+        sched.used -= r.reserved
+        r.admitted_at = None
+    sched.waiting[:0] = [r for r in back if r not in sched.waiting]
 
 
 def _round_drafts(sched, going, wants, T, vocab):
