@@ -666,6 +666,47 @@ print(f"rollback phase at batch 8, 5aed305 then d2c23eb (graphed), the next call
 # split above (`data/README.md` has the side-by-side runs).
 
 # %% [markdown]
+# ### Admissions, one prompt at a time or together
+#
+# A round is not the only iteration: an iteration that admits requests prefills each new
+# prompt, and the engine has prefilled each prompt alone, reading every weight once per
+# prompt. Under `bench spec-steady` (the committed run with 192 new tokens a request) the
+# iterations that admitted took this share of plain decode's whole run:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+k_run = load_bench("data/bench_spec_steady_k_n192_h100_a0f4d0b.json")
+for row in k_run["rows"]:
+    plain_run = row["plain"]
+    print(f"batch {row['batch']:4d}: admitting iterations {plain_run['admitting_s'] / plain_run['seconds']:.0%} "
+          f"of plain decode's run ({plain_run['admitting_iterations']} of {plain_run['iterations']} iterations)")
+
+# %% [markdown]
+# Prefilling the prompts of one iteration together shares those weight reads: their tokens
+# go through the matrix products, norms and MLPs as one (sum T, D) block, while each prompt's
+# conv, scan and attention run on its own tokens. The catch is the lossless rule: a prompt's
+# bits must not depend on the prompts beside it, so every product and row sum of such a
+# prefill must be row-invariant. `DecodeEngine(..., batched_admission=True)` does this
+# (`admit_many`; the scheduler uses it), and admits a lone prompt the same way. Check it on
+# the tiny model: three prompts together against each alone.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+gen = torch.Generator().manual_seed(3)
+three = [torch.randint(0, model.cfg.vocab_size, (n,), generator=gen) for n in (5, 9, 3)]
+together = DecodeEngine(model, max_batch=3, max_len=40, strategy="replay", log_length=4,
+                        batched_admission=True).admit_many(three)
+apart = DecodeEngine(model, max_batch=3, max_len=40, strategy="replay", log_length=4,
+                     batched_admission=True)
+print("each prompt's last logits equal alone and together, bit for bit:",
+      all(torch.equal(a, apart.admit(p)[1]) for (_, a), p in zip(together, three)))
+
+# %% [markdown]
+# On a GPU the row-invariant products replace cuBLAS's in these prefills, which is why the
+# switch is off by default until the two are timed side by side (`tools/gpu_session.sh
+# admissions`).
+
+# %% [markdown]
 # ## Summary
 # * A server's batch is ragged: per-slot positions, per-slot counts in a step, per-slot keeps in
 #   a rollback. Under replay a rollback moves two numbers per slot, and a draft model's slot
