@@ -9,7 +9,9 @@ steps, under any registered strategy, with steps captured in CUDA graphs.
     serving.strategies   one class per strategy: its buffers, save, rollback and fold
     serving.runner       ModelRunner: the reference forward and CUDA graphs
     serving.fused        the fused forward (GPU kernels)
-    serving.prefill      a prompt through the pools, a chunk at a time (short prompts together)
+    serving.prefill      a prompt through the pools, a chunk at a time
+    serving.batched_admission  short prompts admitted together, in one prefill
+    serving.provisional  a draft engine's steps given back (replay)
     serving.speculation  batched speculative decoding and acceptance
 
 A step takes (S, T) tokens for S slots and a count per slot (1 <= count <= T): a slot's tokens
@@ -22,11 +24,11 @@ the captured batch size (slots 0 .. bucket-1 run; a graph per (bucket, T)).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
+from replaylab.serving.batched_admission import admit_many
 from replaylab.serving.checks import (
     check_prompt,
     check_prompts,
@@ -45,12 +47,13 @@ from replaylab.serving.layouts import (
 )
 from replaylab.serving.pools import KVPool, recurrent_pool
 from replaylab.serving.prefill import prefill as run_prefill
-from replaylab.serving.prefill import prefill_many as run_prefill_many
+from replaylab.serving.prefill import prefill_many
+from replaylab.serving.provisional import provisional
 from replaylab.serving.runner import ModelRunner
 from replaylab.serving.slots import SlotTable
 from replaylab.serving.speculation import check_drafters, check_k, speculate_batch
 from replaylab.serving.strategies import STRATEGIES, strategy_class
-from replaylab.serving.validate import as_int, as_token_ids, given
+from replaylab.serving.validate import as_int, as_token_ids
 
 __all__ = [
     "DecodeEngine",
@@ -126,14 +129,9 @@ class DecodeEngine:
     batch_invariant: the recurrent kernels launch alike at every batch (default), so a slot's
     bits do not depend on which other slots share its steps; False: the Mamba-2 launches tuned
     per batch (``kernels.mamba2.LAUNCH``, ``kernels.decode.LAUNCH_STATE_UPDATE``).
-    batched_admission: ``admit_many`` prefills its prompts of at most ``prefill_chunk`` tokens
-    in one pass (``serving.prefill.prefill_many``: their products and norms together, each
-    prompt's conv, scan and attention apart), and ``admit`` a lone one the same way; every
-    product and row sum of those prefills is then row-invariant, so a prompt's bits do not
-    depend on the prompts admitted with it (on CPU with one torch thread; there each row's
-    product runs alone and the sums through Triton's interpreter: slow, meant for GPUs). The
-    prefix cache's and interleaved admissions keep torch's products. Default False (each
-    prompt alone, torch's products): opt-in until timed on a GPU.
+    batched_admission: ``admit_many`` prefills its short prompts in one pass, ``admit`` a lone
+    one the same way, with row-invariant products (``serving.batched_admission``). Default
+    False (each prompt alone, torch's products): opt-in until timed on a GPU.
 
     >>> engine = DecodeEngine(model, max_batch=4, max_len=256)       # doctest: +SKIP
     >>> slot, logits = engine.admit(prompt)    # (T0,) -> a slot and its last logits (vocab,)
@@ -164,11 +162,10 @@ class DecodeEngine:
         cfg = model.cfg
         switches = dict(use_kernels=use_kernels, graphs=graphs, fused=fused,
                         prefill_kernels=prefill_kernels, step_kernels=step_kernels)  # fmt: skip
-        fixed = (("batch_invariant", batch_invariant), ("batched_admission", batched_admission))
-        for name, value in (*switches.items(), *fixed):
-            strict = name in ("batch_invariant", "batched_admission")
-            if not (isinstance(value, bool) or (value is None and not strict)):
-                allowed = "True or False" if strict else "None, True or False"
+        strict = dict(batch_invariant=batch_invariant, batched_admission=batched_admission)
+        for name, value in (*switches.items(), *strict.items()):
+            if not (isinstance(value, bool) or (value is None and name not in strict)):
+                allowed = "True or False" if name in strict else "None, True or False"
                 raise ValueError(f"{name}: expected {allowed}, got {value!r}")
         chosen = strategy is None
         if chosen:  # use_kernels' default, as ``paths`` fills it in
@@ -275,7 +272,7 @@ class DecodeEngine:
         prompt = check_prompt(self, prompt)
         slot = self._claim()
         if self.batched_admission and prompt.numel() <= self.prefill_chunk:
-            logits = run_prefill_many(self, [slot], [prompt.to(self.device)])[0]
+            logits = prefill_many(self, [slot], [prompt.to(self.device)])[0]
         else:
             logits = self._prefill(slot, prompt.to(self.device))
         self._go_live(slot, prompt.numel())
@@ -284,43 +281,9 @@ class DecodeEngine:
     @torch.no_grad()
     def admit_many(self, prompts):
         """Prefill each of ``prompts`` (a list of (T0,) or (1, T0) ids) into the lowest free
-        slots, in order; returns a list of (slot, the last logits (vocab,)). All are checked,
-        and the free slots counted, before any is seated. With ``batched_admission`` the
-        prompts of at most ``prefill_chunk`` tokens prefill in one pass (a longer one alone);
-        without it, each as ``admit`` would."""
-        if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError(f"prompts: expected a non-empty list of prompts, got {given(prompts)}")
-        prompts = [check_prompt(self, p, name=f"prompts[{i}]") for i, p in enumerate(prompts)]
-        if len(prompts) > self.n_free:
-            raise ValueError(
-                f"prompts: {len(prompts)} prompts, {self.n_free} free slots (max_batch="
-                f"{self.max_batch}, {self.batch} live, {len(self.prefilling)} prefilling): "
-                "expected at most one prompt per free slot"
-            )
-        if not self.batched_admission:
-            return [self.admit(p) for p in prompts]
-        slots = []
-        for _ in prompts:  # claimed, not yet live: the next _claim takes the next free slot
-            slots.append(self._claim())
-            self.table.prefilling.add(slots[-1])
-        short = [i for i, p in enumerate(prompts) if p.numel() <= self.prefill_chunk]
-        logits = [None] * len(prompts)
-        try:
-            if short:
-                got = run_prefill_many(
-                    self, [slots[i] for i in short], [prompts[i].to(self.device) for i in short]
-                )
-                for i, row in zip(short, got):
-                    logits[i] = row
-            for i, p in enumerate(prompts):
-                if logits[i] is None:
-                    logits[i] = self._prefill(slots[i], p.to(self.device))
-        finally:
-            for s in slots:
-                self.table.prefilling.discard(s)
-        for s, p in zip(slots, prompts):
-            self._go_live(s, p.numel())
-        return list(zip(slots, logits))
+        slots, in order; returns a list of (slot, the last logits (vocab,)); with
+        ``batched_admission`` the short ones in one pass (``serving.batched_admission``)."""
+        return admit_many(self, prompts)
 
     def begin_admit(self, prompt):
         """Claim the lowest free slot for ``prompt`` (T0,) or (1, T0) and return an
@@ -441,42 +404,10 @@ class DecodeEngine:
             self.pos[slot], self.log_len[slot], self.L, self.max_len, self.capacity
         )
 
-    @contextmanager
     def provisional(self, slots):
-        """Steps of ``slots`` inside the block are given back when it ends, however many
-        steps took them: a draft model's engine drafting past its sequences' true tokens.
-        Replay only: the slots' positions and log lengths move back and their conv windows are
-        copied back; the checkpoint stays valid because a slot takes at most
-        ``provisional_room(slot)`` tokens inside (``step`` refuses more), so the only fold
-        inside folds entries held on entry. A slot retired inside is left as it is, even when
-        a new sequence takes it inside. Blocks do not nest. Yields the room per slot (a list)."""
-        if self.strategy != "replay":
-            raise ValueError(
-                f"provisional: the engine's {self.strategy!r} strategy cannot give back more "
-                f"than its last step; use strategy='replay' (a cursor move){self.strategy_hint}"
-            )
-        if self._limits:
-            raise ValueError(
-                f"provisional: slots {sorted(self._limits)} are inside a provisional block "
-                "already; blocks do not nest"
-            )
-        slots = check_slots(self, slots)
-        start = [self.pos[s] for s in slots]
-        room = [self.provisional_room(s) for s in slots]
-        index = torch.tensor(slots, device=self.device)
-        windows = {l: pool.conv[index].clone() for l, pool in self.ssm.items()}
-        self._limits = dict(zip(slots, (p + r for p, r in zip(start, room))))
-        try:
-            yield room
-        finally:
-            kept = [i for i, s in enumerate(slots) if s in self._limits]  # not retired inside
-            self._limits = {}
-            if kept:
-                back = torch.tensor(kept, device=self.device)
-                for l, pool in self.ssm.items():
-                    pool.conv[index[back]] = windows[l][back]
-            for i in kept:
-                self.table.rewind(slots[i], self.pos[slots[i]] - start[i])
+        """Steps of ``slots`` inside the block are given back when it ends (a context manager
+        yielding each slot's room; replay only): ``serving.provisional``."""
+        return provisional(self, slots)
 
     # --- lock-step workloads and speculation ---------------------------------------------
     @torch.no_grad()

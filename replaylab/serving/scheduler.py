@@ -486,13 +486,11 @@ def _seat(sched, admitted, t0, start):
 def _requeue(sched, admitted):
     """``_seat`` raised: the requests it had not seated go back to the head of the queue, in
     order, and give back their bytes; the ones seated before stay."""
-    back = [r for r in admitted if r.slot is None]
+    back = [r for r in admitted if r.slot is None and r not in sched.waiting]
     for r in back:
-        if r in sched.waiting:
-            continue
         sched.used -= r.reserved
         r.admitted_at = None
-    sched.waiting[:0] = [r for r in back if r not in sched.waiting]
+    sched.waiting[:0] = back
 
 
 def _round_drafts(sched, going, wants, T, vocab):
