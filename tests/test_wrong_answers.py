@@ -159,6 +159,78 @@ def test_kv_truncate_wrong_answers(capsys):
     assert "not the keys of positions 0..4" in _out(capsys)
 
 
+def test_kv_truncate_judges_what_an_in_place_answer_returns(capsys):
+    """A learner's review: the check built its expected keys after the call, from the tensor
+    the answer had just changed, so ``resize_`` (which keeps the first elements in memory, not
+    the first positions) passed."""
+    assert not exercises.check_kv_truncate(lambda keys, p: keys.resize_(*keys.shape[:2], p, 4))
+    assert "not the keys of positions" in _out(capsys)
+
+    def zero_the_rest(keys, p):  # changes its input, returns the right positions
+        keys[:, :, p:] = 0
+        return keys[:, :, :p]
+
+    assert exercises.check_kv_truncate(zero_the_rest)
+    assert not exercises.check_kv_truncate(lambda keys, p: keys[:, :, : max(p, 1)])  # p = 0
+    assert "p=0" in _out(capsys)
+
+
+def test_byte_answers_must_be_whole_numbers(capsys):
+    from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
+
+    want = memory_per_sequence(PUBLISHED_SHAPES["Nemotron-H 8B"], 1)["conv_state"]
+    assert exercises.check_conv_state_bytes(float(want))
+    assert exercises.check_conv_state_bytes(torch.tensor(want))
+    _out(capsys)
+    assert not exercises.check_conv_state_bytes(want + 0.99)  # int() made this pass
+    assert "expected a whole number" in _out(capsys)
+    assert not exercises.check_conv_state_bytes(True)
+
+
+def _snapshot_model():
+    """Notebook 04's model, and its prompt drawn as the notebook draws it."""
+    from replaylab.model import HybridConfig, HybridLM
+
+    torch.manual_seed(0)
+    cfg = HybridConfig(pattern="M*M-M-", ssm_heads=8, ssm_head_dim=16, d_state=64, n_groups=1)
+    return HybridLM(cfg, seed=0).eval(), torch.randint(0, 128, (1, 16))
+
+
+def test_snapshot_bytes_names_the_models_element_size(capsys):
+    model, _ = _snapshot_model()
+    cfg, size = model.cfg, next(model.parameters()).element_size()
+    state = cfg.ssm_heads * cfg.ssm_head_dim * cfg.d_state * 4
+    channels = cfg.ssm_heads * cfg.ssm_head_dim + 2 * cfg.n_groups * cfg.d_state
+    right = len(cfg.ssm_layers) * (state + (cfg.d_conv - 1) * channels * size)
+    assert exercises.check_snapshot_copy_bytes(right, model)
+    _out(capsys)
+    assert not exercises.check_snapshot_copy_bytes(right + 0.5, model)
+    assert "expected a whole number" in _out(capsys)
+    in_bf16 = len(cfg.ssm_layers) * (state + (cfg.d_conv - 1) * channels * 2)
+    assert not exercises.check_snapshot_copy_bytes(in_bf16, model)  # the conv window in bf16
+    assert f"x {size} bytes (the model's dtype" in _out(capsys)
+
+
+def test_high_acceptance_answer_is_a_pair_that_guesses_fail(capsys):
+    """A learner's review: with one number (tokens re-run, 0 at acceptance 0.9) a guess of 0
+    passed; the pair asks for the evictions too, which a budget still makes."""
+    from replaylab.teaching.experiments import budget_outcomes
+
+    model, prompt = _snapshot_model()
+    rows = budget_outcomes(model, prompt, n_new=24, budget_fractions=[0.9, 0.7, 0.5],
+                           acceptance=0.9)  # fmt: skip
+    evictions = max(r["evictions"] for r in rows)
+    rerun = max(r["recomputed_tokens"] for r in rows)
+    assert evictions > 0 and rerun == 0  # what INSTRUCTORS.md's discussion says
+    assert exercises.check_rerun_at_high_acceptance((evictions, rerun), model, prompt)
+    _out(capsys)
+    for guess in ((0, 0), (evictions, 1), 0, (evictions + 0.5, 0)):
+        assert not exercises.check_rerun_at_high_acceptance(guess, model, prompt)
+    out = _out(capsys)
+    assert "evictions: the largest" in out and "tokens re-run: the largest" in out
+    assert "expected a pair" in out and "two whole numbers" in out
+
+
 def _my_step(state, x, dt, A, B, C, D, expand="interleave", y_from="new", skip=True):
     H = x.shape[1]
     if expand == "interleave":
@@ -173,6 +245,10 @@ def _my_step(state, x, dt, A, B, C, D, expand="interleave", y_from="new", skip=T
 
 def test_ssd_step_wrong_answers(capsys):
     assert exercises.check_ssd_step(_my_step)
+    _out(capsys)
+    in_float64 = lambda *args, **kw: tuple(t.double() for t in _my_step(*args, **kw))  # noqa: E731
+    assert not exercises.check_ssd_step(in_float64)  # the spec: x's dtype
+    assert "y is torch.float64, new_state is torch.float64: expected x's dtype" in _out(capsys)
     _out(capsys)
     assert not exercises.check_ssd_step(partial(_my_step, expand="repeat"))
     assert "wrong in heads [1, 2] of 4" in _out(capsys)

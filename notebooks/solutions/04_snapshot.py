@@ -25,4 +25,4 @@ copy_bytes_answer = n_ssm * (state_bytes + conv_bytes)
 from replaylab.teaching.experiments import budget_outcomes
 
 high = budget_outcomes(model, prompt, n_new=24, budget_fractions=[0.9, 0.7, 0.5], acceptance=0.9)
-rerun_answer = max(r["recomputed_tokens"] for r in high)
+rerun_answer = (max(r["evictions"] for r in high), max(r["recomputed_tokens"] for r in high))

@@ -26,7 +26,6 @@
 # %%
 import torch
 
-import replaylab
 from replaylab.kv import LayerKV
 from replaylab.scan import ssd_step
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence, snapshot_in_kv_tokens
@@ -99,9 +98,10 @@ print("state after 6 tokens equals state after 4?", torch.equal(state, kept[3]))
 print("bytes of one state copy:", state.numel() * state.element_size())
 
 # %% [markdown]
-# To return to position 4 we needed a copy taken at position 4 (a *snapshot*), or the
-# inputs of tokens 1-4 to run the recurrence again from an older state (*recompute*), or the
-# small per-token inputs of the layer since a checkpoint (*replay*). The rest of the sequence
+# To return to position 4 (the state after 4 tokens, `kept[3]`) we needed a copy taken there
+# (a *snapshot*), or an older kept state and the tokens since it, to run the recurrence again
+# from there (*recompute*; from the zero state that is tokens 1-4), or the small per-token
+# inputs of the layer since a checkpoint (*replay*). The rest of the sequence
 # is about those three choices.
 
 # %% [markdown]
@@ -123,9 +123,11 @@ for shape in PUBLISHED_SHAPES.values():
 memory_vs_context_figure([256, 1024, 4096, 16384, 65536, 262144]).show()
 
 # %% [markdown]
-# The recurrent state is a fixed cost per sequence, tens of MiB. In steady decoding that is
-# the strength of these models: the KV of a few attention layers grows slowly, and the state
-# does not grow at all.
+# The recurrent state is a fixed cost per sequence: its column is the same at any context.
+# In steady decoding that is the strength of these models: where only a few layers attend
+# (Nemotron-H, Bamba, Jamba) the KV grows slowly, and the state does not grow at all. Falcon-H1
+# puts an attention layer beside every Mamba layer, and at 8K its KV already outweighs its
+# state.
 
 # %% [markdown]
 # ## 4. Why branching hurts the recurrent state
@@ -151,7 +153,8 @@ for shape in PUBLISHED_SHAPES.values():
 # * The KV cache is addressable by position: truncate, share and fork are bookkeeping.
 # * The recurrent state is fixed-size and overwritten each token; rolling it back needs a copy,
 #   a recomputation, or a log of inputs.
-# * Per sequence, one state copy of a published hybrid costs as much as thousands of tokens of KV.
+# * Per sequence, one state copy of a published hybrid costs as much as hundreds to thousands of
+#   tokens of KV (section 4's table: Jamba's Mamba-1 state is the small one).
 #
 # ## Exercises
 # **1.** *(Optional on the 3-hour path.)* Compute by hand the bytes of Nemotron-H 8B's conv state per sequence (bf16, all SSM

@@ -22,7 +22,7 @@ import math
 import plotly.graph_objects as go
 import torch
 
-from replaylab import assert_close, scan
+from replaylab import scan
 from replaylab.teaching import exercises
 from replaylab.teaching.plotting import use_notebook_renderer
 
@@ -45,7 +45,14 @@ use_notebook_renderer()
 print(inspect.getsource(scan._ssd_update))
 
 # %% [markdown]
-# The sequence scan is a loop that calls the same per-token function, so the two cannot
+# Here B and C are already per head (b, H, N). The per-token function around it computes Δ from
+# dt (bias, softplus, limit) and expands B and C from their G groups to the H heads:
+
+# %%
+print(inspect.getsource(scan._ssd_token))
+
+# %% [markdown]
+# The sequence scan is a loop that calls that per-token function, so the two cannot
 # drift apart:
 
 # %%
@@ -142,7 +149,8 @@ print("every oracle within fp32 tolerance (1e-4):", all(r["max_abs_error"] < 1e-
 # ## Exercises
 # **1.** *(Optional on the 3-hour path, which skips 02.)* Write the Mamba-2 step yourself for `Δ = dt` as given (no bias, no softplus, no gate):
 # `step(state, x, dt, A, B, C, D) -> (y, new_state)` with shapes as in `scan.ssd_step`'s
-# docstring. Hint: expand `B` and `C` from groups to heads with `repeat_interleave`.
+# docstring; y and the new state in x's dtype. Hint: expand `B` and `C` from groups to heads
+# with `repeat_interleave`.
 
 # %%
 def my_step(state, x, dt, A, B, C, D):
@@ -154,7 +162,8 @@ exercises.check_ssd_step(my_step);
 # %% [markdown]
 # **2.** *(Optional on both short paths.)* Write `resume(checkpoint_state, x, dt, A, B, C) -> y` that produces the outputs of
 # the tokens after a checkpoint, given the state at the checkpoint (no D, no gate). You may call
-# `scan.ssd_scan`.
+# `scan.ssd_scan`. Here too Δ = dt as given: no bias and no softplus (`ssd_scan`'s defaults),
+# unlike the inputs of section 2.
 
 # %%
 def resume(checkpoint_state, x, dt, A, B, C):

@@ -76,6 +76,12 @@ fig.update_layout(xaxis_title="draft length k", yaxis_title="peak KiB held", hei
 fig.show()
 
 # %% [markdown]
+# Snapshot's peak grows by one copy per extra draft. Replay's moves a little, and not always
+# up: its log holds the layer's inputs since the last checkpoint (one every `interval` tokens,
+# the function's default), so its peak depends on where the checkpoints fall among the rounds,
+# which k shifts. It never holds a copy per draft.
+
+# %% [markdown]
 # ## 3. A byte budget and what to evict
 #
 # Give the cache a budget below what speculation needs. Past it, the cache evicts kept copies:
@@ -153,7 +159,17 @@ exercises.check_cost_eviction(cheapest_to_rebuild);
 
 # %% [markdown]
 # The library's version is `replaylab.cache.choose_victim(items, "cost")`; the budget runs of
-# section 3 used it, and nothing below depends on yours.
+# section 3 used it, and nothing below depends on yours. On the example list it evicts:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from replaylab.cache import choose_victim
+
+print(choose_victim(example, "cost"))
+
+# %% [markdown]
+# copy@17 and copy@18 are each one token from an older copy: the tie goes to copy@18, used
+# less recently.
 #
 # ## Summary
 # * A snapshot costs a full state copy per SSM layer; speculation keeps one per draft position.
@@ -163,23 +179,26 @@ exercises.check_cost_eviction(cheapest_to_rebuild);
 #
 # ## Exercises
 # **1.** *(Optional on both short paths.)* `budget_outcomes` takes `acceptance=`. Run it with `n_new=24,
-# budget_fractions=[0.9, 0.7, 0.5], acceptance=0.9`. What is the largest number of tokens any
-# policy re-runs at any of these budgets?
+# budget_fractions=[0.9, 0.7, 0.5], acceptance=0.9`. What is the largest number of evictions any
+# policy makes at any of these budgets, and the largest number of tokens any policy re-runs?
 
 # %% exercise="rerun_high_acceptance" tags=["exercise"]
-rerun_answer = None  # your answer: an integer
+rerun_answer = None  # your answer: a pair of integers (evictions, tokens re-run)
 
 # %%
 exercises.check_rerun_at_high_acceptance(rerun_answer, model, prompt);
 
 # %% [markdown]
 # *Discussion* (model answer in `INSTRUCTORS.md`): compare with the acceptance 0.5 rows of
-# section 3. Why does a high acceptance make the choice of policy matter so much less?
+# section 3. The cache still evicts at acceptance 0.9: why does a high acceptance make the
+# choice of policy matter so much less?
 #
 # **2.** *(Optional on both short paths.)* How many bytes does one snapshot of one sequence cost for this model? Compute it from
 # `model.cfg` (`ssm_layers`, `ssm_heads`, `ssm_head_dim`, `d_state`, `n_groups`, `d_conv`): every
 # SSM layer's fp32 state plus its conv window of `d_conv - 1` inputs over `H*P + 2*G*N` channels
-# in the model's dtype. Compare with the numbers of section 1.
+# in the model's dtype (`model.cfg` holds no dtype: `next(model.parameters()).element_size()`
+# gives its bytes a value). `cfg.ssm_layers` is a list of layer indices: count it with `len`.
+# Compare with the numbers of section 1.
 
 # %% exercise="copy_bytes" tags=["exercise"]
 copy_bytes_answer = None  # your answer: an integer number of bytes

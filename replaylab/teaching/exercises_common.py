@@ -214,6 +214,20 @@ def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
     )
 
 
+def whole_number(answer):
+    """``answer`` as an int when it is a whole number (an int, or a float, numpy or 0-d tensor
+    value equal to one), else None: 1474560.99 is not 1474560, and True is not 1. A value
+    ``float`` cannot read raises."""
+    if isinstance(answer, bool):
+        return None
+    if isinstance(answer, torch.Tensor):
+        if answer.numel() != 1:
+            return None
+        answer = answer.item()
+    value = float(answer)  # what cannot be read as a number raises: ``guarded`` reports it
+    return int(value) if value.is_integer() else None
+
+
 def _answer(name, answer, want, explain, rel=0.0):
     if answer is None or answer is Ellipsis:
         return _done(name, False, "no answer yet (replace None with your answer)")

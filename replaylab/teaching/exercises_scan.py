@@ -35,12 +35,18 @@ def check_ssd_step(step) -> bool:
     g = torch.Generator().manual_seed(0)
     inp = _random_step_inputs(g)
     state = torch.randn(2, 4, 3, 5, generator=g)
-    out = step(state.clone(), **inp)
+    out = step(state.clone(), **{name: t.clone() for name, t in inp.items()})
     if out is None:
         return _verdict("SSD step", False, "return (y, new_state)")
     if not isinstance(out, (tuple, list)) or len(out) != 2:
         return _verdict(
             "SSD step", False, f"return a pair (y, new_state), got {type(out).__name__}"
+        )
+    dtypes = [f"{what} is {t.dtype}" for what, t in zip(("y", "new_state"), out)
+              if isinstance(t, torch.Tensor) and t.dtype != inp["x"].dtype]  # fmt: skip
+    if dtypes:
+        return _verdict(
+            "SSD step", False, f"{', '.join(dtypes)}: expected x's dtype, {inp['x'].dtype}"
         )
     want_y, want_state = ssd_step(state, **inp)
     bad_y = _difference("y", out[0], want_y, head_dim=1)
@@ -70,7 +76,8 @@ def check_resume(resume) -> bool:
     A = -torch.rand(4, generator=g)
     B, C = torch.randn(2, 12, 2, 5, generator=g), torch.randn(2, 12, 2, 5, generator=g)
     checkpoint = ssd_scan(x[:, :7], dt[:, :7], A, B[:, :7], C[:, :7]).state
-    got = resume(checkpoint.clone(), x[:, 7:], dt[:, 7:], A, B[:, 7:], C[:, 7:])
+    after = [t[:, 7:].clone() for t in (x, dt, B, C)]  # the learner's own copies
+    got = resume(checkpoint.clone(), after[0], after[1], A.clone(), after[2], after[3])
     if got is None:
         return _verdict(name, False, "return y for the tokens after the checkpoint")
     want = ssd_scan(x, dt, A, B, C).y[:, 7:]

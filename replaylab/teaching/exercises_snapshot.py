@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from replaylab.teaching.exercises_common import _answer, _done, _not_implemented
+from replaylab.teaching.exercises_common import _answer, _done, _not_implemented, whole_number
 from replaylab.teaching.grading import describe_exception, guarded
 
 
@@ -77,7 +77,11 @@ def check_cost_eviction(choose, seeds=range(20)) -> bool:
             )
             mine, best = _rebuild_cost(items, got), _rebuild_cost(items, want)
             if mine is not None and mine[0] == best[0]:
-                message += ": a tie in tokens goes to the least recently used (smallest last_used)"
+                message += (
+                    f": both are {best[0]} tokens back (to the next older kept position, or to 0 "
+                    "when none is older); a tie in tokens goes to the least recently used "
+                    "(smallest last_used)"
+                )
             else:
                 message += (
                     ": evict the copy with the fewest tokens back to the next older kept position "
@@ -98,27 +102,45 @@ def check_snapshot_copy_bytes(answer, model) -> bool:
         model(torch.zeros(1, 4, dtype=torch.long), cache)
         cache.snapshot()
     want = cache.nbytes()["snapshots"]
+    size = next(model.parameters()).element_size()
+    n = None if answer is None else whole_number(answer)
+    if answer is not None and n is None:
+        return _done("bytes of one snapshot", False, f"{answer!r}: expected a whole number")
     return _answer(
         "bytes of one snapshot",
-        None if answer is None else int(answer),
+        n,
         want,
-        "SSM layers x (H x P x N x 4 bytes + (d_conv - 1) x conv channels x 2 bytes)",
+        f"len(cfg.ssm_layers) x (H x P x N x 4 bytes (the state is fp32) + (d_conv - 1) x conv "
+        f"channels x {size} bytes (the model's dtype: next(model.parameters()).element_size()))",
     )
 
 
-@guarded("tokens re-run under a budget at acceptance 0.9")
+@guarded("evictions and tokens re-run under a budget at acceptance 0.9")
 def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0.5)) -> bool:
-    """Notebook 04: at acceptance 0.9, the most tokens any eviction policy re-runs at any of the
-    budgets ``fractions`` (of the unbudgeted peak). The check runs ``budget_outcomes``."""
+    """Notebook 04: at acceptance 0.9, the pair (the most evictions any eviction policy makes
+    at any of the budgets ``fractions`` of the unbudgeted peak, the most tokens any re-runs
+    there). The check runs ``budget_outcomes``."""
     from replaylab.teaching.experiments import budget_outcomes
 
+    name = "evictions and tokens re-run under a budget at acceptance 0.9"
+    if answer is None or answer is Ellipsis:
+        return _done(name, False, "no answer yet (replace None with your answer)")
+    scalar = isinstance(answer, (int, float, str, torch.Tensor))
+    if scalar or (isinstance(answer, (tuple, list)) and len(answer) != 2):
+        return _done(name, False, f"{answer!r}: expected a pair (evictions, tokens re-run)")
+    first, second = answer  # what cannot be unpacked raises: ``guarded`` reports it
+    got = (whole_number(first), whole_number(second))
+    if None in got:
+        return _done(name, False, f"{answer!r}: expected two whole numbers")
     rows = budget_outcomes(
         model, prompt, n_new=24, budget_fractions=list(fractions), acceptance=0.9
     )
-    want = max(r["recomputed_tokens"] for r in rows)
-    return _answer(
-        "tokens re-run under a budget at acceptance 0.9",
-        None if answer is None else int(answer),
-        want,
-        "run budget_outcomes(..., acceptance=0.9) and take the largest recomputed_tokens",
-    )
+    evictions = max(r["evictions"] for r in rows)
+    rerun = max(r["recomputed_tokens"] for r in rows)
+    wrong = []
+    if got[0] != evictions:
+        wrong.append("evictions: the largest 'evictions' of any row")
+    if got[1] != rerun:
+        wrong.append("tokens re-run: the largest 'recomputed_tokens' of any row")
+    explain = "; ".join(wrong) + " (budget_outcomes(..., acceptance=0.9))"
+    return _done(name, not wrong, f"{answer!r}" + (f" - {explain}" if wrong else ""))
