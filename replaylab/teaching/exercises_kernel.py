@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from replaylab.teaching.exercises_common import _answer, _done
+from replaylab.teaching.exercises_common import _answer, _done, whole_number
 from replaylab.teaching.grading import describe_exception, guarded
 from replaylab.teaching.kernel_harness import kernel_device
 
@@ -63,7 +63,9 @@ def check_largest_log_len(answer, Lmax=16, T=2) -> bool:
             -torch.rand(H).to(device),
         )
 
-    n = int(answer)
+    n = whole_number(answer)
+    if n is None:
+        return _done(name, False, f"{answer!r}: expected a whole number of entries")
     try:
         attempt(n)
     except ValueError as err:

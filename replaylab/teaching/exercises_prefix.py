@@ -28,6 +28,7 @@ import torch
 from replaylab.checks import max_abs_error
 from replaylab.prefix import PrefixCache, PrefixTree, _common, _Node
 from replaylab.scan import ssd_scan
+from replaylab.teaching.exercises_common import whole_number
 from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = [
@@ -230,9 +231,12 @@ def check_prefix_lookup(fn, cases=300, seed=0) -> bool:
             return report(name, False, "not done yet (the function returned None)")
         try:
             got_m, node = got
-            got_m = int(got_m)
+            m = whole_number(got_m)
         except (TypeError, ValueError) as err:
             return report(name, False, f"on {where}: expected (m, node), got {got!r} ({err})")
+        if m is None:
+            return report(name, False, f"on {where}: m must be a whole number, got {got_m!r}")
+        got_m = m
         if got_m != want_m:
             hint = _lookup_hint(tree, list(query), got_m, want_m)
             return report(name, False, f"on {where}: m expected {want_m}, got {got_m}: {hint}")

@@ -27,6 +27,7 @@ from replaylab.serving.adaptive_k import best_k, geometric_tokens
 from replaylab.serving.contexts import accepted
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
+from replaylab.teaching.exercises_common import whole_number
 from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = [
@@ -215,9 +216,12 @@ def check_admission_rule(fn, cases=300, seed=0) -> bool:
         if needs != case["needs"]:
             return report(name, False, f"on {where}: your function changed the queue {needs}")
         try:
-            got = int(got)
+            count = whole_number(got)
         except (TypeError, ValueError):
+            count = None
+        if count is None:
             return report(name, False, f"on {where}: expected a count (int), got {got!r}")
+        got = count
         if got == want:
             continue
         used, budget, free = case["used"], case["budget"], case["free_slots"]
@@ -275,9 +279,12 @@ def check_best_k(fn, cases=300, seed=0) -> bool:
         if seconds != case["seconds"]:
             return report(name, False, f"on {where}: your function changed seconds")
         try:
-            got = int(got)
+            count = whole_number(got)
         except (TypeError, ValueError):
+            count = None
+        if count is None:
             return report(name, False, f"on {where}: expected a number of drafts, got {got!r}")
+        got = count
         if got == want:
             continue
         rate = [geometric_tokens(k, a) / t for k, t in enumerate(seconds)]
