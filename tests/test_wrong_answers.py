@@ -1519,3 +1519,91 @@ def test_counts_must_be_whole_numbers(capsys):
     _out(capsys)
     assert not exercises.check_largest_log_len(14.5)
     assert "expected a whole number of entries" in _out(capsys)
+
+
+def test_stores_that_change_their_inputs_in_place_fail(capsys):
+    """A learner's review: the mini-store checks built their reference from the same inputs
+    they handed the store, so a store that added the bias into dt in place (the layer adds it
+    again) passed all three."""
+    snapshot = _snapshot_base()
+    recompute = _solution("05_recompute_vs_replay", "recompute_store")["MyRecomputeStore"]
+    replay = _solution("05_recompute_vs_replay", "replay_log")["MyReplayLog"]
+
+    class SnapshotBiasTwice(snapshot):
+        def advance(self, inputs):
+            inputs.dt.add_(self.layer.dt_bias)
+            return super().advance(inputs)
+
+    class RecomputeBiasTwice(recompute):
+        def advance(self, inputs):
+            inputs.dt.add_(self.layer.dt_bias)
+            return super().advance(inputs)
+
+    class ReplayBiasTwice(replay):
+        def append(self, inputs):
+            inputs.dt.add_(self.layer.dt_bias)
+            return super().append(inputs)
+
+    assert not exercises.check_snapshot_store(SnapshotBiasTwice)
+    assert not exercises.check_recompute_store(RecomputeBiasTwice)
+    assert not exercises.check_replay_log(ReplayBiasTwice)
+    out = _out(capsys)
+    assert out.count("FAIL") == 3, out
+
+
+def test_recompute_break_even_has_room_either_side(capsys):
+    """At k = 8 the grid point above the crossing was 0.1% over 1, which the explorer's bars
+    cannot show; at k = 12 both neighbours are at least 4% from 1."""
+    grid = [i / 20 for i in range(21)]
+    below = max(a for a in grid if exercises.recompute_speedup(a, 12) < 1)
+    assert exercises.recompute_speedup(below, 12) < 0.96
+    assert exercises.recompute_speedup(below + 0.05, 12) > 1.04
+    assert exercises.check_recompute_break_even(below)
+    _out(capsys)
+    assert not exercises.check_recompute_break_even(round(below + 0.05, 2))  # the first above 1
+    assert "(k=12)" in _out(capsys)
+
+
+def test_tokens_per_round_takes_three_decimals(capsys):
+    from replaylab.costmodel import expected_accepted
+
+    want = 1 + expected_accepted(4, (0.9, 0.8, 0.6, 0.3))
+    assert exercises.check_tokens_per_round(round(want, 3))
+    _out(capsys)
+    for wrong in (1 + 0.9 + 0.8 + 0.6 + 0.3, want - 1, round(want, 1)):  # a sum; no own token
+        assert not exercises.check_tokens_per_round(wrong)
+    assert "running products" in _out(capsys)
+
+
+def test_cost_eviction_scenario_asks_for_what_was_evicted(capsys):
+    """A learner's review: the check inferred 'second' whenever restore(first) was not rebuilt,
+    while the cost policy evicts a per-token copy of the last forward, neither snapshot."""
+    model, _ = _snapshot_model()
+    right = _solution("08_intervals_budgets", "cost_eviction_scenario", model=model,
+                      HybridCache=exercises_cache(), torch=torch)["eviction_answer"]  # fmt: skip
+    assert right["evicted_position"] not in (12, 18) and right["tokens_rerun"] == 0
+    assert exercises.check_cost_eviction_scenario(right, model)
+    _out(capsys)
+    for wrong in ({"evicted_position": 18, "tokens_rerun": 0}, {"evicted": "second",
+                  "tokens_rerun": 0}, {**right, "tokens_rerun": 0.5}):  # fmt: skip
+        assert not exercises.check_cost_eviction_scenario(wrong, model)
+    out = _out(capsys)
+    assert "cache.ssm.evicted" in out and "expected a dict with the keys" in out
+    assert "expected whole numbers" in out
+
+
+def exercises_cache():
+    from replaylab.cache import HybridCache
+
+    return HybridCache
+
+
+def test_zero_rerun_distances_must_be_integers(tiny_model, capsys):
+    from replaylab.teaching.experiments import restore_cost_vs_distance
+
+    rows = restore_cost_vs_distance(tiny_model, "recompute", interval=16)
+    want = sorted(r["distance"] for r in rows if r["recomputed_tokens"] == 0)
+    assert exercises.check_zero_rerun_distances(want, tiny_model)
+    _out(capsys)
+    assert not exercises.check_zero_rerun_distances([*want[:-1], want[-1] + 0.9], tiny_model)
+    assert "expected integers" in _out(capsys)

@@ -1,10 +1,10 @@
 # Reference answers for notebook 07 (format: see 03_branching_strategies.py).
 
 # %% recompute_break_even
-# what AcceptanceExplorer.predictions computes, for k=8 over the slider's grid
+# what AcceptanceExplorer.predictions computes, for k=12 over the slider's grid
 below_one = []
 for i in range(21):
-    w = cm.Workload(batch=explorer.batch, k=8, acceptance=i / 20, interval=explorer.interval)
+    w = cm.Workload(batch=explorer.batch, k=12, acceptance=i / 20, interval=explorer.interval)
     plain = cm.plain_decode_seconds_per_token(explorer.shape, w, explorer.hardware, explorer.n_params)
     pred = cm.predict(explorer.shape, w, explorer.hardware, explorer.n_params)
     if plain / pred["recompute"]["seconds_per_token"] < 1:

@@ -18,11 +18,11 @@ with torch.no_grad():
     model(torch.randint(0, 128, (1, 6)), cost_cache)
     cost_cache.snapshot()
     model(torch.randint(0, 128, (1, 3)), cost_cache)
-    cost_cache.set_budget(cost_cache.total_bytes() - 1)
+    cost_cache.set_budget(cost_cache.total_bytes() - 1)  # one copy goes
     cost_cache.set_budget(None)
     cost_cache.restore(first_c)
 eviction_answer = {
-    "evicted": "first" if cost_cache.stats.fallback_restores else "second",
+    "evicted_position": next(iter(cost_cache.ssm.evicted.values())),
     "tokens_rerun": cost_cache.stats.recomputed_tokens,
 }
 

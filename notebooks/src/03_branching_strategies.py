@@ -228,7 +228,7 @@ from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
-from replaylab.decoding import ModelDrafter, PromptLookupDrafter, greedy, speculative
+from replaylab.decoding import ModelDrafter, greedy, speculative
 from replaylab.generate import load_checkpoint, load_tokenizer
 
 hf_logging.disable_progress_bar()  # no loading bars (they would be saved as widgets)
@@ -316,7 +316,7 @@ for s, r in trees.items():
 # `spec.scan(fold(checkpoint, log), new_tokens)` in `ReplayStore.advance`: it folds the whole log
 # since the checkpoint again, then scans the new token. Here the log holds the path from the
 # checkpoint to the node being expanded (up to 8 tokens; it is folded into a new checkpoint only
-# when it reaches `L`), and each of the search's 183 one-token forwards refolds that path. The
+# when it reaches the cache's log length), and each of the search's 183 one-token forwards refolds that path. The
 # cache counts the logged tokens folded:
 
 # %%

@@ -8,7 +8,7 @@
 # the last checkpoint; replay folds **only the SSM recurrences** over logged inputs. This
 # notebook measures both on the same model, at every distance from the checkpoint.
 #
-# **You will** measure recompute's and replay's restores by distance and interval; count, for
+# **You will** measure recompute's and replay's restores by distance and interval; see, for
 # Nemotron-H 8B, the bytes of one state against one log entry and the log length at which they
 # break even; and **write a recompute store and a replay log** for one Mamba-2 layer, each checked
 # against the reference scan on random sequences.
@@ -335,8 +335,9 @@ exercises.check_recompute_store(MyRecomputeStore);
 # goes at $j$). The state at $c + j$ is a *fold*: the scan of the
 # first $j$ entries from $S_c$, $S_{c+j} = \mathrm{fold}(S_c, \mathrm{log}[:j])$. The log must hold
 # inputs, not states: the check rejects a log that keeps any state besides its checkpoint, in
-# any shape (it cuts every tensor the log holds into rows of $H \cdot P \cdot N$ values and
-# looks for the states along the branch), or that writes into the checkpoint.
+# any shape at the state's precision (it cuts every tensor the log holds into rows of
+# $H \cdot P \cdot N$ values and looks for the states along the branch), or that writes into the
+# checkpoint.
 
 # %%
 from replaylab.teaching.diagrams import replay_log_diagram

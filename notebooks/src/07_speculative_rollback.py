@@ -92,8 +92,11 @@ for name, (speedup, rollback_us) in explorer.predictions().items():
 
 # %% [markdown]
 # What the button does, in code: `run_live()` decodes, and the figure above gets its
-# diamonds. Memory is predicted from the same byte counts the cache allocates; restores and
-# re-run tokens per round are expectations, and a run of a dozen rounds scatters around them.
+# diamonds. Memory is predicted from the same byte counts the cache allocates, at its peak:
+# snapshot's and recompute's copies are all there after the first round, while replay's log
+# peaks at L - 1 entries, which a run this short need not reach (its held bytes can fall short of
+# the prediction). Restores and re-run tokens per round are expectations, and a run of a dozen
+# rounds scatters around them.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -239,7 +242,7 @@ for s in ("snapshot", "replay"):
         rounds = run.proposed / 4
         a = alphas[label]  # fitted on all 16 held-out files, none of them this prompt
         print(f"{s:9s} {label:13s} accepted {run.accepted:2d}/{run.proposed} = "
-              f"{run.acceptance_rate:.2f}, {48 / rounds:.2f} tokens per round "
+              f"{run.acceptance_rate:.2f}, {1 + run.accepted / rounds:.2f} tokens per round "
               f"(predicted {cm.expected_accepted(4, a) + 1:.2f}), {run.restores / rounds:.2f} "
               f"restores per round (predicted {1 - a**4:.2f})")
 
@@ -255,16 +258,17 @@ for s in ("snapshot", "replay"):
 # %% [markdown]
 # ## Summary
 # * Tokens per round saturate with k; the speedup depends on α far more than on k beyond ~4.
-# * Snapshot pays a copy per draft and a copy per rollback; recompute pays a forward per rolled
-#   back token; replay pays neither, only a read of the checkpoint per round.
-# * The cost model predicts what the cache holds exactly and the per-round counts within sampling
-#   noise.
+# * Snapshot pays a copy per draft and a copy per rollback; recompute pays a forward of the
+#   tokens from its last checkpoint to the kept position; replay pays neither, only a read of the
+#   checkpoint per round.
+# * The cost model predicts the peak the cache holds exactly (over a run long enough to reach
+#   it) and the per-round counts within sampling noise.
 #
 # ## Exercises
-# **1.** *(Optional on the 3-hour path.)* With the explorer's defaults (Nemotron-H 8B, batch 32, H200) at draft length `k=8`, what
+# **1.** *(Optional on the 3-hour path.)* With the explorer's defaults (Nemotron-H 8B, batch 32, H200) at draft length `k=12`, what
 # is the highest acceptance on the slider's grid (0.00, 0.05, ..., 1.00) at which recompute's
 # predicted speedup is below 1? Find it with the sliders, or in code as
-# `explorer.predictions` does it (at the explorer's starting batch 32 and L = 16): `cm.Workload(batch=explorer.batch, k=8,
+# `explorer.predictions` does it (at the explorer's starting batch 32 and L = 16): `cm.Workload(batch=explorer.batch, k=12,
 # acceptance=..., interval=explorer.interval)`, then `cm.plain_decode_seconds_per_token` and
 # `cm.predict` with `explorer.shape`, `explorer.hardware`, `explorer.n_params`.
 
@@ -278,7 +282,7 @@ exercises.check_recompute_break_even(break_even_answer);
 # **2.** *(Optional on both short paths.)* Acceptance often falls along the draft. If draft $i$ is accepted with probability
 # $p_i$ = (0.9, 0.8, 0.6, 0.3) and a rejection ends the round, how many tokens does a round yield
 # on average (the accepted drafts plus the target's own token)? Compute it without
-# `cm.expected_accepted`; the check compares with it.
+# `cm.expected_accepted` (three decimals are enough); the check compares with it.
 
 # %% exercise="tokens_per_round" tags=["exercise"]
 tokens_per_round_answer = None  # your answer: a number

@@ -70,7 +70,8 @@ print("closed form == recursion for n <= 128, r <= 8:", same)
 print("n = 64, r = 1..6:", [revolve_closed_form(64, r) for r in range(1, 7)], "forward steps")
 
 # %% [markdown]
-# A fixed interval comes close to the optimum at its own memory:
+# A fixed interval against the optimum at its own memory: within a small factor, the
+# largest in the middle of the range (exercise 1 asks where):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -87,8 +88,9 @@ IntervalExplorer(n=64, interval=8)
 # %% [markdown]
 # ## 2. How many sequences fit
 #
-# Nemotron-H 8B, 8K tokens of context, speculating with k=4, on the H200's memory. The budget
-# covers weights, KV, states, copies, checkpoints and logs together:
+# Nemotron-H 8B, 8K tokens of context, speculating with k=4, in 80 GB (an H100's memory; the
+# slider goes up to an H200's 141 GB). The budget covers weights, KV, states, copies,
+# checkpoints and logs together:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -101,8 +103,10 @@ budget
 # %% [markdown]
 # ## 3. Live: evict a state, rebuild it
 #
-# The tiny model under the snapshot strategy keeps two snapshots. A budget just below what it
-# holds forces one out (least recently used). Restoring it is still exact: the cache re-runs the
+# The tiny model under the snapshot strategy takes two snapshots, at positions 12 and 18. The
+# store also keeps a copy after each token of the last forward (so that `truncate_to` can land on
+# any of them): the cell lists every copy it holds. A budget just below what it holds forces one
+# out, by default the least recently used. Restoring it is still exact: the cache re-runs the
 # model from the start and reports the cost.
 
 # %%
@@ -117,8 +121,10 @@ with torch.no_grad():
     second = cache.snapshot()
     model(torch.randint(0, 128, (1, 3)), cache)
     print("held:", cache.nbytes())
+    print("copies held (key, position):", [(c.key, c.position) for c in cache.ssm.evictable()])
     cache.set_budget(cache.total_bytes() - 1)
     print("after squeezing the budget:", cache.nbytes(), "| evictions:", cache.stats.evictions)
+    print("evicted (key: position):", cache.ssm.evicted)
     cache.set_budget(None)
     cache.restore(first)
     fresh = HybridCache(model, 1, "snapshot")
@@ -172,9 +178,10 @@ log_length_per_workload_figure(curves, optima).show()  # each curve / its own mi
 # **Why can replay hold more than recompute?** Replay holds up to L - 1 log entries; recompute
 # holds about two checkpoints (state and conv window each). Replay holds more once (L - 1) e
 # exceeds that: above L = 2 (S + W) / e + 1. The ratio S / e sets it: large for a real model,
-# small for the tiny one, whose state is small next to a log entry. So on the tiny model the two
-# are already close at L = 32 (notebook 05 measures them there), while Nemotron-H 8B's log would
-# need about 200 entries to hold as much as two checkpoints:
+# small for the tiny one, whose state is small next to a log entry. So on the tiny model replay
+# catches up with recompute at small L (notebook 05 measures L = 32, where replay already holds
+# more: recompute's peak there held one checkpoint, not the two this bound allows), while
+# Nemotron-H 8B's log would need about 200 entries to hold as much as two checkpoints:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -211,14 +218,18 @@ exercises.check_worst_interval(worst_interval_answer);
 # optimum there, and not at the smallest or the largest interval?
 #
 # **2.** Re-run section 3 with `HybridCache(model, 1, CacheConfig("snapshot", eviction="cost"))`
-# (`from replaylab.cache import CacheConfig`). Which snapshot is evicted, `"first"` or `"second"`,
-# and how many tokens does `restore(first)` re-run?
+# (`from replaylab.cache import CacheConfig`). At which position is the copy the cost policy
+# evicts (`cache.ssm.evicted`), and how many tokens does `restore(first)` re-run?
 
 # %% exercise="cost_eviction_scenario" tags=["exercise"]
-eviction_answer = None  # your answer: {"evicted": "first" or "second", "tokens_rerun": an integer}
+eviction_answer = None  # your answer: {"evicted_position": an integer, "tokens_rerun": an integer}
 
 # %%
 exercises.check_cost_eviction_scenario(eviction_answer, model);
+
+# %% [markdown]
+# *Discussion* (model answer in `INSTRUCTORS.md`): why does the cost policy not evict either
+# snapshot, and what does that save `restore(first)`?
 
 # %% [markdown]
 # **3.** For Bamba 9B's shape (`PUBLISHED_SHAPES["Bamba 9B"]`), what log length makes beam

@@ -108,7 +108,7 @@ def check_snapshot_store(store_class, layer=None) -> bool:
                 T = op[1]
                 new = layer.random_inputs(batch, T, g)
                 log.append(f"advance({T} tokens) at {pos}")
-                y = store.advance(new)
+                y = store.advance(new.clone())
                 path.append(new)
                 _, ref_y = _reference_path(layer, batch, path)
                 _compare("y returned by advance", y, ref_y[:, -T:])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.shapes import PUBLISHED_SHAPES
-from replaylab.teaching.exercises_common import _answer
+from replaylab.teaching.exercises_common import _answer, _done, whole_number
 from replaylab.teaching.grading import guarded
 
 
@@ -36,11 +36,20 @@ def check_worst_interval(answer, n=64, intervals=(2, 4, 8, 16, 32)) -> bool:
 
 @guarded("cost-aware eviction in section 3")
 def check_cost_eviction_scenario(answer, model) -> bool:
-    """Notebook 08: section 3's scenario under eviction="cost": which snapshot is evicted
-    ("first" or "second") and how many tokens does ``restore(first)`` re-run?
-    ``answer``: {"evicted": ..., "tokens_rerun": ...}."""
+    """Notebook 08: section 3's scenario under eviction="cost": the position of the copy the
+    squeezed budget evicts (the snapshots at 12 and 18, or a per-token copy of the last
+    forward), and how many tokens ``restore(first)`` re-runs. ``answer``:
+    {"evicted_position": ..., "tokens_rerun": ...}; the scenario runs live."""
     from replaylab.cache import CacheConfig, HybridCache
 
+    name = "cost-aware eviction in section 3"
+    keys = {"evicted_position", "tokens_rerun"}
+    if answer is not None and (
+        isinstance(answer, (int, float, str))
+        or set(answer) != keys  # what cannot be iterated raises: ``guarded`` reports it
+        or not isinstance(answer, dict)
+    ):
+        return _done(name, False, f"{answer!r}: expected a dict with the keys {sorted(keys)}")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, model.cfg.vocab_size, (1, 21), generator=g)
     cache = HybridCache(model, 1, CacheConfig("snapshot", eviction="cost"))
@@ -53,16 +62,19 @@ def check_cost_eviction_scenario(answer, model) -> bool:
         cache.set_budget(cache.total_bytes() - 1)
         cache.set_budget(None)
         cache.restore(first)
-    rerun = cache.stats.recomputed_tokens
-    want = {
-        "evicted": "first" if cache.stats.fallback_restores else "second",
-        "tokens_rerun": rerun,
-    }
+    (position,) = cache.ssm.evicted.values()  # the squeeze evicts one copy
+    want = {"evicted_position": position, "tokens_rerun": cache.stats.recomputed_tokens}
+    got = None
+    if answer is not None:
+        got = {k: whole_number(v) for k, v in answer.items()}
+        if None in got.values():
+            return _done(name, False, f"{answer!r}: expected whole numbers")
     return _answer(
-        "cost-aware eviction in section 3",
-        answer,
+        name,
+        got,
         want,
-        "re-run section 3 with CacheConfig('snapshot', eviction='cost')",
+        "re-run section 3 with CacheConfig('snapshot', eviction='cost'), then read "
+        "cache.ssm.evicted (key: position) and cache.stats.recomputed_tokens",
     )
 
 
@@ -84,5 +96,5 @@ def check_beam_log_length(answer) -> bool:
         None if answer is None else tuple(answer),
         want,
         "build cm.model_costs for Bamba 9B's shape and call cm.best_log_length(m, 'beam search', "
-        "range(2, 257)); one group (G = 1) makes its log entries smaller than Nemotron-H 8B's",
+        "range(2, 257)); compare the state / log-entry ratio of the two shapes",
     )

@@ -17,11 +17,13 @@ from replaylab.teaching.exercises_common import (
     ScanInputs,
     _answer,
     _compare,
+    _done,
     _equals,
     _Mismatch,
     _reference_path,
     _run_ops,
     mini_layer,
+    whole_number,
 )
 from replaylab.teaching.grading import guarded
 
@@ -61,7 +63,7 @@ def check_recompute_store(store_class, layer=None, interval=3) -> bool:
                 T = int(torch.randint(1, 6, (1,), generator=g))
                 new = layer.random_inputs(batch, T, g)
                 log.append(f"advance({T} tokens) from position {pos}")
-                y = store.advance(new)
+                y = store.advance(new.clone())
                 path.append(new)
                 _, ref_y = _reference_path(layer, batch, path)
                 _compare("y returned by advance", y, ref_y[:, -T:])
@@ -248,7 +250,7 @@ def check_replay_log(log_class, layer=None) -> bool:
                 T = int(torch.randint(1, 4, (1,), generator=g))
                 new = layer.random_inputs(batch, T, g)
                 log.append(f"append({T} tokens) at {n}")
-                replay.append(new)
+                replay.append(new.clone())
                 entries.append(new)
                 stale.append(new)
             n = sum(len(e) for e in entries)
@@ -286,10 +288,14 @@ def check_zero_rerun_distances(answer, model) -> bool:
 
     rows = restore_cost_vs_distance(model, "recompute", interval=16)
     want = sorted(r["distance"] for r in rows if r["recomputed_tokens"] == 0)
-    got = None if answer is None else sorted(int(d) for d in answer)
+    got = None if answer is None else [whole_number(d) for d in answer]
+    if got is not None and None in got:
+        return _done(
+            "distances where recompute re-runs nothing", False, f"{answer!r}: expected integers"
+        )
     return _answer(
         "distances where recompute re-runs nothing",
-        got,
+        None if got is None else sorted(got),
         want,
         "a restore lands on a checkpoint when 32 + distance is a multiple of the interval",
     )

@@ -28,18 +28,20 @@ def recompute_speedup(acceptance, k):
     return plain / out["recompute"]["seconds_per_token"]
 
 
-@guarded("acceptance where recompute stops paying (k=8)")
-def check_recompute_break_even(answer, k=8) -> bool:
+@guarded("acceptance where recompute stops paying (k={k})")
+def check_recompute_break_even(answer, k=12) -> bool:
     """Notebook 07: on the explorer's slider grid (acceptance 0.00, 0.05, ..., 1.00), the
     highest acceptance at which recompute's predicted speedup over plain decoding is below 1
-    for draft length k=8 (AcceptanceExplorer's defaults otherwise)."""
+    for draft length k=12 (AcceptanceExplorer's defaults otherwise). At k = 12 the grid
+    points either side of the crossing are 5% and 9% from 1 (at k = 8 one was 0.1% above it,
+    which the explorer's bars cannot show)."""
     below = [i / 20 for i in range(21) if recompute_speedup(i / 20, k) < 1]
     want = max(below) if below else None
     return _answer(
-        "acceptance where recompute stops paying (k=8)",
+        f"acceptance where recompute stops paying (k={k})",
         None if answer is None else round(float(answer), 2),
         want,
-        "move the acceptance slider at k=8 and read recompute's bar",
+        f"move the acceptance slider at k={k} and read recompute's bar",
         rel=1e-9,
     )
 
@@ -56,5 +58,5 @@ def check_tokens_per_round(answer, acceptance=(0.9, 0.8, 0.6, 0.3)) -> bool:
         answer,
         float(want),
         "draft i counts only if drafts 1..i are all accepted: add the running products",
-        rel=1e-6,
+        rel=1e-3,  # three decimals
     )
