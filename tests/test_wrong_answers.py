@@ -1607,3 +1607,15 @@ def test_zero_rerun_distances_must_be_integers(tiny_model, capsys):
     _out(capsys)
     assert not exercises.check_zero_rerun_distances([*want[:-1], want[-1] + 0.9], tiny_model)
     assert "expected integers" in _out(capsys)
+
+
+def test_snapshot_store_that_restores_zeros_is_told_so(capsys):
+    base = _snapshot_base()
+
+    class RestoresZeros(base):
+        def restore(self, handle):
+            super().restore(handle)
+            self.state = torch.zeros_like(self.state)
+
+    assert not exercises.check_snapshot_store(RestoresZeros)
+    assert "the state after restore() is all zeros" in _out(capsys)

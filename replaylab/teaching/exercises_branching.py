@@ -122,6 +122,12 @@ def check_snapshot_store(store_class, layer=None) -> bool:
             except _Mismatch as err:
                 if op[0] == "restore":
                     hint = _same_position_hint(layer, batch, store.state, op[1], saved) or hint
+                    got = store.state
+                    if isinstance(got, torch.Tensor) and not got.any() and want.any():
+                        hint = (
+                            " - the state after restore() is all zeros: restore() must put the "
+                            "snapshot's saved state back"
+                        )
                 raise _Mismatch(f"{err}{hint}") from None
         return len(_SNAPSHOT_SCRIPT) + n_ops
 
