@@ -1619,3 +1619,20 @@ def test_snapshot_store_that_restores_zeros_is_told_so(capsys):
 
     assert not exercises.check_snapshot_store(RestoresZeros)
     assert "the state after restore() is all zeros" in _out(capsys)
+
+
+def test_word_answers_ignore_case_and_spaces(capsys):
+    from replaylab import costmodel as cm
+    from replaylab.shapes import PUBLISHED_SHAPES
+
+    def best(name):
+        m = cm.model_costs(PUBLISHED_SHAPES[name], cm.Workload(), 8e9)
+        return cm.best_log_length(m, "beam search", range(2, 257))
+
+    L = best("Bamba 9B")
+    word = "longer" if L > best("Nemotron-H 8B") else "shorter"
+    assert exercises.check_beam_log_length((L, word))
+    assert exercises.check_beam_log_length([L, f" {word.upper()} "])  # a list, capitals, spaces
+    _out(capsys)
+    assert not exercises.check_beam_log_length((L, "shorter" if word == "longer" else "longer"))
+    assert not exercises.check_beam_log_length((L + 1, word))

@@ -233,6 +233,18 @@ def whole_number(answer):
     return int(value) if value.is_integer() else None
 
 
+def _plain(value):
+    """An answer as the checks compare it: words without case or surrounding spaces
+    ("Recompute " is "recompute"), lists as tuples, inside dicts and sequences too."""
+    if isinstance(value, str):
+        return value.strip().lower()
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    return value
+
+
 def _answer(name, answer, want, explain, rel=0.0):
     if answer is None or answer is Ellipsis:
         return _done(name, False, "no answer yet (replace None with your answer)")
@@ -242,5 +254,5 @@ def _answer(name, answer, want, explain, rel=0.0):
         except (TypeError, ValueError) as err:
             return _done(name, False, f"{answer!r}: expected a number; {describe_exception(err)}")
     else:
-        ok = answer == want
+        ok = _plain(answer) == _plain(want)
     return _done(name, ok, f"{answer!r}" + ("" if ok else f" - {explain}"))
