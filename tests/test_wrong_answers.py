@@ -1636,3 +1636,48 @@ def test_word_answers_ignore_case_and_spaces(capsys):
     _out(capsys)
     assert not exercises.check_beam_log_length((L, "shorter" if word == "longer" else "longer"))
     assert not exercises.check_beam_log_length((L + 1, word))
+
+
+def test_state_share_says_which_half_is_wrong(capsys):
+    from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
+
+    def share(name, tokens=65536):
+        m = memory_per_sequence(PUBLISHED_SHAPES[name], tokens)
+        return m["ssm_state"] / sum(m.values())
+
+    falcon = share("Falcon-H1 7B")
+    word = "more" if falcon > share("Nemotron-H 8B") else "less"
+    other = "less" if word == "more" else "more"
+    assert exercises.check_state_share((round(falcon, 3), word.capitalize()))  # 3 digits, case
+    _out(capsys)
+    assert not exercises.check_state_share((falcon, other))
+    out = _out(capsys)
+    assert "the word" in out and "the share" not in out
+    assert not exercises.check_state_share((100 * falcon, word))
+    assert "a fraction of 1, not a percentage" in _out(capsys)
+    assert not exercises.check_state_share((share("Falcon-H1 7B", 8192), word))  # the 8K row
+    out = _out(capsys)
+    assert "the share: memory_per_sequence(shape, 65536)" in out and "the word" not in out
+
+
+def test_recompute_at_acceptance_takes_counts(tiny_model, capsys):
+    from replaylab.decoding import SyntheticDrafter, greedy, speculative
+
+    prompt = torch.randint(0, tiny_model.cfg.vocab_size, (1, 8), generator=torch.Generator())
+    reference = torch.cat([prompt, greedy(tiny_model, prompt, 48).tokens], 1)
+    run = speculative(tiny_model, prompt, 48, SyntheticDrafter(reference, 0.5, seed=0), k=4,
+                      cache="recompute")  # fmt: skip
+    right = (run.restores, run.recomputed_tokens)
+    assert exercises.check_recompute_at_acceptance(right, tiny_model, prompt)
+    _out(capsys)
+    assert not exercises.check_recompute_at_acceptance((right[0] + 0.9, right[1]), tiny_model,
+                                                       prompt)  # fmt: skip
+    assert "expected counts" in _out(capsys)
+
+
+def test_prompt_lookup_drafts_must_be_integer_ids(capsys):
+    find_draft = _solution("10_trained_model", "prompt_lookup")["find_draft"]
+    assert exercises_text.check_prompt_lookup(lambda c, k: [float(t) for t in find_draft(c, k)])
+    _out(capsys)
+    assert not exercises_text.check_prompt_lookup(lambda c, k: [t + 0.4 for t in find_draft(c, k)])
+    assert "integer ids" in _out(capsys)

@@ -138,9 +138,10 @@ for s, r in runs.items():
 # %% [markdown]
 # ## 4. On an H200
 #
-# Two GPU runs from `data/`, each printed with its device, date and command: the replay kernels
+# GPU runs from `data/`, each printed with its device, date and command: the replay kernels
 # alone, on one layer of Nemotron-H 8B's shape (`data/bench_kernels.json`, the run notebook 06
-# section 5 reads), and the whole model in the decode engine (`data/bench_engine.json`). Terms:
+# section 5 reads), and the whole model in the decode engine (`data/bench_engine.json`; the
+# end of the section adds the serving engine's ragged run). Terms:
 # **`ssu`** is mamba-ssm's `selective_state_update`, the usual decode kernel, which reads and
 # writes the state every token; a **CUDA graph** records a step's kernel launches once and replays
 # them with one call, so the host's cost per launch leaves the step; replay's decode cost is

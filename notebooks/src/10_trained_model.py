@@ -68,7 +68,9 @@ print(f"{'bigram baseline':22s} {'':>22s}{'':>23s}held-out loss {b['loss']:.3f} 
 
 # %% [markdown]
 # The loss curves, from each folder's `train_log.json` (the target also logged its loss on a
-# slice of the held-out text every 100 steps; it was still falling when training stopped):
+# slice of the held-out text every 100 steps; it was still falling when training stopped). The
+# slice is the first 32,768 held-out tokens (`TrainConfig.eval_tokens`), not the whole held-out
+# set, so its curve need not end at the held-out loss printed above:
 
 # %%
 fig = go.Figure()
@@ -99,7 +101,7 @@ run = generate(TARGET, prompt="def fibonacci(n):", max_new_tokens=32, cache="sna
 print("def fibonacci(n):" + run.extra["text"])
 
 # %% [markdown]
-# Code-shaped: indentation, names, a docstring; a 10M-parameter model trained for a few
+# Code-shaped: indentation, names, definitions; a 10M-parameter model trained for a few
 # minutes also repeats itself. What matters here is that the continuation is *predictable*: that
 # is what speculative decoding sells.
 
@@ -161,8 +163,13 @@ fig.show()
 
 # %% [markdown]
 # Fewer rounds mean fewer target forwards; every round that accepts fewer than k drafts rolls
-# the cache back. The measured acceptance over 16 held-out prompts (64 tokens each), from
-# `data/models/metrics.json`, is what the synthetic drafter's α in notebooks 07-09 stands for:
+# the cache back. The measured acceptance over the held-out prompts, from
+# `data/models/metrics.json`, is the measured side of the synthetic drafter's setting in
+# notebooks 07-09, with one difference: it counts accepted / proposed, while the synthetic α is
+# each draft's own chance before the first rejection ends the round, so a measured rate sits
+# below the α that produces it (notebook 07, section 4, converts one into the other). The replay
+# rows cover every held-out prompt; snapshot and recompute ran again on the first few (the
+# `prompts` column), so their rates differ with the prompts, not with the strategy (section 5):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -262,6 +269,10 @@ for r in bench["assisted"]:
 
 
 # %% [markdown]
+# The last row, replaylab's teaching `generate`, is slower than transformers' greedy on this CPU.
+# The teaching path is written to be read, and this notebook does not profile it; the serving
+# engine (notebook 13) is the library's fast path.
+#
 # On a GPU the bytes can decide. The same benchmark on an H200 (`data/bench_hf_cache_gpu.json`,
 # float32, batch 1) adds random-weight models at three published layer shapes (3 recurrent
 # layers and 1 attention layer each): Nemotron-H 8B's Mamba-2, Qwen3.5-9B's Gated DeltaNet and
@@ -325,7 +336,8 @@ print(f"the trained 10M pair: recording {recorded:.1f}, replay {replayed:.1f} to
 # returns k draft ids: for n = 3, 2, 1 (only n < len(context)), look for the latest *earlier*
 # occurrence of the context's last n ids (one that starts at most at len(context) - n - 1); if
 # found, return the (up to) k ids after it, repeating the last one if the context ends first. If
-# no n matches, return the last id k times.
+# no n matches, return the last id k times. (Section 3's `lookup_with_source` is the library's
+# version: write your own without it.)
 
 # %% exercise="prompt_lookup"
 def find_draft(context, k):

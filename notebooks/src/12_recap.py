@@ -58,9 +58,10 @@ model, prompt = quiz.tiny_setup()  # the tiny hybrid of notebooks 03-09 and a fi
 # %%
 # NBVAL_CHECK_OUTPUT
 nemotron = PUBLISHED_SHAPES["Nemotron-H 8B"]
-state = memory_per_sequence(nemotron, 1)["ssm_state"]
-print(f"Nemotron-H 8B: {state / 2**20:.0f} MiB of fp32 state per sequence; one copy of it weighs "
-      f"as much as {snapshot_in_kv_tokens(nemotron):,.0f} tokens of KV cache")
+memory = memory_per_sequence(nemotron, 1)
+print(f"Nemotron-H 8B: {memory['ssm_state'] / 2**20:.0f} MiB of fp32 state and "
+      f"{memory['conv_state'] / 2**20:.1f} MiB of conv window per sequence; one copy of both "
+      f"weighs as much as {snapshot_in_kv_tokens(nemotron):,.0f} tokens of KV cache")
 print("tokens per round at alpha 0.8, k = 1, 2, 4, 8:",
       [round(1 + cm.expected_accepted(k, 0.8), 2) for k in (1, 2, 4, 8)])
 bench = load_bench()

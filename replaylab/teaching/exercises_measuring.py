@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.shapes import PUBLISHED_SHAPES, memory_per_sequence
-from replaylab.teaching.exercises_common import _answer, _done
+from replaylab.teaching.exercises_common import _answer, _done, whole_number
 from replaylab.teaching.grading import describe_exception, guarded
 
 
@@ -32,20 +32,25 @@ def check_state_share(answer, name="Falcon-H1 7B", context_len=65536) -> bool:
         return _done(label, False, "no answer yet (replace None with your answer)")
     try:
         value, word = answer
-        ok = abs(float(value) - ours) <= 1e-3 * ours and word == (
-            "more" if ours > nemotron else "less"
-        )
+        value = float(value)
     except (TypeError, ValueError) as err:
         return _done(
             label,
             False,
             f"{answer!r}: expected a pair (share, 'more' or 'less'); {describe_exception(err)}",
         )
-    return _done(
-        label,
-        ok,
-        f"{answer!r}" + ("" if ok else " - memory_per_sequence(shape, 65536): state / total"),
-    )
+    wrong = []
+    if abs(value - ours) > 1e-2 * ours:  # three significant digits are enough
+        if abs(value - 100 * ours) <= ours:
+            wrong.append("the share is a fraction of 1, not a percentage")
+        else:
+            wrong.append(
+                f"the share: memory_per_sequence(shape, {context_len}): ssm_state over the sum "
+                "of all three (to three significant digits)"
+            )
+    if not isinstance(word, str) or word.strip().lower() != ("more" if ours > nemotron else "less"):
+        wrong.append("the word: compare with Nemotron-H 8B's share at the same length")
+    return _done(label, not wrong, f"{answer!r}" + ("" if not wrong else " - " + "; ".join(wrong)))
 
 
 @guarded("recompute at acceptance {acceptance}")
@@ -64,7 +69,9 @@ def check_recompute_at_acceptance(answer, model, prompt, n_new=48, acceptance=0.
         cache="recompute",
     )
     want = (run.restores, run.recomputed_tokens)
-    got = None if answer is None else tuple(int(v) for v in answer)
+    got = None if answer is None else tuple(whole_number(v) for v in answer)
+    if got is not None and None in got:
+        return _done(f"recompute at acceptance {acceptance}", False, f"{answer!r}: expected counts")
     return _answer(
         f"recompute at acceptance {acceptance}",
         got,

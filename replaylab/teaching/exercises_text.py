@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from replaylab.decoding import PromptLookupDrafter
+from replaylab.teaching.exercises_common import whole_number
 from replaylab.teaching.grading import describe_exception, guarded, record
 
 __all__ = ["lookup_with_source", "RoundRecorder", "check_prompt_lookup"]
@@ -143,9 +144,12 @@ def check_prompt_lookup(find_draft, max_ngram=3) -> bool:
         if got is None:
             return fail("not done yet (find_draft returned None)")
         try:
-            got = [int(t) for t in (got.tolist() if torch.is_tensor(got) else got)]
+            ids = [whole_number(t) for t in (got.tolist() if torch.is_tensor(got) else got)]
         except (TypeError, ValueError):
-            return fail(f"{where}: expected a list of {k} ids, got {got!r}")
+            ids = [None]
+        if None in ids:
+            return fail(f"{where}: expected a list of {k} integer ids, got {got!r}")
+        got = ids
         if got != want:
             message = f"{where}: expected {want}, got {got}"
             if len(got) != k:

@@ -221,6 +221,11 @@ def _fixed(key):
 # --------------------------------------------------------------------------------------------
 # The bank
 
+# the tolerance of the questions that say "Three significant digits are enough": any rounding
+# of the answer to three significant digits is within it
+SIGNIFICANT_3 = 5e-3
+
+
 QUESTIONS: list[Question] = [
     Question(
         "kv_vs_ssm",
@@ -256,13 +261,14 @@ QUESTIONS: list[Question] = [
         "scan_step",
         "02",
         "One Mamba-2 step with one head and P = N = 1: previous state S = 3, x = 2, Δ = dt = "
-        "0.5 (already processed), A = -2, B = 1, C = 1.5, D = 0.25. What is the output y?",
+        "0.5 (already processed), A = -2, B = 1, C = 1.5, D = 0.25. What is the output y?"
+        " Three significant digits are enough.",
         "number",
         _scan_step_y,
         "replaylab.scan.ssd_step on these values (float64)",
         "a = exp(Δ A); S' = a S + Δ x B; y = S' C + D x. The decay multiplies the old state, "
         "the input is written as an outer product, C reads the new state out.",
-        rel=1e-4,
+        rel=SIGNIFICANT_3,
     ),
     Question(
         "what_is_kept",
@@ -336,27 +342,29 @@ QUESTIONS: list[Question] = [
         "07",
         "Speculative decoding with k = 5 drafts, each accepted with probability 0.7 "
         "independently; a rejection ends the round. How many tokens does a round yield on "
-        "average (accepted drafts plus the target's own token)?",
+        "average (accepted drafts plus the target's own token)?"
+        " Three significant digits are enough.",
         "number",
         _tokens_per_round,
         "1 + replaylab.costmodel.expected_accepted(5, 0.7)",
         "Draft i counts only if drafts 1..i are all accepted: 1 + sum_{i=1..k} α^i. The terms "
         "shrink geometrically, so long drafts stop paying.",
-        rel=1e-4,
+        rel=SIGNIFICANT_3,
     ),
     Question(
         "interval_optimum",
         "08",
         "Visit all states of a 64-step chain in reverse. A checkpoint every 16 steps keeps 4 "
         "states. How many forward steps per restored state does the optimal schedule "
-        "(Griewank's binomial checkpointing) need with as many states kept?",
+        "(Griewank's binomial checkpointing) need with as many states kept?"
+        " Three significant digits are enough.",
         "number",
         _optimum_steps_per_restore,
         "revolve_cost(64, states_kept - 1) / 64 with states_kept from "
         "costmodel.interval_tradeoff(64, 16)",
         "The optimum places checkpoints on several nested levels; a fixed interval uses one. "
         "Compare with interval_tradeoff(64, 16)['steps_per_restore'] to see the gap.",
-        rel=1e-4,
+        rel=SIGNIFICANT_3,
     ),
     Question(
         "eviction_choice",
@@ -382,13 +390,14 @@ QUESTIONS: list[Question] = [
         "data/bench_engine.json, preset 8b-layers, the replay engine at batch 64: what "
         "fraction of the roofline does it reach? Roofline time = the bytes a step must move "
         "(bytes_per_step) / the copy bandwidth measured in the same run (copy_bandwidth_gbs); "
-        "the fraction = roofline time / measured seconds per step.",
+        "the fraction = roofline time / measured seconds per step."
+        " Three significant digits are enough.",
         "number",
         _replay_roofline,
         "bytes_per_step / (copy_bandwidth_gbs x 1e9) / seconds_per_token['median'] of that row",
         "A fraction well below 1 says the step is not moving bytes as fast as the device can: "
         "launch overheads, small kernels or compute bind. Quote it beside any tokens/s.",
-        rel=1e-3,
+        rel=SIGNIFICANT_3,
     ),
     Question(
         "gpu_busy",
@@ -415,14 +424,15 @@ QUESTIONS: list[Question] = [
         "11",
         "For the Mamba-1 layer shape in replaylab.families.FAMILY_SHAPES (Jamba), how many "
         "tokens of replay log (entries as replaylab logs them) cost as many bytes as one "
-        "recurrent state?",
+        "recurrent state?"
+        " Three significant digits are enough.",
         "number",
         _mamba1_state_in_entries,
         "families.state_bytes(shape) / sum(families.entry_bytes(shape).values())",
         "With only N state entries per channel (16 at Jamba's shape), a Mamba-1 state is small "
         "against its inputs, so a log outgrows a snapshot after far fewer tokens than for "
         "Mamba-2 or Gated DeltaNet (families.byte_table() lists all three).",
-        rel=1e-3,
+        rel=SIGNIFICANT_3,
     ),
     Question(
         "delta_rule",
