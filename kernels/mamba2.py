@@ -425,6 +425,9 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
             )
     if int(slots.min()) < 0 or int(slots.max()) >= states.shape[0]:
         raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got {slots.tolist()}")
+    Lmax = log_x.shape[1]
+    if batch and (int(log_len.min()) < 0 or int(log_len.max()) > Lmax):
+        raise ValueError(f"log_len: expected values in [0, {Lmax}], got {log_len.tolist()}")
 
 
 def _ring_head(log_head, batch, device):

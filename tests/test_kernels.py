@@ -145,6 +145,10 @@ def test_bad_input_is_named():
         replay_step(**{**c, "log_len": torch.tensor([0, 1, 22], dtype=torch.int32)})
     with pytest.raises(ValueError, match=r"states: expected float32 checkpoint states"):
         replay_step(**{**c, "states": c["states"].double()})
+    # a negative length wrote log row -1 (it aborted the process under the interpreter)
+    for log_len in ([0, -1, 2], [0, 1, 25]):
+        with pytest.raises(ValueError, match=r"log_len: expected values in \[0, 24\], got"):
+            replay_step(**{**c, "log_len": torch.tensor(log_len, dtype=torch.int32)})
 
 
 def test_permuted_views_as_inputs():

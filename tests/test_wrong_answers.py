@@ -1681,3 +1681,67 @@ def test_prompt_lookup_drafts_must_be_integer_ids(capsys):
     _out(capsys)
     assert not exercises_text.check_prompt_lookup(lambda c, k: [t + 0.4 for t in find_draft(c, k)])
     assert "integer ids" in _out(capsys)
+
+
+def test_winning_log_is_not_the_largest_measured(capsys):
+    """A learner's review: at batch 128 every measured log beat ssu, so 'the largest in the
+    file' was the answer without reading a row; at batch 32 the longest one loses."""
+    from replaylab.results import load_bench
+
+    rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 32 and r["T"] == 1]
+    ssu = next(r["us"] for r in rows if r["provider"] == "ssu")
+    logs = [r["log_len"] for r in rows if r["provider"] == "replay_step"]
+    winning = max(r["log_len"] for r in rows if r["provider"] == "replay_step" and r["us"] < ssu)
+    assert winning < max(logs)
+    assert exercises.check_largest_winning_log(winning)
+    _out(capsys)
+    assert not exercises.check_largest_winning_log(max(logs))
+    assert "batch=32" in _out(capsys)
+
+
+def test_best_log_length_pair_must_be_whole_numbers(capsys):
+    from replaylab.teaching.exercises_kernel import check_best_log_length
+
+    assert not check_best_log_length((16.9, 20.9))
+    assert "expected whole numbers" in _out(capsys)
+
+
+STRAY_STORE = """
+import triton, triton.language as tl
+from replaylab.teaching import puzzles
+
+@triton.jit
+def reduce_wrong_y_stride(S, C, y, H, P: tl.constexpr, N: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    p, n = tl.arange(0, P), tl.arange(0, N)
+    s = tl.load(S + ((b * H + h) * P + p[:, None]) * N + n[None, :])
+    c = tl.load(C + (b * H + h) * N + n)
+    tl.store(y + (b * H + h) * N + p, tl.sum(s * c[None, :], axis=1))  # N where P belongs
+
+for _ in range(3):
+    assert not puzzles.check_reduce_kernel(reduce_wrong_y_stride)
+print("survived")
+"""
+
+
+def test_a_store_past_a_puzzles_output_is_reported_not_fatal():
+    """A learner's review: puzzles 2-6 gave their outputs no guard, so a wrong stride stored
+    past y into memory the process owned, and the interpreter aborted the kernel (free():
+    invalid next size). Run apart, so that a regression fails this test, not the suite."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", STRAY_STORE], capture_output=True, text=True,
+                          env=env, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "survived" in done.stdout and "outside every input and output" in done.stdout
+
+
+def test_roofline_floor_takes_three_significant_digits(capsys):
+    from replaylab.teaching.exercises_measuring import roofline_floor_ms
+
+    want = roofline_floor_ms()
+    assert exercises.check_roofline_floor(float(f"{want:.3g}"))
+    assert not exercises.check_roofline_floor(want * 1.02)

@@ -318,7 +318,7 @@ puzzles.check_output_kernel(output_kernel);
 # across the log.
 #
 # **Target traffic:** checkpoint read once, never written; `out` written once, never read back; each
-# log entry read once.
+# log entry read once (1.00x is the fewest possible; the check requires the first three).
 
 # %%
 puzzle_access_diagram(5).show()
@@ -370,7 +370,7 @@ def log_output_kernel(
     S, log_x, log_dt, log_B, x, dt, B, C, A, D, y, L, H, P: tl.constexpr, N: tl.constexpr
 ):
     """Program (b, h): y[b, h] of the new token after the L logged tokens log_x (batch, L, H, P),
-    log_dt (batch, L, H), log_B (batch, L, H, N); other arguments as in puzzle 1. S is read
+    log_dt (batch, L, H), log_B (batch, L, H, N); other arguments as in puzzle 4. S is read
     once and never written."""
     pass  # your kernel here
 
@@ -766,7 +766,7 @@ print("end to end, the engine (notebook 09):", replay_wins_summary()[0])
 # **1.** *(Optional on both short paths.)* From the JSON rows of `bench` (section 5), find the largest log length at which
 # `replay_step`'s step alone (T=1, its share of the fold left out) is still faster than
 # `selective_state_update` (`provider="ssu"`) at
-# batch 128. (Hint: `[r for r in bench["rows"] if "us" in r and r["batch"] == 128 and ...]`.)
+# batch 32. (Hint: `[r for r in bench["rows"] if "us" in r and r["batch"] == 32 and ...]`.)
 
 # %% exercise="winning_log" tags=["exercise"]
 winning_log_answer = None  # your answer: a log length from the rows

@@ -60,15 +60,15 @@ use_notebook_renderer()
 # NBVAL_CHECK_OUTPUT
 
 import json
-from pathlib import Path
 
 from transformers.utils import logging as hf_logging
 
 from replaylab.decoding import ModelDrafter, PromptLookupDrafter
 from replaylab.generate import load_checkpoint, load_tokenizer
+from replaylab.results import DATA_DIR
 
 hf_logging.disable_progress_bar()  # no loading bars (they would be saved as widgets)
-MODELS = Path("../data/models")
+MODELS = DATA_DIR / "models"
 tok = load_tokenizer(MODELS / "replaylab-code-10m")
 target = load_checkpoint(MODELS / "replaylab-code-10m")  # bf16 weights, fp32 on a CPU
 draft = load_checkpoint(MODELS / "replaylab-code-draft")
@@ -449,7 +449,8 @@ for r in rows1:
 # order) and lets only the tile follow the row count. `data/bench_matched_rows_h200_cc8bbd3.json`
 # (`replaylab bench matched`) runs it in mamba-ssm's block layout, beside the launches it replaced
 # (one tile for every row count), the same engine on cuBLAS and mamba-ssm's own
-# `generate(cg=True)`, in one process; the ratios to the other arms are paired medians:
+# `generate(cg=True)`, in one process; the ratios to the previous launches and to cuBLAS are
+# paired medians, the ratio to mamba-ssm a ratio of medians:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -714,8 +715,8 @@ attention_gain_figure(gain_model, gain_live).show()
 # %% [markdown]
 # **When replay stops paying.** From the kernel benchmark, replay's decode amortised
 # (step + fold(L)/L, as notebook 06 and the kernel table of 09 section 4 quote it): at batch 1 the GPU is idle and mamba-ssm's decode
-# step is faster; with a 64-entry log the per-token work over the log eats
-# the saved write; and where compute, not memory, binds (large drafts verified on tensor cores),
+# step is faster; with a 64-entry log the per-token work over the log eats most of the saved
+# write (all of it up to batch 32, below); and where compute, not memory, binds (large drafts verified on tensor cores),
 # the chunked peers win:
 
 # %%
@@ -740,7 +741,7 @@ for b in (1, 128):
 # Over the whole grid: the map is the cost model (each kernel its bytes over the device-copy
 # bandwidth of the kernel run itself, timed from a CUDA graph as notebook 06 section 5b explains; not
 # the engine run's larger figure), with a floor per kernel launch taken from the measured batch-1 times, so the batch-1
-# column is fitted, not predicted); the black line is where it says replay stops paying; the
+# column is fitted, not predicted. The black line is where it says replay stops paying; the
 # dashed line is where bytes alone say so (the log read grows with L, the fold's share of state
 # traffic falls with it). The markers are the measured amortised speedups,
 # ssu / (replay_step + fold(L) / L), filled where replay pays:
@@ -780,7 +781,8 @@ for b in sorted({r["batch"] for r in measured_k}):
 replay_frontier_figure(grid, measured_k, bytes_frontier=bytes_L).show()
 
 # %% [markdown]
-# **Why does replay stop paying at L = 64 long before the bytes say so?** The model counts the
+# **Why does a 64-entry log stop paying at batch 32 and below, and keep little of its gain at
+# 64-128, long before the bytes say so?** The model counts the
 # log's bytes; the replay step walks the log entry by entry for every new token, and that walk is
 # bound by its own latency, not by bandwidth. The extra entries from L = 4 to L = 64 cost far more
 # than their bytes:
@@ -813,8 +815,9 @@ nemo_costs = cm.model_costs(PUBLISHED_SHAPES["Nemotron-H 8B"], cm.Workload(), 8.
 print({w: cm.best_log_length(nemo_costs, w) for w in cm.WORKLOADS})
 
 # %% [markdown]
-# The H200 decode run timed both workloads under every strategy (below): the strategies barely
-# differ, because at this size the teaching path's Python loop, not the state, binds.
+# The H200 decode runs timed both workloads under every strategy (below). The strategies differ
+# by tens of percent, in orders that change between the two runs, not by the state bytes each
+# moves: at this size the teaching path's Python loop, not the state, binds.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -903,7 +906,7 @@ roofline_bytes_figure(
 #
 # ## Exercises
 # **1.** Section 6 at 32K tokens (32768) of context: replay's floor for Nemotron-H 8B at batch 64,
-# in ms per decode step, over the same measured bandwidth.
+# in ms per decode step, over the same measured bandwidth (three significant digits are enough).
 
 # %% exercise="roofline_32k" tags=["exercise"]
 roofline_answer = None  # your answer: replay's floor in ms per decode step

@@ -15,20 +15,22 @@ from replaylab.teaching.grading import describe_exception, guarded
 from replaylab.teaching.kernel_harness import kernel_device
 
 
-@guarded("largest log where replay_step beats ssu at batch 128")
-def check_largest_winning_log(answer) -> bool:
+@guarded("largest log where replay_step beats ssu at batch {batch}")
+def check_largest_winning_log(answer, batch=32) -> bool:
     """Notebook 06: from ``data/bench_kernels.json`` (H200), the largest measured log length at
-    which ``replay_step`` decodes (T=1) faster than ``selective_state_update`` at batch 128."""
+    which ``replay_step`` decodes (T=1) faster than ``selective_state_update`` at ``batch``.
+    At batch 32 the longest measured log loses (at 128 every measured length wins, so the
+    largest of them was the answer, guessable without reading a row)."""
     from replaylab.results import load_bench
 
-    rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == 128 and r["T"] == 1]
+    rows = [r for r in load_bench()["rows"] if "us" in r and r["batch"] == batch and r["T"] == 1]
     ssu = next(r["us"] for r in rows if r["provider"] == "ssu")
     want = max(r["log_len"] for r in rows if r["provider"] == "replay_step" and r["us"] < ssu)
     return _answer(
-        "largest log where replay_step beats ssu at batch 128",
+        f"largest log where replay_step beats ssu at batch {batch}",
         answer,
         want,
-        "filter rows by provider, batch=128, T=1 and compare 'us' with the ssu row",
+        f"filter rows by provider, batch={batch}, T=1 and compare 'us' with the ssu row",
     )
 
 
@@ -100,7 +102,9 @@ def check_best_log_length(answer, batch=8, max_L=64) -> bool:
     model = min(range(1, max_L + 1), key=amortised)
     if answer is not None and answer is not Ellipsis:
         try:
-            answer = tuple(int(v) for v in answer)
+            answer = tuple(whole_number(v) for v in answer)
+            if None in answer:
+                raise ValueError("expected whole numbers")
         except (TypeError, ValueError) as err:
             return _done(
                 name,

@@ -81,7 +81,7 @@ def check_recompute_at_acceptance(answer, model, prompt, n_new=48, acceptance=0.
 
 
 def roofline_floor_ms(context_len=32768, batch=64, strategy="replay") -> float:
-    """Notebook 09's roofline at another context: ms per decode step of Nemotron-H 8B (8.1e9
+    """Notebook 15's roofline at another context: ms per decode step of Nemotron-H 8B (8.1e9
     bf16 parameters, L = 16, checkpoints every 16) over the engine run's copy bandwidth."""
     from replaylab import costmodel as cm
     from replaylab.results import load_bench
@@ -102,12 +102,12 @@ def roofline_floor_ms(context_len=32768, batch=64, strategy="replay") -> float:
 
 @guarded("replay's roofline floor at 32K context, batch 64")
 def check_roofline_floor(answer) -> bool:
-    """Notebook 09: replay's floor (ms per decode step) for Nemotron-H 8B at batch 64 and 32K
+    """Notebook 15: replay's floor (ms per decode step) for Nemotron-H 8B at batch 64 and 32K
     tokens (32768) of context, as section 6 computes it at 8K."""
     return _answer(
         "replay's roofline floor at 32K context, batch 64",
         answer,
         roofline_floor_ms(),
         "section 6's cm.decode_floor_seconds with context_len=32768, batch 64, in ms",
-        rel=1e-3,
+        rel=5e-3,  # three significant digits
     )

@@ -14,6 +14,7 @@ launch and attributes every element address actually read or written to the tens
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "Traffic",
     "count_traffic",
     "poisoned",
+    "guarded_copy",
     "run_kernel_check",
 ]
 
@@ -349,5 +351,22 @@ def run_kernel_check(
     return record(name, ok)
 
 
-def poisoned(shape, like):
-    return torch.full(shape, float("nan"), dtype=torch.float32, device=like.device)
+GUARD = 1024  # NaN elements before and after each puzzle tensor
+
+
+def poisoned(shape, like, guard=GUARD):
+    """A NaN-filled fp32 output of ``shape`` on ``like``'s device, inside a buffer with
+    ``guard`` NaN elements before and after it: a store past the tensor (a wrong stride, a
+    mask forgotten) lands in the guard, which the traffic count reports, not in memory the
+    process owns for something else (under the interpreter that aborted the kernel)."""
+    n = math.prod(shape)
+    buf = torch.full((2 * guard + n,), float("nan"), dtype=torch.float32, device=like.device)
+    return buf[guard : guard + n].view(*shape)
+
+
+def guarded_copy(t, guard=GUARD):
+    """``t`` copied into the middle of a guard buffer (see ``poisoned``; NaN for floats):
+    a contiguous tensor equal to ``t``."""
+    fill = float("nan") if t.is_floating_point() else 0
+    buf = torch.full((2 * guard + t.numel(),), fill, dtype=t.dtype, device=t.device)
+    return buf[guard : guard + t.numel()].view(t.shape).copy_(t)

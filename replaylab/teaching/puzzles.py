@@ -52,6 +52,7 @@ from replaylab.teaching.kernel_harness import (
     TIMING_SIZES,
     Traffic,
     count_traffic,
+    guarded_copy,
     interpreting,
     kernel_device,
     poisoned,
@@ -113,7 +114,8 @@ def make_case(seed=0, device=None, **sizes) -> dict:
         A=-(torch.rand(H, generator=g) * 1.4 + 0.1),
         D=r(H),
     )
-    return {k: v.to(device) for k, v in case.items()}
+    # each input inside a guard too: a stray store into an input cannot reach other memory
+    return {k: guarded_copy(v.to(device)) for k, v in case.items()}
 
 
 def strided_state(S, guard=1024) -> torch.Tensor:
@@ -131,11 +133,7 @@ def strided_state(S, guard=1024) -> torch.Tensor:
 
 def _guarded_output(shape, like, guard=1024) -> torch.Tensor:
     """A NaN-poisoned contiguous output inside a NaN guard (see ``strided_state``)."""
-    n = 1
-    for d in shape:
-        n *= d
-    buf = torch.full((2 * guard + n,), float("nan"), dtype=torch.float32, device=like.device)
-    return buf[guard : guard + n].view(*shape)
+    return poisoned(shape, like, guard)
 
 
 def reduce_ref(case) -> torch.Tensor:
