@@ -846,7 +846,8 @@ def test_state_at_wrong_answers(tiny_model, capsys):
     assert "the grouped model (H=4 heads, G=2 groups)" in out
     assert "groups of 2 contiguous heads" in out and "repeat_interleave" in out
     assert not check(_fold_mistake("in_place"), tiny_model)
-    assert "your function changed the checkpoint" in _out(capsys)
+    out = _out(capsys)  # at p = g it changes nothing yet: returning the checkpoint shows first
+    assert "your function changed the checkpoint" in out or "returned the checkpoint itself" in out
 
 
 def test_prefix_questions_wrong_answers(tiny_model, capsys):
@@ -1724,17 +1725,50 @@ print("survived")
 """
 
 
-def test_a_store_past_a_puzzles_output_is_reported_not_fatal():
-    """A learner's review: puzzles 2-6 gave their outputs no guard, so a wrong stride stored
-    past y into memory the process owned, and the interpreter aborted the kernel (free():
-    invalid next size). Run apart, so that a regression fails this test, not the suite."""
+S6_STRAY_STORE = """
+import triton, triton.language as tl
+from replaylab.teaching.exercises_families import check_s6_step_kernel
+
+@triton.jit
+def s6_step_next_row(S, x, delta, A, B, C, Dskip, y, D, N: tl.constexpr):
+    b, d = tl.program_id(0), tl.program_id(1)
+    n = tl.arange(0, N)
+    s = tl.load(S + (b * D + d) * N + n)
+    xv, dv = tl.load(x + b * D + d), tl.load(delta + b * D + d)
+    new = tl.exp(dv * tl.load(A + d * N + n)) * s + dv * xv * tl.load(B + b * N + n)
+    tl.store(S + (b * D + d + 1) * N + n, new)  # the next channel's row: the last one is past S
+    y_new = tl.sum(new * tl.load(C + b * N + n), axis=0) + tl.load(Dskip + d) * xv
+    tl.store(y + b * D + d, y_new)
+
+for _ in range(3):
+    assert not check_s6_step_kernel(s6_step_next_row)
+print("survived")
+"""
+
+
+def _run_apart(source):
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", STRAY_STORE], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-c", source], capture_output=True, text=True,
                           env=env, timeout=300)  # fmt: skip
+
+
+def test_a_store_past_the_state_in_notebook_11_is_reported_not_fatal():
+    """A learner's review: the Mamba-1 step check gave S (updated in place) no guard, so a
+    store past it aborted the kernel (free(): invalid next size)."""
+    done = _run_apart(S6_STRAY_STORE)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "survived" in done.stdout and "outside every input and output" in done.stdout
+
+
+def test_a_store_past_a_puzzles_output_is_reported_not_fatal():
+    """A learner's review: puzzles 2-6 gave their outputs no guard, so a wrong stride stored
+    past y into memory the process owned, and the interpreter aborted the kernel (free():
+    invalid next size). Run apart, so that a regression fails this test, not the suite."""
+    done = _run_apart(STRAY_STORE)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "survived" in done.stdout and "outside every input and output" in done.stdout
 
@@ -1745,3 +1779,35 @@ def test_roofline_floor_takes_three_significant_digits(capsys):
     want = roofline_floor_ms()
     assert exercises.check_roofline_floor(float(f"{want:.3g}"))
     assert not exercises.check_roofline_floor(want * 1.02)
+
+
+def test_notebook_11_and_14_checks_from_a_learners_review(tiny_model, capsys):
+    """Mutated fold inputs are named (a later chunk size failed with a large error instead);
+    the checkpoint returned as the state fails (the caller decodes in place from it); resume
+    points must be whole token counts (int() let 213.9 pass)."""
+    from replaylab.teaching.exercises_prefix import RESUME_SCENARIO
+
+    fold = _chunked()
+
+    def exp_in_place(state, k, v, g, beta, chunk_size):
+        out = fold(state, k, v, g, beta, chunk_size)
+        g.exp_()
+        return out
+
+    assert not exercises_families.check_chunked_fold(exp_in_place)
+    assert "your fold changed its input g in place" in _out(capsys)
+
+    state_at = _prefix_solution("state_at")["my_state_at"]
+
+    def returns_the_checkpoint(checkpoint, log, g, p, params):
+        return checkpoint if p == g else state_at(checkpoint, log, g, p, params)
+
+    assert not exercises_prefix.check_state_at(returns_the_checkpoint, tiny_model)
+    assert "you returned the checkpoint itself" in _out(capsys)
+
+    answer = _solution("14_prefix_caching", "resume_points", RESUME_SCENARIO=RESUME_SCENARIO)[
+        "resume_answer"
+    ]
+    nudged = {s: (r + 0.9, c + 0.9) for s, (r, c) in answer.items()}
+    assert not exercises_prefix.check_resume_points(nudged, tiny_model)
+    assert "expected token counts" in _out(capsys)

@@ -822,8 +822,9 @@ for fused in (False, True):
 
 # %% [markdown]
 # Up to batch 32 the two launches are the same kernel. At batch 128 the pinned one is a little
-# faster in decode and five to six times faster in speculation: with blocks of 64 rows a round,
-# nearly all of it the five-token verify, took about 0.08 s. A launch chosen for one token at a time can be
+# faster in decode and five to six times faster in speculation (the two paths' rows): with
+# blocks of 64 rows, the tuned launch's verify was the slow part of its rounds. A launch chosen
+# for one token at a time can be
 # the wrong one for a verify; here the launch that keeps the bits also keeps the speed.
 #
 # Back to the fused path and speculation: later runs on one H100 take up the roofline and the
@@ -869,7 +870,8 @@ for tree in ("96028da", "ed17032"):
 # * A state costs about 11 log entries for Jamba's Mamba-1, 64 for Qwen3-Next's and Qwen3.5's
 #   Gated DeltaNet, 100 for Nemotron-H's Mamba-2 (section 4). Replay moves fewer bytes per decode
 #   step for $3 \le L \le 25$ (Jamba), $\le 327$ (Gated DeltaNet), $\le 441$ (Mamba-2); at
-#   $L = 16$ a fold moves 1.05x (Gated DeltaNet) to 1.5x (Mamba-1) the bytes of a snapshot copy.
+#   $L = 16$ a fold moves 1.04x (Mamba-2) and 1.05x (Gated DeltaNet) to 1.5x (Mamba-1) the
+#   bytes of a snapshot copy.
 # * In the serving engine these layouts speculate losslessly on a GPU only with arithmetic whose
 #   rows do not depend on the row count (matrix products, norms, attention); section 8 shows
 #   which modules parted before, and that with CUDA graphs replay decodes fastest from batch 32

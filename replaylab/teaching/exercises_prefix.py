@@ -517,6 +517,14 @@ def _state_cases(fn, model, block_sizes, rng, g_, label):
                             n_cases,
                             worst_prefill,
                         )
+                    if isinstance(got, torch.Tensor) and got.data_ptr() == given_ckpt.data_ptr():
+                        return (
+                            f"on {where}: you returned the checkpoint itself; the caller decodes "
+                            "from the state you return, in place, and the tree's checkpoint is "
+                            "shared by every request that resumes from it (return a copy)",
+                            n_cases,
+                            worst_prefill,
+                        )
                     wrong = _state_mismatch(fn, ckpt, log, g, p, params, got, where)
                     if wrong:
                         return wrong, n_cases, worst_prefill
@@ -609,13 +617,17 @@ def check_resume_points(answer, model) -> bool:
     }
     for strategy, (r, c) in want.items():
         try:
-            got = tuple(int(v) for v in answer[strategy])
+            got = tuple(whole_number(v) for v in answer[strategy])
         except (KeyError, TypeError) as err:  # not a {strategy: pair} dict
             return report(
                 name,
                 False,
                 f"expected {{strategy: (resumed_from, computed)}}: {type(err).__name__} "
                 f"at {strategy!r}",
+            )
+        if None in got:
+            return report(
+                name, False, f"{strategy}: expected token counts, got {answer[strategy]!r}"
             )
         if got != (r, c):
             return report(
