@@ -414,11 +414,11 @@ def _check_offsets(batch, Lmax, H, P):
         )
 
 
-def _check(states, slots, log_x, log_dt, log_B, log_len):
+def _check(states, slots, log_x, log_dt, log_B, log_len, length="log_len"):
     if states.dtype != torch.float32:
         raise ValueError(f"states: expected float32 checkpoint states, got {states.dtype}")
     batch = log_x.shape[0]
-    for name, t in (("slots", slots), ("log_len", log_len)):
+    for name, t in (("slots", slots), (length, log_len)):
         if t.shape != (batch,) or t.dtype != torch.int32:
             raise ValueError(
                 f"{name}: expected int32 of shape ({batch},), got {t.dtype} {tuple(t.shape)}"
@@ -427,7 +427,7 @@ def _check(states, slots, log_x, log_dt, log_B, log_len):
         raise ValueError(f"slots: expected values in [0, {states.shape[0]}), got {slots.tolist()}")
     Lmax = log_x.shape[1]
     if batch and (int(log_len.min()) < 0 or int(log_len.max()) > Lmax):
-        raise ValueError(f"log_len: expected values in [0, {Lmax}], got {log_len.tolist()}")
+        raise ValueError(f"{length}: expected values in [0, {Lmax}], got {log_len.tolist()}")
 
 
 def _ring_head(log_head, batch, device):
@@ -625,12 +625,8 @@ def fold(
     ``log_head``: ring offsets (see ``replay_step``). Returns ``out``. ``check=False`` skips
     the checks (see ``replay_step``)."""
     if check:
-        _check(states, src_slots, log_x, log_dt, log_B, fold_len)
-        _check(out, dst_slots, log_x, log_dt, log_B, fold_len)
-    if check and (int(fold_len.max()) > log_x.shape[1] or int(fold_len.min()) < 0):
-        raise ValueError(
-            f"fold_len: expected values in [0, {log_x.shape[1]}], got {fold_len.tolist()}"
-        )
+        _check(states, src_slots, log_x, log_dt, log_B, fold_len, "fold_len")
+        _check(out, dst_slots, log_x, log_dt, log_B, fold_len, "fold_len")
     batch, Lmax, H, P = log_x.shape
     G, N = log_B.shape[2], log_B.shape[3]
     _check_offsets(batch, Lmax, H, P)

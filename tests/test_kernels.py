@@ -149,6 +149,10 @@ def test_bad_input_is_named():
     for log_len in ([0, -1, 2], [0, 1, 25]):
         with pytest.raises(ValueError, match=r"log_len: expected values in \[0, 24\], got"):
             replay_step(**{**c, "log_len": torch.tensor(log_len, dtype=torch.int32)})
+    for fold_len in ([0, -1, 2], [0, 1, 25]):  # the fold names its own lengths
+        with pytest.raises(ValueError, match=r"fold_len: expected values in \[0, 24\], got"):
+            fold(c["states"], c["slots"], c["states"], c["slots"], c["log_x"], c["log_dt"],
+                 c["log_B"], torch.tensor(fold_len, dtype=torch.int32), c["A"])  # fmt: skip
 
 
 def test_permuted_views_as_inputs():

@@ -171,3 +171,6 @@ def test_three_significant_digits_pass_where_a_question_says_so():
         three = float(f"{want:.3g}")
         assert quiz.is_correct(q, three), (q.id, three)
         assert not quiz.is_correct(q, want * 1.02), q.id  # two percent off
+    # plausible wrong answers: y without the skip term D x; tokens per round at k = 4, not 5
+    assert not quiz.is_correct(quiz.question("scan_step"), 3.6555 - 0.25 * 2)
+    assert not quiz.is_correct(quiz.question("tokens_per_round"), 1 + 0.7 + 0.49 + 0.343 + 0.2401)

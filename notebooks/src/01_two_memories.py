@@ -125,9 +125,10 @@ memory_vs_context_figure([256, 1024, 4096, 16384, 65536, 262144]).show()
 # %% [markdown]
 # The recurrent state is a fixed cost per sequence: its column is the same at any context.
 # In steady decoding that is the strength of these models: where only a few layers attend
-# (Nemotron-H, Bamba, Jamba) the KV grows slowly, and the state does not grow at all. Falcon-H1
-# puts an attention layer beside every Mamba layer, and at 8K its KV already outweighs its
-# state.
+# (Nemotron-H, Bamba, Jamba) the KV grows slowly, and the state does not grow at all. At 8K
+# tokens the KV already outweighs the state in all but Bamba, and Falcon-H1, with an attention
+# layer beside every Mamba layer, holds over two and a half times as much KV as state. The state's
+# weight shows when it has to be copied (section 4).
 
 # %% [markdown]
 # ## 4. Why branching hurts the recurrent state

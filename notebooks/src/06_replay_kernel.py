@@ -728,7 +728,8 @@ print("end to end, the engine (notebook 09):", replay_wins_summary()[0])
 #   beats `selective_state_update`, which reads *and writes* the state every token, from batch 8
 #   up, most at batch 128, with L = 16 best at every batch; at batch 1 it loses. A step alone,
 #   without its share of the fold, looks faster than it is: quote the amortised figure. With a
-#   64-entry log the per-token work over the log eats the gain: fold more often.
+#   64-entry log the per-token work over the log eats the gain up to batch 32 and most of it
+#   above: fold more often.
 # * **Verification** of 4 drafts plus rollback (the `verify ... T=4` rows) is 1.59x faster than
 #   keeping a state per draft at batch 1, and 3.90-5.02x from batch 8 to 128; it holds one state
 #   instead of four.

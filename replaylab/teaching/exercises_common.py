@@ -15,8 +15,10 @@ Glossary:
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from replaylab.checks import max_abs_error
@@ -223,12 +225,16 @@ def whole_number(answer):
     """``answer`` as an int when it is a whole number (an int, or a float, numpy or 0-d tensor
     value equal to one), else None: 1474560.99 is not 1474560, and True is not 1. A value
     ``float`` cannot read raises."""
-    if isinstance(answer, bool):
-        return None
     if isinstance(answer, torch.Tensor):
         if answer.numel() != 1:
             return None
         answer = answer.item()
+    if isinstance(answer, (bool, np.bool_)):
+        return None
+    try:
+        return operator.index(answer)  # ints of any size, numpy ints, exactly
+    except TypeError:
+        pass
     value = float(answer)  # what cannot be read as a number raises: ``guarded`` reports it
     return int(value) if value.is_integer() else None
 

@@ -102,9 +102,9 @@ def check_best_log_length(answer, batch=8, max_L=64) -> bool:
     model = min(range(1, max_L + 1), key=amortised)
     if answer is not None and answer is not Ellipsis:
         try:
-            answer = tuple(whole_number(v) for v in answer)
+            given, answer = answer, tuple(whole_number(v) for v in answer)
             if None in answer:
-                raise ValueError("expected whole numbers")
+                return _done(name, False, f"{given!r}: expected whole numbers")
         except (TypeError, ValueError) as err:
             return _done(
                 name,

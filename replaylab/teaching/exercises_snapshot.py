@@ -125,7 +125,9 @@ def check_rerun_at_high_acceptance(answer, model, prompt, fractions=(0.9, 0.7, 0
     name = "evictions and tokens re-run under a budget at acceptance 0.9"
     if answer is None or answer is Ellipsis:
         return _done(name, False, "no answer yet (replace None with your answer)")
-    scalar = isinstance(answer, (int, float, str, torch.Tensor))
+    scalar = isinstance(answer, (int, float, str)) or (
+        isinstance(answer, torch.Tensor) and answer.dim() == 0
+    )
     if scalar or (isinstance(answer, (tuple, list)) and len(answer) != 2):
         return _done(name, False, f"{answer!r}: expected a pair (evictions, tokens re-run)")
     first, second = answer  # what cannot be unpacked raises: ``guarded`` reports it

@@ -298,14 +298,25 @@ def run_kernel_check(
             + (f" ({hint})" if hint else "")
         )
         return record(name, False)
-    problems = []
+    problems = [
+        f"a store landed outside {labels.get(n, n)} (its guard was written: a wrong offset or "
+        "stride, or a mask forgotten on tl.store)"
+        for n, t in tensors.items()
+        if isinstance(t, torch.Tensor) and not _guard_intact(t)
+    ]
+    stray_reads = traffic is not None and traffic.unknown
     for output, expected in ((result, want), *also):
         got = tensors[output]
         if torch.isnan(got).any():
             where = tuple(int(i) for i in torch.isnan(got).nonzero()[0])
+            cause = (
+                ", or computed there from a read outside the inputs (their guards hold NaN)"
+                if stray_reads
+                else ""
+            )
             problems.append(
-                f"{labels.get(output, output)} not written everywhere (NaN left at {where}; "
-                f"{_wrong_programs(got, expected, grid)})"
+                f"{labels.get(output, output)} not written everywhere (NaN left at {where}"
+                f"{cause}; {_wrong_programs(got, expected, grid)})"
             )
             continue
         mismatch = _first_mismatch(got, expected)
@@ -362,6 +373,17 @@ def poisoned(shape, like, guard=GUARD):
     n = math.prod(shape)
     buf = torch.full((2 * guard + n,), float("nan"), dtype=torch.float32, device=like.device)
     return buf[guard : guard + n].view(*shape)
+
+
+def _guard_intact(t) -> bool:
+    """Whether the guard around ``t`` (a tensor of ``poisoned`` or ``guarded_copy``, or a view
+    of one) still holds only NaN; True for a tensor with no guard. This also catches a stray
+    store where no traffic is counted (compiled kernels)."""
+    base = t._base
+    if base is None or base.dim() != 1 or not t.is_floating_point():
+        return True
+    start, end = t.storage_offset(), t.storage_offset() + t.numel()
+    return bool(torch.isnan(base[:start]).all() and torch.isnan(base[end:]).all())
 
 
 def guarded_copy(t, guard=GUARD):
