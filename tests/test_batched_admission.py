@@ -4,6 +4,11 @@ its logits, its slot's pools and the steps after equal those of the prompt admit
 bit for bit, under every strategy and on both paths; bad input is refused before any slot
 changes; a scheduler with it serves each request its greedy tokens."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +16,11 @@ from replaylab.decoding import SyntheticDrafter, greedy
 from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
 from replaylab.testing import tiny_hybrid
 
+# the fused path's kernels on CPU tensors run through Triton's interpreter, which is off on a
+# GPU machine (its GPU test below runs the fused path there)
+interpreted = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="Triton's interpreter is off (a GPU machine)"
+)
 MODEL = tiny_hybrid()
 VOCAB = MODEL.cfg.vocab_size
 GEN = torch.Generator().manual_seed(3)
@@ -45,7 +55,9 @@ def _engine(strategy, fused, **kw):
 
 
 @pytest.mark.parametrize(
-    "strategy, fused", [(s, False) for s in STRATEGIES] + [("replay", True), ("snapshot", True)]
+    "strategy, fused",
+    [(s, False) for s in STRATEGIES]
+    + [pytest.param(s, True, marks=interpreted) for s in ("replay", "snapshot")],
 )
 def test_prompts_admitted_together_equal_each_admitted_alone_bit_for_bit(strategy, fused):
     together, alone = _engine(strategy, fused), _engine(strategy, fused)
@@ -65,6 +77,27 @@ def test_prompts_admitted_together_equal_each_admitted_alone_bit_for_bit(strateg
     for (_, a), p in zip(got, PROMPTS):
         ref = plain.admit(p)[1]
         assert torch.allclose(a, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cpu_engine_admits_together_where_triton_cannot_launch():
+    """On a GPU machine the interpreter is off: a CPU engine's row-invariant products and sums
+    go row by row through torch (a launch on CPU tensors would raise), and a prompt admitted
+    together still equals the prompt alone, bit for bit."""
+    code = (
+        "import torch; from replaylab.serving import DecodeEngine; "
+        "from replaylab.testing import tiny_hybrid; m = tiny_hybrid(); torch.set_num_threads(1); "
+        "g = torch.Generator().manual_seed(3); "
+        "ps = [torch.randint(0, m.cfg.vocab_size, (n,), generator=g) for n in (5, 9, 3)]; "
+        "e = [DecodeEngine(m, 3, 40, 'replay', 4, batched_admission=True) for _ in 'ab']; "
+        "got = e[0].admit_many(ps); want = [e[1].admit(p) for p in ps]; "
+        "print(all(torch.equal(a, b) for (_, a), (_, b) in zip(got, want)))"
+    )
+    env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "True"
 
 
 def test_a_prompt_longer_than_a_chunk_is_prefilled_alone_beside_the_others():

@@ -38,6 +38,25 @@ def test_every_saved_plotly_figure_has_a_static_image():
     assert not missing, "plotly figures saved without a static image: " + ", ".join(missing)
 
 
+def _has_title(figure):
+    layout = figure.get("layout", {})
+    title = layout.get("title")
+    text = title.get("text") if isinstance(title, dict) else title
+    subplots = "xaxis2" in layout  # make_subplots' subplot_titles are annotations
+    return bool(text) or (subplots and bool(layout.get("annotations")))
+
+
+def test_every_saved_plotly_figure_has_a_title():
+    untitled = []
+    for path in NOTEBOOKS:
+        for i, cell in _code_cells(path):
+            for out in cell.get("outputs", []):
+                figure = out.get("data", {}).get(PLOTLY)
+                if figure is not None and not _has_title(figure):
+                    untitled.append(f"{path.name} cell {i}")
+    assert not untitled, "plotly figures saved without a title: " + ", ".join(untitled)
+
+
 def test_every_explorer_saves_a_static_view():
     """A cell that shows an explorer (its last line builds one, or names a variable that holds
     one) saves an image of it: a saved widget view without a kernel is blank."""

@@ -500,9 +500,16 @@ case "$mode" in
     timeout -s INT ${FAM_SPEC_S:-150} python3 -P -m replaylab.bench engine-families --presets qwen3.5-9b-layers \
       --strategies snapshot,recompute,replay --batches 32 --graphs on --fused on --no-fla \
       --out "$OUT/families_fused_gdn_spec_this.json" 2>&1 | tail -12 ;;
-  suite)  # WHEELS=.whl-gpu (see above); pytest-xdist workers (SUITE_WORKERS, 8), a file at a time each
+  suite)  # WHEELS=.whl-gpu2 (tools/gpu_suite_wheels.sh); pytest-xdist workers (SUITE_WORKERS, 8) stealing
+    # tests from each other (SUITE_DIST; loadfile left test_decode_kernels.py, 5 minutes, as the tail)
     export OMP_NUM_THREADS=1  # many workers, one torch thread each (16 each swamp 16 cores)
-    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider --ignore=tests/test_browser.py -n ${SUITE_WORKERS:-8} --dist loadfile --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
+    # the tests that read or run the notebooks: CPU content, with no notebook stack carried
+    # (tools/gpu_suite_wheels.sh); SUITE_ARGS adds to these
+    ignores=""
+    for f in ${GPU_IGNORES:-test_browser test_book test_notebook_solutions test_notebook_scripts test_quiz test_caveats test_diagrams test_engine_data test_prefix_teaching test_static_figures test_widgets}; do
+      ignores="$ignores --ignore=tests/$f.py"
+    done
+    cmd="python3 -m pytest tests -q -rf -p no:cacheprovider$ignores -n ${SUITE_WORKERS:-8} --dist ${SUITE_DIST:-worksteal} --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
     { stamp "$cmd"; timeout -s INT ${SUITE_S:-540} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -40 "$OUT/gpu_tests.log"
     cp "$(python3 -c 'import transformers.models.bamba.modeling_bamba as m; print(m.__file__)')" "$OUT/" ;;

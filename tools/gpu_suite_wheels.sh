@@ -3,18 +3,19 @@
 # (it has no network), at requirements.lock's versions, into DIR (default .whl-gpu2), plus the
 # mamba-ssm source archive (tests compare against its references):
 #   bash tools/gpu_suite_wheels.sh [DIR] [PYTHON]        # PYTHON: the project's venv python
-# Carry DIR with the run (`run`'s carry; the working tree and DIR together stay under 64 MiB,
-# so hf_xet, which no test needs, is left out, and kernels, which transformers imports only
-# where it is installed: since 2026-12-07 the tree and the full set passed the limit) and
-# install it there with
+# Carry DIR with the run (`run`'s carry; the working tree and DIR together stay under 64 MiB)
+# and install it there with
 #   WHEELS=DIR bash tools/gpu_session.sh suite
+# Left out for room: hf_xet, which no test needs, and the notebook-format stack (jupytext,
+# nbformat, jsonschema and theirs), whose tests read notebooks and skip or are ignored on the
+# GPU (the suite mode's GPU_IGNORES). kernels stays: transformers 5.25's from_pretrained
+# refuses to load without it, and without it the checkout's own kernels/ folder is what
+# `import kernels` finds from the root (the suite of c01327c failed 40 tests so).
 set -euo pipefail
 dir=${1:-.whl-gpu2}; py=${2:-.venv/bin/python}
 root=$(cd "$(dirname "$0")/.." && pwd)
 packages=(einops huggingface-hub httpx2 httpcore2 truststore anyio h11 idna hypothesis
-  sortedcontainers safetensors tokenizers tqdm transformers
-  nbformat jupytext fastjsonschema jsonschema jsonschema-specifications jupyter-core traitlets
-  markdown-it-py mdit-py-plugins mdurl referencing rpds-py attrs platformdirs pyyaml)
+  sortedcontainers kernels tomlkit safetensors tokenizers tqdm transformers pyyaml)
 pins=()
 for p in "${packages[@]}"; do
   pin=$(grep -i "^$p==" "$root/requirements.lock" | cut -d' ' -f1) \

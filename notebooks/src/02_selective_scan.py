@@ -113,7 +113,8 @@ print("continued outputs identical:", torch.equal(rest.y, whole.y[:, c:]))
 norms = whole.states[0].flatten(2).norm(dim=-1)  # (T, H)
 fig = go.Figure([go.Scatter(y=norms[:, h].tolist(), name=f"head {h}") for h in range(H)])
 fig.add_vline(x=c - 1, line_dash="dot", annotation_text="checkpoint c")
-fig.update_layout(xaxis_title="token", yaxis_title="‖S_t‖ (Frobenius)", height=350)
+fig.update_layout(title="The state's size per head, token by token", xaxis_title="token",
+                  yaxis_title="‖S_t‖ (Frobenius)", height=350)
 fig.show()
 
 # %% [markdown]

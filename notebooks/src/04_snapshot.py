@@ -103,7 +103,8 @@ for policy in ("lru", "cost"):
     sel = [r for r in outcomes if r["policy"] == policy]
     fig.add_bar(x=[f"{r['budget_fraction']:.0%}" for r in sel], y=[r["recomputed_tokens"] for r in sel],
                 name=policy)
-fig.update_layout(xaxis_title="budget (fraction of the unbudgeted peak)",
+fig.update_layout(title="Tokens re-run after evictions, by policy and budget",
+                  xaxis_title="budget (fraction of the unbudgeted peak)",
                   yaxis_title="tokens re-run to rebuild evicted states", barmode="group", height=350)
 fig.show()
 

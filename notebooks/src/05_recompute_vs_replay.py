@@ -100,7 +100,8 @@ fig = go.Figure()
 for strategy, sel in rows.items():
     fig.add_scatter(x=[r["distance"] for r in sel], y=[r["seconds"] * 1e3 for r in sel],
                     name=strategy, mode="lines+markers")
-fig.update_layout(xaxis_title="distance from the checkpoint (tokens)",
+fig.update_layout(title="Restore cost against the distance from the checkpoint",
+                  xaxis_title="distance from the checkpoint (tokens)",
                   yaxis_title="ms for restore + one step", height=350)
 fig.show()
 

@@ -83,7 +83,8 @@ for folder in (TARGET, DRAFT):
         fig.add_scatter(x=[p["tokens"] / 1e6 for p in held], y=[p["heldout_loss"] for p in held],
                         name=f"{folder.name} (held-out slice)", mode="lines+markers")
 fig.add_hline(y=b["loss"], line_dash="dot", annotation_text="bigram baseline (held-out)")
-fig.update_layout(xaxis_title="training tokens (millions)", yaxis_title="loss (nats / token)",
+fig.update_layout(title="Training loss of the target and the draft model",
+                  xaxis_title="training tokens (millions)", yaxis_title="loss (nats / token)",
                   yaxis_range=[0, 8], height=380)
 fig.show()
 
@@ -158,7 +159,8 @@ for label, rec, r in (("draft model", model_drafter, res_draft), ("prompt lookup
     fig.add_bar(y=[x["accepted"] for x in rec.rounds],
                 name=f"{label}: {r.accepted}/{r.proposed} = {r.acceptance_rate:.2f}, "
                      f"{len(rec.rounds)} rounds, {r.restores} restores")
-fig.update_layout(xaxis_title="round", yaxis_title="drafts accepted (of k = 4)", height=340)
+fig.update_layout(title="Drafts accepted per round: draft model against prompt lookup",
+                  xaxis_title="round", yaxis_title="drafts accepted (of k = 4)", height=340)
 fig.show()
 
 # %% [markdown]

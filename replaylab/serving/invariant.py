@@ -16,6 +16,8 @@ per query row).
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -23,6 +25,13 @@ __all__ = ["RowInvariantLinear", "row_invariant_attention"]
 
 
 _SUMS = {torch.sum, torch.Tensor.sum, torch.mean, torch.Tensor.mean}
+
+
+def _triton_runs(x):
+    """Whether Triton can launch on x: a GPU tensor, or a CPU one under the interpreter (on a
+    GPU machine the interpreter is off, and a CPU engine's products and sums go row by row
+    through torch instead, as invariant to the rows beside them)."""
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _last_dim_only(x, args, kwargs):
@@ -43,8 +52,9 @@ class RowInvariantLinear(TorchFunctionMode):
     fused path's tests, where torch's CPU sums round by the row count). ``row_by_row=True``:
     on CPU each row's product is its own (1, K) product, whose bits depend neither on the row
     count nor on the row's place among the rows (the interpreter's blocks round a row by its
-    place in them; ``prefill_many`` seats prompts at any offset). Every other function runs
-    unchanged."""
+    place in them; ``prefill_many`` seats prompts at any offset). CPU tensors with the
+    interpreter off (a CPU engine on a GPU machine) take both row by row through torch. Every
+    other function runs unchanged."""
 
     def __init__(self, every_device=False, row_by_row=False):
         super().__init__()
@@ -57,7 +67,7 @@ class RowInvariantLinear(TorchFunctionMode):
 
             x, weight = args[0], args[1]
             bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            if self.row_by_row and not x.is_cuda and x.numel():
+            if (self.row_by_row or not _triton_runs(x)) and not x.is_cuda and x.numel():
                 rows = x.reshape(-1, x.shape[-1])
                 out = torch.stack([func(row[None], weight)[0] for row in rows])
                 out = out.reshape(*x.shape[:-1], weight.shape[0])
@@ -68,9 +78,14 @@ class RowInvariantLinear(TorchFunctionMode):
             x = args[0]
             on_device = x.is_cuda or self.every_device
             if on_device and x.is_floating_point() and x.dim() and _last_dim_only(x, args, kwargs):
-                from replaylab.kernels.matmul import row_sum
+                if _triton_runs(x):
+                    from replaylab.kernels.matmul import row_sum
 
-                out = row_sum(x)
+                    out = row_sum(x)
+                else:  # each row alone, fp32 accumulation as row_sum's
+                    rows = x.reshape(-1, x.shape[-1])
+                    out = torch.stack([row.float().sum() for row in rows]).to(x.dtype)
+                    out = out.reshape(x.shape[:-1])
                 if func in (torch.mean, torch.Tensor.mean):
                     out = out / x.shape[-1]
                 keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
