@@ -7,8 +7,12 @@ Modules (ARCHITECTURE.md says how they fit):
     model, kv, cache, strategies    the hybrid LM (NemotronH, Bamba, Jamba, Qwen3-Next,
                                     Qwen3.5), the KV cache, one cache API over the strategies
     replay_ops, kernels             replay in PyTorch for any family; Triton kernels (Mamba-2, -1)
-    engine                          the CUDA-graphed decode path over preallocated pools
-    decoding, generate, train, cli  workloads; ``replaylab generate`` / ``train`` / ``bench``
+    serving                         the engine: CUDA-graphed decode over preallocated pools,
+                                    the scheduler, the prefix cache on the engine
+    prefix                          the teaching cache's prefix cache (a tree of blocks)
+    decoding, generate, cli         workloads; ``replaylab generate`` / ``train`` / ``bench``
+    train, training                 the trained pair's recipe; its corpus, tokenizer, loop
+    hf                              replay and recompute as transformers' own cache layers
     costmodel, shapes, families     predictions, published shapes, per-family byte counts
     bench, results                  the benchmark harness; committed data
     testing                         oracles for tests, notebooks and CPU benchmarks

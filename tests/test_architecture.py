@@ -438,3 +438,22 @@ def test_the_command_lists_its_subcommands_and_version(capsys):
     if not torch.cuda.is_available():  # on a GPU this would run (and write) the benchmark
         missing = run("bench", "kernels", "--out", os.devnull)
         assert missing.returncode != 0 and "no CUDA device" in missing.stderr
+
+
+def test_the_package_docstring_lists_every_module_and_no_other():
+    """``replaylab``'s docstring is the map a reader opens first (``help(replaylab)``): each
+    top-level module or package appears in its table, and each name it lists exists."""
+    import pkgutil
+    import re
+
+    import replaylab
+
+    modules = {m.name for m in pkgutil.iter_modules(replaylab.__path__) if m.name[0] != "_"}
+    modules.add("kernels")  # a namespace folder, which iter_modules skips
+    table = replaylab.__doc__.split("Modules", 1)[1]
+    listed = set()
+    for line in table.splitlines():
+        names = re.match(r"    ((?:\w+, )*\w+)  ", line)
+        if names:
+            listed.update(names.group(1).split(", "))
+    assert listed == modules, (sorted(modules - listed), sorted(listed - modules))

@@ -235,6 +235,7 @@
 
 # %%
 # NBVAL_CHECK_OUTPUT
+import importlib
 import os
 import pkgutil
 
@@ -242,8 +243,13 @@ import torch
 
 import replaylab
 
-print("modules:", ", ".join(sorted(m.name for m in pkgutil.iter_modules(replaylab.__path__)
-                                  if not m.name.startswith("_"))))
+# kernels/ is a folder without __init__.py (a namespace package), which iter_modules skips
+modules = sorted(m.name for m in pkgutil.iter_modules(replaylab.__path__)
+                 if not m.name.startswith("_")) + ["kernels"]
+for name in modules:  # an import that fails stops here, with its error
+    importlib.import_module(f"replaylab.{name}")
+importlib.import_module("replaylab.kernels.mamba2")
+print("modules, each imported:", ", ".join(modules))
 
 # %%
 # NBVAL_IGNORE_OUTPUT
@@ -317,12 +323,15 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 #   NemotronH, Bamba, Jamba, Qwen3-Next and Qwen3.5 (loads their weights); each layer family is a
 #   mixer that owns its state spec.
 # * `recurrent` — the recurrent-layer interface: what a layer's memory is and how it folds.
+# * `replay_ops` — replay in plain PyTorch for the families without a Triton kernel (Mamba-1,
+#   Gated DeltaNet): the fold and the outputs from the checkpoint.
 # * `kv`, `cache`, `strategies` — the KV cache, the hybrid cache API, one module per state
 #   strategy (snapshot, recompute, replay) behind one store interface.
 # * `decoding` — greedy, speculative, beam, best-of-n, tree search, written against the cache.
 # * `serving` — the fast path: preallocated pools and CUDA-graphed steps (`DecodeEngine`), `Request`,
 #   `rollback_cursor`, `Scheduler` (continuous batching under one byte budget, FCFS).
-# * `train` — the trained pair in `data/models/` (`replaylab train`).
+# * `train`, `training` — the trained pair in `data/models/` (`replaylab train`): the recipe;
+#   the corpus, tokenizer and training loop.
 # * `prefix` — a prefix cache for the teaching cache: a tree of blocks holding KV, states and (replay)
 #   logs, so a request resumes from a shared prefix at any position (`replaylab bench prefix`;
 #   notebook 14).
