@@ -93,7 +93,26 @@ def _in_place(pos, log_len, last, keep):
     for i, (lst, k) in enumerate(zip(last, keep)):
         pos[i] -= lst - k
         log_len[i] -= lst - k
-    return pos, log_len
+    return list(pos), list(log_len)
+
+
+def _fractional(pos, log_len, last, keep):
+    """Right numbers plus 0.9 (int() would cut 12.9 to 12)."""
+    drop = [lst - k for lst, k in zip(last, keep)]
+    return [p - d + 0.9 for p, d in zip(pos, drop)], [n - d + 0.9 for n, d in zip(log_len, drop)]
+
+
+def _as_strings(pos, log_len, last, keep):
+    drop = [lst - k for lst, k in zip(last, keep)]
+    return [str(p - d) for p, d in zip(pos, drop)], [str(n - d) for n, d in zip(log_len, drop)]
+
+
+def _returns_its_arguments(pos, log_len, last, keep):
+    """Right numbers, but where nothing is dropped the engine's own lists come back."""
+    if all(lst == k for lst, k in zip(last, keep)):
+        return pos, log_len
+    drop = [lst - k for lst, k in zip(last, keep)]
+    return [p - d for p, d in zip(pos, drop)], [n - d for n, d in zip(log_len, drop)]
 
 
 # ------------------------------------------------------------------ the provisional room
@@ -112,6 +131,15 @@ def _target_room(pos, log_len, L, max_len):
 
 def _ignores_max_len(pos, log_len, L, max_len):
     return L - (log_len if log_len < L else 0)
+
+
+def _at_least_one(pos, log_len, L, max_len):
+    """Right, except that a full slot gets a token of room."""
+    return max(1, min(L - (log_len if log_len < L else 0), max_len - pos))
+
+
+def _in_an_array(pos, log_len, L, max_len):
+    return np.array([min(L - (log_len if log_len < L else 0), max_len - pos)])
 
 
 # ------------------------------------------------------------------ the admission rule
@@ -156,6 +184,11 @@ CURSOR, ADMISSION, ROOM = check_rollback_cursor, check_admission_rule, check_pro
         (CURSOR, _forgets_the_log, r"new_log_len of slot 0 expected .* the log moves back with"),
         (CURSOR, _counts_accepted_drafts, r"new_pos of slot 0 expected 10, got 9"),
         (CURSOR, _in_place, r"your function changed its arguments"),
+        (CURSOR, _fractional, r"expected whole numbers of tokens, got \[10\.9\]"),
+        (CURSOR, _as_strings, r"expected whole numbers of tokens, got \['10'\]"),
+        (CURSOR, _returns_its_arguments, r"returned one of its argument lists; return new"),
+        (ROOM, _at_least_one, r"pos=100, log_len=4, L=16, max_len=100: expected 0, got 1"),
+        (ROOM, _in_an_array, r"expected a number of tokens \(int\), got array\(\[4\]\)"),
         (ROOM, _no_fold_at_all, r"log_len=5, L=5.*expected 5, got 0 \(a full log is folded"),
         (ROOM, _target_room, r"log_len=1, L=5.*expected 4, got 3 \(the log holds 1 of L=5"),
         (ROOM, _ignores_max_len, r"pos=98.*expected 2, got 14 \(max_len binds"),
@@ -188,11 +221,15 @@ def _rate(a, seconds, k):
         (lambda a, s: max(range(len(s) - 1), key=lambda k: _rate(a, s[1:], k)), "expected"),
         (lambda a, s: len(s), "k must be one of 0 .."),
         (lambda a, s: "two", "expected a number of drafts"),
+        (
+            lambda a, s: min(range(len(s)), key=lambda k: -(1 - a ** (k + 1)) / (1 - a) / s[k]),
+            "ZeroDivisionError",
+        ),  # the closed form, unguarded at acceptance 1
     ],
 )
 def test_wrong_choices_of_k_fail_with_what_they_got_wrong(wrong, says, capsys):
     """The largest k always, ties to the larger k, E(k) without its 1, the times shifted by
-    one k, a k past the last time, not a number."""
+    one k, a k past the last time, not a number, (1 - a^(k+1)) / (1 - a) at a = 1."""
     assert check_best_k(wrong) is False
     out = _out(capsys)
     assert "FAIL best k" in out and says in out, out

@@ -229,8 +229,8 @@ def whole_number(answer):
         if answer.numel() != 1:
             return None
         answer = answer.item()
-    if isinstance(answer, (bool, np.bool_)):
-        return None
+    if isinstance(answer, (bool, np.bool_)) or (isinstance(answer, np.ndarray) and answer.ndim):
+        return None  # a boolean, or an array of one value ([4] is not 4)
     try:
         return operator.index(answer)  # ints of any size, numpy ints, exactly
     except TypeError:

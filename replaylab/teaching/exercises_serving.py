@@ -57,10 +57,14 @@ def _cursor_cases(n_random, seed):
 
 
 def _ints(values, name, n):
-    values = [int(v) for v in values]
-    if len(values) != n:
-        raise ValueError(f"{name}: {len(values)} values for {n} slots")
-    return values
+    """values as ints, one per slot; a string, a fraction or a bool is refused by name."""
+    given = list(values)
+    out = [None if isinstance(v, str) else whole_number(v) for v in given]
+    if None in out:
+        raise ValueError(f"{name}: expected whole numbers of tokens, got {given!r}")
+    if len(out) != n:
+        raise ValueError(f"{name}: {len(out)} values for {n} slots")
+    return out
 
 
 @guarded("rollback cursor")
@@ -87,6 +91,13 @@ def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
             )
         if got is None:
             return report(name, False, "not done yet (the function returned None)")
+        if any(x is given[k] for x in got for k in ("pos", "log_len")):
+            return report(
+                name,
+                False,
+                f"on {where}: your function returned one of its argument lists; return new "
+                "lists (the engine's own lists are its state)",
+            )
         try:
             got_pos, got_log = got
             n = len(case["pos"])
@@ -139,13 +150,14 @@ def _room_cases(n_random, seed):
         dict(pos=25, log_len=5, L=5, max_len=100),  # a full log: the next step folds it first
         dict(pos=16, log_len=0, L=16, max_len=100),  # just folded
         dict(pos=98, log_len=2, L=16, max_len=100),  # max_len binds
+        dict(pos=100, log_len=4, L=16, max_len=100),  # a full slot: no room at all
     ]
     rng = random.Random(seed)
     for _ in range(n_random):
         L = rng.choice([1, 2, 3, 4, 5, 8, 16, 64])
         log_len = rng.randint(0, L)
         pos = L * rng.randint(0, 300 // L) + log_len  # the checkpoint on the grid of L
-        fixed.append(dict(pos=pos, log_len=log_len, L=L, max_len=pos + rng.randint(1, 40)))
+        fixed.append(dict(pos=pos, log_len=log_len, L=L, max_len=pos + rng.randint(0, 40)))
     return fixed
 
 
@@ -161,6 +173,12 @@ def check_provisional_room(fn, cases=300, seed=0) -> bool:
         got, failed = _answer(name, fn, args, where)
         if failed is not None:
             return failed
+        count = None if isinstance(got, str) else whole_number(got)
+        if count is None:
+            return report(
+                name, False, f"on {where}: expected a number of tokens (int), got {got!r}"
+            )
+        got = count
         if got == want:
             continue
         pos, log_len, L, max_len = case["pos"], case["log_len"], case["L"], case["max_len"]
@@ -177,7 +195,7 @@ def check_provisional_room(fn, cases=300, seed=0) -> bool:
                 "next fold, and a fold of a drafted entry could not be given back"
             )
         return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
-    return report(name, True, f"{cases + 4} cases give the engine's provisional room")
+    return report(name, True, f"{cases + 5} cases give the engine's provisional room")
 
 
 def _admission_cases(n_random, seed):
@@ -253,6 +271,7 @@ def _best_k_cases(n_random, seed):
         dict(acceptance=0.9, seconds=[1.0, 2.0, 3.0, 4.0, 5.0]),  # FLOPs bind: a row, a step
         dict(acceptance=0.0, seconds=[1.0, 1.0, 1.0]),  # nothing accepted: a tie, take k = 0
         dict(acceptance=0.7, seconds=[1.0, 1.2, 1.5, 1.9, 2.4]),  # in between: k = 2
+        dict(acceptance=1.0, seconds=[1.0, 1.5, 2.0, 2.5]),  # every draft kept: k + 1 tokens
     ]
     rng = random.Random(seed)
     for _ in range(n_random):
@@ -260,7 +279,8 @@ def _best_k_cases(n_random, seed):
         for _ in range(rng.randint(1, 8)):  # a round never gets cheaper with more drafts
             seconds.append(round(t, 4))
             t += rng.uniform(0.0, 1.2) * seconds[0]
-        fixed.append(dict(acceptance=round(rng.random(), 3), seconds=seconds))
+        a = rng.choice([0.0, 1.0]) if rng.random() < 0.1 else round(rng.random(), 3)
+        fixed.append(dict(acceptance=a, seconds=seconds))
     return fixed
 
 
@@ -299,7 +319,7 @@ def check_best_k(fn, cases=300, seed=0) -> bool:
                 f"{geometric_tokens(got, a):.4g} in {seconds[got]} s ({rate[got]:.4g})"
             )
         return report(name, False, f"on {where}: expected {want}, got {got} ({why})")
-    return report(name, True, f"{cases + 4} cases give the library's best k")
+    return report(name, True, f"{cases + 5} cases give the library's best k")
 
 
 def _accepted_cases(n_random, seed):
