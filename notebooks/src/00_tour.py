@@ -26,10 +26,10 @@
 # | 10 The trained model | real text, a real draft model, real acceptance | 25 |
 # | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 65 |
 # | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 30 |
-# | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 35 |
+# | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 95 |
 # | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 40 |
 # | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 45 |
-# | **total** | | **615 (10 h 15 min)** |
+# | **total** | | **675 (11 h 15 min)** |
 #
 # **How the minutes were set.** Executing a notebook is the small part: every one runs top to
 # bottom in seconds on a 2-core CPU (timed with `jupyter nbconvert --to notebook --execute`, one
@@ -43,8 +43,8 @@
 #
 # ## Time budgets and two short paths
 #
-# The minutes in the table are the whole sequence: **615 minutes of reading and exercises (10 h 15
-# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 270 minutes; the appendix,
+# The minutes in the table are the whole sequence: **675 minutes of reading and exercises (11 h 15
+# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 330 minutes; the appendix,
 # 15, 45 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
 # says which exercises a path skips (marked *optional*).
 #
@@ -177,7 +177,7 @@
 # * Map snapshot, recompute's interval, replay's log length, budgets and draft length onto what
 #   vLLM and SGLang expose for hybrid models.
 #
-# **13 Serving (35 min)**
+# **13 Serving (95 min)**
 # * Step a ragged batch and roll each slot back by its own keep; write the rollback cursor.
 # * Count what a slot holds per strategy; write the FCFS admission rule under one byte budget.
 # * Serve a Poisson stream whose tokens equal each request alone; read time to first token, time
@@ -289,7 +289,7 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # | $m$ | tokens per chunk in that form | 11 |
 # | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12, 15 |
 # | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 06, 07, 09, 11, 13, 15 |
-# | $\alpha$ | (07 only, no subscript) the chance that a draft is accepted | 07 |
+# | $\alpha$ | (no subscript) the chance that a draft is accepted, once the drafts before it were | 07, 13 |
 # | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09, 11 |
 # | $b$ | the batch: in a kernel, the sequence a program works on (program `(b, h)`: sequence $b$, head $h$); in a loop over measured runs, the batch size | 06, 09, 11, 15 |
 # | $n_{\mathrm{blk}}$ | a prefix cache's block size: tokens per node of its tree (`block_size`) | 14 |

@@ -17,7 +17,7 @@
 # a draft model drafting for every request at once), and read TTFT / TPOT distributions and the
 # speculation crossover with the cost model's prediction beside it.
 #
-# **Time:** about 35 minutes.
+# **Time:** about 95 minutes.
 #
 # ## Prerequisites
 # Notebooks 04-05 (snapshot, recompute and replay), 07 (speculative decoding and rollback) and
@@ -117,8 +117,9 @@ for L in (8, 16, 32):
 #
 # ## 2. Rolling back is a cursor move
 #
-# A verify round feeds the pending token and k drafts; the target agrees with the first a drafts
-# of slot i, so the slot keeps $\text{keep}_i = 1 + a_i$ of its $\text{last}_i$ tokens and drops
+# A verify round feeds the pending token and k drafts; the target agrees with the first
+# $k_{\mathrm{acc}}$ drafts of slot i, so the slot keeps $\text{keep}_i = 1 + k_{\mathrm{acc}}$ of
+# its $\text{last}_i$ tokens and drops
 # the rest:
 #
 # $$\text{drop}_i = \text{last}_i - \text{keep}_i,\qquad
@@ -402,14 +403,40 @@ print(f"{path}: {result['model']} on {result['device']} ({'GPU' if gpu else 'CPU
       f"{result['date']}")
 for strategy, row in result["strategies"].items():
     for mode, m in row["modes"].items():
-        rate = m.get("sustainable_rate")
+        rate, probes = m.get("sustainable_rate"), m.get("rate_probes") or []
+        if rate is None and probes:  # no rate tried met the objective
+            low = min(p["rate"] for p in probes)
+            rate_text = f"  sustainable: none of {len(probes)} rates tried, down to {low:.1f} req/s"
+        else:
+            rate_text = "  sustainable: not searched" if rate is None else f"  sustainable {rate:.1f} req/s"
         acc = m["acceptance"]
         print(f"{strategy:9s} {mode:9s} TTFT p50/p99 {1e3 * m['ttft_s']['p50']:7.2f}/{1e3 * m['ttft_s']['p99']:7.2f} ms"
               f"  TPOT p50/p99 {1e3 * m['tpot_s']['p50']:6.2f}/{1e3 * m['tpot_s']['p99']:6.2f} ms"
               f"  {m['tokens_per_s']:8.0f} tok/s"
               + ("" if acc is None else f"  acceptance {acc:.2f}")
-              + ("" if rate is None else f"  sustainable {rate:.1f} req/s"))
+              + rate_text)
     print(f"{strategy:9s} pool bytes per slot {row['pool_bytes_per_slot']:,}")
+
+# %% [markdown]
+# Two things to read in that table. The acceptance it prints is drafts accepted over drafts
+# proposed, not the synthetic drafter's setting: a round ends at its first rejection, so at 0.8 a
+# draft and k = 4 a round keeps 0.8 + 0.8² + 0.8³ + 0.8⁴ = 2.36 of its 4 drafts on average, 0.59
+# of them (the rounds the fold grid clips move it a little). Prompt lookup proposes thousands of
+# drafts (each prompt repeats its first half) and almost none are accepted: the model here has
+# random weights, and its greedy tokens do not copy the prompt as a trained model's would (10
+# measures lookup on the trained model). And a strategy with no sustainable rate met the
+# objective at none of the rates tried (the search halves the rate from the stream's top rate
+# and stops at the lowest).
+#
+# Discussion (2) below asks what a rejected draft costs each strategy's rollback; the file
+# records it:
+
+# %%
+for strategy, row in result["strategies"].items():
+    rb = row["modes"]["synthetic"]["rollback"]
+    ms = rb["ms_per_rejected_draft"]
+    print(f"{strategy:9s} rollback: {rb['rejected_drafts']} drafts rejected, "
+          + ("none timed" if ms is None else f"{ms:.3f} ms per rejected draft"))
 
 # %% [markdown]
 # The distributions behind those percentiles, one point per request of the measured stream:
@@ -438,7 +465,10 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # Reading it: below the line at 1, speculation is slower than plain decoding. The last line per
 # strategy is the measured side of "compute-bound": a (k+1)-token verify step costs about what
 # a decode step costs while the step is bound by reading weights and state (a ratio near 1),
-# and up to k + 1 = 5 times as much once its matrix products are bound by FLOPs. The dashed lines
+# and, by its FLOPs, up to k + 1 = 5 times as much once its matrix products are bound by them.
+# A ratio above 5, as snapshot's at the largest batch of the GPU file, is time the two terms do
+# not explain (snapshot's verify also writes a state copy for every verified token, but that is
+# not ten decode steps of bytes; this notebook does not profile it). The dashed lines
 # are the cost model for an H200 (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
 # L = 16); on the CPU smoke run the measured lines come from another machine and a tiny model,
 # so only the GPU file can confirm or refute the prediction.
@@ -457,10 +487,10 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 #
 # So no one k suits every batch: where a round's time barely grows with its width, the most
 # drafts win; where every extra row costs its FLOPs, fewer drafts, or none, do. A scheduler can
-# choose each round's k from what it measures. With per-draft acceptance a (a draft is right
-# with probability a once the ones before it were), a round with k drafts keeps on average
-# $E(k) = 1 + a + \dots + a^k$ tokens a sequence and takes $t_k$ seconds, so it decodes
-# $E(k) / t_k$ tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
+# choose each round's k from what it measures. With per-draft acceptance $\alpha$ (a draft is
+# right with probability $\alpha$ once the ones before it were), a round with k drafts keeps on
+# average $E(k) = 1 + \alpha + \dots + \alpha^k$ tokens a sequence and takes `seconds[k]`, so it
+# decodes $E(k)$ / `seconds[k]` tokens a second a sequence; k = 0 is plain decoding ($E = 1$).
 #
 # Measured on one H100 with every slot busy (`replaylab bench spec-steady --other-k 2,3
 # --n-new 192`, the weight-matched model, replay): speculation over plain decode with each
@@ -481,8 +511,9 @@ for row in k_run["rows"]:
         for k in sorted(fixed)))
 
 # %% [markdown]
-# **Exercise (d).** Write the choice: given a and the measured round times $t_0, t_1, \dots$,
-# return the k with the most tokens a second (the smaller k on a tie).
+# **Exercise (d).** Write the choice: given $\alpha$ (`acceptance`) and the measured round times
+# `seconds[0], seconds[1], ...`, return the k with the most tokens a second (the smaller k on a
+# tie).
 
 # %% exercise="best_k" tags=["exercise"]
 def my_best_k(acceptance, seconds):
@@ -498,7 +529,7 @@ ex.check_best_k(my_best_k);
 # The scheduler makes this choice with `adaptive_k=True` (`serving.adaptive_k`): k becomes the
 # most drafts a round may take; at each batch bucket it first runs every width twice, the
 # largest first (the first round is left out: it may include a CUDA graph's capture), takes
-# the median of each width's recent rounds as $t_k$, estimates a from the drafts its rounds
+# the median of each width's recent rounds as `seconds[k]`, estimates $\alpha$ from the drafts its rounds
 # kept, and now and then re-times the width timed longest ago. Under replay its $E(k)$ also
 # counts the drafts the fold grid clips (`costmodel.tokens_per_round`). The tokens do not
 # change, whatever k a round takes. Here, section 4's stream under replay, on this machine: a
