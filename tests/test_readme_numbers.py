@@ -1296,3 +1296,37 @@ def test_the_prompt_lookup_probe_table_matches_its_file():
         f"{min(ms['e4d874c', 128, 2000]):.2f} ms, {min(ratios):.1f}-{max(ratios):.1f}x less"
         in readme
     )
+
+
+def test_the_admissions_run_and_suite_of_6288728_match_their_files():
+    data = (ROOT / "data/README.md").read_text()
+    text = " ".join(data.split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    suite = (ROOT / "data/gpu_suite_h100_6288728.log").read_text()
+    assert "tree of commit 6288728" in suite and "--dist worksteal" in suite
+    assert "1482 passed, 64 skipped, 2 xfailed, 4 warnings in 180.39s" in suite
+    assert "**1,482 passed, 64 skipped, 2 xfailed in 180 s**" in text
+    runs = {
+        arm: json.loads(
+            (ROOT / f"data/bench_spec_steady_admissions_{arm}_h100_6288728.json").read_text()
+        )  # fmt: skip
+        for arm in ("alone", "together")
+    }
+    assert "--batched-admission" in runs["together"]["command"]
+    assert "--batched-admission" not in runs["alone"]["command"]
+    admit, steady = [], []
+    for a, t in zip(runs["alone"]["rows"], runs["together"]["rows"]):
+        assert a["batch"] == t["batch"] and a["speculative_equal_greedy"] and t["speculative_equal_greedy"]  # fmt: skip
+        for arm, label in (("plain", "plain"), ("speculative", "k = 4")):
+            x, y = a[arm], t[arm]
+            admit.append(y["admitting_s"] / x["admitting_s"])
+            steady.append(y["steady_tokens_per_s"] / x["steady_tokens_per_s"])
+            cells = (
+                f"| {a['batch']} | {label} | {x['admitting_s']:.2f} s | {y['admitting_s']:.2f} s "
+                f"({admit[-1]:.2f}x) | {x['tokens_per_s']:,.0f} tok/s | {y['tokens_per_s']:,.0f} "
+                f"({y['tokens_per_s'] / x['tokens_per_s']:.2f}x) | {steady[-1]:.2f}x |"
+            )
+            assert cells in data, cells
+    assert f"moved by {100 * (min(steady) - 1):.0f}-{100 * (max(steady) - 1):.0f}% between" in text
+    assert f"admitting time by {min(admit):.2f}-{max(admit):.2f}x" in readme
+    assert f"it took {100 * (admit[4] - 1):.0f}% longer" in text  # batch 128, plain
