@@ -182,9 +182,8 @@ def _acceptance_probs(k, acceptance) -> list:
     """The k per-draft probabilities of ``acceptance`` (one probability or k), checked."""
     probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
     if len(probs) != k or not all(0 <= p <= 1 for p in probs):
-        raise ValueError(
-            f"acceptance: expected a probability or {k} probabilities in [0, 1], got {acceptance}"
-        )
+        some = "a probability in [0, 1]" if k == 1 else f"a probability or {k} probabilities in [0, 1]"  # fmt: skip
+        raise ValueError(f"acceptance: expected {some}, got {acceptance}")
     return probs
 
 

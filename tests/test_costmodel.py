@@ -80,6 +80,10 @@ def test_expected_accepted():
     assert math.isclose(cm.expected_accepted(2, (0.9, 0.5)), 0.9 + 0.45)
     with pytest.raises(ValueError, match=r"acceptance: expected a probability or 3"):
         cm.expected_accepted(3, (0.5, 0.5))
+    with pytest.raises(
+        ValueError, match=r"acceptance: expected a probability in \[0, 1\], got 1.5"
+    ):
+        cm.expected_accepted(1, 1.5)  # not "a probability or 1 probabilities"
 
 
 def test_tokens_per_round_is_one_plus_accepted_with_room_and_less_at_the_fold_grid():

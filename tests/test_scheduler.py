@@ -299,15 +299,22 @@ def test_the_rollback_cursor_is_the_engines(strategy):
         counts = [rng.randint(1, engine.room(s)) for s in range(3)]  # replay: up to its fold
         engine.step(torch.randint(0, VOCAB, (3, 5)), counts)
         keep = [rng.randint(1, c) for c in counts]
-        want = rollback_cursor(engine.pos, engine.log_len, engine.last, keep)
+        logged = engine.log_len if strategy == "replay" else None  # the others keep no log
+        want = rollback_cursor(engine.pos, logged, engine.last, keep)
         engine.rollback(keep)
         assert (engine.pos, engine.last) == (want[0], want[2])
         if strategy == "replay":
             assert engine.log_len == want[1]
     with pytest.raises(ValueError, match=r"keep of slot 1: expected 1 <= keep of slot 1 <= 2"):
-        rollback_cursor([5, 5], [1, 1], [3, 2], [1, 3])
+        rollback_cursor([5, 5], [3, 3], [3, 2], [1, 3])
     with pytest.raises(ValueError, match=r"keep: expected 2 values, one per slot, got 1"):
-        rollback_cursor([5, 5], [1, 1], [3, 2], [1])
+        rollback_cursor([5, 5], [3, 3], [3, 2], [1])
+    # a slot cannot hold fewer tokens or log entries than its last step took (learners' -4)
+    with pytest.raises(ValueError, match=r"slot 0: log_len=0 but its last step took last=5"):
+        rollback_cursor([10], [0], [5], [1])
+    with pytest.raises(ValueError, match=r"slot 0: pos=2 but its last step took last=3"):
+        rollback_cursor([2], None, [3], [1])
+    assert rollback_cursor([10], None, [5], [2]) == ([7], None, [2])
 
 
 def test_make_stream_is_seeded_and_poisson_shaped():
@@ -486,8 +493,14 @@ def test_an_admission_rule_can_be_plugged_in_and_cannot_break_the_budget():
     sched = Scheduler(engine, budget_bytes=budget, admission=greedy_rule)
     for r in _requests("decode", [0.0] * len(PROMPTS)):
         sched.add(r)
-    with pytest.raises(ValueError, match=r"admission: the rule's answer: expected 0 <= "):
+    with pytest.raises(ValueError, match=r"admission: the rule admitted n=9; expected 0 <= n <= 3 \(9 requests arrived, 3 slots free\)"):  # fmt: skip
         sched.step()
+    assert engine.batch == 0 and sched.used == 0 and len(sched.waiting) == len(PROMPTS)
+    sched = Scheduler(engine, admission=lambda needs, used, budget, free: 0)  # never moves
+    for r in _requests("decode", [0.0] * len(PROMPTS)):
+        sched.add(r)
+    with pytest.raises(ValueError, match=r"admitted none of 9 arrived requests with none running"):
+        sched.run(max_steps=50)  # it looped forever (50 steps: a failure, not a hang)
     assert engine.batch == 0 and sched.used == 0 and len(sched.waiting) == len(PROMPTS)
     sched = Scheduler(
         engine, budget_bytes=budget, admission=lambda needs, used, budget, free: min(2, free)
@@ -594,3 +607,19 @@ def test_on_a_gpu_the_captures_recorded_are_the_engines_and_a_warm_engine_captur
     graphs = len(engine.runner.captured) + len(engine.runner.rollbacks)  # steps, rollbacks
     assert first == engine.stats.graph_captures == graphs and engine.runner.rollbacks
     assert serve() == 0
+
+
+def test_the_budget_functions_refuse_negative_counts_by_name():
+    """Found by a learner: these returned numbers for a negative request or budget."""
+    from replaylab.serving.budget import SlotBytes
+
+    sizes = SlotBytes(100, 10, 8)
+    with pytest.raises(ValueError, match=r"k: expected 0 <= k, got -1"):
+        request_bytes(sizes, 4, 3, k=-1)
+    with pytest.raises(ValueError, match=r"prompt_len: expected 1 <= prompt_len, got 0"):
+        request_bytes(sizes, 0, 3)
+    with pytest.raises(ValueError, match=r"needs\[0\] = -5; expected bytes >= 0"):
+        admissible([-5, 20], 0, 10, 3)
+    with pytest.raises(ValueError, match=r"expected free_slots >= 0, got -1"):
+        admissible([1], 0, 10, -1)
+    assert request_bytes(sizes, 4, 3, k=2) == 100 + 10 * 8 and admissible([4, 4], 2, 10, 3) == 2

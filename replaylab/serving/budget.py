@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from replaylab.validation import as_int
+
 __all__ = ["SlotBytes", "slot_bytes", "request_bytes", "admissible"]
 
 
@@ -55,7 +57,9 @@ def request_bytes(sizes: SlotBytes, prompt_len, max_new_tokens, k=0, kv_accounti
         return sizes.slot
     if kv_accounting != "request":
         raise ValueError(f"kv_accounting: expected 'request' or 'slot', got {kv_accounting!r}")
-    rows = prompt_len + max_new_tokens - 1 + k
+    prompt_len = as_int("prompt_len", prompt_len, low=1)
+    max_new_tokens = as_int("max_new_tokens", max_new_tokens, low=1)
+    rows = prompt_len + max_new_tokens - 1 + as_int("k", k, low=0)
     return sizes.recurrent + sizes.kv_token * rows
 
 
@@ -66,10 +70,18 @@ def admissible(needs, used, budget, free_slots) -> int:
     the running requests hold; budget: the byte budget; free_slots: engine slots free. Returns
     the largest n with n <= free_slots and used + sum(needs[:n]) <= budget. First come, first
     served: a request that does not fit blocks the ones behind it (no overtaking, so a large
-    request is not starved by small ones)."""
+    request is not starved by small ones). A negative count or byte size it reads raises
+    ValueError naming it."""
+    for name, value in (("used", used), ("budget", budget), ("free_slots", free_slots)):
+        if value < 0:
+            raise ValueError(f"admissible: expected {name} >= 0, got {value}")
     n, total = 0, used
     for need in needs:
-        if n >= free_slots or total + need > budget:
+        if n >= free_slots:
+            break
+        if need < 0:
+            raise ValueError(f"admissible: needs[{n}] = {need}; expected bytes >= 0")
+        if total + need > budget:
             break
         total += need
         n += 1

@@ -33,14 +33,17 @@ def held_after_fold(log_len, L):
 
 def rollback_cursor(pos, log_len, last, keep):
     """The cursor after a rollback, per slot: lists ``pos``, ``log_len``, ``last``, ``keep``
-    (one int per slot) -> (new pos, new log_len, new last), three new lists.
+    (one int per slot; ``log_len`` None where the strategy keeps no log) -> (new pos, new
+    log_len, new last), three new lists (the second None with ``log_len``).
 
     Slot i drops ``last[i] - keep[i]`` tokens: its position and log length go back by that
     much and its last step now counts ``keep[i]`` tokens. Raises ValueError naming the slot
-    when keep[i] is outside 1 .. last[i] or the lists differ in length; the inputs are never
-    modified."""
+    when keep[i] is outside 1 .. last[i], when the slot holds fewer than last[i] tokens or log
+    entries (its last step's tokens are in both), or when the lists differ in length; the
+    inputs are never modified."""
     n = len(pos)
-    for name, values in (("log_len", log_len), ("last", last), ("keep", keep)):
+    lists = (("log_len", log_len), ("last", last), ("keep", keep))
+    for name, values in lists if log_len is not None else lists[1:]:
         if len(values) != n:
             raise ValueError(f"{name}: expected {n} values, one per slot, got {len(values)}")
     new_pos, new_log, new_last = [], [], []
@@ -50,10 +53,21 @@ def rollback_cursor(pos, log_len, last, keep):
             lst = as_int(f"last of slot {i}", lst, low=1)
             k = as_int(f"keep of slot {i}", k, 1, lst)
         drop = lst - k
+        if not pos[i] >= lst:
+            raise ValueError(
+                f"slot {i}: pos={pos[i]} but its last step took last={lst} tokens; expected "
+                "pos >= last (the slot holds the tokens of its last step)"
+            )
         new_pos.append(pos[i] - drop)
-        new_log.append(log_len[i] - drop)
+        if log_len is not None:
+            if not log_len[i] >= lst:
+                raise ValueError(
+                    f"slot {i}: log_len={log_len[i]} but its last step took last={lst} tokens; "
+                    "expected log_len >= last (a step's tokens are logged after any fold)"
+                )
+            new_log.append(log_len[i] - drop)
         new_last.append(k)
-    return new_pos, new_log, new_last
+    return new_pos, None if log_len is None else new_log, new_last
 
 
 def provisional_room(pos, log_len, L, max_len, capacity=None):

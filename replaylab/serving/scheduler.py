@@ -285,13 +285,7 @@ class Scheduler:
         needs = [r.reserved for r in arrived]
         n = self.admission(list(needs), self.used, self.budget, free)
         if self.admission is not admissible:
-            n = as_int("admission: the rule's answer", n, 0, min(free, len(needs)))
-            if self.used + sum(needs[:n]) > self.budget:
-                raise ValueError(
-                    f"admission: the rule admitted {n} requests holding "
-                    f"{self.used + sum(needs[:n])} bytes with the running ones; expected at "
-                    f"most budget_bytes={self.budget}"
-                )
+            n = _checked_admission(self, n, needs, free)
         admitted = arrived[:n]
         try:
             done = _seat(self, admitted, t0, start)
@@ -442,6 +436,32 @@ class Scheduler:
             self.step()
             steps += 1
         return list(self.finished)
+
+
+def _checked_admission(sched, n, needs, free):
+    """A custom admission rule's answer n, checked before anything changes: a count of the
+    arrived requests within the free slots and the budget, and not 0 where nothing else runs
+    and the head fits (the queue would never move)."""
+    n = as_int("admission: the rule's count n", n)
+    if not 0 <= n <= min(free, len(needs)):
+        raise ValueError(
+            f"admission: the rule admitted n={n}; expected 0 <= n <= {min(free, len(needs))} "
+            f"({len(needs)} requests arrived, {free} slots free)"
+        )
+    held = sched.used + sum(needs[:n])
+    if held > sched.budget:
+        raise ValueError(
+            f"admission: the rule admitted {n} request{'s' * (n != 1)} holding {held} bytes "
+            f"with the running ones; expected at most budget_bytes={sched.budget}"
+        )
+    idle = not sched.running and not sched.prefilling
+    if n == 0 and idle and needs and free and sched.used + needs[0] <= sched.budget:
+        raise ValueError(
+            f"admission: the rule admitted none of {len(needs)} arrived requests with none "
+            f"running, though the head ({needs[0]} bytes) fits budget_bytes={sched.budget}: "
+            "the queue would never move; expected n >= 1"
+        )
+    return n
 
 
 def _seat(sched, admitted, t0, start):

@@ -135,7 +135,7 @@ class SlotTable:
         slots = [s for s, _ in dropped]
         pos, log_len, last = rollback_cursor(
             [self.pos[s] for s in slots],
-            [self.log_len[s] for s in slots],
+            [self.log_len[s] for s in slots] if self.logged else None,
             [self.last[s] for s in slots],
             [k for _, k in dropped],
         )

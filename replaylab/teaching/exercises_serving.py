@@ -41,7 +41,7 @@ __all__ = [
 
 def _cursor_cases(n_random, seed):
     fixed = [
-        dict(pos=[10], log_len=[3], last=[5], keep=[5]),  # everything kept: nothing moves
+        dict(pos=[10], log_len=[6], last=[5], keep=[5]),  # everything kept: nothing moves
         dict(pos=[10], log_len=[5], last=[5], keep=[1]),  # only the pending token kept
         dict(pos=[12, 7, 30], log_len=[6, 2, 9], last=[5, 1, 3], keep=[2, 1, 3]),
     ]
