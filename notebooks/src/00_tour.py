@@ -231,7 +231,10 @@
 #   `python -m replaylab.bench serve --phases ragged` (`data/bench_serve_ragged.json`: where replay
 #   wins with every slot at its own position, 05, 06, 09; 13).
 #   Saved outputs of the cells that print measurements will then differ: re-execute the notebooks
-#   before committing new results.
+#   before committing new results. Some runs 13 and 15 read (`bench spec-steady`, `bench
+#   matched`, `bench matmul`) are kept per commit, the commit in the file's name (for example
+#   `data/bench_spec_steady_k_n192_h100_a0f4d0b.json`): a new run writes a new file, and the
+#   cell that reads the old one shows the old numbers until you change its path.
 
 # %%
 # NBVAL_CHECK_OUTPUT
