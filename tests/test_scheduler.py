@@ -499,9 +499,21 @@ def test_an_admission_rule_can_be_plugged_in_and_cannot_break_the_budget():
     sched = Scheduler(engine, admission=lambda needs, used, budget, free: 0)  # never moves
     for r in _requests("decode", [0.0] * len(PROMPTS)):
         sched.add(r)
-    with pytest.raises(ValueError, match=r"admitted none of 9 arrived requests with none running"):
+    with pytest.raises(
+        ValueError, match=r"admitted none of 9 waiting requests, all arrived, with none running"
+    ):
         sched.run(max_steps=50)  # it looped forever (50 steps: a failure, not a hang)
     assert engine.batch == 0 and sched.used == 0 and len(sched.waiting) == len(PROMPTS)
+
+    opened = []
+
+    def three_at_once(needs, used, budget, free_slots):  # waits for the first three arrivals
+        opened.append(opened[-1] if opened and opened[-1] else len(needs) >= 3)
+        return admissible(needs, used, budget, free_slots) if opened[-1] else 0
+
+    sched = Scheduler(engine, admission=three_at_once)
+    finished = sched.run(_requests("decode", [0.0, 0.002, 0.004] + [0.004] * (len(PROMPTS) - 3)))
+    assert sorted(r.id for r in finished) == list(range(len(PROMPTS)))
     sched = Scheduler(
         engine, budget_bytes=budget, admission=lambda needs, used, budget, free: min(2, free)
     )

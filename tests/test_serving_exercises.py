@@ -30,6 +30,16 @@ def _out(capsys):
     return capsys.readouterr().out
 
 
+def test_a_cursor_answer_in_any_pair_form_passes(capsys):
+    """A right answer returned as a zip of the two lists or as arrays passes (the check unpacks
+    it once); a number is refused by the answer's shape, not by the check's own error."""
+    right = _solution("rollback_cursor", "my_rollback_cursor")
+    assert check_rollback_cursor(lambda *a: zip(*zip(*right(*a))))
+    assert check_rollback_cursor(lambda *a: tuple(np.array(x) for x in right(*a)))
+    assert not check_rollback_cursor(lambda *a: 5)
+    assert "expected (new_pos, new_log_len), two lists" in _out(capsys)
+
+
 def test_the_reference_answers_pass(capsys):
     assert check_rollback_cursor(_solution("rollback_cursor", "my_rollback_cursor"))
     assert check_admission_rule(_solution("admission_rule", "my_admissible"))

@@ -1847,6 +1847,9 @@ def test_review_points_on_the_new_answer_checks(capsys):
 
     assert whole_number(np.True_) is None and whole_number(torch.tensor(True)) is None
     assert whole_number(10**17 + 1) == 10**17 + 1 and whole_number(np.int64(5)) == 5
+    # one value in an array is not the value, numpy or torch alike; 0-d ones are
+    assert whole_number(np.array([4])) is None and whole_number(torch.tensor([4])) is None
+    assert whole_number(np.array(4)) == 4 and whole_number(torch.tensor(4)) == 4
     model, prompt = _snapshot_model()
     assert exercises.check_rerun_at_high_acceptance(torch.tensor([20, 0]), model, prompt)
     _out(capsys)

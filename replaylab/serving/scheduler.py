@@ -440,8 +440,9 @@ class Scheduler:
 
 def _checked_admission(sched, n, needs, free):
     """A custom admission rule's answer n, checked before anything changes: a count of the
-    arrived requests within the free slots and the budget, and not 0 where nothing else runs
-    and the head fits (the queue would never move)."""
+    arrived requests within the free slots and the budget, and not 0 where nothing runs, every
+    waiting request has arrived and the head fits (the queue would never move; a rule that
+    waits for later arrivals may admit none before they come)."""
     n = as_int("admission: the rule's count n", n)
     if not 0 <= n <= min(free, len(needs)):
         raise ValueError(
@@ -454,12 +455,12 @@ def _checked_admission(sched, n, needs, free):
             f"admission: the rule admitted {n} request{'s' * (n != 1)} holding {held} bytes "
             f"with the running ones; expected at most budget_bytes={sched.budget}"
         )
-    idle = not sched.running and not sched.prefilling
+    idle = not sched.running and not sched.prefilling and len(needs) == len(sched.waiting)
     if n == 0 and idle and needs and free and sched.used + needs[0] <= sched.budget:
         raise ValueError(
-            f"admission: the rule admitted none of {len(needs)} arrived requests with none "
-            f"running, though the head ({needs[0]} bytes) fits budget_bytes={sched.budget}: "
-            "the queue would never move; expected n >= 1"
+            f"admission: the rule admitted none of {len(needs)} waiting requests, all arrived, "
+            f"with none running, though the head ({needs[0]} bytes) fits "
+            f"budget_bytes={sched.budget}: the queue would never move; expected n >= 1"
         )
     return n
 

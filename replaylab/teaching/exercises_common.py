@@ -226,7 +226,7 @@ def whole_number(answer):
     value equal to one), else None: 1474560.99 is not 1474560, and True is not 1. A value
     ``float`` cannot read raises."""
     if isinstance(answer, torch.Tensor):
-        if answer.numel() != 1:
+        if answer.dim():  # [4] is not 4, as for numpy arrays below
             return None
         answer = answer.item()
     if isinstance(answer, (bool, np.bool_)) or (isinstance(answer, np.ndarray) and answer.ndim):

@@ -91,7 +91,13 @@ def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
             )
         if got is None:
             return report(name, False, "not done yet (the function returned None)")
-        if any(x is given[k] for x in got for k in ("pos", "log_len")):
+        try:
+            got_pos, got_log = got
+        except (TypeError, ValueError) as err:
+            return report(
+                name, False, f"on {where}: expected (new_pos, new_log_len), two lists ({err})"
+            )
+        if got_pos is given["pos"] or got_log is given["log_len"]:
             return report(
                 name,
                 False,
@@ -99,7 +105,6 @@ def check_rollback_cursor(fn, cases=200, seed=0) -> bool:
                 "lists (the engine's own lists are its state)",
             )
         try:
-            got_pos, got_log = got
             n = len(case["pos"])
             got_pos, got_log = _ints(got_pos, "new_pos", n), _ints(got_log, "new_log_len", n)
         except (TypeError, ValueError) as err:
