@@ -1363,3 +1363,15 @@ def test_the_failed_suite_of_c01327c_is_counted_by_cause():
     assert f"{len(batched)} because a CPU engine" in text
     slowest = [float(m) for m in re.findall(r"^([0-9.]+)s call +tests/test_decode_kernels.py", log, re.M)]  # fmt: skip
     assert f"{sum(sorted(slowest)[-8:]):.0f} s by the failed run's durations" in text
+
+
+def test_the_final_trees_gpu_tests_of_the_changed_serving_code_match_their_logs():
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    said = []
+    for name in ("serving", "engine"):
+        log = (ROOT / f"data/gpu_tests_{name}_h100_021e082.log").read_text()
+        assert "tree of commit 021e082" in log and "NVIDIA H100" in log and "failed" not in log
+        assert "transformers 5.17.0" in log  # the image's packages, as the README says
+        passed, skipped = re.search(r"(\d+) passed, (\d+) skipped in", log).groups()
+        said.append(f"**{passed} passed, {skipped} skipped**")
+    assert f"{said[0]} and {said[1]}" in text
