@@ -16,6 +16,7 @@ byte for byte; times are a roofline: each step takes max(bytes / bandwidth, flop
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from functools import cache
 
@@ -180,9 +181,15 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
 
 def _acceptance_probs(k, acceptance) -> list:
     """The k per-draft probabilities of ``acceptance`` (one probability or k), checked."""
-    probs = [acceptance] * k if isinstance(acceptance, (int, float)) else list(acceptance)
-    if len(probs) != k or not all(0 <= p <= 1 for p in probs):
-        some = "a probability in [0, 1]" if k == 1 else f"a probability or {k} probabilities in [0, 1]"  # fmt: skip
+    some = "a probability in [0, 1]" if k <= 1 else f"a probability or {k} probabilities in [0, 1]"
+    scalar = isinstance(acceptance, numbers.Real)  # numpy scalars too
+    if isinstance(acceptance, (bool, str)) or not (scalar or hasattr(acceptance, "__len__")):
+        raise ValueError(
+            f"acceptance: expected {some}, got {type(acceptance).__name__} {acceptance!r}"
+        )
+    probs = [acceptance] * k if scalar else list(acceptance)
+    ok = all(isinstance(p, numbers.Real) and not isinstance(p, bool) and 0 <= p <= 1 for p in probs)
+    if len(probs) != k or not ok:
         raise ValueError(f"acceptance: expected {some}, got {acceptance}")
     return probs
 

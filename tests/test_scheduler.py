@@ -632,6 +632,26 @@ def test_the_budget_functions_refuse_negative_counts_by_name():
         request_bytes(sizes, 0, 3)
     with pytest.raises(ValueError, match=r"needs\[0\] = -5; expected bytes >= 0"):
         admissible([-5, 20], 0, 10, 3)
-    with pytest.raises(ValueError, match=r"expected free_slots >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"free_slots: expected 0 <= free_slots, got -1"):
         admissible([1], 0, 10, -1)
     assert request_bytes(sizes, 4, 3, k=2) == 100 + 10 * 8 and admissible([4, 4], 2, 10, 3) == 2
+    with pytest.raises(TypeError, match=r"free_slots: expected an integer, got float 1.5"):
+        admissible([1, 1, 1], 0, 10, 1.5)  # admitted 2 of "1.5" slots
+    with pytest.raises(ValueError, match=r"needs\[0\] = nan; expected bytes >= 0"):
+        admissible([float("nan")], 0, 10, 2)
+    with pytest.raises(TypeError, match=r"pos of slot 0: expected an integer, got float 10.5"):
+        rollback_cursor([10.5], [5], [3], [1])
+
+
+def test_best_k_takes_numpy_and_torch_numbers_and_refuses_words_and_booleans():
+    import numpy as np
+
+    from replaylab.serving.adaptive_k import best_k
+
+    times = [1.0, 1.2]
+    assert best_k(0.8, np.array(times, dtype=np.float32)) == best_k(0.8, times) == 1
+    assert best_k(np.float32(0.8), torch.tensor(times)) == 1
+    assert best_k(0.8, [np.int64(1), 2]) == 0
+    for bad, shown in (("0.8", "str '0.8'"), (True, "bool True")):
+        with pytest.raises(ValueError, match=f"acceptance: expected a probability in \\[0, 1\\], got {shown}"):  # fmt: skip
+            best_k(bad, times)

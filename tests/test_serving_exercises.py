@@ -222,6 +222,21 @@ def _rate(a, seconds, k):
     return sum(a**i for i in range(k + 1)) / seconds[k]
 
 
+def test_a_tie_hint_shows_the_right_tokens_a_round():
+    """An E(k) one term short picks k = 1 where k = 0 and 1 tie under the right E: the hint
+    says so with the right E(k), so the learner sees the formula, not only the tie rule."""
+    import contextlib
+    import io
+
+    short = lambda a, s: max(  # noqa: E731
+        range(len(s)), key=lambda k: ((1 + sum(a**i for i in range(k))) / s[k], -k)
+    )
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert check_best_k(short) is False
+    assert "tie at" in out.getvalue() and "E(1) = " in out.getvalue(), out.getvalue()
+
+
 @pytest.mark.parametrize(
     "wrong, says",
     [

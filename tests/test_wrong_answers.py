@@ -1509,17 +1509,22 @@ def test_chunk_resume_extra_tokens_wrong_answers(capsys):
 
 def test_counts_must_be_whole_numbers(capsys):
     """int() truncated a count: an answer half a request, a draft or a token off passed."""
+    import numpy as np
+
     from replaylab.teaching import exercises_serving
 
     admissible = _solution("13_serving", "admission_rule")["my_admissible"]
     best_k = _solution("13_serving", "best_k")["my_best_k"]
     lookup = _solution("14_prefix_caching", "prefix_lookup")["my_lookup"]
-    assert exercises_serving.check_admission_rule(lambda *a: float(admissible(*a)))
+    # the scheduler takes only an integer count from an admission rule: so does the check
+    assert not exercises_serving.check_admission_rule(lambda *a: float(admissible(*a)))
+    assert "expected a count (int, as the scheduler takes), got 3.0" in _out(capsys)
+    assert exercises_serving.check_admission_rule(lambda *a: np.int64(admissible(*a)))
     assert exercises_serving.check_best_k(lambda *a: float(best_k(*a)))
     assert exercises_prefix.check_prefix_lookup(lambda *a: (float(lookup(*a)[0]), lookup(*a)[1]))
     _out(capsys)
     assert not exercises_serving.check_admission_rule(lambda *a: admissible(*a) + 0.5)
-    assert "expected a count (int), got" in _out(capsys)
+    assert "expected a count (int, as the scheduler takes), got" in _out(capsys)
     assert not exercises_serving.check_best_k(lambda *a: best_k(*a) + 0.5)
     assert "expected a number of drafts, got" in _out(capsys)
     assert not exercises_prefix.check_prefix_lookup(lambda *a: (lookup(*a)[0] + 0.5, lookup(*a)[1]))

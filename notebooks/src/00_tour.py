@@ -182,6 +182,8 @@
 # * Count what a slot holds per strategy; write the FCFS admission rule under one byte budget.
 # * Serve a Poisson stream whose tokens equal each request alone; read time to first token, time
 #   per output token, the sustainable rate and the speculation crossover.
+# * Write a draft slot's provisional room, the choice of each round's k from measured round
+#   times, and a round's accepted drafts in numpy.
 #
 # **14 Prefix caching (40 min)**
 # * Say why a hybrid's prefix cache misses where a transformer's hits: KV rows at every token, a
@@ -245,14 +247,16 @@ import pkgutil
 import torch
 
 import replaylab
+import replaylab.kernels
 
-# kernels/ is a folder without __init__.py (a namespace package), which iter_modules skips
-modules = sorted(m.name for m in pkgutil.iter_modules(replaylab.__path__)
-                 if not m.name.startswith("_")) + ["kernels"]
-for name in modules:  # an import that fails stops here, with its error
-    importlib.import_module(f"replaylab.{name}")
-importlib.import_module("replaylab.kernels.mamba2")
-print("modules, each imported:", ", ".join(modules))
+# every module of the library, the Triton kernels included (kernels/ is a folder without
+# __init__.py, which walk_packages does not enter); an import that fails stops here, with its error
+modules = [m.name for m in pkgutil.walk_packages(replaylab.__path__, "replaylab.")]
+modules += [f"replaylab.kernels.{m.name}" for m in pkgutil.iter_modules(replaylab.kernels.__path__)]
+modules = [m for m in modules if not any(part.startswith("_") for part in m.split("."))]
+for name in modules:
+    importlib.import_module(name)
+print("every module imported, in:", ", ".join(sorted({m.split(".")[1] for m in modules})))
 
 # %%
 # NBVAL_IGNORE_OUTPUT

@@ -72,14 +72,15 @@ def admissible(needs, used, budget, free_slots) -> int:
     served: a request that does not fit blocks the ones behind it (no overtaking, so a large
     request is not starved by small ones). A negative count or byte size it reads raises
     ValueError naming it."""
-    for name, value in (("used", used), ("budget", budget), ("free_slots", free_slots)):
-        if value < 0:
+    free_slots = as_int("free_slots", free_slots, low=0)
+    for name, value in (("used", used), ("budget", budget)):
+        if not value >= 0:  # NaN too
             raise ValueError(f"admissible: expected {name} >= 0, got {value}")
     n, total = 0, used
     for need in needs:
         if n >= free_slots:
             break
-        if need < 0:
+        if not need >= 0:
             raise ValueError(f"admissible: needs[{n}] = {need}; expected bytes >= 0")
         if total + need > budget:
             break

@@ -53,6 +53,8 @@ def rollback_cursor(pos, log_len, last, keep):
             lst = as_int(f"last of slot {i}", lst, low=1)
             k = as_int(f"keep of slot {i}", k, 1, lst)
         drop = lst - k
+        if type(pos[i]) is not int:
+            as_int(f"pos of slot {i}", pos[i])  # a float or a string: named
         if not pos[i] >= lst:
             raise ValueError(
                 f"slot {i}: pos={pos[i]} but its last step took last={lst} tokens; expected "
@@ -60,6 +62,8 @@ def rollback_cursor(pos, log_len, last, keep):
             )
         new_pos.append(pos[i] - drop)
         if log_len is not None:
+            if type(log_len[i]) is not int:
+                as_int(f"log_len of slot {i}", log_len[i])
             if not log_len[i] >= lst:
                 raise ValueError(
                     f"slot {i}: log_len={log_len[i]} but its last step took last={lst} tokens; "

@@ -19,6 +19,7 @@ proposed (the rest of its row is padding).
 
 from __future__ import annotations
 
+import numbers
 import random
 
 import numpy as np
@@ -238,13 +239,13 @@ def check_admission_rule(fn, cases=300, seed=0) -> bool:
             return failed
         if needs != case["needs"]:
             return report(name, False, f"on {where}: your function changed the queue {needs}")
-        try:
-            count = whole_number(got)
-        except (TypeError, ValueError):
-            count = None
-        if count is None:
-            return report(name, False, f"on {where}: expected a count (int), got {got!r}")
-        got = count
+        if isinstance(got, (bool, np.bool_)) or not isinstance(got, numbers.Integral):
+            return report(
+                name,
+                False,
+                f"on {where}: expected a count (int, as the scheduler takes), got {got!r}",
+            )
+        got = int(got)
         if got == want:
             continue
         used, budget, free = case["used"], case["budget"], case["free_slots"]
@@ -316,7 +317,11 @@ def check_best_k(fn, cases=300, seed=0) -> bool:
         if not 0 <= got < len(seconds):
             why = f"k must be one of 0 .. {len(seconds) - 1} (one time per k)"
         elif rate[got] == rate[want]:
-            why = f"k={got} and k={want} tie at {rate[want]:.4g} tokens/s: take the smaller"
+            why = (
+                f"k={got} and k={want} tie at {rate[want]:.4g} tokens/s (E({got}) = "
+                f"{geometric_tokens(got, a):.4g} in {seconds[got]} s, E({want}) = "
+                f"{geometric_tokens(want, a):.4g} in {seconds[want]} s): take the smaller"
+            )
         else:
             why = (
                 f"k={want} keeps 1 + a + ... + a^{want} = {geometric_tokens(want, a):.4g} "
