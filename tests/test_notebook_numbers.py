@@ -4,6 +4,7 @@ number found in neither is listed with its notebook and cell; an external figure
 is used, is allowed by name below with its reason."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -108,6 +109,57 @@ def test_time_budgets_agree():
     total = sum(own.values())
     assert f"**{total} ({total // 60} h {total % 60} min)**" in tour
     assert f"**{total}** ({total // 60} h {total % 60} min)" in guide
+
+
+def _rule_minutes(nb):
+    """INSTRUCTORS.md's rule for a notebook's minutes: markdown words at 120 a minute (words with
+    a letter or digit: a table's pipes are not words), non-blank code lines at 30 a minute, 10
+    minutes for an exercise that defines a function, class or kernel, 5 for another, 5 for each
+    question of the quiz; rounded up to 5."""
+    cells = nb["cells"]
+    words = sum(
+        len([t for t in "".join(c["source"]).split() if re.search(r"\w", t)])
+        for c in cells
+        if c["cell_type"] == "markdown"
+    )
+    lines = sum(
+        len([x for x in "".join(c["source"]).splitlines() if x.strip()])
+        for c in cells
+        if c["cell_type"] == "code"
+    )
+    exercises = 0
+    for c in cells:
+        name = c.get("metadata", {}).get("exercise")
+        source = "".join(c["source"])
+        if name == "quiz_answers":
+            exercises += 5 * source.count('": None')
+        elif name:
+            writes = re.search(r"^\s*(def|class|@triton\.jit)", source, re.M)
+            exercises += 10 if writes else 5
+    return 5 * math.ceil((words / 120 + lines / 30 + exercises) / 5)
+
+
+def test_no_notebook_is_budgeted_below_the_rule_and_the_days_add_up():
+    """13, 14 and 12 had grown (exercises, text, a 14-question quiz) without their minutes; the
+    rule is a floor (a budget may add discussions and explorers above it)."""
+    below = {}
+    minutes = {}
+    for path in NOTEBOOKS:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+        head = "".join(nb["cells"][0]["source"])
+        minutes[path.name[:2]] = int(re.search(r"\*\*Time:\*\* about (\d+) minutes", head).group(1))
+        if minutes[path.name[:2]] < _rule_minutes(nb):
+            below[path.name] = (minutes[path.name[:2]], _rule_minutes(nb))
+    assert not below, f"budgeted below INSTRUCTORS.md's rule (budget, rule): {below}"
+    assert minutes["12"] >= 70  # the quiz's 14 questions alone
+    tour = "".join(json.loads(NOTEBOOKS[0].read_text(encoding="utf-8"))["cells"][0]["source"])
+    guide = (ROOT / "notebooks" / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    days = {1: range(0, 7), 2: range(7, 13), 3: range(13, 15)}
+    for day, nbs in days.items():
+        total = sum(minutes[f"{n:02d}"] for n in nbs)
+        first, last = f"{nbs[0]:02d}", f"{nbs[-1]:02d}"
+        assert f"day {day}: {first}-{last}, {total} minutes" in " ".join(tour.split())
+        assert f"day {day} is {first}-{last} ({total} minutes)" in " ".join(guide.split())
 
 
 def test_short_paths_add_up_and_match_the_guide():

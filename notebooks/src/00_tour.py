@@ -13,39 +13,39 @@
 #
 # | notebook | question | minutes |
 # |---|---|---|
-# | 00 Tour | what is here, and which path do I take? | 10 |
+# | 00 Tour | what is here, and which path do I take? | 35 |
 # | 01 The two memories | why is the recurrent state the awkward one? | 20 |
 # | 02 The selective scan | what exactly is the state, and how is it computed? | 25 |
 # | 03 Branching strategies | one cache API, three strategies: same tokens, what costs? | 50 |
 # | 04 Snapshot | what do copies cost, and what should a budget evict? | 30 |
 # | 05 Recompute vs replay | the same restore, different work | 50 |
-# | 06 The replay kernel | the GPU kernel, built as a ladder of six Triton puzzles, and its H200 numbers | 115 |
+# | 06 The replay kernel | the GPU kernel, built as a ladder of six Triton puzzles, and its H200 numbers | 125 |
 # | 07 Speculative decoding | acceptance, draft length and rollback, predicted and measured | 25 |
-# | 08 Intervals and budgets | the optimum interval, sequences per budget, live eviction | 20 |
+# | 08 Intervals and budgets | the optimum interval, sequences per budget, live eviction | 30 |
 # | 09 Measuring | what to measure when state storage changes (time per token, peak memory, rollback cost), live; replay's amortised kernel cost and the engine on an H200; where replay wins | 30 |
-# | 10 The trained model | real text, a real draft model, real acceptance | 25 |
-# | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 65 |
-# | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 30 |
-# | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 95 |
-# | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 40 |
-# | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 45 |
-# | **total** | | **675 (11 h 15 min)** |
+# | 10 The trained model | real text, a real draft model, real acceptance | 30 |
+# | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 85 |
+# | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 85 |
+# | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 100 |
+# | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 90 |
+# | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 50 |
+# | **total** | | **860 (14 h 20 min)** |
 #
 # **How the minutes were set.** Executing a notebook is the small part: every one runs top to
 # bottom in seconds on a 2-core CPU (timed with `jupyter nbconvert --to notebook --execute`, one
 # notebook at a time; `notebooks/INSTRUCTORS.md` has the measurements and the date). The minutes
 # are reading the text and code at a steady pace plus the exercises (about 5 minutes for a
 # question with one answer, 10-15 for writing a store, a kernel or a fold), rounded up to 5. The whole
-# sequence, a two-day workshop and two shorter paths (3 hours, 1 day) with set-up and breaks:
+# sequence, a three-day workshop and two shorter paths (3 hours, 1 day) with set-up and breaks:
 # **Time budgets and two short paths** below.
 #
-# **Time:** about 10 minutes (this notebook).
+# **Time:** about 35 minutes (this notebook).
 #
 # ## Time budgets and two short paths
 #
-# The minutes in the table are the whole sequence: **675 minutes of reading and exercises (11 h 15
-# min)**, a two-day workshop (day 1: 00-06, 300 minutes; day 2: 07-14, 330 minutes; the appendix,
-# 15, 45 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
+# The minutes in the table are the whole sequence: **860 minutes of reading and exercises (14 h 20
+# min)**, a three-day workshop (day 1: 00-06, 335 minutes; day 2: 07-12, 285 minutes; day 3: 13-14, 190 minutes; the appendix,
+# 15, 50 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
 # says which exercises a path skips (marked *optional*).
 #
 # **Set-up (both paths): 15 minutes, best done before the session.** `./run.sh lab` creates
@@ -75,7 +75,7 @@
 # *Short paths*, gives what was measured and the rule); the last row holds the rest of the three
 # hours.
 #
-# ### The 1-day path: build every strategy, skip the second day's depth
+# ### The 1-day path: build every strategy, skip the later days' depth
 #
 # | time | notebooks and sections | exercises | minutes |
 # |---|---|---|---:|
@@ -95,13 +95,13 @@
 # | 15:30 | end | | |
 # | **total** | 290 minutes of notebooks, 90 of breaks and lunch, 15 of set-up, 10 of slack | | **405 (6 h 45 min)** |
 #
-# Optional on this path: 08, 10, 11, 13, 14 and the appendix 15 whole (the second day's material:
+# Optional on this path: 08, 10, 11, 13, 14 and the appendix 15 whole (the later days' material:
 # intervals and budgets, the trained model, other layer families, serving, prefix caching, the
 # measurements read in depth), and the parts named in the table.
 #
 # ## Learning objectives
 #
-# **00 Tour (10 min)**
+# **00 Tour (35 min)**
 # * Name the three strategies and the question each notebook answers.
 # * Check the set-up: the library's modules import, and whether Triton kernels run through the
 #   interpreter here.
@@ -136,7 +136,7 @@
 # * Count one state against one log entry for Nemotron-H 8B and find the break-even log length.
 # * Write a recompute store and a replay log for one Mamba-2 layer.
 #
-# **06 The replay kernel (115 min)**
+# **06 The replay kernel (125 min)**
 # * Derive a new token's output from the checkpoint and the log with one read of the state.
 # * Climb a ladder of six Triton kernels (copy, reduction, state update, output, fold, replay
 #   step), each checked and scored by counted traffic, and timed where there is a GPU.
@@ -147,7 +147,7 @@
 # * Explore the predicted speedup and rollback cost of each strategy; set predictions beside a
 #   live run and beside the trained draft model's acceptance.
 #
-# **08 Intervals and budgets (20 min)**
+# **08 Intervals and budgets (30 min)**
 # * Compare a fixed checkpoint interval with Griewank's optimum at equal memory.
 # * Count how many sequences each strategy fits in a memory budget.
 # * Evict a kept state live and rebuild it exactly.
@@ -159,25 +159,25 @@
 #   workload and batch.
 # * Put a number on the first caveat: the state's share of a sequence's memory as attention grows.
 #
-# **10 The trained model (25 min)**
+# **10 The trained model (30 min)**
 # * Read what training bought: held-out loss against a bigram baseline.
 # * Compare prompt lookup's acceptance with a draft model's, and check the text is the same under
 #   every strategy.
 # * Write prompt lookup.
 #
-# **11 Beyond Mamba-2 (65 min)**
+# **11 Beyond Mamba-2 (85 min)**
 # * Compare the Mamba-2, Mamba-1 and Gated DeltaNet updates and how each gets outputs from one
 #   read of a checkpoint.
 # * Count state bytes against log-entry bytes at published shapes; find where Gated DeltaNet
 #   replay stops paying.
 # * Write the chunked (WY / UT) fold of a delta rule.
 #
-# **12 Recap (30 min)**
+# **12 Recap (85 min)**
 # * Answer an auto-graded quiz over 01-11 whose answers the library computes at grading time.
 # * Map snapshot, recompute's interval, replay's log length, budgets and draft length onto what
 #   vLLM and SGLang expose for hybrid models.
 #
-# **13 Serving (95 min)**
+# **13 Serving (100 min)**
 # * Step a ragged batch and roll each slot back by its own keep; write the rollback cursor.
 # * Count what a slot holds per strategy; write the FCFS admission rule under one byte budget.
 # * Serve a Poisson stream whose tokens equal each request alone; read time to first token, time
@@ -185,7 +185,7 @@
 # * Write a draft slot's provisional room, the choice of each round's k from measured round
 #   times, and a round's accepted drafts in numpy.
 #
-# **14 Prefix caching (40 min)**
+# **14 Prefix caching (90 min)**
 # * Say why a hybrid's prefix cache misses where a transformer's hits: KV rows at every token, a
 #   recurrent state only where it was saved.
 # * Write the radix-tree lookup over token ids on a block grid, and the state at any position
@@ -194,7 +194,7 @@
 #   request's hit report, and compare hit rates with an attention-only model's by block size
 #   and byte budget.
 #
-# **15 Appendix: reading the measurements, optional (45 min)**
+# **15 Appendix: reading the measurements, optional (50 min)**
 # * Read each H200 run with its provenance and its own copy bandwidth: the teaching path, what
 #   fusing the engine bought, token agreement, batched speculation, how many sequences fit, a
 #   second shape.

@@ -15,7 +15,7 @@
 # then read the library's kernels and their H200 measurements, and end with an open challenge:
 # beat the library's batch-1 replay step.
 #
-# **Time:** about 115 minutes (the six puzzles about 65 of them; new to Triton, allow more).
+# **Time:** about 125 minutes (the six puzzles about 65 of them; new to Triton, allow more).
 #
 # ## Prerequisites
 # Notebooks 02 (the recurrence) and 03 (why restores matter). No GPU needed: the GPU numbers come

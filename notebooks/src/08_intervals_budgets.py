@@ -12,7 +12,7 @@
 # sequences each strategy fits in a memory budget, evict a state live and rebuild it; then answer
 # two checked questions.
 #
-# **Time:** about 20 minutes.
+# **Time:** about 30 minutes.
 #
 # ## Prerequisites
 # Notebooks 04 and 05.

@@ -15,7 +15,7 @@
 # rolls back; check that speculative decoding returns greedy's text under every strategy; and
 # **write prompt lookup yourself**, checked against the library's.
 #
-# **Time:** about 25 minutes.
+# **Time:** about 30 minutes.
 
 # %% [markdown]
 # ## Prerequisites

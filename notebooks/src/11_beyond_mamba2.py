@@ -18,7 +18,7 @@
 # replay step as a Triton kernel**, checked for its traffic, and **write Mamba-1's snapshot
 # step** as one too.
 #
-# **Time:** about 65 minutes.
+# **Time:** about 85 minutes.
 #
 # ## Prerequisites
 # Notebooks 02 (the selective scan), 05 (recompute vs replay) and 06 (the replay kernel).

@@ -16,7 +16,7 @@
 # * map snapshot / recompute / replay, budgets and draft length onto the options of vLLM and
 #   SGLang.
 #
-# **Time:** about 30 minutes (quiz 20, where to go next 10).
+# **Time:** about 85 minutes (the quiz's 14 questions about 70, where to go next 15).
 #
 # ## Prerequisites
 # Notebooks 01-11. No GPU needed: the GPU numbers come from `data/`.

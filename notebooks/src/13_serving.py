@@ -18,7 +18,7 @@
 # speculation crossover with the cost model's prediction beside it, and write the choice of each
 # round's k and a round's accepted drafts in numpy.
 #
-# **Time:** about 95 minutes.
+# **Time:** about 100 minutes.
 #
 # ## Prerequisites
 # Notebooks 04-05 (snapshot, recompute and replay), 07 (speculative decoding and rollback) and

@@ -20,7 +20,7 @@
 # rates with an attention-only model's; explore block size and byte budget; and answer four
 # questions whose answers the library computes.
 #
-# **Time:** about 40 minutes.
+# **Time:** about 90 minutes.
 #
 # ## Prerequisites
 # Notebooks 02 (the selective scan), 05 (recompute vs replay: the fold) and 13 (serving: one

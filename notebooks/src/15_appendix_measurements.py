@@ -16,7 +16,7 @@
 # between the cost model's floor and the measured steps; put numbers on the caveats (attention's
 # share, log length, workload); answer one checked question.
 #
-# **Time:** about 45 minutes.
+# **Time:** about 50 minutes.
 #
 # ## Prerequisites
 # Notebook 09 (its terms: decode only, amortised, `ssu`, CUDA graph, roofline fraction, busy), 06
