@@ -436,7 +436,7 @@ for strategy, row in result["strategies"].items():
 # The last line per strategy is the lossless check of the file: under replay 6 or 7 of the
 # first 8 requests, served alone at batch 1, gave the stream's tokens. The file ran on the tree
 # just before the engine's recurrent kernels launched alike at every batch (`DecodeEngine`'s
-# `batch_invariant`, on by default since the next commit, 91d81cb): replay's step then picked
+# `batch_invariant`, on by default from 91d81cb, the same evening): replay's step then picked
 # its launch by the batch, and a request's bits depended on the requests beside it. Section 4's
 # stream on this machine shows every request equal to itself served alone; on a GPU, a slot's
 # logits not depending on its batch is a test of every strategy
