@@ -182,8 +182,10 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
 def _acceptance_probs(k, acceptance) -> list:
     """The k per-draft probabilities of ``acceptance`` (one probability or k), checked."""
     some = "a probability in [0, 1]" if k <= 1 else f"a probability or {k} probabilities in [0, 1]"
+    if hasattr(acceptance, "tolist") and not isinstance(acceptance, numbers.Real):
+        acceptance = acceptance.tolist()  # a tensor or an array: a number or a list
     scalar = isinstance(acceptance, numbers.Real)  # numpy scalars too
-    if isinstance(acceptance, (bool, str)) or not (scalar or hasattr(acceptance, "__len__")):
+    if isinstance(acceptance, (bool, str)) or not (scalar or hasattr(acceptance, "__iter__")):
         raise ValueError(
             f"acceptance: expected {some}, got {type(acceptance).__name__} {acceptance!r}"
         )

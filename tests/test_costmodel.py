@@ -84,6 +84,12 @@ def test_expected_accepted():
         ValueError, match=r"acceptance: expected a probability in \[0, 1\], got 1.5"
     ):
         cm.expected_accepted(1, 1.5)  # not "a probability or 1 probabilities"
+    # tensors, arrays and generators of probabilities, as a tuple; a word is refused by type
+    assert math.isclose(cm.expected_accepted(2, torch.tensor([0.9, 0.5])), 0.9 + 0.45, rel_tol=1e-6)
+    assert math.isclose(cm.expected_accepted(2, (p for p in (0.9, 0.5))), 0.9 + 0.45)
+    assert math.isclose(cm.expected_accepted(2, torch.tensor(0.5)), 0.5 + 0.25)
+    with pytest.raises(ValueError, match=r"got str '0.8'"):
+        cm.expected_accepted(2, "0.8")
 
 
 def test_tokens_per_round_is_one_plus_accepted_with_room_and_less_at_the_fold_grid():

@@ -222,6 +222,17 @@ def _rate(a, seconds, k):
     return sum(a**i for i in range(k + 1)) / seconds[k]
 
 
+def test_an_admission_count_is_what_the_scheduler_takes(capsys):
+    """The check refused a 0-d integer tensor the scheduler accepts, and passed a float it
+    refuses; it now asks the scheduler's own test (``serving.validate.is_int``)."""
+    import torch
+
+    right = _solution("admission_rule", "my_admissible")
+    assert check_admission_rule(lambda *a: torch.tensor(right(*a)))
+    assert not check_admission_rule(lambda *a: float(right(*a)))
+    assert "as the scheduler takes" in _out(capsys)
+
+
 def test_a_tie_hint_shows_the_right_tokens_a_round():
     """An E(k) one term short picks k = 1 where k = 0 and 1 tie under the right E: the hint
     says so with the right E(k), so the learner sees the formula, not only the tie rule."""

@@ -80,20 +80,20 @@
 # | time | notebooks and sections | exercises | minutes |
 # |---|---|---|---:|
 # | before | set-up | | 15 |
-# | 9:00 | 00; 01; 02 | 01: 1-2; 02: 1 (2 optional) | 50 |
-# | 9:50 | 03, every section | section 4, the snapshot store (1-2 optional) | 40 |
-# | 10:30 | break | | 15 |
-# | 10:45 | 04 sections 1-3 | none (section 4 and 1-2 optional) | 15 |
-# | 11:00 | 05, every section | sections 4-5, the recompute store and the replay log; 1 (2 optional) | 45 |
-# | 11:45 | lunch | | 60 |
-# | 12:45 | 06 sections 1, 2 and 5 (3-4 optional) | puzzles 1, 2, 4 and 6 (3, 5 and 1-3 optional) | 65 |
-# | 13:50 | 07, every section | 1 (2 optional) | 20 |
-# | 14:10 | break | | 15 |
-# | 14:25 | 09, every section | none (1-2 optional) | 25 |
-# | 14:50 | 12, the quiz and where to go next | the questions on 08, 10 and 11 optional | 30 |
-# | 15:20 | questions, slack | | 10 |
-# | 15:30 | end | | |
-# | **total** | 290 minutes of notebooks, 90 of breaks and lunch, 15 of set-up, 10 of slack | | **405 (6 h 45 min)** |
+# | 9:00 | 00; 01; 02 | 01: 1-2; 02: 1 (2 optional) | 55 |
+# | 9:55 | 03, every section | section 4, the snapshot store (1-2 optional) | 40 |
+# | 10:35 | break | | 15 |
+# | 10:50 | 04 sections 1-3 | none (section 4 and 1-2 optional) | 15 |
+# | 11:05 | 05, every section | sections 4-5, the recompute store and the replay log; 1 (2 optional) | 45 |
+# | 11:50 | lunch | | 60 |
+# | 12:50 | 06 sections 1, 2 and 5 (3-4 optional) | puzzles 1, 2, 4 and 6 (3, 5 and 1-3 optional) | 65 |
+# | 13:55 | 07, every section | 1 (2 optional) | 20 |
+# | 14:15 | break | | 15 |
+# | 14:30 | 09, every section | none (1-2 optional) | 25 |
+# | 14:55 | 12, the quiz and where to go next | the quiz's 11 questions on this path (those on 08 and 11 optional), 5 minutes each | 70 |
+# | 16:05 | questions, slack | | 10 |
+# | 16:15 | end | | |
+# | **total** | 335 minutes of notebooks, 90 of breaks and lunch, 15 of set-up, 10 of slack | | **450 (7 h 30 min)** |
 #
 # Optional on this path: 08, 10, 11, 13, 14 and the appendix 15 whole (the later days' material:
 # intervals and budgets, the trained model, other layer families, serving, prefix caching, the

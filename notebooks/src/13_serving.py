@@ -434,14 +434,14 @@ for strategy, row in result["strategies"].items():
 # then bisects; this run allowed five probes).
 #
 # The last line per strategy is the lossless check of the file: under replay 6 or 7 of the
-# first 8 requests, served alone at batch 1, gave the stream's tokens. The file ran on the tree
-# just before the engine's recurrent kernels launched alike at every batch (`DecodeEngine`'s
-# `batch_invariant`, on by default from 91d81cb, the same evening): replay's step then picked
-# its launch by the batch, and a request's bits depended on the requests beside it. Section 4's
-# stream on this machine shows every request equal to itself served alone; on a GPU, a slot's
-# logits not depending on its batch is a test of every strategy
-# (`tests/test_decode_kernels.py`, passed in `data/gpu_suite_h100_6288728.log`). This stream
-# has not been rerun on a GPU since.
+# first 8 requests, served alone at batch 1, gave the stream's tokens. The file ran on a tree
+# from before two changes: the engine's recurrent kernels launching alike at every batch
+# (`DecodeEngine`'s `batch_invariant`, on by default from 91d81cb, the same evening) and the
+# scheduler keeping each prompt on its own chunk grid (5aa0f8a). Replay's step then picked its
+# launch by the batch, which is the likely cause here; it was not measured, and this stream has
+# not been rerun on a GPU since. Section 4's stream on this machine shows every request equal to
+# itself served alone; on a GPU, a slot's logits not depending on its batch is a test of every
+# strategy (`tests/test_decode_kernels.py`, passed in `data/gpu_suite_h100_6288728.log`).
 #
 # Discussion (2) below asks what a rejected draft costs each strategy's rollback; the file
 # records it:
@@ -764,8 +764,8 @@ print("each prompt's last logits equal alone and together, bit for bit:",
 #   Nemotron-H 8B; the tiny model's tiny state reverses the order).
 # * Admission is first come, first served: a request that does not fit makes the queue wait.
 # * The scheduler changes no token: every request gets its own greedy tokens, with or without
-#   speculation (here on the CPU; on a GPU since the recurrent kernels launch alike at every
-#   batch: section 5's file predates that).
+#   speculation (here on the CPU, and in the engine's GPU tests; section 5's GPU file predates
+#   the changes that made a request's bits independent of its batch).
 # * Speculation pays while a verify's extra rows are cheap (memory-bound steps); once they turn
 #   compute-bound they cost nearly their FLOPs, and only the $1 + E[k_{\mathrm{acc}}]$ tokens a round keeps pay
 #   for them: the crossover is where they no longer do. A scheduler can choose each round's k

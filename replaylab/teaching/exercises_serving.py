@@ -19,7 +19,7 @@ proposed (the rest of its row is padding).
 
 from __future__ import annotations
 
-import numbers
+import operator
 import random
 
 import numpy as np
@@ -28,6 +28,7 @@ from replaylab.serving.adaptive_k import best_k, geometric_tokens
 from replaylab.serving.contexts import accepted
 from replaylab.serving.cursor import provisional_room, rollback_cursor
 from replaylab.serving.scheduler import admissible
+from replaylab.serving.validate import is_int
 from replaylab.teaching.exercises_common import whole_number
 from replaylab.teaching.grading import describe_exception, guarded, report
 
@@ -239,13 +240,13 @@ def check_admission_rule(fn, cases=300, seed=0) -> bool:
             return failed
         if needs != case["needs"]:
             return report(name, False, f"on {where}: your function changed the queue {needs}")
-        if isinstance(got, (bool, np.bool_)) or not isinstance(got, numbers.Integral):
+        if not is_int(got):  # the scheduler's own test of a count
             return report(
                 name,
                 False,
                 f"on {where}: expected a count (int, as the scheduler takes), got {got!r}",
             )
-        got = int(got)
+        got = operator.index(got)
         if got == want:
             continue
         used, budget, free = case["used"], case["budget"], case["free_slots"]
