@@ -80,7 +80,7 @@ def test_the_index_links_every_notebook_in_order_with_its_minutes(site):
         assert re.search(rf"<td[^>]*>(<p>)?{minutes}(</p>)?</td>", row), (path.name, row)
     assert build_book.describe(ROOT / "notebooks" / "06_replay_kernel.ipynb") == (
         "06 · The replay kernel",
-        "115",
+        "125",
     )
     sidebar = [a.get("href") for t, a in tags(site / "index.html") if t == "a"]
     sidebar = [h for h in sidebar if h in {f"{p.stem}.html" for p in chapters}]
