@@ -42,8 +42,15 @@ def _has_title(figure):
     layout = figure.get("layout", {})
     title = layout.get("title")
     text = title.get("text") if isinstance(title, dict) else title
-    subplots = "xaxis2" in layout  # make_subplots' subplot_titles are annotations
-    return bool(text) or (subplots and bool(layout.get("annotations")))
+    # make_subplots' subplot_titles are annotations above each subplot (paper coordinates,
+    # anchored at their bottom, no arrow); a line's label is not a title
+    axes = sum(1 for key in layout if key.startswith("xaxis"))
+    titles = [
+        a
+        for a in layout.get("annotations", [])
+        if a.get("yref") == "paper" and a.get("yanchor") == "bottom" and a.get("showarrow") is False
+    ]
+    return bool(text) or (axes > 1 and len(titles) >= axes)
 
 
 def test_every_saved_plotly_figure_has_a_title():
@@ -145,3 +152,14 @@ def test_explorer_output_keeps_its_image_when_the_widget_is_stripped(monkeypatch
     assert problems(nb) == []
     assert nb["cells"][0]["outputs"][0]["data"]["image/svg+xml"] == "<svg>explorer</svg>"
     assert nb["cells"][1]["outputs"] == [] and nb["cells"][1]["execution_count"] is None
+
+
+def test_a_line_label_is_not_a_title_and_subplot_titles_are():
+    from plotly.subplots import make_subplots
+
+    labelled = go.Figure(go.Scatter(y=[1, 2]))
+    labelled.add_vline(x=1, annotation_text="checkpoint c")
+    assert not _has_title(labelled.to_plotly_json())
+    two = make_subplots(rows=1, cols=2, subplot_titles=("left", "right"))
+    assert _has_title(two.to_plotly_json())
+    assert _has_title(go.Figure(layout=dict(title="a title")).to_plotly_json())
