@@ -294,10 +294,10 @@ print("kernels run through Triton's interpreter here:", os.environ.get("TRITON_I
 # | $q_t, k_t, v_t$; $\alpha_t, \beta_t$ | Gated DeltaNet: query, key, value vectors (always with their token's subscript); decay and step | 11 |
 # | $M$ | the strictly lower-triangular matrix of the chunked WY / UT form, $(I + M)\,U = \dots$ | 11 |
 # | $m$ | tokens per chunk in that form | 11 |
-# | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-12, 15 |
+# | $L$ | replay's log length: the log is folded into a new checkpoint every $L$ tokens | 05-13, 15 |
 # | $k$ | drafts per speculative round (verified with the pending token: $k+1$ tokens) | 03, 06, 07, 09, 11, 13, 15 |
 # | $\alpha$ | (no subscript) the chance that a draft is accepted, once the drafts before it were | 07, 13 |
-# | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09, 11 |
+# | $T$ | tokens in one call (a verify step has $T = k + 1$) | 06, 09, 11, 13 |
 # | $b$ | the batch: in a kernel, the sequence a program works on (program `(b, h)`: sequence $b$, head $h$); in a loop over measured runs, the batch size | 06, 09, 11, 15 |
 # | $n_{\mathrm{blk}}$ | a prefix cache's block size: tokens per node of its tree (`block_size`) | 14 |
 # | $g$ | a grid point of that cache, a multiple of $n_{\mathrm{blk}}$; $S_g$ the state kept there | 14 |
