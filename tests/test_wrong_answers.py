@@ -1855,6 +1855,7 @@ def test_review_points_on_the_new_answer_checks(capsys):
     # one value in an array is not the value, numpy or torch alike; 0-d ones are
     assert whole_number(np.array([4])) is None and whole_number(torch.tensor([4])) is None
     assert whole_number(np.array(4)) == 4 and whole_number(torch.tensor(4)) == 4
+    assert whole_number("12") is None  # a text is not the number, even one that reads as it
     model, prompt = _snapshot_model()
     assert exercises.check_rerun_at_high_acceptance(torch.tensor([20, 0]), model, prompt)
     _out(capsys)

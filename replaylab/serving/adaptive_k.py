@@ -36,8 +36,6 @@ import numbers
 import statistics
 from collections import defaultdict, deque
 
-import torch
-
 from replaylab.costmodel import expected_accepted, tokens_per_round
 from replaylab.serving.validate import as_int, given
 
@@ -63,7 +61,7 @@ def best_k(acceptance, seconds, tokens=geometric_tokens):
     """The k in 0 .. len(seconds) - 1 with the highest rate ``tokens(k, acceptance) /
     seconds[k]``, where ``seconds[k]`` is a round's time with k drafts (T = k + 1) and
     ``tokens`` E(k) (default: 1 + a + ... + a^k); the smaller k on a tie."""
-    seconds = [s.item() if isinstance(s, torch.Tensor) and s.dim() == 0 else s for s in seconds]
+    seconds = seconds.tolist() if hasattr(seconds, "tolist") else list(seconds)  # arrays, tensors
     if not seconds or not all(map(_is_time, seconds)):
         raise ValueError(f"seconds: expected one finite time > 0 per k = 0, 1, ..., got {seconds}")
     rates = [tokens(k, acceptance) / s for k, s in enumerate(seconds)]

@@ -223,12 +223,15 @@ def _run_ops(name, ops_fn, seeds=(0, 1, 2), n_ops=14):
 
 def whole_number(answer):
     """``answer`` as an int when it is a whole number (an int, or a float, numpy or 0-d tensor
-    value equal to one), else None: 1474560.99 is not 1474560, and True is not 1. A value
-    ``float`` cannot read raises."""
+    value equal to one), else None: 1474560.99 is not 1474560, True is not 1, and the text
+    "12" is not 12. A value ``float`` cannot read raises."""
     if isinstance(answer, torch.Tensor):
         if answer.dim():  # [4] is not 4, as for numpy arrays below
             return None
         answer = answer.item()
+    if isinstance(answer, str):
+        float(answer)  # a text that is no number raises: ``guarded`` reports it
+        return None  # one that is, is still not the number
     if isinstance(answer, (bool, np.bool_)) or (isinstance(answer, np.ndarray) and answer.ndim):
         return None  # a boolean, or an array of one value ([4] is not 4)
     try:
