@@ -78,7 +78,17 @@ def test_bad_input_is_refused_naming_the_value(call, match):
         call()
 
 
-def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
+def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monkeypatch):
+    import replaylab.serving
+
+    built = []  # (strategy, slots) of every engine the run builds
+
+    class CountedEngine(replaylab.serving.DecodeEngine):
+        def __init__(self, model, max_batch, *args, **kwargs):
+            super().__init__(model, max_batch, *args, **kwargs)
+            built.append((self.strategy, max_batch))
+
+    monkeypatch.setattr(replaylab.serving, "DecodeEngine", CountedEngine)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     seen = []  # what a run cut short would have kept: (rows, rates, complete) at each call
@@ -105,6 +115,10 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
     finally:
         torch.set_num_threads(threads)
     assert result["complete"]
+    # every stream of a strategy (6 rows, 2 rate probes) ran on one engine, as did the drafts:
+    # a GPU's warm-up captures the graphs the timed streams replay
+    serving = [e for e in built if e[1] == result["config"]["max_batch"]]
+    assert sorted(serving) == [("replay", 4), ("replay", 4), ("snapshot", 4)]
     # one call per row and per rate, each with one more than the last, none claiming the end
     assert [rows + rates for rows, rates, _ in seen] == list(range(1, 2 * 3 + 2 + 1))
     assert not any(done for _, _, done in seen)
@@ -125,6 +139,24 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget():
     }
     table = workload_summary(result)
     assert len(table) == 3 and table[2].startswith("| agents | decode |")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_on_a_gpu_no_timed_stream_captures_a_graph():
+    with torch.no_grad():
+        result = run_workload_stream(
+            "cpu",
+            workloads=("system_prompts",),
+            strategies=("replay", "snapshot"),
+            modes=("decode", "synthetic", "draft-model"),
+            rates=(math.inf, 0.5),
+            rate_modes=(),
+            log=None,
+        )
+    rows = result["workloads"]["system_prompts"]["rows"]
+    assert len(rows) == 2 * 3 * 2
+    assert {(r["graph_captures"], r["draft_graph_captures"]) for r in rows} == {(0, 0)}
+    assert all(r["tokens_equal_alone"] == r["requests"] for r in rows)
 
 
 def test_the_committed_cpu_result_and_its_table_in_the_data_readme():

@@ -209,6 +209,7 @@ def stream_metrics(finished, sched, references=None, alone=None):
         budget_bytes=sched.budget,
         accounted_bytes_per_request=_dist([r.reserved for r in finished]),
         engine_steps=len(sched.history),
+        graph_captures=sum(h.captures for h in sched.history),
     )
     if references is not None:
         out["tokens_equal_decode_stream"] = sum(
@@ -248,6 +249,7 @@ def sustainable_rate(probe, start, objective, probes=6):
                 tpot_p99_s=m["tpot_s"]["p99"],
                 wait_p90_s=percentile(m["wait_s"]["values"], 90),
                 tokens_per_s=m["tokens_per_s"],
+                graph_captures=m.get("graph_captures"),
                 ok=good,
             )
         )

@@ -30,6 +30,12 @@ preset's "chunk" makes a hit the cold prefill's bits and the scheduler's grants 
 admission's chunk grid, so on a GPU too ``tokens_equal_alone`` compares one arithmetic; the
 batch-1 references are served twice there, the second timed.
 
+One engine per strategy (and one draft engine) serves every stream of a workload, each
+stream through a fresh scheduler and prefix cache; on a GPU every batch bucket's CUDA graphs
+are captured before the first timed stream, and each row and rate probe records the graphs
+its stream still captured (``graph_captures``, ``draft_graph_captures``: their eager runs are
+inside its times).
+
 Per (workload, strategy, mode, rate): TTFT and TPOT p50 / p99 (``stream.stream_metrics``),
 output tokens/s, acceptance, the token hit rate (prompt tokens the prefix cache resumed from /
 prompt tokens) and prompt tokens computed, peak bytes, and how many requests' tokens equal
@@ -63,6 +69,7 @@ import torch
 from replaylab.bench.stream import (
     _model,
     _slim,
+    _warm_up,
     preset_config,
     stream_metrics,
     sustainable_rate,
@@ -252,6 +259,11 @@ def run_workload_stream(
         def engine(strategy, slots=cfg["max_batch"], model=model):
             return DecodeEngine(model, slots, max_len, strategy, log_length=L, max_verify=k + 1)
 
+        # one engine per strategy (and one draft engine) serves every stream of the workload,
+        # so that the warm-up's CUDA graphs are the timed runs' (each stream: a fresh scheduler
+        # and prefix cache over an empty engine)
+        serving, drafting = {}, {}
+
         # greedy alone per strategy (no prefix cache, one request at a time): the references
         alone, batch1 = {}, {}
         for s in strategies:
@@ -285,19 +297,33 @@ def run_workload_stream(
 
         def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, budget=budget,
                   references=references, alone=alone):  # fmt: skip
-            e = engine(strategy)
+            if strategy not in serving:
+                serving[strategy] = engine(strategy)
+                if device.type == "cuda":  # every bucket's graphs, decoding and speculating
+                    warm = [torch.tensor(p, device=device) for p in prompts]
+                    _warm_up(serving[strategy], (warm, outs, [0.0] * len(warm)), k, L + k + 2)
+            e = serving[strategy]
             prefix = EnginePrefixCache(e, block_size=b, resume=cfg["resume"])
             kk = 0 if mode == "decode" else k
-            drafter = None
+            drafter, drafts_captured = None, 0
             if mode == "draft-model":
-                drafter = BatchModelDrafter(engine("replay", model=draft))
+                if not drafting:
+                    drafting["replay"] = engine("replay", model=draft)
+                drafter = BatchModelDrafter(drafting["replay"])
+                drafts_captured = drafter.engine.stats.graph_captures
             sched = Scheduler(e, budget_bytes=budget, k=kk, prefix=prefix,
                               prefill_per_step=cfg["chunk"], drafter=drafter)  # fmt: skip
             reqs = _requests(prompts, outs, arrivals(len(prompts), rate, seed), mode,
                              references, acceptance, device)  # fmt: skip
             sched.run(reqs)
+            if drafter is not None:  # its slots go back for the next stream's drafter
+                drafts_captured = drafter.engine.stats.graph_captures - drafts_captured
+                drafter.reset()
+            if e.slots:
+                raise RuntimeError(f"{strategy}: slots {e.slots} still live after the stream")
             done = sorted(sched.finished, key=lambda r: r.id)
             m = stream_metrics(done, sched, alone={r.id: alone[strategy][r.id] for r in done})
+            m["draft_graph_captures"] = drafts_captured
             resumed = sum(r.prefix_hit.resumed_from for r in done)
             m.update(
                 token_hit_rate=resumed / w["prompt_tokens"],
