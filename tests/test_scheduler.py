@@ -643,6 +643,28 @@ def test_the_budget_functions_refuse_negative_counts_by_name():
         rollback_cursor([10.5], [5], [3], [1])
 
 
+@pytest.mark.parametrize(
+    "needs, used, budget, match",
+    [
+        (["2"], 0, 10, r"needs\[0\] = '2'; expected bytes >= 0"),
+        ([1, None], 0, 10, r"needs\[1\] = None; expected bytes >= 0"),
+        ([1], "0", 10, r"expected used >= 0 bytes, got '0'"),
+        ([1], 0, True, r"expected budget >= 0 bytes, got True"),
+        ([torch.tensor([1, 2])], 0, 10, r"needs\[0\] = tensor\(\[1, 2\]\)"),
+    ],
+)
+def test_admissible_names_a_byte_count_that_is_no_number(needs, used, budget, match):
+    """A text, None, a bool or a tensor of many elements gave a raw TypeError (or a bool's 1)."""
+    with pytest.raises(ValueError, match=match):
+        admissible(needs, used, budget, 2)
+
+
+def test_admissible_takes_numpy_and_0d_torch_byte_counts():
+    import numpy as np
+
+    assert admissible([np.int64(4), torch.tensor(4), 4.0], np.float64(1), torch.tensor(9), 3) == 2
+
+
 def test_best_k_takes_numpy_and_torch_numbers_and_refuses_words_and_booleans():
     import numpy as np
 

@@ -20,9 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+import torch
+
 from replaylab.validation import as_int
 
 __all__ = ["SlotBytes", "slot_bytes", "request_bytes", "admissible"]
+
+BOOLS = (torch.bool, np.dtype(bool))
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,16 @@ def request_bytes(sizes: SlotBytes, prompt_len, max_new_tokens, k=0, kv_accounti
     return sizes.recurrent + sizes.kv_token * rows
 
 
+def _is_bytes(value) -> bool:
+    """A byte count: a number >= 0, a 0-d tensor or array too (not NaN, a bool or a text)."""
+    if isinstance(value, (str, bytes, bool)) or getattr(value, "dtype", None) in BOOLS:
+        return False
+    try:
+        return float(value) >= 0
+    except (TypeError, ValueError):  # a list, None, a tensor of many elements
+        return False
+
+
 def admissible(needs, used, budget, free_slots) -> int:
     """The admission rule: how many requests from the head of the queue to admit now.
 
@@ -74,14 +89,14 @@ def admissible(needs, used, budget, free_slots) -> int:
     ValueError naming it."""
     free_slots = as_int("free_slots", free_slots, low=0)
     for name, value in (("used", used), ("budget", budget)):
-        if not value >= 0:  # NaN too
-            raise ValueError(f"admissible: expected {name} >= 0, got {value}")
+        if not _is_bytes(value):
+            raise ValueError(f"admissible: expected {name} >= 0 bytes, got {value!r}")
     n, total = 0, used
     for need in needs:
         if n >= free_slots:
             break
-        if not need >= 0:
-            raise ValueError(f"admissible: needs[{n}] = {need}; expected bytes >= 0")
+        if not _is_bytes(need):
+            raise ValueError(f"admissible: needs[{n}] = {need!r}; expected bytes >= 0")
         if total + need > budget:
             break
         total += need
