@@ -300,7 +300,7 @@ def run_workload_stream(
             if strategy not in serving:
                 serving[strategy] = engine(strategy)
                 if device.type == "cuda":  # every bucket's graphs, decoding and speculating
-                    warm = [torch.tensor(p, device=device) for p in prompts]
+                    warm = [torch.tensor(p) for p in prompts]
                     _warm_up(serving[strategy], (warm, outs, [0.0] * len(warm)), k, L + k + 2)
             e = serving[strategy]
             prefix = EnginePrefixCache(e, block_size=b, resume=cfg["resume"])
