@@ -16,6 +16,7 @@ from replaylab.bench.workload_stream import (
     arrivals,
     predicted_rate,
     run_workload_stream,
+    workload_prediction,
     workload_prompts,
     workload_summary,
 )
@@ -54,10 +55,25 @@ def test_arrivals_are_a_seeded_poisson_process():
 
 
 def test_the_prediction_is_the_stated_formula():
-    rate, concurrency = predicted_rate(4, 1000, 200, 100, 0.01, 0.02, 10, 5, 0.5)
+    rate, concurrency = predicted_rate(4, 1000, 100, 0.01, 0.02, 10, 5, 0.5)
     assert concurrency == 4 and rate == pytest.approx(4 / (0.01 * 10 * 0.5 + 5 * 0.02))
-    rate, concurrency = predicted_rate(16, 1000, 200, 300, 0.01, 0.02, 10, 5, 0.0)
-    assert concurrency == 2 and rate == pytest.approx(2 / 0.2)
+    rate, concurrency = predicted_rate(16, 1000, 300, 0.01, 0.02, 10, 5, 0.0)
+    assert concurrency == 3 and rate == pytest.approx(3 / 0.2)
+
+
+def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out():
+    """The scheduler evicts the tree down to what running requests leave, so a tree as large
+    as the budget (replay's, on the GPU) does not hold the prediction's concurrency at 1."""
+
+    def row(rate, nbytes, hit):
+        return dict(strategy="replay", mode="decode", rate=rate, token_hit_rate=hit,
+                    accounted_bytes_per_request=dict(mean=nbytes), tree_peak_bytes=1000)  # fmt: skip
+
+    w = dict(prompts=4, prompt_tokens=40, output_tokens=20, budget_bytes=1000,
+             batch1=dict(replay=dict(prefill_s_per_token=0.01, tpot_s=0.02)),
+             rows=[row(8.0, 500, 0.0), row(2.0, 100, 0.5)])  # fmt: skip
+    rate, concurrency = workload_prediction(w, dict(max_batch=32), "replay", "decode")
+    assert concurrency == 10 and rate == pytest.approx(10 / (0.01 * 10 * 0.5 + 5 * 0.02))
 
 
 @pytest.mark.parametrize(

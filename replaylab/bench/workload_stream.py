@@ -49,8 +49,11 @@ request; one objective for every row of a workload), and beside it a prediction
     rate ~ C / (t_prefill x (T - h T) + n_out x t_token),    C = min(max_batch, B / bytes)
 
 with t_prefill, t_token a strategy's measured batch-1 prefill time per computed token and
-TPOT, h its measured token hit rate, T and n_out the mean prompt and output lengths, B the
-budget less the tree's peak bytes and bytes a request's mean accounted bytes. It takes a step
+TPOT, h its measured token hit rate (its row at the lowest rate), T and n_out the mean prompt
+and output lengths, B the budget and bytes a request's mean accounted bytes. The prefix tree
+takes no share of B: the scheduler evicts it down to what the running requests leave (files
+written before 2026-12-07 subtracted the tree's peak bytes from B, which held replay's C at 1;
+the summary computes the prediction from a file's measured inputs). It takes a step
 of C requests to cost a batch-1 step (the memory-bound regime of a GPU at small batches), so
 where a step's time grows with the batch (a CPU) it overestimates; the ratio replay /
 snapshot is what it is for.
@@ -82,8 +85,10 @@ __all__ = [
     "workload_prompts",
     "arrivals",
     "predicted_rate",
+    "workload_prediction",
     "run_workload_stream",
     "workload_summary",
+    "unbounded",
 ]
 
 WORKLOADS = ("multi_turn", "system_prompts", "few_shot", "agents")
@@ -155,12 +160,26 @@ def arrivals(n, rate, seed=0) -> list[float]:
     return torch.cumsum(gaps, 0).tolist()
 
 
-def predicted_rate(max_batch, budget, tree_bytes, request_bytes, prefill_s_per_token,
-                   tpot_s, prompt_len, n_out, hit_rate):  # fmt: skip
+def predicted_rate(max_batch, budget, request_bytes, prefill_s_per_token, tpot_s, prompt_len,
+                   n_out, hit_rate):  # fmt: skip
     """The module docstring's prediction (requests/s) and its concurrency C."""
-    concurrency = max(1, min(max_batch, int((budget - tree_bytes) // max(1, request_bytes))))
+    concurrency = max(1, min(max_batch, int(budget // max(1, request_bytes))))
     held = prefill_s_per_token * prompt_len * (1 - hit_rate) + n_out * tpot_s
     return concurrency / held, concurrency
+
+
+def workload_prediction(w, config, strategy, mode):
+    """``predicted_rate`` for ``strategy`` and ``mode`` from a workload's measured entries (``w``
+    of a result's ``workloads``, ``config`` its preset): its batch-1 times, and the bytes and
+    hit rate of its row at the lowest rate."""
+    rows = [r for r in w["rows"] if r["strategy"] == strategy and r["mode"] == mode]
+    row = min(rows, key=lambda r: r["rate"])
+    b1 = w["batch1"][strategy]
+    return predicted_rate(
+        config["max_batch"], w["budget_bytes"], row["accounted_bytes_per_request"]["mean"],
+        b1["prefill_s_per_token"], b1["tpot_s"], w["prompt_tokens"] / w["prompts"],
+        w["output_tokens"] / w["prompts"], row["token_hit_rate"],
+    )  # fmt: skip
 
 
 def _requests(prompts, outs, times, mode, references, acceptance, device):
@@ -354,14 +373,7 @@ def run_workload_stream(
                     objective,
                     probes=cfg["rate_probes"],
                 )
-                ref_row = next(r for r in w["rows"] if r["strategy"] == s and r["mode"] == mode)
-                pred, conc = predicted_rate(
-                    cfg["max_batch"], budget, ref_row["tree_peak_bytes"],
-                    ref_row["accounted_bytes_per_request"]["mean"],
-                    batch1[s]["prefill_s_per_token"], batch1[s]["tpot_s"],
-                    w["prompt_tokens"] / len(prompts), sum(outs) / len(outs),
-                    ref_row["token_hit_rate"],
-                )  # fmt: skip
+                pred, conc = workload_prediction(w, cfg, s, mode)
                 w["rates"].append(dict(strategy=s, mode=mode, sustainable_rate=found,
                                        predicted_rate=pred, predicted_concurrency=conc,
                                        probes=tried))  # fmt: skip
@@ -380,10 +392,17 @@ def _ratio(w, mode, key):
     return None
 
 
+def unbounded(rate_entry) -> bool:
+    """Whether a rate search met its objective at every rate it tried: its sustainable rate
+    is then a lower bound (the largest rate tried), not the largest rate that holds."""
+    return all(p["ok"] for p in rate_entry["probes"])
+
+
 def workload_summary(result) -> list[str]:
     """A short table: per workload and mode in the rate search, replay's sustainable rate over
-    snapshot's (the target: at least 1.3x) beside the prediction's ratio, then the hit rates
-    and the lossless counts of the decode rows at the lowest rate."""
+    snapshot's (the target: at least 1.3x; ">=": a search that met its objective at every rate
+    it tried, ``unbounded``) beside the prediction's ratio, then the hit rates and the
+    lossless counts of the decode rows at the lowest rate."""
     lines = [
         "| workload | mode | sustainable rate, replay / snapshot (req/s) | ratio | predicted "
         "ratio | hit rate, replay / snapshot | equal alone |",
@@ -393,12 +412,25 @@ def workload_summary(result) -> list[str]:
         modes = dict.fromkeys(r["mode"] for r in w["rates"]) or {"decode": None}
         low = min(r["rate"] for r in w["rows"])
         for mode in modes:
-            got, pred = _ratio(w, mode, "sustainable_rate"), _ratio(w, mode, "predicted_rate")
-            found = {r["strategy"]: r["sustainable_rate"] for r in w["rates"] if r["mode"] == mode}
+            got = _ratio(w, mode, "sustainable_rate")
+            pred = None  # this tree's formula from the file's measured inputs
+            if {"replay", "snapshot"} <= {r["strategy"] for r in w["rates"] if r["mode"] == mode}:
+                cfg = result["config"]
+                pred = workload_prediction(w, cfg, "replay", mode)[0]
+                pred /= workload_prediction(w, cfg, "snapshot", mode)[0]
+            entries = {r["strategy"]: r for r in w["rates"] if r["mode"] == mode}
+            found = {s: r["sustainable_rate"] for s, r in entries.items()}
+            bound = {s: ">= " if unbounded(r) else "" for s, r in entries.items()}
             rates = " / ".join(
-                "none met" if found.get(s) is None else f"{found[s]:.1f}"
+                "none met" if found.get(s) is None else f"{bound[s]}{found[s]:.1f}"
                 for s in ("replay", "snapshot")
             )
+            if got is not None and bound.get("snapshot"):
+                ratio = "? (snapshot's is a lower bound)"
+            elif got is not None:
+                ratio = f"{bound.get('replay', '')}{got:.2f}x"
+            else:
+                ratio = "-"
             rows = {r["strategy"]: r for r in w["rows"] if r["mode"] == mode and r["rate"] == low}
             hit = " / ".join(
                 f"{rows[s]['token_hit_rate']:.3f}" for s in ("replay", "snapshot") if s in rows
@@ -406,7 +438,7 @@ def workload_summary(result) -> list[str]:
             equal = sum(r["tokens_equal_alone"] for r in rows.values())
             n = sum(r["requests"] for r in rows.values())
             lines.append(
-                f"| {name} | {mode} | {rates} | {'-' if got is None else f'{got:.2f}x'} | "
+                f"| {name} | {mode} | {rates} | {ratio} | "
                 f"{'-' if pred is None else f'{pred:.2f}x'} | {hit} | {equal}/{n} |"
             )
     return lines
