@@ -1375,3 +1375,88 @@ def test_the_final_trees_gpu_tests_of_the_changed_serving_code_match_their_logs(
         passed, skipped = re.search(r"(\d+) passed, (\d+) skipped in", log).groups()
         said.append(f"**{passed} passed, {skipped} skipped**")
     assert f"{said[0]} and {said[1]}" in text
+
+
+def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
+    from replaylab.bench.workload_stream import workload_prediction, workload_summary
+
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    names = ("multi_turn", "system_prompts", "few_shot", "agents")
+    runs = {
+        n: json.loads((ROOT / f"data/bench_workload_stream_gpu_{n}_h100_6b344e2.json").read_text())
+        for n in names
+    }
+    table = workload_summary(runs[names[0]])
+    for n in names[1:]:
+        table += workload_summary(runs[n])[2:]
+    assert " ".join("\n".join(table).split()) in text
+    ws = {n: r["workloads"][n] for n, r in runs.items()}
+    for r in runs.values():
+        assert r["complete"] and r["commit"] == "6b344e2" and "H100" in r["device"]
+        assert r["versions"]["transformers"] == "5.17.0"
+    secs = sorted(r["seconds"] for r in runs.values())
+    assert f"every file `complete`, {secs[0]:.0f}-{secs[-1]:.0f} s each" in text
+    budgets = sorted(w["budget_bytes"] / 1e6 for w in ws.values())
+    assert f"under snapshot, {budgets[0]:.0f}-{budgets[-1]:.0f} MB)" in text
+    streams = [s for w in ws.values() for s in w["rows"] + [p for r in w["rates"] for p in r["probes"]]]  # fmt: skip
+    assert {s["graph_captures"] for s in streams} == {0}
+    assert f"**0 in all {len(streams)} timed streams** ({len(streams) // 4} a workload)" in text
+    rows = [r for w in ws.values() for r in w["rows"]]
+    assert all(r["tokens_equal_alone"] == r["requests"] for r in rows)
+
+    def span(values, fmt="{:.2f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    tpot2 = [1e3 * r["tpot_s"]["p50"] for r in rows if r["rate"] == 2.0 and r["mode"] == "decode"]
+    b1 = [1e3 * b["tpot_s"] for w in ws.values() for b in w["batch1"].values()]
+    assert f"the TPOT p50 is {span(tpot2)} ms, against batch-1 TPOTs of {span(b1)} ms" in text
+    peak = {
+        s: sorted(
+            max(r["peak_running"] for r in w["rows"] if r["strategy"] == s) for w in ws.values()
+        )  # fmt: skip
+        for s in ("replay", "snapshot")
+    }
+    assert f"At most {peak['snapshot'][0]}-{peak['snapshot'][-1]} snapshot requests" in text
+    assert f"ran up to {peak['replay'][0]}-{peak['replay'][-1]} under the same bytes" in text
+    fs = ws["few_shot"]
+    probes = {r["strategy"]: r["probes"] for r in fs["rates"] if r["mode"] == "decode"}
+    rfail = next(p for p in probes["replay"] if not p["ok"])
+    sfail = next(p for p in probes["snapshot"] if not p["ok"])
+    obj = fs["objective"]
+    assert rfail["wait_p90_s"] <= obj["wait_p90_max_s"] < sfail["wait_p90_s"]
+    assert sfail["tpot_p99_s"] <= obj["tpot_p99_max_s"] < rfail["tpot_p99_s"]
+    assert (
+        f"TPOT bound ({1e3 * rfail['tpot_p99_s']:.2f} ms over {1e3 * obj['tpot_p99_max_s']:.2f} "
+        f"at {rfail['rate']:.1f} requests a second" in text
+    )
+    assert (
+        f"wait bound ({1e3 * sfail['wait_p90_s']:.0f} ms over {1e3 * obj['wait_p90_max_s']:.0f} "
+        f"ms at {sfail['rate']:.1f})" in text
+    )
+    burst = [w["prompts"] / b["serve_s"] for w in ws.values() for b in w["batch1"].values()]
+    assert f"({span(burst, '{:.0f}')} requests a second here)" in text
+    rates = {
+        (n, r["strategy"], r["mode"]): r["sustainable_rate"] for n, w in ws.items() for r in w["rates"]
+    }  # fmt: skip
+    synth = [v for (n, s, m), v in rates.items() if s == "replay" and m == "synthetic"]
+    assert f"synthetic drafter ({min(synth):.0f} to at least {max(synth):.0f} requests" in text
+    point = {n: max(w["prompts"] / b["serve_s"] for b in w["batch1"].values()) for n, w in ws.items()}  # fmt: skip
+    assert all(rates[(n, "replay", "synthetic")] > point[n] for n in names)  # bursts, each
+    assert rates[("agents", "replay", "decode")] > point["agents"]
+    assert all(rates[(n, "replay", "decode")] < point[n] for n in names[:3])
+    pred = [
+        workload_prediction(w, runs[n]["config"], "replay", "decode")[0]
+        / workload_prediction(w, runs[n]["config"], "snapshot", "decode")[0]
+        for n, w in ws.items()
+    ]
+    assert f"puts replay at {min(pred):.2f}-{max(pred):.2f}x snapshot for decode" in text
+    ttft = []
+    for w in ws.values():
+        got = {r["strategy"]: 1e3 * r["ttft_s"]["p50"] for r in w["rows"] if r["rate"] == 2.0 and r["mode"] == "decode"}  # fmt: skip
+        ttft.append(f"{got['replay']:.1f} / {got['snapshot']:.1f}")
+    assert (
+        f"multi-turn {ttft[0]} ms, system prompts {ttft[1]}, few-shot {ttft[2]}, agents {ttft[3]}"
+        in text
+    )
+    log = (ROOT / "data/gpu_tests_workload_stream_h100_6b344e2.log").read_text()
+    assert "tree of 6b344e2" in log and "15 passed in" in log and "failed" not in log
