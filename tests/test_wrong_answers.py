@@ -1507,6 +1507,31 @@ def test_chunk_resume_extra_tokens_wrong_answers(capsys):
     assert "largest multiple of the prefill chunk" in _out(capsys)
 
 
+def test_stream_bound_wrong_answers(capsys):
+    """Notebook 14's question 5 against the committed GPU request streams: the bounds the
+    failed probes broke pass; each strategy's other bound, and a malformed answer, fail."""
+    from replaylab.bench.workload_stream import stopping_probe
+    from replaylab.results import load_bench
+
+    for w, path in exercises_prefix.WORKLOAD_STREAM_RESULTS.items():  # the data say it
+        run = load_bench(path)["workloads"][w]
+        obj = run["objective"]
+        for r in run["rates"]:
+            if r["mode"] == "decode":
+                p = stopping_probe(r)
+                tpot, wait = p["tpot_p99_s"] > obj["tpot_p99_max_s"], p["wait_p90_s"] > obj["wait_p90_max_s"]  # fmt: skip
+                assert (tpot, wait) == ((True, False) if r["strategy"] == "replay" else (False, True))  # fmt: skip
+    assert exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "wait"})
+    _out(capsys)
+    assert not exercises_prefix.check_stream_bound({"replay": "wait", "snapshot": "wait"})
+    assert "for replay, compare the failed probe" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "tpot"})
+    assert "for snapshot, compare" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound(("tpot", "wait"))
+    assert "expected {'replay': ..., 'snapshot': ...}" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound({"replay": "tpot"})
+
+
 def test_counts_must_be_whole_numbers(capsys):
     """int() truncated a count: an answer half a request, a draft or a token off passed."""
     import numpy as np

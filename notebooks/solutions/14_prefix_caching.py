@@ -56,10 +56,17 @@ align_zero_answer = next(  # the first block size, in increasing order, with no 
 
 # %% offgrid_extra_tokens
 run = ttft[1]  # the off-grid run: align resumes at the grid point below the match, replay at it
-offgrid_answer = run["shared_tokens"] - run["shared_tokens"] // run["block_size"] * run["block_size"]
+offgrid_answer = (
+    run["shared_tokens"] - run["shared_tokens"] // run["block_size"] * run["block_size"]
+)
 
 
 # %% chunk_resume_extra_tokens
 # replay resumes at the match, replay:chunk at the multiple of the chunk below it
 chunk_answer = chunk_run["shared_tokens"] % chunk_run["prefill_chunk"]
 
+
+# %% stream_bound
+# in the rows of section 7, replay's failed probe is over the TPOT bound and within the wait
+# bound on every workload; snapshot's the other way round
+bound_answer = {"replay": "tpot", "snapshot": "wait"}

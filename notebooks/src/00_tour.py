@@ -27,9 +27,9 @@
 # | 11 Beyond Mamba-2 | Mamba-1 and Gated DeltaNet under the same strategies | 85 |
 # | 12 Recap | an auto-graded quiz over 01-11; where to go next in vLLM and SGLang | 85 |
 # | 13 Serving | how does a server batch requests that come and go, under one byte budget? | 100 |
-# | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 90 |
+# | 14 Prefix caching | why does a hybrid's prefix cache miss where a transformer's hits, and how does replay resume anywhere? | 100 |
 # | 15 Appendix: reading the measurements | *optional, after the sequence:* the rest of the H200 runs read in depth (provenance, the teaching path, fusion, concurrency, the cost model's floor, the caveats, a roofline) | 50 |
-# | **total** | | **860 (14 h 20 min)** |
+# | **total** | | **870 (14 h 30 min)** |
 #
 # **How the minutes were set.** Executing a notebook is the small part: every one runs top to
 # bottom in seconds on a 2-core CPU (timed with `jupyter nbconvert --to notebook --execute`, one
@@ -43,8 +43,8 @@
 #
 # ## Time budgets and two short paths
 #
-# The minutes in the table are the whole sequence: **860 minutes of reading and exercises (14 h 20
-# min)**, a three-day workshop (day 1: 00-06, 335 minutes; day 2: 07-12, 285 minutes; day 3: 13-14, 190 minutes; the appendix,
+# The minutes in the table are the whole sequence: **870 minutes of reading and exercises (14 h 30
+# min)**, a three-day workshop (day 1: 00-06, 335 minutes; day 2: 07-12, 285 minutes; day 3: 13-14, 200 minutes; the appendix,
 # 15, 50 minutes, optional) before set-up and breaks. Two shorter paths through the same notebooks follow; each notebook's exercise text
 # says which exercises a path skips (marked *optional*).
 #
@@ -185,7 +185,7 @@
 # * Write a draft slot's provisional room, the choice of each round's k from measured round
 #   times, and a round's accepted drafts in numpy.
 #
-# **14 Prefix caching (90 min)**
+# **14 Prefix caching (100 min)**
 # * Say why a hybrid's prefix cache misses where a transformer's hits: KV rows at every token, a
 #   recurrent state only where it was saved.
 # * Write the radix-tree lookup over token ids on a block grid, and the state at any position
@@ -193,6 +193,8 @@
 # * Serve four request workloads under replay, align (snapshot) and recompute, read each
 #   request's hit report, and compare hit rates with an attention-only model's by block size
 #   and byte budget.
+# * Read a stream of requests under one byte budget on a GPU: how many requests each strategy
+#   runs at once, and which bound of the objective stops each one's rate.
 #
 # **15 Appendix: reading the measurements, optional (50 min)**
 # * Read each H200 run with its provenance and its own copy bandwidth: the teaching path, what

@@ -17,10 +17,11 @@
 # grid checkpoint and the log after it, checked against a one-shot prefill; serve four request
 # workloads through the library's `PrefixCache` under replay, snapshot (align) and recompute,
 # reading each request's hit report (where it resumed, and why not further); compare the hit
-# rates with an attention-only model's; explore block size and byte budget; and answer four
+# rates with an attention-only model's; explore block size and byte budget; read how the
+# strategies fare in a stream of requests under one byte budget on a GPU; and answer five
 # questions whose answers the library computes.
 #
-# **Time:** about 90 minutes.
+# **Time:** about 100 minutes.
 #
 # ## Prerequisites
 # Notebooks 02 (the selective scan), 05 (recompute vs replay: the fold) and 13 (serving: one
@@ -68,6 +69,7 @@ from replaylab.teaching.plotting_prefix import (
     ideal_hit_rate,
     ttft_figure,
     ttft_rows,
+    workload_stream_rows,
 )
 from replaylab.results import load_bench
 from replaylab.prefix import PREFIX_STRATEGIES, PrefixCache
@@ -700,6 +702,40 @@ chunk_answer = None  # prompt tokens per request
 ex.check_chunk_resume_extra_tokens(chunk_answer);
 
 # %% [markdown]
+# ## 7. A stream of requests under one byte budget, on a GPU
+#
+# A hit's time is one request's story; a server sees a stream. `replaylab bench
+# workload-stream` serves four workloads that share prefixes (multi-turn chat, shared system
+# prompts, few-shot, agents whose tool calls part off the block grid) as Poisson arrivals
+# through the serving scheduler: the engine's prefix cache, prefills interleaved with the
+# running requests' decode steps, and one byte budget for requests and tree together (the tree
+# is evicted down to what the running requests leave). The budget is a quarter of what all of
+# a workload's requests would hold at once under snapshot, whose slots carry k + 1 copies of
+# the state for speculation. Each strategy's **sustainable rate** is the largest arrival rate
+# at which p99 TPOT stays within twice the batch-1 TPOT and p90 wait for admission within the
+# time to serve one request alone, found by a search of six probes. The H100 run, plain decode:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("\n".join(workload_stream_rows()))
+
+# %% [markdown]
+# Each workload has only 10-12 requests. Above the burst point all of them arrive before one
+# served alone would finish, so a rate there says how a burst is absorbed, not what a server
+# sustains all day. `data/README.md` has the rows with synthetic drafts too, where replay
+# absorbs every burst tried.
+#
+# **Question 5.** Each strategy's search stopped at a failed probe. Which bound of the objective
+# stopped it, `"tpot"` or `"wait"`? It is the same on all four workloads. Answer as
+# `{"replay": ..., "snapshot": ...}`, then say why from what each strategy's slot holds.
+
+# %% exercise="stream_bound" tags=["exercise"]
+bound_answer = None  # {"replay": "tpot" or "wait", "snapshot": "tpot" or "wait"}
+
+# %%
+ex.check_stream_bound(bound_answer);
+
+# %% [markdown]
 # ## Summary
 # * A prefix cache matches token ids in a radix tree of blocks; KV rows make any matched
 #   position usable, a recurrent state only the positions where it was saved.
@@ -714,10 +750,12 @@ ex.check_chunk_resume_extra_tokens(chunk_answer);
 #   replay's cold prefill now does align's device work.
 # * A hit is a second arithmetic: replay's differs from the cold run in the last bits, align's
 #   does not; `resume="chunk"` makes replay's exact for at most C - 1 more tokens a hit.
+# * In a stream under one budget (section 7) replay runs several times as many requests at once
+#   as snapshot; its rate is then bound by its decode steps, snapshot's by its queue.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
-# four questions in sections 4, 5 and 6 (two in 6), each with its check; reference answers in
+# five questions in sections 4-7 (two in 6), each with its check; reference answers in
 # `solutions/14_prefix_caching.py`. On the 3-hour and 1-day paths this whole notebook is
 # *optional*.
 #

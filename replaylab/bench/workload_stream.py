@@ -89,6 +89,7 @@ __all__ = [
     "run_workload_stream",
     "workload_summary",
     "unbounded",
+    "stopping_probe",
 ]
 
 WORKLOADS = ("multi_turn", "system_prompts", "few_shot", "agents")
@@ -390,6 +391,16 @@ def _ratio(w, mode, key):
     if by.get("replay") and by.get("snapshot"):
         return by["replay"] / by["snapshot"]
     return None
+
+
+def stopping_probe(rate_entry):
+    """The failed probe just above a rate search's sustainable rate (the slowest failed one
+    when none held), or None for an ``unbounded`` search: its ``tpot_p99_s`` and
+    ``wait_p90_s`` against the objective say which bound stopped the rate."""
+    found = rate_entry["sustainable_rate"]
+    failed = [p for p in rate_entry["probes"] if not p["ok"]]
+    above = [p for p in failed if found is None or p["rate"] > found]
+    return min(above, key=lambda p: p["rate"]) if above else None
 
 
 def unbounded(rate_entry) -> bool:

@@ -32,6 +32,8 @@ from replaylab.teaching.exercises_common import whole_number
 from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = [
+    "WORKLOAD_STREAM_RESULTS",
+    "check_stream_bound",
     "block_parts",
     "TokenTree",
     "check_prefix_lookup",
@@ -55,6 +57,11 @@ __all__ = [
 OFFGRID_TTFT = "data/bench_prefix_ttft_offgrid_gpu.json"
 # replay with its hits resumed at the match and on the prefill's chunk grid, beside align (CPU)
 CHUNK_RESUME_TTFT = "data/bench_prefix_ttft_resume_chunk_cpu.json"
+# the prefix-sharing request streams on an H100 (``replaylab bench workload-stream --preset gpu``)
+WORKLOAD_STREAM_RESULTS = {
+    w: f"data/bench_workload_stream_gpu_{w}_h100_6b344e2.json"
+    for w in ("multi_turn", "system_prompts", "few_shot", "agents")
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -751,3 +758,47 @@ def check_chunk_resume_extra_tokens(answer, path=CHUNK_RESUME_TTFT) -> bool:
     else:
         hint = "resume='chunk' resumes at the largest multiple of the prefill chunk <= the match"
     return report(name, False, f"{answer!r} - {hint}")
+
+
+def _bound(probe, objective) -> str:
+    """Which bound of ``objective`` a failed rate probe broke: "tpot", "wait" or "both"."""
+    tpot = probe["tpot_p99_s"] > objective["tpot_p99_max_s"]
+    wait = probe["wait_p90_s"] > objective["wait_p90_max_s"]
+    return "both" if tpot and wait else "tpot" if tpot else "wait"
+
+
+@guarded("what stops each strategy's rate")
+def check_stream_bound(answer, paths=WORKLOAD_STREAM_RESULTS) -> bool:
+    """Question (notebook 14): ``{strategy: bound}`` for "replay" and "snapshot": the bound of
+    the objective ("tpot" or "wait") that stopped each strategy's rate search of plain decode
+    on the GPU request streams (its failed probe just above its sustainable rate), the same on
+    every workload."""
+    from replaylab.bench.workload_stream import stopping_probe
+    from replaylab.results import load_bench
+
+    name = "what stops each strategy's rate"
+    if answer is None or answer is Ellipsis:
+        return report(name, False, "no answer yet (replace None with your answer)")
+    shape = "expected {'replay': ..., 'snapshot': ...}, each 'tpot' or 'wait'"
+    try:
+        given = answer if isinstance(answer, dict) else dict(answer)
+    except (TypeError, ValueError) as err:
+        return report(name, False, f"{answer!r} - {shape} ({describe_exception(err)})")
+    if set(given) != {"replay", "snapshot"}:
+        return report(name, False, f"{answer!r} - {shape}")
+    bounds = {"replay": set(), "snapshot": set()}
+    for w, path in paths.items():
+        run = load_bench(path)["workloads"][w]
+        for r in run["rates"]:
+            if r["mode"] == "decode" and r["strategy"] in bounds:
+                bounds[r["strategy"]].add(_bound(stopping_probe(r), run["objective"]))
+    want = {s: b.pop() for s, b in bounds.items() if len(b) == 1}
+    if len(want) < 2:
+        raise RuntimeError(f"the runs do not stop each strategy by one bound: {bounds}")
+    wrong = [s for s in want if given[s] != want[s]]
+    if wrong:
+        return report(name, False, f"{answer!r} - for {' and '.join(wrong)}, compare the failed "
+                      f"probe's TPOT and wait with the objective's two bounds")  # fmt: skip
+    return report(name, True, f"{answer!r}: replay's small state lets many requests run at "
+                  f"once, and their decode steps share the device with prefill chunks; "
+                  f"snapshot's k + 1 states fill the budget, and requests queue")  # fmt: skip

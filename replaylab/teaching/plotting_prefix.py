@@ -23,11 +23,16 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from replaylab.bench.prefix import WORKLOADS, workload
-from replaylab.teaching.exercises_prefix import serve_stream, token_hit_rate
+from replaylab.teaching.exercises_prefix import (
+    WORKLOAD_STREAM_RESULTS,
+    serve_stream,
+    token_hit_rate,
+)
 from replaylab.teaching.widgets import COLORS, _Explorer
 
 __all__ = [
     "LABELS",
+    "workload_stream_rows",
     "ideal_hit_rate",
     "hit_rates",
     "hit_report_rows",
@@ -402,3 +407,45 @@ def ttft_figure(results) -> go.Figure:
         height=420,
     )
     return fig
+
+
+def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
+    """The GPU request streams (one file per workload), plain decode: the run, then per
+    workload its objective and per strategy the most requests that ran at once, the token hit
+    rate at the lowest rate, the sustainable rate (">=": a lower bound,
+    ``workload_stream.unbounded``) and its failed probe just above (rate, p99 TPOT, p90
+    wait), then replay's rate over snapshot's and the burst point: n requests over the
+    batch-1 time to serve one (above it, all n arrive before one served alone finishes)."""
+    from replaylab.bench.workload_stream import stopping_probe, unbounded
+    from replaylab.results import load_bench
+
+    lines = []
+    for w, path in paths.items():
+        run = load_bench(path)
+        if not lines:
+            lines.append(f"{run['device']}, {run['date'][:10]}, tree of {run['commit']}; "
+                         f"plain decode")  # fmt: skip
+        r = run["workloads"][w]
+        obj = r["objective"]
+        lines.append(f"{w}: budget {r['budget_bytes'] / 1e6:.0f} MB, objective p99 TPOT <= "
+                     f"{1e3 * obj['tpot_p99_max_s']:.2f} ms, p90 wait <= "
+                     f"{1e3 * obj['wait_p90_max_s']:.0f} ms")  # fmt: skip
+        found = {}
+        for s in ("replay", "snapshot"):
+            rows = [x for x in r["rows"] if x["strategy"] == s and x["mode"] == "decode"]
+            low = min(rows, key=lambda x: x["rate"])
+            entry = next(x for x in r["rates"] if x["strategy"] == s and x["mode"] == "decode")
+            found[s] = entry["sustainable_rate"]
+            stop = stopping_probe(entry)
+            stopped = "none failed" if stop is None else (
+                f"failed at {stop['rate']:.1f}: TPOT {1e3 * stop['tpot_p99_s']:.2f} ms, wait "
+                f"{1e3 * stop['wait_p90_s']:.0f} ms")  # fmt: skip
+            rate = "none met" if found[s] is None else (
+                f"{'>= ' if unbounded(entry) else ''}{found[s]:.1f} req/s")  # fmt: skip
+            lines.append(f"  {s:9s} up to {max(x['peak_running'] for x in rows):2d} at once, hit "
+                         f"{low['token_hit_rate']:.3f}, sustainable {rate} ({stopped})")  # fmt: skip
+        burst = max(r["prompts"] / b["serve_s"] for b in r["batch1"].values())
+        ratio = "-" if None in found.values() else f"{found['replay'] / found['snapshot']:.2f}x"
+        lines.append(f"  replay / snapshot {ratio}; burst from {burst:.0f} req/s "
+                     f"({r['prompts']} requests)")  # fmt: skip
+    return lines
