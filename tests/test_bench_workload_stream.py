@@ -47,6 +47,22 @@ def test_the_workloads_share_what_they_say(block):
         assert later[: len(earlier)] == earlier and len(later) > len(earlier)
 
 
+@pytest.mark.parametrize("name", WORKLOADS)
+def test_rounds_repeat_the_requests_over_the_same_shared_parts(name):
+    one, _ = workload_prompts(name, 64, vocab=50_000)
+    three, outs = workload_prompts(name, 64, vocab=50_000, rounds=3)
+    assert len(three) == len(outs) == 3 * len(one) and three[: len(one)] == one
+    later = three[len(one) :]
+    assert all(p not in one for p in later)  # fresh unique parts
+    if name == "multi_turn":  # new conversations: a new opening, shared along its own turns
+        assert all(common_prefix(a, b) < 32 for a in later for b in one)
+    else:  # each later request shares its workload's longest prefix with some first-round one
+        assert all(
+            max(common_prefix(p, q) for q in one) >= max(common_prefix(one[0], q) for q in one[1:])
+            for p in later
+        )
+
+
 def test_arrivals_are_a_seeded_poisson_process():
     times = arrivals(2000, 50.0, seed=1)
     assert times == sorted(times) and times == arrivals(2000, 50.0, seed=1)
@@ -81,6 +97,7 @@ def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out
     [
         (lambda: workload_prompts("chat", 16, 50), "workload: expected one of"),
         (lambda: workload_prompts("agents", 4, 50), "block: expected at least 8 tokens, got 4"),
+        (lambda: workload_prompts("agents", 16, 50, rounds=0), r"rounds: expected 1 <= rounds"),
         (lambda: arrivals(3, 0.0), r"rate: expected > 0 requests/s, got 0.0"),
         (lambda: run_workload_stream("tpu"), r"preset: expected one of \['cpu', 'gpu'\]"),
         (lambda: run_workload_stream(modes=("decode", "beam")), "modes: expected some of"),

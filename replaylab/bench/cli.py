@@ -514,6 +514,7 @@ def _workload_stream(args):
             device=device,
             log=lambda line: print(line, flush=True),
             progress=keep,
+            rounds=args.rounds,
         )
     return _save(args, result, out, workload_summary, t0)
 
@@ -923,6 +924,13 @@ def add_bench_parser(subparsers):
         help="comma-separated modes",
     )
     ws.add_argument("--k", type=int, default=4, help="drafts per round")
+    ws.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="each workload's requests this many times, fresh unique parts over the same "
+        "shared ones (longer streams: rates nearer a steady state)",
+    )
     ws.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
     ws.set_defaults(run=_workload_stream)
     for p in (k, gk, s, mm, mt, d, e, ef, v, ss, px, dm, ws, sp):

@@ -15,6 +15,10 @@ one to two blocks and part off the block grid where the workload says so):
                     then unique arguments of b/8..b/4; 12 requests. Every divergence is off
                     the grid (1.3b, 1.3b + b/3): replay resumes at the match, align below it
 
+The counts are one round; ``rounds`` (the presets' 1, ``--rounds``) repeats each workload's
+requests with fresh unique parts over the same shared ones, for streams long enough that a
+rate is not only how a burst of 10-12 requests is absorbed.
+
 Modes: "decode"; "synthetic" (each request its own drafter right with probability
 ``acceptance`` against the request's greedy tokens, k drafts); "lookup" (prompt lookup, k
 drafts); "draft-model" (one ``serving.BatchModelDrafter`` over ``draft`` in its own replay
@@ -77,6 +81,7 @@ from replaylab.bench.stream import (
     stream_metrics,
     sustainable_rate,
 )
+from replaylab.validation import as_int
 
 __all__ = [
     "WORKLOADS",
@@ -101,12 +106,13 @@ PRESETS = {
     "cpu": dict(
         model="tiny", block=16, log_length=8, max_batch=4, chunk=16, rates=(20.0, 80.0),
         rate_modes=("decode", "synthetic"), rate_probes=6, budget_share=0.25, resume="match",
+        rounds=1,
     ),
     # Nemotron-H 8B's layer shapes in bf16, blocks of 512 (the GPU run)
     "gpu": dict(
         model="8b-layers", block=512, log_length=16, max_batch=32, chunk=512,
         rates=(2.0, 8.0, 32.0), rate_modes=("decode", "synthetic"), rate_probes=6,
-        budget_share=0.25, resume="chunk",
+        budget_share=0.25, resume="chunk", rounds=1,
     ),
 }  # fmt: skip
 
@@ -119,32 +125,42 @@ def _n(g, low, high):
     return int(torch.randint(max(1, low), max(1, low, high) + 1, (1,), generator=g))
 
 
-def workload_prompts(name, block, vocab, seed=0) -> tuple[list[list[int]], list[int]]:
+def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[int]], list[int]]:
     """(prompts as token id lists in arrival order, output lengths b/8..b/4 each) of workload
-    ``name`` (see the module docstring) at block size ``block``, ids in [0, vocab)."""
+    ``name`` (see the module docstring) at block size ``block``, ids in [0, vocab).
+    ``rounds`` repeats the workload's requests with fresh unique parts over the same shared
+    ones (multi_turn: 3 more conversations a round), so a longer stream keeps the workload's
+    sharing; the first round's prompts do not depend on ``rounds``."""
     if name not in WORKLOADS:
         raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
     b = int(block)
     if b < 8:
         raise ValueError(f"block: expected at least 8 tokens, got {block}")
+    rounds = as_int("rounds", rounds, low=1)
     g = torch.Generator().manual_seed(seed)
     if name == "multi_turn":
-        chats = [_ids(g, _n(g, b // 2, b), vocab) for _ in range(3)]
         prompts = []
-        for _ in range(4):
-            for c in range(3):
-                chats[c] = chats[c] + _ids(g, _n(g, b // 4, b // 2), vocab)
-                prompts.append(list(chats[c]))
+        for _ in range(rounds):
+            chats = [_ids(g, _n(g, b // 2, b), vocab) for _ in range(3)]
+            for _ in range(4):
+                for c in range(3):
+                    chats[c] = chats[c] + _ids(g, _n(g, b // 4, b // 2), vocab)
+                    prompts.append(list(chats[c]))
     elif name == "system_prompts":
         systems = [_ids(g, round(f * b), vocab) for f in (0.6, 1.3, 1.75)]
-        prompts = [systems[i % 3] + _ids(g, _n(g, b // 8, b // 3), vocab) for i in range(12)]
+        prompts = [
+            systems[i % 3] + _ids(g, _n(g, b // 8, b // 3), vocab) for i in range(12 * rounds)
+        ]
     elif name == "few_shot":
         sets = [_ids(g, round(1.4 * b), vocab) for _ in range(2)]
-        prompts = [sets[i % 2] + _ids(g, _n(g, b // 16, b // 5), vocab) for i in range(10)]
+        prompts = [sets[i % 2] + _ids(g, _n(g, b // 16, b // 5), vocab) for i in range(10 * rounds)]
     else:  # agents
         shared = _ids(g, round(1.3 * b), vocab)
         tools = [_ids(g, max(1, b // 3), vocab) for _ in range(3)]
-        prompts = [shared + tools[i % 3] + _ids(g, _n(g, b // 8, b // 4), vocab) for i in range(12)]
+        prompts = [
+            shared + tools[i % 3] + _ids(g, _n(g, b // 8, b // 4), vocab)
+            for i in range(12 * rounds)
+        ]
     outs = [_n(g, b // 8, b // 4) for _ in prompts]
     return prompts, outs
 
@@ -273,7 +289,7 @@ def run_workload_stream(
             progress(result)
 
     for name in workloads:
-        prompts, outs = workload_prompts(name, b, vocab, seed)
+        prompts, outs = workload_prompts(name, b, vocab, seed, cfg["rounds"])
         max_len = max(map(len, prompts)) + max(outs) + k + 2
 
         def engine(strategy, slots=cfg["max_batch"], model=model):
