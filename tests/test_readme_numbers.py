@@ -1378,7 +1378,11 @@ def test_the_final_trees_gpu_tests_of_the_changed_serving_code_match_their_logs(
 
 
 def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
-    from replaylab.bench.workload_stream import workload_prediction, workload_summary
+    from replaylab.bench.workload_stream import (
+        stopping_probe,
+        workload_prediction,
+        workload_summary,
+    )
 
     text = " ".join((ROOT / "data/README.md").read_text().split())
     names = ("multi_turn", "system_prompts", "few_shot", "agents")
@@ -1419,9 +1423,8 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
     assert f"At most {peak['snapshot'][0]}-{peak['snapshot'][-1]} snapshot requests" in text
     assert f"ran up to {peak['replay'][0]}-{peak['replay'][-1]} under the same bytes" in text
     fs = ws["few_shot"]
-    probes = {r["strategy"]: r["probes"] for r in fs["rates"] if r["mode"] == "decode"}
-    rfail = next(p for p in probes["replay"] if not p["ok"])
-    sfail = next(p for p in probes["snapshot"] if not p["ok"])
+    entry = {r["strategy"]: r for r in fs["rates"] if r["mode"] == "decode"}
+    rfail, sfail = stopping_probe(entry["replay"]), stopping_probe(entry["snapshot"])
     obj = fs["objective"]
     assert rfail["wait_p90_s"] <= obj["wait_p90_max_s"] < sfail["wait_p90_s"]
     assert sfail["tpot_p99_s"] <= obj["tpot_p99_max_s"] < rfail["tpot_p99_s"]
@@ -1449,7 +1452,32 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
         / workload_prediction(w, runs[n]["config"], "snapshot", "decode")[0]
         for n, w in ws.items()
     ]
-    assert f"puts replay at {min(pred):.2f}-{max(pred):.2f}x snapshot for decode" in text
+    measured = [rates[(n, "replay", "decode")] / rates[(n, "snapshot", "decode")] for n in names]
+    assert (
+        f"puts replay at {min(pred):.2f}-{max(pred):.2f}x snapshot for decode, against "
+        f"{min(measured):.2f}-{max(measured):.2f}x measured: it misses every workload, both ways"
+        in text
+    )
+    assert min(pred) > min(measured) and max(pred) < max(measured)
+    assert all(abs(p / m - 1) > 0.2 for p, m in zip(pred, measured))
+    assert f"below the burst point (next item) on two workloads (multi-turn {measured[0]:.2f}x, system prompts {measured[1]:.2f}x)" in text  # fmt: skip
+    assert f"on agents ({measured[3]:.2f}x) replay's rate lies above its burst point; missed on few-shot ({measured[2]:.2f}x)" in text  # fmt: skip
+    assert measured[2] < 1.3 <= min(measured[0], measured[1], measured[3])
+    per_req = {
+        r["strategy"]: r["accounted_bytes_per_request"]["mean"] / 1e6
+        for r in fs["rows"]
+        if r["mode"] == "decode" and r["rate"] == 2.0
+    }
+    assert f"{per_req['snapshot']:.1f} MB a request on few-shot against replay's {per_req['replay']:.1f} MB" in text  # fmt: skip
+    synth_stop = {
+        n: [p["rate"] for p in r["probes"] if not p["ok"]]
+        for n, w in ws.items()
+        for r in w["rates"]
+        if r["strategy"] == "replay" and r["mode"] == "synthetic"
+    }
+    assert synth_stop["system_prompts"] == synth_stop["agents"] == []
+    mt, few = synth_stop["multi_turn"], sorted(synth_stop["few_shot"])
+    assert f"bursts too ({mt[0]:.1f}; {few[0]:.1f} and {few[1]:.1f})" in text and len(mt) == 1
     ttft = []
     for w in ws.values():
         got = {r["strategy"]: 1e3 * r["ttft_s"]["p50"] for r in w["rows"] if r["rate"] == 2.0 and r["mode"] == "decode"}  # fmt: skip

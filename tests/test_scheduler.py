@@ -651,6 +651,7 @@ def test_the_budget_functions_refuse_negative_counts_by_name():
         ([1], "0", 10, r"expected used >= 0 bytes, got '0'"),
         ([1], 0, True, r"expected budget >= 0 bytes, got True"),
         ([torch.tensor([1, 2])], 0, 10, r"needs\[0\] = tensor\(\[1, 2\]\)"),
+        ([torch.tensor([5])], 0, 10, r"needs\[0\] = tensor\(\[5\]\)"),
     ],
 )
 def test_admissible_names_a_byte_count_that_is_no_number(needs, used, budget, match):

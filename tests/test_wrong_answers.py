@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import re
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -1523,13 +1525,30 @@ def test_stream_bound_wrong_answers(capsys):
                 assert (tpot, wait) == ((True, False) if r["strategy"] == "replay" else (False, True))  # fmt: skip
     assert exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "wait"})
     _out(capsys)
-    assert not exercises_prefix.check_stream_bound({"replay": "wait", "snapshot": "wait"})
-    assert "for replay, compare the failed probe" in _out(capsys)
-    assert not exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "tpot"})
-    assert "for snapshot, compare" in _out(capsys)
+    assert exercises_prefix.check_stream_bound({"replay": "TPOT", "snapshot": " Wait"})
+    _out(capsys)
+    for wrong in ({"replay": "wait", "snapshot": "wait"}, {"replay": "tpot", "snapshot": "tpot"}):
+        assert not exercises_prefix.check_stream_bound(wrong)
+        assert "not both: compare each strategy's failed probe" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound({"replay": "latency", "snapshot": "wait"})
+    assert "each bound is 'tpot' or 'wait'; got {'replay': 'latency'}" in _out(capsys)
     assert not exercises_prefix.check_stream_bound(("tpot", "wait"))
     assert "expected {'replay': ..., 'snapshot': ...}" in _out(capsys)
     assert not exercises_prefix.check_stream_bound({"replay": "tpot"})
+
+
+def test_stream_bound_leaves_out_a_search_no_probe_failed(tmp_path, capsys):
+    """A decode search that met its objective at every rate has no stopping probe: the check
+    reads the others (it raised a TypeError, reported as the learner's error)."""
+    paths = dict(exercises_prefix.WORKLOAD_STREAM_RESULTS)
+    run = json.loads(Path(paths["agents"]).read_text())
+    for r in run["workloads"]["agents"]["rates"]:
+        if r["strategy"] == "replay" and r["mode"] == "decode":
+            r["probes"] = [dict(p, ok=True) for p in r["probes"]]
+    paths["agents"] = tmp_path / "agents.json"
+    paths["agents"].write_text(json.dumps(run))
+    assert exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "wait"}, paths)
+    assert "PASS" in _out(capsys)
 
 
 def test_counts_must_be_whole_numbers(capsys):

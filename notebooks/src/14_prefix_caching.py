@@ -710,8 +710,10 @@ ex.check_chunk_resume_extra_tokens(chunk_answer);
 # through the serving scheduler: the engine's prefix cache, prefills interleaved with the
 # running requests' decode steps, and one byte budget for requests and tree together (the tree
 # is evicted down to what the running requests leave). The budget is a quarter of what all of
-# a workload's requests would hold at once under snapshot, whose slots carry k + 1 copies of
-# the state for speculation. Each strategy's **sustainable rate** is the largest arrival rate
+# a workload's requests would hold at once under snapshot. The engines are built for
+# speculation (k = 4) in every mode, so a snapshot slot keeps its k + 1 copies of the state in
+# plain decode too; the rows print the bytes the budget counts for each request. Each
+# strategy's **sustainable rate** is the largest arrival rate
 # at which p99 TPOT stays within twice the batch-1 TPOT and p90 wait for admission within the
 # time to serve one request alone, found by a search of six probes. The H100 run, plain decode:
 
@@ -721,9 +723,9 @@ print("\n".join(workload_stream_rows()))
 
 # %% [markdown]
 # Each workload has only 10-12 requests. Above the burst point all of them arrive before one
-# served alone would finish, so a rate there says how a burst is absorbed, not what a server
-# sustains all day. `data/README.md` has the rows with synthetic drafts too, where replay
-# absorbs every burst tried.
+# served alone would finish, so a rate there (marked) says how a burst is absorbed, not what
+# a server sustains all day. The hit rate is the lowest arrival rate's; "most at once" is over
+# all the rates tried. `data/README.md` has the rows with synthetic drafts too.
 #
 # **Question 5.** Each strategy's search stopped at a failed probe. Which bound of the objective
 # stopped it, `"tpot"` or `"wait"`? It is the same on all four workloads. Answer as
@@ -751,7 +753,7 @@ ex.check_stream_bound(bound_answer);
 # * A hit is a second arithmetic: replay's differs from the cold run in the last bits, align's
 #   does not; `resume="chunk"` makes replay's exact for at most C - 1 more tokens a hit.
 # * In a stream under one budget (section 7) replay runs several times as many requests at once
-#   as snapshot; its rate is then bound by its decode steps, snapshot's by its queue.
+#   as snapshot; question 5 asks what then limits each one's rate.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the

@@ -250,6 +250,7 @@ def sustainable_rate(probe, start, objective, probes=6):
                 wait_p90_s=percentile(m["wait_s"]["values"], 90),
                 tokens_per_s=m["tokens_per_s"],
                 graph_captures=m.get("graph_captures"),
+                draft_graph_captures=m.get("draft_graph_captures"),
                 ok=good,
             )
         )

@@ -72,6 +72,8 @@ def _is_bytes(value) -> bool:
     """A byte count: a number >= 0, a 0-d tensor or array too (not NaN, a bool or a text)."""
     if isinstance(value, (str, bytes, bool)) or getattr(value, "dtype", None) in BOOLS:
         return False
+    if getattr(value, "ndim", 0) != 0:  # an array or tensor of one element or more
+        return False
     try:
         return float(value) >= 0
     except (TypeError, ValueError):  # a list, None, a tensor of many elements

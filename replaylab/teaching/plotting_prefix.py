@@ -411,11 +411,13 @@ def ttft_figure(results) -> go.Figure:
 
 def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
     """The GPU request streams (one file per workload), plain decode: the run, then per
-    workload its objective and per strategy the most requests that ran at once, the token hit
+    workload its objective and per strategy the bytes the budget counts a request, the most
+    requests that ran at once, the token hit
     rate at the lowest rate, the sustainable rate (">=": a lower bound,
     ``workload_stream.unbounded``) and its failed probe just above (rate, p99 TPOT, p90
     wait), then replay's rate over snapshot's and the burst point: n requests over the
-    batch-1 time to serve one (above it, all n arrive before one served alone finishes)."""
+    batch-1 time to serve one (above it, all n arrive before one served alone finishes; a rate
+    there is marked). "most at once" is the most over the rows at every rate."""
     from replaylab.bench.workload_stream import stopping_probe, unbounded
     from replaylab.results import load_bench
 
@@ -442,9 +444,14 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
                 f"{1e3 * stop['wait_p90_s']:.0f} ms")  # fmt: skip
             rate = "none met" if found[s] is None else (
                 f"{'>= ' if unbounded(entry) else ''}{found[s]:.1f} req/s")  # fmt: skip
-            lines.append(f"  {s:9s} up to {max(x['peak_running'] for x in rows):2d} at once, hit "
-                         f"{low['token_hit_rate']:.3f}, sustainable {rate} ({stopped})")  # fmt: skip
-        burst = max(r["prompts"] / b["serve_s"] for b in r["batch1"].values())
+            burst = max(r["prompts"] / b["serve_s"] for b in r["batch1"].values())
+            if found[s] is not None and found[s] > burst:
+                rate += ", above the burst point"
+            held = low["accounted_bytes_per_request"]["mean"] / 1e6
+            lines.append(f"  {s:9s} {held:4.1f} MB a request, most at once "
+                         f"{max(x['peak_running'] for x in rows):2d}, hit rate "
+                         f"{low['token_hit_rate']:.3f} at {low['rate']:g} req/s, sustainable "
+                         f"{rate} ({stopped})")  # fmt: skip
         ratio = "-" if None in found.values() else f"{found['replay'] / found['snapshot']:.2f}x"
         lines.append(f"  replay / snapshot {ratio}; burst from {burst:.0f} req/s "
                      f"({r['prompts']} requests)")  # fmt: skip
