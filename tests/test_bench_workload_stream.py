@@ -49,9 +49,10 @@ def test_the_workloads_share_what_they_say(block):
 
 @pytest.mark.parametrize("name", WORKLOADS)
 def test_rounds_repeat_the_requests_over_the_same_shared_parts(name):
-    one, _ = workload_prompts(name, 64, vocab=50_000)
+    one, one_outs = workload_prompts(name, 64, vocab=50_000)
     three, outs = workload_prompts(name, 64, vocab=50_000, rounds=3)
     assert len(three) == len(outs) == 3 * len(one) and three[: len(one)] == one
+    assert outs[: len(one)] == one_outs and outs[len(one) :] != 2 * one_outs
     later = three[len(one) :]
     assert all(p not in one for p in later)  # fresh unique parts
     if name == "multi_turn":  # new conversations: a new opening, shared along its own turns
@@ -61,6 +62,26 @@ def test_rounds_repeat_the_requests_over_the_same_shared_parts(name):
             max(common_prefix(p, q) for q in one) >= max(common_prefix(one[0], q) for q in one[1:])
             for p in later
         )
+
+
+def test_more_rounds_make_a_longer_stream_under_the_same_budget():
+    """The budget is a share of one round's requests at once under snapshot: with rounds it
+    grew with the stream (an H200 run with --rounds 3 had three times the bytes)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    runs = {}
+    try:
+        for rounds in (1, 2):
+            with torch.no_grad():
+                runs[rounds] = run_workload_stream(
+                    "cpu", workloads=("few_shot",), strategies=("replay",), modes=("decode",),
+                    device="cpu", rates=(math.inf,), rate_modes=(), rounds=rounds, log=None,
+                )["workloads"]["few_shot"]  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[2]["prompts"] == 2 * runs[1]["prompts"]
+    assert runs[2]["budget_bytes"] == runs[1]["budget_bytes"]
+    assert runs[2]["rows"][0]["requests"] == runs[2]["prompts"]
 
 
 def test_arrivals_are_a_seeded_poisson_process():

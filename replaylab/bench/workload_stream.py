@@ -24,10 +24,10 @@ Modes: "decode"; "synthetic" (each request its own drafter right with probabilit
 drafts); "draft-model" (one ``serving.BatchModelDrafter`` over ``draft`` in its own replay
 engine; the CPU preset's draft is the target with its weights perturbed, a stand-in).
 
-The budget (``budget_bytes``): ``budget_share`` of the bytes every request of the workload
-would hold at once under snapshot (``Scheduler.need`` summed), the same bytes for every
-strategy, so snapshot cannot run all requests together; the prefix tree's bytes count
-inside it.
+The budget (``budget_bytes``): ``budget_share`` of the bytes every request of the workload's
+first round would hold at once under snapshot (``Scheduler.need`` summed), the same bytes for
+every strategy and any ``rounds``, so snapshot cannot run all requests together; the prefix
+tree's bytes count inside it.
 
 Replay's prefix cache resumes as the preset's ``resume`` says (``EnginePrefixCache``): the gpu
 preset's "chunk" makes a hit the cold prefill's bits and the scheduler's grants keep the alone
@@ -125,12 +125,45 @@ def _n(g, low, high):
     return int(torch.randint(max(1, low), max(1, low, high) + 1, (1,), generator=g))
 
 
+def _shared_parts(name, g, b, vocab):
+    """What every round of workload ``name`` shares (drawn from ``g`` first)."""
+    if name == "system_prompts":
+        return [_ids(g, round(f * b), vocab) for f in (0.6, 1.3, 1.75)]
+    if name == "few_shot":
+        return [_ids(g, round(1.4 * b), vocab) for _ in range(2)]
+    if name == "agents":
+        shared = _ids(g, round(1.3 * b), vocab)
+        return [shared, [_ids(g, max(1, b // 3), vocab) for _ in range(3)]]
+    return None  # multi_turn: each round opens its own conversations
+
+
+def _one_round(name, shared, g, b, vocab):
+    """One round of workload ``name``'s prompts over ``shared``, then their output lengths."""
+    if name == "multi_turn":
+        chats = [_ids(g, _n(g, b // 2, b), vocab) for _ in range(3)]
+        prompts = []
+        for _ in range(4):
+            for c in range(3):
+                chats[c] = chats[c] + _ids(g, _n(g, b // 4, b // 2), vocab)
+                prompts.append(list(chats[c]))
+    elif name == "system_prompts":
+        prompts = [shared[i % 3] + _ids(g, _n(g, b // 8, b // 3), vocab) for i in range(12)]
+    elif name == "few_shot":
+        prompts = [shared[i % 2] + _ids(g, _n(g, b // 16, b // 5), vocab) for i in range(10)]
+    else:  # agents
+        context, tools = shared
+        prompts = [
+            context + tools[i % 3] + _ids(g, _n(g, b // 8, b // 4), vocab) for i in range(12)
+        ]
+    return prompts, [_n(g, b // 8, b // 4) for _ in prompts]
+
+
 def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[int]], list[int]]:
     """(prompts as token id lists in arrival order, output lengths b/8..b/4 each) of workload
     ``name`` (see the module docstring) at block size ``block``, ids in [0, vocab).
     ``rounds`` repeats the workload's requests with fresh unique parts over the same shared
-    ones (multi_turn: 3 more conversations a round), so a longer stream keeps the workload's
-    sharing; the first round's prompts do not depend on ``rounds``."""
+    ones (multi_turn: 3 more conversations a round), each later round from its own seeded
+    generator, so the first round (prompts and output lengths) does not depend on it."""
     if name not in WORKLOADS:
         raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
     b = int(block)
@@ -138,30 +171,13 @@ def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[in
         raise ValueError(f"block: expected at least 8 tokens, got {block}")
     rounds = as_int("rounds", rounds, low=1)
     g = torch.Generator().manual_seed(seed)
-    if name == "multi_turn":
-        prompts = []
-        for _ in range(rounds):
-            chats = [_ids(g, _n(g, b // 2, b), vocab) for _ in range(3)]
-            for _ in range(4):
-                for c in range(3):
-                    chats[c] = chats[c] + _ids(g, _n(g, b // 4, b // 2), vocab)
-                    prompts.append(list(chats[c]))
-    elif name == "system_prompts":
-        systems = [_ids(g, round(f * b), vocab) for f in (0.6, 1.3, 1.75)]
-        prompts = [
-            systems[i % 3] + _ids(g, _n(g, b // 8, b // 3), vocab) for i in range(12 * rounds)
-        ]
-    elif name == "few_shot":
-        sets = [_ids(g, round(1.4 * b), vocab) for _ in range(2)]
-        prompts = [sets[i % 2] + _ids(g, _n(g, b // 16, b // 5), vocab) for i in range(10 * rounds)]
-    else:  # agents
-        shared = _ids(g, round(1.3 * b), vocab)
-        tools = [_ids(g, max(1, b // 3), vocab) for _ in range(3)]
-        prompts = [
-            shared + tools[i % 3] + _ids(g, _n(g, b // 8, b // 4), vocab)
-            for i in range(12 * rounds)
-        ]
-    outs = [_n(g, b // 8, b // 4) for _ in prompts]
+    shared = _shared_parts(name, g, b, vocab)
+    prompts, outs = _one_round(name, shared, g, b, vocab)
+    for r in range(1, rounds):
+        more, more_outs = _one_round(
+            name, shared, torch.Generator().manual_seed(1_000_003 * seed + r), b, vocab
+        )
+        prompts, outs = prompts + more, outs + more_outs
     return prompts, outs
 
 
@@ -318,8 +334,10 @@ def run_workload_stream(
             )
         references = [torch.tensor(p + t) for p, t in zip(prompts, alone[strategies[0]])]
         sizes = Scheduler(engine("snapshot", 1), k=k).need
+        one_round = len(prompts) // cfg["rounds"]  # more rounds: a longer stream, same budget
         total = sum(
-            sizes(Request(i, torch.tensor(p), n)) for i, (p, n) in enumerate(zip(prompts, outs))
+            sizes(Request(i, torch.tensor(p), n))
+            for i, (p, n) in enumerate(zip(prompts[:one_round], outs[:one_round]))
         )
         budget = int(cfg["budget_share"] * total)
         objective = dict(
@@ -328,7 +346,7 @@ def run_workload_stream(
         )
         w = dict(prompts=len(prompts), prompt_tokens=sum(map(len, prompts)),
                  output_tokens=sum(outs), budget_bytes=budget,
-                 budget_rule=f"{cfg['budget_share']} x the bytes of every request at once under snapshot",
+                 budget_rule=f"{cfg['budget_share']} x the bytes of one round's requests at once under snapshot",
                  batch1=batch1, objective=objective, rows=[], rates=[])  # fmt: skip
 
         def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, budget=budget,
