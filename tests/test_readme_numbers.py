@@ -1488,3 +1488,35 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
     )
     log = (ROOT / "data/gpu_tests_workload_stream_h100_6b344e2.log").read_text()
     assert "tree of 6b344e2" in log and "15 passed in" in log and "failed" not in log
+
+
+def test_the_h200_serving_tests_and_the_cut_rounds_run_match_their_files():
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    log = (ROOT / "data/gpu_tests_serving_h200_6e318a1.log").read_text()
+    assert "NVIDIA H200" in log and "tree of commit 6e318a1" in log and "transformers 5.25.0" in log
+    passed, skipped = re.search(r"(\d+) passed, (\d+) skipped in", log).groups()
+    assert "failed" not in log and f"**{passed} passed, {skipped} skipped**" in text
+    run = json.loads(
+        (ROOT / "data/bench_workload_stream_gpu_few_shot_rounds3_h200_6e318a1_cut.json").read_text()
+    )
+    assert not run["complete"] and run["commit"] == "6e318a1" and run["config"]["rounds"] == 3
+    w = run["workloads"]["few_shot"]
+    one = json.loads(
+        (ROOT / "data/bench_workload_stream_gpu_few_shot_h100_6b344e2.json").read_text()
+    )
+    one = one["workloads"]["few_shot"]
+    assert w["prompts"] == 3 * one["prompts"] == 30
+    assert f"({w['budget_bytes'] / 1e6:.0f} MB, three times one round's)" in text
+    assert abs(w["budget_bytes"] / one["budget_bytes"] - 3) < 0.01
+    assert all(r["tokens_equal_alone"] == r["requests"] == 30 for r in w["rows"])
+    assert {r["graph_captures"] for r in w["rows"]} == {0}
+    assert {r["strategy"] for r in w["rates"]} == {"replay"}  # snapshot's search was cut
+    replay = w["rates"][0]
+    assert f"rate with 30 requests, {replay['sustainable_rate']:.1f} requests a second" in text
+    from replaylab.bench.workload_stream import stopping_probe
+
+    p = stopping_probe(replay)
+    assert p["tpot_p99_s"] > w["objective"]["tpot_p99_max_s"]
+    assert p["wait_p90_s"] <= w["objective"]["wait_p90_max_s"]
+    old = next(r for r in one["rates"] if r["strategy"] == "replay" and r["mode"] == "decode")
+    assert f"against {old['sustainable_rate']:.1f} with 10 requests on the H100" in text
