@@ -1486,6 +1486,19 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
         f"multi-turn {ttft[0]} ms, system prompts {ttft[1]}, few-shot {ttft[2]}, agents {ttft[3]}"
         in text
     )
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"the budget held {peak['snapshot'][0]}-{peak['snapshot'][-1]} snapshot requests at once "
+        f"and {peak['replay'][0]}-{peak['replay'][-1]} replay ones" in readme
+    )
+    assert (
+        f"came out {measured[0]:.2f}x snapshot's on multi-turn chat, {measured[1]:.2f}x on shared "
+        f"system prompts, {measured[2]:.2f}x on few-shot (where both hit the same share of the "
+        f"prompts) and {measured[3]:.2f}x on agents" in readme
+    )
+    assert fs["rows"][0]["token_hit_rate"] == next(
+        r["token_hit_rate"] for r in fs["rows"] if r["strategy"] == "snapshot" and r["rate"] == 2.0
+    )
     log = (ROOT / "data/gpu_tests_workload_stream_h100_6b344e2.log").read_text()
     assert "tree of 6b344e2" in log and "15 passed in" in log and "failed" not in log
 
