@@ -132,15 +132,19 @@ def test_bad_input_is_refused_naming_the_value(call, match):
         call()
 
 
+def w_rows(result):
+    return [r for w in result["workloads"].values() for r in w["rows"]]
+
+
 def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monkeypatch):
     import replaylab.serving
 
-    built = []  # (strategy, slots) of every engine the run builds
+    built = []  # (strategy, slots, drafts a step verifies) of every engine the run builds
 
     class CountedEngine(replaylab.serving.DecodeEngine):
         def __init__(self, model, max_batch, *args, **kwargs):
             super().__init__(model, max_batch, *args, **kwargs)
-            built.append((self.strategy, max_batch))
+            built.append((self.strategy, max_batch, self.max_verify))
 
     monkeypatch.setattr(replaylab.serving, "DecodeEngine", CountedEngine)
     threads = torch.get_num_threads()
@@ -169,10 +173,17 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monk
     finally:
         torch.set_num_threads(threads)
     assert result["complete"]
-    # every stream of a strategy (6 rows, 2 rate probes) ran on one engine, as did the drafts:
-    # a GPU's warm-up captures the graphs the timed streams replay
+    # every stream of a strategy and kind (plain decode; speculating) ran on one engine, as did
+    # the drafts: a GPU's warm-up captures the graphs the timed streams replay; plain decode's
+    # engines hold no room for drafts
     serving = [e for e in built if e[1] == result["config"]["max_batch"]]
-    assert sorted(serving) == [("replay", 4), ("replay", 4), ("snapshot", 4)]
+    assert sorted(serving) == [
+        ("replay", 4, 1), ("replay", 4, 5), ("replay", 4, 5), ("snapshot", 4, 1), ("snapshot", 4, 5)
+    ]  # fmt: skip
+    decode = {r["strategy"]: r for r in w_rows(result) if r["mode"] == "decode"}
+    synthetic = {r["strategy"]: r for r in w_rows(result) if r["mode"] == "synthetic"}
+    held = {s: r["accounted_bytes_per_request"]["mean"] for s, r in decode.items()}
+    assert held["snapshot"] < synthetic["snapshot"]["accounted_bytes_per_request"]["mean"]
     # one call per row and per rate, each with one more than the last, none claiming the end
     assert [rows + rates for rows, rates, _ in seen] == list(range(1, 2 * 3 + 2 + 1))
     assert not any(done for _, _, done in seen)

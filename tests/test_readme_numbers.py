@@ -1486,6 +1486,25 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
         f"multi-turn {ttft[0]} ms, system prompts {ttft[1]}, few-shot {ttft[2]}, agents {ttft[3]}"
         in text
     )
+    slots = json.loads((ROOT / "data/slot_bytes_8b_layers.json").read_text())
+    assert slots["dtype"] == "bfloat16" and slots["k"] == 4 and slots["preset"] == "8b-layers"
+    mb = {(r["strategy"], r["max_verify"]): r["recurrent_bytes"] / 1e6 for r in slots["rows"]}
+    kv_rows = per_req["snapshot"] - mb[("snapshot", 5)]  # the run's KV rows, MB
+    assert abs(kv_rows * 1e6 / slots["rows"][0]["kv_bytes_per_token"] - 885) < 5  # ~ T + n - 1
+    fair = mb[("snapshot", 1)] + kv_rows
+    run_replay = per_req["replay"] - kv_rows
+    assert (
+        f"a snapshot slot {mb[('snapshot', 5)]:.1f} MB of recurrent state built for k = 4 (the GPU "
+        f"run's {per_req['snapshot']:.1f} MB less its KV rows: {kv_rows:.1f} MB) and "
+        f"{mb[('snapshot', 1)]:.1f} MB built for plain decode" in text
+    )
+    assert (
+        f"accounted about {fair:.1f} MB against replay's {per_req['replay']:.1f} MB: "
+        f"{fair / per_req['replay']:.1f}x, where the run had "
+        f"{per_req['snapshot'] / per_req['replay']:.1f}x" in text
+    )
+    assert f"{mb[('replay', 5)]:.1f} MB here against the run's {run_replay:.1f} MB" in text
+    assert 2.5 < per_req["snapshot"] / fair < 3.5  # "about three times as many"
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (
         f"the budget held {peak['snapshot'][0]}-{peak['snapshot'][-1]} snapshot requests at once "
@@ -1495,6 +1514,11 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
         f"came out {measured[0]:.2f}x snapshot's on multi-turn chat, {measured[1]:.2f}x on shared "
         f"system prompts, {measured[2]:.2f}x on few-shot (where both hit the same share of the "
         f"prompts) and {measured[3]:.2f}x on agents" in readme
+    )
+    assert (
+        f"{per_req['snapshot']:.1f} MB a few-shot request against about {fair:.1f} MB for an "
+        f"engine built for plain decode (`data/slot_bytes_8b_layers.json`, replay's "
+        f"{per_req['replay']:.1f} MB)" in readme
     )
     assert fs["rows"][0]["token_hit_rate"] == next(
         r["token_hit_rate"] for r in fs["rows"] if r["strategy"] == "snapshot" and r["rate"] == 2.0

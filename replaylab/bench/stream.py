@@ -462,14 +462,15 @@ def _model(name, device):
 def _warm_up(engine, stream, k, n_new, buckets=None):
     """Capture every CUDA graph the timed runs can meet before timing them: each batch bucket
     (default: all of the engine's) decoding and speculating past a fold (replay) and through
-    rollbacks (recompute's re-runs)."""
+    rollbacks (recompute's re-runs); k = 0: decoding only."""
     prompts = stream[0]
     for b in buckets or engine.buckets:
         sub = ([prompts[i % len(prompts)] for i in range(b)], [n_new] * b, [0.0] * b)
         plain = stream_requests(sub, math.inf)
         _closed_batch(engine, plain, 0)
-        refs = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in plain]
-        _closed_batch(engine, stream_requests(sub, math.inf, "synthetic", refs, 0.5), k)
+        if k:
+            refs = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in plain]
+            _closed_batch(engine, stream_requests(sub, math.inf, "synthetic", refs, 0.5), k)
 
 
 def run_stream_bench(

@@ -34,7 +34,11 @@ preset's "chunk" makes a hit the cold prefill's bits and the scheduler's grants 
 admission's chunk grid, so on a GPU too ``tokens_equal_alone`` compares one arithmetic; the
 batch-1 references are served twice there, the second timed.
 
-One engine per strategy (and one draft engine) serves every stream of a workload, each
+Plain decode runs on engines built for it (``max_verify`` 1: a snapshot slot holds no draft
+states), the speculative modes on engines built for k drafts; the budget is the same bytes
+for both (files before 2026-12-07's last change ran plain decode on the speculative engines,
+whose snapshot slots held their k + 1 states unused). One engine per strategy and kind (and
+one draft engine) serves every stream of a workload, each
 stream through a fresh scheduler and prefix cache; on a GPU every batch bucket's CUDA graphs
 are captured before the first timed stream, and each row and rate probe records the graphs
 its stream still captured (``graph_captures``, ``draft_graph_captures``: their eager runs are
@@ -308,12 +312,12 @@ def run_workload_stream(
         prompts, outs = workload_prompts(name, b, vocab, seed, cfg["rounds"])
         max_len = max(map(len, prompts)) + max(outs) + k + 2
 
-        def engine(strategy, slots=cfg["max_batch"], model=model):
-            return DecodeEngine(model, slots, max_len, strategy, log_length=L, max_verify=k + 1)
+        def engine(strategy, slots=cfg["max_batch"], model=model, verify=k + 1):
+            return DecodeEngine(model, slots, max_len, strategy, log_length=L, max_verify=verify)
 
-        # one engine per strategy (and one draft engine) serves every stream of the workload,
-        # so that the warm-up's CUDA graphs are the timed runs' (each stream: a fresh scheduler
-        # and prefix cache over an empty engine)
+        # one engine per (strategy, speculating or not) and one draft engine serve every stream
+        # of the workload, so that the warm-up's CUDA graphs are the timed runs' (each stream:
+        # a fresh scheduler and prefix cache over an empty engine)
         serving, drafting = {}, {}
 
         # greedy alone per strategy (no prefix cache, one request at a time): the references
@@ -351,14 +355,14 @@ def run_workload_stream(
 
         def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, budget=budget,
                   references=references, alone=alone):  # fmt: skip
-            if strategy not in serving:
-                serving[strategy] = engine(strategy)
-                if device.type == "cuda":  # every bucket's graphs, decoding and speculating
-                    warm = [torch.tensor(p) for p in prompts]
-                    _warm_up(serving[strategy], (warm, outs, [0.0] * len(warm)), k, L + k + 2)
-            e = serving[strategy]
-            prefix = EnginePrefixCache(e, block_size=b, resume=cfg["resume"])
             kk = 0 if mode == "decode" else k
+            if (strategy, kk) not in serving:  # plain decode: no slot room for drafts
+                serving[strategy, kk] = engine(strategy, verify=kk + 1)
+                if device.type == "cuda":  # every bucket's graphs, decoding (and speculating)
+                    warm = [torch.tensor(p) for p in prompts]
+                    _warm_up(serving[strategy, kk], (warm, outs, [0.0] * len(warm)), kk, L + k + 2)
+            e = serving[strategy, kk]
+            prefix = EnginePrefixCache(e, block_size=b, resume=cfg["resume"])
             drafter, drafts_captured = None, 0
             if mode == "draft-model":
                 if not drafting:
