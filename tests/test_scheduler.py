@@ -346,6 +346,10 @@ def test_the_stream_benchmark_writes_its_fields(tmp_path):
     assert set(result["strategies"]) == set(STRATEGIES)
     for strategy, row in result["strategies"].items():
         assert row["pool_bytes_per_slot"] > 0 and row["batch1"]["tpot_s"]["p50"] > 0
+        # plain decode ran on an engine built for it: a snapshot slot holds no draft states
+        plain = row["pool_bytes_per_slot_plain_decode"]
+        assert plain < row["pool_bytes_per_slot"] / (2 if strategy == "snapshot" else 1)
+        assert row["plain_decode_engine_stats"]["steps"] > 0
         assert set(row["modes"]) == {"decode", "synthetic", "lookup"}
         for mode, m in row["modes"].items():
             assert set(FIELDS) <= set(m), (strategy, mode)

@@ -12,7 +12,11 @@ its own Bernoulli drafter of per-draft acceptance 0.8 over the greedy continuati
   sequence (pool bytes of a slot and the request's accounted bytes; on a GPU the device's
   peak memory less the weights, per slot, CUDA graph pools and activations included),
   rollback cost, how many requests' tokens equal their tokens in the plain-decode stream and,
-  for the first eight requests, their tokens when served alone (batch 1);
+  for the first eight requests, their tokens when served alone (batch 1). Plain decode runs
+  on an engine built for it (``max_verify`` 1, ``pool_bytes_per_slot_plain_decode``: a
+  snapshot slot holds no draft states), speculation on one built for k drafts
+  (``pool_bytes_per_slot`` of pass 1's engine); until 2026-12-07 one engine built for k
+  drafts served every mode. The device's peak counts both engines;
 - the largest sustainable request rate: a geometric search over rates (from the rate that
   keeps about two requests in flight at batch-1 latency, doubling or halving, then
   bisecting) for the largest one at which p99 TPOT <= 2x the batch-1 TPOT (one objective for
@@ -522,9 +526,9 @@ def run_stream_bench(
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     L = cfg_run["log_length"]
 
-    def engine_for(strategy):
+    def engine_for(strategy, verify=k + 1):
         return DecodeEngine(
-            model, cfg_run["max_batch"], max_len, strategy, log_length=L, max_verify=k + 1
+            model, cfg_run["max_batch"], max_len, strategy, log_length=L, max_verify=verify
         )
 
     result = dict(
@@ -597,21 +601,25 @@ def run_stream_bench(
             torch.cuda.empty_cache()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-        engine = engine_for(strategy)
+        engine = engine_for(strategy)  # built for k drafts: speculation and the crossover
+        plain = engine_for(strategy, 1)  # built for plain decode: no room for drafts
         if warm_up:
             _warm_up(engine, stream, k, L + k + 2)
+            _warm_up(plain, stream, 0, L + k + 2)
+        row["pool_bytes_per_slot_plain_decode"] = plain.nbytes_per_slot()
         row["modes"] = {}
         references = None
         for mode in ("decode", *[m for m in modes if m != "decode"]):
             kk = 0 if mode == "decode" else k
+            served_by = plain if kk == 0 else engine
             reqs = stream_requests(stream, rate, mode, references, acceptance, seed)
-            done, sched = serve_stream(engine, reqs, kk, budget)
+            done, sched = serve_stream(served_by, reqs, kk, budget)
             if mode == "decode":  # its tokens are greedy: the synthetic drafters' references
                 references = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in done]
             m = stream_metrics(done, sched, references, alone_tokens[strategy])
             if mode in rate_search:
 
-                def probe(r, mode=mode, kk=kk, references=references, engine=engine):
+                def probe(r, mode=mode, kk=kk, references=references, engine=served_by):
                     reqs = stream_requests(stream, r, mode, references, acceptance, seed)
                     done, sched = serve_stream(engine, reqs, kk, budget)
                     return stream_metrics(done, sched)
@@ -661,7 +669,8 @@ def run_stream_bench(
                 torch.cuda.max_memory_allocated() - base
             ) / cfg_run["max_batch"]
         row["engine_stats"] = asdict(engine.stats)
-        del engine
+        row["plain_decode_engine_stats"] = asdict(plain.stats)
+        del engine, plain
         result["seconds"] = round(time.perf_counter() - t_start, 2)
         if checkpoint is not None:
             checkpoint(result)
