@@ -54,6 +54,8 @@ def test_rounds_repeat_the_requests_over_the_same_shared_parts(name):
     assert len(three) == len(outs) == 3 * len(one) and three[: len(one)] == one
     assert outs[: len(one)] == one_outs and outs[len(one) :] != 2 * one_outs
     later = three[len(one) :]
+    other_seed, _ = workload_prompts(name, 64, vocab=50_000, seed=1)
+    assert all(p not in other_seed for p in later)  # a later round is no other seed's first
     assert all(p not in one for p in later)  # fresh unique parts
     if name == "multi_turn":  # new conversations: a new opening, shared along its own turns
         assert all(common_prefix(a, b) < 32 for a in later for b in one)
@@ -183,7 +185,7 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monk
     decode = {r["strategy"]: r for r in w_rows(result) if r["mode"] == "decode"}
     synthetic = {r["strategy"]: r for r in w_rows(result) if r["mode"] == "synthetic"}
     held = {s: r["accounted_bytes_per_request"]["mean"] for s, r in decode.items()}
-    assert held["snapshot"] < synthetic["snapshot"]["accounted_bytes_per_request"]["mean"]
+    assert held["snapshot"] < 0.5 * synthetic["snapshot"]["accounted_bytes_per_request"]["mean"]
     # one call per row and per rate, each with one more than the last, none claiming the end
     assert [rows + rates for rows, rates, _ in seen] == list(range(1, 2 * 3 + 2 + 1))
     assert not any(done for _, _, done in seen)

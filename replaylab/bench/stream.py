@@ -15,8 +15,11 @@ its own Bernoulli drafter of per-draft acceptance 0.8 over the greedy continuati
   for the first eight requests, their tokens when served alone (batch 1). Plain decode runs
   on an engine built for it (``max_verify`` 1, ``pool_bytes_per_slot_plain_decode``: a
   snapshot slot holds no draft states), speculation on one built for k drafts
-  (``pool_bytes_per_slot`` of pass 1's engine); until 2026-12-07 one engine built for k
-  drafts served every mode. The device's peak counts both engines;
+  (``pool_bytes_per_slot``); until 2026-12-07 one engine built for k drafts served every
+  mode. Each row's references (served alone) and the batch-1 times come from engines built
+  the same way (plain decode's for the objective); the device's peak per slot is over both
+  engines' slots. ``tokens_equal_decode_stream`` compares a speculative row with the plain
+  decode stream, served by the other engine;
 - the largest sustainable request rate: a geometric search over rates (from the rate that
   keeps about two requests in flight at batch-1 latency, doubling or halving, then
   bisecting) for the largest one at which p99 TPOT <= 2x the batch-1 TPOT (one objective for
@@ -559,20 +562,25 @@ def run_stream_bench(
     # pass 1: batch 1 (the first requests, each served alone), for the common objective
     n1 = min(len(stream[0]), 8)
     alone_stream = tuple(x[:n1] for x in stream)
-    alone_tokens = {}
+    alone_tokens = {}  # strategy -> {0: built for plain decode, k: for k drafts} -> tokens
     for strategy in strategies:
-        engine = engine_for(strategy)
-        if warm_up:
-            _warm_up(engine, stream, k, L + k + 2, buckets=[1])
-        alone, sched = serve_stream(engine, stream_requests(alone_stream, math.inf), max_running=1)
-        b1 = _slim(stream_metrics(alone, sched))
+        alone_tokens[strategy] = {}
+        for kind in (k, 0):  # the references of the rows each kind of engine serves
+            engine = engine_for(strategy, kind + 1)
+            if warm_up:
+                _warm_up(engine, stream, kind, L + k + 2, buckets=[1])
+            alone, sched = serve_stream(
+                engine, stream_requests(alone_stream, math.inf), max_running=1
+            )
+            alone_tokens[strategy][kind] = {r.id: r.tokens for r in alone}
+            if kind == k:
+                pool = engine.nbytes_per_slot()
+            del engine
+        b1 = _slim(stream_metrics(alone, sched))  # plain decode's batch-1 times
         b1["request_latency_s"] = sum(r.finished_at - r.admitted_at for r in alone) / n1
-        result["strategies"][strategy] = dict(
-            pool_bytes_per_slot=engine.nbytes_per_slot(), batch1=b1
-        )
-        alone_tokens[strategy] = {r.id: r.tokens for r in alone}
+        result["strategies"][strategy] = dict(pool_bytes_per_slot=pool, batch1=b1)
         say(f"{strategy}: batch 1, TPOT {1e3 * b1['tpot_s']['p50']:.2f} ms")
-        del engine, sched
+        del sched
     if budget_bytes is not None:
         budget = int(budget_bytes)
     elif "budget_gib" in cfg_run:
@@ -616,7 +624,7 @@ def run_stream_bench(
             done, sched = serve_stream(served_by, reqs, kk, budget)
             if mode == "decode":  # its tokens are greedy: the synthetic drafters' references
                 references = [torch.cat([r.prompt, torch.tensor(r.tokens)]) for r in done]
-            m = stream_metrics(done, sched, references, alone_tokens[strategy])
+            m = stream_metrics(done, sched, references, alone_tokens[strategy][kk])
             if mode in rate_search:
 
                 def probe(r, mode=mode, kk=kk, references=references, engine=served_by):
@@ -664,10 +672,11 @@ def run_stream_bench(
             say(f"{strategy} crossover: measured {cross}, predicted {pcross}")
         if cuda:
             # the device's peak during this strategy's runs less what was allocated before
-            # its engine (the weights), over the engine's slots
+            # its two engines (the weights), over both engines' slots (until 2026-12-07 one
+            # engine's: not comparable with earlier files)
             row["device_peak_less_weights_bytes_per_slot"] = (
                 torch.cuda.max_memory_allocated() - base
-            ) / cfg_run["max_batch"]
+            ) / (2 * cfg_run["max_batch"])
         row["engine_stats"] = asdict(engine.stats)
         row["plain_decode_engine_stats"] = asdict(plain.stats)
         del engine, plain

@@ -31,8 +31,10 @@ tree's bytes count inside it.
 
 Replay's prefix cache resumes as the preset's ``resume`` says (``EnginePrefixCache``): the gpu
 preset's "chunk" makes a hit the cold prefill's bits and the scheduler's grants keep the alone
-admission's chunk grid, so on a GPU too ``tokens_equal_alone`` compares one arithmetic; the
-batch-1 references are served twice there, the second timed.
+admission's chunk grid, so on a GPU too ``tokens_equal_alone`` compares one arithmetic (the
+references of each row come from a batch-1 engine built as the one serving the row: for plain
+decode or for k drafts); the timed batch-1 references are served twice there, the second
+timed.
 
 Plain decode runs on engines built for it (``max_verify`` 1: a snapshot slot holds no draft
 states), the speculative modes on engines built for k drafts; the budget is the same bytes
@@ -166,8 +168,9 @@ def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[in
     """(prompts as token id lists in arrival order, output lengths b/8..b/4 each) of workload
     ``name`` (see the module docstring) at block size ``block``, ids in [0, vocab).
     ``rounds`` repeats the workload's requests with fresh unique parts over the same shared
-    ones (multi_turn: 3 more conversations a round), each later round from its own seeded
-    generator, so the first round (prompts and output lengths) does not depend on it."""
+    ones (multi_turn: 3 more conversations a round), the later rounds from a second generator
+    (seeded 2**31 + seed, apart from any first round's seed below 2**31), so the first round
+    (prompts and output lengths) does not depend on it."""
     if name not in WORKLOADS:
         raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
     b = int(block)
@@ -177,10 +180,9 @@ def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[in
     g = torch.Generator().manual_seed(seed)
     shared = _shared_parts(name, g, b, vocab)
     prompts, outs = _one_round(name, shared, g, b, vocab)
-    for r in range(1, rounds):
-        more, more_outs = _one_round(
-            name, shared, torch.Generator().manual_seed(1_000_003 * seed + r), b, vocab
-        )
+    later = torch.Generator().manual_seed(2**31 + seed)  # torch keeps a seed's low 32 bits
+    for _ in range(1, rounds):
+        more, more_outs = _one_round(name, shared, later, b, vocab)
         prompts, outs = prompts + more, outs + more_outs
     return prompts, outs
 
@@ -320,23 +322,30 @@ def run_workload_stream(
         # a fresh scheduler and prefix cache over an empty engine)
         serving, drafting = {}, {}
 
-        # greedy alone per strategy (no prefix cache, one request at a time): the references
+        # greedy alone per strategy and engine kind (no prefix cache, one request at a time):
+        # each row's references come from an engine built as the one that serves it; the
+        # batch-1 times (the objective) from plain decode's kind when it runs, else k drafts'
+        kinds = sorted({0 if m == "decode" else k for m in modes})
         alone, batch1 = {}, {}
         for s in strategies:
-            e = engine(s, 1)
-            toks, prefill_s, decode_s = _served_alone(e, prompts, outs, device)
-            if device.type == "cuda":  # kernels loaded and graphs captured: time the second
-                first = toks
+            for kind in kinds:
+                e = engine(s, 1, verify=kind + 1)
                 toks, prefill_s, decode_s = _served_alone(e, prompts, outs, device)
-                if first != toks:
-                    raise RuntimeError(f"{s}: the same requests served alone twice differ")
-            alone[s] = toks
-            batch1[s] = dict(
-                prefill_s_per_token=prefill_s / sum(map(len, prompts)),
-                tpot_s=decode_s / max(1, sum(n - 1 for n in outs)),
-                serve_s=(prefill_s + decode_s) / len(prompts),
-            )
-        references = [torch.tensor(p + t) for p, t in zip(prompts, alone[strategies[0]])]
+                timed = kind == kinds[0]
+                if device.type == "cuda" and timed:  # kernels and graphs in: time the second
+                    first = toks
+                    toks, prefill_s, decode_s = _served_alone(e, prompts, outs, device)
+                    if first != toks:
+                        raise RuntimeError(f"{s}: the same requests served alone twice differ")
+                alone[s, kind] = toks
+                if timed:
+                    batch1[s] = dict(
+                        prefill_s_per_token=prefill_s / sum(map(len, prompts)),
+                        tpot_s=decode_s / max(1, sum(n - 1 for n in outs)),
+                        serve_s=(prefill_s + decode_s) / len(prompts),
+                        engine_max_verify=kind + 1,
+                    )
+        references = [torch.tensor(p + t) for p, t in zip(prompts, alone[strategies[0], kinds[-1]])]
         sizes = Scheduler(engine("snapshot", 1), k=k).need
         one_round = len(prompts) // cfg["rounds"]  # more rounds: a longer stream, same budget
         total = sum(
@@ -380,7 +389,7 @@ def run_workload_stream(
             if e.slots:
                 raise RuntimeError(f"{strategy}: slots {e.slots} still live after the stream")
             done = sorted(sched.finished, key=lambda r: r.id)
-            m = stream_metrics(done, sched, alone={r.id: alone[strategy][r.id] for r in done})
+            m = stream_metrics(done, sched, alone={r.id: alone[strategy, kk][r.id] for r in done})
             m["draft_graph_captures"] = drafts_captured
             resumed = sum(r.prefix_hit.resumed_from for r in done)
             m.update(
