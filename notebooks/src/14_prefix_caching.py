@@ -71,6 +71,7 @@ from replaylab.teaching.plotting_prefix import (
     ttft_rows,
     workload_stream_rows,
 )
+from replaylab.teaching.exercises_prefix import WORKLOAD_STREAM_RESULTS
 from replaylab.results import load_bench
 from replaylab.prefix import PREFIX_STRATEGIES, PrefixCache
 from replaylab.testing import tiny_hybrid
@@ -710,9 +711,9 @@ ex.check_chunk_resume_extra_tokens(chunk_answer);
 # through the serving scheduler: the engine's prefix cache, prefills interleaved with the
 # running requests' decode steps, and one byte budget for requests and tree together (the tree
 # is evicted down to what the running requests leave). The budget is a quarter of what all of
-# a workload's requests would hold at once under snapshot. The engines are built for
-# speculation (k = 4) in every mode, so a snapshot slot keeps its k + 1 copies of the state in
-# plain decode too; the rows print the bytes the budget counts for each request. Each
+# a workload's requests would hold at once under snapshot. In this run the engines were built
+# for speculation (k = 4) in every mode, so a snapshot slot kept its k + 1 copies of the state
+# in plain decode too; the rows print the bytes the budget counted for each request. Each
 # strategy's **sustainable rate** is the largest arrival rate
 # at which p99 TPOT stays within twice the batch-1 TPOT and p90 wait for admission within the
 # time to serve one request alone, found by a search of six probes. The H100 run, plain decode:
@@ -722,23 +723,29 @@ ex.check_chunk_resume_extra_tokens(chunk_answer);
 print("\n".join(workload_stream_rows()))
 
 # %% [markdown]
-# One caveat weighs more than the rest. The snapshot slots above hold k + 1 copies of the
+# One caveat weighs more than the rest. The snapshot slots above held k + 1 copies of the
 # state that plain decode never uses. Built for plain decode alone, a slot holds far fewer
-# bytes (the engines' pools, built on a CPU, `tools/slot_bytes.py`):
+# bytes (the engines' pools, built on a CPU, `tools/slot_bytes.py`). A few-shot request as run,
+# and as it would be with engines built for plain decode (its state swapped, its KV rows
+# kept):
 
 # %%
 # NBVAL_CHECK_OUTPUT
-slots = load_bench("data/slot_bytes_8b_layers.json")
-for r in slots["rows"]:
-    if r["strategy"] in ("snapshot", "replay"):
-        built = "plain decode" if r["max_verify"] == 1 else f"k = {slots['k']} drafts"
-        print(f"{r['strategy']:9s} built for {built:12s}: {r['recurrent_bytes'] / 1e6:5.1f} MB of state a slot")
+state_mb = {(r["strategy"], r["max_verify"]): r["recurrent_bytes"] / 1e6
+            for r in load_bench("data/slot_bytes_8b_layers.json")["rows"]}  # fmt: skip
+few = load_bench(WORKLOAD_STREAM_RESULTS["few_shot"])["workloads"]["few_shot"]
+budget_mb = few["budget_bytes"] / 1e6
+for s in ("snapshot", "replay"):
+    run_mb = next(r for r in few["rows"] if r["strategy"] == s and r["mode"] == "decode")[
+        "accounted_bytes_per_request"]["mean"] / 1e6  # fmt: skip
+    plain_mb = run_mb - (state_mb[s, 5] - state_mb[s, 1])  # the state a slot saves
+    print(f"{s:9s} as run {run_mb:5.1f} MB a request ({budget_mb / run_mb:4.1f} fit the budget); "
+          f"built for plain decode {plain_mb:5.1f} MB ({budget_mb / plain_mb:4.1f} fit)")
 
 # %% [markdown]
-# So in plain decode a snapshot engine built for it would run about three times as many
-# requests at once under the same budget, and replay's lead in these rows is partly the
-# engines' sizing; the bench now builds plain decode's engines that way, and that has not run
-# on a GPU yet. Each workload also has only 10-12 requests. Above the burst point all of them arrive before one
+# So replay's lead in these plain-decode rows is partly the engines' sizing. The bench now
+# builds plain decode's engines for plain decode; that has not run on a GPU yet, so how much of
+# the lead is left is not known. Each workload also has only 10-12 requests. Above the burst point all of them arrive before one
 # served alone would finish, so a rate there (marked) says how a burst is absorbed, not what
 # a server sustains all day. The hit rate is the lowest arrival rate's; "most at once" is over
 # all the rates tried. `data/README.md` has the rows with synthetic drafts too.
@@ -768,8 +775,9 @@ ex.check_stream_bound(bound_answer);
 #   replay's cold prefill now does align's device work.
 # * A hit is a second arithmetic: replay's differs from the cold run in the last bits, align's
 #   does not; `resume="chunk"` makes replay's exact for at most C - 1 more tokens a hit.
-# * In a stream under one budget (section 7) replay runs several times as many requests at once
-#   as snapshot; question 5 asks what then limits each one's rate.
+# * In a stream under one budget (section 7) replay ran about three times as many requests at
+#   once as snapshot, but the run's snapshot slots held room for drafts that plain decode does
+#   not use; question 5 asks what limited each one's rate there.
 #
 # ## Exercises
 # The two build-it exercises are in sections 2 and 3 (1: `my_lookup`; 2: `my_state_at`), the
