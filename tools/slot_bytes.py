@@ -19,7 +19,7 @@ import sys
 import torch
 
 from replaylab.bench.provenance import provenance
-from replaylab.bench.stream import _model
+from replaylab.model import HybridLM, preset
 from replaylab.serving import DecodeEngine
 from replaylab.serving.budget import slot_bytes
 
@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--log-length", type=int, default=16)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    model = _model(args.preset, torch.device("cpu")).to(torch.bfloat16)
+    model = HybridLM(preset(args.preset), seed=0).eval().to(torch.bfloat16)  # as the benches
     rows = []
     for strategy in ("snapshot", "recompute", "replay"):
         for verify in (1, args.k + 1):
