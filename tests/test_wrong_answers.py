@@ -1529,11 +1529,15 @@ def test_stream_bound_wrong_answers(capsys):
     _out(capsys)
     for wrong in ({"replay": "wait", "snapshot": "wait"}, {"replay": "tpot", "snapshot": "tpot"}):
         assert not exercises_prefix.check_stream_bound(wrong)
-        assert "not both: compare each strategy's failed probe" in _out(capsys)
+        assert "not right for both strategies: compare each strategy's failed probe" in _out(capsys)
     assert not exercises_prefix.check_stream_bound({"replay": "latency", "snapshot": "wait"})
     assert "each bound is 'tpot' or 'wait'; got {'replay': 'latency'}" in _out(capsys)
-    assert not exercises_prefix.check_stream_bound(("tpot", "wait"))
-    assert "expected {'replay': ..., 'snapshot': ...}" in _out(capsys)
+    for shaped_wrong in (("tpot", "wait"), [("replay", "tpot"), ("snapshot", "wait")], "tpot", 5):
+        assert not exercises_prefix.check_stream_bound(shaped_wrong)
+        out = _out(capsys)
+        assert "expected a dict {'replay': ..., 'snapshot': ...}" in out and "raised" not in out
+    assert exercises_prefix.check_stream_bound({"align": "wait", "replay": "tpot"})  # 14's name
+    _out(capsys)
     assert not exercises_prefix.check_stream_bound({"replay": "tpot"})
 
 

@@ -713,21 +713,26 @@ ex.check_chunk_resume_extra_tokens(chunk_answer);
 # is evicted down to what the running requests leave). The budget is a quarter of what all of
 # a workload's requests would hold at once under snapshot. In this run the engines were built
 # for speculation (k = 4) in every mode, so a snapshot slot kept its k + 1 copies of the state
-# in plain decode too; the rows print the bytes the budget counted for each request. Each
-# strategy's **sustainable rate** is the largest arrival rate
-# at which p99 TPOT stays within twice the batch-1 TPOT and p90 wait for admission within the
-# time to serve one request alone, found by a search of six probes. The H100 run, plain decode:
+# in plain decode too (k + 1 states for a round of k drafts: notebook 07); the rows print the
+# bytes the budget counted for each request. Each strategy's **sustainable rate** is the
+# largest arrival rate at which the 99th percentile of TPOT (time per output token, over the
+# requests) stays within twice the batch-1 TPOT, and the 90th percentile of the wait for
+# admission within the time to serve one request alone. A search tries six rates (its
+# *probes*); the *failed probe* printed is the one just above the rate found. The **burst
+# point** is the number of requests n over the time to serve one alone: above it all n arrive
+# before one served alone would finish. The H100 run, plain decode (bytes and hit rate at the
+# lowest arrival rate; "most at once" over every rate tried):
 
 # %%
 # NBVAL_CHECK_OUTPUT
 print("\n".join(workload_stream_rows()))
 
 # %% [markdown]
-# One caveat weighs more than the rest. The snapshot slots above held k + 1 copies of the
+# One caveat weighs more than the others below. The snapshot slots above held k + 1 copies of the
 # state that plain decode never uses. Built for plain decode alone, a slot holds far fewer
-# bytes (the engines' pools, built on a CPU, `tools/slot_bytes.py`). A few-shot request as run,
-# and as it would be with engines built for plain decode (its state swapped, its KV rows
-# kept):
+# bytes (`tools/slot_bytes.py` builds the engines on a CPU and counts their buffers). A
+# few-shot request as run, and as it would be with engines built for plain decode (the
+# state's bytes replaced, the KV rows the same):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -745,10 +750,9 @@ for s in ("snapshot", "replay"):
 # %% [markdown]
 # So replay's lead in these plain-decode rows is partly the engines' sizing. The bench now
 # builds plain decode's engines for plain decode; that has not run on a GPU yet, so how much of
-# the lead is left is not known. Each workload also has only 10-12 requests. Above the burst point all of them arrive before one
-# served alone would finish, so a rate there (marked) says how a burst is absorbed, not what
-# a server sustains all day. The hit rate is the lowest arrival rate's; "most at once" is over
-# all the rates tried. `data/README.md` has the rows with synthetic drafts too.
+# the lead is left is not known. Each workload also has only 10-12 requests, so a rate above
+# the burst point (marked) says how a burst is absorbed, not what a server sustains all day.
+# `data/README.md` has the rows with synthetic drafts too.
 #
 # **Question 5.** Each strategy's search stopped at a failed probe. Which bound of the objective
 # stopped it, `"tpot"` or `"wait"`? It is the same on all four workloads. Answer as

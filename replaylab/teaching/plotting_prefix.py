@@ -425,7 +425,7 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
     for w, path in paths.items():
         run = load_bench(path)
         if not lines:
-            lines.append(f"{run['device']}, {run['date'][:10]}, tree of {run['commit']}; "
+            lines.append(f"{run['device']}, {run['date'][:10]}, commit {run['commit']}; "
                          f"plain decode")  # fmt: skip
         r = run["workloads"][w]
         obj = r["objective"]
@@ -440,19 +440,20 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
             found[s] = entry["sustainable_rate"]
             stop = stopping_probe(entry)
             stopped = "none failed" if stop is None else (
-                f"failed at {stop['rate']:.1f}: TPOT {1e3 * stop['tpot_p99_s']:.2f} ms, wait "
-                f"{1e3 * stop['wait_p90_s']:.0f} ms")  # fmt: skip
+                f"failed at {stop['rate']:.1f}: p99 TPOT {1e3 * stop['tpot_p99_s']:.2f} ms, p90 "
+                f"wait {1e3 * stop['wait_p90_s']:.0f} ms")  # fmt: skip
             rate = "none met" if found[s] is None else (
                 f"{'>= ' if unbounded(entry) else ''}{found[s]:.1f} req/s")  # fmt: skip
             burst = max(r["prompts"] / b["serve_s"] for b in r["batch1"].values())
             if found[s] is not None and found[s] > burst:
-                rate += ", above the burst point"
+                rate += ", above the burst point: a burst, not a steady rate"
             held = low["accounted_bytes_per_request"]["mean"] / 1e6
             lines.append(f"  {s:9s} {held:4.1f} MB a request, most at once "
                          f"{max(x['peak_running'] for x in rows):2d}, hit rate "
                          f"{low['token_hit_rate']:.3f} at {low['rate']:g} req/s, sustainable "
                          f"{rate} ({stopped})")  # fmt: skip
         ratio = "-" if None in found.values() else f"{found['replay'] / found['snapshot']:.2f}x"
-        lines.append(f"  replay / snapshot {ratio}; burst from {burst:.0f} req/s "
-                     f"({r['prompts']} requests)")  # fmt: skip
+        serve_ms = 1e3 * r["prompts"] / burst
+        lines.append(f"  sustainable rate, replay / snapshot {ratio}; burst point {burst:.0f} "
+                     f"req/s ({r['prompts']} requests / {serve_ms:.0f} ms to serve one alone)")  # fmt: skip
     return lines
