@@ -66,21 +66,31 @@ def test_rounds_repeat_the_requests_over_the_same_shared_parts(name):
         )
 
 
+def small_run(**settings):
+    """``run_workload_stream`` of the cpu preset on the CPU, one torch thread, every request
+    arriving at once, no log."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            return run_workload_stream("cpu", device="cpu", rates=(math.inf,), log=None, **settings)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_more_rounds_make_a_longer_stream_under_the_same_budget():
     """The budget is a share of one round's requests at once under snapshot: with rounds it
     grew with the stream (an H200 run with --rounds 3 had three times the bytes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    runs = {}
-    try:
-        for rounds in (1, 2):
-            with torch.no_grad():
-                runs[rounds] = run_workload_stream(
-                    "cpu", workloads=("few_shot",), strategies=("replay",), modes=("decode",),
-                    device="cpu", rates=(math.inf,), rate_modes=(), rounds=rounds, log=None,
-                )["workloads"]["few_shot"]  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
+    runs = {
+        rounds: small_run(
+            workloads=("few_shot",),
+            strategies=("replay",),
+            modes=("decode",),
+            rate_modes=(),
+            rounds=rounds,
+        )["workloads"]["few_shot"]  # fmt: skip
+        for rounds in (1, 2)
+    }
     assert runs[2]["prompts"] == 2 * runs[1]["prompts"]
     assert runs[2]["budget_bytes"] == runs[1]["budget_bytes"]
     assert runs[2]["rows"][0]["requests"] == runs[2]["prompts"]
@@ -149,31 +159,21 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monk
             built.append((self.strategy, max_batch, self.max_verify))
 
     monkeypatch.setattr(replaylab.serving, "DecodeEngine", CountedEngine)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     seen = []  # what a run cut short would have kept: (rows, rates, complete) at each call
-    try:
-        with torch.no_grad():
-            result = run_workload_stream(
-                "cpu",
-                workloads=("agents",),
-                strategies=("replay", "snapshot"),
-                modes=("decode", "synthetic", "draft-model"),
-                device="cpu",
-                rates=(math.inf,),
-                rate_modes=("decode",),
-                rate_probes=2,
-                log=None,
-                progress=lambda r: seen.append(
-                    (
-                        len(r["workloads"]["agents"]["rows"]),
-                        len(r["workloads"]["agents"]["rates"]),
-                        r["complete"],
-                    )
-                ),  # fmt: skip
+    result = small_run(
+        workloads=("agents",),
+        strategies=("replay", "snapshot"),
+        modes=("decode", "synthetic", "draft-model"),
+        rate_modes=("decode",),
+        rate_probes=2,
+        progress=lambda r: seen.append(
+            (
+                len(r["workloads"]["agents"]["rows"]),
+                len(r["workloads"]["agents"]["rates"]),
+                r["complete"],
             )
-    finally:
-        torch.set_num_threads(threads)
+        ),  # fmt: skip
+    )
     assert result["complete"]
     # every stream of a strategy and kind (plain decode; speculating) ran on one engine, as did
     # the drafts: a GPU's warm-up captures the graphs the timed streams replay; plain decode's

@@ -1379,6 +1379,7 @@ def test_the_final_trees_gpu_tests_of_the_changed_serving_code_match_their_logs(
 
 def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
     from replaylab.bench.workload_stream import (
+        burst_point,
         stopping_probe,
         workload_prediction,
         workload_summary,
@@ -1436,14 +1437,13 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
         f"wait bound ({1e3 * sfail['wait_p90_s']:.0f} ms over {1e3 * obj['wait_p90_max_s']:.0f} "
         f"ms at {sfail['rate']:.1f})" in text
     )
-    burst = [w["prompts"] / b["serve_s"] for w in ws.values() for b in w["batch1"].values()]
-    assert f"({span(burst, '{:.0f}')} requests a second here)" in text
+    point = {n: burst_point(w) for n, w in ws.items()}
+    assert f"({span(list(point.values()), '{:.0f}')} requests a second here)" in text
     rates = {
         (n, r["strategy"], r["mode"]): r["sustainable_rate"] for n, w in ws.items() for r in w["rates"]
     }  # fmt: skip
     synth = [v for (n, s, m), v in rates.items() if s == "replay" and m == "synthetic"]
     assert f"synthetic drafter ({min(synth):.0f} to at least {max(synth):.0f} requests" in text
-    point = {n: max(w["prompts"] / b["serve_s"] for b in w["batch1"].values()) for n, w in ws.items()}  # fmt: skip
     assert all(rates[(n, "replay", "synthetic")] > point[n] for n in names)  # bursts, each
     assert rates[("agents", "replay", "decode")] > point["agents"]
     assert all(rates[(n, "replay", "decode")] < point[n] for n in names[:3])

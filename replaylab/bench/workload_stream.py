@@ -101,6 +101,7 @@ __all__ = [
     "workload_summary",
     "unbounded",
     "stopping_probe",
+    "burst_point",
 ]
 
 WORKLOADS = ("multi_turn", "system_prompts", "few_shot", "agents")
@@ -448,6 +449,13 @@ def stopping_probe(rate_entry):
     failed = [p for p in rate_entry["probes"] if not p["ok"]]
     above = [p for p in failed if found is None or p["rate"] > found]
     return min(above, key=lambda p: p["rate"]) if above else None
+
+
+def burst_point(w) -> float:
+    """Requests/s above which all of a workload's n requests arrive before one served alone
+    would finish: n over the shortest batch-1 time to serve one (``w`` of a result's
+    ``workloads``). A rate above it measures how a burst of n is absorbed."""
+    return w["prompts"] / min(b["serve_s"] for b in w["batch1"].values())
 
 
 def unbounded(rate_entry) -> bool:

@@ -418,7 +418,7 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
     wait), then replay's rate over snapshot's and the burst point: n requests over the
     batch-1 time to serve one (above it, all n arrive before one served alone finishes; a rate
     there is marked). "most at once" is the most over the rows at every rate."""
-    from replaylab.bench.workload_stream import stopping_probe, unbounded
+    from replaylab.bench.workload_stream import burst_point, stopping_probe, unbounded
     from replaylab.results import load_bench
 
     lines = []
@@ -432,7 +432,7 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
         lines.append(f"{w}: budget {r['budget_bytes'] / 1e6:.0f} MB, objective p99 TPOT <= "
                      f"{1e3 * obj['tpot_p99_max_s']:.2f} ms, p90 wait <= "
                      f"{1e3 * obj['wait_p90_max_s']:.0f} ms")  # fmt: skip
-        found = {}
+        found, burst = {}, burst_point(r)
         for s in ("replay", "snapshot"):
             rows = [x for x in r["rows"] if x["strategy"] == s and x["mode"] == "decode"]
             low = min(rows, key=lambda x: x["rate"])
@@ -444,7 +444,6 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
                 f"wait {1e3 * stop['wait_p90_s']:.0f} ms")  # fmt: skip
             rate = "none met" if found[s] is None else (
                 f"{'>= ' if unbounded(entry) else ''}{found[s]:.1f} req/s")  # fmt: skip
-            burst = max(r["prompts"] / b["serve_s"] for b in r["batch1"].values())
             if found[s] is not None and found[s] > burst:
                 rate += ", above the burst point: a burst, not a steady rate"
             held = low["accounted_bytes_per_request"]["mean"] / 1e6
