@@ -16,6 +16,7 @@ from replaylab.bench.workload_stream import (
     arrivals,
     predicted_rate,
     run_workload_stream,
+    workload_budget,
     workload_prediction,
     workload_prompts,
     workload_summary,
@@ -194,11 +195,23 @@ def test_a_small_run_is_lossless_hits_more_with_replay_and_binds_the_budget(monk
     assert len(rows) == 2 * 3
     for r in rows.values():
         assert r["tokens_equal_alone"] == r["requests"] == 12
-        assert r["peak_used_bytes"] <= w["budget_bytes"]
+        assert r["peak_used_bytes"] <= r["budget_bytes"] == workload_budget(w, r["mode"])
     for mode in ("decode", "synthetic", "draft-model"):  # the divergences are off the grid
         assert rows[("replay", mode)]["token_hit_rate"] > rows[("snapshot", mode)]["token_hit_rate"]
     # all arriving at once, snapshot runs fewer than the engine's slots: the budget binds
     assert rows[("snapshot", "decode")]["peak_running"] < result["config"]["max_batch"]
+    # each mode's budget is a quarter of one round's requests under snapshot on its engines,
+    # so plain decode's smaller snapshot slots bind as the speculative ones do
+    share = result["config"]["budget_share"] * w["prompts"]
+    for mode in ("decode", "synthetic", "draft-model"):
+        held = rows[("snapshot", mode)]["accounted_bytes_per_request"]["mean"]
+        assert abs(workload_budget(w, mode) / held - share) < 0.01, mode
+        assert rows[("snapshot", mode)]["peak_running"] <= share
+    assert (
+        w["budget_bytes"]["decode"]
+        < w["budget_bytes"]["synthetic"]
+        == w["budget_bytes"]["draft-model"]
+    )
     assert rows[("replay", "synthetic")]["acceptance"] > 0.5
     assert {(r["strategy"], r["mode"]) for r in w["rates"]} == {
         ("replay", "decode"),
@@ -233,5 +246,5 @@ def test_the_committed_cpu_result_and_its_table_in_the_data_readme():
     for w in result["workloads"].values():
         for r in w["rows"]:
             assert r["tokens_equal_alone"] == r["requests"], (r["strategy"], r["mode"])
-            assert r["peak_used_bytes"] <= w["budget_bytes"]
+            assert r["peak_used_bytes"] <= r["budget_bytes"] == workload_budget(w, r["mode"])
     assert "\n".join(workload_summary(result)) in (ROOT / "data" / "README.md").read_text()

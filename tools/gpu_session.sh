@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|admissions|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|admissions|fair|streams|suite (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?a mode: see the list above}
@@ -73,6 +73,23 @@ case "$mode" in
       timeout -s INT ${WS_S:-140} python3 -m replaylab.bench workload-stream --preset gpu \
         --workloads "$w" --out "$OUT/bench_workload_stream_gpu_$w.json" ${WS_ARGS:-} 2>&1 | tail -4
     done ;;
+  fair)  # WHEELS=.whl-gpu2, issue 38's fair rerun in one call: each workload's plain decode on
+    # engines built for it (one round, the streams of 6b344e2's files; FAIR_WS_S seconds each at
+    # most), then the whole suite in what is left of FAIR_S
+    t0=$(date +%s)
+    for w in ${WORKLOADS:-few_shot multi_turn system_prompts agents}; do
+      timeout -s INT ${FAIR_WS_S:-85} python3 -m replaylab.bench workload-stream --preset gpu \
+        --workloads "$w" --modes decode --strategies replay,snapshot \
+        --out "$OUT/bench_workload_stream_gpu_${w}_decode.json" 2>&1 | tail -3
+    done
+    SUITE_S=$(( ${FAIR_S:-570} - $(date +%s) + t0 )) bash "$0" suite ;;
+  streams)  # issue 38, the call after "fair": bench serve-stream under a budget that binds
+    # (STREAM_ARGS, default 1 GiB), then few-shot's plain decode over three rounds (30 requests)
+    timeout -s INT ${STREAM_S:-280} python3 -m replaylab.bench serve-stream --preset 8b-layers \
+      --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 1.0} 2>&1 | tail -30
+    timeout -s INT ${WS_S:-280} python3 -m replaylab.bench workload-stream --preset gpu \
+      --workloads few_shot --modes decode --strategies replay,snapshot --rounds 3 \
+      --out "$OUT/bench_workload_stream_gpu_few_shot_decode_rounds3.json" 2>&1 | tail -4 ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):
     # the GPU tests of what changed, then the engine per family, time to first token with a
     # prefix hit, and whether a slot's bits depend on its batch; each writes under $OUT

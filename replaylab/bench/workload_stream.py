@@ -1,6 +1,6 @@
 """Request streams that share prefixes (``replaylab bench workload-stream``; issue 38, item 3):
 four workloads arrive as Poisson processes at a serving ``Scheduler`` with the engine's prefix
-cache (``serving.EnginePrefixCache``, default eviction), interleaved prefill and one byte budget
+cache (``serving.EnginePrefixCache``, default eviction), interleaved prefill and a byte budget
 that binds, per strategy and decoding mode.
 
 Workloads (``workload_prompts``; lengths in units of the block size b, so that prefixes span
@@ -24,10 +24,13 @@ Modes: "decode"; "synthetic" (each request its own drafter right with probabilit
 drafts); "draft-model" (one ``serving.BatchModelDrafter`` over ``draft`` in its own replay
 engine; the CPU preset's draft is the target with its weights perturbed, a stand-in).
 
-The budget (``budget_bytes``): ``budget_share`` of the bytes every request of the workload's
-first round would hold at once under snapshot (``Scheduler.need`` summed), the same bytes for
-every strategy and any ``rounds``, so snapshot cannot run all requests together; the prefix
-tree's bytes count inside it.
+The budget (``budget_bytes``, per mode): ``budget_share`` of the bytes every request of the
+workload's first round would hold at once under snapshot (``Scheduler.need`` summed) on the
+engines that serve the mode (plain decode's, or those built for k drafts), the same bytes for
+every strategy and any ``rounds``, so that in every mode snapshot runs about that share of the
+requests together; the prefix tree's bytes count inside it. (Files before 2026-12-07's
+per-mode budgets hold one budget, sized on the k-draft engines, for every mode: with plain
+decode's smaller snapshot slots it left room for most of a workload's requests.)
 
 Replay's prefix cache resumes as the preset's ``resume`` says (``EnginePrefixCache``): the gpu
 preset's "chunk" makes a hit the cold prefill's bits and the scheduler's grants keep the alone
@@ -37,9 +40,9 @@ decode or for k drafts); the timed batch-1 references are served twice there, th
 timed.
 
 Plain decode runs on engines built for it (``max_verify`` 1: a snapshot slot holds no draft
-states), the speculative modes on engines built for k drafts; the budget is the same bytes
-for both (files before 2026-12-07's last change ran plain decode on the speculative engines,
-whose snapshot slots held their k + 1 states unused). One engine per strategy and kind (and
+states), the speculative modes on engines built for k drafts (files before 2026-12-07's
+engine split ran plain decode on the speculative engines, whose snapshot slots held their
+k + 1 states unused). One engine per strategy and kind (and
 one draft engine) serves every stream of a workload, each
 stream through a fresh scheduler and prefix cache; on a GPU every batch bucket's CUDA graphs
 are captured before the first timed stream, and each row and rate probe records the graphs
@@ -96,6 +99,7 @@ __all__ = [
     "workload_prompts",
     "arrivals",
     "predicted_rate",
+    "workload_budget",
     "workload_prediction",
     "run_workload_stream",
     "workload_summary",
@@ -208,6 +212,13 @@ def predicted_rate(max_batch, budget, request_bytes, prefill_s_per_token, tpot_s
     return concurrency / held, concurrency
 
 
+def workload_budget(w, mode) -> int:
+    """The byte budget ``mode``'s streams ran under in a workload's entry ``w``: files since
+    2026-12-07's per-mode budgets hold one per mode, earlier files one for every mode."""
+    budget = w["budget_bytes"]
+    return budget[mode] if isinstance(budget, dict) else budget
+
+
 def workload_prediction(w, config, strategy, mode):
     """``predicted_rate`` for ``strategy`` and ``mode`` from a workload's measured entries (``w``
     of a result's ``workloads``, ``config`` its preset): its batch-1 times, and the bytes and
@@ -216,7 +227,7 @@ def workload_prediction(w, config, strategy, mode):
     row = min(rows, key=lambda r: r["rate"])
     b1 = w["batch1"][strategy]
     return predicted_rate(
-        config["max_batch"], w["budget_bytes"], row["accounted_bytes_per_request"]["mean"],
+        config["max_batch"], workload_budget(w, mode), row["accounted_bytes_per_request"]["mean"],
         b1["prefill_s_per_token"], b1["tpot_s"], w["prompt_tokens"] / w["prompts"],
         w["output_tokens"] / w["prompts"], row["token_hit_rate"],
     )  # fmt: skip
@@ -347,25 +358,29 @@ def run_workload_stream(
                         engine_max_verify=kind + 1,
                     )
         references = [torch.tensor(p + t) for p, t in zip(prompts, alone[strategies[0], kinds[-1]])]
-        sizes = Scheduler(engine("snapshot", 1), k=k).need
         one_round = len(prompts) // cfg["rounds"]  # more rounds: a longer stream, same budget
-        total = sum(
-            sizes(Request(i, torch.tensor(p), n))
-            for i, (p, n) in enumerate(zip(prompts[:one_round], outs[:one_round]))
-        )
-        budget = int(cfg["budget_share"] * total)
+        budgets = {}  # per engine kind: snapshot's bytes for one round at once, on that kind
+        for kind in kinds:
+            sizes = Scheduler(engine("snapshot", 1, verify=kind + 1), k=kind).need
+            total = sum(
+                sizes(Request(i, torch.tensor(p), n))
+                for i, (p, n) in enumerate(zip(prompts[:one_round], outs[:one_round]))
+            )
+            budgets[kind] = int(cfg["budget_share"] * total)
         objective = dict(
             tpot_p99_max_s=2 * min(v["tpot_s"] for v in batch1.values()),
             wait_p90_max_s=min(v["serve_s"] for v in batch1.values()),
         )
         w = dict(prompts=len(prompts), prompt_tokens=sum(map(len, prompts)),
-                 output_tokens=sum(outs), budget_bytes=budget,
-                 budget_rule=f"{cfg['budget_share']} x the bytes of one round's requests at once under snapshot",
+                 output_tokens=sum(outs),
+                 budget_bytes={m: budgets[0 if m == "decode" else k] for m in modes},
+                 budget_rule=f"{cfg['budget_share']} x the bytes of one round's requests at once under snapshot, on the mode's engines",
                  batch1=batch1, objective=objective, rows=[], rates=[])  # fmt: skip
 
-        def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, budget=budget,
-                  references=references, alone=alone):  # fmt: skip
+        def serve(strategy, mode, rate, w=w, prompts=prompts, outs=outs, references=references,
+                  alone=alone):  # fmt: skip
             kk = 0 if mode == "decode" else k
+            budget = w["budget_bytes"][mode]
             if (strategy, kk) not in serving:  # plain decode: no slot room for drafts
                 serving[strategy, kk] = engine(strategy, verify=kk + 1)
                 if device.type == "cuda":  # every bucket's graphs, decoding (and speculating)

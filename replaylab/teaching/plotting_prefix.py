@@ -418,7 +418,12 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
     wait), then replay's rate over snapshot's and the burst point: n requests over the
     batch-1 time to serve one (above it, all n arrive before one served alone finishes; a rate
     there is marked). "most at once" is the most over the rows at every rate."""
-    from replaylab.bench.workload_stream import burst_point, stopping_probe, unbounded
+    from replaylab.bench.workload_stream import (
+        burst_point,
+        stopping_probe,
+        unbounded,
+        workload_budget,
+    )
     from replaylab.results import load_bench
 
     lines = []
@@ -429,7 +434,7 @@ def workload_stream_rows(paths=WORKLOAD_STREAM_RESULTS) -> list[str]:
                          f"plain decode")  # fmt: skip
         r = run["workloads"][w]
         obj = r["objective"]
-        lines.append(f"{w}: budget {r['budget_bytes'] / 1e6:.0f} MB, objective p99 TPOT <= "
+        lines.append(f"{w}: budget {workload_budget(r, 'decode') / 1e6:.0f} MB, objective p99 TPOT <= "
                      f"{1e3 * obj['tpot_p99_max_s']:.2f} ms, p90 wait <= "
                      f"{1e3 * obj['wait_p90_max_s']:.0f} ms")  # fmt: skip
         found, burst = {}, burst_point(r)
