@@ -1583,3 +1583,89 @@ def test_the_h200_serving_tests_and_the_cut_rounds_run_match_their_files():
     assert f"replay ran up to {peaks[0]} requests at once here, {peaks[1]} in the one-round run" in text  # fmt: skip
     old = next(r for r in one["rates"] if r["strategy"] == "replay" and r["mode"] == "decode")
     assert f"against {old['sustainable_rate']:.1f} with 10 requests on the H100" in text
+
+
+def test_the_cpu_workload_streams_with_a_budget_per_mode_match_their_file():
+    from replaylab.bench.workload_stream import workload_budget
+
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    run = load_bench("data/bench_workload_stream_cpu.json")
+    ws = run["workloads"]
+    assert run["commit"] == "1c71227" and run["versions"]["torch"] == "2.13.0+cpu"
+    assert f"torch 2.13.0+cpu, {run['seconds']:.0f} s; issue 38" in text
+
+    def span(values, fmt="{:.2f}"):
+        return f"{fmt.format(min(values))}-{fmt.format(max(values))}"
+
+    def low(w, s, mode):
+        rows = [r for r in w["rows"] if r["strategy"] == s and r["mode"] == mode]
+        return min(rows, key=lambda r: r["rate"])
+
+    def held(w, s, mode):
+        return low(w, s, mode)["accounted_bytes_per_request"]["mean"] / 1e6
+
+    assert all(r["tokens_equal_alone"] == r["requests"] for w in ws.values() for r in w["rows"])
+    decode = [workload_budget(w, "decode") / 1e6 for w in ws.values()]
+    drafts = [workload_budget(w, "synthetic") / 1e6 for w in ws.values()]
+    assert (
+        f"Plain decode's budget is now {span(decode)} MB, the speculative modes' {span(drafts)} MB"
+        in text
+    )
+    fitted = {
+        round(workload_budget(w, "synthetic") / 1e6 / held(w, "snapshot", "decode"), 1)
+        for w in ws.values()
+    }
+    mt = ws["multi_turn"]
+    assert (
+        f"would have fitted {max(fitted):.1f} of {mt['prompts']} at once where a quarter is {mt['prompts'] // 4}"
+        in text
+    )
+    for mode, words in (("decode", "in plain decode"), ("synthetic", "built for k drafts")):
+        r = {round(held(w, "replay", mode), 2) for w in ws.values()}
+        s = {round(held(w, "snapshot", mode), 2) for w in ws.values()}
+        assert len(r) == len(s) == 1
+        assert f"{r.pop():.2f} / {s.pop():.2f} MB {words}" in text
+    lead = {
+        round(held(w, "snapshot", "decode") / held(w, "replay", "decode"), 2) for w in ws.values()
+    }
+    assert lead == {1.28} and "replay's lead in bytes is 1.28x in plain decode here" in text
+    hit = {
+        (s, m): low(mt, s, m)["token_hit_rate"]
+        for s in ("replay", "snapshot")
+        for m in ("decode", "synthetic")
+    }
+    assert (
+        f"replay's token hit rate falls to {hit['replay', 'decode']:.3f} on multi-turn "
+        f"({hit['replay', 'synthetic']:.3f} under the speculative budget) and snapshot's to "
+        f"{hit['snapshot', 'decode']:.3f} ({hit['snapshot', 'synthetic']:.3f})"
+    ) in text
+    others = [
+        low(w, s, "synthetic")["token_hit_rate"] - low(w, s, "decode")["token_hit_rate"]
+        for n, w in ws.items() if n != "multi_turn" for s in ("replay", "snapshot")
+    ]  # fmt: skip
+    assert 0 <= min(others) and max(others) < 0.16
+    rates = {
+        (n, r["strategy"], r["mode"]): r["sustainable_rate"]
+        for n, w in ws.items()
+        for r in w["rates"]
+    }
+    met = [
+        rates[n, "replay", m] / rates[n, "snapshot", m]
+        for n, _, m in rates
+        if rates[n, "replay", m] is not None
+        and rates[n, "snapshot", m] is not None
+        and _ == "replay"
+    ]
+    assert len(met) == 2 and f"on two rows only, and there at {span(met)}x snapshot's rate" in text
+    tpot = [
+        w["batch1"]["replay"]["tpot_s"] / w["batch1"]["snapshot"]["tpot_s"] for w in ws.values()
+    ]
+    pre = [
+        w["batch1"]["replay"]["prefill_s_per_token"]
+        / w["batch1"]["snapshot"]["prefill_s_per_token"]
+        for w in ws.values()
+    ]
+    assert (
+        f"batch-1 TPOT is {span(tpot, '{:.1f}')}x snapshot's and its prefill {span(pre, '{:.1f}')}x"
+        in text
+    )

@@ -749,9 +749,11 @@ for s in ("snapshot", "replay"):
 
 # %% [markdown]
 # So replay's lead in these plain-decode rows is partly the engines' sizing. The bench now
-# builds plain decode's engines for plain decode; that has not run on a GPU yet, so how much of
-# the lead is left is not known. Each workload also has only 10-12 requests, so a rate above
-# the burst point (marked) says how a burst is absorbed, not what a server sustains all day.
+# builds plain decode's engines for plain decode, and sizes plain decode's budget on them (a
+# quarter of what snapshot's plain-decode requests would hold at once), so that it still binds;
+# that has not run on a GPU yet, so how much of the lead is left is not known. Each workload
+# also has only 10-12 requests, so a rate above the burst point (marked) says how a burst is
+# absorbed, not what a server sustains all day.
 # `data/README.md` has the rows with synthetic drafts too.
 #
 # **Question 5.** Each strategy's search stopped at a failed probe. Which bound of the objective
