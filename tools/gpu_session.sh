@@ -84,9 +84,12 @@ case "$mode" in
     done
     SUITE_S=$(( ${FAIR_S:-570} - $(date +%s) + t0 )) bash "$0" suite ;;
   streams)  # issue 38, the call after "fair": bench serve-stream under a budget that binds
-    # (STREAM_ARGS, default 1 GiB), then few-shot's plain decode over three rounds (30 requests)
+    # (STREAM_ARGS; the default 0.25 GiB holds about a quarter of its 40 requests' snapshot
+    # slots built for plain decode, 26 MB each in data/slot_bytes_8b_layers.json, and 3 of those
+    # built for k = 4; its committed run's 3 GiB bound none), then few-shot's plain decode over
+    # three rounds (30 requests)
     timeout -s INT ${STREAM_S:-280} python3 -m replaylab.bench serve-stream --preset 8b-layers \
-      --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 1.0} 2>&1 | tail -30
+      --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 0.25} 2>&1 | tail -30
     timeout -s INT ${WS_S:-280} python3 -m replaylab.bench workload-stream --preset gpu \
       --workloads few_shot --modes decode --strategies replay,snapshot --rounds 3 \
       --out "$OUT/bench_workload_stream_gpu_few_shot_decode_rounds3.json" 2>&1 | tail -4 ;;
