@@ -1669,3 +1669,23 @@ def test_the_cpu_workload_streams_with_a_budget_per_mode_match_their_file():
         f"batch-1 TPOT is {span(tpot, '{:.1f}')}x snapshot's and its prefill {span(pre, '{:.1f}')}x"
         in text
     )
+
+
+def test_the_cpu_serve_stream_rerun_matches_its_file():
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    run = load_bench("data/bench_serve_stream_cpu.json")
+    assert run["commit"] == "bba3b1d" and run["date"].startswith("2026-12-07")
+    snap = run["strategies"]["snapshot"]
+    plain, drafts = (
+        snap["pool_bytes_per_slot_plain_decode"] / 1e6,
+        snap["pool_bytes_per_slot"] / 1e6,
+    )
+    assert f"a snapshot slot {plain:.2f} MB against {drafts:.2f} MB built for k drafts" in text
+    modes = [m for row in run["strategies"].values() for m in row["modes"].values()]
+    alone = {(m["tokens_equal_alone"], m["requests_served_alone"]) for m in modes}
+    stream = {m["tokens_equal_decode_stream"] for m in modes}
+    n = run["stream"]["n_requests"]
+    assert alone == {(8, 8)} and stream == {n}
+    assert (
+        f"8 of the first 8 requests served alone and {n} of {n} in the plain-decode stream" in text
+    )
