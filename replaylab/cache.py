@@ -25,6 +25,7 @@ replay when a copy was evicted or lies before the checkpoint) re-run tokens thro
 from __future__ import annotations
 
 import itertools
+import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -97,7 +98,14 @@ def as_config(cache="replay", **changes) -> CacheConfig:
 
 
 def _check_budget(budget_bytes):
-    if budget_bytes is not None and not budget_bytes > 0:
+    if budget_bytes is None:
+        return
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
+        raise TypeError(
+            f"budget_bytes: expected a positive number of bytes or None, got "
+            f"{type(budget_bytes).__name__} {budget_bytes!r}"
+        )
+    if not budget_bytes > 0:
         raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
 
 

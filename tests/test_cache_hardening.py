@@ -233,6 +233,14 @@ BAD_CALLS = [
     (lambda c: c.fork(0), ValueError, r"n: expected 1 <= n, got 0"),
     (lambda c: c.release(3), TypeError, r"handle: expected a Handle"),
     (lambda c: c.set_budget(-5), ValueError, r"budget_bytes: expected a positive"),
+    (lambda c: c.set_budget(float("nan")), ValueError, r"budget_bytes: expected a positive"),
+    # a bool budget was 1 byte: every kept copy evicted without a word
+    (
+        lambda c: c.set_budget(True),
+        TypeError,
+        r"budget_bytes: expected a positive .* got bool True",
+    ),
+    (lambda c: c.set_budget("100"), TypeError, r"budget_bytes: .* got str '100'"),
     (
         lambda c: MODEL(torch.tensor([[1, 50]] * 2), c),
         ValueError,

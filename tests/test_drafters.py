@@ -270,11 +270,25 @@ def test_the_model_drafter_reseats_new_sequences_and_refuses_what_does_not_fit()
         ((rows, torch.tensor([3, 2]), [5, 6], 2, 128), "rows: expected a 1-d integer tensor"),
         ((rows, torch.tensor([3, 2]), torch.tensor([5]), 2, 128), "expected 2 each"),
         ((rows, torch.tensor([3, 2]), torch.arange(2), 2, 50), "draft model has 128 tokens"),
+        # an id outside the vocabulary: in a seated row's catch-up, and in a new row (where
+        # rows were retired and admitted before the embedding's raw IndexError)
+        ((torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]]), torch.tensor([3, 2]), torch.tensor([5, 6]), 2, 128),
+         None),
+        ((torch.tensor([[5, 6, 7, -3], [8, 9, 0, 0]]), torch.tensor([4, 2]), torch.tensor([5, 6]), 2, 128),
+         r"contexts: token id -3 at row 0, column 3 is outside the vocabulary \[0, 128\)"),
+        ((torch.tensor([[1, 2, 3, 0], [4, 128, 0, 0]]), torch.tensor([3, 2]), torch.tensor([5, 9]), 2, 128),
+         r"contexts: token id 128 at row 1, column 1"),
+        ((rows.bool(), torch.tensor([3, 2]), torch.tensor([5, 6]), 2, 128), "contexts: expected a 2-d integer"),
     ]  # fmt: skip
     for args, match in bad:
+        if match is None:  # a good call: the seats the next bad ones must leave as they are
+            drafter.propose_batch(*args)
+            seats, pos = dict(drafter.seats), list(engine.pos)
+            continue
         with pytest.raises((ValueError, TypeError), match=match):
             drafter.propose_batch(*args)
         assert drafter.seats.keys() == seats.keys() and list(engine.pos) == pos
+        assert all(torch.equal(drafter.seats[r][1], seats[r][1]) for r in seats)
     # a context as long as max_len: its first draft, then that one repeated (no room left)
     long = torch.ones(1, 64, dtype=torch.long)
     with pytest.warns(UserWarning, match=r"max_verify=3 is under min\(k \+ 1, L\) = 4"):
@@ -328,10 +342,23 @@ def test_a_provisional_step_may_fold_a_full_log_of_true_tokens():
     assert torch.equal(engine.step(torch.tensor([[7]]))[0], fresh.step(torch.tensor([[7]]))[0])
 
 
-def test_batched_prompt_lookup_refuses_a_negative_k_and_an_empty_row_by_name():
+def test_batched_prompt_lookup_refuses_a_bad_k_length_or_ngram_by_name():
     rows, lengths = padded([[1, 2, 3], [4]])
     drafter = BatchPromptLookupDrafter()
-    with pytest.raises(ValueError, match="k: expected k >= 0 drafts, got -1"):
+    with pytest.raises(ValueError, match=r"k: expected 0 <= k, got -1"):
         drafter.propose_batch(rows, lengths, torch.arange(2), -1, 8)
-    with pytest.raises(ValueError, match="lengths: row 1 holds 0 tokens: expected at least one"):
+    with pytest.raises(TypeError, match=r"k: expected an integer, got float 2.0"):
+        drafter.propose_batch(rows, lengths, torch.arange(2), 2.0, 8)
+    w = rows.shape[1]
+    with pytest.raises(
+        ValueError, match=rf"lengths: row 1 holds 0 tokens: expected 1 <= length <= {w}"
+    ):
         drafter.propose_batch(rows, torch.tensor([3, 0]), torch.arange(2), 2, 8)
+    with pytest.raises(
+        ValueError, match=rf"lengths: row 0 holds {w + 1} tokens: expected 1 <= length"
+    ):
+        drafter.propose_batch(rows, torch.tensor([w + 1, 1]), torch.arange(2), 2, 8)
+    # max_ngram 0 drafted the last token k times for every row, without a word
+    for bad, error in ((0, ValueError), (-2, ValueError), (1.5, TypeError), ("3", TypeError)):
+        with pytest.raises(error, match=r"max_ngram: expected"):
+            BatchPromptLookupDrafter(bad)

@@ -257,7 +257,14 @@ def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
             rf"needs {request_bytes(sizes, 10, 7)} bytes, more than the whole "
             rf"budget_bytes={budget}",
         ),
-        (Request(7, torch.tensor([1]), 2, arrival=-1.0), r"arrival: expected >= 0 s, got -1.0"),
+        (
+            Request(7, torch.tensor([1]), 2, arrival=-1.0),
+            r"arrival: expected a finite time >= 0 s, got -1.0",
+        ),
+        (
+            Request(7, torch.tensor([1]), 2, arrival=math.inf),
+            r"request 7: arrival: expected a finite time >= 0 s, got inf",
+        ),
     ]
     for request, message in bad:
         with pytest.raises(ValueError, match=message):
@@ -265,6 +272,9 @@ def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
         assert _state(sched) == before, message
     with pytest.raises(TypeError, match=r"expected a Request, got tuple"):
         sched.add((8, torch.tensor([1]), 2))
+    assert _state(sched) == before
+    with pytest.raises(TypeError, match=r"request 9: drafter: expected an object with propose"):
+        sched.add(Request(9, torch.tensor([1]), 2, drafter=object()))  # it would stall every step
     assert _state(sched) == before
     sched.run()
     assert (

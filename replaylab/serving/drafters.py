@@ -138,17 +138,19 @@ class BatchPromptLookupDrafter:
     the same rule, the same drafts."""
 
     def __init__(self, max_ngram=3):
-        self.max_ngram = max_ngram
+        self.max_ngram = as_int("max_ngram", max_ngram, low=1)
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
+        k = as_int("k", k, low=0)
         if contexts.device.type != "cpu" or lengths.device.type != "cpu":
             return self.propose_on_device(contexts, lengths, k, vocab_size)
         ctx, n = contexts.numpy(), lengths.numpy().astype(np.int64)
-        if k < 0:
-            raise ValueError(f"k: expected k >= 0 drafts, got {k!r}")
-        if len(n) and n.min() < 1:
-            g = int(n.argmin())
-            raise ValueError(f"lengths: row {g} holds {n[g]} tokens: expected at least one")
+        if len(n) and not 1 <= n.min() <= n.max() <= ctx.shape[1]:
+            g = int(n.argmin() if n.min() < 1 else n.argmax())
+            raise ValueError(
+                f"lengths: row {g} holds {n[g]} tokens: expected 1 <= length <= "
+                f"{ctx.shape[1]} (the contexts' width)"
+            )
         return torch.from_numpy(self._propose_host(ctx, n, k))
 
     def _propose_host(self, ctx, lengths, k):
@@ -289,7 +291,12 @@ class BatchModelDrafter:
             ("lengths", lengths, 1),
             ("rows", rows, 1),
         ):
-            if not isinstance(t, torch.Tensor) or t.dim() != dims or t.is_floating_point():
+            if (
+                not isinstance(t, torch.Tensor)
+                or t.dim() != dims
+                or t.is_floating_point()
+                or t.dtype == torch.bool
+            ):
                 raise TypeError(f"{name}: expected a {dims}-d integer tensor, got {given(t)}")
         G, width = contexts.shape
         if lengths.numel() != G or rows.numel() != G:
@@ -306,6 +313,16 @@ class BatchModelDrafter:
                     f"lengths[{g}]: expected 1 <= length <= {min(width, e.max_len)} (the "
                     f"contexts' width {width} and the draft engine's max_len {e.max_len}), got {n}"
                 )
+        held = torch.arange(width, device=contexts.device) < torch.tensor(
+            lengths, device=contexts.device
+        ).unsqueeze(1)
+        outside = held & ((contexts < 0) | (contexts >= vocab_size))
+        if outside.any():
+            g, j = (int(i) for i in outside.nonzero()[0])
+            raise ValueError(
+                f"contexts: token id {int(contexts[g, j])} at row {g}, column {j} is outside "
+                f"the vocabulary [0, {vocab_size})"
+            )
         seated = sum(row in self.seats for row in rows)
         free = e.n_free + sum(row not in rows for row in self.seats)
         if G - seated > free:

@@ -23,6 +23,7 @@ tokens per step, keep = 1 + accepted drafts.
 
 from __future__ import annotations
 
+import math
 import numbers
 import time
 from dataclasses import dataclass
@@ -205,6 +206,11 @@ class Scheduler:
                 f"request {request.id}: carries its own drafter, but the scheduler's batched "
                 "drafter drafts for every request; give one or the other"
             )
+        if request.drafter is not None and not callable(getattr(request.drafter, "propose", None)):
+            raise TypeError(
+                f"request {request.id}: drafter: expected an object with propose(context, k, "
+                f"vocab), got {given(request.drafter)}"
+            )
         vocab = self.engine.cfg.vocab_size
         prompt = as_token_ids(f"request {request.id}: prompt", request.prompt, vocab, ("T0",))
         T0 = prompt.numel()
@@ -222,8 +228,10 @@ class Scheduler:
                 f"{given(request.arrival)}"
             )
         arrival = float(request.arrival)
-        if not arrival >= 0:
-            raise ValueError(f"request {request.id}: arrival: expected >= 0 s, got {arrival}")
+        if not 0 <= arrival < math.inf:
+            raise ValueError(
+                f"request {request.id}: arrival: expected a finite time >= 0 s, got {arrival}"
+            )
         need = request_bytes(self.sizes, T0, n, self.k, self.kv_accounting)
         if need > self.budget:
             raise ValueError(
