@@ -5,6 +5,8 @@ right kind but outside what is allowed (a shape, a range, NaN)."""
 
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 
 import torch
@@ -16,6 +18,7 @@ __all__ = [
     "branch_indices",
     "fork_indices",
     "as_int",
+    "as_real",
     "check_token_ids",
     "as_power_of_two",
 ]
@@ -83,6 +86,34 @@ def as_int(name, value, low=None, high=None) -> int:
             f"{'' if low is None else f'{low} <= '}{name}{'' if high is None else f' <= {high}'}"
         )
         raise ValueError(f"{name}: expected {bounds}, got {number}")
+    return number
+
+
+def as_real(name, value, low=None, high=None, *, above=None, unit="", finite=True) -> float:
+    """``value`` as a Python float (ints, floats, numpy scalars; not bools, strings or None),
+    not NaN, finite unless ``finite`` is False, with ``low <= value <= high`` and
+    ``value > above`` where given; ``unit`` names what it counts in the message."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a number{unit}, got {type(value).__name__} {value!r}")
+    number = float(value)
+    bounds = " and ".join(
+        b
+        for b in (
+            None if above is None else f"> {above:g}",
+            None if low is None else f">= {low:g}",
+            None if high is None else f"<= {high:g}",
+            "finite" if finite else None,
+        )
+        if b
+    )
+    if (
+        math.isnan(number)
+        or (finite and math.isinf(number))
+        or (above is not None and not number > above)
+        or (low is not None and number < low)
+        or (high is not None and number > high)
+    ):
+        raise ValueError(f"{name}: expected a number{unit} {bounds}, got {number:g}")
     return number
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from replaylab.bench.stream import sustainable_rate
 from replaylab.bench.workload_stream import (
     WORKLOADS,
     arrivals,
@@ -23,6 +24,7 @@ from replaylab.bench.workload_stream import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+OBJECTIVE = dict(tpot_p99_max_s=0.01, wait_p90_max_s=0.1)
 
 
 def common_prefix(a, b):
@@ -132,7 +134,31 @@ def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out
         (lambda: workload_prompts("chat", 16, 50), "workload: expected one of"),
         (lambda: workload_prompts("agents", 4, 50), "block: expected at least 8 tokens, got 4"),
         (lambda: workload_prompts("agents", 16, 50, rounds=0), r"rounds: expected 1 <= rounds"),
-        (lambda: arrivals(3, 0.0), r"rate: expected > 0 requests/s, got 0.0"),
+        (lambda: arrivals(3, 0.0), r"rate: expected a number \(requests/s\) > 0, got 0"),
+        (lambda: arrivals(-1, 5.0), r"n: expected 0 <= n, got -1"),
+        (lambda: arrivals(3, math.nan), r"rate: expected .* > 0, got nan"),
+        (lambda: workload_prompts("agents", 16, 0), r"vocab: expected 2 <= vocab, got 0"),
+        (lambda: run_workload_stream(rates=()), r"rates: expected one rate or more, got \(\)"),
+        # k = 0 made a "synthetic" row that never speculated
+        (lambda: run_workload_stream(k=0, modes=("synthetic",)), r"k: expected 1 <= k, got 0"),
+        (lambda: run_workload_stream(k=-1, modes=("decode",)), r"k: expected 0 <= k, got -1"),
+        # a hit rate above 1 gave a rate, not an error
+        (
+            lambda: predicted_rate(4, 1e6, 1e3, 1e-3, 1e-2, 100, 10, 1.5),
+            r"hit_rate: expected .* <= 1",
+        ),
+        (
+            lambda: predicted_rate(0, 1e6, 1e3, 1e-3, 1e-2, 100, 10, 0.5),
+            r"max_batch: expected 1 <=",
+        ),
+        (lambda: predicted_rate(4, 1e6, 1e3, 1e-3, -1.0, 100, 10, 0.5), r"tpot_s: expected .* > 0"),
+        (lambda: predicted_rate(4, 1e6, 1e3, 1e-3, 1e-2, 100, 0, 0.5), r"n_out: expected .* > 0"),
+        (
+            lambda: sustainable_rate(lambda r: None, 0, OBJECTIVE),
+            r"start: expected .* > 0 and finite, got 0",
+        ),
+        (lambda: sustainable_rate(lambda r: None, 2.0, OBJECTIVE, 0), r"probes: expected 1 <="),
+        (lambda: sustainable_rate(lambda r: None, 2.0, {}), r"objective: expected a dict with"),
         (lambda: run_workload_stream("tpu"), r"preset: expected one of \['cpu', 'gpu'\]"),
         (lambda: run_workload_stream(modes=("decode", "beam")), "modes: expected some of"),
         (lambda: run_workload_stream(workloads=()), r"workloads: expected some of .* got \(\)"),
@@ -142,6 +168,22 @@ def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out
 )
 def test_bad_input_is_refused_naming_the_value(call, match):
     with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: arrivals(2.5, 5.0), r"n: expected an integer, got float 2.5"),
+        (lambda: arrivals(3, True), r"rate: expected a number \(requests/s\), got bool True"),
+        (lambda: arrivals(3, "5"), r"rate: expected a number .* got str '5'"),
+        # 20.7 ran at block 20
+        (lambda: workload_prompts("agents", 20.7, 50), r"block: expected an integer, got float"),
+        (lambda: workload_prompts("agents", 16, 50, seed=1.5), r"seed: expected an integer"),
+    ],
+)
+def test_the_wrong_kind_of_value_is_refused_naming_it(call, match):
+    with pytest.raises(TypeError, match=match):
         call()
 
 

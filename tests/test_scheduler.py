@@ -398,6 +398,15 @@ def test_the_cost_model_predicts_a_compute_bound_verify_on_8b_layer_shapes():
     assert rows[1]["verify_bound"] == "flops"
     rows, cross, _ = predicted_crossover(model.cfg, n, "snapshot", (1,), bandwidth=4.3e12)
     assert cross is not None and cross > 64
+    # bandwidth 0 ran with the H200's; a rate of 0 or a batch of 0 divided by zero
+    for bad, match in (
+        (dict(bandwidth=0), r"bandwidth: expected a number \(bytes/s\) > 0"),
+        (dict(matmul_rate=0), r"matmul_rate: expected a number \(FLOP/s\) > 0"),
+        (dict(batches=(0,)), r"batches\[\]: expected 1 <= batches\[\], got 0"),
+    ):
+        kw = dict(batches=(1,), **bad) if "batches" not in bad else bad
+        with pytest.raises(ValueError, match=match):
+            predicted_crossover(model.cfg, n, "snapshot", **kw)
 
 
 def test_the_committed_cpu_stream_result_has_provenance():
@@ -417,6 +426,9 @@ def test_run_stream_bench_refuses_unknown_settings():
         run_stream_bench("cpu", n_reqs=3)
     with pytest.raises(ValueError, match=r"modes: expected some of"):
         run_stream_bench("cpu", modes=("beam",))
+    # rate 0 ran at the preset's 40 requests/s
+    with pytest.raises(ValueError, match=r"rate: expected a number \(requests/s\) > 0 .* got 0"):
+        run_stream_bench("cpu", rate=0)
 
 
 @pytest.mark.figures

@@ -51,6 +51,7 @@ import torch
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter
 from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
 from replaylab.serving.request import percentile
+from replaylab.validation import as_int, as_real
 
 __all__ = [
     "StreamSpec",
@@ -263,6 +264,12 @@ def sustainable_rate(probe, start, objective, probes=6):
         )
         return good
 
+    start = as_real("start", start, above=0, unit=" (requests/s)")
+    probes = as_int("probes", probes, low=1)
+    for key in ("tpot_p99_max_s", "wait_p90_max_s"):
+        if not isinstance(objective, dict) or key not in objective:
+            raise ValueError(f"objective: expected a dict with {key!r}, got {objective!r}")
+        as_real(f"objective[{key!r}]", objective[key], above=0, unit=" (s)", finite=False)
     tried = []
     lo, hi = None, None
     rate = start
@@ -400,7 +407,11 @@ def predicted_crossover(
     exceeds its byte term)."""
     from replaylab import costmodel as cm
 
-    bw = bandwidth or cm.HARDWARE["H200"].bandwidth
+    bw = cm.HARDWARE["H200"].bandwidth if bandwidth is None else bandwidth
+    bw = as_real("bandwidth", bw, above=0, unit=" (bytes/s)")
+    matmul_rate = as_real("matmul_rate", matmul_rate, above=0, unit=" (FLOP/s)")
+    for b in batches:
+        as_int("batches[]", b, low=1)
     shape = cm.shape_from_config(cfg)
     rate_label = f"matrix rate {matmul_rate / 1e12:.0f} TFLOP/s" + (
         f" ({MATMUL_RATE_SOURCE})" if matmul_rate == MATMUL_RATE else " (given by the caller)"
@@ -507,6 +518,8 @@ def run_stream_bench(
     for m in modes:
         if m not in MODES:
             raise ValueError(f"modes: expected some of {MODES}, got {m!r}")
+    if rate is not None:  # 0 ran at the preset's rate
+        as_real("rate", rate, above=0, unit=" (requests/s)")
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     warm_up = cuda if warm_up is None else warm_up
@@ -522,7 +535,7 @@ def run_stream_bench(
         cfg_run["n_requests"], tuple(cfg_run["prompt_len"]), tuple(cfg_run["output_len"]), seed
     )
     stream = make_stream(spec, vocab)
-    rate = rate or cfg_run["rate"]
+    rate = cfg_run["rate"] if rate is None else rate
     n_new_max = max(spec.output_len[1], cfg_run["sweep_tokens"])
     max_len = spec.prompt_len[1] + n_new_max + k + 1
     n_params = _matmul_params(model)

@@ -90,7 +90,7 @@ from replaylab.bench.stream import (
     stream_metrics,
     sustainable_rate,
 )
-from replaylab.validation import as_int
+from replaylab.validation import as_int, as_real
 
 __all__ = [
     "WORKLOADS",
@@ -178,9 +178,11 @@ def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[in
     (prompts and output lengths) does not depend on it."""
     if name not in WORKLOADS:
         raise ValueError(f"workload: expected one of {WORKLOADS}, got {name!r}")
-    b = int(block)
+    b = as_int("block", block)
     if b < 8:
         raise ValueError(f"block: expected at least 8 tokens, got {block}")
+    vocab = as_int("vocab", vocab, low=2)
+    seed = as_int("seed", seed, low=0)
     rounds = as_int("rounds", rounds, low=1)
     g = torch.Generator().manual_seed(seed)
     shared = _shared_parts(name, g, b, vocab)
@@ -195,8 +197,8 @@ def workload_prompts(name, block, vocab, seed=0, rounds=1) -> tuple[list[list[in
 def arrivals(n, rate, seed=0) -> list[float]:
     """Arrival times (s) of ``n`` requests of a Poisson process at ``rate`` requests/s
     (``math.inf``: all at 0)."""
-    if not rate > 0:
-        raise ValueError(f"rate: expected > 0 requests/s, got {rate}")
+    n = as_int("n", n, low=0)
+    rate = as_real("rate", rate, above=0, unit=" (requests/s)", finite=False)
     if math.isinf(rate):
         return [0.0] * n
     g = torch.Generator().manual_seed(seed)
@@ -207,6 +209,14 @@ def arrivals(n, rate, seed=0) -> list[float]:
 def predicted_rate(max_batch, budget, request_bytes, prefill_s_per_token, tpot_s, prompt_len,
                    n_out, hit_rate):  # fmt: skip
     """The module docstring's prediction (requests/s) and its concurrency C."""
+    max_batch = as_int("max_batch", max_batch, low=1)
+    budget = as_real("budget", budget, above=0, unit=" (bytes)")
+    request_bytes = as_real("request_bytes", request_bytes, above=0, unit=" (bytes)")
+    prefill_s_per_token = as_real("prefill_s_per_token", prefill_s_per_token, low=0, unit=" (s)")
+    tpot_s = as_real("tpot_s", tpot_s, above=0, unit=" (s)")
+    prompt_len = as_real("prompt_len", prompt_len, low=0, unit=" (tokens)")
+    n_out = as_real("n_out", n_out, above=0, unit=" (tokens)")
+    hit_rate = as_real("hit_rate", hit_rate, low=0, high=1)
     concurrency = max(1, min(max_batch, int(budget // max(1, request_bytes))))
     held = prefill_s_per_token * prompt_len * (1 - hit_rate) + n_out * tpot_s
     return concurrency / held, concurrency
@@ -216,7 +226,11 @@ def workload_budget(w, mode) -> int:
     """The byte budget ``mode``'s streams ran under in a workload's entry ``w``: files since
     2026-12-07's per-mode budgets hold one per mode, earlier files one for every mode."""
     budget = w["budget_bytes"]
-    return budget[mode] if isinstance(budget, dict) else budget
+    if not isinstance(budget, dict):
+        return budget
+    if mode not in budget:
+        raise ValueError(f"mode: expected one of the modes run, {sorted(budget)}, got {mode!r}")
+    return budget[mode]
 
 
 def workload_prediction(w, config, strategy, mode):
@@ -224,6 +238,11 @@ def workload_prediction(w, config, strategy, mode):
     of a result's ``workloads``, ``config`` its preset): its batch-1 times, and the bytes and
     hit rate of its row at the lowest rate."""
     rows = [r for r in w["rows"] if r["strategy"] == strategy and r["mode"] == mode]
+    if not rows:
+        ran = sorted({(r["strategy"], r["mode"]) for r in w["rows"]})
+        raise ValueError(
+            f"strategy, mode: expected a pair the workload ran, {ran}, got {(strategy, mode)}"
+        )
     row = min(rows, key=lambda r: r["rate"])
     b1 = w["batch1"][strategy]
     return predicted_rate(
@@ -301,9 +320,12 @@ def run_workload_stream(
         bad = [v for v in given if v not in allowed]
         if bad or not given:
             raise ValueError(f"{name}: expected some of {allowed}, got {tuple(given)}")
+    if not cfg["rates"]:
+        raise ValueError(f"rates: expected one rate or more, got {cfg['rates']!r}")
     for r in cfg["rates"]:
         if not r > 0:
             raise ValueError(f"rates: expected > 0 requests/s each, got {r}")
+    k = as_int("k", k, low=1 if set(modes) - {"decode"} else 0)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t_start = time.perf_counter()
 
