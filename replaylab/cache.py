@@ -82,6 +82,13 @@ class CacheConfig:
                 f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}"
             )
         _check_budget(self.budget_bytes)
+        if self.use_kernels is not None and not isinstance(self.use_kernels, bool):
+            raise TypeError(f"use_kernels: expected True, False or None, got {self.use_kernels!r}")
+        if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
+            raise TypeError(
+                f"dtype: expected a torch.dtype (e.g. torch.float16) or None, got "
+                f"{type(self.dtype).__name__} {self.dtype!r}"
+            )
 
     def replace(self, **changes) -> CacheConfig:
         return replace(self, **changes)

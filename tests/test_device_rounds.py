@@ -230,6 +230,27 @@ def test_the_device_synthetic_drafter_follows_its_references():
         BatchSyntheticDrafter(refs, 0.5).propose_on_device(contexts, torch.tensor([1, 1, 1]), 2, 10)
 
 
+def test_the_batched_synthetic_drafter_names_bad_arguments():
+    refs = [torch.arange(6), torch.arange(4)]
+    for args, error, match in (
+        ((refs, "0.5"), TypeError, r"acceptance: expected a number, got str '0.5'"),
+        ((refs, None), TypeError, r"acceptance: expected a number, got NoneType"),
+        ((refs, 1.5), ValueError, r"acceptance: expected a number >= 0 and <= 1"),
+        ((refs, float("nan")), ValueError, r"acceptance: expected .* got nan"),
+        (([[1, 2, 3]], 0.5), TypeError, r"references\[0\]: expected a tensor of token ids"),
+        # float references were truncated to ids
+        (([torch.tensor([1.7, 2.2])], 0.5), TypeError, r"references\[0\]: .* dtype torch.float32"),
+    ):
+        with pytest.raises(error, match=match):
+            BatchSyntheticDrafter(*args)
+    drafter = BatchSyntheticDrafter(refs, 0.5)
+    rows = torch.arange(2)
+    with pytest.raises(ValueError, match=r"k: expected 0 <= k, got -1"):
+        drafter.propose_batch(None, torch.tensor([1, 1]), rows, -1, 10)
+    with pytest.raises(ValueError, match=r"lengths: row 1 holds -2 tokens: expected >= 0"):
+        drafter.propose_batch(None, torch.tensor([1, -2]), rows, 2, 10)
+
+
 @torch.no_grad()
 def test_prompt_lookup_drafts_on_the_device_from_the_contexts_the_rounds_keep():
     """Prompt lookup reads each sequence's context, which the device's rounds keep on the

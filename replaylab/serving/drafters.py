@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from replaylab.serving.validate import as_int, given
+from replaylab.validation import as_real
 
 __all__ = [
     "BatchSyntheticDrafter",
@@ -41,13 +42,17 @@ class BatchSyntheticDrafter:
     tokens."""
 
     def __init__(self, references, acceptance, seed=0):
-        if not 0 <= acceptance <= 1:
-            raise ValueError(f"acceptance: expected 0 <= acceptance <= 1, got {acceptance}")
+        acceptance = as_real("acceptance", acceptance, low=0, high=1)
         if not isinstance(references, (list, tuple)) or not references:
             raise ValueError(
                 "references: expected a list of one reference (n,) per sequence, got "
                 f"{type(references).__name__}"
             )
+        for i, r in enumerate(references):  # floats were truncated to ids without a word
+            if not isinstance(r, torch.Tensor) or r.is_floating_point() or r.dtype == torch.bool:
+                raise TypeError(
+                    f"references[{i}]: expected a tensor of token ids (n,), got {given(r)}"
+                )
         width = max(r.numel() for r in references)
         self.reference = torch.zeros(len(references), width, dtype=torch.long)
         for i, r in enumerate(references):
@@ -58,7 +63,12 @@ class BatchSyntheticDrafter:
 
     def propose_batch(self, contexts, lengths, rows, k, vocab_size):
         # the host's rounds: numpy (a few microseconds an operation, not a dispatch each)
+        k = as_int("k", k, low=0)
         index, n = np.asarray(rows.cpu()), np.asarray(lengths.cpu())
+        if len(n) and int(n.min()) < 0:
+            raise ValueError(
+                f"lengths: row {int(n.argmin())} holds {int(n.min())} tokens: expected >= 0"
+            )
         if len(index) and int(index.max()) >= self.reference.shape[0]:
             raise ValueError(
                 f"rows: sequence {int(index.max())} has no reference (this drafter holds "
