@@ -22,7 +22,7 @@ from functools import cache
 
 from replaylab.shapes import HybridShape
 from replaylab.strategies import STRATEGY_NAMES
-from replaylab.validation import as_int
+from replaylab.validation import as_int, as_real
 
 __all__ = [
     "Hardware",
@@ -129,6 +129,20 @@ class Workload:
     state_bytes: int = 4
     act_bytes: int = 2  # KV, conv windows and logs
 
+    def __post_init__(self):
+        for name, low in (
+            ("batch", 1),
+            ("k", 0),
+            ("interval", 1),
+            ("context_len", 0),
+            ("branches", 1),
+            ("state_bytes", 1),
+            ("act_bytes", 1),
+        ):
+            as_int(name, getattr(self, name), low=low)
+        if isinstance(self.acceptance, numbers.Real):  # k probabilities: checked where used
+            _acceptance_probs(1, self.acceptance)
+
 
 @dataclass(frozen=True)
 class ModelCosts:
@@ -167,6 +181,12 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
     """The SSM-side bytes a cache holds for one sequence, by the component names of
     ``HybridCache.nbytes()``: state and conv windows, plus snapshot copies, recompute
     checkpoints or replay log entries."""
+    for name, count in (
+        ("copies", copies),
+        ("checkpoints", checkpoints),
+        ("log_entries", log_entries),
+    ):
+        as_real(name, count, low=0)  # averages may be fractional
     held = {"ssm_state": m.S, "conv_state": m.W}
     if strategy == "snapshot":
         held["snapshots"] = copies * (m.S + m.W)
@@ -181,6 +201,7 @@ def bytes_held(m: ModelCosts, strategy, *, copies=0, checkpoints=0, log_entries=
 
 def _acceptance_probs(k, acceptance) -> list:
     """The k per-draft probabilities of ``acceptance`` (one probability or k), checked."""
+    k = as_int("k", k, low=0)
     some = "a probability in [0, 1]" if k <= 1 else f"a probability or {k} probabilities in [0, 1]"
     if hasattr(acceptance, "tolist") and not isinstance(acceptance, numbers.Real):
         acceptance = acceptance.tolist()  # a tensor or an array: a number or a list
@@ -268,6 +289,11 @@ def predict(
       kept tokens. ``restore_seconds`` is that deferred fold per kept token, fold bytes / L
       over the bandwidth; ``fold_bytes_per_round`` is what a round pays for it.
     """
+    if memory_budget is not None:  # NaN failed in int(), a negative budget fitted 0
+        as_real("memory_budget", memory_budget, above=0, unit=" (bytes)")
+    as_real("n_params", n_params, low=0)
+    as_real("hardware.bandwidth", hardware.bandwidth, above=0, unit=" (bytes/s)")
+    as_real("hardware.matmul_rate", hardware.matmul_rate, above=0, unit=" (FLOP/s)")
     m = model_costs(shape, workload, n_params)
     w, k, L = workload, workload.k, workload.interval
     ea = expected_accepted(k, w.acceptance)
@@ -356,6 +382,7 @@ def revolve_cost(n: int, slots: int) -> int:
     most ``slots`` states at once besides the start (Griewank's binomial checkpointing; this
     is its dynamic program: advance m steps, keep a checkpoint there, reverse the rest with
     one slot fewer, then reverse the first m)."""
+    n, slots = as_int("n", n, low=0), as_int("slots", slots, low=0)
     if n <= 1:
         return 0
     if slots == 0:
@@ -365,6 +392,7 @@ def revolve_cost(n: int, slots: int) -> int:
 
 def optimal_frontier(n: int, max_slots: int) -> list[tuple[int, float]]:
     """(slots, recomputed steps per restored state) on the offline optimum for n steps."""
+    n, max_slots = as_int("n", n, low=1), as_int("max_slots", max_slots, low=0)
     return [(s, revolve_cost(n, s) / n) for s in range(0, max_slots + 1)]
 
 
@@ -372,6 +400,7 @@ def interval_tradeoff(n: int, interval: int) -> dict:
     """States kept and forward steps per restored state when every state of an n-step chain is
     visited in reverse with a checkpoint every ``interval`` steps, counted as ``revolve_cost``
     counts (the sweep that places the checkpoints included), so the two compare directly."""
+    n, interval = as_int("n", n, low=1), as_int("interval", interval, low=1)
     kept = math.ceil(n / interval)
     sweep = (kept - 1) * interval
     # within a segment, reversing from its stored start costs 0 + 1 + ... + (length - 1)

@@ -389,3 +389,41 @@ def test_gain_falls_as_attention_grows_and_live_bytes_match_the_model():
         assert row["snapshot_measured"] == row["snapshot_predicted"]
         assert row["replay_measured"] == row["replay_predicted"]
     assert live[0]["gain_measured"] > live[1]["gain_measured"] > 1
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # a batch or interval of 0 divided by zero later; a negative batch gave negative seconds
+        (lambda: cm.Workload(batch=0), ValueError, r"batch: expected 1 <= batch, got 0"),
+        (lambda: cm.Workload(interval=0), ValueError, r"interval: expected 1 <= interval"),
+        (lambda: cm.Workload(context_len=-5), ValueError, r"context_len: expected 0 <="),
+        (lambda: cm.Workload(k=2.5), TypeError, r"k: expected an integer, got float 2.5"),
+        (lambda: cm.Workload(k=True), TypeError, r"k: expected an integer, got a boolean"),
+        (lambda: cm.Workload(acceptance=float("nan")), ValueError, r"acceptance: expected"),
+        # k = -1 blamed the acceptance
+        (lambda: cm.expected_accepted(-1, 0.8), ValueError, r"k: expected 0 <= k, got -1"),
+        # 5 with 0 slots is 10 steps: -1 slots gave 5
+        (lambda: cm.revolve_cost(6, -1), ValueError, r"slots: expected 0 <= slots, got -1"),
+        (lambda: cm.revolve_cost(-3, 1), ValueError, r"n: expected 0 <= n, got -3"),
+        (lambda: cm.interval_tradeoff(10, 0), ValueError, r"interval: expected 1 <= interval"),
+        (lambda: cm.interval_tradeoff(10, -2), ValueError, r"interval: expected 1 <= interval"),
+        (lambda: cm.optimal_frontier(0, 2), ValueError, r"n: expected 1 <= n, got 0"),
+        (lambda: cm.bytes_held(costs(), "snapshot", copies=-1), ValueError, r"copies: expected"),
+        (
+            lambda: cm.predict(
+                SHAPE, cm.Workload(), cm.HARDWARE["H200"], N_PARAMS, memory_budget=-1
+            ),
+            ValueError,
+            r"memory_budget: expected a number \(bytes\) > 0",
+        ),
+        (
+            lambda: cm.predict(SHAPE, cm.Workload(), cm.Hardware("x", 0.0, 1e12), N_PARAMS),
+            ValueError,
+            r"hardware.bandwidth: expected a number \(bytes/s\) > 0",
+        ),
+    ],
+)
+def test_bad_cost_model_input_is_refused_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
