@@ -90,19 +90,23 @@ def as_int(name, value, low=None, high=None) -> int:
 
 
 def as_real(name, value, low=None, high=None, *, above=None, unit="", finite=True) -> float:
-    """``value`` as a Python float (ints, floats, numpy scalars; not bools, strings or None),
-    not NaN, finite unless ``finite`` is False, with ``low <= value <= high`` and
+    """``value`` as a Python float (ints, floats, numpy scalars, 0-d tensors; not bools, strings
+    or None), not NaN, finite unless ``finite`` is False, with ``low <= value <= high`` and
     ``value > above`` where given; ``unit`` names what it counts in the message."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype != torch.bool:
+        value = value.item()  # a 0-d tensor, as as_int takes one
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a number{unit}, got {type(value).__name__} {value!r}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf if value > 0 else -math.inf
     bounds = " and ".join(
         b
         for b in (
             None if above is None else f"> {above:g}",
             None if low is None else f">= {low:g}",
             None if high is None else f"<= {high:g}",
-            "finite" if finite else None,
         )
         if b
     )
@@ -113,7 +117,10 @@ def as_real(name, value, low=None, high=None, *, above=None, unit="", finite=Tru
         or (low is not None and number < low)
         or (high is not None and number > high)
     ):
-        raise ValueError(f"{name}: expected a number{unit} {bounds}, got {number:g}")
+        kind = "a finite number" if finite else "a number"
+        raise ValueError(
+            f"{name}: expected {kind}{unit}{' ' + bounds if bounds else ''}, got {number:g}"
+        )
     return number
 
 

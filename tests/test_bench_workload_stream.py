@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -139,8 +140,16 @@ def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out
         (lambda: arrivals(3, math.nan), r"rate: expected .* > 0, got nan"),
         (lambda: workload_prompts("agents", 16, 0), r"vocab: expected 2 <= vocab, got 0"),
         (lambda: run_workload_stream(rates=()), r"rates: expected one rate or more, got \(\)"),
+        # 1.5 failed in the drafter after the first strategy's rows had run
+        (
+            lambda: run_workload_stream(acceptance=1.5),
+            r"acceptance: expected a finite number >= 0 and <= 1",
+        ),
         # k = 0 made a "synthetic" row that never speculated
-        (lambda: run_workload_stream(k=0, modes=("synthetic",)), r"k: expected 1 <= k, got 0"),
+        (
+            lambda: run_workload_stream(k=0, modes=("synthetic",)),
+            r"k: expected 1 <= k with the speculative modes \['synthetic'\], got 0",
+        ),
         (lambda: run_workload_stream(k=-1, modes=("decode",)), r"k: expected 0 <= k, got -1"),
         # a hit rate above 1 gave a rate, not an error
         (
@@ -155,7 +164,7 @@ def test_a_workload_prediction_reads_the_lowest_rate_row_and_leaves_the_tree_out
         (lambda: predicted_rate(4, 1e6, 1e3, 1e-3, 1e-2, 100, 0, 0.5), r"n_out: expected .* > 0"),
         (
             lambda: sustainable_rate(lambda r: None, 0, OBJECTIVE),
-            r"start: expected .* > 0 and finite, got 0",
+            r"start: expected a finite number .* > 0, got 0",
         ),
         (lambda: sustainable_rate(lambda r: None, 2.0, OBJECTIVE, 0), r"probes: expected 1 <="),
         (lambda: sustainable_rate(lambda r: None, 2.0, {}), r"objective: expected a dict with"),
@@ -290,3 +299,14 @@ def test_the_committed_cpu_result_and_its_table_in_the_data_readme():
             assert r["tokens_equal_alone"] == r["requests"], (r["strategy"], r["mode"])
             assert r["peak_used_bytes"] <= r["budget_bytes"] == workload_budget(w, r["mode"])
     assert "\n".join(workload_summary(result)) in (ROOT / "data" / "README.md").read_text()
+
+
+def test_as_real_takes_numbers_as_as_int_takes_integers():
+    from replaylab.validation import as_real
+
+    assert as_real("x", np.float32(0.5)) == 0.5 and as_real("x", torch.tensor(0.25)) == 0.25
+    assert as_real("rate", math.inf, above=0, finite=False) == math.inf
+    with pytest.raises(ValueError, match=r"x: expected a finite number, got inf"):
+        as_real("x", 10**400)  # a raw OverflowError before
+    with pytest.raises(TypeError, match=r"x: expected a number, got Tensor"):
+        as_real("x", torch.tensor([0.5]))

@@ -415,12 +415,12 @@ def test_gain_falls_as_attention_grows_and_live_bytes_match_the_model():
                 SHAPE, cm.Workload(), cm.HARDWARE["H200"], N_PARAMS, memory_budget=-1
             ),
             ValueError,
-            r"memory_budget: expected a number \(bytes\) > 0",
+            r"memory_budget: expected a finite number \(bytes\) > 0",
         ),
         (
             lambda: cm.predict(SHAPE, cm.Workload(), cm.Hardware("x", 0.0, 1e12), N_PARAMS),
             ValueError,
-            r"hardware.bandwidth: expected a number \(bytes/s\) > 0",
+            r"hardware.bandwidth: expected a finite number \(bytes/s\) > 0",
         ),
     ],
 )

@@ -235,7 +235,7 @@ def test_the_batched_synthetic_drafter_names_bad_arguments():
     for args, error, match in (
         ((refs, "0.5"), TypeError, r"acceptance: expected a number, got str '0.5'"),
         ((refs, None), TypeError, r"acceptance: expected a number, got NoneType"),
-        ((refs, 1.5), ValueError, r"acceptance: expected a number >= 0 and <= 1"),
+        ((refs, 1.5), ValueError, r"acceptance: expected a finite number >= 0 and <= 1"),
         ((refs, float("nan")), ValueError, r"acceptance: expected .* got nan"),
         (([[1, 2, 3]], 0.5), TypeError, r"references\[0\]: expected a tensor of token ids"),
         # float references were truncated to ids

@@ -1616,10 +1616,13 @@ def test_the_cpu_workload_streams_with_a_budget_per_mode_match_their_file():
         for w in ws.values()
     }
     mt = ws["multi_turn"]
+    slots = run["config"]["max_batch"]
+    assert max(fitted) > slots
     assert (
-        f"would have fitted {max(fitted):.1f} of {mt['prompts']} at once where a quarter is {mt['prompts'] // 4}"
-        in text
+        f"the budget held the bytes of {max(fitted):.1f} of a workload's {mt['prompts']} "
+        f"plain-decode snapshot requests" in text
     )
+    assert f"where a quarter is {mt['prompts'] // 4}: more than the preset's {slots} slots" in text
     for mode, words in (("decode", "in plain decode"), ("synthetic", "built for k drafts")):
         r = {round(held(w, "replay", mode), 2) for w in ws.values()}
         s = {round(held(w, "snapshot", mode), 2) for w in ws.values()}

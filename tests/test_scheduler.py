@@ -400,13 +400,15 @@ def test_the_cost_model_predicts_a_compute_bound_verify_on_8b_layer_shapes():
     assert cross is not None and cross > 64
     # bandwidth 0 ran with the H200's; a rate of 0 or a batch of 0 divided by zero
     for bad, match in (
-        (dict(bandwidth=0), r"bandwidth: expected a number \(bytes/s\) > 0"),
-        (dict(matmul_rate=0), r"matmul_rate: expected a number \(FLOP/s\) > 0"),
-        (dict(batches=(0,)), r"batches\[\]: expected 1 <= batches\[\], got 0"),
+        (dict(bandwidth=0), r"bandwidth: expected a finite number \(bytes/s\) > 0"),
+        (dict(matmul_rate=0), r"matmul_rate: expected a finite number \(FLOP/s\) > 0"),
+        (dict(batches=(0,)), r"batches\[0\]: expected 1 <= batches\[0\], got 0"),
     ):
         kw = dict(batches=(1,), **bad) if "batches" not in bad else bad
         with pytest.raises(ValueError, match=match):
             predicted_crossover(model.cfg, n, "snapshot", **kw)
+    many = (b for b in (1, 256))  # a generator: the check must not use it up
+    assert len(predicted_crossover(model.cfg, n, "replay", many, bandwidth=4.3e12)[0]) == 2
 
 
 def test_the_committed_cpu_stream_result_has_provenance():
@@ -427,8 +429,10 @@ def test_run_stream_bench_refuses_unknown_settings():
     with pytest.raises(ValueError, match=r"modes: expected some of"):
         run_stream_bench("cpu", modes=("beam",))
     # rate 0 ran at the preset's 40 requests/s
-    with pytest.raises(ValueError, match=r"rate: expected a number \(requests/s\) > 0 .* got 0"):
+    with pytest.raises(ValueError, match=r"rate: expected a number \(requests/s\) > 0, got 0"):
         run_stream_bench("cpu", rate=0)
+    with pytest.raises(ValueError, match=r"acceptance: expected a finite number >= 0 and <= 1"):
+        run_stream_bench("cpu", acceptance=1.5)
 
 
 @pytest.mark.figures

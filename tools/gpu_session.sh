@@ -75,22 +75,23 @@ case "$mode" in
     done ;;
   fair)  # WHEELS=.whl-gpu2, issue 38's fair rerun in one call: each workload's plain decode on
     # engines built for it (one round, the streams of 6b344e2's files; FAIR_WS_S seconds each at
-    # most), then the whole suite in what is left of FAIR_S
-    t0=$(date +%s)
+    # most), then the whole suite in what is left of FAIR_S seconds since this script started
+    # (the installs included; the suite's own install and gzip need the rest of the 600)
     for w in ${WORKLOADS:-few_shot multi_turn system_prompts agents}; do
       timeout -s INT ${FAIR_WS_S:-85} python3 -m replaylab.bench workload-stream --preset gpu \
         --workloads "$w" --modes decode --strategies replay,snapshot \
         --out "$OUT/bench_workload_stream_gpu_${w}_decode.json" 2>&1 | tail -3
     done
-    SUITE_S=$(( ${FAIR_S:-570} - $(date +%s) + t0 )) bash "$0" suite ;;
+    left=$(( ${FAIR_S:-540} - SECONDS ))
+    if [ "$left" -ge 60 ]; then SUITE_S=$left bash "$0" suite; else echo "no time left for the suite ($left s)"; fi ;;
   streams)  # issue 38, the call after "fair": bench serve-stream under a budget that binds
     # (STREAM_ARGS; the default 0.25 GiB holds about a quarter of its 40 requests' snapshot
     # slots built for plain decode, 26 MB each in data/slot_bytes_8b_layers.json, and 3 of those
     # built for k = 4; its committed run's 3 GiB bound none), then few-shot's plain decode over
     # three rounds (30 requests)
-    timeout -s INT ${STREAM_S:-280} python3 -m replaylab.bench serve-stream --preset 8b-layers \
+    timeout -s INT ${STREAM_S:-250} python3 -m replaylab.bench serve-stream --preset 8b-layers \
       --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 0.25} 2>&1 | tail -30
-    timeout -s INT ${WS_S:-280} python3 -m replaylab.bench workload-stream --preset gpu \
+    timeout -s INT ${WS_S:-250} python3 -m replaylab.bench workload-stream --preset gpu \
       --workloads few_shot --modes decode --strategies replay,snapshot --rounds 3 \
       --out "$OUT/bench_workload_stream_gpu_few_shot_decode_rounds3.json" 2>&1 | tail -4 ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):

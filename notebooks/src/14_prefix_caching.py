@@ -38,6 +38,7 @@ import torch
 from replaylab.teaching import exercises_prefix as ex
 from replaylab.bench.prefix import WORKLOADS, workload
 from replaylab.bench.prefix_blocks import nemotron_ratios
+from replaylab.bench.workload_stream import workload_budget
 from replaylab.cache import HybridCache
 from replaylab.teaching.diagrams import prefix_grid_diagram
 from replaylab.teaching.exercises_prefix import (
@@ -739,7 +740,7 @@ print("\n".join(workload_stream_rows()))
 state_mb = {(r["strategy"], r["max_verify"]): r["recurrent_bytes"] / 1e6
             for r in load_bench("data/slot_bytes_8b_layers.json")["rows"]}  # fmt: skip
 few = load_bench(WORKLOAD_STREAM_RESULTS["few_shot"])["workloads"]["few_shot"]
-budget_mb = few["budget_bytes"] / 1e6
+budget_mb = workload_budget(few, "decode") / 1e6
 for s in ("snapshot", "replay"):
     run_mb = next(r for r in few["rows"] if r["strategy"] == s and r["mode"] == "decode")[
         "accounted_bytes_per_request"]["mean"] / 1e6  # fmt: skip

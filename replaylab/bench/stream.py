@@ -410,8 +410,7 @@ def predicted_crossover(
     bw = cm.HARDWARE["H200"].bandwidth if bandwidth is None else bandwidth
     bw = as_real("bandwidth", bw, above=0, unit=" (bytes/s)")
     matmul_rate = as_real("matmul_rate", matmul_rate, above=0, unit=" (FLOP/s)")
-    for b in batches:
-        as_int("batches[]", b, low=1)
+    batches = tuple(as_int(f"batches[{i}]", b, low=1) for i, b in enumerate(batches))
     shape = cm.shape_from_config(cfg)
     rate_label = f"matrix rate {matmul_rate / 1e12:.0f} TFLOP/s" + (
         f" ({MATMUL_RATE_SOURCE})" if matmul_rate == MATMUL_RATE else " (given by the caller)"
@@ -518,8 +517,9 @@ def run_stream_bench(
     for m in modes:
         if m not in MODES:
             raise ValueError(f"modes: expected some of {MODES}, got {m!r}")
-    if rate is not None:  # 0 ran at the preset's rate
-        as_real("rate", rate, above=0, unit=" (requests/s)")
+    if rate is not None:  # 0 ran at the preset's rate; inf: all at once
+        as_real("rate", rate, above=0, unit=" (requests/s)", finite=False)
+    as_real("acceptance", acceptance, low=0, high=1)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     cuda = device.type == "cuda"
     warm_up = cuda if warm_up is None else warm_up

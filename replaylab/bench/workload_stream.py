@@ -27,8 +27,8 @@ engine; the CPU preset's draft is the target with its weights perturbed, a stand
 The budget (``budget_bytes``, per mode): ``budget_share`` of the bytes every request of the
 workload's first round would hold at once under snapshot (``Scheduler.need`` summed) on the
 engines that serve the mode (plain decode's, or those built for k drafts), the same bytes for
-every strategy and any ``rounds``, so that in every mode snapshot runs about that share of the
-requests together; the prefix tree's bytes count inside it. (Files before 2026-12-07's
+every strategy and any ``rounds``, so that in every mode the budget holds about that share of
+the requests' bytes under snapshot; the prefix tree's bytes count inside it. (Files before 2026-12-07's
 per-mode budgets hold one budget, sized on the k-draft engines, for every mode: with plain
 decode's smaller snapshot slots it left room for most of a workload's requests.)
 
@@ -211,7 +211,7 @@ def predicted_rate(max_batch, budget, request_bytes, prefill_s_per_token, tpot_s
     """The module docstring's prediction (requests/s) and its concurrency C."""
     max_batch = as_int("max_batch", max_batch, low=1)
     budget = as_real("budget", budget, above=0, unit=" (bytes)")
-    request_bytes = as_real("request_bytes", request_bytes, above=0, unit=" (bytes)")
+    request_bytes = as_real("request_bytes", request_bytes, low=0, unit=" (bytes)")
     prefill_s_per_token = as_real("prefill_s_per_token", prefill_s_per_token, low=0, unit=" (s)")
     tpot_s = as_real("tpot_s", tpot_s, above=0, unit=" (s)")
     prompt_len = as_real("prompt_len", prompt_len, low=0, unit=" (tokens)")
@@ -325,7 +325,11 @@ def run_workload_stream(
     for r in cfg["rates"]:
         if not r > 0:
             raise ValueError(f"rates: expected > 0 requests/s each, got {r}")
-    k = as_int("k", k, low=1 if set(modes) - {"decode"} else 0)
+    speculative = sorted(set(modes) - {"decode"})
+    k = as_int("k", k, low=0)
+    if speculative and k < 1:
+        raise ValueError(f"k: expected 1 <= k with the speculative modes {speculative}, got {k}")
+    as_real("acceptance", acceptance, low=0, high=1)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t_start = time.perf_counter()
 
