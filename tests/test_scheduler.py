@@ -428,6 +428,25 @@ def test_run_stream_bench_refuses_unknown_settings():
         run_stream_bench("cpu", n_reqs=3)
     with pytest.raises(ValueError, match=r"modes: expected some of"):
         run_stream_bench("cpu", modes=("beam",))
+    # a rate of 0 divided by zero, reversed ranges raised inside torch, no requests a bare min()
+    stream = make_stream(StreamSpec(2), VOCAB)
+    for call, match in (
+        (lambda: stream_requests(stream, 0), r"rate: expected a number \(requests/s\) > 0, got 0"),
+        (lambda: stream_requests(stream, 5.0, "beam"), r"mode: expected one of"),
+        (
+            lambda: stream_requests(stream, 5.0, "synthetic"),
+            r"references: the synthetic mode needs",
+        ),
+        (
+            lambda: StreamSpec(prompt_len=(24, 6)),
+            r"prompt_len\[1\]: expected 24 <= prompt_len\[1\], got 6",
+        ),
+        (lambda: StreamSpec(output_len=(0, 0)), r"output_len\[0\]: expected 1 <= output_len\[0\]"),
+        (lambda: StreamSpec(n_requests=-3), r"n_requests: expected 1 <= n_requests, got -3"),
+        (lambda: stream_metrics([], None), r"finished: expected the finished requests"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
     # rate 0 ran at the preset's 40 requests/s
     with pytest.raises(ValueError, match=r"rate: expected a number \(requests/s\) > 0, got 0"):
         run_stream_bench("cpu", rate=0)

@@ -51,6 +51,7 @@ import torch
 from replaylab.decoding import PromptLookupDrafter, SyntheticDrafter
 from replaylab.serving import STRATEGIES, DecodeEngine, Request, Scheduler
 from replaylab.serving.request import percentile
+from replaylab.serving.validate import given
 from replaylab.validation import as_int, as_real
 
 __all__ = [
@@ -121,6 +122,16 @@ class StreamSpec:
     output_len: tuple = (4, 16)
     seed: int = 0
 
+    def __post_init__(self):
+        as_int("n_requests", self.n_requests, low=1)
+        as_int("seed", self.seed, low=0)
+        for name in ("prompt_len", "output_len"):
+            span = getattr(self, name)
+            if not isinstance(span, (tuple, list)) or len(span) != 2:
+                raise ValueError(f"{name}: expected (low, high), got {span!r}")
+            low = as_int(f"{name}[0]", span[0], low=1)
+            as_int(f"{name}[1]", span[1], low=low)
+
 
 def make_stream(spec: StreamSpec, vocab):
     """(prompts: list of (T0,), output lengths: list of ints, unit-rate arrival times: list,
@@ -144,7 +155,15 @@ def stream_requests(stream, rate, mode="decode", references=None, acceptance=0.8
     requests/s (``math.inf``: all at once), each with its own drafter for ``mode``:
     "decode" none, "synthetic" a ``SyntheticDrafter`` over ``references[i]`` (the prompt and
     its greedy tokens), "lookup" a ``PromptLookupDrafter``."""
+    rate = as_real("rate", rate, above=0, unit=" (requests/s)", finite=False)
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     prompts, outs, arrivals = stream
+    if mode == "synthetic" and (references is None or len(references) < len(prompts)):
+        raise ValueError(
+            f"references: the synthetic mode needs one reference per request ({len(prompts)}), "
+            f"got {given(references)}"
+        )
     reqs = []
     for i, (p, n, a) in enumerate(zip(prompts, outs, arrivals)):
         if mode == "decode":
@@ -184,6 +203,8 @@ def stream_metrics(finished, sched, references=None, alone=None):
     (``tokens_equal_decode_stream`` counts the requests whose tokens equal them); ``alone``:
     {request id: tokens (list) when that request was served alone} (``tokens_equal_alone``
     counts those requests whose tokens equal them)."""
+    if not finished:
+        raise ValueError("finished: expected the finished requests of a stream, got none")
     first = min(r.arrival for r in finished)
     last = max(r.finished_at for r in finished)
     tokens = sum(len(r.tokens) for r in finished)
