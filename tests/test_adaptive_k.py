@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 import statistics
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,13 +117,15 @@ def test_bad_settings_and_observations_are_refused_by_name():
         (dict(k_max=0), "k_max"),
         (dict(k_max=2, samples=0), "samples"),
         (dict(k_max=2, samples=2, samples_needed=3), "samples_needed"),
-        (dict(k_max=2, decay=0.0), "decay"),
-        (dict(k_max=2, decay="x"), "decay"),
-        (dict(k_max=2, decay=True), "decay"),
+        (dict(k_max=2, decay=0.0), r"decay: expected a finite number > 0 and <= 1, got 0"),
         (dict(k_max=2, refresh_every=1), "refresh_every"),
     ]:
         with pytest.raises(ValueError, match=match):
             AdaptiveK(**kwargs)
+    for decay in ("x", True):
+        with pytest.raises(TypeError, match=r"decay: expected a number, got"):
+            AdaptiveK(2, decay=decay)
+    assert AdaptiveK(2, decay=np.float32(0.5)).decay == 0.5  # refused as "not in (0, 1]" before
     for seconds in ([], [1.0, 0.0], [1.0, -2.0], [float("nan")], [float("inf")], [True]):
         with pytest.raises(ValueError, match="seconds: expected one finite time > 0"):
             best_k(0.5, seconds)

@@ -38,6 +38,7 @@ from collections import defaultdict, deque
 
 from replaylab.costmodel import expected_accepted, tokens_per_round
 from replaylab.serving.validate import as_int, given
+from replaylab.validation import as_real
 
 __all__ = ["best_k", "AdaptiveK", "geometric_tokens", "policy_for"]
 
@@ -81,9 +82,7 @@ class AdaptiveK:
         self.k_max = as_int("k_max", k_max, low=1)
         self.samples = as_int("samples", samples, low=1)
         self.samples_needed = as_int("samples_needed", samples_needed, 1, self.samples)
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
-            raise ValueError(f"decay: expected a number in (0, 1], got {decay!r}")
-        self.decay = decay
+        self.decay = as_real("decay", decay, above=0, high=1)  # numpy float32 was refused
         self.refresh_every = as_int("refresh_every", refresh_every, low=2)
         if not callable(tokens):
             raise TypeError(f"tokens: expected a function of (k, acceptance), got {tokens!r}")
