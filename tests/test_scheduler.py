@@ -283,6 +283,12 @@ def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
     engine.admit(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"engine: 1 slots are live \(\[0\]\)"):
         Scheduler(engine)
+    with pytest.raises(TypeError, match=r"engine: expected a DecodeEngine, got NoneType None"):
+        Scheduler(None)  # a raw AttributeError before
+    pos = list(engine.pos)
+    with pytest.raises(TypeError, match=r"check: expected True or False, got 'no'"):
+        engine.step(torch.tensor([[3]]), check="no")  # taken as true before
+    assert list(engine.pos) == pos
 
 
 def test_a_drafter_proposing_ids_outside_the_vocabulary_is_named():

@@ -346,6 +346,8 @@ class DecodeEngine:
         the rest of its row is padding). A rollback afterwards applies to this step: slots left
         out of it can no longer roll back an earlier one. ``check=False`` skips the id range
         check, which reads the ids back from the device; shapes are always checked."""
+        if not isinstance(check, bool):
+            raise TypeError(f"check: expected True or False, got {check!r}")
         tokens, counts, slots = check_step(self, tokens, counts, slots, check)
         return self._step(tokens, counts, slots)
 

@@ -118,6 +118,10 @@ class Scheduler:
         drafter=None,
         adaptive_k=False,
     ):
+        from replaylab.serving.engine import DecodeEngine
+
+        if not isinstance(engine, DecodeEngine):
+            raise TypeError(f"engine: expected a DecodeEngine, got {given(engine)}")
         if engine.batch:
             raise ValueError(
                 f"engine: {engine.batch} slots are live ({engine.slots}); the scheduler needs "
