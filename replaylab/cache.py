@@ -25,7 +25,6 @@ replay when a copy was evicted or lies before the checkpoint) re-run tokens thro
 from __future__ import annotations
 
 import itertools
-import numbers
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,7 +34,7 @@ import torch
 from replaylab.kv import LayerKV
 from replaylab.recurrent import LayerState, RecurrentSpec
 from replaylab.strategies import EvictionItem, store_class
-from replaylab.validation import as_int, branch_indices, fork_indices
+from replaylab.validation import as_int, as_real, branch_indices, fork_indices
 
 __all__ = [
     "CacheConfig",
@@ -105,15 +104,8 @@ def as_config(cache="replay", **changes) -> CacheConfig:
 
 
 def _check_budget(budget_bytes):
-    if budget_bytes is None:
-        return
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
-        raise TypeError(
-            f"budget_bytes: expected a positive number of bytes or None, got "
-            f"{type(budget_bytes).__name__} {budget_bytes!r}"
-        )
-    if not budget_bytes > 0:
-        raise ValueError(f"budget_bytes: expected a positive number of bytes, got {budget_bytes}")
+    if budget_bytes is not None:  # inf: no cap
+        as_real("budget_bytes", budget_bytes, above=0, unit=" of bytes", finite=False)
 
 
 @dataclass(frozen=True)

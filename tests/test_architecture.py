@@ -369,7 +369,7 @@ def test_cache_config_refuses_bad_values():
             dict(checkpoint_interval=0),
             r"checkpoint_interval: expected 1 <= checkpoint_interval, got 0",
         ),
-        (dict(budget_bytes=0), r"budget_bytes: expected a positive"),
+        (dict(budget_bytes=0), r"budget_bytes: expected a number of bytes > 0, got 0"),
         (dict(eviction="fifo"), r"eviction: expected one of"),
     ]:
         with pytest.raises(ValueError, match=message):
