@@ -475,6 +475,17 @@ def decode_token_bytes(
     every ``interval`` tokens. replay: read the checkpoint, read on average L/2 log entries and
     append one; a fold every L tokens reads and writes the state and reads L entries, so per
     token S/L more read, S/L written and one entry read."""
+    as_real("batch", batch, above=0)
+    as_real("log_length", log_length, low=1)
+    as_real("interval", interval, low=1)
+    for name, value in (("context_len", context_len), ("weight_bytes", weight_bytes)):
+        as_real(name, value, low=0)
+    for name, value in (
+        ("kv_bytes", kv_bytes),
+        ("state_bytes", state_bytes),
+        ("act_bytes", act_bytes),
+    ):
+        as_real(name, value, above=0, unit=" (bytes per element)")
     w = Workload(batch=batch, context_len=context_len, state_bytes=state_bytes, act_bytes=act_bytes)
     m = model_costs(shape, w, 0)
     out = dict(
@@ -550,6 +561,10 @@ def pattern_shape(pattern: str, base: HybridShape, repeat: int = 1) -> HybridSha
 
 def attention_share(shape: HybridShape) -> float:
     """Attention layers / (attention + recurrent layers)."""
+    if shape.n_attn + shape.n_ssm <= 0:
+        raise ValueError(
+            f"shape: {shape.name!r} has no layers (n_attn {shape.n_attn}, n_ssm {shape.n_ssm})"
+        )
     return shape.n_attn / (shape.n_attn + shape.n_ssm)
 
 
@@ -632,6 +647,9 @@ def replay_vs_ssu(batch, L, *, H, P, N, G, bandwidth, floors_us=None, esize=2) -
     ``kernel_bytes`` over ``bandwidth``. ``floors_us``: optional per-kernel latency floors
     {"replay_step", "fold", "ssu": µs} -- a kernel then takes max(floor, bytes / bandwidth).
     Returns µs of each and ``speedup`` = ssu / replay (> 1: replay pays)."""
+    for name, value in (("batch", batch), ("L", L), ("H", H), ("P", P), ("N", N), ("G", G)):
+        as_int(name, value, low=1)
+    as_real("bandwidth", bandwidth, above=0, unit=" (bytes/s)")
     floors = floors_us or {}
 
     def us(provider, **kw):
@@ -777,6 +795,7 @@ def log_length_cost(m: ModelCosts, workload, L, *, k=4, acceptance=0.8) -> float
     * speculative: the checkpoint and the log are read once a round for 1 + E[a] kept tokens,
       k + 1 entries appended a round: (S + (L/2 + k + 1) e) / (1 + E[a]) + fold / L.
     """
+    L = as_int("L", L, low=1)
     e, fold = m.log_token, fold_bytes(m, L) / L
     if workload == "best-of-n":
         return m.S + (L / 2 + 1) * e + fold
@@ -790,4 +809,7 @@ def log_length_cost(m: ModelCosts, workload, L, *, k=4, acceptance=0.8) -> float
 
 def best_log_length(m: ModelCosts, workload, lengths=range(1, 257), **kw) -> int:
     """The log length in ``lengths`` with the fewest bytes per token (``log_length_cost``)."""
+    lengths = list(lengths)
+    if not lengths:
+        raise ValueError("lengths: expected at least one log length to choose from, got none")
     return min(lengths, key=lambda L: log_length_cost(m, workload, L, **kw))

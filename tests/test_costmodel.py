@@ -5,6 +5,7 @@ import itertools
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -422,6 +423,35 @@ def test_gain_falls_as_attention_grows_and_live_bytes_match_the_model():
             ValueError,
             r"hardware.bandwidth: expected a finite number \(bytes/s\) > 0",
         ),
+        # each of these divided by zero (a raw ZeroDivisionError) or took min() of nothing
+        (lambda: cm.decode_token_bytes(SHAPE, "replay", batch=0), ValueError, r"batch: expected"),
+        (
+            lambda: cm.decode_token_bytes(SHAPE, "replay", log_length=0),
+            ValueError,
+            r"log_length: expected a finite number >= 1, got 0",
+        ),
+        (
+            lambda: cm.decode_token_bytes(SHAPE, "recompute", interval=0),
+            ValueError,
+            r"interval: expected a finite number >= 1, got 0",
+        ),
+        (
+            lambda: cm.attention_share(replace(SHAPE, n_attn=0, n_ssm=0)),
+            ValueError,
+            r"has no layers \(n_attn 0, n_ssm 0\)",
+        ),
+        (
+            lambda: cm.replay_vs_ssu(8, 0, H=4, P=8, N=16, G=1, bandwidth=1e12),
+            ValueError,
+            r"L: expected 1 <= L, got 0",
+        ),
+        (
+            lambda: cm.replay_vs_ssu(8, 4, H=4, P=8, N=16, G=1, bandwidth=0),
+            ValueError,
+            r"bandwidth: expected a finite number \(bytes/s\) > 0, got 0",
+        ),
+        (lambda: cm.log_length_cost(costs(), "best-of-n", 0), ValueError, r"L: expected 1 <= L"),
+        (lambda: cm.best_log_length(costs(), "best-of-n", []), ValueError, r"lengths: expected"),
     ],
 )
 def test_bad_cost_model_input_is_refused_by_name(call, error, match):

@@ -353,8 +353,17 @@ def test_numpy_integers_for_keep_counts_slots_and_n(strategy):
     for call, error, match in bad:
         refused(eng, call, error, match)
     eng.retire(np.int64(1))
+    for ask in (eng.room, eng.provisional_room):  # each gave a number for the empty slot before
+        with pytest.raises(ValueError, match=r"slot: slot 1 is not live \(live slots: \[0\]\)"):
+            ask(1)
     adm = eng.begin_admit(torch.tensor([1, 2, 3, 4, 5]))
     assert not adm.advance(np.int64(2)) and adm.advance(np.int32(3))
+
+
+def test_an_engine_needs_a_replaylab_model():
+    for model in (None, torch.nn.Linear(2, 2)):  # None gave a raw AttributeError
+        with pytest.raises(TypeError, match=r"model: expected a replaylab HybridLM .* got "):
+            DecodeEngine(model, 2, 16)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

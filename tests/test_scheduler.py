@@ -276,6 +276,10 @@ def test_bad_input_is_refused_and_the_scheduler_is_unchanged():
     with pytest.raises(TypeError, match=r"request 9: drafter: expected an object with propose"):
         sched.add(Request(9, torch.tensor([1]), 2, drafter=object()))  # it would stall every step
     assert _state(sched) == before
+    plain = Scheduler(DecodeEngine(MODEL, 2, 28, "replay", log_length=5, max_verify=5), k=0)
+    with pytest.raises(ValueError, match=r"request 9: carries a drafter, but .* k=0 tokens"):
+        plain.add(Request(9, torch.tensor([1]), 2, drafter=PromptLookupDrafter()))  # ignored before
+    assert not plain.waiting and not plain.running
     sched.run()
     assert (
         sched.finished[0].tokens == greedy(MODEL, torch.tensor([[1, 2, 3]]), 4).tokens[0].tolist()

@@ -48,6 +48,14 @@ def check_slots(engine, slots, name="slots"):
     return slots
 
 
+def check_slot(engine, slot, name="slot"):
+    """``slot``: one live slot -> an int."""
+    slot = as_int(name, slot, 0, engine.max_batch - 1)
+    if not engine.live[slot]:
+        raise ValueError(f"{name}: slot {slot} is not live (live slots: {engine.slots})")
+    return slot
+
+
 def per_slot(name, values, slots, low, high):
     """One int per slot (an int for all); each in [low, high] (high may be per slot)."""
     if type(values) is list and len(values) == len(slots):  # ints in range: nothing to name

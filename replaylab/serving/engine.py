@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 import torch
 
+from replaylab.model import HybridConfig
 from replaylab.serving.batched_admission import admit_many
 from replaylab.serving.checks import (
     check_prompt,
     check_prompts,
+    check_slot,
     check_slots,
     check_step,
     per_slot,
@@ -53,7 +55,7 @@ from replaylab.serving.runner import ModelRunner
 from replaylab.serving.slots import SlotTable
 from replaylab.serving.speculation import check_drafters, check_k, speculate_batch
 from replaylab.serving.strategies import STRATEGIES, strategy_class
-from replaylab.serving.validate import as_int, as_token_ids
+from replaylab.serving.validate import as_int, as_token_ids, given
 
 __all__ = [
     "DecodeEngine",
@@ -159,6 +161,14 @@ class DecodeEngine:
         step_kernels=None,
         batched_admission=False,
     ):
+        if not (
+            isinstance(model, torch.nn.Module)
+            and isinstance(getattr(model, "cfg", None), HybridConfig)
+        ):
+            raise TypeError(
+                "model: expected a replaylab HybridLM (replaylab.model.HybridLM, or one that "
+                f"replaylab.hf loaded), got {given(model)}"
+            )
         cfg = model.cfg
         switches = dict(use_kernels=use_kernels, graphs=graphs, fused=fused,
                         prefill_kernels=prefill_kernels, step_kernels=step_kernels)  # fmt: skip
@@ -258,7 +268,7 @@ class DecodeEngine:
         """The most tokens ``slot`` may take in its next step: max_verify, and under replay no
         more than its log ring holds after the step's fold (with log_capacity L: no more than
         are left before its next fold, so a step never crosses the fold grid)."""
-        return self.policy.room(as_int("slot", slot, 0, self.max_batch - 1))
+        return self.policy.room(check_slot(self, slot))
 
     def nbytes_per_slot(self):
         """Bytes one slot holds in the pools (state, windows, logs or copies, KV)."""
@@ -401,7 +411,7 @@ class DecodeEngine:
     def provisional_room(self, slot):
         """Tokens ``slot`` may take inside ``provisional``: up to its next fold after the one
         its held log may need (replay), and up to max_len."""
-        slot = as_int("slot", slot, 0, self.max_batch - 1)
+        slot = check_slot(self, slot)
         return provisional_room(
             self.pos[slot], self.log_len[slot], self.L, self.max_len, self.capacity
         )

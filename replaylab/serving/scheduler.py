@@ -215,6 +215,11 @@ class Scheduler:
                 f"request {request.id}: drafter: expected an object with propose(context, k, "
                 f"vocab), got {given(request.drafter)}"
             )
+        if request.drafter is not None and not self.k:
+            raise ValueError(
+                f"request {request.id}: carries a drafter, but the scheduler drafts k=0 tokens a "
+                "round; build the Scheduler with k >= 1 to speculate"
+            )
         vocab = self.engine.cfg.vocab_size
         prompt = as_token_ids(f"request {request.id}: prompt", request.prompt, vocab, ("T0",))
         T0 = prompt.numel()
