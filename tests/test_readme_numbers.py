@@ -1516,20 +1516,9 @@ def test_the_gpu_workload_streams_of_6b344e2_match_their_files():
     assert f"{mb[('replay', 5)]:.1f} MB here against the run's {run_replay:.1f} MB" in text
     assert 2.5 < per_req["snapshot"] / fair < 3.5  # "about three times as many"
     readme = " ".join((ROOT / "README.md").read_text().split())
-    assert (
-        f"{peak['snapshot'][0]}-{peak['snapshot'][-1]} snapshot requests ran at once under the "
-        f"budget and {peak['replay'][0]}-{peak['replay'][-1]} replay ones (fewer than it admits)"
-        in readme
-    )
-    assert (
-        f"came out {measured[0]:.2f}x snapshot's on multi-turn chat, {measured[1]:.2f}x on shared "
-        f"system prompts, {measured[2]:.2f}x on few-shot (where both hit the same share of the "
-        f"prompts) and {measured[3]:.2f}x on agents" in readme
-    )
-    assert (
-        f"{per_req['snapshot']:.1f} MB a few-shot request against about {fair:.1f} MB for an "
-        f"engine built for plain decode (`data/slot_bytes_8b_layers.json`; replay's about "
-        f"{fair_replay:.1f} MB built so, {per_req['replay']:.1f} MB as run)" in readme
+    assert (  # README keeps the ratios of this run beside the fair one's
+        f"gave {measured[0]:.2f}x, {measured[1]:.2f}x, {measured[2]:.2f}x and {measured[3]:.2f}x, "
+        "overstated by snapshot's unused draft states" in readme
     )
     assert fs["rows"][0]["token_hit_rate"] == next(
         r["token_hit_rate"] for r in fs["rows"] if r["strategy"] == "snapshot" and r["rate"] == 2.0
@@ -1691,4 +1680,259 @@ def test_the_cpu_serve_stream_rerun_matches_its_file():
     assert alone == {(8, 8)} and stream == {n}
     assert (
         f"8 of the first 8 requests served alone and {n} of {n} in the plain-decode stream" in text
+    )
+
+
+def test_the_fair_workload_streams_serve_stream_and_suite_of_90b36f1_match_their_files():
+    from replaylab.bench.workload_stream import (
+        burst_point,
+        stopping_probe,
+        workload_prediction,
+        workload_summary,
+    )
+
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    section = text.split("## Plain decode on its own engines under a budget that binds")[1]
+    suite = (ROOT / "data/gpu_suite_h100_90b36f1.log").read_text()
+    assert "tree of commit 90b36f1" in suite and "NVIDIA H100" in suite
+    assert "1560 passed, 64 skipped, 2 xfailed, 2 warnings in 237.44s" in suite
+    assert "**1,560 passed, 64 skipped, 2 xfailed in 237 s**" in section
+    names = ("multi_turn", "system_prompts", "few_shot", "agents")
+    load = lambda name: json.loads((ROOT / f"data/{name}").read_text())  # noqa: E731
+    runs = {n: load(f"bench_workload_stream_gpu_{n}_decode_h100_90b36f1.json") for n in names}
+    runs["rounds3"] = load("bench_workload_stream_gpu_few_shot_decode_rounds3_h100_90b36f1.json")
+    old = {n: load(f"bench_workload_stream_gpu_{n}_h100_6b344e2.json") for n in names}
+    ws = {n: r["workloads"]["few_shot" if n == "rounds3" else n] for n, r in runs.items()}
+    for n, r in runs.items():
+        assert r["complete"] and r["commit"] == "90b36f1" and "H100" in r["device"]
+        assert r["versions"]["transformers"] == "5.25.0" and r["config"]["rounds"] == (3 if n == "rounds3" else 1)  # fmt: skip
+        assert "--modes decode --strategies replay,snapshot" in r["command"]
+    secs = sorted(r["seconds"] for r in runs.values())
+    assert f"every file `complete`, {secs[0]:.0f}-{secs[-1]:.0f} s each" in section
+    for n in names:  # the same streams as 6b344e2's
+        o = old[n]["workloads"][n]
+        assert (o["prompts"], o["prompt_tokens"], o["output_tokens"]) == (
+            ws[n]["prompts"], ws[n]["prompt_tokens"], ws[n]["output_tokens"]
+        )  # fmt: skip
+    table = []
+    for r in runs.values():
+        table += workload_summary(r)[(0 if not table else 2) :]
+    assert " ".join("\n".join(table).split()) in section
+    budget = {n: w["budget_bytes"]["decode"] / 1e6 for n, w in ws.items()}
+    assert f"on those engines: {min(budget.values()):.0f}-{max(budget.values()):.0f} MB" in section
+    old_budget = [old[n]["workloads"][n]["budget_bytes"] / 1e6 for n in names]
+    assert f"the 6b344e2 run had {min(old_budget):.0f}-{max(old_budget):.0f} MB" in section
+    grown = [b / budget[n] for b, n in zip(old_budget, names)]
+    assert all(2.6 < g < 2.8 for g in grown)  # "budgets about 2.7x larger"
+
+    def accounted(w, s):
+        row = next(r for r in w["rows"] if r["strategy"] == s)
+        return row["accounted_bytes_per_request"]["mean"] / 1e6
+
+    fs = {s: accounted(ws["few_shot"], s) for s in ("snapshot", "replay")}
+    assert (
+        f"accounted {fs['snapshot']:.1f} MB under snapshot against replay's {fs['replay']:.1f} MB "
+        f"({fs['snapshot'] / fs['replay']:.2f}x;" in section
+    )
+    admits = {s: [w["budget_bytes"]["decode"] / 1e6 / accounted(w, s) for w in ws.values()] for s in ("snapshot", "replay")}  # fmt: skip
+    peaks = {s: [max(r["peak_running"] for r in w["rows"] if r["strategy"] == s) for w in ws.values()] for s in admits}  # fmt: skip
+    assert (
+        f"admits {min(admits['snapshot']):.1f}-{max(admits['snapshot']):.1f} snapshot requests at "
+        f"once and {min(admits['replay']):.1f}-{max(admits['replay']):.1f} replay ones" in section
+    )
+    assert f"snapshot {min(peaks['snapshot'])}-{max(peaks['snapshot'])} at once, replay {min(peaks['replay'])}-{max(peaks['replay'])}." in section  # fmt: skip
+    for s in admits:  # each ran up to what the budget admits (requests' bytes vary a little)
+        assert all(int(a) <= p <= int(a) + 1 for a, p in zip(admits[s], peaks[s]))
+    assert all(r["peak_used_bytes"] <= w["budget_bytes"]["decode"] for w in ws.values() for r in w["rows"])  # fmt: skip
+    rate = {
+        n: {r["strategy"]: r for r in w["rates"] if r["mode"] == "decode"} for n, w in ws.items()
+    }
+    ratio = {n: e["replay"]["sustainable_rate"] / e["snapshot"]["sustainable_rate"] for n, e in rate.items()}  # fmt: skip
+    assert min(ratio.values()) >= 1.3
+    assert (
+        f"met on all four workloads:** {ratio['multi_turn']:.2f}x on multi-turn, "
+        f"{ratio['system_prompts']:.2f}x on system prompts, {ratio['few_shot']:.2f}x on few-shot "
+        f"and {ratio['agents']:.2f}x on agents, and {ratio['rounds3']:.2f}x on few-shot over three"
+        in section
+    )
+    point = {n: burst_point(w) for n, w in ws.items()}
+    assert all(rate[n][s]["sustainable_rate"] < point[n] for n in ws for s in ("replay", "snapshot"))  # fmt: skip
+    one = [point[n] for n in names]
+    assert f"({min(one):.0f}-{max(one):.0f} requests a second; {point['rounds3']:.0f} over three rounds)" in section  # fmt: skip
+    stop = {n: {s: stopping_probe(e) for s, e in rate[n].items()} for n in ws}
+    obj = {n: w["objective"] for n, w in ws.items()}
+
+    def bound(n, s):
+        p, o = stop[n][s], obj[n]
+        wait, tpot = p["wait_p90_s"] > o["wait_p90_max_s"], p["tpot_p99_s"] > o["tpot_p99_max_s"]
+        assert wait != tpot, (n, s)  # one bound each
+        return "wait" if wait else "tpot"
+
+    assert {bound(n, "snapshot") for n in ws} == {"wait"}
+    assert [n for n in ws if bound(n, "replay") == "tpot"] == ["few_shot"]
+    p = stop["few_shot"]["replay"]
+    assert (
+        f"its TPOT on one-round few-shot ({1e3 * p['tpot_p99_s']:.2f} ms over "
+        f"{1e3 * obj['few_shot']['tpot_p99_max_s']:.2f} at {p['rate']:.1f} requests a second)"
+        in section
+    )
+    assert f"replay's search failed at {p['rate']:.1f} requests a second, the probe just above its {rate['few_shot']['replay']['sustainable_rate']:.1f}" in section  # fmt: skip
+    old_rate = {n: {r["strategy"]: r["sustainable_rate"] for r in old[n]["workloads"][n]["rates"] if r["mode"] == "decode"} for n in names}  # fmt: skip
+    old_ratio = {n: v["replay"] / v["snapshot"] for n, v in old_rate.items()}
+    assert (
+        f"replay's lead fell on agents ({old_ratio['agents']:.2f}x to {ratio['agents']:.2f}x) and "
+        f"system prompts ({old_ratio['system_prompts']:.2f}x to {ratio['system_prompts']:.2f}x) and "
+        f"rose on multi-turn ({old_ratio['multi_turn']:.2f}x to {ratio['multi_turn']:.2f}x) and "
+        f"few-shot ({old_ratio['few_shot']:.2f}x to {ratio['few_shot']:.2f}x)" in section
+    )
+
+    def span(values):
+        return f"{min(values):.1f}-{max(values):.1f}"
+
+    for s, label in (("snapshot", "Snapshot's"), ("replay", "replay's")):
+        before = [old_rate[n][s] for n in names]
+        after = [rate[n][s]["sustainable_rate"] for n in names]
+        assert f"{label} rates moved from {span(before)} to {span(after)}" in section or (
+            f"{label} from {span(before)} to {span(after)}" in section
+        )
+    pred = {
+        n: workload_prediction(w, runs[n]["config"], "replay", "decode")[0]
+        / workload_prediction(w, runs[n]["config"], "snapshot", "decode")[0]
+        for n, w in ws.items()
+    }
+    assert (
+        f"replay at {min(pred.values()):.2f}-{max(pred.values()):.2f}x snapshot, against "
+        f"{min(ratio.values()):.2f}-{max(ratio.values()):.2f}x measured" in section
+    )
+    assert [n for n in ws if pred[n] > ratio[n]] == ["few_shot", "rounds3"]
+    assert 0.9 < pred["system_prompts"] / ratio["system_prompts"] < 0.95  # "by 7%"
+    rows = [r for w in ws.values() for r in w["rows"]]
+    assert all(r["tokens_equal_alone"] == r["requests"] for r in rows)
+    n_req = sum(r["requests"] for r in rows)
+    assert f"{n_req} of {n_req} requests" in section and len(rows) == 6 * len(ws)
+    streams = [s for w in ws.values() for s in w["rows"] + [p for r in w["rates"] for p in r["probes"]]]  # fmt: skip
+    assert {s["graph_captures"] for s in streams} == {0}
+    assert f"0 graph captures in all {len(streams)} timed streams" in section
+    ttft = {}
+    for n, w in ws.items():
+        got = {r["strategy"]: 1e3 * r["ttft_s"]["p50"] for r in w["rows"] if r["rate"] == 2.0}
+        ttft[n] = f"{got['replay']:.1f} / {got['snapshot']:.1f}"
+        assert (got["replay"] > got["snapshot"]) == (n != "rounds3")
+    assert (
+        f"multi-turn {ttft['multi_turn']} ms, system prompts {ttft['system_prompts']}, few-shot "
+        f"{ttft['few_shot']}, agents {ttft['agents']}, and few-shot over three rounds {ttft['rounds3']}"
+        in section
+    )
+
+    # the request stream under 0.25 GiB
+    run = load("bench_serve_stream_h100_90b36f1.json")
+    first = load("bench_serve_stream.json")
+    assert run["commit"] == "90b36f1" and "--budget-gib 0.25" in run["command"]
+    assert run["budget_bytes"] == 2**28 and run["stream"] == first["stream"]
+    assert "(`bench_serve_stream.json`, above). At the reference rate" in section
+    assert f"`bench_serve_stream_h100_90b36f1.json` ({run['seconds']:.0f} s)" in section
+
+    def ms(d, digits):
+        return f"{1e3 * d['p50']:.{digits}f} / {1e3 * d['p99']:.{digits}f}"
+
+    lines = []
+    for s, row in run["strategies"].items():
+        for mode in ("decode", "synthetic"):
+            m = row["modes"][mode]
+            acc = "" if m["acceptance"] is None else f"{m['acceptance']:.2f}"
+            lines.append(
+                f"| {s}, {mode} | {ms(m['ttft_s'], 1)} | {ms(m['tpot_s'], 2)} | {m['tokens_per_s']:,.0f} "
+                f"| {acc} | {m['peak_running']} | {m['sustainable_rate']:.1f} |"
+            )
+    assert " ".join(" ".join(lines).split()) in section
+    dec = {s: row["modes"]["decode"] for s, row in run["strategies"].items()}
+    syn = {s: row["modes"]["synthetic"] for s, row in run["strategies"].items()}
+    sr = {s: m["sustainable_rate"] for s, m in dec.items()}
+    assert f"plain decode is {sr['replay'] / sr['snapshot']:.2f}x snapshot's** (the 2026-12-01 run: 0.71x" in section  # fmt: skip
+    assert sr["recompute"] == sr["replay"]
+    acc = {s: m["accounted_bytes_per_request"]["mean"] / 1e6 for s, m in dec.items()}
+    assert (
+        f"accounted {acc['snapshot']:.1f} MB under snapshot, {acc['recompute']:.1f} under recompute "
+        f"and {acc['replay']:.1f} under replay; 0.25 GiB admits {int(2**28 / 1e6 / acc['snapshot'])} "
+        f"snapshot requests at once, and snapshot ran up to {dec['snapshot']['peak_running']}"
+        in section
+    )
+    o = run["objective"]
+    fails = {}
+    for s, m in dec.items():
+        above = [p for p in m["rate_probes"] if not p["ok"] and p["rate"] > m["sustainable_rate"]]
+        p = min(above, key=lambda p: p["rate"])
+        assert p["tpot_p99_s"] > o["tpot_p99_max_s"] and p["wait_p90_s"] < o["wait_p90_max_s"]
+        fails[s] = f"{1e3 * p['tpot_p99_s']:.2f}"
+        fails[s + "_rate"] = f"{p['rate']:.1f}"
+    assert (
+        f"stopped at the TPOT bound ({1e3 * o['tpot_p99_max_s']:.2f} ms; the failed probes: "
+        f"snapshot {fails['snapshot']} ms at {fails['snapshot_rate']} requests a second, recompute "
+        f"{fails['recompute']} and replay {fails['replay']} at {fails['replay_rate']})" in section
+    )
+    assert fails["recompute_rate"] == fails["replay_rate"]
+    waits = [p["wait_p90_s"] for m in dec.values() for p in m["rate_probes"]]
+    assert max(waits) <= 0.008 and f"against a {1e3 * o['wait_p90_max_s']:.0f} ms bound" in section
+    b1 = {s: row["batch1"] for s, row in run["strategies"].items()}
+    assert (
+        f"(batch-1 TPOT {1e3 * b1['snapshot']['tpot_s']['p50']:.2f} ms against recompute's "
+        f"{1e3 * b1['recompute']['tpot_s']['p50']:.2f} and replay's {1e3 * b1['replay']['tpot_s']['p50']:.2f})"
+        in section
+    )
+    sacc = {s: m["accounted_bytes_per_request"]["mean"] / 1e6 for s, m in syn.items()}
+    assert (
+        f"({sacc['snapshot']:.1f} MB a request built for k = 4, {syn['snapshot']['peak_running']} at "
+        f"once; recompute {sacc['recompute']:.1f} MB and replay {sacc['replay']:.1f} MB)" in section
+    )
+    at = {s: next(p for p in m["rate_probes"] if p["rate"] == m["sustainable_rate"]) for s, m in syn.items()}  # fmt: skip
+    assert (
+        f"at {syn['snapshot']['sustainable_rate']:.1f} requests a second snapshot's p90 wait is "
+        f"{1e3 * at['snapshot']['wait_p90_s']:.1f} ms against replay's {1e3 * at['replay']['wait_p90_s']:.1f}"
+        in section
+    )
+    assert len({m["sustainable_rate"] for m in syn.values()}) == 1
+    failed_syn = {min(p["rate"] for p in m["rate_probes"] if not p["ok"]) for m in syn.values()}
+    assert len(failed_syn) == 1 and f"fail {failed_syn.pop():.1f}" in section
+    worst = max(b1.values(), key=lambda b: b["request_latency_s"])
+    assert worst is b1["snapshot"] and worst["request_latency_s"] == o["wait_p90_max_s"]
+    assert (
+        f"TTFT p50 ({1e3 * b1['snapshot']['ttft_s']['p50']:.0f} ms, against "
+        f"{1e3 * b1['recompute']['ttft_s']['p50']:.0f} and {1e3 * b1['replay']['ttft_s']['p50']:.0f} ms"
+        in section
+    )
+    t50 = [1e3 * m["ttft_s"]["p50"] for m in dec.values()]
+    t_old = [1e3 * row["modes"]["decode"]["ttft_s"]["p50"] for row in first["strategies"].values()]
+    assert f"is {min(t50):.1f}-{max(t50):.1f} ms p50 in plain decode where the 2026-12-01 run had {min(t_old):.0f}-{max(t_old):.0f} ms" in section  # fmt: skip
+    cross = {s: row["crossover"] for s, row in run["strategies"].items()}
+    old_cross = " / ".join(str(row["crossover"]["measured_batch"]) for row in first["strategies"].values())  # fmt: skip
+    assert (
+        f"from batch {cross['snapshot']['measured_batch']} ({cross['snapshot']['measured_batch_on_the_clock']}) "
+        f"under snapshot, {cross['recompute']['measured_batch']} ({cross['recompute']['measured_batch_on_the_clock']}) "
+        f"under recompute and {cross['replay']['measured_batch']} ({cross['replay']['measured_batch_on_the_clock']}) "
+        f"under replay; the 2026-12-01 run had {old_cross}" in section
+    )
+    for row in run["strategies"].values():
+        for m in row["modes"].values():
+            assert m["tokens_equal_decode_stream"] == m["requests"] == 40
+            assert m["tokens_equal_alone"] == m["requests_served_alone"] == 8
+    captured = {(s, mode): m["graph_captures"] for s, row in run["strategies"].items() for mode, m in row["modes"].items() if m["graph_captures"]}  # fmt: skip
+    assert captured == {("recompute", "synthetic"): 2}
+    assert f"p99 TPOT of {1e3 * syn['recompute']['tpot_s']['p99']:.2f} ms includes them" in section
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"A few-shot request is accounted {fs['snapshot']:.1f} MB under snapshot and "
+        f"{fs['replay']:.1f} MB under replay, so {min(peaks['snapshot'])}-{max(peaks['snapshot'])} "
+        f"snapshot requests ran at once and {min(peaks['replay'])}-{max(peaks['replay'])} replay ones"
+        in readme
+    )
+    assert (
+        f"came out {ratio['multi_turn']:.2f}x snapshot's on multi-turn chat, "
+        f"{ratio['system_prompts']:.2f}x on shared system prompts, {ratio['few_shot']:.2f}x on "
+        f"few-shot and {ratio['agents']:.2f}x on agents (issue 38's target: 1.3x), and "
+        f"{ratio['rounds3']:.2f}x on few-shot over three rounds of {ws['rounds3']['prompts']} requests"
+        in readme
+    )
+    assert (
+        f"under 0.25 GiB, replay's rate is {sr['replay'] / sr['snapshot']:.2f}x snapshot's"
+        in readme
     )
