@@ -1510,11 +1510,13 @@ def test_chunk_resume_extra_tokens_wrong_answers(capsys):
 
 
 def test_stream_bound_wrong_answers(capsys):
-    """Notebook 14's question 5 against the committed GPU request streams: the bounds the
-    failed probes broke pass; each strategy's other bound, and a malformed answer, fail."""
+    """Notebook 14's question 5 against the committed GPU request streams: snapshot's bound
+    and the one workload where replay's failed probe broke the other pass; the other bound,
+    another workload, and a malformed answer fail."""
     from replaylab.bench.workload_stream import stopping_probe
     from replaylab.results import load_bench
 
+    broke = {}
     for w, path in exercises_prefix.WORKLOAD_STREAM_RESULTS.items():  # the data say it
         run = load_bench(path)["workloads"][w]
         obj = run["objective"]
@@ -1522,23 +1524,51 @@ def test_stream_bound_wrong_answers(capsys):
             if r["mode"] == "decode":
                 p = stopping_probe(r)
                 tpot, wait = p["tpot_p99_s"] > obj["tpot_p99_max_s"], p["wait_p90_s"] > obj["wait_p90_max_s"]  # fmt: skip
-                assert (tpot, wait) == ((True, False) if r["strategy"] == "replay" else (False, True))  # fmt: skip
-    assert exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "wait"})
+                assert tpot != wait
+                broke[r["strategy"], w] = "tpot" if tpot else "wait"
+    assert {b for (s, _), b in broke.items() if s == "snapshot"} == {"wait"}
+    assert [w for (s, w), b in broke.items() if s == "replay" and b == "tpot"] == ["few_shot"]
+    right = {"snapshot": "wait", "replay_other": "few_shot"}
+    assert exercises_prefix.check_stream_bound(right)
     _out(capsys)
-    assert exercises_prefix.check_stream_bound({"replay": "TPOT", "snapshot": " Wait"})
+    assert exercises_prefix.check_stream_bound({"snapshot": " Wait", "replay_other": "Few-shot"})
     _out(capsys)
-    for wrong in ({"replay": "wait", "snapshot": "wait"}, {"replay": "tpot", "snapshot": "tpot"}):
-        assert not exercises_prefix.check_stream_bound(wrong)
-        assert "not right for both strategies: compare each strategy's failed probe" in _out(capsys)
-    assert not exercises_prefix.check_stream_bound({"replay": "latency", "snapshot": "wait"})
-    assert "each bound is 'tpot' or 'wait'; got {'replay': 'latency'}" in _out(capsys)
-    for shaped_wrong in (("tpot", "wait"), [("replay", "tpot"), ("snapshot", "wait")], "tpot", 5):
+    assert not exercises_prefix.check_stream_bound({"snapshot": "tpot", "replay_other": "few_shot"})
+    assert "not snapshot's bound" in _out(capsys)
+    for other in ("multi_turn", "system_prompts", "agents"):
+        assert not exercises_prefix.check_stream_bound({"snapshot": "wait", "replay_other": other})
+        assert "find the workload where it broke the other one" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound(
+        {"snapshot": "latency", "replay_other": "agents"}
+    )
+    assert "a bound is 'tpot' or 'wait'; got 'latency'" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound({"snapshot": "wait", "replay_other": "chat"})
+    assert "replay_other: one of ['agents', 'few_shot', 'multi_turn', 'system_prompts']" in _out(
+        capsys
+    )
+    for shaped_wrong in (("wait", "few_shot"), {"replay": "tpot", "snapshot": "wait"}, "wait", 5):
         assert not exercises_prefix.check_stream_bound(shaped_wrong)
         out = _out(capsys)
-        assert "expected a dict {'replay': ..., 'snapshot': ...}" in out and "raised" not in out
-    assert exercises_prefix.check_stream_bound({"align": "wait", "replay": "tpot"})  # 14's name
-    _out(capsys)
-    assert not exercises_prefix.check_stream_bound({"replay": "tpot"})
+        assert "expected a dict {'snapshot': 'tpot' or 'wait', 'replay_other'" in out
+        assert "raised" not in out
+
+
+def test_stream_bound_refuses_runs_that_no_longer_fit_its_question(tmp_path):
+    """If a rerun stops snapshot by two bounds, or replay by snapshot's everywhere, the question
+    no longer has one answer: the check says so (a RuntimeError), not a wrong PASS or FAIL."""
+    paths = dict(exercises_prefix.WORKLOAD_STREAM_RESULTS)
+    run = json.loads(Path(paths["few_shot"]).read_text())
+    w = run["workloads"]["few_shot"]
+    for r in w["rates"]:
+        if r["strategy"] == "replay" and r["mode"] == "decode":
+            for p in (p for p in r["probes"] if not p["ok"]):  # they break the wait, not the TPOT
+                p.update(tpot_p99_s=0.0, wait_p90_s=10.0)
+    paths["few_shot"] = tmp_path / "few_shot.json"
+    paths["few_shot"].write_text(json.dumps(run))
+    with pytest.raises(RuntimeError, match="the runs no longer fit the question"):
+        exercises_prefix.check_stream_bound.__wrapped__(
+            {"snapshot": "wait", "replay_other": "few_shot"}, paths
+        )
 
 
 def test_stream_bound_leaves_out_a_search_no_probe_failed(tmp_path, capsys):
@@ -1551,7 +1581,9 @@ def test_stream_bound_leaves_out_a_search_no_probe_failed(tmp_path, capsys):
             r["probes"] = [dict(p, ok=True) for p in r["probes"]]
     paths["agents"] = tmp_path / "agents.json"
     paths["agents"].write_text(json.dumps(run))
-    assert exercises_prefix.check_stream_bound({"replay": "tpot", "snapshot": "wait"}, paths)
+    assert exercises_prefix.check_stream_bound(
+        {"snapshot": "wait", "replay_other": "few_shot"}, paths
+    )
     assert "PASS" in _out(capsys)
 
 

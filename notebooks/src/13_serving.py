@@ -393,9 +393,9 @@ for strategy in STRATEGIES:
 # crossover below, as the file labels them, beside the rates one measured H200 run holds
 # (`data/bench_serve_ragged.json`).
 #
-# This reads `data/bench_serve_stream.json`, the H200 run (the first line printed says which
-# file and device); without it, it falls back to the CPU smoke run, a tiny model on a CPU, which
-# is **not a performance figure**:
+# This reads `data/bench_serve_stream_h100_90b36f1.json`, the H100 run under a budget of 0.25
+# GiB (the first line printed says which file and device); without it, it falls back to the
+# CPU smoke run, a tiny model on a CPU, which is **not a performance figure**:
 
 # %%
 result, path = load_stream_result()
@@ -417,6 +417,11 @@ for strategy, row in result["strategies"].items():
               + ("" if acc is None else f"  acceptance {acc:.2f}")
               + rate_text)
     print(f"{strategy:9s} pool bytes per slot {row['pool_bytes_per_slot']:,}")
+    for mode in ("decode", "synthetic"):
+        m = row["modes"][mode]
+        held = m["accounted_bytes_per_request"]["mean"]
+        print(f"{strategy:9s} {mode:9s} {held / 1e6:5.1f} MB a request: the budget admits "
+              f"{int(result['budget_bytes'] // held)} at once, most at once {m['peak_running']}")
     same = [(m["tokens_equal_alone"], m["requests_served_alone"]) for m in row["modes"].values()]
     print(f"{strategy:9s} of the first requests served alone, equal to the stream's tokens: "
           + ", ".join(f"{mode} {a} of {n}" for mode, (a, n) in zip(row["modes"], same)))
@@ -433,15 +438,20 @@ for strategy, row in result["strategies"].items():
 # objective at none of the rates tried (the search halves the rate while the objective fails,
 # then bisects; this run allowed five probes).
 #
-# The last line per strategy is the lossless check of the file: under replay 6 or 7 of the
-# first 8 requests, served alone at batch 1, gave the stream's tokens. The file ran on a tree
-# from before two changes: the engine's recurrent kernels launching alike at every batch
-# (`DecodeEngine`'s `batch_invariant`, on by default from 91d81cb, the same evening) and the
-# scheduler keeping each prompt on its own chunk grid (5aa0f8a). Replay's step then picked its
-# launch by the batch, which is the likely cause here; it was not measured, and this stream has
-# not been rerun on a GPU since. Section 4's stream on this machine shows every request equal to
-# itself served alone; on a GPU, a slot's logits not depending on its batch is a test of every
-# strategy (`tests/test_decode_kernels.py`, passed in `data/gpu_suite_h100_6288728.log`).
+# The bytes lines say where the budget binds. Built for plain decode, a snapshot request holds
+# one state, and the budget admits about as many snapshot requests as ran at once anyway; built
+# for k = 4 drafts it holds k + 1 states, and the budget holds snapshot's speculating requests
+# to a few. So in plain decode replay's higher sustainable rate here is not its smaller state:
+# recompute, whose requests hold as many bytes as snapshot's, reaches the same rate as replay.
+# Every plain-decode search stopped at the TPOT bound, and snapshot's decode step is the slower
+# (compare the TPOTs). With the synthetic drafter the budget does bind snapshot, and its
+# requests wait longer for admission than replay's at the same rate, though within the bound.
+#
+# The last line per strategy is the lossless check of the file: under every strategy and mode
+# each of the first 8 requests, served alone at batch 1, gave the stream's tokens (an earlier
+# H200 run, from before the engine's recurrent kernels launched alike at every batch, had 6 or
+# 7 of 8 under replay). On a GPU, a slot's logits not depending on its batch is a test of every
+# strategy (`tests/test_decode_kernels.py`, in `data/gpu_suite_h100_90b36f1.log`).
 #
 # Discussion (2) below asks what a rejected draft costs each strategy's rollback; the file
 # records it:
@@ -483,9 +493,7 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # strategy is the measured side of "compute-bound": a (k+1)-token verify step costs about what
 # a decode step costs while the step is bound by reading weights and state (a ratio near 1),
 # and, by its FLOPs, up to k + 1 = 5 times as much once its matrix products are bound by them.
-# A ratio above 5, as snapshot's at the largest batch of the GPU file, is time the two terms do
-# not explain (snapshot's verify also writes a state copy for every verified token, but that is
-# not ten decode steps of bytes; this notebook does not profile it). The dashed lines
+# The dashed lines
 # are the cost model for an H200 (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
 # L = 16); on the CPU smoke run the measured lines come from another machine and a tiny model,
 # so only the GPU file can confirm or refute the prediction.

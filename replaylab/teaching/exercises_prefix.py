@@ -33,6 +33,7 @@ from replaylab.teaching.grading import describe_exception, guarded, report
 
 __all__ = [
     "WORKLOAD_STREAM_RESULTS",
+    "EARLIER_WORKLOAD_STREAMS",
     "check_stream_bound",
     "block_parts",
     "TokenTree",
@@ -59,8 +60,13 @@ OFFGRID_TTFT = "data/bench_prefix_ttft_offgrid_gpu.json"
 CHUNK_RESUME_TTFT = "data/bench_prefix_ttft_resume_chunk_cpu.json"
 # the prefix-sharing request streams on an H100 (``replaylab bench workload-stream --preset gpu``)
 WORKLOAD_STREAM_RESULTS = {
-    w: f"data/bench_workload_stream_gpu_{w}_h100_6b344e2.json"
+    w: f"data/bench_workload_stream_gpu_{w}_decode_h100_90b36f1.json"
     for w in ("multi_turn", "system_prompts", "few_shot", "agents")
+}
+# the same streams run earlier on engines built for k = 4 drafts in every mode, and a budget
+# sized on them (notebook 14, section 7)
+EARLIER_WORKLOAD_STREAMS = {
+    w: f"data/bench_workload_stream_gpu_{w}_h100_6b344e2.json" for w in WORKLOAD_STREAM_RESULTS
 }
 
 
@@ -769,44 +775,57 @@ def _bound(probe, objective) -> str:
 
 @guarded("what stops each strategy's rate")
 def check_stream_bound(answer, paths=WORKLOAD_STREAM_RESULTS) -> bool:
-    """Question (notebook 14): ``{strategy: bound}`` for "replay" and "snapshot": the bound of
-    the objective ("tpot" or "wait") that stopped each strategy's rate search of plain decode
-    on the GPU request streams (its failed probe just above its sustainable rate), the same on
-    every workload."""
+    """Question (notebook 14): ``{"snapshot": bound, "replay_other": workload}``: the bound of
+    the objective ("tpot" or "wait") that stopped snapshot's rate search of plain decode on
+    every GPU request stream (its failed probe just above its sustainable rate), and the one
+    workload on which replay's search was stopped by the other bound."""
     from replaylab.bench.workload_stream import stopping_probe
     from replaylab.results import load_bench
 
     name = "what stops each strategy's rate"
     if answer is None or answer is Ellipsis:
         return report(name, False, "no answer yet (replace None with your answer)")
-    shape = "expected a dict {'replay': ..., 'snapshot': ...}, each 'tpot' or 'wait'"
+    shape = (
+        "expected a dict {'snapshot': 'tpot' or 'wait', 'replay_other': a workload's name, "
+        f"one of {sorted(paths)}}}"
+    )
     if not isinstance(answer, dict):
         try:
             set(answer)  # an answer that raises when read is reported as raised (``guarded``)
         except TypeError:
             pass
         return report(name, False, f"{answer!r} - {shape}")
-    given = {"snapshot" if k == "align" else k: v for k, v in answer.items()}
-    if set(given) != {"replay", "snapshot"}:
+    if set(answer) != {"snapshot", "replay_other"}:
         return report(name, False, f"{answer!r} - {shape}")
-    given = {s: v.strip().lower() if isinstance(v, str) else v for s, v in given.items()}
-    odd = {s: v for s, v in given.items() if v not in ("tpot", "wait")}
-    if odd:
-        return report(name, False, f"{answer!r} - each bound is 'tpot' or 'wait'; got {odd}")
-    bounds = {"replay": set(), "snapshot": set()}
+    bound, other = answer["snapshot"], answer["replay_other"]
+    bound = bound.strip().lower() if isinstance(bound, str) else bound
+    if bound not in ("tpot", "wait"):
+        return report(name, False, f"{answer!r} - a bound is 'tpot' or 'wait'; got {bound!r}")
+    if isinstance(other, str):
+        other = "_".join(other.strip().lower().replace("-", " ").split())
+    if other not in paths:
+        return report(name, False, f"{answer!r} - replay_other: one of {sorted(paths)}")
+    bounds = {"replay": {}, "snapshot": {}}
     for w, path in paths.items():
         run = load_bench(path)["workloads"][w]
         for r in run["rates"]:
             stop = stopping_probe(r) if r["mode"] == "decode" else None
             if stop is not None and r["strategy"] in bounds:  # None: no probe failed
-                bounds[r["strategy"]].add(_bound(stop, run["objective"]))
-    want = {s: b.pop() for s, b in bounds.items() if len(b) == 1}
-    if len(want) < 2:
-        raise RuntimeError(f"the runs do not stop each strategy by one bound: {bounds}")
-    if given != want:
-        return report(name, False, f"{answer!r} - not right for both strategies: compare each "
-                      f"strategy's failed probe, its TPOT and its wait, with the objective's two "
-                      f"bounds")  # fmt: skip
-    return report(name, True, f"{answer!r}: replay's small slots let many requests run at once, "
-                  f"and their decode steps slow; in this run snapshot's slots, built with room "
-                  f"for k + 1 states, filled the budget, and requests queued")  # fmt: skip
+                bounds[r["strategy"]][w] = _bound(stop, run["objective"])
+    snapshot = set(bounds["snapshot"].values())
+    odd = [w for w, b in bounds["replay"].items() if b not in snapshot]
+    if len(snapshot) != 1 or len(odd) != 1:
+        raise RuntimeError(f"the runs no longer fit the question: {bounds}")
+    if bound not in snapshot:
+        return report(name, False, f"{answer!r} - not snapshot's bound: compare its failed "
+                      "probe's TPOT and wait with the objective's two bounds, workload by "
+                      "workload")  # fmt: skip
+    if other != odd[0]:
+        return report(name, False, f"{answer!r} - snapshot's bound is right; on {other!r} "
+                      "replay's failed probe broke that same bound: find the workload where it "
+                      "broke the other one")  # fmt: skip
+    return report(name, True, f"{answer!r}: the budget admits only a few snapshot requests at "
+                  "once, so arrivals queue for admission and the wait breaks first; replay's "
+                  "smaller requests run more at once and reach a higher rate before its queue "
+                  "breaks the wait too, except where its slowed decode steps broke the TPOT "
+                  "bound first")  # fmt: skip

@@ -28,7 +28,7 @@ __all__ = [
     "STREAM_CPU",
 ]
 
-STREAM_GPU = "data/bench_serve_stream.json"
+STREAM_GPU = "data/bench_serve_stream_h100_90b36f1.json"
 STREAM_CPU = "data/bench_serve_stream_cpu.json"
 PREFIX_BLOCKS = "data/bench_prefix_blocks_cpu.json"
 
