@@ -119,6 +119,30 @@ def test_empty_corpus_gets_a_clear_error(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_bad_training_settings_are_refused_before_the_folder_is_touched(tmp_path, capsys):
+    bad = [
+        (dict(steps=0), ValueError, r"steps: expected 1 <= steps, got 0"),
+        (dict(steps=2.5), TypeError, r"steps: expected an integer, got float 2.5"),
+        (dict(batch_size=0), ValueError, r"batch_size: expected 1 <= batch_size"),
+        (dict(seq_len=0), ValueError, r"seq_len: expected 1 <= seq_len"),
+        (dict(warmup=-1), ValueError, r"warmup: expected 0 <= warmup"),
+        (dict(lr=float("nan")), ValueError, r"lr: expected a finite number > 0, got nan"),
+        (dict(min_lr_ratio=1.5), ValueError, r"min_lr_ratio: expected a finite number"),
+        (dict(grad_clip=0.0), ValueError, r"grad_clip: expected a finite number > 0"),
+    ]
+    for fields, error, match in bad:
+        with pytest.raises(error, match=match):
+            TrainConfig(**fields)
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"trained weights")
+    # --steps 0 overwrote a trained checkpoint with untrained weights, then raised IndexError
+    code = main(["train", str(out), "--size", "smoke", "--steps", "0"])
+    assert code == 2 and "steps: expected 1 <= steps, got 0" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"]
+    assert (out / "model.safetensors").read_bytes() == b"trained weights"
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     """Two identical CPU smoke runs of ``replaylab train`` on this package's own source."""

@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from replaylab.model import HybridLM
 from replaylab.training.evaluate import evaluate, token_windows
+from replaylab.validation import as_int, as_real
 
 
 @dataclass
@@ -29,6 +30,15 @@ class TrainConfig:
     log_every: int = 10
     eval_every: int = 0  # held-out loss on eval_tokens every this many steps (0: never)
     eval_tokens: int = 32768
+
+    def __post_init__(self):
+        for name, low in (("steps", 1), ("batch_size", 1), ("seq_len", 1), ("warmup", 0),
+                          ("seed", 0), ("log_every", 1), ("eval_every", 0), ("eval_tokens", 1)):  # fmt: skip
+            as_int(name, getattr(self, name), low=low)
+        as_real("lr", self.lr, above=0)
+        as_real("min_lr_ratio", self.min_lr_ratio, 0, 1)
+        as_real("weight_decay", self.weight_decay, low=0)
+        as_real("grad_clip", self.grad_clip, above=0)
 
 
 def batches(ids, cfg: TrainConfig):
