@@ -81,6 +81,8 @@ def conv_prompt(xbc, window, weight, bias, splits=None):
             f"conv_prompt: window {tuple(window.shape)} and weight {tuple(weight.shape)} do not "
             f"fit xbc {tuple(xbc.shape)}: expected ({batch}, K, {C}) and ({C}, K + 1)"
         )
+    if bias is not None and tuple(bias.shape) != (C,):
+        raise ValueError(f"conv_prompt: bias: expected ({C},), got {tuple(bias.shape)}")
     if xbc.stride(-1) != 1:
         raise ValueError("conv_prompt: xbc's last dimension must be contiguous")
     XP, GN = splits if splits is not None else (C, 0)

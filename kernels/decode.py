@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from replaylab.kernels.mamba2 import _delta
+from replaylab.validation import check_sizes_agree
 
 __all__ = [
     "add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "swiglu", "rope_", "state_update",
@@ -78,6 +79,10 @@ def add_rmsnorm(h, weight, eps, delta=None):
     h's dtype. ``residual`` is the new residual stream ``h + delta`` (``h`` itself without
     delta). Rounding as ``model.RMSNorm``: the sum in h's dtype, the norm in fp32."""
     D = h.shape[-1]
+    if tuple(weight.shape) != (D,):
+        raise ValueError(f"weight: expected ({D},), h's last dimension, got {tuple(weight.shape)}")
+    if delta is not None and delta.shape != h.shape:
+        raise ValueError(f"delta: expected h's shape {tuple(h.shape)}, got {tuple(delta.shape)}")
     h2 = h.reshape(-1, D)
     if not h2.is_contiguous():
         raise ValueError("h: expected a contiguous tensor")
@@ -516,6 +521,14 @@ def state_update(
     G, N = B.shape[2], B.shape[3]
     if state.dtype != torch.float32 or state.shape[0] < batch or not state.is_contiguous():
         raise ValueError("state: expected a contiguous fp32 pool with a row per sequence")
+    check_sizes_agree([
+        ("x", x, ("batch", "T", "H", "P")), ("state", state[:batch], ("batch", "H", "P", "N")),
+        ("dt", dt, ("batch", "T", "H")), ("B", B, ("batch", "T", "G", "N")),
+        ("C", C, ("batch", "T", "G", "N")), ("A", A, ("H",)), ("D", D, ("H",)),
+        ("dt_bias", dt_bias, ("H",)),
+    ])  # fmt: skip
+    if H % G:
+        raise ValueError(f"B: its G={G} groups do not divide x's H={H} heads")
     if not all(t.is_contiguous() for t in (x, dt, B, C)):
         raise ValueError("x, dt, B, C: expected contiguous tensors")
     if drafts is not None and (drafts.shape[0] < batch or drafts.shape[1] < T):
@@ -613,6 +626,11 @@ def attention(q, k, v, position, scale):
     q_row = q.stride(1) if T > 1 else q.stride(0)  # a size-1 dim's stride is arbitrary
     if Hq % Hkv or not (k.is_contiguous() and v.is_contiguous()) or k.shape != v.shape:
         raise ValueError("k, v: expected equal contiguous (slots, Hkv, max_len, Dh) buffers")
+    if k.shape[0] < batch or k.shape[3] != Dh:
+        raise ValueError(
+            f"k, v: expected (slots >= {batch}, Hkv, max_len, Dh={Dh}) for q {tuple(q.shape)}, "
+            f"got {tuple(k.shape)}"
+        )
     rows_ok = q.stride(0) == T * q_row and q.stride(2) == Dh and q.stride(3) == 1
     if not rows_ok:
         raise ValueError("q: expected contiguous heads and evenly spaced rows")

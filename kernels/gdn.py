@@ -410,6 +410,8 @@ def replay_step(
                     f"log_len {log_len.tolist()} + {added if isinstance(added, int) else added.tolist()}"
                 )
     o = torch.empty(v.shape, dtype=v.dtype, device=v.device) if out is None else out
+    if check and out is not None and tuple(out.shape) != tuple(v.shape):
+        raise ValueError(f"out: expected v's shape {tuple(v.shape)}, got {tuple(out.shape)}")
     if not append and T > 1:
         raise ValueError("append=False: a verify appends each token before the next; T must be 1")
     BLOCK_V, warps = _launch("replay_step", batch, V, block_v, num_warps)

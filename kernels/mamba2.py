@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 
 from replaylab.scan import ssd_scan
+from replaylab.validation import check_sizes_agree
 
 __all__ = ["replay_step", "replay_step_ref", "fold", "fold_ref"]
 
@@ -430,6 +431,23 @@ def _check(states, slots, log_x, log_dt, log_B, log_len, length="log_len"):
         raise ValueError(f"{length}: expected values in [0, {Lmax}], got {log_len.tolist()}")
 
 
+def _check_shapes(states, log_x, log_dt, log_B, log_C=None, new=(None,) * 4, A=None, D=None,
+                  dt_bias=None, out=None, states_name="states"):  # fmt: skip
+    """The glossary's sizes agree across its tensors (the kernels index them by offsets, so
+    a mismatch would read or write outside them); ``new``: (x, dt, B, C)."""
+    x, dt, B, C = new
+    sizes = check_sizes_agree([
+        (states_name, states, ("slots", "H", "P", "N")), ("log_x", log_x, ("batch", "Lmax", "H", "P")),
+        ("log_dt", log_dt, ("batch", "Lmax", "H")), ("log_B", log_B, ("batch", "Lmax", "G", "N")),
+        ("log_C", log_C, ("batch", "Lmax", "G", "N")), ("x", x, ("batch", "T", "H", "P")),
+        ("dt", dt, ("batch", "T", "H")), ("B", B, ("batch", "T", "G", "N")),
+        ("C", C, ("batch", "T", "G", "N")), ("A", A, ("H",)), ("D", D, ("H",)),
+        ("dt_bias", dt_bias, ("H",)), ("out", out, ("batch", "T", "H", "P")),
+    ])  # fmt: skip
+    if sizes["H"] % sizes["G"]:
+        raise ValueError(f"G: {sizes['G']} groups do not divide H={sizes['H']} heads")
+
+
 def _ring_head(log_head, batch, device):
     return torch.zeros(batch, dtype=torch.int32, device=device) if log_head is None else log_head
 
@@ -497,6 +515,7 @@ def replay_step(
     x, dt, B, C = x.to(log_x.dtype), dt.to(log_dt.dtype), B.to(log_B.dtype), C.to(log_C.dtype)
     head = _ring_head(log_head, batch, x.device)
     if check:
+        _check_shapes(states, log_x, log_dt, log_B, log_C, (x, dt, B, C), A, D, dt_bias, out)
         _check(states, slots, log_x, log_dt, log_B, log_len)
         _check_head(head, batch, Lmax)
     if check and append:
@@ -625,6 +644,8 @@ def fold(
     ``log_head``: ring offsets (see ``replay_step``). Returns ``out``. ``check=False`` skips
     the checks (see ``replay_step``)."""
     if check:
+        _check_shapes(states, log_x, log_dt, log_B, A=A, dt_bias=dt_bias)
+        _check_shapes(out, log_x, log_dt, log_B, states_name="out")
         _check(states, src_slots, log_x, log_dt, log_B, fold_len, "fold_len")
         _check(out, dst_slots, log_x, log_dt, log_B, fold_len, "fold_len")
     batch, Lmax, H, P = log_x.shape

@@ -457,6 +457,8 @@ def launch_for(N, K, M):
 def linear(x, weight, launch=None):
     """``x @ weight.T`` for x (..., K) and weight (N, K), row-invariant: (..., N). ``launch``
     overrides ``launch_for(N, K, M)`` (a sweep's candidate)."""
+    if weight.dim() != 2:
+        raise ValueError(f"linear: weight: expected (N, K), got shape {tuple(weight.shape)}")
     if x.shape[-1] != weight.shape[1]:
         raise ValueError(
             f"linear: x has {x.shape[-1]} features, weight (N, K) = {tuple(weight.shape)} "

@@ -52,6 +52,29 @@ def check_tensor(name, t, spec, dims=None, *, dtype=None, floating=False):
     return dims
 
 
+def check_sizes_agree(specs):
+    """``specs``: (name, tensor or None, shape spec of named sizes) triples. Every tensor has
+    its spec's number of dims, and each named size is the same in every tensor that has it;
+    a disagreement lists the size in each tensor, so the odd one out is named."""
+    sizes = {}
+    for name, t, spec in specs:
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != len(spec):
+            raise ValueError(
+                f"{name}: expected {len(spec)} dims ({', '.join(spec)}), got shape {tuple(t.shape)}"
+            )
+        for size, dim in zip(t.shape, spec):
+            sizes.setdefault(dim, {})[name] = size
+    for dim, by_name in sizes.items():
+        if len(set(by_name.values())) > 1:
+            each = ", ".join(f"{n} {v}" for n, v in by_name.items())
+            raise ValueError(f"{dim}: the tensors disagree on this size: {each}")
+    return {dim: next(iter(v.values())) for dim, v in sizes.items()}
+
+
 def check_same_device(**tensors):
     """All given (non-None) tensors live on one device."""
     devices = {n: t.device for n, t in tensors.items() if t is not None}

@@ -150,3 +150,5 @@ def test_bad_shapes_are_refused_by_name():
         conv_prompt(strided, window, weight, bias)
     with pytest.raises(ValueError, match=r"splits \(XP, GN\) = \(60, 8\) must have .* <= C = 64"):
         conv_prompt(xbc, window, weight, bias, splits=(60, 8))
+    with pytest.raises(ValueError, match=r"bias: expected \(64,\), got \(3,\)"):
+        conv_prompt(xbc, window, weight, bias[:3])  # it read past the bias before

@@ -13,6 +13,7 @@ from replaylab.cache import CacheConfig
 from replaylab.decoding import SyntheticDrafter, greedy
 from replaylab.kernels.decode import (
     add_rmsnorm,
+    attention,
     conv_step,
     gated_rmsnorm,
     relu2,
@@ -209,6 +210,42 @@ def test_state_update_equals_the_scan(T):
     assert torch.equal(state[batch], before[batch])
     if T > 1:
         torch.testing.assert_close(drafts[:batch, :T], ref.states, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_kernels_refuse_shapes_that_disagree_before_writing():
+    """They index by offsets from x's shape: a state, norm weight or KV buffer that disagreed
+    was read and written outside itself (no error on CPU, heap damage or garbage)."""
+    batch, T, H, P, N, G = 2, 1, 2, 4, 4, 1
+    x, dt = randn(batch, T, H, P), randn(batch, T, H)
+    Bm, Cm = randn(batch, T, G, N), randn(batch, T, G, N)
+    A, D, bias = -torch.rand(H, device=DEVICE), randn(H), randn(H)
+    state = randn(batch, H, P, N)
+    before = state.clone()
+    for args, match in (
+        (
+            (zeros(batch, 1, 2, 2), x, dt, Bm, Cm, A, D, bias),
+            r"H: the tensors disagree on this size: x 2, state 1",
+        ),
+        ((state, x, dt, Bm, randn(batch, T, G, 3), A, D, bias), r"N: .*state 4, B 4, C 3"),
+        ((state, x, dt, Bm, Cm, A, randn(3), bias), r"H: .*, D 3,"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            state_update(*args, (1e-3, 1e9))
+    assert torch.equal(state, before)
+    h = randn(3, 8)
+    with pytest.raises(
+        ValueError, match=r"weight: expected \(8,\), h's last dimension, got \(4,\)"
+    ):
+        add_rmsnorm(h, randn(4), 1e-5)
+    with pytest.raises(ValueError, match=r"delta: expected h's shape \(3, 8\), got \(1, 8\)"):
+        add_rmsnorm(h, randn(8), 1e-5, delta=randn(1, 8))
+    q = randn(2, 1, 2, 8)
+    kv = zeros(2, 1, 16, 4)
+    with pytest.raises(ValueError, match=r"k, v: expected \(slots >= 2, Hkv, max_len, Dh=8\)"):
+        attention(q, kv, kv.clone(), torch.tensor(0, device=DEVICE), 1.0)
+    few = zeros(1, 1, 16, 8)
+    with pytest.raises(ValueError, match=r"k, v: expected \(slots >= 2, Hkv, max_len, Dh=8\)"):
+        attention(q, few, few.clone(), torch.tensor(0, device=DEVICE), 1.0)
 
 
 _ON_GPU_ONLY = pytest.mark.skipif(

@@ -243,6 +243,10 @@ def test_bad_input_names_both_values():
     with pytest.raises(ValueError, match="states: expected float32"):
         replay_step(states.double(), slots, **log, log_len=log_len, **toks)
     with pytest.raises(
+        ValueError, match=r"out: expected v's shape \(2, 1, 4, 10\), got \(1, 1, 1, 1\)"
+    ):
+        replay_step(states, slots, **log, log_len=log_len, **toks, out=torch.empty(1, 1, 1, 1))
+    with pytest.raises(
         ValueError, match=r"log_len: appending needs log_len \+ tokens appended <= Lmax=4"
     ):
         full = torch.full((batch,), Lmax, dtype=torch.int32, device=DEVICE)

@@ -155,6 +155,57 @@ def test_bad_input_is_named():
                  c["log_B"], torch.tensor(fold_len, dtype=torch.int32), c["A"])  # fmt: skip
 
 
+def test_shapes_that_disagree_are_refused_by_name_before_the_log_changes():
+    """The kernels index every tensor by offsets from the shapes of x and the log: a tensor
+    that disagrees read and wrote outside itself (heap corruption under the interpreter)."""
+    c = case()
+    H, P, G, N = 6, 5, 3, 7
+    bad = [  # each size is listed in every tensor that has it: the odd one out shows
+        ("x", torch.randn(3, 3, H + 1, P), r"H: the tensors disagree on this size: .*, x 7,"),
+        ("dt", torch.randn(3, 3, H - 1), r"H: the tensors disagree .*, dt 5,"),
+        ("B", torch.randn(3, 3, G, N + 4), r"N: the tensors disagree .*log_C 7, B 11, C 7"),
+        (
+            "C",
+            torch.randn(3, 2, G, N),
+            r"T: the tensors disagree on this size: x 3, dt 3, B 3, C 2",
+        ),
+        ("A", torch.randn(1), r"H: the tensors disagree .*, A 1,"),
+        ("D", torch.randn(H + 2), r"H: the tensors disagree .*, D 8,"),
+        ("dt_bias", torch.randn(2), r"H: the tensors disagree .*, dt_bias 2"),
+        (
+            "states",
+            torch.randn(2, H, P, N + 1),
+            r"N: the tensors disagree on this size: states 8, log_B 7",
+        ),
+        (
+            "log_B",
+            torch.randn(3, 24, G, N + 4),
+            r"N: the tensors disagree on this size: states 7, log_B 11, log_C 7",
+        ),
+        (
+            "log_C",
+            torch.randn(3, 24, G),
+            r"log_C: expected 4 dims \(batch, Lmax, G, N\), got shape \(3, 24, 3\)",
+        ),
+        ("out", torch.empty(1, 1, 1, 1), r"H: the tensors disagree .*, dt_bias 6, out 1"),
+    ]
+    for name, value, match in bad:
+        given = cloned(c)
+        before = cloned(given)
+        with pytest.raises(ValueError, match=match):
+            replay_step(**{**given, name: value})
+        for key in ("log_x", "log_dt", "log_B", "log_C", "log_len", "states"):
+            assert torch.equal(given[key], before[key]), (name, key)
+    with pytest.raises(
+        ValueError, match=r"N: the tensors disagree on this size: states 7, log_B 11"
+    ):
+        fold(c["states"], c["slots"], c["states"], c["slots"], c["log_x"], c["log_dt"],
+             torch.randn(3, 24, G, N + 4), c["log_len"], c["A"])  # fmt: skip
+    with pytest.raises(ValueError, match=r"N: the tensors disagree on this size: out 3, log_B 7"):
+        fold(c["states"], c["slots"], torch.zeros(2, H, P, 3), c["slots"], c["log_x"],
+             c["log_dt"], c["log_B"], c["log_len"], c["A"])  # fmt: skip
+
+
 def test_permuted_views_as_inputs():
     """Inputs as the model makes them: channel-major views of a transposed conv output."""
     H, G, P, N, T = 3, 3, 8, 8, 5

@@ -111,6 +111,8 @@ def test_bad_input_is_named():
         linear(x, torch.randn(4, 6, device=DEVICE))
     with pytest.raises(ValueError, match=r"x is torch.float32 and weight torch.bfloat16"):
         linear(x, torch.randn(4, 8, device=DEVICE).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"weight: expected \(N, K\), got shape \(8,\)"):
+        linear(x, torch.randn(8, device=DEVICE))  # a raw IndexError before
 
 
 @pytest.mark.gpu
