@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from replaylab.cache import CacheConfig, CacheStats, as_config
+from replaylab.validation import as_int, as_real
 
 __all__ = [
     "DecodeResult",
@@ -61,6 +62,14 @@ def _finish(result, cache, t0):
     return result
 
 
+def _check_counts(model=None, **counts):
+    """Each of ``counts`` an int >= 1 (a bool or float is refused by name); a width of
+    candidates per step (``width``, ``branch``) at most the model's vocabulary."""
+    vocab = None if model is None else model.cfg.vocab_size
+    for name, value in counts.items():
+        as_int(name, value, 1, vocab if name in ("width", "branch") else None)
+
+
 def _check_prompt(prompt):
     if prompt.dim() != 2 or prompt.shape[1] < 1:
         raise ValueError(
@@ -72,6 +81,7 @@ def _check_prompt(prompt):
 def greedy(model, prompt, n_new, cache="replay", progress=False) -> DecodeResult:
     """Greedy decoding of ``n_new`` tokens after ``prompt`` (batch, T)."""
     _check_prompt(prompt)
+    _check_counts(n_new=n_new)
     config = as_config(cache)
     t0 = time.perf_counter()
     cache = config.build(model, prompt.shape[0])
@@ -185,8 +195,7 @@ def speculative(model, prompt, n_new, drafter, k=4, cache="replay", progress=Fal
         raise ValueError(
             f"prompt: speculative decoding takes one sequence, got batch {prompt.shape[0]}"
         )
-    if k < 1:
-        raise ValueError(f"k: expected k >= 1, got {k}")
+    _check_counts(n_new=n_new, k=k)
     config = as_config(cache)
     t0 = time.perf_counter()
     vocab = model.cfg.vocab_size
@@ -222,6 +231,7 @@ def beam_search(model, prompt, n_new, width=4, cache="replay") -> DecodeResult:
     _check_prompt(prompt)
     if prompt.shape[0] != 1:
         raise ValueError(f"prompt: beam search takes one sequence, got batch {prompt.shape[0]}")
+    _check_counts(model, n_new=n_new, width=width)
     config = as_config(cache)
     t0 = time.perf_counter()
     cache = config.build(model, 1)
@@ -245,6 +255,9 @@ def best_of_n(model, prompt, n_new, n=8, temperature=1.0, seed=0, cache="replay"
     """Sample n continuations of one prompt (the prompt's state shared by all), return the one
     with the highest mean log-probability."""
     _check_prompt(prompt)
+    _check_counts(n_new=n_new, n=n)
+    as_real("temperature", temperature, above=0)
+    as_int("seed", seed, low=0)
     config = as_config(cache)
     t0 = time.perf_counter()
     g = torch.Generator(device=prompt.device).manual_seed(seed)
@@ -276,8 +289,7 @@ def tree_search(model, prompt, n_new, branch=3, keep=2, depth=4, cache="replay")
     _check_prompt(prompt)
     if prompt.shape[0] != 1:
         raise ValueError(f"prompt: tree search takes one sequence, got batch {prompt.shape[0]}")
-    if branch < 1 or keep < 1 or depth < 1:
-        raise ValueError(f"branch, keep, depth: expected >= 1, got {branch}, {keep}, {depth}")
+    _check_counts(model, n_new=n_new, branch=branch, keep=keep, depth=depth)
     config = as_config(cache)
     t0 = time.perf_counter()
     cache = config.build(model, 1)
@@ -332,10 +344,7 @@ def best_first_search(
     _check_prompt(prompt)
     if prompt.shape[0] != 1:
         raise ValueError(f"prompt: tree search takes one sequence, got batch {prompt.shape[0]}")
-    if n_new < 1 or branch < 1 or frontier < 1:
-        raise ValueError(
-            f"n_new, branch, frontier: expected >= 1, got {n_new}, {branch}, {frontier}"
-        )
+    _check_counts(model, n_new=n_new, branch=branch, frontier=frontier)
     config = as_config(cache)
     t0 = time.perf_counter()
     cache = config.build(model, 1)

@@ -20,6 +20,7 @@ import torch
 from replaylab.cache import as_config
 from replaylab.decoding import ModelDrafter, PromptLookupDrafter, greedy, speculative
 from replaylab.model import load_transformers_hybrid
+from replaylab.validation import as_int
 
 __all__ = ["generate", "load_checkpoint", "load_tokenizer", "eos_token_ids"]
 
@@ -133,11 +134,15 @@ def generate(
             raise ValueError(f"prompt: {prompt!r} encodes to no tokens; give some text")
     elif folder is not None and (folder / "tokenizer.json").is_file():
         tokenizer = load_tokenizer(folder)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected >= 1, got {max_new_tokens}")
+    as_int("max_new_tokens", max_new_tokens, low=1)
+    if isinstance(prompt_ids, (str, bytes)) or not hasattr(prompt_ids, "__iter__"):
+        raise TypeError(
+            f"prompt_ids: expected a list of integer token ids, got {type(prompt_ids).__name__} "
+            f"{prompt_ids!r}"
+        )
+    prompt_ids = [as_int(f"prompt_ids[{i}]", t) for i, t in enumerate(prompt_ids)]
     model = load_checkpoint(checkpoint, device, dtype)
     device = next(model.parameters()).device
-    prompt_ids = list(prompt_ids)
     prompt_t = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
     if not prompt_ids or int(prompt_t.min()) < 0 or int(prompt_t.max()) >= model.cfg.vocab_size:
         raise ValueError(

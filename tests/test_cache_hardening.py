@@ -307,3 +307,30 @@ def test_bad_batch_sizes_are_refused_at_construction(batch):
 def test_a_config_without_a_conv_width_is_refused():
     with pytest.raises(ValueError, match=r"d_conv: expected a conv width >= 1, got 0"):
         HybridConfig(d_conv=0)
+
+
+def test_decoding_workloads_refuse_bad_counts_by_name():
+    """n_new, widths and sampling settings: best_first_search(n_new=2.5) never returned,
+    beam_search(n_new=0) returned a token, greedy(n_new=0) raised inside torch.cat,
+    best_of_n(temperature=-1) sampled the inverted distribution, and a width past the
+    vocabulary raised inside topk."""
+    from replaylab.decoding import best_first_search, best_of_n
+
+    prompt = torch.tensor([[1, 2, 3]])
+    vocab = MODEL.cfg.vocab_size
+    bad = [
+        (lambda: best_first_search(MODEL, prompt, 2.5), TypeError, r"n_new: expected an integer, got float 2.5"),
+        (lambda: beam_search(MODEL, prompt, 0), ValueError, r"n_new: expected 1 <= n_new, got 0"),
+        (lambda: greedy(MODEL, prompt, 0), ValueError, r"n_new: expected 1 <= n_new, got 0"),
+        (lambda: greedy(MODEL, prompt, True), TypeError, r"n_new: expected an integer, got a boolean"),
+        (lambda: beam_search(MODEL, prompt, 3, width=0), ValueError, r"width: expected 1 <= width"),
+        (lambda: beam_search(MODEL, prompt, 3, width=vocab + 1), ValueError, rf"width: expected 1 <= width <= {vocab}"),
+        (lambda: tree_search(MODEL, prompt, 3, branch=vocab + 1), ValueError, rf"branch: expected 1 <= branch <= {vocab}"),
+        (lambda: best_of_n(MODEL, prompt, 3, temperature=-1.0), ValueError, r"temperature: expected a finite number > 0, got -1"),
+        (lambda: best_of_n(MODEL, prompt, 3, temperature=float("inf")), ValueError, r"temperature: expected a finite number"),
+        (lambda: best_of_n(MODEL, prompt, 3, seed=1.5), TypeError, r"seed: expected an integer, got float 1.5"),
+        (lambda: speculative(MODEL, prompt, 3, SyntheticDrafter(prompt, 0.5), k=2.5), TypeError, r"k: expected an integer, got float 2.5"),
+    ]  # fmt: skip
+    for call, error, match in bad:
+        with pytest.raises(error, match=match):
+            call()

@@ -236,6 +236,19 @@ def test_bad_input_gets_a_clear_error(checkpoints, capsys, tmp_path):
     assert code == 2 and "vocabulary of 50 tokens, expected the target's 97" in err
     code, err = run_cli(capsys, "generate", root / "target", "--prompt-ids", "1,200")
     assert code == 2 and "expected a non-empty list of ids in [0, 97)" in err
+    from replaylab.generate import generate
+
+    # floats were truncated to ids ([1.7, 2.9] decoded [1, 2]); an int or text raised inside
+    for ids, error, match in (
+        ([1.7, 2.9], TypeError, r"prompt_ids\[0\]: expected an integer, got float 1.7"),
+        ([1, True], TypeError, r"prompt_ids\[1\]: expected an integer, got a boolean"),
+        (5, TypeError, r"prompt_ids: expected a list of integer token ids, got int 5"),
+        ("12", TypeError, r"prompt_ids: expected a list of integer token ids, got str '12'"),
+    ):
+        with pytest.raises(error, match=match):
+            generate(root / "target", ids, max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"max_new_tokens: expected an integer, got str '3'"):
+        generate(root / "target", [1, 2], max_new_tokens="3")
 
 
 # ---------------------------------------------------------------- text, EOS, the trained pair
