@@ -37,7 +37,7 @@ from replaylab.gated_deltanet import GatedAttention, GatedDeltaNetMixer, GDNConf
 from replaylab.kv import attend, causal_mask
 from replaylab.mamba1 import Mamba1Config, Mamba1Mixer
 from replaylab.mamba2 import Mamba2Mixer
-from replaylab.validation import check_token_ids
+from replaylab.validation import as_int, as_real, check_token_ids
 
 __all__ = [
     "HybridConfig",
@@ -78,8 +78,21 @@ class HybridConfig:
     attention: str = "plain"  # "gated": Qwen's q/k-normed attention with a sigmoid gate
 
     def __post_init__(self):
+        if not isinstance(self.pattern, str):
+            raise TypeError(f"pattern: expected a string such as 'M-M*-', got {self.pattern!r}")
         if self.d_conv < 1:
             raise ValueError(f"d_conv: expected a conv width >= 1, got {self.d_conv}")
+        for name in ("vocab_size", "hidden_size", "ssm_heads", "ssm_head_dim", "d_state",
+                     "n_groups", "d_conv", "attn_heads", "kv_heads", "head_dim",
+                     "intermediate_size"):  # fmt: skip
+            as_int(name, getattr(self, name), low=1)
+        as_int("rotary_dim", self.rotary_dim, low=0)
+        as_real("eps", self.eps, above=0)
+        as_real("time_step_min", self.time_step_min, low=0)
+        as_real("rope_theta", self.rope_theta, above=0)
+        for name in ("use_conv_bias", "tie_word_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
         bad = set(self.pattern) - set(PATTERN_CHARACTERS)
         if bad:
             allowed = ", ".join(f"{c} ({what})" for c, what in PATTERN_CHARACTERS.items())

@@ -495,7 +495,9 @@ class PrefixCache(PrefixTree):
             if strategy != "recompute" or checkpoint_interval is None
             else checkpoint_interval
         )
-        self.chunk_size = as_int("chunk_size", chunk_size or self.max_len, low=1)
+        self.chunk_size = (
+            self.max_len if chunk_size is None else as_int("chunk_size", chunk_size, low=1)
+        )
         self.vocab_size = model.cfg.vocab_size
         self.block_bytes = self._probe_block_bytes()
         self._init_tree(budget_bytes)
@@ -503,6 +505,12 @@ class PrefixCache(PrefixTree):
     # --- validation ---------------------------------------------------------------------
     def _check_block_size(self, block_size, checkpoint_interval):
         b = as_int("block_size", block_size, low=1)
+        if checkpoint_interval is not None and self.strategy != "recompute":
+            raise ValueError(
+                f"checkpoint_interval: only the recompute strategy keeps checkpoints between "
+                f"blocks; the {self.strategy!r} strategy takes none (leave it None), got "
+                f"{checkpoint_interval!r}"
+            )
         if self.strategy == "recompute" and checkpoint_interval is not None:
             ci = as_int("checkpoint_interval", checkpoint_interval, low=1)
             can = [d for d in range(1, min(ci, self.max_len) + 1) if ci % d == 0]

@@ -334,3 +334,27 @@ def test_decoding_workloads_refuse_bad_counts_by_name():
     for call, error, match in bad:
         with pytest.raises(error, match=match):
             call()
+
+
+def test_a_config_with_sizes_or_settings_out_of_range_is_refused_by_name():
+    """Each built a model that gave NaN logits (eps <= 0 or NaN), a degenerate model (zero
+    sizes) or raised deep inside (n_groups=0 divided by zero)."""
+    bad = [
+        (dict(eps=-1.0), ValueError, r"eps: expected a finite number > 0, got -1"),
+        (dict(eps=float("nan")), ValueError, r"eps: expected a finite number > 0, got nan"),
+        (dict(time_step_min=float("nan")), ValueError, r"time_step_min: expected a finite number"),
+        (dict(hidden_size=0), ValueError, r"hidden_size: expected 1 <= hidden_size, got 0"),
+        (dict(ssm_heads=0), ValueError, r"ssm_heads: expected 1 <= ssm_heads, got 0"),
+        (dict(n_groups=0), ValueError, r"n_groups: expected 1 <= n_groups, got 0"),
+        (dict(kv_heads=0), ValueError, r"kv_heads: expected 1 <= kv_heads, got 0"),
+        (dict(head_dim=-4), ValueError, r"head_dim: expected 1 <= head_dim, got -4"),
+        (dict(vocab_size=0), ValueError, r"vocab_size: expected 1 <= vocab_size, got 0"),
+        (dict(d_state=2.5), TypeError, r"d_state: expected an integer, got float 2.5"),
+        (dict(d_conv=True), TypeError, r"d_conv: expected an integer, got a boolean"),
+        (dict(rope_theta=0.0), ValueError, r"rope_theta: expected a finite number > 0, got 0"),
+        (dict(use_conv_bias="yes"), TypeError, r"use_conv_bias: expected True or False"),
+        (dict(pattern=["M", "-"]), TypeError, r"pattern: expected a string"),
+    ]
+    for fields, error, match in bad:
+        with pytest.raises(error, match=match):
+            HybridConfig(**fields)

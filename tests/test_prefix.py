@@ -162,6 +162,12 @@ def test_bad_inputs_are_refused_with_the_tree_unchanged(tiny_model, generator):
         PrefixCache(tiny_model, "recompute", block_size=8, checkpoint_interval=12)
     with pytest.raises(ValueError, match=r"1\.\.max_len=32; got 64"):
         PrefixCache(tiny_model, "snapshot", block_size=64, max_len=32)
+    for zero in (0, 0.0, False):  # each became max_len without a word
+        with pytest.raises((ValueError, TypeError), match=r"chunk_size: expected"):
+            PrefixCache(tiny_model, "replay", block_size=8, chunk_size=zero)
+    for interval in (-5, "x", 16):  # ignored under replay and snapshot before
+        with pytest.raises(ValueError, match=r"checkpoint_interval: only the recompute strategy"):
+            PrefixCache(tiny_model, "replay", block_size=8, checkpoint_interval=interval)
     prefix = PrefixCache(tiny_model, "replay", block_size=8, max_len=32)
     prefix.serve(random_tokens(generator, 20))
     before = tree_picture(prefix)
