@@ -20,19 +20,50 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 
 __all__ = ["add_bench_parser", "main"]
 
 
-def _ints(text):
+def _ints(text, low=1):
+    """Comma-separated integers >= ``low`` (sizes, counts and lengths: 1 by default)."""
     try:
-        return [int(v) for v in text.split(",")]
+        values = [int(v) for v in text.split(",")]
     except ValueError:
+        values = None
+    if values is None or min(values) < low:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
+            f"expected comma-separated integers >= {low}, got {text!r}"
         ) from None
+    return values
+
+
+def _ints0(text):
+    return _ints(text, low=0)
+
+
+def _count(text):
+    """One integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def _fraction(text):
+    """A number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
 
 
 def _write(result, out):
@@ -605,9 +636,9 @@ def add_bench_parser(subparsers):
     sp.add_argument("--preset", default="matched", help="matched, or a bench.families preset")
     sp.add_argument("--batches", type=_ints, default=[8, 32, 128])
     sp.add_argument("--strategies", default="replay")
-    sp.add_argument("--k", type=int, default=4)
-    sp.add_argument("--acceptance", type=float, default=0.8)
-    sp.add_argument("--n-new", type=int, default=64, help="tokens per request (x 0.5 .. 1.5)")
+    sp.add_argument("--k", type=_count, default=4)
+    sp.add_argument("--acceptance", type=_fraction, default=0.8)
+    sp.add_argument("--n-new", type=_count, default=64, help="tokens per request (x 0.5 .. 1.5)")
     sp.add_argument("--requests-per-slot", type=int, default=3)
     sp.add_argument("--log-length", type=int, default=16)
     sp.add_argument("--ring", choices=["L", "L+k"], default="L", help="replay's log ring rows")
@@ -630,7 +661,7 @@ def add_bench_parser(subparsers):
     d = sub.add_parser("decode", help="end-to-end decoding, every strategy and transformers")
     d.add_argument("--preset", default="tiny", help="tiny, 1b or 8b-layers")
     d.add_argument("--batches", type=_ints, default=[1, 4], help="comma-separated batch sizes")
-    d.add_argument("--n-new", type=int, default=32, help="tokens decoded per run")
+    d.add_argument("--n-new", type=_count, default=32, help="tokens decoded per run")
     d.add_argument("--checkpoint-interval", type=int, default=16)
     d.add_argument("--log-length", type=int, default=16)
     d.set_defaults(run=_decode)
@@ -644,7 +675,7 @@ def add_bench_parser(subparsers):
         help="comma-separated presets (8b-layers, 1b)",
     )
     e.add_argument("--batches", type=_ints, default=[1, 8, 32, 64, 128, 256])
-    e.add_argument("--n-new", type=int, default=32, help="decode steps per timed run")
+    e.add_argument("--n-new", type=_count, default=32, help="decode steps per timed run")
     e.add_argument(
         "--log-length",
         type=lambda v: v if v == "auto" else int(v),
@@ -671,11 +702,11 @@ def add_bench_parser(subparsers):
         default=("snapshot", "recompute", "replay"),
     )
     ef.add_argument("--batches", type=_ints, default=[1, 8, 32, 128, 256])
-    ef.add_argument("--n-new", type=int, default=16, help="decode steps per timed run")
+    ef.add_argument("--n-new", type=_count, default=16, help="decode steps per timed run")
     ef.add_argument("--repeats", type=int, default=3, help="timed decode runs (median)")
     ef.add_argument("--n-spec", type=int, default=24, help="speculated tokens (0: skip)")
-    ef.add_argument("--k", type=int, default=4, help="drafts per speculative round")
-    ef.add_argument("--acceptance", type=float, default=0.8, help="per-sequence acceptance")
+    ef.add_argument("--k", type=_count, default=4, help="drafts per speculative round")
+    ef.add_argument("--acceptance", type=_fraction, default=0.8, help="per-sequence acceptance")
     ef.add_argument("--log-length", type=int, default=16, help="replay's L")
     ef.add_argument("--no-fla", action="store_true", help="skip the fla snapshot rows")
     ef.add_argument(
@@ -829,7 +860,7 @@ def add_bench_parser(subparsers):
     px.add_argument("--model", default=None, help="--ttft: a model preset (tiny, 1b, 8b-layers)")
     px.add_argument("--shared-tokens", type=int, default=None, help="--ttft: the shared prompt")
     px.add_argument(
-        "--suffix-tokens", type=_ints, default=None, help="--ttft: low,high unique suffix lengths"
+        "--suffix-tokens", type=_ints0, default=None, help="--ttft: low,high unique suffix lengths"
     )
     px.add_argument("--batch", type=int, default=None, help="--ttft: requests (engine slots)")
     px.add_argument("--block-size", type=int, default=None, help="--ttft: the tree's block size")
@@ -869,7 +900,7 @@ def add_bench_parser(subparsers):
     )
     hc.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     hc.add_argument("--dtype", default="float32", help="float32 or bfloat16")
-    hc.add_argument("--n-new", type=int, default=48, help="tokens per assisted generation")
+    hc.add_argument("--n-new", type=_count, default=48, help="tokens per assisted generation")
     hc.add_argument("--repeats", type=int, default=3, help="timed runs per cell (median)")
     hc.add_argument("--log-lengths", type=_ints, default=[16, 4], help="replay's L values")
     hc.add_argument("--drafts", type=_ints, default=list(range(1, 9)), help="draft lengths")
@@ -891,8 +922,8 @@ def add_bench_parser(subparsers):
     )
     dm.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     dm.add_argument("--batches", type=_ints, default=[1, 8], help="comma-separated batch sizes")
-    dm.add_argument("--n-new", type=int, default=48, help="tokens per sequence")
-    dm.add_argument("--k", type=int, default=4, help="drafts per round")
+    dm.add_argument("--n-new", type=_count, default=48, help="tokens per sequence")
+    dm.add_argument("--k", type=_count, default=4, help="drafts per round")
     dm.add_argument("--log-length", type=int, default=16, help="both engines' replay L")
     dm.add_argument("--repeats", type=int, default=3, help="timed runs after a warm-up (median)")
     dm.add_argument("--threads", type=int, default=None, help="CPU threads (default 1)")
@@ -923,7 +954,7 @@ def add_bench_parser(subparsers):
         default=["decode", "synthetic", "lookup", "draft-model"],
         help="comma-separated modes",
     )
-    ws.add_argument("--k", type=int, default=4, help="drafts per round")
+    ws.add_argument("--k", type=_count, default=4, help="drafts per round")
     ws.add_argument(
         "--rounds",
         type=int,
