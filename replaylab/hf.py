@@ -86,6 +86,7 @@ from replaylab.gated_deltanet import (
 from replaylab.mamba1 import Mamba1Params, Mamba1ReplayKernels, Mamba1Spec
 from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
 from replaylab.replay_ops import ReferenceReplayOps
+from replaylab.validation import as_int
 
 __all__ = [
     "MIN_TRANSFORMERS",
@@ -722,6 +723,33 @@ class _ReplaylabCacheMixin:
         """Recurrent bytes held now, whole batch (see ``state_bytes``)."""
         return state_bytes(self)
 
+    def _batch(self):
+        """The batch the recurrent layers hold (None before the first forward)."""
+        held = [t for layer in self.recurrent_layers() for t in layer.tensors()]
+        return held[0].shape[0] if held else None
+
+    def batch_repeat_interleave(self, repeats: int):
+        """Every row ``repeats`` >= 1 times (transformers' beam search and sampling expand
+        the batch so); checked before any layer changes."""
+        as_int("repeats", repeats, low=1)
+        super().batch_repeat_interleave(repeats)
+
+    def reorder_cache(self, beam_idx):
+        """Row i becomes row ``beam_idx[i]`` in every layer; the indices are checked against
+        the batch before any layer changes."""
+        if not isinstance(beam_idx, torch.Tensor) or beam_idx.dim() != 1:
+            raise TypeError(f"beam_idx: expected a 1-d tensor of row indices, got {beam_idx!r}")
+        if beam_idx.dtype == torch.bool or beam_idx.is_floating_point():
+            raise TypeError(f"beam_idx: expected integer row indices, got dtype {beam_idx.dtype}")
+        batch = self._batch()
+        if beam_idx.numel() and batch is not None:
+            low, high = int(beam_idx.min()), int(beam_idx.max())
+            if low < 0 or high >= batch:
+                raise ValueError(
+                    f"beam_idx: expected rows in [0, {batch}), got {beam_idx.tolist()}"
+                )
+        super().reorder_cache(beam_idx)
+
 
 def ReplayCache(model, log_length: int | None = None, use_kernels: bool | None = None):
     """A transformers cache for ``model`` (NemotronH, Bamba, Jamba, Qwen3-Next or Qwen3.5)
@@ -733,6 +761,8 @@ def ReplayCache(model, log_length: int | None = None, use_kernels: bool | None =
     Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
     Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""
     family = _FAMILY_OF[_family(model)]
+    if use_kernels is not None and not isinstance(use_kernels, bool):
+        raise ValueError(f"use_kernels: expected None, True or False, got {use_kernels!r}")
     replay, _ = _layer_classes()
     log_length = family.log_length if log_length is None else log_length
     if not isinstance(log_length, int) or isinstance(log_length, bool) or log_length < 1:
@@ -748,6 +778,8 @@ def RecomputeCache(model, use_kernels: bool | None = None):
     state at the last commit; ``crop(-k)`` restores it and re-runs the kept tokens through
     ``model`` (one forward). Returns a ``replaylab.hf.RecomputeDynamicCache``."""
     family = _FAMILY_OF[_family(model)]
+    if use_kernels is not None and not isinstance(use_kernels, bool):
+        raise ValueError(f"use_kernels: expected None, True or False, got {use_kernels!r}")
     _, recompute = _layer_classes()
     layers = _hybrid_cache(model, lambda m: recompute(m, family, use_kernels=use_kernels))
     return _cache_class("RecomputeDynamicCache")(layers, model)

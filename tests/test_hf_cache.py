@@ -363,6 +363,37 @@ def test_refusals(pairs, monkeypatch):
         RecomputeCache(pairs["nemotron_h"][0])
 
 
+@pytest.mark.parametrize("strategy", ["replay", "recompute"])
+def test_batch_changes_are_checked_before_any_layer_changes(pairs, strategy):
+    """transformers' Cache applies these layer by layer: repeats=0 emptied every layer, and an
+    index past the batch raised inside after the attention layers had moved."""
+    target = pairs["nemotron_h"][0]
+    cache = STRATEGIES[strategy](target)
+    ids = torch.randint(0, target.config.vocab_size, (2, 5))
+    with torch.no_grad():
+        target(ids, cache=cache)
+    held = [t.clone() for layer in cache.recurrent_layers() for t in layer.tensors()]
+    keys = [
+        layer.keys.clone() for layer in cache.layers if getattr(layer, "keys", None) is not None
+    ]
+    for call, error, match in (
+        (lambda: cache.batch_repeat_interleave(0), ValueError, r"repeats: expected 1 <= repeats, got 0"),
+        (lambda: cache.reorder_cache(torch.tensor([0, 5])), ValueError, r"beam_idx: expected rows in \[0, 2\), got \[0, 5\]"),
+        (lambda: cache.reorder_cache(torch.tensor([0.0, 1.0])), TypeError, r"beam_idx: expected integer row indices"),
+        (lambda: cache.reorder_cache([1, 0]), TypeError, r"beam_idx: expected a 1-d tensor"),
+    ):  # fmt: skip
+        with pytest.raises(error, match=match):
+            call()
+        now = [t for layer in cache.recurrent_layers() for t in layer.tensors()]
+        assert len(now) == len(held) and all(torch.equal(a, b) for a, b in zip(now, held))
+        now_keys = [
+            layer.keys for layer in cache.layers if getattr(layer, "keys", None) is not None
+        ]
+        assert all(torch.equal(a, b) for a, b in zip(now_keys, keys)) and len(now_keys) == len(keys)
+    with pytest.raises(ValueError, match=r"use_kernels: expected None, True or False, got 'yes'"):
+        (ReplayCache if strategy == "replay" else RecomputeCache)(target, use_kernels="yes")
+
+
 def test_data_readme_quotes_the_committed_run():
     """data/README.md's replay / recording ratios at 4 drafts and state / entry ratios are those
     of data/bench_hf_cache_cpu.json, whose rows all give greedy tokens."""
