@@ -357,13 +357,24 @@ class HybridLM(nn.Module):
         ``cache=None`` (training): the logits of whole sequences from an empty memory, with
         gradients; nothing is kept."""
         if cache is None:
+            if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+                got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
+                raise ValueError(f"input_ids: expected token ids of shape (batch, T), got {got!r}")
             check_token_ids(input_ids, input_ids.shape[0], self.cfg.vocab_size)
-            h = self.model.embeddings(input_ids)
+            if input_ids.shape[1] == 0:
+                return self.lm_head.weight.new_zeros(input_ids.shape[0], 0, self.cfg.vocab_size)
+            h = self.model.embeddings(input_ids.long())
             for block in self.model.layers:
                 h = block(h, _NoCache(self))
             return self.lm_head(self.model.norm_f(h))
+        if not hasattr(cache, "check_layout"):
+            raise TypeError(
+                f"cache: expected a HybridCache (replaylab.cache) or None, got "
+                f"{type(cache).__name__} {cache!r}"
+            )
         check_token_ids(input_ids, cache.batch, self.cfg.vocab_size)
         cache.check_layout(self.cache_spec())
+        input_ids = input_ids.long()  # any integer dtype (the embedding takes int64)
         if input_ids.shape[1] == 0:
             return self.lm_head.weight.new_zeros(cache.batch, 0, self.cfg.vocab_size)
         cache.begin(input_ids)

@@ -358,3 +358,33 @@ def test_a_config_with_sizes_or_settings_out_of_range_is_refused_by_name():
     for fields, error, match in bad:
         with pytest.raises(error, match=match):
             HybridConfig(**fields)
+
+
+def test_the_forward_takes_any_integer_ids_and_names_other_input():
+    """uint8 / int16 ids passed the id check, then failed in the embedding; a list or a cache
+    given by name failed with AttributeErrors; an empty prompt without a cache in the conv."""
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        want = MODEL(ids, None)
+        for dtype in (torch.uint8, torch.int16, torch.int32):
+            assert torch.equal(MODEL(ids.to(dtype), None), want)
+            cache, ref = (
+                HybridCache(MODEL, 1, "replay"),
+                HybridCache(MODEL, 1, "replay"),
+            )
+            assert torch.equal(MODEL(ids.to(dtype), cache), MODEL(ids, ref))
+        assert MODEL(torch.zeros(1, 0, dtype=torch.long), None).shape == (
+            1,
+            0,
+            MODEL.cfg.vocab_size,
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"input_ids: expected token ids of shape \(batch, T\), got \[\[1, 2\]\]",
+        ):
+            MODEL([[1, 2]], None)
+        with pytest.raises(
+            TypeError,
+            match=r"cache: expected a HybridCache \(replaylab.cache\) or None, got str 'replay'",
+        ):
+            MODEL(ids, "replay")
