@@ -88,6 +88,10 @@ class CacheConfig:
                 f"dtype: expected a torch.dtype (e.g. torch.float16) or None, got "
                 f"{type(self.dtype).__name__} {self.dtype!r}"
             )
+        if self.dtype is not None and not self.dtype.is_floating_point:
+            raise ValueError(
+                f"dtype: expected a floating-point dtype for the state, got {self.dtype}"
+            )
 
     def replace(self, **changes) -> CacheConfig:
         return replace(self, **changes)

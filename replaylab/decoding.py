@@ -100,8 +100,11 @@ class SyntheticDrafter:
     ``acceptance`` (a wrong one is the right id + 1): a drafter with a set acceptance rate."""
 
     def __init__(self, reference, acceptance, seed=0):
-        if not 0 <= acceptance <= 1:
-            raise ValueError(f"acceptance: expected 0 <= acceptance <= 1, got {acceptance}")
+        if not isinstance(reference, torch.Tensor) or reference.is_floating_point():
+            raise TypeError(
+                f"reference: expected an integer tensor of token ids, got {reference!r}"
+            )
+        acceptance = as_real("acceptance", acceptance, 0, 1)
         self.reference, self.acceptance = reference.flatten(), acceptance
         self._ids = self.reference.tolist()  # host ints: a proposal is a few list reads
         self.generator = torch.Generator().manual_seed(seed)
@@ -122,7 +125,7 @@ class PromptLookupDrafter:
     last n-gram (n from ``max_ngram`` down to 1); repeats the last token when none is found."""
 
     def __init__(self, max_ngram=3):
-        self.max_ngram = max_ngram
+        self.max_ngram = as_int("max_ngram", max_ngram, low=1)
 
     def propose(self, context, k, vocab_size):
         """(k,) drafts after ``context`` (at least one token); k = 0 gives none."""
@@ -205,7 +208,13 @@ def speculative(model, prompt, n_new, drafter, k=4, cache="replay", progress=Fal
     bar = tqdm(total=n_new, disable=not progress, desc=f"speculative ({config.strategy})")
     while len(out) < n_new:
         context = torch.cat([prompt, torch.cat(out, 1)], 1)
-        drafts = drafter.propose(context, k, vocab).reshape(1, k).to(prompt.device)
+        drafts = drafter.propose(context, k, vocab)
+        if not isinstance(drafts, torch.Tensor) or drafts.numel() != k:
+            raise ValueError(
+                f"drafter: propose(context, k={k}, vocab) must return k token ids, got "
+                f"{tuple(drafts.shape) if isinstance(drafts, torch.Tensor) else drafts!r}"
+            )
+        drafts = drafts.reshape(1, k).to(prompt.device)
         handle = cache.snapshot()
         start = cache.position
         pred = model(torch.cat([pending, drafts], 1), cache)[0].argmax(-1)  # (k+1,)

@@ -371,6 +371,11 @@ def test_cache_config_refuses_bad_values():
         ),
         (dict(budget_bytes=0), r"budget_bytes: expected a number of bytes > 0, got 0"),
         (dict(eviction="fifo"), r"eviction: expected one of"),
+        # an integer state dtype built a cache that no forward could advance
+        (
+            dict(dtype=torch.int64),
+            r"dtype: expected a floating-point dtype for the state, got torch.int64",
+        ),
     ]:
         with pytest.raises(ValueError, match=message):
             CacheConfig(**bad)

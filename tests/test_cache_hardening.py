@@ -388,3 +388,31 @@ def test_the_forward_takes_any_integer_ids_and_names_other_input():
             match=r"cache: expected a HybridCache \(replaylab.cache\) or None, got str 'replay'",
         ):
             MODEL(ids, "replay")
+
+
+def test_drafters_check_their_settings_and_speculation_the_drafts():
+    """max_ngram=0 repeated the last token; a text acceptance raised a bare TypeError; a
+    drafter returning k + 1 ids failed in a reshape."""
+    from replaylab.decoding import PromptLookupDrafter
+
+    with pytest.raises(ValueError, match=r"max_ngram: expected 1 <= max_ngram, got 0"):
+        PromptLookupDrafter(max_ngram=0)
+    ref = torch.tensor([1, 2, 3, 4])
+    with pytest.raises(TypeError, match=r"acceptance: expected a number, got str 'x'"):
+        SyntheticDrafter(ref, "x")
+    with pytest.raises(
+        ValueError, match=r"acceptance: expected a finite number >= 0 and <= 1, got 1.5"
+    ):
+        SyntheticDrafter(ref, 1.5)
+    with pytest.raises(TypeError, match=r"reference: expected an integer tensor of token ids"):
+        SyntheticDrafter([1, 2, 3], 0.5)
+
+    class TooMany:
+        def propose(self, context, k, vocab):
+            return torch.zeros(k + 1, dtype=torch.long)
+
+    with pytest.raises(
+        ValueError,
+        match=r"drafter: propose\(context, k=2, vocab\) must return k token ids, got \(3,\)",
+    ):
+        speculative(MODEL, torch.tensor([[1, 2, 3]]), 4, TooMany(), k=2)
