@@ -122,6 +122,19 @@ def generate(
     """
     if (prompt is None) == (prompt_ids is None):
         raise ValueError("give exactly one of prompt (text) and prompt_ids (token ids)")
+    if not (engine == "auto" or isinstance(engine, bool)):
+        raise ValueError(f"engine: expected 'auto', True or False, got {engine!r}")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(f"dtype: expected a floating-point torch.dtype or None, got {dtype!r}")
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(
+                f"device: expected a torch device such as 'cpu' or 'cuda', got {device!r}"
+            ) from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {device} asked for, but this machine has no CUDA device")
     cache = as_config(cache)
     folder = Path(checkpoint) if isinstance(checkpoint, (str, Path)) else None
     tokenizer = None
@@ -143,12 +156,12 @@ def generate(
     prompt_ids = [as_int(f"prompt_ids[{i}]", t) for i, t in enumerate(prompt_ids)]
     model = load_checkpoint(checkpoint, device, dtype)
     device = next(model.parameters()).device
-    prompt_t = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
-    if not prompt_ids or int(prompt_t.min()) < 0 or int(prompt_t.max()) >= model.cfg.vocab_size:
+    if not prompt_ids or min(prompt_ids) < 0 or max(prompt_ids) >= model.cfg.vocab_size:
         raise ValueError(
             f"prompt_ids: expected a non-empty list of ids in [0, "
             f"{model.cfg.vocab_size}), got {prompt_ids}"
         )
+    prompt_t = torch.as_tensor(prompt_ids, dtype=torch.long, device=device)[None]
     use_engine = _use_engine(engine, model, cache)
     if draft is None or draft == "none":
         if use_engine:

@@ -726,6 +726,13 @@ def load_transformers_hybrid(source) -> HybridLM:
                 f"{folder}: weights missing for {sorted(info['missing_keys'])} (the folder's "
                 f"weights do not cover every layer its config.json describes)"
             )
+    if isinstance(source, HybridLM):
+        raise TypeError("source: this is already a replaylab HybridLM; use it as it is")
+    if not hasattr(getattr(source, "config", None), "model_type"):
+        raise TypeError(
+            f"source: expected a transformers model or a folder written by save_pretrained, got "
+            f"{type(source).__name__}"
+        )
     model_type = source.config.model_type
     if model_type not in SUPPORTED:
         raise _unsupported("model", model_type)

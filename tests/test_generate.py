@@ -249,6 +249,30 @@ def test_bad_input_gets_a_clear_error(checkpoints, capsys, tmp_path):
             generate(root / "target", ids, max_new_tokens=2)
     with pytest.raises(TypeError, match=r"max_new_tokens: expected an integer, got str '3'"):
         generate(root / "target", [1, 2], max_new_tokens="3")
+    for kw, match in (  # each raised deep inside (an AssertionError, "Invalid device string")
+        (dict(device="bogus"), r"device: expected a torch device such as 'cpu' or 'cuda', got 'bogus'"),
+        (dict(dtype="float16"), r"dtype: expected a floating-point torch.dtype or None, got 'float16'"),
+        (dict(engine=1), r"engine: expected 'auto', True or False, got 1"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            generate(root / "target", [1, 2], **kw)
+    if not torch.cuda.is_available():
+        with pytest.raises(
+            ValueError, match=r"device: cuda asked for, but this machine has no CUDA"
+        ):
+            generate(root / "target", [1, 2], device="cuda")
+    code, err = run_cli(
+        capsys, "generate", root / "target", "--prompt-ids", "1,99999999999999999999"
+    )
+    assert code == 2 and "expected a non-empty list of ids in [0, 97)" in err  # an overflow before
+    from replaylab.model import HybridLM, load_transformers_hybrid
+
+    model = load_transformers_hybrid(root / "target")
+    assert isinstance(model, HybridLM)
+    with pytest.raises(TypeError, match=r"source: this is already a replaylab HybridLM"):
+        load_transformers_hybrid(model)
+    with pytest.raises(TypeError, match=r"source: expected a transformers model or a folder"):
+        load_transformers_hybrid(None)
 
 
 # ---------------------------------------------------------------- text, EOS, the trained pair
