@@ -226,6 +226,10 @@ class HybridCache:
 
     def __init__(self, model, batch=1, strategy="replay", **options):
         config = as_config(strategy, **options)
+        if not isinstance(model, CacheSpec) and not callable(getattr(model, "cache_spec", None)):
+            raise TypeError(
+                f"model: expected a replaylab HybridLM (or a CacheSpec), got {type(model).__name__}"
+            )
         spec = model if isinstance(model, CacheSpec) else model.cache_spec()
         batch = as_int("batch", batch, low=1)
         self.config, self.spec = config, spec

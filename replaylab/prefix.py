@@ -483,6 +483,8 @@ class PrefixCache(PrefixTree):
         eviction=DEFAULT_EVICTION,
         chunk_size=None,
     ):
+        if not callable(getattr(model, "cache_spec", None)):
+            raise TypeError(f"model: expected a replaylab HybridLM, got {type(model).__name__}")
         if strategy not in PREFIX_STRATEGIES:
             raise ValueError(f"strategy: expected one of {PREFIX_STRATEGIES}, got {strategy!r}")
         if eviction not in PREFIX_EVICTION:

@@ -98,6 +98,8 @@ def as_int(name, value, low=None, high=None) -> int:
     strings) with ``low <= value <= high`` where given."""
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         raise TypeError(f"{name}: expected an integer, got a boolean {value!r}")
+    if isinstance(value, torch.Tensor) and value.dim():
+        raise TypeError(f"{name}: expected an integer, got a tensor of shape {tuple(value.shape)}")
     try:
         number = operator.index(value)
     except TypeError:

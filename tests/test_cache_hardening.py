@@ -416,3 +416,23 @@ def test_drafters_check_their_settings_and_speculation_the_drafts():
         match=r"drafter: propose\(context, k=2, vocab\) must return k token ids, got \(3,\)",
     ):
         speculative(MODEL, torch.tensor([[1, 2, 3]]), 4, TooMany(), k=2)
+
+
+def test_a_cache_needs_a_model_and_a_position_is_one_integer():
+    from replaylab.prefix import PrefixCache
+
+    with pytest.raises(
+        TypeError, match=r"model: expected a replaylab HybridLM \(or a CacheSpec\), got NoneType"
+    ):
+        HybridCache(None)  # an AttributeError before
+    with pytest.raises(TypeError, match=r"model: expected a replaylab HybridLM, got NoneType"):
+        PrefixCache(None)
+    cache = advanced("replay")
+    before = held(cache)
+    with pytest.raises(
+        TypeError, match=r"position: expected an integer, got a tensor of shape \(1,\)"
+    ):
+        cache.truncate_to(torch.tensor([3]))  # taken as 3 before
+    assert_same(held(cache), before)
+    cache.truncate_to(torch.tensor(3))  # a 0-d tensor is one integer
+    assert cache.position == 3
