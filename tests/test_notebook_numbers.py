@@ -347,6 +347,7 @@ def test_14_section_7_claims_about_the_two_stream_runs_hold():
         "Each budget admits about as many snapshot requests at once",
         "the earlier one admitted over twice as many replay requests as this one",
         "every rate above lies below its burst point",
+        "they are higher than the fair ones on two workloads and lower on the other two",
         "replay's sustainable rate is above issue 38's target of 1.3x snapshot's on all four",
     ):
         assert phrase in text, phrase
@@ -355,6 +356,7 @@ def test_14_section_7_claims_about_the_two_stream_runs_hold():
         row = next(r for r in w["rows"] if r["strategy"] == s and r["mode"] == "decode")
         return row["accounted_bytes_per_request"]["mean"]
 
+    higher = []
     for name, path in WORKLOAD_STREAM_RESULTS.items():
         now = load_bench(path)["workloads"][name]
         then = load_bench(EARLIER_WORKLOAD_STREAMS[name])["workloads"][name]
@@ -372,6 +374,11 @@ def test_14_section_7_claims_about_the_two_stream_runs_hold():
         }
         assert max(rates.values()) < burst_point(now)
         assert rates["replay"] / rates["snapshot"] > 1.3
+        earlier = {
+            r["strategy"]: r["sustainable_rate"] for r in then["rates"] if r["mode"] == "decode"
+        }
+        higher.append(earlier["replay"] / earlier["snapshot"] > rates["replay"] / rates["snapshot"])
+    assert sorted(higher) == [False, False, True, True]
 
 
 def test_13_says_where_the_stream_budget_binds_as_the_gpu_file_shows():
@@ -421,3 +428,8 @@ def test_13_says_where_the_stream_budget_binds_as_the_gpu_file_shows():
     for r in rows.values():
         for m in r["modes"].values():
             assert m["tokens_equal_alone"] == m["requests_served_alone"] == 8
+        lookup = r["modes"]["lookup"]  # "proposes thousands of drafts and almost none are accepted"
+        assert lookup["proposed"] >= 1000 and lookup["accepted"] <= 0.01 * lookup["proposed"]
+        assert lookup.get("sustainable_rate") is None and not lookup.get("rate_probes")  # "not searched"
+    assert syn["recompute"]["graph_captures"] == 2  # "(the file's `graph_captures`: 2)"
+    assert "the file's `graph_captures`: 2" in text and "its rate was not searched" in text

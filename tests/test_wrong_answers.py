@@ -1542,6 +1542,12 @@ def test_stream_bound_wrong_answers(capsys):
         {"snapshot": "latency", "replay_other": "agents"}
     )
     assert "a bound is 'tpot' or 'wait'; got 'latency'" in _out(capsys)
+    assert not exercises_prefix.check_stream_bound(
+        {"snapshot": "wait", "replay_other": ["few_shot"]}
+    )
+    assert "replay_other: a workload's name as a string" in _out(capsys)  # it raised TypeError
+    assert not exercises_prefix.check_stream_bound({"snapshot": "wait", "replay": "few_shot"})
+    assert "keys missing or extra: ['replay', 'replay_other']" in _out(capsys)
     assert not exercises_prefix.check_stream_bound({"snapshot": "wait", "replay_other": "chat"})
     assert "replay_other: one of ['agents', 'few_shot', 'multi_turn', 'system_prompts']" in _out(
         capsys

@@ -382,8 +382,13 @@ for strategy in STRATEGIES:
 #
 # `replaylab bench serve-stream` runs this at scale, per strategy, with and without speculation
 # (synthetic drafter at 0.8, k = 4; prompt lookup). The largest *sustainable* request rate is
-# found by a search over rates: the largest at which p99 TPOT stays within twice the batch-1
-# TPOT and the queue keeps up. The **crossover** sweeps the batch: speculative against plain
+# found by a search over rates: the largest at which the p99 TPOT (time per output token)
+# stays within twice the batch-1 TPOT and the p90 wait for admission within the time to serve
+# one request alone (the two bounds are printed first). The search doubles the rate while the
+# objective holds (halves it while it fails), then bisects between the last rate that held and
+# the first that failed. The TTFT (time to first token) and TPOT columns are of one stream at
+# the file's reference rate, printed too, which may lie above a strategy's sustainable rate.
+# The **crossover** sweeps the batch: speculative against plain
 # decode tokens/s. Speculation verifies k + 1 rows per sequence; once the batch makes the matrix
 # products compute-bound, those extra rows cost real time, and at some batch speculation stops
 # paying. The sweep times it in engine time (the steps and rollbacks, without the Python
@@ -402,6 +407,10 @@ result, path = load_stream_result()
 gpu = result["device_type"] == "cuda"
 print(f"{path}: {result['model']} on {result['device']} ({'GPU' if gpu else 'CPU smoke run, not a performance figure'}), "
       f"{result['date']}")
+objective, measured = result["objective"], result["stream"]
+print(f"objective: p99 TPOT <= {1e3 * objective['tpot_p99_max_s']:.2f} ms, p90 wait <= "
+      f"{1e3 * objective['wait_p90_max_s']:.0f} ms; the columns: {measured['n_requests']} requests at "
+      f"the reference rate, {measured['rate']:g} requests a second")
 for strategy, row in result["strategies"].items():
     for mode, m in row["modes"].items():
         rate, probes = m.get("sustainable_rate"), m.get("rate_probes") or []
@@ -416,7 +425,8 @@ for strategy, row in result["strategies"].items():
               f"  {m['tokens_per_s']:8.0f} tok/s"
               + ("" if acc is None else f"  acceptance {acc:.2f}")
               + rate_text)
-    print(f"{strategy:9s} pool bytes per slot {row['pool_bytes_per_slot']:,}")
+    print(f"{strategy:9s} pool bytes per slot {row['pool_bytes_per_slot']:,}; prompt lookup proposed "
+          f"{row['modes']['lookup']['proposed']:,} drafts, {row['modes']['lookup']['accepted']} accepted")
     for mode in ("decode", "synthetic"):
         m = row["modes"][mode]
         held = m["accounted_bytes_per_request"]["mean"]
@@ -431,12 +441,11 @@ for strategy, row in result["strategies"].items():
 # proposed, not the synthetic drafter's setting: a round ends at its first rejection, so at 0.8 a
 # draft and k = 4 a round keeps 0.8 + 0.8² + 0.8³ + 0.8⁴ of its 4 drafts on average (computed
 # below). Rounds that propose fewer than k drafts (near a request's end and, under replay, near
-# the fold grid) and the random draws move the measured share a little. Prompt lookup proposes thousands of
-# drafts (each prompt repeats its first half) and almost none are accepted: the model here has
-# random weights, and its greedy tokens do not copy the prompt as a trained model's would (10
-# measures lookup on the trained model). And a strategy with no sustainable rate met the
-# objective at none of the rates tried (the search halves the rate while the objective fails,
-# then bisects; this run allowed five probes).
+# the fold grid) and the random draws move the measured share a little. Prompt lookup proposes
+# thousands of drafts (each prompt repeats its first half) and almost none are accepted: the
+# model here has random weights, and its greedy tokens do not copy the prompt as a trained
+# model's would (notebook 10 measures lookup on the trained model); its rate was not searched.
+# This run allowed five probes a search.
 #
 # The bytes lines say where the budget binds. Built for plain decode, a snapshot request holds
 # one state, and the budget admits about as many snapshot requests as ran at once anyway; built
@@ -446,6 +455,9 @@ for strategy, row in result["strategies"].items():
 # Every plain-decode search stopped at the TPOT bound, and snapshot's decode step is the slower
 # (compare the TPOTs). With the synthetic drafter the budget does bind snapshot, and its
 # requests wait longer for admission than replay's at the same rate, though within the bound.
+# Recompute's speculating rows are the slowest at the reference rate: its rollback re-runs the
+# kept tokens (discussion (2) prints what a rejected draft costs), and its synthetic row's
+# stream captured CUDA graphs inside its own time (the file's `graph_captures`: 2).
 #
 # The last line per strategy is the lossless check of the file: under every strategy and mode
 # each of the first 8 requests, served alone at batch 1, gave the stream's tokens (an earlier
@@ -493,10 +505,11 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # strategy is the measured side of "compute-bound": a (k+1)-token verify step costs about what
 # a decode step costs while the step is bound by reading weights and state (a ratio near 1),
 # and, by its FLOPs, up to k + 1 = 5 times as much once its matrix products are bound by them.
-# The dashed lines
-# are the cost model for an H200 (`bench.stream.predicted_crossover`, k = 4, acceptance 0.8,
-# L = 16); on the CPU smoke run the measured lines come from another machine and a tiny model,
-# so only the GPU file can confirm or refute the prediction.
+# The dashed lines are the cost model with an H200's rates (`bench.stream.predicted_crossover`,
+# k = 4, acceptance 0.8, L = 16), whatever card the file ran on (its first line says which), so
+# compare where the lines bend, not the exact batch; on the CPU smoke run the measured lines
+# come from another machine and a tiny model, so only the GPU file can confirm or refute the
+# prediction.
 #
 # On the GPU file the two disagree, and the measurement is the answer. The cost model puts the
 # crossover far out (its batch is printed above, None when not within the 4,000 it searches):
@@ -506,7 +519,11 @@ print(f"measured in one run, data/bench_serve_ragged.json ({ragged_run['device']
 # bytes-bound: it writes k + 1 states a round). The engine says otherwise: the measured ratios
 # above grow well before that batch, and speculation stops paying at the measured batch printed
 # for each strategy, far below the cost model's. The two-term roofline leaves out what a verify
-# step costs this engine beyond bytes and FLOPs, so read its crossover as an upper bound.
+# step costs this engine beyond bytes and FLOPs, so read its crossover as an upper bound. The
+# step ratio alone does not place the measured crossover either: a round at 0.8 a draft and
+# k = 4 keeps about 3.4 tokens, so a verify step at about twice a decode step would still pay;
+# the rest of a round's engine time (its rollback, drafts clipped by the fold grid) is not
+# broken down here.
 #
 # ### Choosing k each round
 #

@@ -796,13 +796,21 @@ def check_stream_bound(answer, paths=WORKLOAD_STREAM_RESULTS) -> bool:
             pass
         return report(name, False, f"{answer!r} - {shape}")
     if set(answer) != {"snapshot", "replay_other"}:
-        return report(name, False, f"{answer!r} - {shape}")
+        keys = set(answer) ^ {"snapshot", "replay_other"}
+        return report(
+            name, False, f"{answer!r} - {shape}; keys missing or extra: {sorted(map(str, keys))}"
+        )
     bound, other = answer["snapshot"], answer["replay_other"]
     bound = bound.strip().lower() if isinstance(bound, str) else bound
     if bound not in ("tpot", "wait"):
         return report(name, False, f"{answer!r} - a bound is 'tpot' or 'wait'; got {bound!r}")
-    if isinstance(other, str):
-        other = "_".join(other.strip().lower().replace("-", " ").split())
+    if not isinstance(other, str):
+        return report(
+            name,
+            False,
+            f"{answer!r} - replay_other: a workload's name as a string, one of {sorted(paths)}",
+        )
+    other = "_".join(other.strip().lower().replace("-", " ").split())
     if other not in paths:
         return report(name, False, f"{answer!r} - replay_other: one of {sorted(paths)}")
     bounds = {"replay": {}, "snapshot": {}}
