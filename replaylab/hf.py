@@ -743,7 +743,8 @@ class _ReplaylabCacheMixin:
             raise TypeError(f"beam_idx: expected integer row indices, got dtype {beam_idx.dtype}")
         batch = self._batch()
         if beam_idx.numel() and batch is not None:
-            low, high = int(beam_idx.min()), int(beam_idx.max())
+            low, high = beam_idx.aminmax()  # one read back a step, not two
+            low, high = int(low), int(high)
             if low < 0 or high >= batch:
                 raise ValueError(
                     f"beam_idx: expected rows in [0, {batch}), got {beam_idx.tolist()}"

@@ -359,7 +359,8 @@ class HybridLM(nn.Module):
         if cache is None:
             if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
                 got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else input_ids
-                raise ValueError(f"input_ids: expected token ids of shape (batch, T), got {got!r}")
+                kind = ValueError if isinstance(input_ids, torch.Tensor) else TypeError
+                raise kind(f"input_ids: expected token ids of shape (batch, T), got {got!r}")
             check_token_ids(input_ids, input_ids.shape[0], self.cfg.vocab_size)
             if input_ids.shape[1] == 0:
                 return self.lm_head.weight.new_zeros(input_ids.shape[0], 0, self.cfg.vocab_size)

@@ -379,7 +379,7 @@ def test_the_forward_takes_any_integer_ids_and_names_other_input():
             MODEL.cfg.vocab_size,
         )
         with pytest.raises(
-            ValueError,
+            TypeError,
             match=r"input_ids: expected token ids of shape \(batch, T\), got \[\[1, 2\]\]",
         ):
             MODEL([[1, 2]], None)

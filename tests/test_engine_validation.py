@@ -352,6 +352,15 @@ def test_numpy_integers_for_keep_counts_slots_and_n(strategy):
     ]
     for call, error, match in bad:
         refused(eng, call, error, match)
+    one = DecodeEngine(MODEL, 1, 16, "replay", log_length=8, max_verify=3)
+    twin = DecodeEngine(MODEL, 1, 16, "replay", log_length=8, max_verify=3)
+    for e in (one, twin):
+        e.admit(torch.tensor([1, 2, 3]))
+    # a one-slot engine's per-slot values as a 1-element tensor (refused for a while by as_int)
+    assert torch.equal(one.step(tokens[:1], torch.tensor([2])), twin.step(tokens[:1], [2]))
+    one.rollback(torch.tensor([1]))
+    twin.rollback([1])
+    assert one.pos == twin.pos
     eng.retire(np.int64(1))
     for ask in (eng.room, eng.provisional_room):  # each gave a number for the empty slot before
         with pytest.raises(ValueError, match=r"slot: slot 1 is not live \(live slots: \[0\]\)"):

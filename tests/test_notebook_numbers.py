@@ -430,6 +430,8 @@ def test_13_says_where_the_stream_budget_binds_as_the_gpu_file_shows():
             assert m["tokens_equal_alone"] == m["requests_served_alone"] == 8
         lookup = r["modes"]["lookup"]  # "proposes thousands of drafts and almost none are accepted"
         assert lookup["proposed"] >= 1000 and lookup["accepted"] <= 0.01 * lookup["proposed"]
-        assert lookup.get("sustainable_rate") is None and not lookup.get("rate_probes")  # "not searched"
+        assert lookup.get("sustainable_rate") is None and not lookup.get(
+            "rate_probes"
+        )  # "not searched"
     assert syn["recompute"]["graph_captures"] == 2  # "(the file's `graph_captures`: 2)"
     assert "the file's `graph_captures`: 2" in text and "its rate was not searched" in text

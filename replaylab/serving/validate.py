@@ -37,6 +37,8 @@ def is_int(value) -> bool:
     """An int, a numpy integer scalar or a 0-d integer tensor (not a bool)."""
     if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
         return False
+    if isinstance(value, torch.Tensor) and value.dim():  # a 1-element tensor is a list of one
+        return False
     try:
         operator.index(value)
     except TypeError:
