@@ -269,10 +269,9 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     args.argv = argv[1:]  # after the subcommand: what a result's provenance records
     if args.command == "bench":
-        from replaylab.bench.provenance import pin_commit
+        from replaylab.bench.cli import run_parsed
 
-        with pin_commit():  # the commit at the start, not the end, of a long run
-            return args.run(args)
+        return run_parsed(args)
     return args.run(args)
 
 

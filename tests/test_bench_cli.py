@@ -24,3 +24,18 @@ def test_bench_flags_out_of_range_are_refused_before_anything_runs(argv, message
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_bad_input_the_library_refuses_is_one_line_not_a_traceback(capsys, tmp_path):
+    """A ValueError from the library (here an unknown preset) printed a full traceback."""
+    import replaylab.bench.cli as cli
+    from replaylab.cli import main
+
+    out = tmp_path / "never.json"
+    for run in (cli.main, lambda argv: main(["bench", *argv])):
+        assert run(["engine-families", "--presets", "nemotron", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert (
+            err.startswith("replaylab bench: preset: expected one of [") and "Traceback" not in err
+        )
+        assert not out.exists()

@@ -979,7 +979,18 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(["bench", *argv])
     args.argv = argv
+    return run_parsed(args)
+
+
+def run_parsed(args):
+    """Run a parsed bench command under its commit (pinned at the start, not the end, of a long
+    run); bad input the library refuses (a ValueError naming the value) is one line on stderr
+    and exit status 2, as argparse's own refusals are, not a traceback."""
     from replaylab.bench.provenance import pin_commit
 
-    with pin_commit():  # the commit at the start, not the end, of a long run
-        return args.run(args)
+    with pin_commit():
+        try:
+            return args.run(args)
+        except ValueError as err:
+            print(f"replaylab bench: {err}", file=sys.stderr)
+            return 2
