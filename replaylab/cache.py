@@ -34,7 +34,13 @@ import torch
 from replaylab.kv import LayerKV
 from replaylab.recurrent import LayerState, RecurrentSpec
 from replaylab.strategies import EvictionItem, store_class
-from replaylab.validation import as_int, as_real, branch_indices, fork_indices
+from replaylab.validation import (
+    as_flag,
+    as_int,
+    as_real,
+    branch_indices,
+    fork_indices,
+)
 
 __all__ = [
     "CacheConfig",
@@ -81,8 +87,7 @@ class CacheConfig:
                 f"eviction: expected one of {EVICTION_POLICIES}, got {self.eviction!r}"
             )
         _check_budget(self.budget_bytes)
-        if self.use_kernels is not None and not isinstance(self.use_kernels, bool):
-            raise TypeError(f"use_kernels: expected True, False or None, got {self.use_kernels!r}")
+        as_flag("use_kernels", self.use_kernels, none_ok=True)
         if self.dtype is not None and not isinstance(self.dtype, torch.dtype):
             raise TypeError(
                 f"dtype: expected a torch.dtype (e.g. torch.float16) or None, got "
@@ -227,8 +232,9 @@ class HybridCache:
     def __init__(self, model, batch=1, strategy="replay", **options):
         config = as_config(strategy, **options)
         if not isinstance(model, CacheSpec) and not callable(getattr(model, "cache_spec", None)):
-            raise TypeError(
-                f"model: expected a replaylab HybridLM (or a CacheSpec), got {type(model).__name__}"
+            raise TypeError(  # any model with a cache_spec (a new layer family's too)
+                f"model: expected a replaylab HybridLM (or a model with a cache_spec, or a "
+                f"CacheSpec), got {type(model).__name__}"
             )
         spec = model if isinstance(model, CacheSpec) else model.cache_spec()
         batch = as_int("batch", batch, low=1)

@@ -86,7 +86,7 @@ from replaylab.gated_deltanet import (
 from replaylab.mamba1 import Mamba1Params, Mamba1ReplayKernels, Mamba1Spec
 from replaylab.mamba2 import Mamba2Params, Mamba2ReplayKernels, Mamba2Spec
 from replaylab.replay_ops import ReferenceReplayOps
-from replaylab.validation import as_int
+from replaylab.validation import as_flag, as_int
 
 __all__ = [
     "MIN_TRANSFORMERS",
@@ -762,8 +762,7 @@ def ReplayCache(model, log_length: int | None = None, use_kernels: bool | None =
     Pass it as ``past_key_values=`` (or ``cache=``) to ``model.generate`` or ``model(...)``.
     Returns an instance of ``replaylab.hf.ReplayDynamicCache``, a ``DynamicCache``."""
     family = _FAMILY_OF[_family(model)]
-    if use_kernels is not None and not isinstance(use_kernels, bool):
-        raise ValueError(f"use_kernels: expected None, True or False, got {use_kernels!r}")
+    as_flag("use_kernels", use_kernels, none_ok=True)
     replay, _ = _layer_classes()
     log_length = family.log_length if log_length is None else log_length
     if not isinstance(log_length, int) or isinstance(log_length, bool) or log_length < 1:
@@ -779,8 +778,7 @@ def RecomputeCache(model, use_kernels: bool | None = None):
     state at the last commit; ``crop(-k)`` restores it and re-runs the kept tokens through
     ``model`` (one forward). Returns a ``replaylab.hf.RecomputeDynamicCache``."""
     family = _FAMILY_OF[_family(model)]
-    if use_kernels is not None and not isinstance(use_kernels, bool):
-        raise ValueError(f"use_kernels: expected None, True or False, got {use_kernels!r}")
+    as_flag("use_kernels", use_kernels, none_ok=True)
     _, recompute = _layer_classes()
     layers = _hybrid_cache(model, lambda m: recompute(m, family, use_kernels=use_kernels))
     return _cache_class("RecomputeDynamicCache")(layers, model)

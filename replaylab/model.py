@@ -37,7 +37,7 @@ from replaylab.gated_deltanet import GatedAttention, GatedDeltaNetMixer, GDNConf
 from replaylab.kv import attend, causal_mask
 from replaylab.mamba1 import Mamba1Config, Mamba1Mixer
 from replaylab.mamba2 import Mamba2Mixer
-from replaylab.validation import as_int, as_real, check_token_ids
+from replaylab.validation import as_flag, as_int, as_real, check_token_ids
 
 __all__ = [
     "HybridConfig",
@@ -91,8 +91,7 @@ class HybridConfig:
         as_real("time_step_min", self.time_step_min, low=0)
         as_real("rope_theta", self.rope_theta, above=0)
         for name in ("use_conv_bias", "tie_word_embeddings"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name}: expected True or False, got {getattr(self, name)!r}")
+            as_flag(name, getattr(self, name))
         bad = set(self.pattern) - set(PATTERN_CHARACTERS)
         if bad:
             allowed = ", ".join(f"{c} ({what})" for c, what in PATTERN_CHARACTERS.items())

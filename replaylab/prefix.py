@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 import torch
 
 from replaylab.cache import HybridCache
-from replaylab.validation import as_int
+from replaylab.validation import as_int, check_hybrid_model
 
 __all__ = [
     "PrefixCache",
@@ -483,8 +483,7 @@ class PrefixCache(PrefixTree):
         eviction=DEFAULT_EVICTION,
         chunk_size=None,
     ):
-        if not callable(getattr(model, "cache_spec", None)):
-            raise TypeError(f"model: expected a replaylab HybridLM, got {type(model).__name__}")
+        check_hybrid_model(model)
         if strategy not in PREFIX_STRATEGIES:
             raise ValueError(f"strategy: expected one of {PREFIX_STRATEGIES}, got {strategy!r}")
         if eviction not in PREFIX_EVICTION:

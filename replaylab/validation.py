@@ -75,6 +75,24 @@ def check_sizes_agree(specs):
     return {dim: next(iter(v.values())) for dim, v in sizes.items()}
 
 
+def as_flag(name, value, none_ok=False):
+    """``value``: True or False (or None where ``none_ok``); a truthy string or int is refused."""
+    if not (isinstance(value, bool) or (none_ok and value is None)):
+        allowed = "None, True or False" if none_ok else "True or False"
+        raise TypeError(f"{name}: expected {allowed}, got {value!r}")
+    return value
+
+
+def check_hybrid_model(model, name="model"):
+    """``model``: a replaylab ``HybridLM`` (one built here or loaded by ``replaylab.hf``), known
+    by its ``cfg`` and ``cache_spec``."""
+    if not (hasattr(model, "cfg") and callable(getattr(model, "cache_spec", None))):
+        raise TypeError(
+            f"{name}: expected a replaylab HybridLM (replaylab.model.HybridLM or one that "
+            f"replaylab.hf loaded), got {type(model).__name__}"
+        )
+
+
 def check_same_device(**tensors):
     """All given (non-None) tensors live on one device."""
     devices = {n: t.device for n, t in tensors.items() if t is not None}

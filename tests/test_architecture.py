@@ -380,7 +380,7 @@ def test_cache_config_refuses_bad_values():
         with pytest.raises(ValueError, match=message):
             CacheConfig(**bad)
     for bad, message in [  # "yes" was taken; "float16" failed deep inside the KV store
-        (dict(use_kernels="yes"), r"use_kernels: expected True, False or None, got 'yes'"),
+        (dict(use_kernels="yes"), r"use_kernels: expected None, True or False, got 'yes'"),
         (dict(dtype="float16"), r"dtype: expected a torch.dtype .* got str 'float16'"),
     ]:
         with pytest.raises(TypeError, match=message):

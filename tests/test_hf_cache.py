@@ -390,7 +390,7 @@ def test_batch_changes_are_checked_before_any_layer_changes(pairs, strategy):
             layer.keys for layer in cache.layers if getattr(layer, "keys", None) is not None
         ]
         assert all(torch.equal(a, b) for a, b in zip(now_keys, keys)) and len(now_keys) == len(keys)
-    with pytest.raises(ValueError, match=r"use_kernels: expected None, True or False, got 'yes'"):
+    with pytest.raises(TypeError, match=r"use_kernels: expected None, True or False, got 'yes'"):
         (ReplayCache if strategy == "replay" else RecomputeCache)(target, use_kernels="yes")
 
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import torch
 
-from replaylab.model import HybridConfig
 from replaylab.serving.batched_admission import admit_many
 from replaylab.serving.checks import (
     check_prompt,
@@ -55,7 +54,8 @@ from replaylab.serving.runner import ModelRunner
 from replaylab.serving.slots import SlotTable
 from replaylab.serving.speculation import check_drafters, check_k, speculate_batch
 from replaylab.serving.strategies import STRATEGIES, strategy_class
-from replaylab.serving.validate import as_int, as_token_ids, given
+from replaylab.serving.validate import as_int, as_token_ids
+from replaylab.validation import as_flag, check_hybrid_model
 
 __all__ = [
     "DecodeEngine",
@@ -161,14 +161,7 @@ class DecodeEngine:
         step_kernels=None,
         batched_admission=False,
     ):
-        if not (
-            isinstance(model, torch.nn.Module)
-            and isinstance(getattr(model, "cfg", None), HybridConfig)
-        ):
-            raise TypeError(
-                "model: expected a replaylab HybridLM (replaylab.model.HybridLM, or one that "
-                f"replaylab.hf loaded), got {given(model)}"
-            )
+        check_hybrid_model(model)
         cfg = model.cfg
         switches = dict(use_kernels=use_kernels, graphs=graphs, fused=fused,
                         prefill_kernels=prefill_kernels, step_kernels=step_kernels)  # fmt: skip
@@ -356,8 +349,7 @@ class DecodeEngine:
         the rest of its row is padding). A rollback afterwards applies to this step: slots left
         out of it can no longer roll back an earlier one. ``check=False`` skips the id range
         check, which reads the ids back from the device; shapes are always checked."""
-        if not isinstance(check, bool):
-            raise TypeError(f"check: expected True or False, got {check!r}")
+        as_flag("check", check)
         tokens, counts, slots = check_step(self, tokens, counts, slots, check)
         return self._step(tokens, counts, slots)
 
