@@ -101,9 +101,10 @@ class SyntheticDrafter:
 
     def __init__(self, reference, acceptance, seed=0):
         if not isinstance(reference, torch.Tensor) or reference.is_floating_point():
-            raise TypeError(
-                f"reference: expected an integer tensor of token ids, got {reference!r}"
+            got = (
+                reference.dtype if isinstance(reference, torch.Tensor) else type(reference).__name__
             )
+            raise TypeError(f"reference: expected an integer tensor of token ids, got {got}")
         acceptance = as_real("acceptance", acceptance, 0, 1)
         self.reference, self.acceptance = reference.flatten(), acceptance
         self._ids = self.reference.tolist()  # host ints: a proposal is a few list reads
