@@ -475,17 +475,10 @@ def decode_token_bytes(
     every ``interval`` tokens. replay: read the checkpoint, read on average L/2 log entries and
     append one; a fold every L tokens reads and writes the state and reads L entries, so per
     token S/L more read, S/L written and one entry read."""
-    as_real("batch", batch, above=0)
-    as_real("log_length", log_length, low=1)
+    as_real("log_length", log_length, low=1)  # batch, context_len and the sizes: Workload's
     as_real("interval", interval, low=1)
-    for name, value in (("context_len", context_len), ("weight_bytes", weight_bytes)):
-        as_real(name, value, low=0)
-    for name, value in (
-        ("kv_bytes", kv_bytes),
-        ("state_bytes", state_bytes),
-        ("act_bytes", act_bytes),
-    ):
-        as_real(name, value, above=0, unit=" (bytes per element)")
+    as_real("weight_bytes", weight_bytes, low=0)
+    as_real("kv_bytes", kv_bytes, above=0, unit=" (bytes per element)")
     w = Workload(batch=batch, context_len=context_len, state_bytes=state_bytes, act_bytes=act_bytes)
     m = model_costs(shape, w, 0)
     out = dict(
