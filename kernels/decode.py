@@ -42,8 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from replaylab.kernels.mamba2 import _delta
-from replaylab.validation import check_sizes_agree
+from replaylab.kernels.mamba2 import _delta, check_token_sizes, token_specs
 
 __all__ = [
     "add_rmsnorm", "gated_rmsnorm", "conv_step", "relu2", "swiglu", "rope_", "state_update",
@@ -521,14 +520,7 @@ def state_update(
     G, N = B.shape[2], B.shape[3]
     if state.dtype != torch.float32 or state.shape[0] < batch or not state.is_contiguous():
         raise ValueError("state: expected a contiguous fp32 pool with a row per sequence")
-    check_sizes_agree([
-        ("x", x, ("batch", "T", "H", "P")), ("state", state[:batch], ("batch", "H", "P", "N")),
-        ("dt", dt, ("batch", "T", "H")), ("B", B, ("batch", "T", "G", "N")),
-        ("C", C, ("batch", "T", "G", "N")), ("A", A, ("H",)), ("D", D, ("H",)),
-        ("dt_bias", dt_bias, ("H",)),
-    ])  # fmt: skip
-    if H % G:
-        raise ValueError(f"B: its G={G} groups do not divide x's H={H} heads")
+    check_token_sizes(token_specs(x, dt, B, C, A, D, dt_bias, state=state[:batch]))
     if not all(t.is_contiguous() for t in (x, dt, B, C)):
         raise ValueError("x, dt, B, C: expected contiguous tensors")
     if drafts is not None and (drafts.shape[0] < batch or drafts.shape[1] < T):

@@ -435,17 +435,33 @@ def _check_shapes(states, log_x, log_dt, log_B, log_C=None, new=(None,) * 4, A=N
                   dt_bias=None, out=None, states_name="states"):  # fmt: skip
     """The glossary's sizes agree across its tensors (the kernels index them by offsets, so
     a mismatch would read or write outside them); ``new``: (x, dt, B, C)."""
-    x, dt, B, C = new
-    sizes = check_sizes_agree([
+    check_token_sizes([
         (states_name, states, ("slots", "H", "P", "N")), ("log_x", log_x, ("batch", "Lmax", "H", "P")),
         ("log_dt", log_dt, ("batch", "Lmax", "H")), ("log_B", log_B, ("batch", "Lmax", "G", "N")),
-        ("log_C", log_C, ("batch", "Lmax", "G", "N")), ("x", x, ("batch", "T", "H", "P")),
+        ("log_C", log_C, ("batch", "Lmax", "G", "N")), *token_specs(*new, A, D, dt_bias),
+        ("out", out, ("batch", "T", "H", "P")),
+    ])  # fmt: skip
+
+
+def token_specs(x, dt, B, C, A=None, D=None, dt_bias=None, state=None):
+    """Mamba-2's per-token inputs as (name, tensor, dims) for ``check_token_sizes``: x (batch,
+    T, H, P), ``state`` (batch, H, P, N; rows per sequence), dt (batch, T, H), B and C (batch,
+    T, G, N), A, D and dt_bias (H,); None is skipped."""
+    return [
+        ("x", x, ("batch", "T", "H", "P")), ("state", state, ("batch", "H", "P", "N")),
         ("dt", dt, ("batch", "T", "H")), ("B", B, ("batch", "T", "G", "N")),
         ("C", C, ("batch", "T", "G", "N")), ("A", A, ("H",)), ("D", D, ("H",)),
-        ("dt_bias", dt_bias, ("H",)), ("out", out, ("batch", "T", "H", "P")),
-    ])  # fmt: skip
-    if sizes["H"] % sizes["G"]:
-        raise ValueError(f"G: {sizes['G']} groups do not divide H={sizes['H']} heads")
+        ("dt_bias", dt_bias, ("H",)),
+    ]  # fmt: skip
+
+
+def check_token_sizes(specs):
+    """``validation.check_sizes_agree`` over ``specs``, then that the G groups of B and C
+    divide the H heads; returns the sizes by letter."""
+    sizes = check_sizes_agree(specs)
+    if "G" in sizes and "H" in sizes and sizes["H"] % sizes["G"]:
+        raise ValueError(f"B, C: their G={sizes['G']} groups do not divide H={sizes['H']} heads")
+    return sizes
 
 
 def _ring_head(log_head, batch, device):

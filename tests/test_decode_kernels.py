@@ -228,6 +228,10 @@ def test_decode_kernels_refuse_shapes_that_disagree_before_writing():
         ),
         ((state, x, dt, Bm, randn(batch, T, G, 3), A, D, bias), r"N: .*state 4, B 4, C 3"),
         ((state, x, dt, Bm, Cm, A, randn(3), bias), r"H: .*, D 3,"),
+        (  # three groups of B and C cannot share two heads
+            (state, x, dt, randn(batch, T, 3, N), randn(batch, T, 3, N), A, D, bias),
+            r"B, C: their G=3 groups do not divide H=2 heads",
+        ),
     ):
         with pytest.raises(ValueError, match=match):
             state_update(*args, (1e-3, 1e9))
