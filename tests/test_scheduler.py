@@ -737,3 +737,30 @@ def test_best_k_takes_numpy_and_torch_numbers_and_refuses_words_and_booleans():
     for bad, shown in (("0.8", "str '0.8'"), (True, "bool True")):
         with pytest.raises(ValueError, match=f"acceptance: expected a probability in \\[0, 1\\], got {shown}"):  # fmt: skip
             best_k(bad, times)
+
+
+def test_the_stream_benchmark_times_a_second_batch_one_pass_when_warming_up(monkeypatch):
+    """The objective's wait bound is the batch-1 time to serve a request: with ``warm_up`` the
+    first pass (compiles, allocations) is served and left out, and only the second is timed."""
+    import replaylab.bench.stream as stream_bench
+
+    passes, original = [], stream_bench.serve_stream
+
+    def serve(engine, requests, *args, **kwargs):
+        done, sched = original(engine, requests, *args, **kwargs)
+        if kwargs.get("max_running") == 1:
+            passes.append(done)
+            if len(passes) == 2:  # plain decode's first pass (after the k-draft engine's), slow
+                for r in done:
+                    r.finished_at += 10.0
+        return done, sched
+
+    monkeypatch.setattr(stream_bench, "serve_stream", serve)
+    result = run_stream_bench(
+        "cpu", strategies=("replay",), modes=("decode",), sweep=False, rate_search=(),
+        warm_up=True, n_requests=3, k=2,
+    )  # fmt: skip
+    b1 = result["strategies"]["replay"]["batch1"]
+    assert b1["request_latency_first_pass_s"] > 10 > b1["request_latency_s"] > 0
+    assert result["objective"]["wait_p90_max_s"] == b1["request_latency_s"]
+    assert len(passes) == 3  # the k-draft engine's references once, plain decode's twice

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call of this session's GPU measurements (see data/README.md for what each writes):
-#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|admissions|fair|streams|suite (on the GPU machine, $OUT set)
+#   bash tools/gpu_session.sh tests|ssd-speed|mamba1|snapshot-kernels|mamba2-pin|pin-check|conv|hit|step-sweep|gdn-inputs|serve|ragged|gdn|tune|families|stream|workloads|final|probe|graphs|profile|matmul|lossless|drafts|hf-suite|hf-families|hf-bench|probe-suite|prefill|prefill-kernels|ttft|host|spec|buckets|retune|rounds|adaptive|host-probe|host-rounds|admissions|fair|streams|suite|suite-stream (on the GPU machine, $OUT set)
 # Installs the carried wheels (.whl: notebook packages, ruff, the peers; the suite's set: tools/gpu_suite_wheels.sh) into a scratch folder.
 set -uo pipefail
 mode=${1:?a mode: see the list above}
@@ -94,6 +94,15 @@ case "$mode" in
     timeout -s INT ${WS_S:-250} python3 -m replaylab.bench workload-stream --preset gpu \
       --workloads few_shot --modes decode --strategies replay,snapshot --rounds 3 \
       --out "$OUT/bench_workload_stream_gpu_few_shot_decode_rounds3.json" 2>&1 | tail -4 ;;
+  suite-stream)  # WHEELS=.whl-gpu2: the whole suite (SUITE_S, 300), then bench serve-stream
+    # under 0.25 GiB (its batch-1 pass timed warm since 2026-12-08) in what is left of
+    # SUITE_STREAM_S (540) since this script started; the bench writes what it has when cut
+    SUITE_S=${SUITE_S:-300} bash "$0" suite
+    left=$(( ${SUITE_STREAM_S:-540} - SECONDS ))
+    if [ "$left" -ge 60 ]; then
+      timeout -s INT $left python3 -m replaylab.bench serve-stream --preset 8b-layers \
+        --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 0.25} 2>&1 | tail -30
+    else echo "no time left for the stream ($left s)"; fi ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):
     # the GPU tests of what changed, then the engine per family, time to first token with a
     # prefix hit, and whether a slot's bits depend on its batch; each writes under $OUT
