@@ -94,10 +94,13 @@ case "$mode" in
     timeout -s INT ${WS_S:-250} python3 -m replaylab.bench workload-stream --preset gpu \
       --workloads few_shot --modes decode --strategies replay,snapshot --rounds 3 \
       --out "$OUT/bench_workload_stream_gpu_few_shot_decode_rounds3.json" 2>&1 | tail -4 ;;
-  suite-stream)  # WHEELS=.whl-gpu2: the whole suite (SUITE_S, 300), then bench serve-stream
-    # under 0.25 GiB (its batch-1 pass timed warm since 2026-12-08) in what is left of
-    # SUITE_STREAM_S (540) since this script started; the bench writes what it has when cut
+  suite-stream)  # WHEELS=.whl-gpu2: the whole suite (SUITE_S, 300), issue 38's batch-32
+    # prefill against its roofline (tools/prefill_batch_roofline.py, PREFILL_S), then bench
+    # serve-stream under 0.25 GiB (its batch-1 pass timed warm since 2026-12-08) in what is left
+    # of SUITE_STREAM_S (540) since this script started; the bench writes what it has when cut
     SUITE_S=${SUITE_S:-300} bash "$0" suite
+    timeout -s INT ${PREFILL_S:-90} python3 tools/prefill_batch_roofline.py \
+      "$OUT/prefill_batch_roofline.json" 2>&1 | tail -8
     left=$(( ${SUITE_STREAM_S:-540} - SECONDS ))
     if [ "$left" -ge 60 ]; then
       timeout -s INT $left python3 -m replaylab.bench serve-stream --preset 8b-layers \
