@@ -460,7 +460,10 @@ def check_token_sizes(specs):
     divide the H heads; returns the sizes by letter."""
     sizes = check_sizes_agree(specs)
     if "G" in sizes and "H" in sizes and sizes["H"] % sizes["G"]:
-        raise ValueError(f"B, C: their G={sizes['G']} groups do not divide H={sizes['H']} heads")
+        grouped = ", ".join(name for name, t, dims in specs if t is not None and "G" in dims)
+        raise ValueError(
+            f"{grouped}: their G={sizes['G']} groups do not divide H={sizes['H']} heads"
+        )
     return sizes
 
 

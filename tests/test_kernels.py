@@ -201,8 +201,14 @@ def test_shapes_that_disagree_are_refused_by_name_before_the_log_changes():
     ):
         fold(c["states"], c["slots"], c["states"], c["slots"], c["log_x"], c["log_dt"],
              torch.randn(3, 24, G, N + 4), c["log_len"], c["A"])  # fmt: skip
-    with pytest.raises(ValueError, match=r"B, C: their G=4 groups do not divide H=6 heads"):
+    with pytest.raises(
+        ValueError, match=r"log_B, log_C, B, C: their G=4 groups do not divide H=6 heads"
+    ):
         replay_step(**case(G=4))
+    c4 = case(G=4)
+    with pytest.raises(ValueError, match=r"^log_B: their G=4 groups do not divide H=6 heads"):
+        fold(c4["states"], c4["slots"], c4["states"], c4["slots"], c4["log_x"], c4["log_dt"],
+             c4["log_B"], c4["log_len"], c4["A"])  # fmt: skip
     with pytest.raises(ValueError, match=r"N: the tensors disagree on this size: out 3, log_B 7"):
         fold(c["states"], c["slots"], torch.zeros(2, H, P, 3), c["slots"], c["log_x"],
              c["log_dt"], c["log_B"], c["log_len"], c["A"])  # fmt: skip

@@ -764,3 +764,25 @@ def test_the_stream_benchmark_times_a_second_batch_one_pass_when_warming_up(monk
     assert b1["request_latency_first_pass_s"] > 10 > b1["request_latency_s"] > 0
     assert result["objective"]["wait_p90_max_s"] == b1["request_latency_s"]
     assert len(passes) == 3  # the k-draft engine's references once, plain decode's twice
+
+
+def test_the_stream_benchmark_refuses_batch_one_passes_that_differ(monkeypatch):
+    """The two batch-1 passes must give the same tokens: else one of them is not greedy."""
+    import replaylab.bench.stream as stream_bench
+
+    passes, original = [], stream_bench.serve_stream
+
+    def serve(engine, requests, *args, **kwargs):
+        done, sched = original(engine, requests, *args, **kwargs)
+        if kwargs.get("max_running") == 1:
+            passes.append(done)
+            if len(passes) == 3:  # plain decode's second pass
+                done[0].tokens[-1] += 1
+        return done, sched
+
+    monkeypatch.setattr(stream_bench, "serve_stream", serve)
+    with pytest.raises(RuntimeError, match="replay: the same requests served alone twice differ"):
+        run_stream_bench(
+            "cpu", strategies=("replay",), modes=("decode",), sweep=False, rate_search=(),
+            warm_up=True, n_requests=3, k=2,
+        )  # fmt: skip

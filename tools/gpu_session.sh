@@ -99,11 +99,11 @@ case "$mode" in
     # serve-stream under 0.25 GiB (its batch-1 pass timed warm since 2026-12-08) in what is left
     # of SUITE_STREAM_S (540) since this script started; the bench writes what it has when cut
     SUITE_S=${SUITE_S:-300} bash "$0" suite
-    timeout -s INT ${PREFILL_S:-90} python3 tools/prefill_batch_roofline.py \
+    timeout -k 20 -s INT ${PREFILL_S:-90} python3 tools/prefill_batch_roofline.py \
       "$OUT/prefill_batch_roofline.json" 2>&1 | tail -8
     left=$(( ${SUITE_STREAM_S:-540} - SECONDS ))
     if [ "$left" -ge 60 ]; then
-      timeout -s INT $left python3 -m replaylab.bench serve-stream --preset 8b-layers \
+      timeout -k 20 -s INT $left python3 -m replaylab.bench serve-stream --preset 8b-layers \
         --out "$OUT/bench_serve_stream.json" ${STREAM_ARGS:---budget-gib 0.25} 2>&1 | tail -30
     else echo "no time left for the stream ($left s)"; fi ;;
   final)  # WHEELS=.whl-gpu, fla wheels in .whl-fla (installed beside, for the bench only):
@@ -543,7 +543,7 @@ case "$mode" in
       ignores="$ignores --ignore=tests/$f.py"
     done
     cmd="python3 -m pytest tests -q -rf -p no:cacheprovider$ignores -n ${SUITE_WORKERS:-8} --dist ${SUITE_DIST:-worksteal} --durations=30 --junitxml=$OUT/gpu_tests.xml ${SUITE_ARGS:-}"
-    { stamp "$cmd"; timeout -s INT ${SUITE_S:-540} $cmd; } >"$OUT/gpu_tests.log" 2>&1
+    { stamp "$cmd"; timeout -k 20 -s INT ${SUITE_S:-540} $cmd; } >"$OUT/gpu_tests.log" 2>&1
     tail -40 "$OUT/gpu_tests.log"
     gzip -9 -n "$OUT/gpu_tests.xml"  # data/ keeps junit reports gzipped (the carry's limit)
     cp "$(python3 -c 'import transformers.models.bamba.modeling_bamba as m; print(m.__file__)')" "$OUT/" ;;

@@ -24,6 +24,7 @@ import time
 import torch
 
 from replaylab.prefix import DEFAULT_EVICTION, PREFIX_EVICTION, PrefixCache
+from replaylab.validation import as_int
 
 __all__ = [
     "WORKLOADS",
@@ -328,9 +329,11 @@ TTFT_PRESETS = {
 }
 
 
-def prefill_roofline(engine, tokens, copy_gbs, matrix_tflops) -> dict:
+def prefill_roofline(engine, tokens, copy_gbs, matrix_tflops, prompts=1) -> dict:
     """The two-term roofline of one cold prefill of ``tokens`` prompt tokens into ``engine``:
-    max(bytes / copy bandwidth, FLOPs / matrix rate), seconds.
+    max(bytes / copy bandwidth, FLOPs / matrix rate), seconds; with ``prompts`` > 1, of that
+    many such prompts prefilled in one pass (every term but the weights' bytes times
+    ``prompts``: the weights are read once).
 
     FLOPs: 2 x every matrix weight but the LM head's per token (``serve.matrix_weights``: every
     2-D parameter, Mamba-1's A_log (D, N) included), the LM head once (the first token's
@@ -345,19 +348,21 @@ def prefill_roofline(engine, tokens, copy_gbs, matrix_tflops) -> dict:
     from replaylab.bench.serve import matrix_weights
 
     model, t = engine.model, int(tokens)
+    n = as_int("prompts", prompts, low=1)
     head = model.lm_head.weight
     embed = model.model.embeddings.weight
     flops = 2 * (matrix_weights(model) - head.numel()) * t + 2 * head.numel()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     if head is not embed:
         weights -= embed.numel() * embed.element_size()
-    nbytes = weights + t * embed[0].numel() * embed.element_size()
+    nbytes = t * embed[0].numel() * embed.element_size()
     for pool in engine.kv.values():
         flops += 2 * model.cfg.attn_heads * model.cfg.head_dim * t * (t + 1)
         nbytes += t * 2 * pool.k[0, :, 0].nbytes
     for pool in engine.ssm.values():
         flops += 5 * pool.state[0].numel() * t
         nbytes += pool.state[0].nbytes + pool.conv[0].nbytes
+    flops, nbytes = n * flops, weights + n * nbytes
     flop_s = flops / (matrix_tflops * 1e12)
     byte_s = nbytes / (copy_gbs * 1e9)
     return dict(

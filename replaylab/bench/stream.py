@@ -25,7 +25,8 @@ its own Bernoulli drafter of per-draft acceptance 0.8 over the greedy continuati
   bisecting) for the largest one at which p99 TPOT <= 2x the batch-1 TPOT (one objective for
   every row: twice the lowest batch-1 median TPOT among the strategies) and the queue keeps up
   (p90 wait for admission <= the batch-1 time to serve one request). With ``warm_up`` (a
-  GPU's default) the batch-1 requests are served twice and the second pass is timed (the
+  GPU's default) plain decode's engine serves the batch-1 requests twice and the second pass
+  is timed (the
   first compiles the prompts' shapes and allocates; ``request_latency_first_pass_s``); until
   2026-12-08 one pass was timed, and the first strategy's could carry a warm-up;
 - the crossover: decode and speculative (synthetic, 0.8, k = 4) tokens/s over a sweep of
