@@ -4,7 +4,8 @@ under ``torch.profiler``: wall time, device-busy time, launches, and the operato
 device and host time. With ``--hit S`` the same for a prefix hit: an ``EnginePrefixCache``
 (``--block``, 512) warmed with S shared tokens, then the shared prompt plus ``--suffix`` unique tokens,
 and the hit's wall time split into its phases (seat, prefill, insertion with eviction), each
-timed between device synchronisations. Writes OUT.json and prints a short table.
+timed between device synchronisations; and, on a GPU, each place one admission makes the host
+wait for the device (``host_syncs``). Writes OUT.json and prints a short table.
 
     python tools/prefill_profile.py OUT.json [--tokens 2048] [--fused --prefill-kernels]
                                     [--hit 2000 --suffix 48]
@@ -13,9 +14,11 @@ timed between device synchronisations. Writes OUT.json and prints a short table.
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import pstats
 import time
+import warnings
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -72,6 +75,29 @@ def _python_profile(admit, device, calls=3, top=30):
     ]  # fmt: skip
 
 
+def _host_syncs(admit, device):
+    """Where one ``admit()`` makes the host wait for the device (``torch.cuda``'s sync debug
+    mode: a warning at each synchronising call, a device-to-host copy or a stream sync):
+    [dict(site, message, calls)], the site being the Python line that made the call; None off
+    a GPU. A hit that never waits overlaps its host work with the device's; each wait
+    serialises them."""
+    if device.type != "cuda":
+        return None
+    sync(device)
+    seen = collections.Counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            admit()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    for w in caught:
+        site = f"{w.filename.split('replaylab/')[-1].split('main/')[-1]}:{w.lineno}"
+        seen[site, str(w.message).splitlines()[0][:120]] += 1
+    return [dict(site=site, message=m, calls=n) for (site, m), n in seen.most_common()]
+
+
 def _phase_timer(obj, name, phases, device):
     """Wrap ``obj.name`` so each call adds its synchronised wall seconds to ``phases[name]``."""
     inner = getattr(obj, name)
@@ -108,6 +134,7 @@ def profile_admit(
             for _ in range(2):  # warm-up: Triton compiles, the allocator settles
                 admit()
             out = _profiled(admit, device)
+            row["host_syncs"] = _host_syncs(admit, device)
             return dict(row, tokens=T, **out, python=_python_profile(admit, device))
         cache = EnginePrefixCache(engine, block_size=block)
         head = torch.randint(0, model.cfg.vocab_size, (shared,), generator=gen).tolist()
@@ -125,6 +152,7 @@ def profile_admit(
         for _ in range(2):
             admit()
         out = _profiled(admit, device)
+        row["host_syncs"] = _host_syncs(admit, device)
         for name in ("_seat", "_insert", "_evict_to_budget"):
             _phase_timer(cache, name, phases, device)
         _phase_timer(engine, "_prefill", phases, device)
@@ -172,6 +200,8 @@ def main(argv=None):
         for f in r.get("python", [])[:20]:
             print(f"    py {f['cumulative_ms']:6.2f} ms cum {f['own_ms']:6.2f} own x{f['calls']:4d} "
                   f"{f['function'][-70:]}")  # fmt: skip
+        for w in r.get("host_syncs") or []:
+            print(f"    host waits x{w['calls']} at {w['site']}: {w['message'][:70]}")
         if "phases_ms" in r:
             print(
                 "    phases (ms): " + ", ".join(f"{k} {v:.2f}" for k, v in r["phases_ms"].items())
