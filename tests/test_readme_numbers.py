@@ -1976,3 +1976,47 @@ def test_the_fair_workload_streams_serve_stream_and_suite_of_90b36f1_match_their
         f"replay's ({1e3 * others['replay']['wait_p90_s']:.1f} ms) and recompute's ({1e3 * others['recompute']['wait_p90_s']:.1f} ms) would not"
         in section
     )
+
+
+def test_the_hit_sites_paragraph_matches_its_count():
+    """data/README's 'A prefix hit's operations by the line that launches them'."""
+    rows = {
+        r["strategy"]: r for r in load_bench("data/prefill_launch_count_hit_sites_cpu.json")["rows"]
+    }
+    text = " ".join((ROOT / "data/README.md").read_text().split())
+    assert f"replay {rows['replay']['launches']}, snapshot {rows['snapshot']['launches']}." in text
+    sites = rows["replay"]["sites"]
+    assert sum(sites.values()) == rows["replay"]["launches"]
+
+    def n(*keys):
+        return sum(v for k, v in sites.items() if any(k.startswith(key) for key in keys))
+
+    def op(name):
+        return sum(v for k, v in sites.items() if k.endswith(" " + name))
+
+    said = {
+        "2 `cat`s of the held KV rows": n("serving/prefix.py:269 cat"),
+        "6 copies of the state and conv window": n(
+            "serving/prefix.py:285", "serving/prefix.py:286"
+        ),
+        "3 chained folds": op("triton:_fold_kernel"),
+        "17 matrix products": op("mm"),
+        "8 add + norm": op("triton:_add_rmsnorm_kernel"),
+        "3 gated norms": op("triton:_gated_rmsnorm_kernel"),
+        "3 MLP activations": op("triton:_relu2_kernel"),
+        "3 scan launches": op("triton:_ssd_chunked_kernel"),
+        "5 copies (each layer's conv window and the KV rows)": n(
+            "serving/prefill.py:188", "serving/prefill.py:202", "serving/prefill.py:203"
+        ),
+        "3 checkpoint copies at the grid": n("serving/strategies/replay.py:210"),
+        "6 clones of the block's end state and window": n("serving/prefill.py:80 clone"),
+        "2 of its KV rows": n("serving/prefix.py:300", "serving/prefix.py:301"),
+        "6 `cat`s of its log": n("serving/strategies/replay.py:347 cat"),
+        "one `_foreach_zero_`": op("_foreach_zero_"),
+    }
+    for words, count in said.items():
+        assert words in text, words
+        first = words.split()[0]
+        assert (1 if first == "one" else int(first)) == count, (words, count)
+    # the seat's 3 conv launches and the prefill's 3
+    assert op("triton:_conv_prompt_kernel") == 6 and "3 conv-kernel launches" in text

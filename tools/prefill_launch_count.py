@@ -19,19 +19,21 @@ depend on the widths); the engine is the TTFT bench's (L = 16, chunks of 256, no
 ``use_kernels=True`` as on a GPU (replay folds through its Triton kernel there).
 
     python tools/prefill_launch_count.py OUT.json [--tokens 2048]
-    python tools/prefill_launch_count.py OUT.json --hit 2000,48 [--resume match]
+    python tools/prefill_launch_count.py OUT.json --hit 2000,48 [--resume match] [--sites]
 
 ``--hit S,N``: instead, one prefix hit on the fused path with the prompt kernels (the TTFT
 bench's engine): a shared prompt of S tokens admitted and retired through an
 ``EnginePrefixCache`` (block 512), one warm-up hit, then a counted hit of those S tokens and N
 new ones (the tree's match, its seat, the prefill of the rest and the insertion of its blocks),
-per strategy (replay under ``--resume``).
+per strategy (replay under ``--resume``); with ``--sites`` each launch also counted by the
+innermost line of replaylab that made it (allocations left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import traceback
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -50,17 +52,30 @@ ARMS = {"default": dict(prefill_kernels=False), "triton scan": dict(prefill_kern
 
 
 class _Launches(TorchDispatchMode):
-    """Counts non-view aten operations; Triton launches are counted by ``_count_triton``."""
+    """Counts non-view aten operations; Triton launches are counted by ``_count_triton``.
+    ``sites``: also count each launch by the innermost line of replaylab that made it."""
 
-    def __init__(self):
+    def __init__(self, sites=False):
         super().__init__()
         self.ops = collections.Counter()
+        self.sites = collections.Counter() if sites else None
         self.inside_kernel = 0  # the interpreter's own tensor work is the kernel, not launches
+
+    def count(self, name):
+        self.ops[name] += 1
+        if self.sites is not None and name not in ALLOCATIONS:
+            ours = [f for f in traceback.extract_stack() if "/replaylab/" in f.filename]
+            where = (
+                f"{ours[-1].filename.rsplit('/replaylab/', 1)[-1]}:{ours[-1].lineno}"
+                if ours
+                else "?"
+            )
+            self.sites[f"{where} {name}"] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
         if name not in VIEWS and not self.inside_kernel:
-            self.ops[name] += 1
+            self.count(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -71,7 +86,7 @@ def _count_triton(mode):
 
     def counted(self, *args, **kwargs):
         if not kwargs.get("warmup") and not mode.inside_kernel:
-            mode.ops[f"triton:{self.fn.__name__}"] += 1
+            mode.count(f"triton:{self.fn.__name__}")
         mode.inside_kernel += 1
         try:
             return run(self, *args, **kwargs)
@@ -98,7 +113,7 @@ def _count_lower_right_attention(mode):
 
     def dispatched(*args, **kwargs):
         if not mode.inside_kernel:
-            mode.ops["scaled_dot_product_attention (lower-right causal)"] += 1
+            mode.count("scaled_dot_product_attention (lower-right causal)")
         with _disable_current_modes():
             return dispatch(*args, **kwargs)
 
@@ -132,8 +147,9 @@ def count(model, strategy, arm, prompt):
     return mode.ops
 
 
-def count_hit(model, strategy, shared, suffix, resume="match"):
-    """The operations of one prefix hit (see the module docstring) and the hit's report."""
+def count_hit(model, strategy, shared, suffix, resume="match", sites=False):
+    """The operations of one prefix hit (see the module docstring), the hit's report and,
+    with ``sites``, the launches by the line of replaylab that made them (else None)."""
     from replaylab.serving import EnginePrefixCache
 
     gen = torch.Generator().manual_seed(1)
@@ -148,14 +164,14 @@ def count_hit(model, strategy, shared, suffix, resume="match"):
                                   resume=resume if strategy == "replay" else "match")  # fmt: skip
         engine.retire(cache.admit(head)[0])
         engine.retire(cache.admit(prompts[0])[0])  # warm-up
-        mode = _Launches()
+        mode = _Launches(sites)
         restore = _counting(mode)
         try:
             with mode:
                 slot, _, hit = cache.admit(prompts[1])
         finally:
             restore()
-    return mode.ops, hit
+    return mode.ops, hit, mode.sites
 
 
 def layouts(families):
@@ -190,6 +206,7 @@ def main(argv=None):
     p.add_argument("--families", action="store_true", help="the Qwen3.5 and Jamba layouts too")
     p.add_argument("--hit", default=None, help="S,N: one prefix hit of S shared + N new tokens")
     p.add_argument("--resume", default="match", choices=("match", "chunk"))
+    p.add_argument("--sites", action="store_true", help="--hit: launches by replaylab's line")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
@@ -198,7 +215,7 @@ def main(argv=None):
         cfg = layouts(False)["8b-layers"][0]
         model = HybridLM(cfg, seed=0).eval()
         for strategy in ("snapshot", "replay"):
-            ops, hit = count_hit(model, strategy, shared, suffix, args.resume)
+            ops, hit, sites = count_hit(model, strategy, shared, suffix, args.resume, args.sites)
             triton_n = sum(v for k, v in ops.items() if k.startswith("triton:"))
             allocs = sum(ops.pop(k, 0) for k in ALLOCATIONS)
             rows.append(dict(layout="8b-layers", strategy=strategy, shared=shared, suffix=suffix,
@@ -206,6 +223,8 @@ def main(argv=None):
                              resumed_from=hit.resumed_from, computed=hit.computed,
                              launches=sum(ops.values()), triton_launches=triton_n,
                              allocations=allocs, top=dict(ops.most_common(12))))  # fmt: skip
+            if sites is not None:
+                rows[-1]["sites"] = dict(sorted(sites.items()))
             print(f"hit {strategy:8s} resumed at {hit.resumed_from}, {hit.computed} computed: "
                   f"{sum(ops.values())} launches ({triton_n} Triton), {allocs} allocations")  # fmt: skip
         write_tool_result(args.out, "prefill_launch_count.py", rows)
