@@ -135,3 +135,13 @@ def tiny_model():
 def generator():
     """A seeded torch.Generator, fresh per test."""
     return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch CPU thread for the test (each row's product alone: row-invariant on CPU),
+    the previous count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

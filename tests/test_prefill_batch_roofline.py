@@ -24,15 +24,6 @@ def _tool():
     return module
 
 
-@pytest.fixture
-def one_thread():
-    """Batched admission's products are row-invariant on CPU with one torch thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_a_batch_roofline_reads_the_weights_once():
     model = HybridLM(preset("tiny"), seed=0).eval()
     engine = DecodeEngine(model, 2, 13, "replay", log_length=4)
@@ -48,7 +39,7 @@ def test_a_batch_roofline_reads_the_weights_once():
         prefill_roofline(engine, 12, 100.0, 1.0, prompts=0)
 
 
-def test_every_arm_prefills_the_batch_as_named_against_one_roofline(one_thread, monkeypatch):
+def test_every_arm_prefills_the_batch_as_named_against_one_roofline(one_torch_thread, monkeypatch):
     model = HybridLM(preset("tiny"), seed=0).eval()
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, model.cfg.vocab_size, (12,), generator=gen) for _ in range(2)]
